@@ -1,0 +1,125 @@
+"""The causal mask and the KV cache (week 16).
+
+A decoder attends from each query position to every key position at or before it. When the keys
+come from a cache, the queries are the *last* `q_len` positions of a `kv_len`-long sequence, so the
+mask is aligned at the bottom right:  query i may see key j  iff  j <= i + (kv_len - q_len).
+
+    prefill          q_len = T,  kv_len = T       -> lower-triangular [T, T]
+    cached decode    q_len = 1,  kv_len = T + 1   -> one row of all True [1, T + 1]
+    chunked prefill  q_len = c,  kv_len = n + c   -> [c, n + c], the first n columns all True
+"""
+from __future__ import annotations
+
+import torch
+
+
+def causal_mask(q_len: int, kv_len: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """Boolean mask `[q_len, kv_len]`, True where query i may attend to key j (bottom-right aligned)."""
+    if q_len < 0 or kv_len < q_len:
+        raise ValueError(
+            f"causal_mask needs 0 <= q_len <= kv_len (the queries are the last q_len of kv_len positions); "
+            f"got q_len={q_len}, kv_len={kv_len}"
+        )
+    i = torch.arange(q_len, device=device).unsqueeze(1)  # [q_len, 1]
+    j = torch.arange(kv_len, device=device).unsqueeze(0)  # [1, kv_len]
+    return j <= i + (kv_len - q_len)
+
+
+def sliding_window_mask(q_len: int, kv_len: int, window: int, device=None) -> torch.Tensor:
+    """Causal mask that also hides keys more than `window - 1` positions behind the query."""
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    i = torch.arange(q_len, device=device).unsqueeze(1) + (kv_len - q_len)  # absolute query positions
+    j = torch.arange(kv_len, device=device).unsqueeze(0)
+    return causal_mask(q_len, kv_len, device) & (j > i - window)
+
+
+class CacheOverflowError(ValueError):
+    """Raised when a write would run past the space a cache was allocated with."""
+
+
+class LayerKVCache:
+    """One layer's keys and values, preallocated as `[batch, n_kv_heads, max_len, head_dim]`.
+
+    `append(k, v)` writes the new positions after the ones already held and returns views of the
+    valid prefix `[batch, n_kv_heads, length, head_dim]`; nothing is copied on read.
+    """
+
+    def __init__(self, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
+        shape = (batch, n_kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [batch, n_kv_heads, max_len, head_dim]
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.length = 0
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[2]
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b, h, t, d = k.shape
+        if k.shape != v.shape or (b, h, d) != (self.k.shape[0], self.k.shape[1], self.k.shape[3]):
+            raise ValueError(
+                f"cache holds [batch={self.k.shape[0]}, n_kv_heads={self.k.shape[1]}, *, head_dim={self.k.shape[3]}]; "
+                f"got k {tuple(k.shape)} and v {tuple(v.shape)}"
+            )
+        end = self.length + t
+        if end > self.max_len:
+            raise CacheOverflowError(
+                f"KV cache overflow: it holds {self.length} of {self.max_len} positions and {t} more were "
+                f"appended. Allocate the cache with max_len >= prompt length + max_new_tokens "
+                f"(here at least {end})."
+            )
+        self.k[:, :, self.length:end] = k
+        self.v[:, :, self.length:end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+    def reset(self) -> None:
+        self.length = 0
+
+
+class KVCache:
+    """The whole model's cache: one `LayerKVCache` per layer, all at the same length."""
+
+    def __init__(self, layers: list[LayerKVCache]):
+        self.layers = layers
+
+    @classmethod
+    def for_model(cls, config, batch: int = 1, max_len: int | None = None,
+                  dtype: torch.dtype = torch.float32, device=None) -> "KVCache":
+        max_len = config.max_seq_len if max_len is None else max_len
+        return cls([LayerKVCache(batch, config.n_kv_heads, max_len, config.head_dim, dtype, device)
+                    for _ in range(config.n_layers)])
+
+    def __getitem__(self, i: int) -> LayerKVCache:
+        return self.layers[i]
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    @property
+    def length(self) -> int:
+        return self.layers[0].length
+
+    @property
+    def max_len(self) -> int:
+        return self.layers[0].max_len
+
+    @property
+    def nbytes(self) -> int:
+        return sum(layer.nbytes for layer in self.layers)
+
+    def reset(self) -> None:
+        for layer in self.layers:
+            layer.reset()
+
+
+def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, seq_len: int,
+                   batch: int = 1, bytes_per_element: int = 2) -> int:
+    """Bytes of a KV cache: 2 (K and V) x layers x KV heads x head_dim x positions x batch x element size."""
+    return 2 * n_layers * n_kv_heads * head_dim * seq_len * batch * bytes_per_element
