@@ -19,11 +19,11 @@ from pathlib import Path
 from grader.course import REPO_ROOT, Course
 
 
-def _committed_bytes(path: Path) -> bytes | None:
+def _committed_bytes(path: Path, repo: Path) -> bytes | None:
     """The file as last committed, or None when git can't tell (not a repo, untracked)."""
-    rel = path.resolve().relative_to(REPO_ROOT).as_posix()
+    rel = path.resolve().relative_to(repo.resolve()).as_posix()
     try:
-        out = subprocess.run(["git", "-C", str(REPO_ROOT), "show", f"HEAD:{rel}"], capture_output=True, check=True)
+        out = subprocess.run(["git", "-C", str(repo), "show", f"HEAD:{rel}"], capture_output=True, check=True)
     except (OSError, subprocess.CalledProcessError):
         return None
     return out.stdout
@@ -41,6 +41,7 @@ def release(week: str, repo: Path = REPO_ROOT) -> list[Path]:
     if not src.is_dir():
         raise SystemExit(f"no such week: {src}")
     backups = []
+    (repo / "grader").mkdir(exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     with tempfile.TemporaryDirectory() as tmp:
         shutil.copytree(src, Path(tmp) / "solutions" / week, ignore=shutil.ignore_patterns(
@@ -53,7 +54,7 @@ def release(week: str, repo: Path = REPO_ROOT) -> list[Path]:
                 old = dest.read_bytes()
                 if old == data:
                     continue
-                if _committed_bytes(dest) != old:
+                if _committed_bytes(dest, repo) != old:
                     backup = dest.with_name(f"{dest.name}.backup-{stamp}")
                     shutil.copy2(dest, backup)
                     backups.append(backup)
@@ -114,8 +115,10 @@ def main(argv: list[str] | None = None) -> int:
         for student in students:
             if args.cmd == "autograde":
                 course.autograde(args.week, student)
-                got, total = course.score(args.week, student)
-                print(f"{student}: {got:g} / {total:g}")
+                s = course.score(args.week, student)
+                manual = " (written answers still to grade by hand)" if s["needs_manual_grade"] else ""
+                print(f"{student}: {s['score']:g} / {s['max_score']:g}; autograded code "
+                      f"{s['code_score']:g} / {s['max_code_score']:g}{manual}")
             else:
                 print(f"{student}: {course.feedback(args.week, student)}")
     elif args.cmd == "export":

@@ -51,6 +51,8 @@ class Course:
 
         _venv_on_path()
         self.root = Path(root).resolve()
+        db = Path(db) if db is not None else self.root / "grader" / "gradebook.db"
+        db.parent.mkdir(parents=True, exist_ok=True)
         self.config = course_config(self.root, db)
         self.api = NbGraderAPI(coursedir=CourseDirectory(config=self.config), config=self.config)
 
@@ -72,13 +74,21 @@ class Course:
         self._ok(self.api.generate_feedback(str(week), student, force=True), f"generate_feedback {week} {student}")
         return self.root / "grader" / "feedback" / student / str(week)
 
-    def score(self, week: str, student: str) -> tuple[float, float]:
-        """(points earned, points possible) of one student's autograded submission."""
+    def score(self, week: str, student: str) -> dict[str, float]:
+        """Points of one autograded submission: total, and split into autograded code and hand-graded answers."""
         from nbgrader.api import Gradebook
 
         with Gradebook(self.config.CourseDirectory.db_url) as gb:
             sub = gb.find_submission(str(week), student)
-            return float(sub.score), float(sub.max_score)
+            nbs = sub.notebooks
+            return {
+                "score": float(sub.score), "max_score": float(sub.max_score),
+                "code_score": float(sum(nb.code_score for nb in nbs)),
+                "max_code_score": float(sum(nb.max_code_score for nb in nbs)),
+                "written_score": float(sum(nb.written_score for nb in nbs)),
+                "max_written_score": float(sum(nb.max_written_score for nb in nbs)),
+                "needs_manual_grade": bool(sub.needs_manual_grade),
+            }
 
     def export(self, csv_path: str | Path) -> Path:
         """All grades to CSV, one row per student and assignment."""

@@ -65,7 +65,7 @@ def _exercise_cells(nb: dict):
         meta = cell.get("metadata", {})
         if meta.get("nbgrader", {}).get("solution") or "setup" in meta.get("tags", []):
             source = cell.get("source", "")
-            yield index, "".join(source) if isinstance(source, list) else source
+            yield index, meta.get("nbgrader", {}).get("grade_id"), "".join(source) if isinstance(source, list) else source
 
 
 class ExerciseModule(types.ModuleType):
@@ -74,6 +74,12 @@ class ExerciseModule(types.ModuleType):
     def __getattr__(self, name: str):
         if name.startswith("__"):
             raise AttributeError(name)
+        stubbed = self.__dict__.get("_stubbed_cells", [])
+        if stubbed:
+            raise NotImplementedYet(
+                f"`{name}` is not defined in {self.__file__}: its exercise cell still raises NotImplementedError "
+                f"(unfinished cells: {', '.join(stubbed)}). Finish that cell, then run the check again."
+            )
         raise ExerciseMissing(
             f"{self.__file__} defines no `{name}`. Its exercise cell may have been deleted or renamed: "
             f"restore the cell that defines `{name}` (git diff shows what changed)."
@@ -92,12 +98,15 @@ def load_exercises(notebook: str | Path) -> ExerciseModule:
                          f"(your work is in the broken file: copy it out first)") from e
     module = ExerciseModule(path.stem)
     module.__file__ = str(path)
-    for index, source in _exercise_cells(nb):
+    module._stubbed_cells = []
+    for index, grade_id, source in _exercise_cells(nb):
         # IPython magics and shell escapes mean nothing outside Jupyter; skip those lines.
         lines = [ln for ln in source.splitlines() if not ln.lstrip().startswith(("%", "!"))]
         try:
             code = compile("\n".join(lines), f"{path.name}[cell {index}]", "exec")
             exec(code, module.__dict__)
+        except NotImplementedError:  # a stub at the top level of a cell (e.g. `answer = ...` left undone)
+            module._stubbed_cells.append(grade_id or f"cell {index}")
         except Exception as e:
             raise RuntimeError(
                 f"cell {index} of {path} raised {type(e).__name__}: {e}. Exercise cells must only define "

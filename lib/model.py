@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -240,7 +241,8 @@ def read_gguf_llama(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tens
         vocab_size=vocab, d_model=int(meta("llama.embedding_length")), n_layers=int(meta("llama.block_count")),
         n_heads=n_heads, n_kv_heads=int(meta("llama.attention.head_count_kv", n_heads)),
         d_ff=int(meta("llama.feed_forward_length")), rope_theta=float(meta("llama.rope.freq_base", 10000.0)),
-        norm_eps=float(meta("llama.attention.layer_norm_rms_epsilon", 1e-5)),
+        # stored as float32: 7 significant digits give back the decimal the model was made with (1e-5)
+        norm_eps=float(f'{meta("llama.attention.layer_norm_rms_epsilon", 1e-5):.7g}'),
         max_seq_len=int(meta("llama.context_length", 2048)), tie_embeddings="output.weight" not in tensors,
     )
 
@@ -267,8 +269,12 @@ def read_gguf_llama(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tens
     return cfg, {k: torch.from_numpy(np.array(v, dtype=np.float32, order="C", copy=True)) for k, v in state.items()}
 
 
+# Bump when read_gguf_llama's output changes, so that caches built by older code are not reused.
+CACHE_FORMAT = 1
+
+
 def _cache_paths() -> tuple[Path, Path]:
-    tag = f"smollm2-135m-q4_1-{paths.SMOLLM2_SHA256[:12]}"
+    tag = f"smollm2-135m-q4_1-{paths.SMOLLM2_SHA256[:12]}-v{CACHE_FORMAT}"
     return paths.CACHE_DIR / f"{tag}-fp32.pt", paths.CACHE_DIR / f"{tag}-tokenizer"
 
 
@@ -286,13 +292,17 @@ def build_smollm2_cache() -> None:
     gguf_path = check_smollm2()
     weights_path, tok_dir = _cache_paths()
     paths.CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    # Write under a private name, then rename: two processes building at once never see half a file.
     if not weights_path.is_file():
         cfg, state = read_gguf_llama(gguf_path)
-        tmp = weights_path.with_suffix(".part")
+        tmp = weights_path.with_name(f"{weights_path.name}.{os.getpid()}.part")
         torch.save({"config": dataclasses.asdict(cfg), "state_dict": state}, tmp)
         tmp.replace(weights_path)
     if not (tok_dir / "tokenizer.json").is_file():
-        load_tokenizer_from_gguf(gguf_path).save_pretrained(str(tok_dir))
+        tmp_dir = tok_dir.with_name(f"{tok_dir.name}.{os.getpid()}.part")
+        load_tokenizer_from_gguf(gguf_path).save_pretrained(str(tmp_dir))
+        shutil.rmtree(tok_dir, ignore_errors=True)
+        tmp_dir.replace(tok_dir)
     print(f"Fast-load cache ready in {paths.CACHE_DIR}")
 
 
@@ -316,7 +326,7 @@ def load_smollm2(device: str | torch.device | None = None, use_cache: bool = Tru
     if use_cache:
         if not weights_path.is_file() or not (tok_dir / "tokenizer.json").is_file():
             build_smollm2_cache()
-        blob = torch.load(weights_path, map_location="cpu", weights_only=True, mmap=True)
+        blob = torch.load(weights_path, map_location="cpu", weights_only=True)
         cfg, state = ModelConfig(**blob["config"]), blob["state_dict"]
         from transformers import AutoTokenizer
 

@@ -1,0 +1,71 @@
+"""The instructor's chain, end to end in a throw-away course folder, for every week:
+
+release -> submissions (the solution handed in as a student: full marks; the untouched release: 0)
+-> autograde -> feedback HTML -> grades CSV.
+
+Autograding the solution executes its notebook top to bottom (nbgrader runs it with nbclient), so this
+is also the test that every solution notebook runs without an error.
+"""
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from grader.course import Course, read_csv
+
+REPO = Path(__file__).resolve().parent.parent
+WEEKS = sorted(p.name for p in (REPO / "solutions").iterdir() if p.is_dir() and any(p.glob("*.ipynb")))
+
+pytestmark = pytest.mark.notebook
+
+
+def _errors(notebook: Path) -> list[str]:
+    nb = json.loads(notebook.read_text())
+    found = []
+    for i, cell in enumerate(nb["cells"]):
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error":
+                found.append(f"cell {i} ({cell['metadata'].get('nbgrader', {}).get('grade_id', cell.get('id'))}): "
+                             f"{out.get('ename')}: {out.get('evalue')}")
+    return found
+
+
+@pytest.mark.parametrize("week", WEEKS)
+def test_nbgrader_pipeline(week, tmp_path):
+    root = tmp_path / "course"
+    shutil.copytree(REPO / "solutions" / week, root / "solutions" / week,
+                    ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints", ".pytest_cache"))
+    course = Course(root)
+    released = course.generate(week)
+    (name,) = [p.name for p in released.glob("*.ipynb")]
+
+    for student, source in [("solution", root / "solutions" / week / name), ("untouched", released / name)]:
+        dest = root / "grader" / "submitted" / student / week
+        dest.mkdir(parents=True)
+        shutil.copy(source, dest / name)
+
+    start = time.perf_counter()
+    course.autograde(week, "solution")
+    seconds = time.perf_counter() - start
+    print(f"week {week}: autograding the solution (a full top-to-bottom run) took {seconds:.0f} s")
+    course.autograde(week, "untouched")
+
+    autograded = root / "grader" / "autograded" / "solution" / week / name
+    errors = _errors(autograded)
+    assert not errors, f"the solution notebook raised while running top to bottom:\n" + "\n".join(errors)
+
+    good, bad = course.score(week, "solution"), course.score(week, "untouched")
+    assert good["max_code_score"] > 0
+    assert good["code_score"] == good["max_code_score"], f"solution lost autograded points: {good}"
+    assert bad["score"] == 0, f"the untouched release earned points, so some test checks nothing: {bad}"
+
+    for student in ("solution", "untouched"):
+        html = course.feedback(week, student) / name.replace(".ipynb", ".html")
+        assert html.is_file() and "Score" in html.read_text()
+
+    rows = read_csv(course.export(tmp_path / "grades.csv"))
+    by_student = {r["student_id"]: r for r in rows if r["assignment"] == week}
+    assert float(by_student["untouched"]["score"]) == 0
+    assert float(by_student["solution"]["score"]) == good["score"] > 0

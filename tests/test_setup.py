@@ -1,0 +1,66 @@
+"""The set-up promises: one list of dependencies, pins that agree, CI running the README's command."""
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def _torch_pin(text: str) -> str:
+    pins = set(re.findall(r"torch==([\w.+]+)", text))
+    assert len(pins) == 1, f"expected one torch pin, found {pins}"
+    return pins.pop()
+
+
+def test_torch_pin_agrees_everywhere():
+    deps = PYPROJECT["project"]["dependencies"]
+    pin = _torch_pin("\n".join(deps))
+    assert _torch_pin((REPO / "Makefile").read_text()) == pin
+    assert _torch_pin((REPO / "environment.yml").read_text()) == pin
+    import torch
+
+    assert torch.__version__.split("+")[0] == pin
+
+
+def test_environment_yml_installs_this_project_and_nothing_else():
+    text = (REPO / "environment.yml").read_text()
+    body = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    assert "- python=3.11" in body
+    pip_section = body[body.index("- pip:") + 1:]
+    assert pip_section == [f"- torch=={_torch_pin(text)}", "- -e ."], (
+        "environment.yml's pip section must only pin torch and install this project: every other dependency "
+        "belongs in pyproject.toml")
+    assert PYPROJECT["project"]["requires-python"].startswith(">=3.11")
+
+
+def test_ci_runs_the_readme_test_command():
+    readme = (REPO / "README.md").read_text()
+    ci = (REPO / ".ci" / "run").read_text()
+    match = re.search(r"test command[^\n]*\n+```(?:bash|sh)?\n(.+?)\n```", readme, re.S)
+    assert match, "README.md must show the test command in a code block after the words 'test command'"
+    command = match.group(1).strip().splitlines()[-1].strip()
+    assert command in [ln.strip() for ln in ci.splitlines()], f"CI does not run the README's `{command}`"
+
+
+def test_pytest_is_configured_for_duplicate_test_names_and_skips_grader_folders():
+    opts = PYPROJECT["tool"]["pytest"]["ini_options"]
+    assert "--import-mode=importlib" in opts["addopts"]
+    conftest = (REPO / "conftest.py").read_text()
+    for folder in ("grader/submitted", "grader/autograded"):
+        assert folder in conftest
+
+
+def test_pytest_weeks_16_collects_only_week_16():
+    out = subprocess.run([sys.executable, "-m", "pytest", "weeks/16", "--collect-only", "-q", "-p", "no:cacheprovider"],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    ids = [ln for ln in out.stdout.splitlines() if "::" in ln]
+    assert ids and all(ln.startswith("weeks/16/") for ln in ids), out.stdout[-2000:]
+
+
+def test_model_file_is_in_place_and_verified():
+    from lib.fetch import check_smollm2
+
+    check_smollm2()  # raises with the fixing command if `make setup` did not place it
