@@ -71,10 +71,13 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     """PyTorch's fused `scaled_dot_product_attention`, with the lab's bottom-right causal convention."""
     _check_gqa_shapes(q, k, v)
     tq, tk = q.shape[2], k.shape[2]
-    if causal:
+    gqa = q.shape[1] != k.shape[1]
+    if causal and mask is None and tq == tk:  # square: let the kernel mask, no [T, T] tensor is built
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    if causal and tq > 1:  # one query (a cached decode step) sees every key: nothing to mask
         cm = causal_mask(tq, tk, device=q.device)
         mask = cm if mask is None else (cm & mask)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
 
 
 def expand_kv(fn: AttentionFn) -> AttentionFn:
@@ -86,3 +89,200 @@ def expand_kv(fn: AttentionFn) -> AttentionFn:
 
     backend.__name__ = f"expand_kv({getattr(fn, '__name__', 'attention')})"
     return backend
+
+
+# --- week 17: FlashAttention --------------------------------------------------------------------------
+#
+# Same shapes as above but one KV head per query head: q `[B, H, Nq, d]`, k and v `[B, H, Nk, d]`
+# (wrap with `expand_kv` for a GQA model). `causal=True` is aligned at the bottom right: query i sees
+# keys j <= i + (Nk - Nq). Reference: Dao et al., "FlashAttention: Fast and Memory-Efficient Exact
+# Attention with IO-Awareness", NeurIPS 2022 (Algorithm 1, Theorem 2); the backward follows its
+# Algorithm 4 with the logsumexp trick of FlashAttention-2 (Dao 2023).
+
+
+def check_attention_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> None:
+    """Raise ValueError, naming the shapes, for inputs no attention function can take."""
+    shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"expected q [B, H, Nq, d] and k, v [B, H, Nk, d]; got {shapes}")
+    if q.shape[:2] != k.shape[:2] or k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"batch and heads of q, k, v (and the length of k and v) must match; got {shapes}")
+    if q.shape[3] != k.shape[3]:
+        raise ValueError(f"q and k must have the same head_dim; got {shapes}")
+    if causal and q.shape[2] > k.shape[2]:
+        raise ValueError(f"causal attention needs Nq <= Nk (the queries are the last Nq of Nk positions); got {shapes}")
+
+
+def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:
+    """Standard attention: materializes the full `[B, H, Nq, Nk]` score and probability matrices."""
+    check_attention_shapes(q, k, v, causal)
+    scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5  # [B, H, Nq, Nk]
+    if causal:
+        scores = scores.masked_fill(~causal_mask(q.shape[2], k.shape[2], device=q.device), float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v  # [B, H, Nq, dv]
+
+
+def score_bytes(batch: int, heads: int, q_len: int, kv_len: int, bytes_per_element: int = 4) -> int:
+    """Bytes of one `[batch, heads, q_len, kv_len]` score matrix (fp32 by default)."""
+    return batch * heads * q_len * kv_len * bytes_per_element
+
+
+def online_softmax(x: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """Softmax over the last dim, reading `x` in chunks of `chunk_size` with a running max and sum.
+
+    Pass 1 keeps, per row, m = max so far and l = sum of exp(x - m) so far; when a chunk raises the max,
+    the old sum is rescaled by exp(m_old - m_new). Pass 2 writes exp(x - m) / l. (Milakov & Gimelshein 2018.)
+    """
+    m = torch.full(x.shape[:-1], float("-inf"), dtype=x.dtype, device=x.device)
+    l = torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
+    for start in range(0, x.shape[-1], chunk_size):
+        chunk = x[..., start:start + chunk_size]
+        m_new = torch.maximum(m, chunk.amax(dim=-1))
+        m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # all -inf so far: nothing to add
+        l = l * torch.exp(m - m_safe) + torch.exp(chunk - m_safe[..., None]).sum(dim=-1)
+        m = m_new
+    return torch.exp(x - m[..., None]) / l[..., None]
+
+
+def _causal_block(q_start: int, q_end: int, k_start: int, k_end: int, offset: int) -> str:
+    """'skip' if every key of the block is hidden from every query, 'full' if all are visible, else 'mask'."""
+    if k_start > q_end - 1 + offset:
+        return "skip"
+    if k_end - 1 <= q_start + offset:
+        return "full"
+    return "mask"
+
+
+def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                            block_q: int = 128, block_k: int = 128,
+                            visited: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tiled attention (Algorithm 1, query blocks outside): returns `out [B, H, Nq, d]` and `lse [B, H, Nq]`.
+
+    Never builds more than a `[B, H, block_q, block_k]` block of scores. `lse` is the per-row logsumexp of
+    the scaled, masked scores: what the backward pass and split-K merging need. If `visited` is a list,
+    `(q_start, k_start)` is appended for every block of scores computed (blocks wholly above the causal
+    diagonal are skipped).
+    """
+    check_attention_shapes(q, k, v, causal)
+    nq, nk, scale = q.shape[2], k.shape[2], q.shape[-1] ** -0.5
+    offset = nk - nq
+    out = torch.empty(q.shape[:3] + (v.shape[-1],), dtype=q.dtype, device=q.device)  # [B, H, Nq, d]
+    lse = torch.empty(q.shape[:3], dtype=q.dtype, device=q.device)  # [B, H, Nq]
+    for qs in range(0, nq, block_q):
+        qe = min(qs + block_q, nq)
+        qi = q[:, :, qs:qe] * scale  # [B, H, bq, d]
+        m = torch.full(qi.shape[:3], float("-inf"), dtype=q.dtype, device=q.device)  # running max
+        l = torch.zeros_like(m)  # running sum of exp(s - m)
+        acc = torch.zeros(qi.shape[:3] + (v.shape[-1],), dtype=q.dtype, device=q.device)  # unnormalized out
+        for ks in range(0, nk, block_k):
+            ke = min(ks + block_k, nk)
+            kind = _causal_block(qs, qe, ks, ke, offset) if causal else "full"
+            if kind == "skip":
+                break  # key blocks only move further right of the diagonal
+            if visited is not None:
+                visited.append((qs, ks))
+            s = qi @ k[:, :, ks:ke].transpose(-1, -2)  # [B, H, bq, bk]
+            if kind == "mask":
+                keep = (torch.arange(ks, ke, device=q.device)[None, :]
+                        <= torch.arange(qs, qe, device=q.device)[:, None] + offset)  # [bq, bk]
+                s = s.masked_fill(~keep, float("-inf"))
+            m_new = torch.maximum(m, s.amax(dim=-1))
+            m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+            p = torch.exp(s - m_safe[..., None])  # [B, H, bq, bk]
+            alpha = torch.exp(m - m_safe)  # rescales what was accumulated under the old max
+            l = l * alpha + p.sum(dim=-1)
+            acc = acc * alpha[..., None] + p @ v[:, :, ks:ke]
+            m = m_new
+        out[:, :, qs:qe] = acc / l[..., None]
+        lse[:, :, qs:qe] = m + torch.log(l)
+    return out, lse
+
+
+def flash_attention_backward(q, k, v, out, lse, dout, causal: bool = False, block_q: int = 128,
+                             block_k: int = 128) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv from the saved `out` and `lse`, recomputing each block of probabilities (no N×N matrix).
+
+    P = exp(S - lse);  dV = Pᵀ dO;  dP = dO Vᵀ;  dS = P ∘ (dP - D) with D = rowsum(dO ∘ O);
+    dQ = dS K · scale;  dK = dSᵀ Q · scale.
+    """
+    check_attention_shapes(q, k, v, causal)
+    nq, nk, scale = q.shape[2], k.shape[2], q.shape[-1] ** -0.5
+    offset = nk - nq
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    delta = (dout * out).sum(dim=-1)  # [B, H, Nq]
+    for ks in range(0, nk, block_k):
+        ke = min(ks + block_k, nk)
+        kj, vj = k[:, :, ks:ke], v[:, :, ks:ke]  # [B, H, bk, d]
+        for qs in range(0, nq, block_q):
+            qe = min(qs + block_q, nq)
+            kind = _causal_block(qs, qe, ks, ke, offset) if causal else "full"
+            if kind == "skip":
+                continue
+            qi, doi = q[:, :, qs:qe], dout[:, :, qs:qe]
+            s = (qi @ kj.transpose(-1, -2)) * scale  # [B, H, bq, bk]
+            if kind == "mask":
+                keep = (torch.arange(ks, ke, device=q.device)[None, :]
+                        <= torch.arange(qs, qe, device=q.device)[:, None] + offset)
+                s = s.masked_fill(~keep, float("-inf"))
+            p = torch.exp(s - lse[:, :, qs:qe, None])  # the forward's probabilities, recomputed
+            dv[:, :, ks:ke] += p.transpose(-1, -2) @ doi
+            dp = doi @ vj.transpose(-1, -2)
+            ds = p * (dp - delta[:, :, qs:qe, None])
+            dq[:, :, qs:qe] += (ds @ kj) * scale
+            dk[:, :, ks:ke] += (ds.transpose(-1, -2) @ qi) * scale
+    return dq, dk, dv
+
+
+class FlashAttention(torch.autograd.Function):
+    """`FlashAttention.apply(q, k, v, causal, block_q, block_k)`: saves q, k, v, out and lse — O(N·d) — not P."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal=False, block_q=128, block_k=128):
+        out, lse = flash_attention_forward(q, k, v, causal, block_q, block_k)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal, ctx.block_q, ctx.block_k = causal, block_q, block_k
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = flash_attention_backward(q, k, v, out, lse, dout, ctx.causal, ctx.block_q, ctx.block_k)
+        return dq, dk, dv, None, None, None
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                    block_q: int = 128, block_k: int = 128, return_lse: bool = False):
+    """Tiled exact attention, differentiable through `FlashAttention`; `return_lse=True` gives `(out, lse)`.
+
+    GQA models: `model.attention_fn = expand_kv(flash_attention)`.
+    """
+    if return_lse:
+        return flash_attention_forward(q, k, v, causal, block_q, block_k)
+    return FlashAttention.apply(q, k, v, causal, block_q, block_k)
+
+
+def merge_partials(outs: list[torch.Tensor], lses: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Combine attention over disjoint key sets: out = Σ exp(lse_i - lse) out_i with lse = logsumexp_i lse_i."""
+    lse_all = torch.stack(lses)  # [S, B, H, Nq]
+    lse = torch.logsumexp(lse_all, dim=0)
+    weights = torch.exp(lse_all - lse)  # [S, B, H, Nq], sums to 1 over S
+    return (weights[..., None] * torch.stack(outs)).sum(dim=0), lse
+
+
+def flash_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_splits: int = 4) -> torch.Tensor:
+    """Split-K (flash-decoding): attend to `n_splits` chunks of the keys independently, then merge by logsumexp.
+
+    For a decode step (Nq = 1, no mask needed: the query sees every cached key). On a GPU the chunks run
+    in parallel on different SMs; here they run one after another, and the answer is the same.
+    """
+    check_attention_shapes(q, k, v, causal=False)
+    nk = k.shape[2]
+    if not 1 <= n_splits <= nk:
+        raise ValueError(f"n_splits must be between 1 and the number of keys ({nk}); got {n_splits}")
+    bounds = [round(i * nk / n_splits) for i in range(n_splits + 1)]
+    outs, lses = [], []
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        o, s = flash_attention_forward(q, k[:, :, start:end], v[:, :, start:end], block_k=end - start)
+        outs.append(o)
+        lses.append(s)
+    return merge_partials(outs, lses)[0]
