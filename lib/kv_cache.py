@@ -7,8 +7,16 @@ mask is aligned at the bottom right:  query i may see key j  iff  j <= i + (kv_l
     prefill          q_len = T,  kv_len = T       -> lower-triangular [T, T]
     cached decode    q_len = 1,  kv_len = T + 1   -> one row of all True [1, T + 1]
     chunked prefill  q_len = c,  kv_len = n + c   -> [c, n + c], the first n columns all True
+
+Also here: the sliding-window variant (`sliding_window_mask`, `sliding_window_attention`, and
+`RollingKVCache`, whose memory stays constant however long the sequence grows), the cache's size
+(`kv_cache_bytes`), and the small cost model of section 6 of week 16 (`step_flops`, `roofline_time`
+and the two measurements of this machine it needs).
 """
 from __future__ import annotations
+
+import math
+import time
 
 import torch
 
@@ -32,6 +40,35 @@ def sliding_window_mask(q_len: int, kv_len: int, window: int, device=None) -> to
     i = torch.arange(q_len, device=device).unsqueeze(1) + (kv_len - q_len)  # absolute query positions
     j = torch.arange(kv_len, device=device).unsqueeze(0)
     return causal_mask(q_len, kv_len, device) & (j > i - window)
+
+
+def sliding_window_attention(window: int, attention=None):
+    """An attention backend `(q, k, v, causal=True) -> out` in which each query sees at most `window` keys:
+    itself and the `window - 1` before it. Set `model.attention_fn = sliding_window_attention(W)`.
+
+    `attention` is the backend to wrap (default `lib.attention.gqa_attention`); it must accept `mask=`.
+    """
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+
+    def backend(q, k, v, causal=True, **kwargs):
+        inner = attention
+        if inner is None:
+            from lib.attention import gqa_attention as inner  # imported here: lib.attention imports this module
+        mask = sliding_window_mask(q.shape[2], k.shape[2], window, device=q.device)  # [q_len, kv_len]
+        return inner(q, k, v, causal=False, mask=mask, **kwargs)
+
+    backend.__name__ = f"sliding_window_attention({window})"
+    return backend
+
+
+def model_with_attention(model, attention_fn):
+    """A shallow copy of `model` that shares all its weights but runs `attention_fn`; `model` is unchanged."""
+    import copy
+
+    other = copy.copy(model)  # a new module object; parameters and submodules are shared, not copied
+    other.attention_fn = attention_fn
+    return other
 
 
 class CacheOverflowError(ValueError):
@@ -83,11 +120,74 @@ class LayerKVCache:
         self.length = 0
 
 
-class KVCache:
-    """The whole model's cache: one `LayerKVCache` per layer, all at the same length."""
+class RollingKVCache:
+    """One layer's sliding-window cache: a ring buffer `[batch, n_kv_heads, window, head_dim]`.
 
-    def __init__(self, layers: list[LayerKVCache]):
+    Position p lives in slot p % window, so the buffer never grows and nothing is shifted. `append(k, v)`
+    returns the held positions (at most `window`, oldest first) followed by the new ones: exactly the
+    keys that a sliding-window mask lets the new queries see, plus a few that
+    `sliding_window_mask(q_len, kv_len, window)` (bottom-right aligned) hides. `length` counts every
+    position ever appended (the model takes its RoPE positions from it); `held` is how many are kept.
+    Use it with `sliding_window_attention(window)`; the result equals full attention under a
+    sliding-window mask.
+    """
+
+    def __init__(self, batch: int, n_kv_heads: int, window: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        shape = (batch, n_kv_heads, window, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [batch, n_kv_heads, window, head_dim]
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.window = window
+        self.length = 0
+
+    @property
+    def max_len(self) -> int:
+        return self.window
+
+    @property
+    def held(self) -> int:
+        return min(self.length, self.window)
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b, h, t, d = k.shape
+        if k.shape != v.shape or (b, h, d) != (self.k.shape[0], self.k.shape[1], self.k.shape[3]):
+            raise ValueError(
+                f"cache holds [batch={self.k.shape[0]}, n_kv_heads={self.k.shape[1]}, *, head_dim={self.k.shape[3]}]; "
+                f"got k {tuple(k.shape)} and v {tuple(v.shape)}"
+            )
+        w, held = self.window, self.held
+        old = torch.arange(self.length - held, self.length, device=self.k.device) % w  # slots, oldest first
+        keys = torch.cat([self.k[:, :, old], k], dim=2)  # [B, Hkv, held + t, d]
+        values = torch.cat([self.v[:, :, old], v], dim=2)
+        keep = min(t, w)  # only the last `window` new positions can still be seen later
+        slots = torch.arange(self.length + t - keep, self.length + t, device=self.k.device) % w
+        self.k[:, :, slots] = k[:, :, t - keep:]
+        self.v[:, :, slots] = v[:, :, t - keep:]
+        self.length += t
+        return keys, values
+
+    def reset(self) -> None:
+        self.length = 0
+
+
+class KVCache:
+    """The whole model's cache: one `LayerKVCache` (or `RollingKVCache`) per layer, all at the same length."""
+
+    def __init__(self, layers: list):
         self.layers = layers
+
+    @classmethod
+    def rolling(cls, config, window: int, batch: int = 1, dtype: torch.dtype = torch.float32,
+                device=None) -> "KVCache":
+        """A sliding-window cache for every layer; pair it with `sliding_window_attention(window)`."""
+        return cls([RollingKVCache(batch, config.n_kv_heads, window, config.head_dim, dtype, device)
+                    for _ in range(config.n_layers)])
 
     @classmethod
     def for_model(cls, config, batch: int = 1, max_len: int | None = None,
@@ -123,3 +223,61 @@ def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, seq_len: int,
                    batch: int = 1, bytes_per_element: int = 2) -> int:
     """Bytes of a KV cache: 2 (K and V) x layers x KV heads x head_dim x positions x batch x element size."""
     return 2 * n_layers * n_kv_heads * head_dim * seq_len * batch * bytes_per_element
+
+
+# --- the cost model of week 16, section 6 -----------------------------------------------------------
+
+def step_flops(n_params: int, n_layers: int, d_model: int, seq_len: int, cached: bool) -> int:
+    """FLOPs of the forward pass that produces token number `seq_len` (the sequence then holds `seq_len`
+    positions, the new one included).
+
+    Counted: matmuls only, a multiply-add = 2 FLOPs. Without a cache the model runs on all `seq_len`
+    tokens; with one, on the single new token. Each token that runs costs `2 * n_params` in the weight
+    matmuls, plus `4 * n_layers * d_model * seq_len` in attention (QK^T and PV against `seq_len` keys,
+    the full score matrix as `gqa_attention` computes it, masked entries included).
+    """
+    tokens = 1 if cached else seq_len
+    return 2 * n_params * tokens + 4 * n_layers * d_model * tokens * seq_len
+
+
+def matmul_params(model) -> int:
+    """Weights a token multiplies through: every linear layer, plus the LM head (the tied embedding)."""
+    n = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    head = model.lm_head if getattr(model, "lm_head", None) is not None else None
+    return n if head is not None else n + model.embed.weight.numel()
+
+
+def roofline_time(flops: float, bytes_moved: float, flops_per_s: float, bytes_per_s: float) -> float:
+    """The roofline estimate of a kernel's time: compute and memory traffic overlap, the slower one wins."""
+    return max(flops / flops_per_s, bytes_moved / bytes_per_s)
+
+
+def _best_time(fn, repeats: int) -> float:
+    fn()  # warm up (allocation, thread pool)
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+@torch.no_grad()
+def measure_flops_per_s(n: int = 2048, repeats: int = 5, dtype: torch.dtype = torch.float32, device=None) -> float:
+    """This machine's matmul throughput: the best of `repeats` `[n, n] @ [n, n]` products, in FLOP/s."""
+    a = torch.randn(n, n, dtype=dtype, device=device)
+    b = torch.randn(n, n, dtype=dtype, device=device)
+    sync = torch.cuda.synchronize if a.is_cuda else (lambda: None)
+    return 2 * n ** 3 / _best_time(lambda: (a @ b, sync()), repeats)
+
+
+@torch.no_grad()
+def measure_bandwidth(mib: int = 256, repeats: int = 5, dtype: torch.dtype = torch.float32, device=None) -> float:
+    """This machine's memory bandwidth as a decode step sees it: a matrix-vector product that reads a
+    `mib`-MiB weight matrix once (`F.linear` with one row), in bytes/s. Use >= 128 MiB so caches don't help."""
+    cols = 4096
+    rows = mib * 2 ** 20 // (cols * torch.finfo(dtype).bits // 8)
+    w = torch.randn(rows, cols, dtype=dtype, device=device)
+    x = torch.randn(1, cols, dtype=dtype, device=device)
+    sync = torch.cuda.synchronize if w.is_cuda else (lambda: None)
+    return w.numel() * w.element_size() / _best_time(lambda: (torch.nn.functional.linear(x, w), sync()), repeats)

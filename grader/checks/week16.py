@@ -1,13 +1,95 @@
-"""Week 16 — the KV cache and GQA: the milestone checks, used by solutions/16/test_week16.py and the notebook."""
+"""Week 16 — the KV cache and GQA: the milestone checks, used by solutions/16/test_week16.py and the notebook.
+
+One `check_<name>` per exercise; each takes the student's function or class and raises AssertionError
+with a message that says what is wrong. The references are in lib/ (kv_cache, attention, generate, gqa).
+"""
 from __future__ import annotations
+
+import functools
 
 import torch
 
 from grader.harness import Week
 from lib import kv_cache as ref
+from lib.attention import gqa_attention as ref_gqa_attention
+from lib.generate import generate as ref_generate
+from lib.gqa import pool_kv_heads as ref_pool_kv_heads
+from lib.model import SMOLLM2_135M, tiny_model
 
 WEEK = Week(16, "week16_kv_cache.ipynb")
 
+# Prompt and length of the SmolLM2 milestone (greedy, >= 64 new tokens).
+SMOLLM2_PROMPT = "To be, or not to be, that is the question:"
+SMOLLM2_NEW_TOKENS = 64
+LOGIT_ATOL = 1e-4
+
+# Random tiny configurations of the SmolLM2 architecture: MHA, GQA and MQA, one and two sequences.
+TINY_CONFIGS = [
+    dict(seed=0, n_heads=4, n_kv_heads=4),
+    dict(seed=1, n_heads=4, n_kv_heads=2),
+    dict(seed=2, n_heads=6, n_kv_heads=1, d_model=96, n_layers=3),
+    dict(seed=3, n_heads=6, n_kv_heads=3, d_model=48, n_layers=1),
+]
+
+
+def _randn(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _randint(high, shape, seed=0):
+    return torch.randint(0, high, shape, generator=torch.Generator().manual_seed(seed))
+
+
+class _CountingModel:
+    """Wraps a model and records how many tokens each forward call receives (to see that a cache is used)."""
+
+    def __init__(self, model):
+        self._model = model
+        self.calls: list[int] = []
+
+    def __call__(self, input_ids, *args, **kwargs):
+        self.calls.append(input_ids.shape[1])
+        return self._model(input_ids, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+
+def _close(got, want, what, atol=LOGIT_ATOL):
+    err = (got.float() - want.float()).abs().max().item()
+    assert err <= atol, f"{what}: largest difference {err:.3g} > {atol:g}"
+
+
+def _run_generate(generate, model, ids, n, use_cache):
+    out = generate(model, ids, n, use_cache=use_cache, return_logits=True)
+    assert isinstance(out, tuple) and len(out) == 2, (
+        "generate(..., return_logits=True) must return a pair (ids, logits), like lib.generate.generate")
+    got_ids, logits = out
+    b, t = ids.shape
+    assert tuple(got_ids.shape) == (b, t + n), (
+        f"generate returned ids of shape {tuple(got_ids.shape)}; expected [batch, prompt + new] = {(b, t + n)}")
+    assert torch.equal(got_ids[:, :t].cpu(), ids.cpu()), "the returned ids must start with the prompt"
+    assert tuple(logits.shape) == (b, n, model.config.vocab_size), (
+        f"logits have shape {tuple(logits.shape)}; expected [batch, new, vocab] = {(b, n, model.config.vocab_size)}")
+    return got_ids, logits
+
+
+# --- 1 ------------------------------------------------------------------------------------------------
+
+@WEEK.exercise(1, "step_flops", section="1 (Why generation without a cache is quadratic)")
+def check_step_flops(step_flops) -> None:
+    cases = [(100, 2, 8, 1), (100, 2, 8, 10), (134_515_008, 30, 576, 64), (7, 1, 3, 256), (10**9, 40, 5120, 2048)]
+    for n_params, n_layers, d_model, seq_len in cases:
+        for cached in (True, False):
+            got = step_flops(n_params, n_layers, d_model, seq_len, cached)
+            want = ref.step_flops(n_params, n_layers, d_model, seq_len, cached)
+            assert got == want, (
+                f"step_flops(n_params={n_params}, n_layers={n_layers}, d_model={d_model}, seq_len={seq_len}, "
+                f"cached={cached}) = {got}; expected {want}. The step runs {'1 token' if cached else 'all seq_len tokens'}: "
+                f"2*n_params FLOPs per token in the weights, plus 4*n_layers*d_model*seq_len per token in attention.")
+
+
+# --- 2 ------------------------------------------------------------------------------------------------
 
 @WEEK.exercise(2, "causal_mask", section="2 (The causal mask)")
 def check_causal_mask(causal_mask) -> None:
@@ -23,3 +105,238 @@ def check_causal_mask(causal_mask) -> None:
             raise AssertionError(
                 f"causal_mask({q_len}, {kv_len}) is wrong at query {bad[0]}, key {bad[1]}: got {bool(got[bad[0], bad[1]])}. "
                 f"The queries are the LAST {q_len} of {kv_len} positions: query i may see key j iff j <= i + {kv_len - q_len}.")
+
+
+# --- 3 ------------------------------------------------------------------------------------------------
+
+@WEEK.exercise(3, "LayerKVCache", section="3 (The cache)")
+def check_LayerKVCache(LayerKVCache) -> None:
+    b, h, max_len, d = 2, 3, 10, 4
+    cache = LayerKVCache(b, h, max_len, d, torch.float32, None)
+    assert cache.length == 0, f"a new cache has length {cache.length}; expected 0"
+    assert cache.max_len == max_len, f"max_len is {cache.max_len}; expected {max_len}"
+    want_bytes = 2 * b * h * max_len * d * 4
+    assert cache.nbytes == want_bytes, (
+        f"nbytes is {cache.nbytes}; expected {want_bytes} = 2 (K and V) x {b} x {h} x {max_len} x {d} x 4 bytes, "
+        f"allocated once in __init__")
+    k1, v1 = _randn(b, h, 4, d, seed=1), _randn(b, h, 4, d, seed=2)
+    k, v = cache.append(k1, v1)
+    assert tuple(k.shape) == (b, h, 4, d) and tuple(v.shape) == (b, h, 4, d), (
+        f"after appending 4 positions, append returned k {tuple(k.shape)} and v {tuple(v.shape)}; expected {(b, h, 4, d)}")
+    assert torch.equal(k, k1) and torch.equal(v, v1), "append must return the keys and values it holds, in order"
+    ptr = k.data_ptr()
+    k2, v2 = _randn(b, h, 1, d, seed=3), _randn(b, h, 1, d, seed=4)
+    k, v = cache.append(k2, v2)
+    assert cache.length == 5, f"after appending 4 and then 1 positions, length is {cache.length}; expected 5"
+    assert tuple(k.shape) == (b, h, 5, d), f"append returned k of shape {tuple(k.shape)}; expected the valid prefix {(b, h, 5, d)}"
+    assert torch.equal(k, torch.cat([k1, k2], 2)) and torch.equal(v, torch.cat([v1, v2], 2)), (
+        "append must return all positions held so far (old ones first, then the new ones)")
+    assert k.data_ptr() == ptr, (
+        "append should return views of one preallocated buffer (e.g. self.k[:, :, :length]); "
+        "it seems to build a new tensor each time (torch.cat?), which copies the whole cache every step")
+    try:
+        cache.append(_randn(b, h, 6, d), _randn(b, h, 6, d))
+    except NotImplementedError:
+        raise
+    except Exception as e:
+        assert isinstance(e, ValueError), (
+            f"overflow raised {type(e).__name__}; raise CacheOverflowError (a ValueError) with a message saying why")
+        assert str(e), "the overflow error needs a message (how many positions are held, how many fit)"
+    else:
+        raise AssertionError(f"appending 6 positions to a cache holding 5 of {max_len} must raise CacheOverflowError, not succeed")
+    assert cache.length == 5, f"a refused append must leave the cache as it was; length is now {cache.length}, expected 5"
+    # The cache in the model: cached decoding gives the logits of a full forward.
+    model = tiny_model(seed=5, n_heads=4, n_kv_heads=2)
+    cfg = model.config
+    ids = _randint(cfg.vocab_size, (2, 12), seed=6)
+    kv = ref.KVCache([LayerKVCache(2, cfg.n_kv_heads, 12, cfg.head_dim, torch.float32, None) for _ in range(cfg.n_layers)])
+    with torch.no_grad():
+        full = model(ids)
+        steps = [model(ids[:, :5], cache=kv)] + [model(ids[:, t:t + 1], cache=kv) for t in range(5, 12)]
+    _close(torch.cat(steps, 1), full, "a tiny model decoding with your LayerKVCache vs a full forward")
+
+
+# --- 4 ------------------------------------------------------------------------------------------------
+
+@WEEK.exercise(4, "gqa_attention", section="4 (Attention with grouped KV heads)")
+def check_gqa_attention(gqa_attention) -> None:
+    cases = [(8, 8, 5, 5), (8, 2, 5, 5), (8, 1, 5, 5), (9, 3, 1, 7), (6, 3, 3, 8), (4, 4, 1, 1), (6, 2, 4, 4)]
+    for i, (h, hkv, tq, tk) in enumerate(cases):
+        q, k, v = _randn(2, h, tq, 16, seed=i), _randn(2, hkv, tk, 16, seed=i + 100), _randn(2, hkv, tk, 16, seed=i + 200)
+        for causal in (True, False):
+            got = gqa_attention(q, k, v, causal=causal)
+            assert tuple(got.shape) == (2, h, tq, 16), (
+                f"gqa_attention with q {tuple(q.shape)}, k {tuple(k.shape)} returned {tuple(got.shape)}; "
+                f"expected [batch, n_heads, q_len, head_dim] = {(2, h, tq, 16)}")
+            want = ref_gqa_attention(q, k, v, causal=causal)
+            kind = "MHA" if h == hkv else "MQA" if hkv == 1 else f"GQA {h}:{hkv}"
+            _close(got, want, f"{kind}, q_len={tq}, kv_len={tk}, causal={causal} (query head j reads KV head "
+                              f"j // {h // hkv}; causal means the bottom-right aligned causal_mask)", atol=1e-5)
+    model = tiny_model(seed=7, n_heads=6, n_kv_heads=2, d_model=48)
+    ids = _randint(model.config.vocab_size, (1, 9), seed=8)
+    with torch.no_grad():
+        want = model(ids)
+        model.attention_fn = gqa_attention
+        got = model(ids)
+    _close(got, want, "a tiny GQA model with your gqa_attention vs lib.attention.gqa_attention")
+
+
+# --- 5 ------------------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=1)
+def smollm2_prompt():
+    from lib.model import shared_smollm2
+
+    model, tok = shared_smollm2()
+    return model, tok(SMOLLM2_PROMPT, return_tensors="pt").input_ids
+
+
+@WEEK.exercise(5, "generate", section="5 (Generation with the cache)")
+def check_generate(generate, smollm2: bool = True) -> None:
+    """Tiny random configs: cached == uncached (and == lib's generate). SmolLM2: 64 greedy cached tokens are
+    what uncached decoding gives: one forward over the final sequence yields every step's uncached logits."""
+    for i, conf in enumerate(TINY_CONFIGS):
+        model = tiny_model(**conf)
+        batch = 1 + i % 2
+        ids = _randint(model.config.vocab_size, (batch, 3 + i), seed=10 + i)
+        spy = _CountingModel(model)
+        c_ids, c_logits = _run_generate(generate, spy, ids, 20, use_cache=True)
+        assert spy.calls, "generate never called the model as model(ids, cache=...): call the model itself, not model.forward"
+        assert spy.calls[0] == ids.shape[1] and all(n == 1 for n in spy.calls[1:]), (
+            f"with use_cache=True the model should see the prompt once, then one token per step; it saw "
+            f"{spy.calls[:6]}... tokens per call")
+        u_ids, u_logits = _run_generate(generate, model, ids, 20, use_cache=False)
+        r_ids, r_logits = ref_generate(model, ids, 20, use_cache=False, return_logits=True)
+        what = f"tiny model {conf}, batch {batch}"
+        assert torch.equal(u_ids, r_ids), f"{what}: your uncached generate gives other tokens than lib.generate.generate"
+        assert torch.equal(c_ids, u_ids), f"{what}: cached and uncached generation give different tokens"
+        _close(c_logits, u_logits, f"{what}: cached vs uncached logits")
+        _close(u_logits, r_logits, f"{what}: uncached logits vs lib.generate.generate")
+    if not smollm2:
+        return
+    model, prompt = smollm2_prompt()
+    spy = _CountingModel(model)
+    ids, logits = _run_generate(generate, spy, prompt, SMOLLM2_NEW_TOKENS, use_cache=True)
+    assert spy.calls and all(n == 1 for n in spy.calls[1:]), "with use_cache=True each decode step should feed the model one token"
+    with torch.no_grad():
+        full = model(ids[:, :-1])[:, prompt.shape[1] - 1:]  # [1, new, vocab]: the uncached logits of every step
+    steps = (full.argmax(-1) != ids[:, prompt.shape[1]:]).nonzero()
+    assert len(steps) == 0, (
+        f"SmolLM2: at step {steps[0, 1].item()} uncached greedy decoding picks another token than your cached loop")
+    _close(logits, full, f"SmolLM2, {SMOLLM2_NEW_TOKENS} greedy tokens: cached logits vs uncached")
+
+
+# --- 6 ------------------------------------------------------------------------------------------------
+
+@WEEK.exercise(6, "roofline_time", section="6 (How much faster, and why)")
+def check_roofline_time(roofline_time) -> None:
+    for flops, nbytes, f, bw in [(1e9, 1e6, 1e11, 1e10), (1e6, 1e9, 1e11, 1e10), (2e10, 5e8, 3.2e11, 2.5e10), (0, 8, 1, 2)]:
+        got, want = roofline_time(flops, nbytes, f, bw), ref.roofline_time(flops, nbytes, f, bw)
+        assert abs(got - want) <= 1e-9 * want, (
+            f"roofline_time(flops={flops:g}, bytes={nbytes:g}, flops_per_s={f:g}, bytes_per_s={bw:g}) = {got:g}; expected "
+            f"{want:g}: compute takes {flops / f:g} s, memory traffic {nbytes / bw:g} s, and they overlap")
+
+
+# --- 7 ------------------------------------------------------------------------------------------------
+
+@WEEK.exercise(7, "kv_cache_bytes", section="7 (How much memory)")
+def check_kv_cache_bytes(kv_cache_bytes) -> None:
+    got = kv_cache_bytes(40, 40, 128, 1)
+    assert got == 819_200, (
+        f"OPT-13B (40 layers, 40 heads of 128, fp16) needs 819,200 bytes per token; kv_cache_bytes(40, 40, 128, 1) = {got}")
+    got = kv_cache_bytes(96, 96, 128, 1)
+    assert got == 4.5 * 2 ** 20, f"GPT-3 175B (96 layers, 96 heads of 128, fp16) needs 4.5 MiB = 4,718,592 B per token; got {got}"
+    for args in [(40, 40, 128, 2048), (32, 8, 128, 4096, 4), (30, 3, 64, 100, 2, 4), (1, 1, 1, 1, 1, 1)]:
+        got, want = kv_cache_bytes(*args), ref.kv_cache_bytes(*args)
+        assert got == want, f"kv_cache_bytes{args} = {got}; expected {want}"
+    for batch, length in [(1, 1), (2, 100), (3, 37)]:
+        cache = ref.KVCache.for_model(SMOLLM2_135M, batch, length, dtype=torch.float32)
+        got = kv_cache_bytes(SMOLLM2_135M.n_layers, SMOLLM2_135M.n_kv_heads, SMOLLM2_135M.head_dim, length,
+                             batch=batch, bytes_per_element=4)
+        assert got == cache.nbytes, (
+            f"SmolLM2, batch {batch}, {length} positions, fp32: the allocated cache holds {cache.nbytes} bytes; "
+            f"kv_cache_bytes says {got}")
+
+
+# --- 8 ------------------------------------------------------------------------------------------------
+
+@WEEK.exercise(8, "pool_kv_heads", section="8 (What sharing KV heads costs)")
+def check_pool_kv_heads(pool_kv_heads) -> None:
+    model = tiny_model(seed=11, n_heads=4, n_kv_heads=4)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ids = _randint(model.config.vocab_size, (2, 10), seed=12)
+    for g in (4, 2, 1):
+        pooled = pool_kv_heads(model, g)
+        assert pooled is not model, "pool_kv_heads must return a new model"
+        assert pooled.config.n_kv_heads == g, f"pool_kv_heads(model, {g}).config.n_kv_heads = {pooled.config.n_kv_heads}"
+        want = ref_pool_kv_heads(model, g)
+        got_sd, want_sd = pooled.state_dict(), want.state_dict()
+        for name, w in want_sd.items():
+            assert name in got_sd and tuple(got_sd[name].shape) == tuple(w.shape), (
+                f"pooled to {g} KV heads, {name} should have shape {tuple(w.shape)}")
+            _close(got_sd[name], w, f"pooled to {g} KV heads, {name} (the mean of the KV heads of each group, in order)",
+                   atol=1e-6)
+        with torch.no_grad():
+            _close(pooled(ids), want(ids), f"logits of the model pooled to {g} KV heads")
+    for name, w in model.state_dict().items():
+        assert torch.equal(w, before[name]), f"pool_kv_heads changed the original model's {name}: build a new model instead"
+    # KV heads that are already equal within each group: pooling must not change the outputs.
+    with torch.no_grad():
+        for layer in model.layers:
+            for proj in (layer.attn.k_proj, layer.attn.v_proj):
+                w = proj.weight.view(2, 2, -1, proj.weight.shape[1])
+                w[:, 1] = w[:, 0]
+        _close(pool_kv_heads(model, 2)(ids), model(ids), "pooling KV heads that are equal within each group", atol=1e-5)
+
+
+# --- 9 ------------------------------------------------------------------------------------------------
+
+@WEEK.exercise(9, "RollingKVCache", section="9 (Sliding window)")
+def check_RollingKVCache(RollingKVCache) -> None:
+    for window, prompt, conf in [(4, 3, TINY_CONFIGS[1]), (3, 7, TINY_CONFIGS[2]), (1, 2, TINY_CONFIGS[0]), (6, 6, TINY_CONFIGS[3])]:
+        model = tiny_model(**conf)
+        model.attention_fn = ref.sliding_window_attention(window)
+        cfg = model.config
+        layers = [RollingKVCache(2, cfg.n_kv_heads, window, cfg.head_dim, torch.float32, None) for _ in range(cfg.n_layers)]
+        cache = ref.KVCache(layers)
+        nbytes = 2 * 2 * cfg.n_kv_heads * window * cfg.head_dim * 4
+        assert layers[0].nbytes == nbytes, (
+            f"RollingKVCache(2, {cfg.n_kv_heads}, window={window}, {cfg.head_dim}).nbytes = {layers[0].nbytes}; "
+            f"expected {nbytes}: K and V buffers of [batch, n_kv_heads, window, head_dim], fp32")
+        ids = _randint(cfg.vocab_size, (2, prompt + 3 * window + 4), seed=window)
+        with torch.no_grad():
+            full = model(ids)  # sliding-window attention over the whole sequence, no cache
+            steps = [model(ids[:, :prompt], cache=cache)]
+            for t in range(prompt, ids.shape[1]):
+                steps.append(model(ids[:, t:t + 1], cache=cache))
+                assert layers[0].nbytes == nbytes, f"the rolling cache's nbytes changed to {layers[0].nbytes} at position {t}"
+        assert cache.length == ids.shape[1], (
+            f"after {ids.shape[1]} positions, length is {cache.length}: length counts every position appended "
+            f"(the model takes the RoPE position of the next token from it)")
+        _close(torch.cat(steps, 1), full, f"window {window}, prompt {prompt}: decoding with your RollingKVCache vs "
+                                          f"full attention with a sliding-window mask")
+    cache = RollingKVCache(1, 1, 3, 2, torch.float32, None)
+    for t in range(10):
+        k, v = cache.append(torch.full((1, 1, 1, 2), float(t)), torch.full((1, 1, 1, 2), float(t)))
+        assert k.shape[2] <= 3 + 1, f"at position {t} append returned {k.shape[2]} keys; a window of 3 needs at most 3 + 1"
+        assert k[0, 0, -1, 0].item() == t, "append must return the new positions last"
+        assert k[0, 0, -min(t + 1, 3):, 0].tolist() == [float(p) for p in range(max(0, t - 2), t + 1)], (
+            f"at position {t} append returned keys of positions {k[0, 0, :, 0].tolist()}; expected the window's positions "
+            f"{list(range(max(0, t - 2), t + 1))}, oldest first")
+
+
+# --- 10 -----------------------------------------------------------------------------------------------
+
+@WEEK.exercise(10, "answer_q1", section="10 (Check your understanding)")
+def check_answer_q1(answer_q1) -> None:
+    got = float(answer_q1())
+    if abs(got - 13e9 * 2 / 2 ** 30) < 0.05:
+        raise AssertionError(f"{got:.3g} is in GiB (2^30 bytes); the question asks for GB = 10^9 bytes")
+    assert abs(got - 26.0) < 0.05, f"answer_q1() = {got}: count the bytes of 13e9 weights of 2 bytes each, in GB (10^9 B)"
+
+
+@WEEK.exercise(10, "answer_q3", section="10 (Check your understanding)")
+def check_answer_q3(answer_q3) -> None:
+    got = float(answer_q3())
+    assert abs(got - 4.0) < 1e-9, (
+        f"answer_q3() = {got}: the cache holds one K and one V per KV head; compare 32 KV heads (MHA) with 8")

@@ -1,4 +1,4 @@
-"""Week 16 checks: `pytest weeks/16` (your notebook) or `pytest weeks/16 -k ex2` (one exercise).
+"""Week 16 checks: `pytest weeks/16` (your notebook) or `pytest weeks/16 -k ex3` (one exercise).
 
 Only the notebook's exercise cells are run (no demos, no plots); the checks live in grader/checks/week16.py
 and are the same ones the notebook's graded cells call.
@@ -18,5 +18,48 @@ def ex():
     return load_exercises(NOTEBOOK)
 
 
+def test_ex1_step_flops(ex):
+    checks.check_step_flops(ex.step_flops)
+
+
 def test_ex2_causal_mask(ex):
     checks.check_causal_mask(ex.causal_mask)
+
+
+def test_ex3_LayerKVCache(ex):
+    checks.check_LayerKVCache(ex.LayerKVCache)
+
+
+def test_ex4_gqa_attention(ex):
+    checks.check_gqa_attention(ex.gqa_attention)
+
+
+def test_ex5_generate(ex):
+    """Milestone: cached == uncached on tiny MHA/GQA/MQA models and on SmolLM2 (64 greedy tokens), logits within 1e-4."""
+    checks.check_generate(ex.generate)
+
+
+def test_ex6_roofline_time(ex):
+    checks.check_roofline_time(ex.roofline_time)
+
+
+def test_ex7_kv_cache_bytes(ex):
+    """Milestones: OPT-13B 819,200 B/token, GPT-3 4.5 MiB/token, SmolLM2 == the allocated cache."""
+    checks.check_kv_cache_bytes(ex.kv_cache_bytes)
+
+
+def test_ex8_pool_kv_heads(ex):
+    checks.check_pool_kv_heads(ex.pool_kv_heads)
+
+
+def test_ex9_RollingKVCache(ex):
+    """Milestone: rolling cache == full attention under a sliding-window mask, constant memory."""
+    checks.check_RollingKVCache(ex.RollingKVCache)
+
+
+def test_ex10_answer_q1(ex):
+    checks.check_answer_q1(ex.answer_q1)
+
+
+def test_ex10_answer_q3(ex):
+    checks.check_answer_q3(ex.answer_q3)
