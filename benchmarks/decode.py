@@ -4,8 +4,8 @@
 
 Decode is bandwidth-bound: each new token reads every weight once. So the ceiling is
     tok/s <= (memory bandwidth) / (bytes of weights read per token)
-with the bandwidth measured here, in this run, as a one-row F.linear over a >= 256 MiB fp32 matrix
-(the same operation decode performs). Every figure below is measured side by side in one run; a
+with the bandwidth measured here, in this run, by `lib.roofline.measure_bandwidth`: a one-row F.linear
+over a 256 MiB fp32 matrix (the same operation decode performs). Every figure below is measured side by side in one run; a
 busy machine lowers all of them, so compare the ratios, not the absolute numbers, across runs.
 Not a test: timing never decides pass or fail.
 """
@@ -16,39 +16,11 @@ import statistics
 import time
 
 import torch
-import torch.nn.functional as F
 
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
-
-
-def matvec_bandwidth(device: torch.device, mib: int = 256, repeats: int = 10) -> float:
-    """Bytes/s streamed by `F.linear(x[1, K], W[N, K])`: W is read once per call."""
-    k = 4096
-    n = mib * 2**20 // (4 * k)
-    w = torch.randn(n, k, device=device)
-    x = torch.randn(1, k, device=device)
-    F.linear(x, w)
-    _sync(device)
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        F.linear(x, w)
-        _sync(device)
-        times.append(time.perf_counter() - t)
-    return w.numel() * 4 / min(times)
-
-
-def weight_bytes_per_token(model) -> int:
-    """Bytes read from memory per decoded token: every linear layer plus the (tied) LM head.
-
-    The embedding lookup reads one row, not the table; with tied embeddings the same table is
-    read in full as the LM head, so it is counted once, as the head.
-    """
-    total = sum(p.numel() * p.element_size() for name, p in model.named_parameters() if name != "embed.weight")
-    return total + model.embed.weight.numel() * model.embed.weight.element_size()
 
 
 def time_decode(step, prompt_len: int, new_tokens: int, repeats: int) -> float:
@@ -76,6 +48,7 @@ def main() -> None:
     from lib import paths
     from lib.generate import generate
     from lib.model import default_device, load_smollm2
+    from lib.roofline import measure_bandwidth, weight_bytes_per_token
 
     device = default_device()
     torch.manual_seed(0)
@@ -96,7 +69,7 @@ def main() -> None:
 
     lib_s = time_decode(lib_step, prompt.shape[1], n, args.repeats)
     hf_s = time_decode(hf_step, prompt.shape[1], n, args.repeats)
-    bw = matvec_bandwidth(device)
+    bw = measure_bandwidth(256, repeats=10, device=device)
     per_token = weight_bytes_per_token(model)
     roof_tok_s = bw / per_token
 

@@ -8,6 +8,7 @@ Read top to bottom: config, the four building blocks, the model, then loading fr
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import os
@@ -153,6 +154,12 @@ class LlamaModel(nn.Module):
     @property
     def device(self) -> torch.device:
         return self.embed.weight.device
+
+    def with_attention(self, attention_fn: AttentionFn) -> "LlamaModel":
+        """A shallow copy that shares every weight but runs `attention_fn`; this model is left unchanged."""
+        other = copy.copy(self)  # a new module object; parameters and submodules are shared, not copied
+        other.attention_fn = attention_fn
+        return other
 
     def new_cache(self, batch: int = 1, max_len: int | None = None) -> KVCache:
         return KVCache.for_model(self.config, batch, max_len, dtype=self.embed.weight.dtype, device=self.device)

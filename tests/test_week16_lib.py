@@ -7,8 +7,8 @@ import torch
 from lib.attention import gqa_attention
 from lib.generate import generate
 from lib.gqa import kv_group_options, mean_pool_heads, pool_kv_heads
-from lib.kv_cache import (KVCache, RollingKVCache, kv_cache_bytes, roofline_time, sliding_window_attention,
-                          sliding_window_mask, step_flops, matmul_params)
+from lib.kv_cache import KVCache, RollingKVCache, kv_cache_bytes, sliding_window_attention, sliding_window_mask
+from lib.roofline import matmul_params, roofline_time, step_flops
 from lib.model import SMOLLM2_135M, tiny_model
 from lib.text import load_text, perplexity, token_nlls
 

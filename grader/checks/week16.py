@@ -11,6 +11,7 @@ import torch
 
 from grader.harness import Week
 from lib import kv_cache as ref
+from lib import roofline
 from lib.attention import gqa_attention as ref_gqa_attention
 from lib.generate import generate as ref_generate
 from lib.gqa import pool_kv_heads as ref_pool_kv_heads
@@ -82,7 +83,7 @@ def check_step_flops(step_flops) -> None:
     for n_params, n_layers, d_model, seq_len in cases:
         for cached in (True, False):
             got = step_flops(n_params, n_layers, d_model, seq_len, cached)
-            want = ref.step_flops(n_params, n_layers, d_model, seq_len, cached)
+            want = roofline.step_flops(n_params, n_layers, d_model, seq_len, cached)
             assert got == want, (
                 f"step_flops(n_params={n_params}, n_layers={n_layers}, d_model={d_model}, seq_len={seq_len}, "
                 f"cached={cached}) = {got}; expected {want}. The step runs {'1 token' if cached else 'all seq_len tokens'}: "
@@ -231,7 +232,7 @@ def check_generate(generate, smollm2: bool = True) -> None:
 @WEEK.exercise(6, "roofline_time", section="6 (How much faster, and why)")
 def check_roofline_time(roofline_time) -> None:
     for flops, nbytes, f, bw in [(1e9, 1e6, 1e11, 1e10), (1e6, 1e9, 1e11, 1e10), (2e10, 5e8, 3.2e11, 2.5e10), (0, 8, 1, 2)]:
-        got, want = roofline_time(flops, nbytes, f, bw), ref.roofline_time(flops, nbytes, f, bw)
+        got, want = roofline_time(flops, nbytes, f, bw), roofline.roofline_time(flops, nbytes, f, bw)
         assert abs(got - want) <= 1e-9 * want, (
             f"roofline_time(flops={flops:g}, bytes={nbytes:g}, flops_per_s={f:g}, bytes_per_s={bw:g}) = {got:g}; expected "
             f"{want:g}: compute takes {flops / f:g} s, memory traffic {nbytes / bw:g} s, and they overlap")

@@ -1,0 +1,73 @@
+"""Roofline arithmetic: how long a step should take on this machine, from its FLOPs and the bytes it moves.
+
+A step is compute-bound when flops / (FLOP/s) exceeds bytes / (bytes/s), memory-bound otherwise; the
+roofline estimate is the larger of the two. Decode steps (one token) are memory-bound: every weight is
+read once per token. An uncached step (a T-token forward) becomes compute-bound as T grows.
+Used by week 16 (section 6) and by `benchmarks/decode.py`.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+def step_flops(n_params: int, n_layers: int, d_model: int, seq_len: int, cached: bool) -> int:
+    """FLOPs of the forward pass that produces token number `seq_len` (the sequence then holds `seq_len`
+    positions, the new one included).
+
+    Counted: matmuls only, a multiply-add = 2 FLOPs. Without a cache the model runs on all `seq_len`
+    tokens; with one, on the single new token. Each token that runs costs `2 * n_params` in the weight
+    matmuls, plus `4 * n_layers * d_model * seq_len` in attention (QK^T and PV against `seq_len` keys,
+    the full score matrix as `gqa_attention` computes it, masked entries included).
+    """
+    tokens = 1 if cached else seq_len
+    return 2 * n_params * tokens + 4 * n_layers * d_model * tokens * seq_len
+
+
+def matmul_params(model) -> int:
+    """Weights a token multiplies through: every linear layer, plus the LM head (the tied embedding)."""
+    n = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    head = model.lm_head if getattr(model, "lm_head", None) is not None else None
+    return n if head is not None else n + model.embed.weight.numel()
+
+
+def weight_bytes_per_token(model) -> int:
+    """Bytes of weights a decoded token reads: every matmul weight once (the tied embedding as the LM head)."""
+    return matmul_params(model) * model.embed.weight.element_size()
+
+
+def roofline_time(flops: float, bytes_moved: float, flops_per_s: float, bytes_per_s: float) -> float:
+    """The roofline estimate of a kernel's time: compute and memory traffic overlap, the slower one wins."""
+    return max(flops / flops_per_s, bytes_moved / bytes_per_s)
+
+
+def _best_time(fn, repeats: int) -> float:
+    fn()  # warm up (allocation, thread pool)
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+@torch.no_grad()
+def measure_flops_per_s(n: int = 2048, repeats: int = 5, dtype: torch.dtype = torch.float32, device=None) -> float:
+    """This machine's matmul throughput: the best of `repeats` `[n, n] @ [n, n]` products, in FLOP/s."""
+    a = torch.randn(n, n, dtype=dtype, device=device)
+    b = torch.randn(n, n, dtype=dtype, device=device)
+    sync = torch.cuda.synchronize if a.is_cuda else (lambda: None)
+    return 2 * n ** 3 / _best_time(lambda: (a @ b, sync()), repeats)
+
+
+@torch.no_grad()
+def measure_bandwidth(mib: int = 256, repeats: int = 5, dtype: torch.dtype = torch.float32, device=None) -> float:
+    """This machine's memory bandwidth as a decode step sees it: a matrix-vector product that reads a
+    `mib`-MiB weight matrix once (`F.linear` with one row), in bytes/s. Use >= 128 MiB so caches don't help."""
+    cols = 4096
+    rows = mib * 2 ** 20 // (cols * torch.finfo(dtype).bits // 8)
+    w = torch.randn(rows, cols, dtype=dtype, device=device)
+    x = torch.randn(1, cols, dtype=dtype, device=device)
+    sync = torch.cuda.synchronize if w.is_cuda else (lambda: None)
+    return w.numel() * w.element_size() / _best_time(lambda: (torch.nn.functional.linear(x, w), sync()), repeats)
