@@ -63,7 +63,35 @@ class CacheOverflowError(ValueError):
     """Raised when a write would run past the space a cache was allocated with."""
 
 
-class LayerKVCache:
+class _KVBuffers:
+    """K and V buffers `[batch, n_kv_heads, slots, head_dim]` and what every cache layer does with them."""
+
+    def __init__(self, batch: int, n_kv_heads: int, slots: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
+        shape = (batch, n_kv_heads, slots, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [batch, n_kv_heads, slots, head_dim]
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.length = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+
+    def _check_new(self, k: torch.Tensor, v: torch.Tensor) -> int:
+        """Check new keys/values `[batch, n_kv_heads, t, head_dim]` fit these buffers; return t."""
+        b, h, t, d = k.shape
+        if k.shape != v.shape or (b, h, d) != (self.k.shape[0], self.k.shape[1], self.k.shape[3]):
+            raise ValueError(
+                f"cache holds [batch={self.k.shape[0]}, n_kv_heads={self.k.shape[1]}, *, head_dim={self.k.shape[3]}]; "
+                f"got k {tuple(k.shape)} and v {tuple(v.shape)}"
+            )
+        return t
+
+    def reset(self) -> None:
+        self.length = 0
+
+
+class LayerKVCache(_KVBuffers):
     """One layer's keys and values, preallocated as `[batch, n_kv_heads, max_len, head_dim]`.
 
     `append(k, v)` writes the new positions after the ones already held and returns views of the
@@ -72,26 +100,14 @@ class LayerKVCache:
 
     def __init__(self, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
-        shape = (batch, n_kv_heads, max_len, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [batch, n_kv_heads, max_len, head_dim]
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.length = 0
+        super().__init__(batch, n_kv_heads, max_len, head_dim, dtype, device)
 
     @property
     def max_len(self) -> int:
         return self.k.shape[2]
 
-    @property
-    def nbytes(self) -> int:
-        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
-
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        b, h, t, d = k.shape
-        if k.shape != v.shape or (b, h, d) != (self.k.shape[0], self.k.shape[1], self.k.shape[3]):
-            raise ValueError(
-                f"cache holds [batch={self.k.shape[0]}, n_kv_heads={self.k.shape[1]}, *, head_dim={self.k.shape[3]}]; "
-                f"got k {tuple(k.shape)} and v {tuple(v.shape)}"
-            )
+        t = self._check_new(k, v)
         end = self.length + t
         if end > self.max_len:
             raise CacheOverflowError(
@@ -104,11 +120,8 @@ class LayerKVCache:
         self.length = end
         return self.k[:, :, :end], self.v[:, :, :end]
 
-    def reset(self) -> None:
-        self.length = 0
 
-
-class RollingKVCache:
+class RollingKVCache(_KVBuffers):
     """One layer's sliding-window cache: a ring buffer `[batch, n_kv_heads, window, head_dim]`.
 
     Position p lives in slot p % window, so the buffer never grows and nothing is shifted. `append(k, v)`
@@ -124,11 +137,8 @@ class RollingKVCache:
                  dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
-        shape = (batch, n_kv_heads, window, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [batch, n_kv_heads, window, head_dim]
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        super().__init__(batch, n_kv_heads, window, head_dim, dtype, device)
         self.window = window
-        self.length = 0
 
     @property
     def max_len(self) -> int:
@@ -138,17 +148,8 @@ class RollingKVCache:
     def held(self) -> int:
         return min(self.length, self.window)
 
-    @property
-    def nbytes(self) -> int:
-        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
-
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        b, h, t, d = k.shape
-        if k.shape != v.shape or (b, h, d) != (self.k.shape[0], self.k.shape[1], self.k.shape[3]):
-            raise ValueError(
-                f"cache holds [batch={self.k.shape[0]}, n_kv_heads={self.k.shape[1]}, *, head_dim={self.k.shape[3]}]; "
-                f"got k {tuple(k.shape)} and v {tuple(v.shape)}"
-            )
+        t = self._check_new(k, v)
         w, held = self.window, self.held
         old = torch.arange(self.length - held, self.length, device=self.k.device) % w  # slots, oldest first
         keys = torch.cat([self.k[:, :, old], k], dim=2)  # [B, Hkv, held + t, d]
@@ -159,9 +160,6 @@ class RollingKVCache:
         self.v[:, :, slots] = v[:, :, t - keep:]
         self.length += t
         return keys, values
-
-    def reset(self) -> None:
-        self.length = 0
 
 
 class KVCache:
