@@ -1,8 +1,13 @@
 """Inference Lab's reference implementation: one module per technique.
 
 - `lib.model`     a Llama-family decoder (SmolLM2 from its GGUF file, or tiny random configs)
-- `lib.kv_cache`  the causal mask and the KV cache (week 16)
-- `lib.attention` attention with grouped KV heads; naive and tiled (FlashAttention) attention (weeks 16–17)
-- `lib.generate`  the generation loop and sampling
-- `lib.fetch`     the set-up step that places the model where `lib` finds it
+- `lib.generate`  the generation loop and sampling (greedy, temperature, top-k, top-p)
+- `lib.kv_cache`  the causal mask, the KV cache, the sliding-window cache, `kv_cache_bytes` (week 16)
+- `lib.gqa`       pooling KV heads into fewer groups: MHA -> GQA -> MQA (week 16)
+- `lib.roofline`  FLOPs, bytes and the roofline; this machine's FLOP/s and bandwidth (week 16, benchmarks)
+- `lib.attention` GQA attention and the SDPA backend; naive and tiled (FlashAttention) attention (weeks 16-17)
+- `lib.io_model`  counting slow-memory traffic of standard and tiled attention (week 17)
+- `lib.text`      the committed Gutenberg text and perplexity
+- `lib.fetch`     the set-up step that places the model where `lib` finds it (`python -m lib.fetch`)
+- `lib.paths`     where data lives, and the model file's size and sha256
 """
