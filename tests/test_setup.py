@@ -1,5 +1,6 @@
 """The set-up promises: one list of dependencies, pins that agree, CI running the README's command."""
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -45,12 +46,25 @@ def test_ci_runs_the_readme_test_command():
     assert command in [ln.strip() for ln in ci.splitlines()], f"CI does not run the README's `{command}`"
 
 
-def test_pytest_is_configured_for_duplicate_test_names_and_skips_grader_folders():
-    opts = PYPROJECT["tool"]["pytest"]["ini_options"]
-    assert "--import-mode=importlib" in opts["addopts"]
-    conftest = (REPO / "conftest.py").read_text()
-    for folder in ("grader/submitted", "grader/autograded"):
-        assert folder in conftest
+def test_pytest_uses_importlib_mode():
+    assert "--import-mode=importlib" in PYPROJECT["tool"]["pytest"]["ini_options"]["addopts"]
+
+
+def test_pytest_never_collects_nbgrader_folders():
+    """A submission's copy of test_week16.py under grader/ must never run as part of the suite."""
+    planted = []
+    try:
+        for folder in ("submitted", "autograded"):
+            path = REPO / "grader" / folder / "zz-collection-probe" / "16" / "test_week16.py"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("def test_probe():\n    assert False\n")
+            planted.append(path)
+        out = subprocess.run([sys.executable, "-m", "pytest", "grader", "--collect-only", "-q", "-p", "no:cacheprovider"],
+                             cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert "test_probe" not in out.stdout, out.stdout[-2000:]
+    finally:
+        for path in planted:
+            shutil.rmtree(path.parents[1], ignore_errors=True)
 
 
 def test_pytest_weeks_16_collects_only_week_16():
