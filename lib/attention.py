@@ -30,13 +30,25 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     return x[:, :, None].expand(b, h, n_rep, t, d).reshape(b, h * n_rep, t, d)
 
 
-def _check_gqa_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    if q.dim() != 4 or k.dim() != 4 or v.shape != k.shape:
-        raise ValueError(f"expected q [B, H, Tq, d], k and v [B, Hkv, Tk, d]; got q {tuple(q.shape)}, "
-                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3] or q.shape[1] % k.shape[1] != 0:
-        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)}: batch and head_dim must match and "
-                         f"n_heads ({q.shape[1]}) must be a multiple of n_kv_heads ({k.shape[1]})")
+def check_attention_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                           grouped: bool = False) -> None:
+    """Raise ValueError, naming the shapes, for inputs no attention function can take.
+
+    q is `[B, H, Nq, d]`, k and v `[B, Hk, Nk, d]` with `Hk == H`, or, with `grouped=True`, any `Hk` dividing `H`.
+    """
+    shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"expected q [B, H, Nq, d] and k, v [B, H, Nk, d]; got {shapes}")
+    if q.shape[0] != k.shape[0] or k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"batch of q, k, v (and heads and length of k and v) must match; got {shapes}")
+    if grouped and q.shape[1] % k.shape[1]:
+        raise ValueError(f"n_heads ({q.shape[1]}) must be a multiple of n_kv_heads ({k.shape[1]}); got {shapes}")
+    if not grouped and q.shape[1] != k.shape[1]:
+        raise ValueError(f"q, k and v must have the same number of heads (wrap with expand_kv for GQA); got {shapes}")
+    if q.shape[3] != k.shape[3]:
+        raise ValueError(f"q and k must have the same head_dim; got {shapes}")
+    if causal and q.shape[2] > k.shape[2]:
+        raise ValueError(f"causal attention needs Nq <= Nk (the queries are the last Nq of Nk positions); got {shapes}")
 
 
 def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -46,7 +58,7 @@ def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     `mask` is boolean, broadcastable to `[B, H, q_len, kv_len]`, True where attention is allowed; it
     is combined with the causal mask when both are given. Softmax runs in float32.
     """
-    _check_gqa_shapes(q, k, v)
+    check_attention_shapes(q, k, v, causal, grouped=True)
     b, h, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     group = h // hkv
@@ -69,7 +81,7 @@ def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                    mask: torch.Tensor | None = None) -> torch.Tensor:
     """PyTorch's fused `scaled_dot_product_attention`, with the lab's bottom-right causal convention."""
-    _check_gqa_shapes(q, k, v)
+    check_attention_shapes(q, k, v, causal, grouped=True)
     tq, tk = q.shape[2], k.shape[2]
     gqa = q.shape[1] != k.shape[1]
     if causal and mask is None and tq == tk:  # square: let the kernel mask, no [T, T] tensor is built
@@ -98,19 +110,6 @@ def expand_kv(fn: AttentionFn) -> AttentionFn:
 # keys j <= i + (Nk - Nq). Reference: Dao et al., "FlashAttention: Fast and Memory-Efficient Exact
 # Attention with IO-Awareness", NeurIPS 2022 (Algorithm 1, Theorem 2); the backward follows its
 # Algorithm 4 with the logsumexp trick of FlashAttention-2 (Dao 2023).
-
-
-def check_attention_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> None:
-    """Raise ValueError, naming the shapes, for inputs no attention function can take."""
-    shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"expected q [B, H, Nq, d] and k, v [B, H, Nk, d]; got {shapes}")
-    if q.shape[:2] != k.shape[:2] or k.shape[:3] != v.shape[:3]:
-        raise ValueError(f"batch and heads of q, k, v (and the length of k and v) must match; got {shapes}")
-    if q.shape[3] != k.shape[3]:
-        raise ValueError(f"q and k must have the same head_dim; got {shapes}")
-    if causal and q.shape[2] > k.shape[2]:
-        raise ValueError(f"causal attention needs Nq <= Nk (the queries are the last Nq of Nk positions); got {shapes}")
 
 
 def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:
