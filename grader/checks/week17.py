@@ -5,6 +5,7 @@ import math
 
 import torch
 
+from grader.checks import assert_close as _close
 from grader.harness import Week
 from lib import attention as ref
 from lib import io_model
@@ -30,14 +31,6 @@ def _ref_lse(q, k, causal):
     if causal:
         s = s.masked_fill(~causal_mask(q.shape[2], k.shape[2]), float("-inf"))
     return torch.logsumexp(s, dim=-1)
-
-
-def _close(got, want, what, atol):
-    assert isinstance(got, torch.Tensor), f"{what}: returned {type(got).__name__}, expected a torch.Tensor"
-    assert tuple(got.shape) == tuple(want.shape), f"{what}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
-    assert torch.isfinite(got).all(), f"{what}: contains NaN or inf (a row that has seen only -inf so far? exp(-inf - -inf) is NaN)"
-    err = (got.double() - want.double()).abs().max().item()
-    assert err <= atol, f"{what}: differs from the reference by {err:.3g} (allowed {atol:g})"
 
 
 def _bad_shapes(fn, name):
