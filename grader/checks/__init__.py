@@ -1,11 +1,151 @@
-"""The milestone checks, one module per week, and what they share."""
+"""The milestone checks, one module per week, and what they share.
+
+Three rules every week's checks follow (see docs/authoring-a-week.md, "Checks that only the technique passes"):
+
+1. **Data in, data out.** A check calls the student's functions (or constructs the student's classes and calls
+   their methods) only with plain data — tensors, numbers, strings, tuples, lists, dicts — and judges only the
+   data they return. That is what lets the grader run the student's code in another process than the check.
+2. **Randomized, reproducible inputs.** Inputs come from `generator(...)`, seeded from `run_seed()`: a fresh
+   seed per run (so a lookup table of inputs fails), printed in every failure (so a student can reproduce it
+   with `INFERENCE_LAB_SEED=<seed> pytest weeks/NN`).
+3. **The technique, not just the numbers.** Where an exercise forbids a route (calling the library op or lib's
+   reference, materializing what the technique avoids), the check runs the student's function under
+   `observe(...)` and judges what it did: the aten ops it called, the matmul shapes, FLOPs, peak tensor
+   bytes, and which `lib` functions ran.
+"""
+from __future__ import annotations
+
+import os
+import random
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
 import torch
 
+_LIB_DIR = str(Path(__file__).resolve().parent.parent.parent / "lib") + os.sep
+_SEED: int | None = None
 
-def assert_close(got, want, what: str, atol: float) -> None:
-    """`got` is a finite tensor of `want`'s shape, within `atol` of it; else an AssertionError that says which."""
+
+def run_seed() -> int:
+    """This run's seed: `INFERENCE_LAB_SEED` if set, else drawn once per process (and kept for the run)."""
+    global _SEED
+    if _SEED is None:
+        env = os.environ.get("INFERENCE_LAB_SEED")
+        _SEED = int(env) if env not in (None, "") else random.SystemRandom().randrange(1, 2**31 - 1)
+    return _SEED
+
+
+def generator(offset: int = 0, device: str | torch.device = "cpu") -> torch.Generator:
+    """A torch.Generator seeded from this run's seed (+ `offset`, so two cases of one check differ)."""
+    return torch.Generator(device=device).manual_seed(run_seed() + offset)
+
+
+def seed_note() -> str:
+    """Appended to failure messages: how to rerun with the same inputs."""
+    return f"[inputs drawn with seed {run_seed()}; rerun with INFERENCE_LAB_SEED={run_seed()} to reproduce]"
+
+
+def assert_close(got, want, what: str, atol: float, rtol: float = 0.0, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None) -> None:
+    """`got` is a finite tensor of `want`'s shape (and `dtype`/`device`, default `want`'s), within atol + rtol·|want|.
+
+    Else an AssertionError that says which, with the run's seed."""
     assert isinstance(got, torch.Tensor), f"{what}: returned {type(got).__name__}, expected a torch.Tensor"
     assert tuple(got.shape) == tuple(want.shape), f"{what}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
-    assert torch.isfinite(got).all(), f"{what}: contains NaN or inf (in a softmax, a row that has seen only -inf gives exp(-inf - -inf) = NaN)"
-    err = (got.double() - want.double()).abs().max().item()
-    assert err <= atol, f"{what}: differs from the reference by {err:.3g} (allowed {atol:g})"
+    want_dtype = dtype if dtype is not None else want.dtype
+    assert got.dtype == want_dtype, f"{what}: dtype {got.dtype}, expected {want_dtype}"
+    want_device = torch.device(device) if device is not None else want.device
+    assert got.device.type == want_device.type, f"{what}: on device {got.device}, expected {want_device}"
+    assert torch.isfinite(got).all(), (f"{what}: contains NaN or inf (in a softmax, a row that has seen only "
+                                       f"-inf gives exp(-inf - -inf) = NaN) {seed_note()}")
+    diff = (got.double() - want.double()).abs()
+    allowed = atol + rtol * want.double().abs()
+    if not bool((diff <= allowed).all()):
+        worst = (diff - allowed).argmax()
+        err = diff.flatten()[worst].item()
+        raise AssertionError(f"{what}: differs from the reference by {err:.3g} at flat index {worst.item()} "
+                             f"(allowed {atol:g} + {rtol:g}·|reference|) {seed_note()}")
+
+
+# --- observing how a result was computed ---------------------------------------------------------------------
+
+@dataclass
+class Observation:
+    """What one call did. `ops`: aten op name -> count; `matmuls`: (shape of a, shape of b) of every mm/bmm/
+    matmul-like op; `flops`: FLOPs counted by torch's FlopCounterMode; `peak_bytes`: peak tensor bytes
+    allocated during the call (inputs excluded); `lib_calls`: qualified names of `lib` functions that ran."""
+    ops: Counter = field(default_factory=Counter)
+    matmuls: list = field(default_factory=list)
+    flops: int = 0
+    peak_bytes: int = 0
+    lib_calls: set = field(default_factory=set)
+
+    def called(self, *prefixes: str) -> list[str]:
+        """The aten ops called whose names start with any of `prefixes` (e.g. "aten._scaled_dot_product")."""
+        return sorted(op for op in self.ops if op.startswith(prefixes))
+
+    def max_matmul_inner(self) -> int:
+        """The largest contraction length of any matmul seen (e.g. the key-axis extent of P @ V)."""
+        return max((a[-1] for a, _ in self.matmuls), default=0)
+
+    def max_matmul_outer(self) -> int:
+        """The largest output-column count of any matmul seen (e.g. the key-axis extent of Q @ K^T)."""
+        return max((b[-1] for _, b in self.matmuls), default=0)
+
+
+
+
+class _OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self, obs: Observation):
+        super().__init__()
+        self.obs = obs
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func.overloadpacket) if hasattr(func, "overloadpacket") else str(func)
+        name = name if name.startswith("aten.") else f"aten.{name}"
+        self.obs.ops[name] += 1
+        if name in ("aten.mm", "aten.bmm"):
+            self.obs.matmuls.append((tuple(args[0].shape), tuple(args[1].shape)))
+        elif name in ("aten.addmm", "aten.baddbmm"):
+            self.obs.matmuls.append((tuple(args[1].shape), tuple(args[2].shape)))
+        return func(*args, **(kwargs or {}))
+
+
+def observe(fn, *args, **kwargs):
+    """Call `fn(*args, **kwargs)` and return `(result, Observation)`.
+
+    A grader that runs student code in another process hands checks a proxy with an `__observe__` method;
+    then the observation is made there, around the real call, and shipped back as data."""
+    remote = getattr(fn, "__observe__", None)
+    if remote is not None:
+        return remote(args, kwargs)
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from lib.io_model import TensorMemoryMeter
+
+    obs = Observation()
+    seen: set[str] = set()
+
+    def profile(frame, event, arg):
+        if event == "call":
+            code = frame.f_code
+            if code.co_filename.startswith(_LIB_DIR):
+                qualname = getattr(code, "co_qualname", code.co_name)
+                if not qualname.startswith("TensorMemoryMeter"):  # the meter observing, not the code observed
+                    seen.add(f"lib.{Path(code.co_filename).stem}.{qualname}")
+
+    flops = FlopCounterMode(display=False)
+    meter = TensorMemoryMeter()
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        with flops, meter, _OpRecorder(obs):
+            result = fn(*args, **kwargs)
+    finally:
+        sys.setprofile(previous)
+    obs.flops = int(flops.get_total_flops())
+    obs.peak_bytes = int(meter.peak)
+    obs.lib_calls = seen
+    return result, obs
