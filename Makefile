@@ -16,7 +16,7 @@ help:
 	@echo "make lab          setup, then open JupyterLab on weeks/"
 	@echo "make test         setup, then the whole test suite (what CI runs)"
 	@echo "make test-quick   the suite without executing whole notebooks"
-	@echo "make bench        decode benchmark: lib vs transformers vs the bandwidth roofline"
+	@echo "make bench        speed benchmark: lib, lib.fast, transformers, the bandwidth roofline"
 	@echo "make release WEEK=16   regenerate weeks/16 from solutions/16 (keeps a student's edited files)"
 
 $(VENV)/.installed: pyproject.toml

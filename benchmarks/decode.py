@@ -1,17 +1,20 @@
-"""Batch-1 decode speed of SmolLM2-135M (fp32, CPU or CUDA): the lab's model, transformers, and the roofline.
+"""Speed of SmolLM2-135M on this machine: the lab's model, its fast path, transformers, and the roofline.
 
-    python benchmarks/decode.py [--new-tokens 64] [--repeats 3]
+    python benchmarks/decode.py                      # decode (64 and 512 new tokens) and a 256-token prefill
+    python benchmarks/decode.py --compile            # also FastLlama under torch.compile (compile time printed)
+    python benchmarks/decode.py --profile            # where one decode step's time goes, per op, lib vs fast
 
 Decode is bandwidth-bound: each new token reads every weight once. So the ceiling is
     tok/s <= (memory bandwidth) / (bytes of weights read per token)
 with the bandwidth measured here, in this run, by `lib.roofline.measure_bandwidth`: a one-row F.linear
-over a 256 MiB fp32 matrix (the same operation decode performs). Every figure below is measured side by side in one run; a
-busy machine lowers all of them, so compare the ratios, not the absolute numbers, across runs.
-Not a test: timing never decides pass or fail.
+over a 256 MiB fp32 matrix (the same operation decode performs). Every figure below is measured side by side in
+one run; a busy machine lowers all of them, so compare the ratios, not the absolute numbers, across runs.
+Not a test: timing never decides pass or fail (tests/test_fast.py proves the fast path exact).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -23,7 +26,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def time_decode(step, prompt_len: int, new_tokens: int, repeats: int) -> float:
+def time_decode(step, new_tokens: int, repeats: int) -> float:
     """Median seconds per decoded token: time(prefill + 1 + n) - time(prefill + 1), over n."""
     step(1)  # warm-up
     samples = []
@@ -37,49 +40,147 @@ def time_decode(step, prompt_len: int, new_tokens: int, repeats: int) -> float:
     return statistics.median(samples)
 
 
+def time_call(fn, repeats: int, device) -> float:
+    fn()
+    _sync(device)
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def profile_step(name: str, model, prompt, steps: int = 8) -> None:
+    """Per-op table of `steps` one-token decode steps after the prompt, and the matmul / other split."""
+    from torch.profiler import ProfilerActivity, profile
+    cache = model.new_cache(1, prompt.shape[1] + steps + 1)
+    with torch.no_grad():
+        model(prompt, cache=cache)
+        x = prompt[:, -1:]
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(steps):
+                model(x, cache=cache)
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    weights = sum(e.self_cpu_time_total for e in events if e.key in ("aten::mm", "aten::addmm"))
+    attn = sum(e.self_cpu_time_total for e in events if e.key in ("aten::bmm", "aten::_softmax"))
+    calls = sum(e.count for e in events if e.key.startswith("aten::"))
+    print(f"\n--- profile: {name}, {steps} decode steps ---")
+    print(events.table(sort_by="self_cpu_time_total", row_limit=12))
+    print(f"{name}: {total / steps / 1e3:.1f} ms/step = weight matmuls {weights / total:.0%}, attention "
+          f"{attn / total:.0%}, everything else (overhead: views, copies, small ops) {1 - (weights + attn) / total:.0%}; "
+          f"{calls / steps:.0f} aten calls per step")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, nargs="+", default=[64, 512])
+    parser.add_argument("--prefill", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--compile", action="store_true", help="also time FastLlama(compile=True)")
+    parser.add_argument("--profile", action="store_true", help="per-op profile of a decode step, then exit")
+    parser.add_argument("--skip-transformers", action="store_true")
     args = parser.parse_args()
 
-    from transformers import AutoModelForCausalLM
-
     from lib import paths
+    from lib.fast import FastLlama
     from lib.generate import generate
     from lib.model import default_device, load_smollm2
     from lib.roofline import measure_bandwidth, weight_bytes_per_token
 
     device = default_device()
     torch.manual_seed(0)
-    print(f"device: {device} | torch {torch.__version__} | threads: {torch.get_num_threads()}")
+    cores = os.cpu_count() or 1
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    print(f"device: {device} | torch {torch.__version__} | threads: {torch.get_num_threads()} | "
+          f"cores: {cores} | load average (1 min): {load:.2f}")
     model, tok = load_smollm2(device=device)
-    hf = AutoModelForCausalLM.from_pretrained(str(paths.MODELS_DIR), gguf_file=paths.SMOLLM2_FILE).to(device).eval()
+    fast = FastLlama(model)
     prompt = tok("The history of the printing press begins", return_tensors="pt").input_ids.to(device)
-    n = args.new_tokens
 
-    def lib_step(k):
-        generate(model, prompt, k)
-        _sync(device)
+    if args.profile:
+        profile_step("lib.model", model, prompt)
+        profile_step("lib.fast", fast, prompt)
+        return
 
-    @torch.no_grad()
-    def hf_step(k):
-        hf.generate(prompt, max_new_tokens=k, min_new_tokens=k, do_sample=False, pad_token_id=tok.eos_token_id)
-        _sync(device)
-
-    lib_s = time_decode(lib_step, prompt.shape[1], n, args.repeats)
-    hf_s = time_decode(hf_step, prompt.shape[1], n, args.repeats)
     bw = measure_bandwidth(256, repeats=10, device=device)
     per_token = weight_bytes_per_token(model)
-    roof_tok_s = bw / per_token
+    roof = bw / per_token
+    hf = None
+    if not args.skip_transformers:
+        from transformers import AutoModelForCausalLM
+        hf = AutoModelForCausalLM.from_pretrained(str(paths.MODELS_DIR), gguf_file=paths.SMOLLM2_FILE).to(device).eval()
 
-    print(f"\nSmolLM2-135M fp32, batch 1, {n} new tokens after a {prompt.shape[1]}-token prompt, median of {args.repeats}")
-    print(f"  weights read per token      {per_token / 1e6:8.1f} MB")
-    print(f"  measured bandwidth          {bw / 1e9:8.1f} GB/s  (one-row F.linear over 256 MiB fp32)")
-    print(f"  roofline                    {roof_tok_s:8.1f} tok/s  = bandwidth / bytes per token ({1e3 / roof_tok_s:.1f} ms/token)")
-    print(f"  lib.generate (KV cache)     {1 / lib_s:8.1f} tok/s  ({lib_s * 1e3:.1f} ms/token, {1 / lib_s / roof_tok_s:5.1%} of roofline)")
-    print(f"  transformers generate       {1 / hf_s:8.1f} tok/s  ({hf_s * 1e3:.1f} ms/token, {1 / hf_s / roof_tok_s:5.1%} of roofline)")
-    print(f"  lib / transformers          {hf_s / lib_s:8.2f}x")
+    engines = {"lib.generate (lib.model)": model, "lib.generate (lib.fast)": fast}
+    if args.compile:
+        t0 = time.perf_counter()
+        compiled = FastLlama(model, compile=True)
+        generate(compiled, prompt, 3)  # compiles prefill and decode shapes
+        engines["lib.generate (lib.fast, compiled)"] = compiled
+        print(f"torch.compile of FastLlama: {time.perf_counter() - t0:.1f} s before the first token")
+
+    same = torch.equal(generate(model, prompt, 64), generate(fast, prompt, 64))
+    print(f"\nfp32 batch-1 decode after a {prompt.shape[1]}-token prompt, median of {args.repeats} "
+          f"(weights read per token {per_token / 1e6:.1f} MB; bandwidth {bw / 1e9:.1f} GB/s measured by a "
+          f"one-row F.linear over 256 MiB)")
+    print(f"lib.fast greedy tokens identical to lib.model's (64 tokens): {same}")
+    header = f"  {'engine':40s}" + "".join(f"{f'{n} new tok/s':>16s}{'% roof':>8s}" for n in args.new_tokens)
+    print(header)
+    rows = {}
+    for name, m in engines.items():
+        rows[name] = [time_decode(lambda k, m=m: (generate(m, prompt, k), _sync(device)), n, args.repeats)
+                      for n in args.new_tokens]
+    if hf is not None:
+        @torch.no_grad()
+        def hf_step(k):
+            hf.generate(prompt, max_new_tokens=k, min_new_tokens=k, do_sample=False, pad_token_id=tok.eos_token_id)
+            _sync(device)
+        rows["transformers generate"] = [time_decode(hf_step, n, args.repeats) for n in args.new_tokens]
+    for name, secs in rows.items():
+        print(f"  {name:40s}" + "".join(f"{1 / s:16.1f}{1 / s / roof:8.0%}" for s in secs))
+    print(f"  {'roofline (bandwidth / bytes per token)':40s}" + "".join(f"{roof:16.1f}{'100%':>8s}" for _ in args.new_tokens))
+    if hf is not None:
+        for name in engines:
+            ratios = ", ".join(f"{rows['transformers generate'][i] / rows[name][i]:.2f}x at {n}"
+                               for i, n in enumerate(args.new_tokens))
+            print(f"  {name} / transformers: {ratios}")
+
+    # Prefill: one forward over a long prompt (compute-bound: the matrix units matter here).
+    ids = torch.randint(0, model.config.vocab_size, (1, args.prefill), generator=torch.Generator().manual_seed(0)).to(device)
+    fast_bf16 = FastLlama(model, dtype=torch.bfloat16)
+    with torch.no_grad():
+        ref = model(ids)
+        err = (fast_bf16(ids) - ref).abs().max().item()
+        agree = (fast_bf16(ids).argmax(-1) == ref.argmax(-1)).float().mean().item()
+        pre = {"lib.model fp32": time_call(lambda: model(ids), args.repeats, device),
+               "lib.fast fp32": time_call(lambda: fast(ids), args.repeats, device),
+               "lib.fast bf16": time_call(lambda: fast_bf16(ids), args.repeats, device)}
+        if hf is not None:
+            pre["transformers fp32"] = time_call(lambda: hf(ids), args.repeats, device)
+    print(f"\n{args.prefill}-token prefill (one forward), median of {args.repeats}")
+    for name, s in pre.items():
+        extra = f"   vs transformers {pre['transformers fp32'] / s:.2f}x" if hf is not None else ""
+        print(f"  {name:22s} {s * 1e3:8.0f} ms  {args.prefill / s:8.0f} tok/s{extra}")
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+    print(f"  bf16 vs fp32 logits: max |diff| {err:.3f}, argmax agreement {agree:.1%}; "
+          f"this CPU {'has' if amx else 'has no'} AMX tiles"
+          + ("" if amx else " (bf16 matmuls are emulated here, so bf16 is no faster)"))
+
+    # Threads: with another busy process, torch's default thread count can slow small ops several-fold.
+    if device.type == "cpu" and torch.get_num_threads() > 1:
+        n_default = torch.get_num_threads()
+        step = lambda k: generate(fast, prompt, k)  # noqa: E731
+        s_default = time_decode(step, 32, args.repeats)
+        torch.set_num_threads(1)
+        s_one = time_decode(step, 32, args.repeats)
+        torch.set_num_threads(n_default)
+        print(f"\nthreads: lib.fast decode {1 / s_default:.1f} tok/s with {n_default} threads, {1 / s_one:.1f} "
+              f"with 1 (load average {load:.2f} on {cores} cores)")
+        if s_one < s_default:
+            print("  -> this machine is busy: fewer threads are faster now. Use torch.set_num_threads(1) "
+                  "(or OMP_NUM_THREADS=1) while something else runs, or stop the other process.")
 
 
 if __name__ == "__main__":

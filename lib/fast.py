@@ -1,0 +1,128 @@
+"""The same model, faster: what a serving engine does to a decoder before it serves it (issue: the lab's engine).
+
+    from lib.fast import FastLlama
+    fast = FastLlama(model)                        # shares no code path with lib.model, only the weights
+    ids = generate(fast, input_ids, 64)            # same tokens as generate(model, ...), faster
+    fast_bf16 = FastLlama(model, dtype=torch.bfloat16)   # prefill on the CPU's matrix units (AMX), approximate
+
+`lib.model.LlamaModel` is written to be read; this module is written to be fast, using only choices a reader
+can follow — each one is a line below, and `benchmarks/decode.py --profile` shows what each step costs:
+
+1. **Fewer, larger matmuls.** Q, K and V are one matmul (their weights concatenated at load), and so are the
+   MLP's gate and up projections: 4 weight reads per layer instead of 7, with the same bytes read.
+2. **No per-step setup.** RoPE's cos/sin are computed once for all positions and sliced; a one-token decode
+   step needs no causal mask at all (a single query may see every cached key).
+3. **GQA without copies**: each KV group's query heads are folded into the query axis, so K and V are read
+   once per KV head (as `lib.attention.gqa_attention` does); prefill uses PyTorch's fused SDPA.
+4. **`torch.inference_mode`** (no autograd bookkeeping) and the preallocated `lib.kv_cache.KVCache`, written
+   in place.
+5. Optional **bf16 weights and activations** (`dtype=torch.bfloat16`): on a CPU with AMX, prefill matmuls run
+   on the matrix units; logits are then only approximately equal (the benchmark reports the error).
+6. Optional **`torch.compile`** of the per-layer step (`compile=True`); its compile time is reported by the
+   benchmark, and it is off by default because on 2 cores it costs a student more than it saves.
+
+The call contract is the model's: `fast(input_ids [B, T], cache=None) -> logits [B, T, vocab]` float32, with
+`config`, `device` and `new_cache()`, so `lib.generate.generate` and every week's code accept it unchanged.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from lib.kv_cache import KVCache, causal_mask
+
+
+class FastLlama:
+    """A fused, inference-only view of a `lib.model.LlamaModel` (the weights are copied once, concatenated)."""
+
+    def __init__(self, model, dtype: torch.dtype | None = None, compile: bool = False):
+        cfg = model.config
+        self.config = cfg
+        self.dtype = dtype if dtype is not None else model.embed.weight.dtype
+        dev = model.embed.weight.device
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        cast = lambda w: w.detach().to(device=dev, dtype=self.dtype).contiguous()  # noqa: E731
+        self.embed = cast(model.embed.weight)  # [vocab, d_model]
+        self.lm_head = self.embed if model.lm_head is None else cast(model.lm_head.weight)
+        self.layers = []
+        for blk in model.layers:
+            a, m = blk.attn, blk.mlp
+            self.layers.append(dict(
+                attn_norm=cast(blk.attn_norm.weight), mlp_norm=cast(blk.mlp_norm.weight),
+                wqkv=cast(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])),  # [(H+2Hkv)d, D]
+                wo=cast(a.o_proj.weight),
+                w_gate_up=cast(torch.cat([m.gate_proj.weight, m.up_proj.weight])),  # [2 d_ff, D]
+                w_down=cast(m.down_proj.weight),
+            ))
+        self.norm = cast(model.norm.weight)
+        self.eps = cfg.norm_eps
+        # RoPE for every position, once: [max_seq_len, head_dim] (4 MB for SmolLM2).
+        pos = torch.arange(cfg.max_seq_len, device=dev, dtype=torch.float32)
+        inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(0, self.head_dim, 2, device=dev,
+                                                         dtype=torch.float32) / self.head_dim)
+        emb = torch.cat([pos[:, None] * inv_freq] * 2, dim=-1)
+        self.cos, self.sin = emb.cos(), emb.sin()
+        self._layer = torch.compile(self._layer_step, dynamic=True) if compile else self._layer_step
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    def new_cache(self, batch: int = 1, max_len: int | None = None) -> KVCache:
+        return KVCache.for_model(self.config, batch, max_len, dtype=self.dtype, device=self.device)
+
+    def _rms(self, x, w):
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * w
+
+    @staticmethod
+    def _rope(x, cos, sin):
+        x1, x2 = x.chunk(2, dim=-1)
+        return (x.float() * cos + torch.cat([-x2, x1], dim=-1).float() * sin).to(x.dtype)
+
+    def _attend(self, q, k, v, start: int):
+        """q [B, H, T, d]; k, v [B, Hkv, S, d] (S = start + T). Bottom-right causal, GQA folded."""
+        b, h, t, d = q.shape
+        hkv, s = k.shape[1], k.shape[2]
+        g = h // hkv
+        if t == 1:  # one query sees every key: no mask; fold the group into the query axis (no K/V copy)
+            qg = q.reshape(b, hkv, g, d)
+            scores = (qg @ k.transpose(-1, -2)).float() * (1.0 / math.sqrt(d))  # [B, Hkv, g, S]
+            out = torch.softmax(scores, dim=-1).to(v.dtype) @ v  # [B, Hkv, g, d]
+            return out.reshape(b, h, 1, d)
+        if start == 0:  # prefill: top-left causal == bottom-right causal
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(t, s, device=q.device),
+                                              enable_gqa=True)
+
+    def _layer_step(self, x, lw, cos, sin, layer_cache, start: int):
+        b, t, _ = x.shape
+        h, hkv, d = self.n_heads, self.n_kv_heads, self.head_dim
+        qkv = F.linear(self._rms(x, lw["attn_norm"]), lw["wqkv"])  # [B, T, (H + 2Hkv) d]
+        q, k, v = qkv.split([h * d, hkv * d, hkv * d], dim=-1)
+        q = self._rope(q.view(b, t, h, d).transpose(1, 2), cos, sin)
+        k = self._rope(k.view(b, t, hkv, d).transpose(1, 2), cos, sin)
+        v = v.view(b, t, hkv, d).transpose(1, 2)
+        if layer_cache is not None:
+            k, v = layer_cache.append(k, v)
+        attn = self._attend(q, k, v, start)
+        x = x + F.linear(attn.transpose(1, 2).reshape(b, t, h * d), lw["wo"])
+        gate, up = F.linear(self._rms(x, lw["mlp_norm"]), lw["w_gate_up"]).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, lw["w_down"])
+
+    def __call__(self, input_ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be [batch, seq_len], got shape {tuple(input_ids.shape)}")
+        b, t = input_ids.shape
+        start = cache.length if cache is not None else 0
+        if start + t > self.config.max_seq_len:
+            raise ValueError(f"sequence of {start + t} positions is longer than the model's "
+                             f"max_seq_len={self.config.max_seq_len}")
+        with torch.inference_mode():
+            cos, sin = self.cos[start:start + t], self.sin[start:start + t]
+            x = self.embed[input_ids.to(self.device)]  # [B, T, D]
+            for i, lw in enumerate(self.layers):
+                x = self._layer(x, lw, cos, sin, cache[i] if cache is not None else None, start)
+            return F.linear(self._rms(x, self.norm), self.lm_head).float()  # [B, T, vocab]
