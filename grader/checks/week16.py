@@ -285,6 +285,7 @@ def check_generate(generate, smollm2: bool = True) -> None:
     if not smollm2:
         return
     model, prompt = smollm2_prompt()
+    prompt = prompt.to(model.device)  # the model may be on a GPU
     spy = _CountingModel(model)
     ids, logits = _run_generate(generate, spy, prompt, SMOLLM2_NEW_TOKENS, use_cache=True)
     assert spy.calls and all(n == 1 for n in spy.calls[1:]), "with use_cache=True each decode step should feed the model one token"
