@@ -152,6 +152,12 @@ def _causal_block(q_start: int, q_end: int, k_start: int, k_end: int, offset: in
     return "mask"
 
 
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a tiled attention keeps its running max, sum and output in: float32 for fp16/bf16 inputs
+    (as FlashAttention's kernels do), the input dtype for float32 and float64."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                             block_q: int = 128, block_k: int = 128,
                             visited: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -160,19 +166,23 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
     Never builds more than a `[B, H, block_q, block_k]` block of scores. `lse` is the per-row logsumexp of
     the scaled, masked scores: what the backward pass and split-K merging need. If `visited` is a list,
     `(q_start, k_start)` is appended for every block of scores computed (blocks wholly above the causal
-    diagonal are skipped).
+    diagonal are skipped). fp16/bf16 inputs are accumulated in float32: `out` comes back in q's dtype,
+    `lse` in float32 (`accumulation_dtype`). A query with no keys (Nk = 0) gets out 0 and lse -inf.
     """
     check_attention_shapes(q, k, v, causal)
+    if block_q < 1 or block_k < 1:
+        raise ValueError(f"block_q and block_k must be >= 1; got {block_q}, {block_k}")
     nq, nk, scale = q.shape[2], k.shape[2], q.shape[-1] ** -0.5
     offset = nk - nq
+    acc_dtype = accumulation_dtype(q.dtype)
     out = torch.empty(q.shape[:3] + (v.shape[-1],), dtype=q.dtype, device=q.device)  # [B, H, Nq, d]
-    lse = torch.empty(q.shape[:3], dtype=q.dtype, device=q.device)  # [B, H, Nq]
+    lse = torch.empty(q.shape[:3], dtype=acc_dtype, device=q.device)  # [B, H, Nq]
     for qs in range(0, nq, block_q):
         qe = min(qs + block_q, nq)
-        qi = q[:, :, qs:qe] * scale  # [B, H, bq, d]
-        m = torch.full(qi.shape[:3], float("-inf"), dtype=q.dtype, device=q.device)  # running max
+        qi = q[:, :, qs:qe].to(acc_dtype) * scale  # [B, H, bq, d]
+        m = torch.full(qi.shape[:3], float("-inf"), dtype=acc_dtype, device=q.device)  # running max
         l = torch.zeros_like(m)  # running sum of exp(s - m)
-        acc = torch.zeros(qi.shape[:3] + (v.shape[-1],), dtype=q.dtype, device=q.device)  # unnormalized out
+        acc = torch.zeros(qi.shape[:3] + (v.shape[-1],), dtype=acc_dtype, device=q.device)  # unnormalized out
         for ks in range(0, nk, block_k):
             ke = min(ks + block_k, nk)
             kind = _causal_block(qs, qe, ks, ke, offset) if causal else "full"
@@ -180,7 +190,7 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
                 break  # key blocks only move further right of the diagonal
             if visited is not None:
                 visited.append((qs, ks))
-            s = qi @ k[:, :, ks:ke].transpose(-1, -2)  # [B, H, bq, bk]
+            s = qi @ k[:, :, ks:ke].to(acc_dtype).transpose(-1, -2)  # [B, H, bq, bk]
             if kind == "mask":
                 keep = (torch.arange(ks, ke, device=q.device)[None, :]
                         <= torch.arange(qs, qe, device=q.device)[:, None] + offset)  # [bq, bk]
@@ -190,10 +200,11 @@ def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
             p = torch.exp(s - m_safe[..., None])  # [B, H, bq, bk]
             alpha = torch.exp(m - m_safe)  # rescales what was accumulated under the old max
             l = l * alpha + p.sum(dim=-1)
-            acc = acc * alpha[..., None] + p @ v[:, :, ks:ke]
+            acc = acc * alpha[..., None] + p @ v[:, :, ks:ke].to(acc_dtype)
             m = m_new
-        out[:, :, qs:qe] = acc / l[..., None]
-        lse[:, :, qs:qe] = m + torch.log(l)
+        l_safe = torch.where(l == 0, torch.ones_like(l), l)  # no key seen: out 0, lse -inf
+        out[:, :, qs:qe] = (acc / l_safe[..., None]).to(q.dtype)
+        lse[:, :, qs:qe] = torch.where(l == 0, m, m + torch.log(l_safe))
     return out, lse
 
 
@@ -207,6 +218,8 @@ def flash_attention_backward(q, k, v, out, lse, dout, causal: bool = False, bloc
     check_attention_shapes(q, k, v, causal)
     nq, nk, scale = q.shape[2], k.shape[2], q.shape[-1] ** -0.5
     offset = nk - nq
+    in_dtype, acc_dtype = q.dtype, accumulation_dtype(q.dtype)  # fp16/bf16: accumulate in float32
+    q, k, v, out, lse, dout = (t.to(acc_dtype) for t in (q, k, v, out, lse, dout))
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     delta = (dout * out).sum(dim=-1)  # [B, H, Nq]
     for ks in range(0, nk, block_k):
@@ -229,7 +242,7 @@ def flash_attention_backward(q, k, v, out, lse, dout, causal: bool = False, bloc
             ds = p * (dp - delta[:, :, qs:qe, None])
             dq[:, :, qs:qe] += (ds @ kj) * scale
             dk[:, :, ks:ke] += (ds.transpose(-1, -2) @ qi) * scale
-    return dq, dk, dv
+    return dq.to(in_dtype), dk.to(in_dtype), dv.to(in_dtype)
 
 
 class FlashAttention(torch.autograd.Function):
@@ -261,27 +274,43 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 
 
 def merge_partials(outs: list[torch.Tensor], lses: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Combine attention over disjoint key sets: out = Σ exp(lse_i - lse) out_i with lse = logsumexp_i lse_i."""
-    lse_all = torch.stack(lses)  # [S, B, H, Nq]
-    lse = torch.logsumexp(lse_all, dim=0)
-    weights = torch.exp(lse_all - lse)  # [S, B, H, Nq], sums to 1 over S
-    return (weights[..., None] * torch.stack(outs)).sum(dim=0), lse
+    """Combine attention over disjoint key sets: out = Σ exp(lse_i - lse) out_i with lse = logsumexp_i lse_i.
+
+    outs: S tensors `[B, H, Nq, d]`, each normalized over its own keys; lses: S tensors `[B, H, Nq]`. A part
+    with no keys has lse -inf and contributes nothing (its out is ignored, even if NaN); lses of any size
+    (1e4, -1e4) are fine: the largest is subtracted before exponentiating. Returns `(out, lse)`, out in the
+    parts' dtype, lse in float32 or wider; a row whose parts are all empty gets out 0 and lse -inf.
+    """
+    if len(outs) != len(lses) or not outs:
+        raise ValueError(f"need one lse per partial output and at least one of each; got {len(outs)} outs, {len(lses)} lses")
+    acc_dtype = accumulation_dtype(outs[0].dtype)
+    lse_all = torch.stack([s.to(acc_dtype) for s in lses])  # [S, B, H, Nq]
+    top = lse_all.amax(dim=0)
+    top_safe = torch.where(torch.isinf(top), torch.zeros_like(top), top)
+    weights = torch.exp(lse_all - top_safe)  # [S, B, H, Nq]; 0 for empty parts
+    total = weights.sum(dim=0)
+    lse = top_safe + torch.log(total)  # -inf where every part is empty
+    weights = weights / torch.where(total == 0, torch.ones_like(total), total)  # sums to 1 over S (or 0)
+    parts = torch.stack([o.to(acc_dtype) for o in outs])  # [S, B, H, Nq, d]
+    parts = torch.where(weights[..., None] > 0, parts, torch.zeros_like(parts))  # an empty part's NaN stays out
+    return (weights[..., None] * parts).sum(dim=0).to(outs[0].dtype), lse
 
 
 def flash_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_splits: int = 4) -> torch.Tensor:
     """Split-K (flash-decoding): attend to `n_splits` chunks of the keys independently, then merge by logsumexp.
 
     For a decode step (Nq = 1, no mask needed: the query sees every cached key). On a GPU the chunks run
-    in parallel on different SMs; here they run one after another, and the answer is the same.
+    in parallel on different SMs; here they run one after another, and the answer is the same. The chunks
+    are as even as possible (sizes differ by at most 1); with more splits than keys some are empty.
     """
     check_attention_shapes(q, k, v, causal=False)
     nk = k.shape[2]
-    if not 1 <= n_splits <= nk:
-        raise ValueError(f"n_splits must be between 1 and the number of keys ({nk}); got {n_splits}")
-    bounds = [round(i * nk / n_splits) for i in range(n_splits + 1)]
+    if n_splits < 1:
+        raise ValueError(f"n_splits must be >= 1; got {n_splits}")
+    bounds = [i * nk // n_splits for i in range(n_splits + 1)]
     outs, lses = [], []
     for start, end in zip(bounds[:-1], bounds[1:]):
-        o, s = flash_attention_forward(q, k[:, :, start:end], v[:, :, start:end], block_k=end - start)
+        o, s = flash_attention_forward(q, k[:, :, start:end], v[:, :, start:end], block_k=max(end - start, 1))
         outs.append(o)
         lses.append(s)
     return merge_partials(outs, lses)[0]

@@ -105,3 +105,55 @@ def test_perplexity_sanity():
     strided = token_nlls(model, ids, window=16, stride=4)
     assert strided.shape == (39,) and torch.allclose(strided[:12], want[:12], atol=1e-5)  # tokens 1..12 see all of their context
     assert "HAMLET" in load_text("hamlet")[:200]
+
+
+def test_cache_mask_attention_and_model_run_on_meta():
+    """Every tensor the week's reference creates is made on its inputs' device: run on `meta` (shapes, no data),
+    a stray CPU tensor raises a device mismatch — what would fail on a GPU, caught on a CPU-only machine."""
+    from lib.kv_cache import LayerKVCache, causal_mask
+
+    assert causal_mask(3, 5, device="meta").device.type == "meta"
+    assert sliding_window_mask(3, 5, 2, device="meta").device.type == "meta"
+    q, k, v = (torch.zeros(1, n, 4, 24, device="meta") for n in (6, 2, 2))
+    assert gqa_attention(q, k, v, causal=True).device.type == "meta"
+    assert sliding_window_attention(3)(q, k, v).device.type == "meta"
+    for cache in (LayerKVCache(1, 2, 9, 24, device="meta"), RollingKVCache(1, 2, 3, 24, device="meta")):
+        for t in (4, 1, 3):
+            keys, values = cache.append(torch.zeros(1, 2, t, 24, device="meta"), torch.zeros(1, 2, t, 24, device="meta"))
+            assert keys.device.type == values.device.type == "meta"
+    model = tiny_model(seed=0).to("meta")
+    out = generate(model, torch.zeros(2, 5, dtype=torch.long, device="meta"), 0)
+    assert out.device.type == "meta"
+    cache = model.new_cache(batch=2, max_len=8)
+    with torch.no_grad():
+        assert model(torch.zeros(2, 5, dtype=torch.long, device="meta"), cache=cache).device.type == "meta"
+        assert model(torch.zeros(2, 1, dtype=torch.long, device="meta"), cache=cache).shape == (2, 1, 128)
+
+
+def test_rolling_cache_appends_several_and_more_than_a_window():
+    for window, schedule in [(4, [3, 1, 2, 6, 1, 9, 1]), (1, [2, 1, 3]), (5, [5, 5, 1, 12])]:
+        cache, length = RollingKVCache(1, 1, window, 1), 0
+        for t in schedule:
+            new = torch.arange(length, length + t, dtype=torch.float32)[None, None, :, None]
+            keys, _ = cache.append(new, new)
+            held = min(length, window)
+            assert keys[0, 0, :, 0].tolist() == list(range(length - held, length + t))
+            length += t
+        assert cache.length == length and cache.held == min(length, window)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cached_generation_on_cuda():
+    model = tiny_model(seed=0, n_kv_heads=2)
+    ids = torch.randint(0, 128, (2, 6), generator=torch.Generator().manual_seed(0))
+    want_ids, want_logits = generate(model, ids, 12, return_logits=True)
+    model = model.cuda()
+    for use_cache in (True, False):
+        got_ids, got_logits = generate(model, ids.cuda(), 12, use_cache=use_cache, return_logits=True)
+        assert torch.equal(got_ids.cpu(), want_ids)
+        torch.testing.assert_close(got_logits.cpu(), want_logits, atol=1e-3, rtol=1e-3)
+    windowed = model.with_attention(sliding_window_attention(4))
+    cache = KVCache.rolling(model.config, 4, batch=2, device="cuda")
+    with torch.no_grad():
+        steps = [windowed(ids.cuda()[:, :3], cache=cache)] + [windowed(ids.cuda()[:, t:t + 1], cache=cache) for t in range(3, 6)]
+        torch.testing.assert_close(torch.cat(steps, 1), windowed(ids.cuda()), atol=1e-4, rtol=1e-4)

@@ -1,4 +1,5 @@
 """Properties of the week 17 reference (lib.attention, lib.io_model): fast, no real model."""
+import math
 import itertools
 
 import pytest
@@ -91,3 +92,74 @@ def test_memory_meter():
     s = A.score_bytes(1, 4, 1024, 1024)
     assert 2 * s <= naive.peak <= 2 * s + 4 * q.nbytes
     assert flash.peak <= s / 10
+
+
+def _meta(*tensors):
+    return tuple(t.to("meta") for t in tensors)
+
+
+def test_reference_runs_on_meta_tensors():
+    """A tensor made without device= would land on the CPU and meet these meta tensors: torch raises. So this
+    catches, on a CPU-only machine, what would fail on a GPU (e.g. torch.arange(...) for a causal mask)."""
+    q, k, v = _meta(*_qkv(1, 2, 20, 37, 24))
+    for causal in (False, True):
+        assert A.naive_attention(q, k, v, causal).device.type == "meta"
+        out, lse = A.flash_attention_forward(q, k, v, causal, 8, 16)
+        assert out.device.type == lse.device.type == "meta"
+        grads = A.flash_attention_backward(q, k, v, out, lse, out, causal, 8, 16)
+        assert all(g.device.type == "meta" for g in grads)
+    q1 = q[:, :, :1]
+    assert A.flash_decode(q1, k, v, 50).device.type == "meta"  # more splits than keys
+    assert A.merge_partials([out, out], [lse, lse])[0].device.type == "meta"
+    assert A.online_softmax(torch.zeros(3, 40, device="meta"), 7).device.type == "meta"
+    assert A.sdpa_attention(q, k, v, causal=True).device.type == "meta"
+
+
+def test_half_precision_accumulates_in_float32():
+    for dtype, tol in [(torch.float16, 2e-3), (torch.bfloat16, 1.6e-2)]:
+        q, k, v = (t.to(dtype) for t in _qkv(1, 2, 300, 300, 40))
+        out, lse = A.flash_attention_forward(q, k, v, True, 32, 32)
+        assert out.dtype == dtype and lse.dtype == torch.float32
+        want = A.naive_attention(q.float(), k.float(), v.float(), True)
+        torch.testing.assert_close(out.float(), want, atol=tol, rtol=tol)
+        dec = A.flash_decode(q[:, :, -1:], k, v, 7)
+        assert dec.dtype == dtype
+        torch.testing.assert_close(dec.float(), A.naive_attention(q[:, :, -1:].float(), k.float(), v.float()), atol=tol, rtol=tol)
+
+
+def test_merge_partials_edge_cases():
+    outs = [torch.randn(1, 1, 3, 4) for _ in range(3)]
+    lses = [torch.tensor([[[1e4, 0.0, float("-inf")]]]), torch.tensor([[[1e4, float("-inf"), float("-inf")]]]),
+            torch.tensor([[[-1e4, 1.0, float("-inf")]]])]
+    outs[1][0, 0, 1:] = float("nan")  # an empty part's out is ignored
+    out, lse = A.merge_partials(outs, lses)
+    torch.testing.assert_close(out[0, 0, 0], (outs[0][0, 0, 0] + outs[1][0, 0, 0]) / 2)
+    w = torch.softmax(torch.tensor([0.0, 1.0]), 0)
+    torch.testing.assert_close(out[0, 0, 1], w[0] * outs[0][0, 0, 1] + w[1] * outs[2][0, 0, 1])
+    assert torch.equal(out[0, 0, 2], torch.zeros(4)) and lse[0, 0, 2] == float("-inf")
+    assert abs(lse[0, 0, 0].item() - (1e4 + math.log(2))) < 1e-2
+    q, k, v = _qkv(1, 2, 1, 5, 8)
+    for s in (6, 10):  # more splits than keys: empty chunks contribute nothing
+        torch.testing.assert_close(A.flash_decode(q, k, v, s), A.naive_attention(q, k, v), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_reference_on_cuda_matches_cpu():
+    q, k, v = _qkv(2, 3, 70, 90, 24)
+    qc, kc, vc = (t.cuda() for t in (q, k, v))
+    for causal in (False, True):
+        out, lse = A.flash_attention_forward(q, k, v, causal, 16, 32)
+        out_c, lse_c = A.flash_attention_forward(qc, kc, vc, causal, 16, 32)
+        torch.testing.assert_close(out_c.cpu(), out, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(lse_c.cpu(), lse, atol=1e-4, rtol=1e-4)
+        for g, gc in zip(A.flash_attention_backward(q, k, v, out, lse, out, causal, 16, 32),
+                         A.flash_attention_backward(qc, kc, vc, out_c, lse_c, out_c, causal, 16, 32)):
+            torch.testing.assert_close(gc.cpu(), g, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(A.flash_decode(qc[:, :, :1], kc, vc, 7).cpu(), A.flash_decode(q[:, :, :1], k, v, 7),
+                               atol=1e-4, rtol=1e-4)
+    model = tiny_model(seed=0).cuda()
+    ids = torch.randint(0, 128, (2, 20), device="cuda")
+    with torch.no_grad():
+        want = model(ids)
+        model.attention_fn = A.expand_kv(lambda q, k, v, causal=False: A.flash_attention(q, k, v, causal, 8, 8))
+        torch.testing.assert_close(model(ids), want, atol=1e-3, rtol=1e-3)

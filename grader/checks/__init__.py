@@ -81,6 +81,7 @@ class Observation:
     flops: int = 0
     peak_bytes: int = 0
     lib_calls: set = field(default_factory=set)
+    reductions: list = field(default_factory=list)  # (op name, input shape, reduced extent) of every reduction
 
     def called(self, *prefixes: str) -> list[str]:
         """The aten ops called whose names start with any of `prefixes` (e.g. "aten._scaled_dot_product")."""
@@ -94,7 +95,43 @@ class Observation:
         """The largest output-column count of any matmul seen (e.g. the key-axis extent of Q @ K^T)."""
         return max((b[-1] for _, b in self.matmuls), default=0)
 
+    def max_matmul_dim(self) -> int:
+        """The largest row, column or contraction length of any matmul seen (batch dims excluded): a tiled
+        attention keeps it <= max(block_q, block_k, head_dim) whichever way round it multiplies."""
+        return max((max(a[-2:] + b[-2:]) for a, b in self.matmuls), default=0)
 
+    def max_reduction_extent(self) -> int:
+        """The most elements any one reduction (sum, amax, max, logsumexp, softmax, mean, ...) combined per
+        output element: a chunked softmax keeps it <= the chunk size, a full-row softmax makes it the row length."""
+        return max((extent for _, _, extent in self.reductions), default=0)
+
+    def lib_calls_except(self, *allowed: str) -> list[str]:
+        """The `lib` functions that ran, other than those whose qualified names start with any of `allowed`."""
+        return sorted(c for c in self.lib_calls if not c.startswith(allowed)) if allowed else sorted(self.lib_calls)
+
+
+
+
+_REDUCTIONS = {"aten.sum", "aten.amax", "aten.amin", "aten.max", "aten.min", "aten.logsumexp", "aten._softmax",
+               "aten._log_softmax", "aten.mean", "aten.prod", "aten.nansum", "aten.cumsum", "aten.logcumsumexp",
+               "aten.norm", "aten.linalg_vector_norm", "aten.softmax", "aten.log_softmax"}
+
+
+def _reduced_extent(args, kwargs) -> int | None:
+    """How many elements a reduction op combines per output (None: not a reduction, e.g. max(a, b))."""
+    x = args[0]
+    if not isinstance(x, torch.Tensor) or x.dim() == 0:
+        return None
+    dims = args[1] if len(args) > 1 else (kwargs or {}).get("dim")
+    if isinstance(dims, torch.Tensor):  # torch.max(a, b): elementwise
+        return None
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return x.numel()
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    extent = 1
+    for d in dims:
+        extent *= x.shape[d]
+    return extent
 
 
 class _OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
@@ -110,6 +147,14 @@ class _OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
             self.obs.matmuls.append((tuple(args[0].shape), tuple(args[1].shape)))
         elif name in ("aten.addmm", "aten.baddbmm"):
             self.obs.matmuls.append((tuple(args[1].shape), tuple(args[2].shape)))
+        elif name == "aten.mv":
+            self.obs.matmuls.append((tuple(args[0].shape), tuple(args[1].shape) + (1,)))
+        elif name in ("aten.dot", "aten.vdot"):
+            self.obs.matmuls.append(((1,) + tuple(args[0].shape), tuple(args[1].shape) + (1,)))
+        elif name in _REDUCTIONS:
+            extent = _reduced_extent(args, kwargs)
+            if extent is not None:
+                self.obs.reductions.append((name, tuple(args[0].shape), extent))
         return func(*args, **(kwargs or {}))
 
 
@@ -149,3 +194,45 @@ def observe(fn, *args, **kwargs):
     obs.peak_bytes = int(meter.peak)
     obs.lib_calls = seen
     return result, obs
+
+
+# --- the routes a check rejects, and device hygiene -----------------------------------------------------------
+
+def assert_route(obs: Observation, what: str, lib_allowed: tuple[str, ...] = (), forbidden_ops: tuple[str, ...] = (),
+                 max_extent: int | None = None, why: str = "") -> None:
+    """Reject a result computed by a forbidden route: a `lib` function other than `lib_allowed` ran, an aten op
+    starting with one of `forbidden_ops` was called, or (with `max_extent`) a matmul or a reduction spanned more
+    than `max_extent` elements (a full row or a full score matrix where the technique works in blocks)."""
+    lib = obs.lib_calls_except(*lib_allowed)
+    assert not lib, (f"{what}: your code called the lab's reference {lib}; the exercise is to write it yourself "
+                     f"(from lib import ... of the same function is not allowed here)")
+    ops = obs.called(*forbidden_ops) if forbidden_ops else []
+    assert not ops, f"{what}: your code called {ops}, which this exercise asks you to do without. {why}".rstrip()
+    if max_extent is not None:
+        mm, red = obs.max_matmul_dim(), obs.max_reduction_extent()
+        assert mm <= max_extent, (f"{what}: a matrix product of {mm} rows/columns ran, more than the {max_extent} "
+                                  f"one block allows: work block by block, never on whole rows. {why}").rstrip()
+        assert red <= max_extent, (f"{what}: a reduction (sum, max, softmax, logsumexp, ...) combined {red} elements "
+                                   f"at once, more than the {max_extent} one block holds: reduce block by block and "
+                                   f"keep running statistics. {why}").rstrip()
+
+
+def check_on_meta(fn, args: tuple, what: str, kwargs: dict | None = None) -> None:
+    """Run `fn` on `meta`-device copies of the tensors in `args` (shapes, no data — like tensors on a GPU seen
+    from a CPU-only machine). A tensor created without `device=` lands on the CPU and meets a meta tensor: torch
+    raises a device mismatch, which fails the check. Any other failure on meta (an op without a meta kernel,
+    `.item()` on data that isn't there) is not judged."""
+    def to_meta(x):
+        return x.to("meta") if isinstance(x, torch.Tensor) else x
+
+    try:
+        fn(*(to_meta(a) for a in args), **{k: to_meta(v) for k, v in (kwargs or {}).items()})
+    except RuntimeError as e:
+        msg = str(e)
+        if "device" in msg and ("cpu" in msg or "meta" in msg):
+            raise AssertionError(
+                f"{what}: with its inputs on another device (here 'meta', as they would be on 'cuda'), your code "
+                f"mixed in a CPU tensor: {msg.splitlines()[0]} — create every tensor on the inputs' device, e.g. "
+                f"torch.arange(n, device=q.device)") from None
+    except Exception:
+        pass

@@ -50,6 +50,10 @@ def test_ex8_FlashAttention(ex):
     checks.check_FlashAttention(ex.FlashAttention)
 
 
+def test_ex09_merge_partials(ex):
+    checks.check_merge_partials(ex.merge_partials)
+
+
 def test_ex9_flash_decode(ex):
     checks.check_flash_decode(ex.flash_decode)
 

@@ -1,0 +1,236 @@
+"""Week 16's checks accept the reference solution and reject every wrong route we could think of.
+
+The reference here is the solution notebook's own code (`load_exercises`), i.e. what a student writes; lib's
+functions themselves must be *rejected* (a student could import them under the exercise's name). Each wrong
+route gives the right numbers (or would, but for the flaw named) by a route the exercise forbids. The SmolLM2
+part of `check_generate` is left out here (`smollm2=False`): it needs the real model and is run by
+solutions/16/test_week16.py.
+"""
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from grader.checks import week16 as checks
+from grader.harness import load_exercises
+from lib import generate as lib_generate
+from lib import gqa as lib_gqa
+from lib import kv_cache as lib_kv
+from lib import roofline as lib_roofline
+from lib.attention import gqa_attention as lib_gqa_attention
+from lib.kv_cache import CacheOverflowError
+
+NOTEBOOK = Path(__file__).resolve().parent.parent / "solutions" / "16" / checks.WEEK.notebook
+
+
+@pytest.fixture(scope="module")
+def ex():
+    return load_exercises(NOTEBOOK)
+
+
+# --- wrong routes -------------------------------------------------------------------------------------
+
+FLOPS_TABLE = {(100, 2, 8, 1, True): 264, (100, 2, 8, 1, False): 264}
+
+
+def step_flops_table(n_params, n_layers, d_model, seq_len, cached):
+    return FLOPS_TABLE.get((n_params, n_layers, d_model, seq_len, cached), 0)
+
+
+def mask_top_left(q_len, kv_len, device=None):
+    return torch.ones(q_len, kv_len, dtype=torch.bool, device=device).tril()
+
+
+def mask_ignores_device(q_len, kv_len, device=None):
+    i = torch.arange(q_len).unsqueeze(1)
+    return torch.arange(kv_len).unsqueeze(0) <= i + (kv_len - q_len)
+
+
+def mask_without_device_argument(q_len, kv_len):
+    return mask_ignores_device(q_len, kv_len)
+
+
+class CatCache:
+    """Grows with torch.cat: right values, but a new tensor (and a copy of the whole cache) every append."""
+
+    def __init__(self, batch, n_kv_heads, max_len, head_dim, dtype=torch.float32, device=None):
+        self.k = torch.zeros(batch, n_kv_heads, 0, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.max_len, self.itemsize = max_len, torch.finfo(dtype).bits // 8
+        self.dims = (batch, n_kv_heads, head_dim)
+
+    @property
+    def length(self):
+        return self.k.shape[2]
+
+    @property
+    def nbytes(self):
+        b, h, d = self.dims
+        return 2 * b * h * self.max_len * d * self.itemsize
+
+    def append(self, k, v):
+        if self.length + k.shape[2] > self.max_len:
+            raise CacheOverflowError("full")
+        self.k, self.v = torch.cat([self.k, k], 2), torch.cat([self.v, v], 2)
+        return self.k, self.v
+
+
+def cache_on_cpu(ex):
+    class OnCPU(ex.LayerKVCache):
+        def __init__(self, batch, n_kv_heads, max_len, head_dim, dtype=torch.float32, device=None):
+            super().__init__(batch, n_kv_heads, max_len, head_dim, dtype, None)  # ignores device
+    return OnCPU
+
+
+def gqa_via_sdpa(q, k, v, causal=True):
+    mask = lib_kv.causal_mask(q.shape[2], k.shape[2], device=q.device) if causal else None
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+
+def gqa_mask_on_cpu(ex):
+    def fn(q, k, v, causal=True):
+        b, h, tq, d = q.shape
+        rep = h // k.shape[1]
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        s = (q @ k.transpose(-1, -2)) / d ** 0.5
+        if causal:
+            s = s.float() + torch.zeros(tq, k.shape[2]).masked_fill(~ex.causal_mask(tq, k.shape[2]), float("-inf"))
+        return torch.softmax(s.float(), -1).to(v.dtype) @ v
+    return fn
+
+
+def generate_always_uncached(ex):
+    def fn(model, input_ids, max_new_tokens, use_cache=True, return_logits=False):
+        return ex.generate(model, input_ids, max_new_tokens, use_cache=False, return_logits=return_logits)
+    return fn
+
+
+def roofline_sum(flops, bytes_moved, flops_per_s, bytes_per_s):
+    return flops / flops_per_s + bytes_moved / bytes_per_s
+
+
+def kv_bytes_table(n_layers, n_kv_heads, head_dim, seq_len, batch=1, bytes_per_element=2):
+    if (n_layers, n_kv_heads, head_dim, seq_len) == (40, 40, 128, 1):
+        return 819_200
+    if (n_layers, n_kv_heads, head_dim, seq_len) == (96, 96, 128, 1):
+        return 4_718_592
+    return 2 * n_layers * n_kv_heads * head_dim * seq_len * batch * bytes_per_element if seq_len < 3000 else 0
+
+
+def pool_first_head(ex):
+    @torch.no_grad()
+    def fn(model, n_groups):
+        cfg = model.config
+        r = cfg.n_kv_heads // n_groups
+        state = {}
+        for name, w in model.state_dict().items():
+            if name.endswith(("attn.k_proj.weight", "attn.v_proj.weight")):
+                w = w.reshape(n_groups, r, cfg.head_dim, cfg.d_model)[:, 0].reshape(n_groups * cfg.head_dim, cfg.d_model)
+            state[name] = w.clone()
+        new = ex.LlamaModel(cfg.replace(n_kv_heads=n_groups), attention_fn=model.attention_fn)
+        new.load_state_dict(state)
+        return new.eval()
+    return fn
+
+
+class RollingKeepsEverything:
+    """Right keys and values, but it keeps every position ever appended (memory grows with the sequence)."""
+
+    def __init__(self, batch, n_kv_heads, window, head_dim, dtype=torch.float32, device=None):
+        self.window, self.length = window, 0
+        self.k = torch.zeros(batch, n_kv_heads, 0, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self._nbytes = 2 * batch * n_kv_heads * window * head_dim * (torch.finfo(dtype).bits // 8)
+
+    @property
+    def nbytes(self):
+        return self._nbytes  # reports the window it should hold
+
+    def append(self, k, v):
+        held = min(self.length, self.window)
+        keys = torch.cat([self.k[:, :, self.k.shape[2] - held:], k], 2)
+        values = torch.cat([self.v[:, :, self.v.shape[2] - held:], v], 2)
+        self.k, self.v = torch.cat([self.k, k], 2), torch.cat([self.v, v], 2)
+        self.length += k.shape[2]
+        return keys, values
+
+
+def rolling_one_at_a_time(ex):
+    """A ring buffer written for t = 1 only: stores the last new position, whatever t is."""
+    class OneAtATime(ex.RollingKVCache):
+        def append(self, k, v):
+            t, w = k.shape[2], self.window
+            held = min(self.length, w)
+            old = torch.arange(self.length - held, self.length, device=self.k.device) % w
+            keys, values = torch.cat([self.k[:, :, old], k], 2), torch.cat([self.v[:, :, old], v], 2)
+            slot = (self.length) % w
+            self.k[:, :, slot], self.v[:, :, slot] = k[:, :, -1], v[:, :, -1]
+            self.length += t
+            return keys, values
+    return OneAtATime
+
+
+def rolling_on_cpu(ex):
+    class OnCPU(ex.RollingKVCache):
+        def __init__(self, batch, n_kv_heads, window, head_dim, dtype=torch.float32, device=None):
+            super().__init__(batch, n_kv_heads, window, head_dim, dtype, None)
+    return OnCPU
+
+
+# --- the table: exercise -> [(wrong route, what the failure says)] ---------------------------------------
+
+WRONG = {
+    "step_flops": [(lambda ex: lib_roofline.step_flops, "lab's reference"), (lambda ex: step_flops_table, "expected")],
+    "causal_mask": [
+        (lambda ex: lib_kv.causal_mask, "lab's reference"),
+        (lambda ex: mask_top_left, "LAST"),
+        (lambda ex: mask_ignores_device, "device"),
+        (lambda ex: mask_without_device_argument, "device"),
+    ],
+    "LayerKVCache": [
+        (lambda ex: CatCache, "preallocated buffer"),
+        (lambda ex: lib_kv.LayerKVCache, "lab's reference"),
+        (cache_on_cpu, "meta"),
+    ],
+    "gqa_attention": [
+        (lambda ex: gqa_via_sdpa, "scaled_dot_product"),
+        (lambda ex: lib_gqa_attention, "lab's reference"),
+        (gqa_mask_on_cpu, "CPU tensor"),
+    ],
+    "generate": [
+        (lambda ex: lib_generate.generate, "lab's reference"),
+        (generate_always_uncached, "one token per step"),
+    ],
+    "roofline_time": [(lambda ex: lib_roofline.roofline_time, "lab's reference"), (lambda ex: roofline_sum, "overlap")],
+    "kv_cache_bytes": [(lambda ex: lib_kv.kv_cache_bytes, "lab's reference"), (lambda ex: kv_bytes_table, "expected")],
+    "pool_kv_heads": [(lambda ex: lib_gqa.pool_kv_heads, "lab's reference"), (pool_first_head, "mean of the KV heads")],
+    "RollingKVCache": [
+        (lambda ex: RollingKeepsEverything, "bytes alive|allocated"),
+        (lambda ex: lib_kv.RollingKVCache, "lab's reference"),
+        (rolling_one_at_a_time, "positions"),
+        (rolling_on_cpu, "meta"),
+    ],
+}
+
+
+def _check(name, fn):
+    check = getattr(checks, f"check_{name}")
+    return check(fn, smollm2=False) if name == "generate" else check(fn)
+
+
+@pytest.mark.parametrize("name", list(WRONG))
+def test_check_accepts_the_reference(ex, name):
+    _check(name, getattr(ex, name))
+
+
+@pytest.mark.parametrize("name, i", [(name, i) for name, routes in WRONG.items() for i in range(len(routes))])
+def test_check_rejects_wrong_route(ex, name, i):
+    make, says = WRONG[name][i]
+    with pytest.raises(AssertionError, match=says):
+        _check(name, make(ex))
+
+
+def test_every_exercise_has_a_wrong_route():
+    quiz = {name for name in checks.WEEK.exercises if name.startswith("answer_")}
+    assert set(WRONG) == set(checks.WEEK.exercises) - quiz
