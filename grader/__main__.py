@@ -2,21 +2,27 @@
 
     python -m grader release 16              # solutions/16 -> weeks/16, never deleting a student's edits
     python -m grader collect 16 DIR          # DIR/<student>.ipynb or DIR/<student>/*.ipynb -> grader/submitted/
-    python -m grader autograde 16 [STUDENT ...]
+    python -m grader autograde 16 [STUDENT ...] [--jobs N] [--timeout S]
     python -m grader feedback 16 [STUDENT ...]
     python -m grader export grader/grades.csv
+
+One broken submission never stops a run: its error is printed in one line, the others are graded, and
+the command ends with the list of failures and exit status 1.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from grader.course import REPO_ROOT, Course
+from grader.course import REPO_ROOT, Course, one_line, status_path
 
 
 def _committed_bytes(path: Path, repo: Path) -> bytes | None:
@@ -65,27 +71,170 @@ def release(week: str, repo: Path = REPO_ROOT) -> list[Path]:
     return backups
 
 
-def collect(week: str, folder: Path) -> None:
-    release_nbs = sorted((REPO_ROOT / "weeks" / week).glob("*.ipynb"))
+def validate_notebook(path: Path) -> str | None:
+    """None if `path` is a notebook nbgrader can grade, else one line saying why not."""
+    import nbformat
+
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        return f"not a text file ({e.reason} at byte {e.start})"
+    except json.JSONDecodeError as e:
+        return f"not valid notebook JSON ({e.msg} at line {e.lineno}, column {e.colno})"
+    if not isinstance(raw, dict) or not isinstance(raw.get("cells"), list):
+        return "not a notebook (no list of cells)"
+    try:
+        nb = nbformat.reads(json.dumps(raw), as_version=4)
+        nbformat.validate(nb)
+    except Exception as e:  # nbformat.ValidationError and friends
+        return f"not a valid notebook: {one_line(e)}"
+    ids = {}
+    for i, cell in enumerate(nb.cells):
+        meta = cell.get("metadata", {}).get("nbgrader")
+        if meta is None:
+            continue
+        if not isinstance(meta, dict):
+            return f"cell {i}: its nbgrader metadata is {type(meta).__name__}, not a dict (restore the cell from the release)"
+        grade_id = meta.get("grade_id")
+        if (meta.get("grade") or meta.get("solution") or meta.get("locked")) and not isinstance(grade_id, str):
+            return f"cell {i}: nbgrader metadata without a grade_id (restore the cell from the release)"
+        if grade_id in ids and (meta.get("grade") or meta.get("solution")):
+            return f"cells {ids[grade_id]} and {i} share grade_id {grade_id!r} (a copied cell: delete the copy)"
+        ids[grade_id] = i
+        if meta.get("grade") and not isinstance(meta.get("points", 0), (int, float)):
+            return f"cell {i} ({grade_id}): points is {meta.get('points')!r}, not a number"
+    return None
+
+
+def _release_name(week: str, root: Path = REPO_ROOT) -> str:
+    release_nbs = sorted((root / "weeks" / week).glob("*.ipynb"))
     if len(release_nbs) != 1:
         raise SystemExit(f"weeks/{week} should hold exactly one notebook, found {len(release_nbs)}")
-    name = release_nbs[0].name
-    found = [(p.stem, p) for p in folder.glob("*.ipynb")]
-    found += [(d.name, nb) for d in folder.iterdir() if d.is_dir() for nb in d.glob("*.ipynb")]
-    if not found:
+    return release_nbs[0].name
+
+
+def collect(week: str, folder: Path, root: Path = REPO_ROOT) -> list[str]:
+    """Copy each student's notebook into grader/submitted/<student>/<week>/; return one line per refused student.
+
+    `<folder>/<student>.ipynb`, or `<folder>/<student>/` holding one notebook (with several, the one named
+    like the release is taken, and said so; otherwise the student is refused). Notebooks that are not
+    valid JSON or have broken nbgrader metadata are refused."""
+    name = _release_name(week, root)
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise SystemExit(f"no such folder: {folder}")
+    candidates: list[tuple[str, list[Path]]] = [(p.stem, [p]) for p in sorted(folder.glob("*.ipynb"))]
+    for d in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        candidates.append((d.name, sorted(nb for nb in d.rglob("*.ipynb") if ".ipynb_checkpoints" not in nb.parts)))
+    if not candidates:
         raise SystemExit(f"no notebooks in {folder} (expected <student>.ipynb or <student>/<any>.ipynb)")
-    for student, nb in found:
-        dest = REPO_ROOT / "grader" / "submitted" / student / week / name
+    refused = []
+    course = None
+
+    def refuse(student: str, why: str) -> None:
+        nonlocal course
+        refused.append(f"{student}: {why}")
+        course = course or Course(root)
+        course.record_status(week, student, status="refused at collect", error=why)
+
+    for student, nbs in candidates:
+        if not nbs:
+            refuse(student, f"no notebook in {folder / student}")
+            continue
+        if len(nbs) > 1:
+            named = [nb for nb in nbs if nb.name == name]
+            if len(named) != 1:
+                refuse(student, f"{len(nbs)} notebooks ({', '.join(nb.name for nb in nbs)}) and none is "
+                                f"exactly {name}: keep one, or name the one to grade {name}")
+                continue
+            print(f"{student}: {len(nbs)} notebooks; taking {named[0].name} (named like the release), "
+                  f"ignoring {', '.join(nb.name for nb in nbs if nb != named[0])}")
+            nbs = named
+        problem = validate_notebook(nbs[0])
+        if problem:
+            refuse(student, f"{nbs[0]}: {problem}")
+            continue
+        dest = root / "grader" / "submitted" / student / week / name
         dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(nb, dest)
-        print(f"{student}: {nb} -> {dest.relative_to(REPO_ROOT)}")
+        shutil.copy2(nbs[0], dest)
+        status_path(root, week, student).unlink(missing_ok=True)
+        print(f"{student}: {nbs[0]} -> {dest.relative_to(root)}")
+    return refused
 
 
-def _students(week: str, given: list[str]) -> list[str]:
+def _students(week: str, given: list[str], root: Path = REPO_ROOT) -> list[str]:
     if given:
         return given
-    sub = REPO_ROOT / "grader" / "submitted"
+    sub = root / "grader" / "submitted"
     return sorted(d.name for d in sub.iterdir() if (d / week).is_dir()) if sub.is_dir() else []
+
+
+def _grade_one(week: str, student: str, root: str, timeout: float | None, fast: bool) -> tuple[str, bool, str, float]:
+    """Autograde one student; never raises. Returns (student, ok, one-line summary, seconds)."""
+    start = time.perf_counter()
+    try:
+        course = Course(root)
+        if timeout is not None:
+            os.environ["INFERENCE_LAB_CALL_TIMEOUT"] = str(timeout)
+        line = course.autograde_safely(week, student, fast=fast)
+        return student, True, line, time.perf_counter() - start
+    except BaseException as e:  # noqa: BLE001  (one student's failure must not stop the run)
+        return student, False, one_line(e), time.perf_counter() - start
+
+
+def autograde(week: str, students: list[str], jobs: int = 1, timeout: float | None = None, fast: bool = True,
+              root: Path = REPO_ROOT) -> list[str]:
+    """Autograde `students` (all submitted when empty); return one line per failed student."""
+    course = Course(root)
+    added = course.ensure_assignment(week)
+    if added:
+        print(added)
+    students = _students(week, students, root)
+    if not students:
+        raise SystemExit(f"no submissions for week {week} under grader/submitted/ (run collect first)")
+    failures = []
+    start = time.perf_counter()
+    if jobs <= 1:
+        results = (_grade_one(week, s, str(root), timeout, fast) for s in students)
+    else:
+        pool = ProcessPoolExecutor(max_workers=jobs)
+        results = pool.map(_grade_one, [week] * len(students), students, [str(root)] * len(students),
+                           [timeout] * len(students), [fast] * len(students))
+    for student, ok, line, seconds in results:
+        if ok:
+            print(f"{student}: {line} [{seconds:.1f} s]", flush=True)
+        else:
+            failures.append(f"{student}: {line}")
+            course.record_status(week, student, status="failed", error=line)
+            print(f"{student}: FAILED — {line}", flush=True)
+    if jobs > 1:
+        pool.shutdown()
+    print(f"autograded {len(students) - len(failures)} of {len(students)} in {time.perf_counter() - start:.0f} s")
+    return failures
+
+
+def feedback(week: str, students: list[str], root: Path = REPO_ROOT) -> list[str]:
+    course = Course(root)
+    students = _students(week, students, root)
+    if not students:
+        raise SystemExit(f"no submissions for week {week} under grader/submitted/ (run collect first)")
+    failures = []
+    for student in students:
+        try:
+            print(f"{student}: {course.feedback(week, student)}")
+        except Exception as e:  # noqa: BLE001
+            failures.append(f"{student}: {one_line(e)}")
+            print(f"{student}: FAILED — {one_line(e)}")
+    return failures
+
+
+def _report(failures: list[str], what: str) -> int:
+    if not failures:
+        return 0
+    print(f"\n{len(failures)} {what} failed:", file=sys.stderr)
+    for line in failures:
+        print(f"  {line}", file=sys.stderr)
+    return 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,29 +249,30 @@ def main(argv: list[str] | None = None) -> int:
         s = sub.add_parser(name)
         s.add_argument("week")
         s.add_argument("students", nargs="*")
+        if name == "autograde":
+            s.add_argument("--jobs", "-j", type=int, default=1, help="submissions graded at once (default 1)")
+            s.add_argument("--timeout", type=float, default=None,
+                           help="seconds one call into a student's code may take (default 60)")
     sub.add_parser("export").add_argument("csv", type=Path, nargs="?", default=REPO_ROOT / "grader" / "grades.csv")
     args = p.parse_args(argv)
 
     if args.cmd == "release":
         release(args.week)
     elif args.cmd == "collect":
-        collect(args.week, args.folder)
-    elif args.cmd in ("autograde", "feedback"):
-        course = Course()
-        students = _students(args.week, args.students)
-        if not students:
-            raise SystemExit(f"no submissions for week {args.week} under grader/submitted/ (run collect first)")
-        for student in students:
-            if args.cmd == "autograde":
-                course.autograde(args.week, student)
-                s = course.score(args.week, student)
-                manual = " (written answers still to grade by hand)" if s["needs_manual_grade"] else ""
-                print(f"{student}: {s['score']:g} / {s['max_score']:g}; autograded code "
-                      f"{s['code_score']:g} / {s['max_code_score']:g}{manual}")
-            else:
-                print(f"{student}: {course.feedback(args.week, student)}")
+        return _report(collect(args.week, args.folder), "submissions were refused and")
+    elif args.cmd == "autograde":
+        return _report(autograde(args.week, args.students, jobs=args.jobs, timeout=args.timeout), "submissions")
+    elif args.cmd == "feedback":
+        return _report(feedback(args.week, args.students), "feedback reports")
     elif args.cmd == "export":
-        print(f"grades written to {Course().export(args.csv)}")
+        course = Course()
+        path, ungraded = course.export(args.csv), course.ungraded()
+        print(f"grades written to {path}")
+        if ungraded:
+            print(f"{len(ungraded)} submitted but not graded (rows with status != graded):", file=sys.stderr)
+            for line in ungraded:
+                print(f"  {line}", file=sys.stderr)
+            return 1
     return 0
 
 

@@ -7,8 +7,13 @@ Python API (`NbGraderAPI`), which is several times faster than one `nbgrader` CL
 from __future__ import annotations
 
 import csv
+import json
 import os
+import re
+import shutil
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 from traitlets.config import Config
@@ -53,14 +58,62 @@ class Course:
         self.root = Path(root).resolve()
         db = Path(db) if db is not None else self.root / "grader" / "gradebook.db"
         db.parent.mkdir(parents=True, exist_ok=True)
+        self.db = db
         self.config = course_config(self.root, db)
         self.api = NbGraderAPI(coursedir=CourseDirectory(config=self.config), config=self.config)
 
     @staticmethod
     def _ok(result: dict, step: str) -> dict:
         if not result.get("success"):
-            raise RuntimeError(f"nbgrader {step} failed:\n{result.get('error') or result.get('log')}")
+            raise GradingError(f"nbgrader {step} failed: {nbgrader_cause(result)}")
         return result
+
+    # --- the gradebook -------------------------------------------------------------------------------------
+
+    def has_assignment(self, week: str) -> bool:
+        from nbgrader.api import Gradebook, MissingEntry
+
+        with Gradebook(self.config.CourseDirectory.db_url) as gb:
+            try:
+                gb.find_assignment(str(week))
+            except MissingEntry:
+                return False
+        return True
+
+    def ensure_assignment(self, week: str) -> str | None:
+        """Make sure the gradebook knows week `week` (a fresh clone's gradebook is empty: it is gitignored).
+
+        Adds it from solutions/<week>, as `python -m grader release <week>` does, without touching weeks/.
+        Returns a line saying so, or None when it was there already."""
+        week = str(week)
+        if self.has_assignment(week):
+            return None
+        src = self.root / "solutions" / week
+        if not src.is_dir():
+            raise GradingError(f"the gradebook has no week {week} and there is no solutions/{week} to add it from")
+        with tempfile.TemporaryDirectory() as tmp:
+            shutil.copytree(src, Path(tmp) / "solutions" / week, ignore=shutil.ignore_patterns(
+                "__pycache__", ".ipynb_checkpoints", ".pytest_cache"))
+            Course(tmp, db=self.db).generate(week)
+        return (f"the gradebook had no week {week}: added it from solutions/{week} "
+                f"(what `python -m grader release {week}` does; weeks/{week} untouched)")
+
+    def status_file(self, week: str, student: str) -> Path:
+        return status_path(self.root, week, student)
+
+    def record_status(self, week: str, student: str, **fields) -> None:
+        """The trusted side's notes on one grading (status, error, reference use, per-exercise outcome)."""
+        path = self.status_file(week, student)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fields.setdefault("time", time.strftime("%Y-%m-%d %H:%M:%S"))
+        path.write_text(json.dumps(fields, indent=1, sort_keys=True))
+
+    def read_status(self, week: str, student: str) -> dict:
+        path = self.status_file(week, student)
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return {}
 
     def generate(self, week: str) -> Path:
         """solutions/<week> -> weeks/<week> (nbgrader replaces that folder) and the gradebook's copy of the assignment."""
@@ -69,6 +122,36 @@ class Course:
 
     def autograde(self, week: str, student: str) -> None:
         self._ok(self.api.autograde(str(week), student, force=True), f"autograde {week} {student}")
+
+    def submitted_notebooks(self, week: str, student: str) -> list[Path]:
+        folder = self.root / "grader" / "submitted" / student / str(week)
+        return sorted(p for p in folder.glob("*.ipynb")) if folder.is_dir() else []
+
+    def autograde_safely(self, week: str, student: str, fast: bool = True) -> str:
+        """Validate, autograde and score one submission; a one-line summary, or GradingError with the cause."""
+        from grader.__main__ import validate_notebook
+
+        week = str(week)
+        nbs = self.submitted_notebooks(week, student)
+        if not nbs:
+            raise GradingError(f"no notebook in grader/submitted/{student}/{week}/ (run collect)")
+        for nb in nbs:
+            problem = validate_notebook(nb)
+            if problem:
+                raise GradingError(f"{nb.name}: {problem}")
+        self.status_file(week, student).unlink(missing_ok=True)  # the executor writes this run's notes
+        self.autograde(week, student)
+        s = self.score(week, student)
+        status = self.read_status(week, student)
+        refs = status.get("reference_use", [])
+        failed = status.get("failed", [])
+        self.record_status(week, student, status="graded", error="", **{
+            k: v for k, v in status.items() if k not in ("status", "error", "time")})
+        manual = " (written answers still to grade by hand)" if s["needs_manual_grade"] else ""
+        extra = f"; reference use: {', '.join(refs)}" if refs else ""
+        extra += f"; failed: {', '.join(failed)}" if failed else ""
+        return (f"{s['score']:g} / {s['max_score']:g}; autograded code {s['code_score']:g} / "
+                f"{s['max_code_score']:g}{manual}{extra}")
 
     def feedback(self, week: str, student: str) -> Path:
         self._ok(self.api.generate_feedback(str(week), student, force=True), f"generate_feedback {week} {student}")
@@ -90,18 +173,115 @@ class Course:
                 "needs_manual_grade": bool(sub.needs_manual_grade),
             }
 
-    def export(self, csv_path: str | Path) -> Path:
-        """All grades to CSV, one row per student and assignment."""
-        from nbgrader.apps import NbGraderApp  # noqa: F401  (keeps nbgrader's logging set up)
-        from nbgrader.plugins import CsvExportPlugin
-        from nbgrader.api import Gradebook
+    EXPORT_COLUMNS = ["assignment", "student_id", "status", "score", "max_score", "code_score", "max_code_score",
+                      "written_score", "max_written_score", "needs_manual_grade", "reference_use", "failed_exercises",
+                      "error", "timestamp"]
 
-        csv_path = Path(csv_path)
-        plugin = CsvExportPlugin(config=self.config)
-        plugin.to = str(csv_path)
+    def _submitted(self) -> dict[tuple[str, str], Path]:
+        sub = self.root / "grader" / "submitted"
+        found = {}
+        if sub.is_dir():
+            for student in sorted(p for p in sub.iterdir() if p.is_dir()):
+                for week in sorted(p for p in student.iterdir() if p.is_dir()):
+                    found[(week.name, student.name)] = week
+        return found
+
+    def rows(self) -> list[dict]:
+        """One row per (week, student) that was submitted or graded: score, status, reference use, errors."""
+        from nbgrader.api import Gradebook, MissingEntry
+
+        rows = []
+        submitted = self._submitted()
         with Gradebook(self.config.CourseDirectory.db_url) as gb:
-            plugin.export(gb)
+            graded = set()
+            for assignment in gb.assignments:
+                for student in gb.students:
+                    try:
+                        sub = gb.find_submission(assignment.name, student.id)
+                    except MissingEntry:
+                        continue
+                    graded.add((assignment.name, student.id))
+                    status = self.read_status(assignment.name, student.id)
+                    nbs = sub.notebooks
+                    rows.append({
+                        "assignment": assignment.name, "student_id": student.id,
+                        "status": status.get("status", "graded"),
+                        "score": float(sub.score), "max_score": float(sub.max_score),
+                        "code_score": float(sum(nb.code_score for nb in nbs)),
+                        "max_code_score": float(sum(nb.max_code_score for nb in nbs)),
+                        "written_score": float(sum(nb.written_score for nb in nbs)),
+                        "max_written_score": float(sum(nb.max_written_score for nb in nbs)),
+                        "needs_manual_grade": bool(sub.needs_manual_grade),
+                        "reference_use": " ".join(status.get("reference_use", [])),
+                        "failed_exercises": " ".join(status.get("failed", [])),
+                        "error": status.get("error", ""), "timestamp": sub.timestamp or "",
+                    })
+            for (week, student), _ in submitted.items():
+                if (week, student) in graded:
+                    continue
+                status = self.read_status(week, student)
+                rows.append({"assignment": week, "student_id": student,
+                             "status": status.get("status") or "ungraded", "score": 0.0,
+                             "error": status.get("error") or "submitted, never autograded: run "
+                                                            f"`python -m grader autograde {week} {student}`"})
+            status_dir = self.root / "grader" / "grading_status"
+            for path in sorted(status_dir.glob("*/*.json")) if status_dir.is_dir() else []:
+                week, student = path.parent.name, path.stem
+                if (week, student) in graded or (week, student) in submitted:
+                    continue
+                status = self.read_status(week, student)
+                rows.append({"assignment": week, "student_id": student, "status": status.get("status", "failed"),
+                             "score": 0.0, "error": status.get("error", "")})
+        return rows
+
+    def ungraded(self) -> list[str]:
+        return [f"week {r['assignment']} {r['student_id']}: {r['status']}: {r.get('error', '')}"
+                for r in self.rows() if r["status"] != "graded"]
+
+    def export(self, csv_path: str | Path) -> Path:
+        """All grades to CSV, one row per student and week, ungraded and failed submissions included (score 0)."""
+        csv_path = Path(csv_path)
+        csv_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(csv_path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=self.EXPORT_COLUMNS, restval="")
+            writer.writeheader()
+            for row in self.rows():
+                writer.writerow(row)
         return csv_path
+
+
+class GradingError(RuntimeError):
+    """One submission could not be graded; the message is one line with the real cause."""
+
+
+def status_path(root: str | Path, week: str, student: str) -> Path:
+    return Path(root) / "grader" / "grading_status" / str(week) / f"{student}.json"
+
+
+def one_line(e: BaseException | str, limit: int = 400) -> str:
+    """An exception as one line: `Type: message`, whitespace collapsed, cut at `limit` characters."""
+    if isinstance(e, BaseException):
+        text = str(e) if isinstance(e, (GradingError, SystemExit)) else f"{type(e).__name__}: {e}"
+    else:
+        text = e
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def nbgrader_cause(result: dict) -> str:
+    """The real cause of a failed nbgrader API call, from its log and traceback (nbgrader itself only says
+    "see the above traceback")."""
+    log = result.get("log") or ""
+    errors = [m.group(1) for m in re.finditer(r"^\[ERROR\] (.*)$", log, re.M)]
+    generic = ("There was an error processing assignment", "Please see the error log", "nbgrader ")
+    useful = [e for e in errors if not e.startswith(generic) and "see the above traceback" not in e]
+    tb_lines = [ln for ln in (log + "\n" + (result.get("error") or "")).splitlines()
+                if re.match(r"^[A-Za-z_.]*(Error|Exception|Exit|Interrupt)\b.*:", ln.strip())]
+    specific = [ln.strip() for ln in tb_lines if "NbGraderException" not in ln and "see the above" not in ln]
+    for candidate in (useful[-1:] or []) + specific[-1:]:
+        if candidate:
+            return one_line(candidate)
+    return one_line((result.get("error") or log or "unknown error").strip().splitlines()[-1])
 
 
 def read_csv(path: str | Path) -> list[dict]:

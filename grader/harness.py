@@ -8,12 +8,22 @@
 
 The same check is called by the week's pytest file (on the module `load_exercises` returns) and by
 the notebook's nbgrader test cells (on the functions defined in the running kernel).
+
+Isolation: `load_exercises` runs the exercise cells in a separate, resource-limited process
+(`grader.isolation`) and returns a module-like object whose functions and classes are proxies: the
+check runs here, the student's code there, and only data crosses. `python -m grader autograde` grades
+the same way. Set `INFERENCE_LAB_ISOLATION=0` to run the cells in this process instead (debugging).
+A check that passes on code that *is* or *runs* `lib`'s own implementation of the exercise fails with
+a message saying so ("reference use"); see grader/README.md.
 """
 from __future__ import annotations
 
 import functools
 import json
+import os
+import sys
 import types
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +34,20 @@ class NotImplementedYet(AssertionError):
 
 class ExerciseMissing(AssertionError):
     """The notebook does not define a name the checks need."""
+
+
+class ReferenceUse(AssertionError):
+    """The exercise is, or runs, lib's own implementation of itself."""
+
+
+def _reference_use(name: str, args, kwargs) -> str | None:
+    from grader.isolation import ChildProxy
+
+    for arg in list(args) + list(kwargs.values()):
+        proxy = getattr(arg, "_remote", arg)
+        if isinstance(proxy, ChildProxy):
+            return proxy._session.reference_use([name]).get(name)
+    return None
 
 
 @dataclass
@@ -43,14 +67,33 @@ class Week:
         def decorate(check):
             @functools.wraps(check)
             def wrapper(*args, **kwargs):
+                __tracebackhide__ = True  # pytest: show the student the message, not the check's source
+                from grader.isolation import IsolationError
+
                 try:
-                    return check(*args, **kwargs)
-                except NotImplementedError as e:
+                    result = check(*args, **kwargs)
+                except (NotImplementedError, NotImplementedYet) as e:
+                    if isinstance(e, NotImplementedYet) and "is not defined in" in str(e):
+                        raise NotImplementedYet(f"exercise {number}, `{name}`: {e}") from None
                     raise NotImplementedYet(
                         f"exercise {number}, `{name}`, is not implemented yet — section {section} of "
                         f"{self.location}. Replace the `raise NotImplementedError()` with your code, "
-                        f"then run `pytest weeks/{self.number} -k ex{number}`."
+                        f"then run `pytest weeks/{self.number} -k ex{number:02d}`."
                     ) from None
+                except ExerciseMissing as e:
+                    raise ExerciseMissing(f"exercise {number}, `{name}`: {e}") from None
+                except IsolationError as e:
+                    raise type(e)(f"exercise {number}, `{name}`: {e}") from None
+                except AssertionError as e:
+                    raise AssertionError(f"exercise {number}, `{name}`: {e}") from None
+                except Exception as e:  # noqa: BLE001  (a wrong return type tripping the check, say)
+                    raise AssertionError(f"exercise {number}, `{name}`: {type(e).__name__}: {e}") from None
+                used = _reference_use(name, args, kwargs)
+                if used:
+                    raise ReferenceUse(
+                        f"exercise {number}, `{name}`: {used}. The check passed, but on lib's implementation, "
+                        f"not yours: write `{name}` yourself (lib/ is the answer key).")
+                return result
 
             wrapper.exercise = (self.number, number, name)
             return wrapper
@@ -58,14 +101,22 @@ class Week:
         return decorate
 
 
-def _exercise_cells(nb: dict):
+def exercise_cells(nb: dict) -> list[tuple[int, str | None, str]]:
+    """(index, grade_id, source) of each nbgrader solution cell and each `setup`-tagged cell, in order."""
+    found = []
     for index, cell in enumerate(nb.get("cells", [])):
-        if cell.get("cell_type") != "code":
+        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
             continue
         meta = cell.get("metadata", {})
-        if meta.get("nbgrader", {}).get("solution") or "setup" in meta.get("tags", []):
+        meta = meta if isinstance(meta, dict) else {}
+        nbg = meta.get("nbgrader", {}) if isinstance(meta.get("nbgrader", {}), dict) else {}
+        tags = meta.get("tags", []) if isinstance(meta.get("tags", []), list) else []
+        if nbg.get("solution") or "setup" in tags:
             source = cell.get("source", "")
-            yield index, meta.get("nbgrader", {}).get("grade_id"), "".join(source) if isinstance(source, list) else source
+            source = "".join(source) if isinstance(source, list) else str(source)
+            grade_id = nbg.get("grade_id") if isinstance(nbg.get("grade_id"), str) else None
+            found.append((index, grade_id, source))
+    return found
 
 
 class ExerciseModule(types.ModuleType):
@@ -74,7 +125,14 @@ class ExerciseModule(types.ModuleType):
     def __getattr__(self, name: str):
         if name.startswith("__"):
             raise AttributeError(name)
+        broken = self.__dict__.get("_broken_cells", {})
         stubbed = self.__dict__.get("_stubbed_cells", [])
+        if broken:
+            raise ExerciseMissing(
+                f"`{name}` is not defined in {self.__file__}: " + "; ".join(
+                    f"{cell} raised {why}" for cell, why in broken.items()) +
+                ". Exercise cells must only define functions and classes: fix that cell (run it in Jupyter to see "
+                "the full traceback).")
         if stubbed:
             raise NotImplementedYet(
                 f"`{name}` is not defined in {self.__file__}: its exercise cell still raises NotImplementedError "
@@ -86,30 +144,79 @@ class ExerciseModule(types.ModuleType):
         )
 
 
-def load_exercises(notebook: str | Path) -> ExerciseModule:
-    """Execute the exercise (and `setup`-tagged) cells of `notebook`, in order, into a new module."""
-    path = Path(notebook)
-    try:
-        nb = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"notebook not found: {path}") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid notebook JSON ({e}); restore it with `git checkout {path}` "
-                         f"(your work is in the broken file: copy it out first)") from e
-    module = ExerciseModule(path.stem)
-    module.__file__ = str(path)
-    module._stubbed_cells = []
-    for index, grade_id, source in _exercise_cells(nb):
+def _run_cells(module: ExerciseModule, path: Path, cells) -> None:
+    """Execute `cells` into `module`; a cell that raises is noted (its name then fails with the reason)."""
+    for index, grade_id, source in cells:
         # IPython magics and shell escapes mean nothing outside Jupyter; skip those lines.
         lines = [ln for ln in source.splitlines() if not ln.lstrip().startswith(("%", "!"))]
+        label = grade_id or f"cell {index}"
         try:
             code = compile("\n".join(lines), f"{path.name}[cell {index}]", "exec")
             exec(code, module.__dict__)
         except NotImplementedError:  # a stub at the top level of a cell (e.g. `answer = ...` left undone)
-            module._stubbed_cells.append(grade_id or f"cell {index}")
-        except Exception as e:
-            raise RuntimeError(
-                f"cell {index} of {path} raised {type(e).__name__}: {e}. Exercise cells must only define "
-                f"functions and classes; fix the cell, or run it in Jupyter to see the full traceback."
-            ) from e
+            module._stubbed_cells.append(label)
+        except BaseException as e:  # noqa: BLE001  (SystemExit too: a cell must not end the grading)
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            msg = " ".join(str(e).split())[:300]
+            module._broken_cells[f"cell {index} ({label})"] = f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+
+
+def _read_notebook(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"notebook not found: {path}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid notebook JSON ({e}); restore it with `git checkout {path}` "
+                         f"(your work is in the broken file: copy it out first)") from None
+
+
+def _warn_other_notebooks(path: Path) -> None:
+    others = sorted(p.name for p in path.parent.glob("*.ipynb") if p.name != path.name)
+    if others:
+        msg = (f"{path.parent} holds {len(others) + 1} notebooks; testing {path.name} only (not "
+               f"{', '.join(others)}). Work in {path.name}, or copy your work into it.")
+        warnings.warn(msg, stacklevel=3)
+        print(f"WARNING: {msg}", file=sys.stderr)
+
+
+class IsolatedExercises:
+    """What `load_exercises` returns: `ex.<name>` is the notebook's `name`, living in a child process."""
+
+    def __init__(self, path: Path, session):
+        self.__file__ = str(path)
+        self._session = session
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self._session.get(name)
+
+    def close(self) -> None:
+        self._session.close()
+
+
+def load_exercises(notebook: str | Path, isolated: bool | None = None):
+    """Execute the exercise (and `setup`-tagged) cells of `notebook`, in order, into a new module.
+
+    Isolated (the default): in a child process, returning proxies; `isolated=False` or
+    `INFERENCE_LAB_ISOLATION=0`: in this process, returning the module itself."""
+    path = Path(notebook)
+    nb = _read_notebook(path)
+    _warn_other_notebooks(path)
+    cells = exercise_cells(nb)
+    if isolated is None:
+        isolated = os.environ.get("INFERENCE_LAB_ISOLATION", "1") != "0"
+    if isolated:
+        from grader.isolation import Session
+
+        session = Session(path)
+        session.load(cells)
+        return IsolatedExercises(path, session)
+    module = ExerciseModule(path.stem)
+    module.__file__ = str(path)
+    module._stubbed_cells = []
+    module._broken_cells = {}
+    _run_cells(module, path, cells)
     return module

@@ -26,7 +26,7 @@ NOTEBOOK = Path(__file__).resolve().parent.parent / "solutions" / "16" / checks.
 
 @pytest.fixture(scope="module")
 def ex():
-    return load_exercises(NOTEBOOK)
+    return load_exercises(NOTEBOOK, isolated=False)  # the checks themselves are under test: trusted code, in-process
 
 
 # --- wrong routes -------------------------------------------------------------------------------------

@@ -394,7 +394,7 @@ def check_merge_partials(merge_partials) -> None:
     check_on_meta(merge_partials, (outs, lses), "merge_partials")
 
 
-@WEEK.exercise(9, "flash_decode", section="6 (One query, many keys: split-K)")
+@WEEK.exercise(10, "flash_decode", section="6 (One query, many keys: split-K)")
 def check_flash_decode(flash_decode) -> None:
     for i, (b, h, nq, nk, d) in enumerate([(1, 2, 1, 300, 64), (2, 3, 1, 37, 24), (1, 1, 1, 5, 8), (1, 2, 4, 50, 40)]):
         q, k, v = _qkv(b, h, nq, nk, d, offset=500 + i, transposed=i % 2 == 1)
@@ -420,19 +420,19 @@ def check_flash_decode(flash_decode) -> None:
 
 # --- quiz ---------------------------------------------------------------------------------------------
 
-@WEEK.exercise(10, "answer_q1", section="8 (Check your understanding)")
+@WEEK.exercise(11, "answer_q1", section="8 (Check your understanding)")
 def check_answer_q1(answer_q1) -> None:
     got = float(answer_q1())
     assert abs(got - 268.435456) < 0.5, f"answer_q1() = {got}: not the fp32 score matrix of [8, 8, 1024, 1024] in MB (10^6 bytes)"
 
 
-@WEEK.exercise(11, "answer_q2", section="8 (Check your understanding)")
+@WEEK.exercise(12, "answer_q2", section="8 (Check your understanding)")
 def check_answer_q2(answer_q2) -> None:
     got = answer_q2()
     assert got == 528, f"answer_q2() = {got}: count the (query block, key block) pairs on or below the diagonal of a 32×32 grid of blocks"
 
 
-@WEEK.exercise(12, "answer_q3", section="8 (Check your understanding)")
+@WEEK.exercise(13, "answer_q3", section="8 (Check your understanding)")
 def check_answer_q3(answer_q3) -> None:
     got = float(answer_q3())
     assert abs(got - 4.0) < 1e-6, f"answer_q3() = {got}: weight each partial output by exp(its lse − the total lse)"

@@ -1,4 +1,4 @@
-"""Week 17 checks: `pytest weeks/17` (your notebook) or `pytest weeks/17 -k ex4` (one exercise).
+"""Week 17 checks: `pytest weeks/17` (your notebook) or `pytest weeks/17 -k ex04` (one exercise).
 
 Only the notebook's exercise cells are run (no demos, no plots, no model); the checks live in
 grader/checks/week17.py and are the same ones the notebook's graded cells call.
@@ -18,35 +18,35 @@ def ex():
     return load_exercises(NOTEBOOK)
 
 
-def test_ex1_naive_attention(ex):
+def test_ex01_naive_attention(ex):
     checks.check_naive_attention(ex.naive_attention)
 
 
-def test_ex2_score_bytes(ex):
+def test_ex02_score_bytes(ex):
     checks.check_score_bytes(ex.score_bytes)
 
 
-def test_ex3_online_softmax(ex):
+def test_ex03_online_softmax(ex):
     checks.check_online_softmax(ex.online_softmax)
 
 
-def test_ex4_flash_attention_forward(ex):
+def test_ex04_flash_attention_forward(ex):
     checks.check_flash_attention_forward(ex.flash_attention_forward)
 
 
-def test_ex5_standard_io(ex):
+def test_ex05_standard_io(ex):
     checks.check_standard_io(ex.standard_io)
 
 
-def test_ex6_flash_io(ex):
+def test_ex06_flash_io(ex):
     checks.check_flash_io(ex.flash_io)
 
 
-def test_ex7_flash_attention_backward(ex):
+def test_ex07_flash_attention_backward(ex):
     checks.check_flash_attention_backward(ex.flash_attention_backward)
 
 
-def test_ex8_FlashAttention(ex):
+def test_ex08_FlashAttention(ex):
     checks.check_FlashAttention(ex.FlashAttention)
 
 
@@ -54,17 +54,17 @@ def test_ex09_merge_partials(ex):
     checks.check_merge_partials(ex.merge_partials)
 
 
-def test_ex9_flash_decode(ex):
+def test_ex10_flash_decode(ex):
     checks.check_flash_decode(ex.flash_decode)
 
 
-def test_ex10_answer_q1(ex):
+def test_ex11_answer_q1(ex):
     checks.check_answer_q1(ex.answer_q1)
 
 
-def test_ex11_answer_q2(ex):
+def test_ex12_answer_q2(ex):
     checks.check_answer_q2(ex.answer_q2)
 
 
-def test_ex12_answer_q3(ex):
+def test_ex13_answer_q3(ex):
     checks.check_answer_q3(ex.answer_q3)

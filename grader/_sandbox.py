@@ -1,0 +1,94 @@
+"""Confine the current process before it runs a student's code (called first thing in the child).
+
+- rlimits: CPU seconds (RLIMIT_CPU, then SIGXCPU/SIGKILL), no core files, files written at most 256 MiB
+  (RLIMIT_FSIZE); the address-space limit (RLIMIT_AS) is set later, after torch is imported.
+- Linux Landlock (kernel 5.13+, no privileges needed): from here on this process and its children may create,
+  write, truncate, rename or delete files **only** under `workdir` (its own temporary folder; plus /dev/null);
+  reading stays allowed everywhere (the lab's `lib/`, torch, the checks). With Landlock ABI >= 4 it may not
+  open TCP connections or bind ports; with ABI >= 6 it may not signal processes outside its sandbox (so it
+  cannot kill the grader) nor connect to abstract UNIX sockets.
+- Without Landlock, when running as root, the process drops to user `nobody` instead (then the repo, owned by
+  root and not world-writable, cannot be written either); otherwise nothing stops it writing where the
+  instructor can — `confine` says which of these applied, and the grader prints it.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+
+_SYS_CREATE_RULESET, _SYS_ADD_RULE, _SYS_RESTRICT_SELF = 444, 445, 446
+_PR_SET_NO_NEW_PRIVS = 38
+
+# LANDLOCK_ACCESS_FS_*
+_WRITE_FILE, _READ_FILE = 1 << 1, 1 << 2
+_REMOVE_DIR, _REMOVE_FILE = 1 << 4, 1 << 5
+_MAKE = sum(1 << b for b in range(6, 13))  # CHAR DIR REG SOCK FIFO BLOCK SYM
+_REFER, _TRUNCATE = 1 << 13, 1 << 14
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def _landlock(workdir: str) -> str | None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    abi = libc.syscall(_SYS_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    if abi < 1:
+        return None
+    fs = _WRITE_FILE | _REMOVE_DIR | _REMOVE_FILE | _MAKE
+    if abi >= 2:
+        fs |= _REFER
+    if abi >= 3:
+        fs |= _TRUNCATE
+    attr = _RulesetAttr(handled_access_fs=fs, handled_access_net=3 if abi >= 4 else 0, scoped=3 if abi >= 6 else 0)
+    size = ctypes.sizeof(_RulesetAttr) if abi >= 6 else (16 if abi >= 4 else 8)
+    ruleset = libc.syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
+    if ruleset < 0:
+        return None
+    try:
+        for path, access in ((workdir, fs), ("/dev/null", _WRITE_FILE | (_TRUNCATE if abi >= 3 else 0))):
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            try:
+                rule = _PathBeneath(allowed_access=access, parent_fd=fd)
+                if libc.syscall(_SYS_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(1), ctypes.byref(rule),
+                                ctypes.c_uint32(0)) != 0:
+                    return None
+            finally:
+                os.close(fd)
+        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            return None
+        if libc.syscall(_SYS_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
+            return None
+    finally:
+        os.close(ruleset)
+    extras = (", no TCP" if abi >= 4 else "") + (", no signals outside" if abi >= 6 else "")
+    return f"landlock ABI {abi}: writes only under its temporary folder{extras}"
+
+
+def confine(workdir: str, cpu_seconds: int) -> str:
+    """Apply the limits; return one line saying what applied."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (256 << 20, 256 << 20))
+    if cpu_seconds > 0:
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 5))
+    try:
+        how = _landlock(workdir)
+    except (OSError, AttributeError):
+        how = None
+    if how is None and os.geteuid() == 0:
+        os.chown(workdir, 65534, 65534)
+        os.setgroups([])
+        os.setgid(65534)
+        os.setuid(65534)
+        how = "no landlock: running as user nobody (the repo is not writable for it)"
+    elif how is None:
+        how = "no landlock and not root: the student's code can write wherever you can (run it in a container)"
+    return how + f"; CPU {cpu_seconds} s, files <= 256 MiB"
