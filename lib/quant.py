@@ -320,3 +320,99 @@ def fake_quantize(w, qtype: str):
 
     device = w.device if hasattr(w, "device") else "cpu"
     return torch.from_numpy(dequantize(quantize(w, qtype), qtype)).to(device)
+
+
+# --- whole models: which type each tensor gets, fake-quantized copies, size ----------------------------------
+
+# llama.cpp (llama-quant.cpp) cannot store a K-quant in a row whose length is not a multiple of 256 — SmolLM2's
+# d_model is 576 — and falls back to a legacy type of about the same size:
+K_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+
+
+def storable_type(qtype: str, n_cols: int) -> str:
+    """`qtype`, or llama.cpp's fallback when a row of `n_cols` weights does not fill whole blocks of it."""
+    block = BLOCK_SIZES[qtype][0] if qtype in BLOCK_SIZES else 1
+    if n_cols % block == 0:
+        return qtype
+    fallback = K_FALLBACK.get(qtype)
+    if fallback is None or n_cols % BLOCK_SIZES[fallback][0]:
+        raise ValueError(f"rows of {n_cols} weights fit neither {qtype} nor a fallback type")
+    return fallback
+
+
+def linear_names(model) -> list[str]:
+    """The parameter names of the 7 linear weights of every block (q, k, v, o, gate, up, down), in order."""
+    return [n for n, p in model.named_parameters() if n.startswith("layers.") and p.dim() == 2]
+
+
+def use_more_bits(layer: int, n_layers: int) -> bool:
+    """llama.cpp's choice of layers that get more bits in its _M mixes: the first and last eighth, and every
+    third layer in between."""
+    return layer < n_layers // 8 or layer >= 7 * n_layers // 8 or (layer - n_layers // 8) % 3 == 2
+
+
+def q4_k_m_plan(model) -> dict[str, str]:
+    """A Q4_K_M-like mix (llama.cpp's rule for the linears): attn_v and ffn_down of `use_more_bits` layers get
+    Q6_K, every other linear Q4_K — each stored as `storable_type` allows."""
+    plan = {}
+    n_layers = model.config.n_layers
+    for name in linear_names(model):
+        layer = int(name.split(".")[1])
+        more = ("attn.v_proj" in name or "mlp.down_proj" in name) and use_more_bits(layer, n_layers)
+        plan[name] = "Q6_K" if more else "Q4_K"
+    return plan
+
+
+def uniform_plan(model, qtype: str) -> dict[str, str]:
+    return {name: qtype for name in linear_names(model)}
+
+
+def resolve_plan(model, plan: dict[str, str]) -> dict[str, str]:
+    """Each tensor's type as it would be stored (K-quants on 576-wide rows fall back, see `storable_type`)."""
+    params = dict(model.named_parameters())
+    return {name: storable_type(t, params[name].shape[-1]) for name, t in plan.items()}
+
+
+def plan_bits_per_weight(model, plan: dict[str, str]) -> float:
+    """Average bits per weight over the tensors of `plan`, as stored."""
+    params = dict(model.named_parameters())
+    stored = resolve_plan(model, plan)
+    bits = sum(params[n].numel() * bits_per_weight(t) for n, t in stored.items())
+    return bits / sum(params[n].numel() for n in stored)
+
+
+def quantize_model(model, plan: dict[str, str], weight_fn=None):
+    """A copy of `model` whose tensors named in `plan` hold `fake_quantize(w, type)` (as stored: see
+    `resolve_plan`); every other tensor is shared with `model`, which is left unchanged. `weight_fn(name, w,
+    qtype) -> w'` replaces the GGUF round trip (e.g. a 3-bit round-to-nearest)."""
+    import copy
+
+    import torch
+
+    stored = resolve_plan(model, plan) if weight_fn is None else dict(plan)
+    memo = {id(p): p for p in model.parameters()}  # deepcopy shares what the memo names ...
+    for name, qtype in stored.items():  # ... and puts the quantized weights in place of the originals
+        w = model.get_parameter(name).detach()
+        new_w = fake_quantize(w, qtype) if weight_fn is None else weight_fn(name, w, qtype)
+        memo[id(model.get_parameter(name))] = torch.nn.Parameter(new_w.to(w.device, w.dtype), requires_grad=False)
+    return copy.deepcopy(model, memo)
+
+
+def rtn_quantize(w, bits: int, group_size: int = 128):
+    """Round-to-nearest, asymmetric min/max per group of `group_size` along each row: the baseline that GPTQ
+    and AWQ improve on. `w [rows, cols]` torch, returns the dequantized float tensor (same shape, dtype, device)."""
+    import torch
+
+    rows, cols = w.shape
+    if cols % group_size:
+        raise ValueError(f"cols ({cols}) must be a multiple of group_size ({group_size})")
+    g = w.float().reshape(rows, cols // group_size, group_size)
+    lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
+    scale = ((hi - lo) / (2**bits - 1)).clamp_min(1e-12)
+    q = torch.clamp(torch.round((g - lo) / scale), 0, 2**bits - 1)
+    return (q * scale + lo).reshape(rows, cols).to(w.dtype)
+
+
+def rtn_bits_per_weight(bits: int, group_size: int) -> float:
+    """`bits` per weight plus a float16 scale and a float16 minimum per group."""
+    return bits + 32 / group_size

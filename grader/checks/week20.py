@@ -257,13 +257,16 @@ def check_dequantize_q4_k(dequantize_q4_k) -> None:
     _check_dequantizer(dequantize_q4_k, "Q4_K", "dequantize_q4_k", 600)
 
 
-# A plain min/max Q4_K quantizer lands within 1 % of Q4_1's RMSE (4.5 vs 5.0 bits per weight); allow 3 %.
+# A plain min/max Q4_K quantizer lands within 1 % of Q4_1's RMSE (4.5 vs 5.0 bits per weight) on random
+# tensors; allow 3 %. On SmolLM2's weights (decoded Q4_1), within 5 % of the lab's min/max Q4_K.
 Q4_K_RMSE_VS_Q4_1 = 1.03
+Q4_K_RMSE_VS_LAB = 1.05
 
 
 @WEEK.exercise(7, "quantize_q4_k", section=SECTION_K)
 def check_quantize_q4_k(quantize_q4_k) -> None:
-    """Any Q4_K quantizer whose bytes gguf-py decodes to weights as close as Q4_1's (RMSE within 3 %)."""
+    """Any Q4_K quantizer whose bytes gguf-py decodes to weights as close as Q4_1's (RMSE within 3 %; on real
+    SmolLM2 rows, which are decoded Q4_1 already, within 5 % of the lab's min/max Q4_K)."""
     for desc, x in _cases(256, 700):
         what = f"quantize_q4_k on {desc}"
         got = _np(_run(quantize_q4_k, x.copy(), what=what), what)
@@ -273,9 +276,15 @@ def check_quantize_q4_k(quantize_q4_k) -> None:
         decoded = _oracle_dequantize(got, "Q4_K")
         assert np.isfinite(decoded).all(), f"{what}: gguf-py decodes NaN or inf from your blocks (d or dmin?) {seed_note()}"
         rmse = float(np.sqrt(np.mean((decoded.astype(np.float64) - x) ** 2)))
-        q41 = _oracle_dequantize(_oracle_quantize(x, "Q4_1"), "Q4_1")
-        rmse_q41 = float(np.sqrt(np.mean((q41.astype(np.float64) - x) ** 2)))
-        assert rmse <= Q4_K_RMSE_VS_Q4_1 * rmse_q41 + 1e-12, (
-            f"{what}: gguf-py decodes your blocks with RMSE {rmse:.4g}, Q4_1 gets {rmse_q41:.4g}; a per-sub-block "
-            f"min/max quantizer gets within 1 %. Are the scales and mins packed in the 12-byte layout, sub-block 2j in "
-            f"the low nibbles and 2j+1 in the high nibbles of the same 32 bytes? {seed_note()}")
+        if desc.startswith("SmolLM2"):  # these weights are decoded Q4_1 already: Q4_1 gets them (almost) free
+            base_name, base = "the lab's min/max Q4_K", ref.dequantize(ref.quantize(x, "Q4_K"), "Q4_K")
+            bound = Q4_K_RMSE_VS_LAB
+        else:
+            base_name, base = "Q4_1", _oracle_dequantize(_oracle_quantize(x, "Q4_1"), "Q4_1")
+            bound = Q4_K_RMSE_VS_Q4_1
+        rmse_base = float(np.sqrt(np.mean((base.astype(np.float64) - x) ** 2)))
+        assert rmse <= bound * rmse_base + 1e-12, (
+            f"{what}: gguf-py decodes your blocks with RMSE {rmse:.4g}, {base_name} gets {rmse_base:.4g} (allowed "
+            f"{bound}x); a per-sub-block min/max quantizer gets within 1 % of Q4_1. Are the scales and mins packed in "
+            f"the 12-byte layout, sub-block 2j in the low nibbles and 2j+1 in the high nibbles of the same 32 bytes? "
+            f"{seed_note()}")
