@@ -416,3 +416,64 @@ def rtn_quantize(w, bits: int, group_size: int = 128):
 def rtn_bits_per_weight(bits: int, group_size: int) -> float:
     """`bits` per weight plus a float16 scale and a float16 minimum per group."""
     return bits + 32 / group_size
+
+
+# --- writing a GGUF file with chosen per-tensor types ----------------------------------------------------------
+
+def gguf_tensor_name(param_name: str) -> str:
+    """Our parameter name -> the GGUF tensor name: "layers.3.mlp.down_proj.weight" -> "blk.3.ffn_down.weight"."""
+    from lib.model import _GGUF_NAMES
+
+    if param_name == "embed.weight":
+        return "token_embd.weight"
+    if param_name == "norm.weight":
+        return "output_norm.weight"
+    parts = param_name.split(".")
+    ours = ".".join(parts[2:-1])
+    for g, name in _GGUF_NAMES.items():
+        if name == ours and parts[0] == "layers":
+            return f"blk.{parts[1]}.{g}.weight"
+    raise ValueError(f"{param_name!r} has no GGUF tensor name")
+
+
+def write_gguf(path, plan: dict[str, str], source=None):
+    """Write a copy of the GGUF file `source` (default: the lab's SmolLM2) to `path`, with every tensor named in
+    `plan` (our parameter names, or GGUF tensor names) re-quantized to its type as stored (`storable_type`):
+    metadata, tokenizer and every other tensor are copied byte for byte. The weights are taken from the source
+    file itself (dequantized, in its own row order), so llama.cpp's Q/K row permutation is kept as it was.
+    Returns the path. `lib.model.read_gguf_llama(path)` and transformers load the result."""
+    from pathlib import Path
+
+    import gguf
+
+    from lib import paths
+
+    source = Path(source) if source is not None else paths.smollm2_path()
+    reader = gguf.GGUFReader(source)
+    wanted = {(n if n.startswith(("blk.", "token_embd", "output")) else gguf_tensor_name(n)): t for n, t in plan.items()}
+    names = {t.name for t in reader.tensors}
+    unknown = sorted(set(wanted) - names)
+    if unknown:
+        raise ValueError(f"{source.name} has no tensors {unknown[:5]}")
+    writer = gguf.GGUFWriter(path, reader.fields["general.architecture"].contents())
+    for field in reader.fields.values():
+        if field.name == "general.architecture" or field.name.startswith("GGUF."):
+            continue  # written by GGUFWriter itself
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), vtype, sub_type=sub)
+    for t in reader.tensors:
+        data = np.asarray(t.data)
+        if t.name in wanted:
+            w = gguf.quants.dequantize(data, t.tensor_type).astype(np.float32)  # [rows, cols]
+            qtype = storable_type(getattr(wanted[t.name], "name", wanted[t.name]), w.shape[-1])
+            writer.add_tensor(t.name, quantize(w, qtype), raw_dtype=gguf.GGMLQuantizationType[qtype])
+        elif t.tensor_type in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
+            writer.add_tensor(t.name, data)
+        else:
+            writer.add_tensor(t.name, data, raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(path)

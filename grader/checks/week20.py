@@ -131,7 +131,8 @@ def _same_floats(got, want: np.ndarray, what: str) -> None:
         f"(e.g. d * q + m, with d and m converted from float16 to float32 first) {seed_note()}")
 
 
-_GGUF_DIR = str(Path(__import__("gguf").__file__).resolve().parent)
+_GGUF_FILE = Path(__import__("gguf").__file__)
+_GGUF_DIRS = tuple({str(_GGUF_FILE.parent), str(_GGUF_FILE.resolve().parent)})  # as imported, and behind symlinks
 
 
 def _run(fn, *args, what: str):
@@ -142,7 +143,7 @@ def _run(fn, *args, what: str):
         previous = sys.getprofile()
 
         def profile(frame, event, arg):
-            if event == "call" and frame.f_code.co_filename.startswith(_GGUF_DIR):
+            if event == "call" and frame.f_code.co_filename.startswith(_GGUF_DIRS):
                 gguf_calls.add(f"gguf.{Path(frame.f_code.co_filename).stem}.{frame.f_code.co_name}")
             if previous is not None:
                 previous(frame, event, arg)
@@ -257,16 +258,17 @@ def check_dequantize_q4_k(dequantize_q4_k) -> None:
     _check_dequantizer(dequantize_q4_k, "Q4_K", "dequantize_q4_k", 600)
 
 
-# A plain min/max Q4_K quantizer lands within 1 % of Q4_1's RMSE (4.5 vs 5.0 bits per weight) on random
-# tensors; allow 3 %. On SmolLM2's weights (decoded Q4_1), within 5 % of the lab's min/max Q4_K.
+# A plain min/max Q4_K quantizer lands within 1 % of Q4_1's RMSE (4.5 vs 5.0 bits per weight) on Gaussian
+# tensors (ratio 1.002 ± 0.0015 over 300 seeds of [16, 1024]); allow 3 %. On heavy-tailed tensors and SmolLM2's
+# weights (decoded Q4_1 already), within 5 % of the lab's min/max Q4_K.
 Q4_K_RMSE_VS_Q4_1 = 1.03
 Q4_K_RMSE_VS_LAB = 1.05
 
 
 @WEEK.exercise(7, "quantize_q4_k", section=SECTION_K)
 def check_quantize_q4_k(quantize_q4_k) -> None:
-    """Any Q4_K quantizer whose bytes gguf-py decodes to weights as close as Q4_1's (RMSE within 3 %; on real
-    SmolLM2 rows, which are decoded Q4_1 already, within 5 % of the lab's min/max Q4_K)."""
+    """Any Q4_K quantizer whose bytes gguf-py decodes to weights as close as Q4_1's on Gaussian ones (RMSE within
+    3 %), and within 5 % of the lab's min/max Q4_K on heavy-tailed and real SmolLM2 rows."""
     for desc, x in _cases(256, 700):
         what = f"quantize_q4_k on {desc}"
         got = _np(_run(quantize_q4_k, x.copy(), what=what), what)
@@ -276,12 +278,12 @@ def check_quantize_q4_k(quantize_q4_k) -> None:
         decoded = _oracle_dequantize(got, "Q4_K")
         assert np.isfinite(decoded).all(), f"{what}: gguf-py decodes NaN or inf from your blocks (d or dmin?) {seed_note()}"
         rmse = float(np.sqrt(np.mean((decoded.astype(np.float64) - x) ** 2)))
-        if desc.startswith("SmolLM2"):  # these weights are decoded Q4_1 already: Q4_1 gets them (almost) free
-            base_name, base = "the lab's min/max Q4_K", ref.dequantize(ref.quantize(x, "Q4_K"), "Q4_K")
-            bound = Q4_K_RMSE_VS_LAB
-        else:
+        if desc.startswith("random normal"):
             base_name, base = "Q4_1", _oracle_dequantize(_oracle_quantize(x, "Q4_1"), "Q4_1")
             bound = Q4_K_RMSE_VS_Q4_1
+        else:  # outliers spoil the 6-bit sub-block scales; real weights are decoded Q4_1, which Q4_1 gets for free
+            base_name, base = "the lab's min/max Q4_K", ref.dequantize(ref.quantize(x, "Q4_K"), "Q4_K")
+            bound = Q4_K_RMSE_VS_LAB
         rmse_base = float(np.sqrt(np.mean((base.astype(np.float64) - x) ** 2)))
         assert rmse <= bound * rmse_base + 1e-12, (
             f"{what}: gguf-py decodes your blocks with RMSE {rmse:.4g}, {base_name} gets {rmse_base:.4g} (allowed "
