@@ -398,19 +398,30 @@ def quantize_model(model, plan: dict[str, str], weight_fn=None):
     return copy.deepcopy(model, memo)
 
 
-def rtn_quantize(w, bits: int, group_size: int = 128):
-    """Round-to-nearest, asymmetric min/max per group of `group_size` along each row: the baseline that GPTQ
-    and AWQ improve on. `w [rows, cols]` torch, returns the dequantized float tensor (same shape, dtype, device)."""
+def minmax_grid(w, bits: int):
+    """Asymmetric min/max grid of `w [..., group]` along its last dim: `(scale, lo)`, each `[..., 1]`; the
+    levels are lo + scale·q for q = 0 … 2^bits − 1 (a group of equal values gets a tiny scale, never 0)."""
+    lo, hi = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
+    return ((hi - lo) / (2**bits - 1)).clamp_min(1e-12), lo
+
+
+def snap(w, scale, lo, bits: int):
+    """Round `w` to the nearest level of the grid (scale, lo), clamped to the 2^bits levels; dequantized."""
     import torch
 
+    return torch.clamp(torch.round((w - lo) / scale), 0, 2**bits - 1) * scale + lo
+
+
+def rtn_quantize(w, bits: int, group_size: int = 64):
+    """Round-to-nearest, asymmetric min/max per group of `group_size` along each row: the baseline that GPTQ
+    and AWQ improve on. `w [rows, cols]` torch, returns the dequantized tensor (same shape, dtype, device).
+    (SmolLM2's 576-wide rows take groups of 32, 64 or 192, not 128.)"""
     rows, cols = w.shape
     if cols % group_size:
         raise ValueError(f"cols ({cols}) must be a multiple of group_size ({group_size})")
     g = w.float().reshape(rows, cols // group_size, group_size)
-    lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
-    scale = ((hi - lo) / (2**bits - 1)).clamp_min(1e-12)
-    q = torch.clamp(torch.round((g - lo) / scale), 0, 2**bits - 1)
-    return (q * scale + lo).reshape(rows, cols).to(w.dtype)
+    scale, lo = minmax_grid(g, bits)
+    return snap(g, scale, lo, bits).reshape(rows, cols).to(w.dtype)
 
 
 def rtn_bits_per_weight(bits: int, group_size: int) -> float:

@@ -108,3 +108,74 @@ def test_bad_input_is_refused_with_a_message():
         quant.dequantize(np.zeros(32, np.uint8), "IQ4_NL")
     with pytest.raises(ValueError, match="supported"):
         quant.quantize(np.zeros(32, np.float32), "Q5_K")  # dequantize only
+
+
+@pytest.mark.model
+def test_write_gguf_loads_back_in_lib_model(tmp_path, smollm2):
+    from lib.model import read_gguf_llama
+
+    model, _ = smollm2
+    plan = {"layers.0.mlp.down_proj.weight": "Q4_K", "layers.1.attn.v_proj.weight": "Q6_K",  # 576 wide: Q8_0
+            "layers.2.attn.q_proj.weight": "Q4_0", "layers.3.attn.k_proj.weight": "Q5_1"}
+    path = quant.write_gguf(tmp_path / "mixed.gguf", plan)
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
+    assert [types[quant.gguf_tensor_name(n)] for n in plan] == ["Q4_K", "Q8_0", "Q4_0", "Q5_1"]
+    assert types["blk.0.ffn_up.weight"] == "Q4_1" and types["token_embd.weight"] == "Q8_0"  # the rest as stored
+    cfg, state = read_gguf_llama(path)
+    assert cfg == model.config
+    want = quant.quantize_model(model, plan).state_dict()
+    for name, w in state.items():  # Q and K rows come back un-permuted: quantization is per row, so it commutes
+        assert torch.equal(w, want[name]), name
+
+
+@pytest.mark.model
+def test_write_gguf_loads_in_transformers(tmp_path, smollm2):
+    from transformers import AutoModelForCausalLM
+
+    model, tok = smollm2
+    plan = quant.q4_k_m_plan(model)
+    path = quant.write_gguf(tmp_path / "q4_k_m.gguf", plan)
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name).eval()
+    ids = tok("To be, or not to be, that is the question:", return_tensors="pt").input_ids
+    with torch.no_grad():
+        ours = quant.quantize_model(model, plan)(ids)
+        theirs = hf(ids).logits.float()
+    assert (ours - theirs).abs().max().item() < 1e-3
+
+
+def _correlated_inputs(n, d, seed):
+    g = torch.Generator().manual_seed(seed)
+    mix = torch.randn(d, d, generator=g) / d**0.5
+    x = torch.randn(n, d, generator=g) @ mix
+    x[:, :4] *= 20  # a few outlier channels, as in LLM activations
+    return x
+
+
+def test_gptq_beats_rtn_on_its_calibration_inputs_and_stays_on_the_grid():
+    from lib.gptq import gptq_quantize, output_error
+
+    w = torch.randn(48, 256, generator=torch.Generator().manual_seed(0)) * 0.05
+    x = _correlated_inputs(1024, 256, 1)
+    for bits in (3, 4):
+        q = gptq_quantize(w, x, bits=bits, group_size=64)
+        assert q.shape == w.shape and q.dtype == w.dtype
+        assert output_error(w, q, x) < 0.6 * output_error(w, quant.rtn_quantize(w, bits, 64), x)
+        levels = q.reshape(48, 4, 64)
+        assert max(len(torch.unique(g)) for row in levels for g in row) <= 2**bits
+    with pytest.raises(ValueError, match="group_size"):
+        gptq_quantize(w, x, group_size=48)
+
+
+def test_awq_alpha_zero_is_rtn_and_search_never_loses_to_it():
+    from lib.awq import awq_quantize, awq_scales, salient_channels
+    from lib.gptq import output_error
+
+    w = torch.randn(32, 128, generator=torch.Generator().manual_seed(2)) * 0.05
+    x = _correlated_inputs(512, 128, 3)
+    assert torch.allclose(awq_scales(x.abs().mean(0), 0.0), torch.ones(128))
+    q, alpha = awq_quantize(w, x, bits=3, group_size=32)
+    assert 0.0 <= alpha < 1.0
+    assert output_error(w, q, x) <= output_error(w, quant.rtn_quantize(w, 3, 32), x)
+    assert set(salient_channels(w, x.abs().mean(0), 4 / 128, "activation").tolist()) == {0, 1, 2, 3}  # the outliers
+    with pytest.raises(ValueError, match="activation"):
+        salient_channels(w, x.abs().mean(0), 0.01, "size")
