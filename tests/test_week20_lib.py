@@ -1,0 +1,181 @@
+"""Week 20's lib.quant against gguf-py (the oracle): legacy formats bit-exact both ways, K-quants dequantized
+bit-exact, the lab's Q4_K / Q6_K quantizers decoded by gguf-py, bad input refused."""
+import numpy as np
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf")
+from gguf.quants import dequantize as gguf_dequantize  # noqa: E402
+from gguf.quants import quantize as gguf_quantize  # noqa: E402
+
+from lib import quant  # noqa: E402
+
+LEGACY = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
+
+
+def _inputs():
+    rng = np.random.default_rng(20)
+    ties = (np.round(rng.standard_normal((16, 512)) * 40) / 2).astype(np.float32)  # many exact halves
+    ties[:, ::32] = 127.0  # Q8_0: d = 1, so every k + 0.5 is a roundf tie
+    q41_ties = (rng.integers(0, 15, (16, 512)) + 0.5).astype(np.float32)
+    q41_ties[:, ::32], q41_ties[:, 1::32] = 0.0, 15.0  # Q4_1 / Q4_0: d = 1
+    return {
+        "normal": rng.standard_normal((32, 1024)).astype(np.float32),
+        "heavy": (0.02 * rng.standard_t(2, (32, 1024))).astype(np.float32),
+        "ties": ties,
+        "q41_ties": q41_ties,
+        "zeros": np.zeros((3, 512), np.float32),
+        "constant": np.full((3, 512), -0.75, np.float32),
+        "3d": rng.standard_normal((2, 3, 256)).astype(np.float32),
+    }
+
+
+def _bits(a):
+    return np.ascontiguousarray(a).view(np.uint32)
+
+
+@pytest.mark.parametrize("qtype", LEGACY)
+@pytest.mark.parametrize("case", list(_inputs()))
+def test_legacy_quantize_and_dequantize_are_bit_exact(qtype, case):
+    x = _inputs()[case]
+    want = gguf_quantize(x, gguf.GGMLQuantizationType[qtype])
+    got = quant.quantize(x, qtype)
+    assert got.dtype == np.uint8 and got.shape == want.shape
+    assert np.array_equal(got, want)
+    assert np.array_equal(_bits(quant.dequantize(got, qtype)), _bits(gguf_dequantize(want, gguf.GGMLQuantizationType[qtype])))
+
+
+def test_roundf_sends_halves_away_from_zero():
+    x = np.array([0.5, 1.5, 2.5, -0.5, -2.5, 0.49999997, -0.49999997, 126.5], np.float32)
+    assert quant.roundf(x).tolist() == [1, 2, 3, -1, -3, 0, 0, 127]
+    assert np.round(x).tolist() != quant.roundf(x).tolist()  # numpy (and torch) round halves to even
+
+
+@pytest.mark.parametrize("qtype", quant.DEQUANTIZE_TYPES)
+def test_dequantize_random_bytes_is_bit_exact(qtype):
+    rng = np.random.default_rng(1)
+    data = rng.integers(0, 256, (6, 5 * quant.BLOCK_SIZES[qtype][1]), dtype=np.uint8)
+    with np.errstate(all="ignore"):  # random float16 fields include inf and NaN: both sides must agree on those too
+        got, want = quant.dequantize(data, qtype), gguf_dequantize(data, gguf.GGMLQuantizationType[qtype])
+    assert got.dtype == np.float32 and got.shape == want.shape == (6, 5 * quant.BLOCK_SIZES[qtype][0])
+    assert np.array_equal(_bits(got), _bits(want))
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+def test_lab_k_quantizers_decode_with_gguf(qtype):
+    for case, x in _inputs().items():
+        if x.shape[-1] % 256:
+            continue
+        data = quant.quantize(x, qtype)
+        assert data.shape == (*x.shape[:-1], x.shape[-1] // 256 * quant.BLOCK_SIZES[qtype][1])
+        ours = quant.dequantize(data, qtype)
+        assert np.array_equal(_bits(ours), _bits(gguf_dequantize(data, gguf.GGMLQuantizationType[qtype])))
+        if case in ("normal", "heavy"):
+            rmse = np.sqrt(np.mean((ours - x) ** 2))
+            q41 = np.sqrt(np.mean((quant.dequantize(quant.quantize(x, "Q4_1"), "Q4_1") - x) ** 2))
+            q51 = np.sqrt(np.mean((quant.dequantize(quant.quantize(x, "Q5_1"), "Q5_1") - x) ** 2))
+            if qtype == "Q4_K":  # 4.5 bpw within 1 % of Q4_1's 5.0 bpw on Gaussian weights, 3 % on heavy tails
+                assert rmse <= (1.01 if case == "normal" else 1.03) * q41
+            else:  # 6.56 bpw beats Q5_1's 6.0 bpw
+                assert rmse < q51
+
+
+def test_block_sizes_and_bits_per_weight_match_gguf():
+    for qtype, (block, nbytes) in quant.BLOCK_SIZES.items():
+        assert gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]] == (block, nbytes)
+    assert [quant.bits_per_weight(t) for t in ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")] == [8.5, 4.5, 5.0, 4.5, 6.5625]
+
+
+def test_torch_in_numpy_out_and_fake_quantize():
+    w = torch.randn(4, 64)
+    data = quant.quantize(w, "Q8_0")
+    assert isinstance(data, np.ndarray) and np.array_equal(data, quant.quantize(w.numpy(), "Q8_0"))
+    assert np.array_equal(quant.dequantize(torch.from_numpy(data), "Q8_0"), quant.dequantize(data, "Q8_0"))
+    fq = quant.fake_quantize(w, "Q4_1")
+    assert isinstance(fq, torch.Tensor) and fq.dtype == torch.float32 and fq.shape == w.shape
+
+
+def test_bad_input_is_refused_with_a_message():
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quant.quantize(np.zeros((2, 48), np.float32), "Q4_1")
+    with pytest.raises(ValueError, match="multiple of 256"):
+        quant.quantize(np.zeros((2, 576), np.float32), "Q4_K")
+    with pytest.raises(ValueError, match="multiple of 20 bytes"):
+        quant.dequantize(np.zeros((2, 30), np.uint8), "Q4_1")
+    with pytest.raises(ValueError, match="supported types are Q8_0, Q4_0"):
+        quant.quantize(np.zeros(32, np.float32), "Q3_K")
+    with pytest.raises(ValueError, match="Q5_K"):
+        quant.dequantize(np.zeros(32, np.uint8), "IQ4_NL")
+    with pytest.raises(ValueError, match="supported"):
+        quant.quantize(np.zeros(32, np.float32), "Q5_K")  # dequantize only
+
+
+@pytest.mark.model
+def test_write_gguf_loads_back_in_lib_model(tmp_path, smollm2):
+    from lib.model import read_gguf_llama
+
+    model, _ = smollm2
+    plan = {"layers.0.mlp.down_proj.weight": "Q4_K", "layers.1.attn.v_proj.weight": "Q6_K",  # 576 wide: Q8_0
+            "layers.2.attn.q_proj.weight": "Q4_0", "layers.3.attn.k_proj.weight": "Q5_1"}
+    path = quant.write_gguf(tmp_path / "mixed.gguf", plan)
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
+    assert [types[quant.gguf_tensor_name(n)] for n in plan] == ["Q4_K", "Q8_0", "Q4_0", "Q5_1"]
+    assert types["blk.0.ffn_up.weight"] == "Q4_1" and types["token_embd.weight"] == "Q8_0"  # the rest as stored
+    cfg, state = read_gguf_llama(path)
+    assert cfg == model.config
+    want = quant.quantize_model(model, plan).state_dict()
+    for name, w in state.items():  # Q and K rows come back un-permuted: quantization is per row, so it commutes
+        assert torch.equal(w, want[name]), name
+
+
+@pytest.mark.model
+def test_write_gguf_loads_in_transformers(tmp_path, smollm2):
+    from transformers import AutoModelForCausalLM
+
+    model, tok = smollm2
+    plan = quant.q4_k_m_plan(model)
+    path = quant.write_gguf(tmp_path / "q4_k_m.gguf", plan)
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name).eval()
+    ids = tok("To be, or not to be, that is the question:", return_tensors="pt").input_ids
+    with torch.no_grad():
+        ours = quant.quantize_model(model, plan)(ids)
+        theirs = hf(ids).logits.float()
+    assert (ours - theirs).abs().max().item() < 1e-3
+
+
+def _correlated_inputs(n, d, seed):
+    g = torch.Generator().manual_seed(seed)
+    mix = torch.randn(d, d, generator=g) / d**0.5
+    x = torch.randn(n, d, generator=g) @ mix
+    x[:, :4] *= 20  # a few outlier channels, as in LLM activations
+    return x
+
+
+def test_gptq_beats_rtn_on_its_calibration_inputs_and_stays_on_the_grid():
+    from lib.gptq import gptq_quantize, output_error
+
+    w = torch.randn(48, 256, generator=torch.Generator().manual_seed(0)) * 0.05
+    x = _correlated_inputs(1024, 256, 1)
+    for bits in (3, 4):
+        q = gptq_quantize(w, x, bits=bits, group_size=64)
+        assert q.shape == w.shape and q.dtype == w.dtype
+        assert output_error(w, q, x) < 0.6 * output_error(w, quant.rtn_quantize(w, bits, 64), x)
+        levels = q.reshape(48, 4, 64)
+        assert max(len(torch.unique(g)) for row in levels for g in row) <= 2**bits
+    with pytest.raises(ValueError, match="group_size"):
+        gptq_quantize(w, x, group_size=48)
+
+
+def test_awq_alpha_zero_is_rtn_and_search_never_loses_to_it():
+    from lib.awq import awq_quantize, awq_scales, salient_channels
+    from lib.gptq import output_error
+
+    w = torch.randn(32, 128, generator=torch.Generator().manual_seed(2)) * 0.05
+    x = _correlated_inputs(512, 128, 3)
+    assert torch.allclose(awq_scales(x.abs().mean(0), 0.0), torch.ones(128))
+    q, alpha = awq_quantize(w, x, bits=3, group_size=32)
+    assert 0.0 <= alpha < 1.0
+    assert output_error(w, q, x) <= output_error(w, quant.rtn_quantize(w, 3, 32), x)
+    assert set(salient_channels(w, x.abs().mean(0), 4 / 128, "activation").tolist()) == {0, 1, 2, 3}  # the outliers
+    with pytest.raises(ValueError, match="activation"):
+        salient_channels(w, x.abs().mean(0), 0.01, "size")

@@ -1,0 +1,49 @@
+"""Week 20 checks: `pytest weeks/20` (your notebook) or `pytest weeks/20 -k ex03` (one exercise).
+
+Only the notebook's exercise cells are run (no demos, no plots); the checks live in grader/checks/week20.py
+and are the same ones the notebook's graded cells call. gguf-py is the oracle: every byte must match it.
+"""
+from pathlib import Path
+
+import pytest
+
+from grader.checks import week20 as checks
+from grader.harness import load_exercises
+
+NOTEBOOK = Path(__file__).with_name(checks.WEEK.notebook)
+
+
+@pytest.fixture(scope="module")
+def ex():
+    return load_exercises(NOTEBOOK)
+
+
+def test_ex01_quantize_q8_0(ex):
+    """Milestone: Q8_0 bytes equal gguf-py's on random, heavy-tailed, real SmolLM2 and rounding-tie blocks."""
+    checks.check_quantize_q8_0(ex.quantize_q8_0)
+
+
+def test_ex02_dequantize_q8_0(ex):
+    checks.check_dequantize_q8_0(ex.dequantize_q8_0)
+
+
+def test_ex03_quantize_q4_1(ex):
+    """Milestone: Q4_1 bytes equal gguf-py's, ties included."""
+    checks.check_quantize_q4_1(ex.quantize_q4_1)
+
+
+def test_ex04_dequantize_q4_1(ex):
+    checks.check_dequantize_q4_1(ex.dequantize_q4_1)
+
+
+def test_ex05_bits_per_weight(ex):
+    checks.check_bits_per_weight(ex.bits_per_weight)
+
+
+def test_ex06_dequantize_q4_k(ex):
+    """Milestone: Q4_K dequantized bit-exact with gguf-py (packed 6-bit scales and mins)."""
+    checks.check_dequantize_q4_k(ex.dequantize_q4_k)
+
+
+def test_ex07_quantize_q4_k(ex):
+    checks.check_quantize_q4_k(ex.quantize_q4_k)
