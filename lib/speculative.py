@@ -70,6 +70,26 @@ def predicted_speedup(alpha: float, k: int, c: float, verify_cost) -> float:
     return expected_tokens_per_call(alpha, k) / (k * c + v)
 
 
+@torch.no_grad()
+def alpha_profile(target, draft, ids: torch.Tensor, temperature: float = 1.0, chunk: int = 256) -> torch.Tensor:
+    """α at every position of a text `ids [1, n]` (teacher forcing): Σ_x min(p(x), q(x)) for the next token,
+    `[n]`. At temperature 0, 1.0 where the draft's argmax equals the target's, else 0.0. Both models read the
+    text once, `chunk` tokens per forward, with their KV caches (no [n, vocab] logits are kept)."""
+    if ids.dim() == 1:
+        ids = ids[None]
+    n = ids.shape[1]
+    tc, dc = _new_cache(target, n), _new_cache(draft, n)
+    out = []
+    for start in range(0, n, chunk):
+        piece = ids[:, start:start + chunk].to(target.device)
+        lp, lq = target(piece, cache=tc)[0], draft(piece, cache=dc)[0]  # [c, vocab] each
+        if temperature == 0.0:
+            out.append((lp.argmax(-1) == lq.argmax(-1)).float())
+        else:
+            out.append(acceptance_rate(torch.softmax(lp / temperature, -1), torch.softmax(lq / temperature, -1)))
+    return torch.cat(out)
+
+
 # --- verification (speculative sampling) --------------------------------------------------------------------
 
 def _uniform(generator: torch.Generator | None, device: torch.device) -> float:
