@@ -141,7 +141,7 @@ def check_speculative_generate(speculative_generate, smollm2: bool = True) -> No
     """Greedy speculative decoding == greedy decoding with the target alone, with fewer target calls.
 
     Markov chains (drafts from perfect to poor) and tiny Llamas with real KV caches, K in {1, 2, 4, 8};
-    then SmolLM2 (64 tokens) with an int8 copy of itself as the draft."""
+    then SmolLM2 (64 tokens) with prompt lookup as the draft (no weights: cheap, and it agrees about half the time)."""
     g = generator(0)
     vocab = 24
     for case in range(4):
@@ -179,12 +179,12 @@ def check_speculative_generate(speculative_generate, smollm2: bool = True) -> No
 
 @functools.lru_cache(maxsize=1)
 def smollm2_case():
-    """SmolLM2, the prompt's ids, its greedy continuation and an int8 draft (built once per process)."""
+    """SmolLM2, the prompt's ids, its greedy continuation and a prompt-lookup draft (built once per process)."""
     from lib.model import shared_smollm2
 
     model, tok = shared_smollm2()
     ids = tok(SMOLLM2_PROMPT, return_tensors="pt").input_ids.to(model.device)
-    return model, ids, ref_generate(model, ids, SMOLLM2_NEW_TOKENS), ref.quantized_draft(model)
+    return model, ids, ref_generate(model, ids, SMOLLM2_NEW_TOKENS), ref.PromptLookupDraft(model.config.vocab_size, device=model.device)
 
 
 def _check_smollm2(speculative_generate):
@@ -195,11 +195,11 @@ def _check_smollm2(speculative_generate):
         assert tuple(got.shape) == tuple(want.shape), f"SmolLM2, K={k}: ids of shape {tuple(got.shape)}, expected {tuple(want.shape)}"
         if not torch.equal(got.cpu(), want.cpu()):
             bad = (got.cpu() != want.cpu()).nonzero()[0, 1].item()
-            raise AssertionError(f"SmolLM2, K={k}, int8 draft: token {bad - ids.shape[1]} differs from the target's "
+            raise AssertionError(f"SmolLM2, K={k}, prompt-lookup draft: token {bad - ids.shape[1]} differs from the target's "
                                  f"greedy decoding")
         assert len(spy.calls) < SMOLLM2_NEW_TOKENS, (
-            f"SmolLM2, K={k}: {len(spy.calls)} target calls for {SMOLLM2_NEW_TOKENS} tokens; an int8 draft agrees "
-            f"with the target most of the time, so speculation needs far fewer calls than tokens")
+            f"SmolLM2, K={k}: {len(spy.calls)} target calls for {SMOLLM2_NEW_TOKENS} tokens; the prompt-lookup draft "
+            f"agrees with the target about half the time here, so speculation needs fewer calls than tokens")
 
 
 # --- 2 ------------------------------------------------------------------------------------------------

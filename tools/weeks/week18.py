@@ -133,7 +133,7 @@ target alone, whatever the draft — a bad draft only costs time.
 models are called as `model(ids [1, t], cache=c)` with `c = model.new_cache(batch=1, max_len=...)`, and
 `c.length`, `c.truncate(n)`. Use your own loop (no `lib.speculative`, no `lib.generate`). The check runs
 Markov-chain and tiny-Llama targets with drafts from perfect to hopeless (it counts target calls: token by
-token does not pass), and SmolLM2 for 64 tokens with K ∈ {1, 2, 4, 8}.
+token does not pass), and SmolLM2 for 64 tokens with K ∈ {1, 2, 4, 8} (the draft there is prompt lookup: section 5).
 """)
 
 nb.exercise("speculative_generate", '''
