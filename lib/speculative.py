@@ -168,7 +168,7 @@ def _new_cache(model, max_len: int):
 @torch.no_grad()
 def speculative_generate(target, draft, input_ids: torch.Tensor, max_new_tokens: int, k: int = 4,
                          temperature: float = 0.0, generator: torch.Generator | None = None,
-                         stats: SpecStats | None = None) -> torch.Tensor:
+                         stats: SpecStats | None = None, min_draft_prob: float = 0.0) -> torch.Tensor:
     """`[1, T + max_new_tokens]` ids: the prompt, then exactly `max_new_tokens` tokens decoded speculatively.
 
     Each round the draft proposes up to `k` tokens (fewer near the end), the target scores them all in one
@@ -176,6 +176,8 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, max_new_tokens:
     positions are dropped with `truncate`. Temperature 0 gives the ids of `lib.generate.generate(target, ...)`
     (greedy: keep draft tokens while they equal the target's argmax); temperature > 0 samples the target's
     law at that temperature. Pass a `SpecStats` as `stats` to count drafted, accepted and target calls.
+    With `min_draft_prob > 0` a round stops drafting once the draft gives its own token less than that
+    probability (adaptive K: a prompt-lookup draft with no match drafts nothing); exactness is unaffected.
     """
     if input_ids.dim() == 1:
         input_ids = input_ids.unsqueeze(0)
@@ -214,11 +216,18 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, max_new_tokens:
             logits = draft(feed, cache=dcache)[0, -1]  # [V]
             stats.draft_calls += 1
             if greedy:
-                drafted.append(int(logits.argmax()))
+                tok = int(logits.argmax())
+                if min_draft_prob > 0 and torch.softmax(logits.float(), -1)[tok] < min_draft_prob:
+                    break  # the draft is unsure: verify what we have
+                drafted.append(tok)
             else:
                 q = probs(logits[None])[0]
+                tok = _sample(q, generator)
+                if min_draft_prob > 0 and q[tok] < min_draft_prob:
+                    break
                 q_rows.append(q)
-                drafted.append(_sample(q, generator))
+                drafted.append(tok)
+        kk = len(drafted)
         # 2. the target scores the unseen prefix and the kk draft tokens in one forward
         seen = tcache.length
         feed = torch.tensor([(out + drafted)[seen:]], device=device)
@@ -271,10 +280,11 @@ class PromptLookupDraft:
     """Prompt lookup decoding (Saxena 2023): no weights; guess that the text repeats.
 
     For each position, find the latest earlier occurrence of the last `ngram` tokens (then `ngram - 1`, ...,
-    down to 1) and predict the token that followed it; with no match, predict a repeat of the last token.
-    Call shape of a model: `draft(ids [1, t], cache=draft.new_cache(1, n)) -> logits [1, t, vocab]`, one-hot
-    logits (0 at the guess, -inf elsewhere), so q is a point mass and the target accepts it with
-    probability p(guess)."""
+    down to 1) and predict the token that followed it. Call shape of a model:
+    `draft(ids [1, t], cache=draft.new_cache(1, n)) -> logits [1, t, vocab]`: one-hot logits (0 at the guess,
+    -inf elsewhere) where there is a match, so q is a point mass and the target accepts it with probability
+    p(guess); with no match, nearly uniform logits whose argmax repeats the last token, so that
+    `speculative_generate(..., min_draft_prob=0.5)` stops drafting there."""
 
     def __init__(self, vocab_size: int, ngram: int = 3, device: torch.device | str = "cpu"):
         if ngram < 1:
@@ -291,27 +301,31 @@ class PromptLookupDraft:
             raise ValueError("PromptLookupDraft drafts for one sequence (batch 1)")
         return _History(max_len or 0)
 
-    def guess(self, tokens: list[int]) -> int:
-        """The token that followed the latest earlier occurrence of the longest matching suffix of `tokens`."""
+    def guess(self, tokens: list[int]) -> int | None:
+        """The token that followed the latest earlier occurrence of the longest matching suffix of `tokens`
+        (None when no suffix of length >= 1 occurred before)."""
         n_tok = len(tokens)
         for n in range(min(self.ngram, n_tok - 1), 0, -1):
             suffix = tokens[n_tok - n:]
             for start in range(n_tok - n - 1, -1, -1):  # latest match first; it must be followed by a token
                 if tokens[start:start + n] == suffix:
                     return tokens[start + n]
-        return tokens[-1] if tokens else 0
+        return None
 
     def __call__(self, input_ids: torch.Tensor, cache: _History | None = None) -> torch.Tensor:
         if input_ids.dim() != 2 or input_ids.shape[0] != 1:
             raise ValueError(f"input_ids must be [1, t]; got {tuple(input_ids.shape)}")
         history = cache if cache is not None else _History(0)
         new = input_ids[0].tolist()
-        guesses = []
-        for tok in new:
-            history.tokens.append(tok)
-            guesses.append(self.guess(history.tokens))
         logits = torch.full((1, len(new), self.config.vocab_size), float("-inf"), device=self.device)
-        logits[0, torch.arange(len(new), device=self.device), torch.tensor(guesses, device=self.device)] = 0.0
+        for i, tok in enumerate(new):
+            history.tokens.append(tok)
+            guess = self.guess(history.tokens)
+            if guess is None:  # no match: uniform, with the last token a hair ahead (greedy repeats it)
+                logits[0, i] = 0.0
+                logits[0, i, tok] = 1e-3
+            else:
+                logits[0, i, guess] = 0.0
         return logits  # [1, t, vocab]
 
 

