@@ -10,7 +10,7 @@ mask is aligned at the bottom right:  query i may see key j  iff  j <= i + (kv_l
 
 Also here: the sliding-window variant (`sliding_window_mask`, `sliding_window_attention`, and
 `RollingKVCache`, whose memory stays constant however long the sequence grows), the cache's size
-(`kv_cache_bytes`). The cost model of week 16's section 6 is in `lib.roofline`.
+(`kv_cache_bytes`), and `truncate(n)` (alias `crop`), the rollback speculative decoding needs (week 18). The cost model of week 16's section 6 is in `lib.roofline`.
 """
 from __future__ import annotations
 
@@ -90,6 +90,17 @@ class _KVBuffers:
     def reset(self) -> None:
         self.length = 0
 
+    def truncate(self, n: int) -> None:
+        """Keep only the first `n` positions (drop the rest): speculative decoding's rollback (week 18).
+
+        Nothing is erased or copied: later appends overwrite the dropped slots."""
+        if not isinstance(n, int) or isinstance(n, bool):
+            raise ValueError(f"truncate(n) needs an int number of positions to keep; got {n!r}")
+        if not 0 <= n <= self.length:
+            raise ValueError(f"truncate({n}): the cache holds {self.length} positions; keep between 0 and "
+                             f"{self.length} of them (truncate only drops positions, it cannot add any)")
+        self.length = n
+
 
 class LayerKVCache(_KVBuffers):
     """One layer's keys and values, preallocated as `[batch, n_kv_heads, max_len, head_dim]`.
@@ -161,6 +172,23 @@ class RollingKVCache(_KVBuffers):
         self.length += t
         return keys, values
 
+    def truncate(self, n: int) -> None:
+        """Drop positions `n ...`; possible only while the window positions before `n` are still in the ring.
+
+        A ring buffer overwrites position p with p + window, so once more than `window` positions have been
+        appended, any rollback would need an overwritten one: truncating then raises `ValueError`."""
+        if not isinstance(n, int) or isinstance(n, bool):
+            raise ValueError(f"truncate(n) needs an int number of positions to keep; got {n!r}")
+        if not 0 <= n <= self.length:
+            raise ValueError(f"truncate({n}): the cache holds {self.length} positions; keep between 0 and "
+                             f"{self.length} of them")
+        if n < self.length and self.length > self.window:
+            raise ValueError(
+                f"RollingKVCache cannot roll back from {self.length} to {n} positions: it has already overwritten "
+                f"positions the window at {n} needs (a ring of {self.window} slots keeps only the newest "
+                f"{self.window}). Speculative decoding needs a full KVCache (KVCache.for_model).")
+        self.length = n
+
 
 class KVCache:
     """The whole model's cache: one `LayerKVCache` (or `RollingKVCache`) per layer, all at the same length."""
@@ -203,6 +231,13 @@ class KVCache:
     def reset(self) -> None:
         for layer in self.layers:
             layer.reset()
+
+    def truncate(self, n: int) -> None:
+        """Keep the first `n` positions of every layer (roll back rejected draft tokens, week 18)."""
+        for layer in self.layers:
+            layer.truncate(n)
+
+    crop = truncate  # the name transformers' DynamicCache uses
 
 
 def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, seq_len: int,

@@ -1,0 +1,446 @@
+"""Speculative decoding (week 18): a cheap draft proposes K tokens, the target checks them in one forward.
+
+    stats = SpecStats()
+    ids = speculative_generate(target, early_exit_draft(target, 8), prompt_ids, 64, k=4, stats=stats)
+    # temperature 0: exactly lib.generate.generate(target, prompt_ids, 64); stats.tokens_per_call > 1
+    ids = speculative_generate(target, draft, prompt_ids, 64, k=4, temperature=1.0, generator=g)
+    # temperature > 0: every token has the target's law (speculative sampling, `verify`)
+
+Notation, everywhere in this lab: **p is the target**, **q is the draft** (Leviathan et al. 2023; Chen et al.
+2023). Seed quiz 002 uses the same letters; the TV-distance paper in seed 004 swaps them.
+
+- `verify(target_probs, draft_probs, draft_tokens)`: accept draft token i with probability min(1, p_i/q_i), in
+  order; at the first rejection sample from normalize(max(p_i - q_i, 0)); if all K are accepted, a bonus
+  token from p_K. The output has exactly the target's law, whatever q is.
+- `speculative_generate`: both models keep KV caches; after each verification the rejected positions are
+  dropped with `KVCache.truncate` (week 16's cache).
+- Drafts, each with a model's call shape `draft(ids [1, t], cache=...) -> logits [1, t, vocab]` and
+  `draft.new_cache(batch, max_len)`: `PromptLookupDraft` (n-gram match, no weights), `early_exit_draft`
+  (the target's first L layers + final norm + LM head), `random_draft` (a small random model) and
+  `quantized_draft` (the target with int8 per-output-channel weights).
+- Acceptance theory: `acceptance_rate(p, q)` = Σ min(p, q) = 1 - TV(p, q) and `expected_tokens_per_call(α, K)`
+  = (1 - α^(K+1)) / (1 - α); `predicted_speedup` puts them together with the draft's cost and the measured
+  cost of verifying K + 1 tokens.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+# --- acceptance theory --------------------------------------------------------------------------------------
+
+def acceptance_rate(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """α = Σ_x min(p(x), q(x)) over the last axis: the probability that a token drawn from q is accepted.
+
+    Equals 1 - TV(p, q) (total variation distance). `p`, `q`: `[..., vocab]` probabilities; returns `[...]`."""
+    if p.shape != q.shape:
+        raise ValueError(f"p and q must have the same shape [..., vocab]; got {tuple(p.shape)} and {tuple(q.shape)}")
+    return torch.minimum(p, q).sum(-1)
+
+
+def expected_tokens_per_call(alpha: float, k: int) -> float:
+    """Expected tokens produced per target call with K drafted tokens each accepted with probability α:
+    1 + α + ... + α^K = (1 - α^(K+1)) / (1 - α)  (K + 1 when α = 1). α=0.7, K=4 gives 2.77 (not 3.6)."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha is a probability, in [0, 1]; got {alpha}")
+    if k < 0:
+        raise ValueError(f"k (draft tokens per round) must be >= 0; got {k}")
+    if alpha == 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def predicted_speedup(alpha: float, k: int, c: float, verify_cost) -> float:
+    """Wall-clock speedup over plain decoding: tokens per round / cost of a round, in units of one target step.
+
+    A round runs the draft K times (`c` = one draft step / one target step) and the target once on K + 1
+    tokens, which costs `verify_cost[K + 1]` target steps (`verify_cost[1] == 1`; a dict or a sequence indexed
+    by the number of tokens). On a GPU the verify cost is ≈ 1 up to tens of tokens; on this CPU it is not."""
+    if c < 0:
+        raise ValueError(f"c (draft cost relative to the target) must be >= 0; got {c}")
+    try:
+        v = float(verify_cost[k + 1])
+    except (KeyError, IndexError):
+        raise ValueError(f"verify_cost has no entry for {k + 1} tokens (K + 1 with K={k})") from None
+    return expected_tokens_per_call(alpha, k) / (k * c + v)
+
+
+@torch.no_grad()
+def alpha_profile(target, draft, ids: torch.Tensor, temperature: float = 1.0, chunk: int = 256) -> torch.Tensor:
+    """α at every position of a text `ids [1, n]` (teacher forcing): Σ_x min(p(x), q(x)) for the next token,
+    `[n]`. At temperature 0, 1.0 where the draft's argmax equals the target's, else 0.0. Both models read the
+    text once, `chunk` tokens per forward, with their KV caches (no [n, vocab] logits are kept)."""
+    if ids.dim() == 1:
+        ids = ids[None]
+    n = ids.shape[1]
+    tc, dc = _new_cache(target, n), _new_cache(draft, n)
+    out = []
+    for start in range(0, n, chunk):
+        piece = ids[:, start:start + chunk].to(target.device)
+        lp, lq = target(piece, cache=tc)[0], draft(piece, cache=dc)[0]  # [c, vocab] each
+        if temperature == 0.0:
+            out.append((lp.argmax(-1) == lq.argmax(-1)).float())
+        else:
+            out.append(acceptance_rate(torch.softmax(lp / temperature, -1), torch.softmax(lq / temperature, -1)))
+    return torch.cat(out)
+
+
+# --- verification (speculative sampling) --------------------------------------------------------------------
+
+def _uniform(generator: torch.Generator | None, device: torch.device) -> float:
+    dev = generator.device if generator is not None else device
+    return torch.rand((), generator=generator, device=dev).item()
+
+
+def _sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    if generator is not None and generator.device != probs.device:
+        probs = probs.to(generator.device)
+    return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def verify(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: torch.Tensor,
+           generator: torch.Generator | None = None) -> tuple[int, int]:
+    """Speculative sampling: how many draft tokens to keep, and the token that follows them.
+
+    `target_probs [K+1, V]`: p at each of the K draft positions and at the one after them;
+    `draft_probs [K, V]`: q at the K draft positions; `draft_tokens [K]` (int64), token i drawn from q_i.
+    Token i is accepted with probability min(1, p_i(x_i) / q_i(x_i)), in order. At the first rejection the
+    next token is sampled from normalize(max(p_i - q_i, 0)); if all K are accepted, a bonus token is sampled
+    from p_K. Returns `(n_accepted, next_token)`; the tokens kept are `draft_tokens[:n_accepted]` then
+    `next_token`, and they have exactly the target's law.
+    """
+    if target_probs.dim() != 2 or draft_probs.dim() != 2 or draft_tokens.dim() != 1:
+        raise ValueError(f"verify needs target_probs [K+1, V], draft_probs [K, V], draft_tokens [K]; got "
+                         f"{tuple(target_probs.shape)}, {tuple(draft_probs.shape)}, {tuple(draft_tokens.shape)}")
+    k = draft_tokens.shape[0]
+    if target_probs.shape[0] != k + 1 or draft_probs.shape[0] != k or target_probs.shape[1] != draft_probs.shape[1]:
+        raise ValueError(f"with K={k} draft tokens, target_probs must be [K+1, V] = [{k + 1}, V] and draft_probs "
+                         f"[K, V] with the same V; got {tuple(target_probs.shape)} and {tuple(draft_probs.shape)}")
+    if draft_tokens.dtype != torch.int64:
+        raise ValueError(f"draft_tokens must be int64 token ids; got {draft_tokens.dtype}")
+    tokens = draft_tokens.tolist()
+    p_at = target_probs[torch.arange(k, device=target_probs.device), draft_tokens].tolist() if k else []
+    q_at = draft_probs[torch.arange(k, device=draft_probs.device), draft_tokens].tolist() if k else []
+    for i in range(k):
+        # accept with probability min(1, p/q): u < p/q, written u*q < p so that q = 0 (a greedy draft's pick
+        # outside its own support) cannot divide by zero, and p = 0 is never accepted.
+        if _uniform(generator, target_probs.device) * q_at[i] < p_at[i]:
+            continue
+        residual = (target_probs[i] - draft_probs[i]).clamp(min=0)  # (p - q)+: the mass q under-covers
+        if residual.sum() <= 0:  # p == q up to rounding: a rejection had probability 0; p is the right law
+            residual = target_probs[i]
+        return i, _sample(residual, generator)
+    return k, _sample(target_probs[k], generator)
+
+
+# --- generation ---------------------------------------------------------------------------------------------
+
+@dataclass
+class SpecStats:
+    """Counters that `speculative_generate(..., stats=SpecStats())` adds to."""
+    drafted: int = 0  # draft tokens proposed
+    accepted: int = 0  # of those, kept
+    target_calls: int = 0  # target forwards (the prefill included)
+    draft_calls: int = 0  # draft forwards
+    rounds: int = 0  # draft-then-verify rounds
+    tokens: int = 0  # new tokens produced
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else float("nan")
+
+    @property
+    def tokens_per_call(self) -> float:
+        """New tokens per target call (the prefill call included)."""
+        return self.tokens / self.target_calls if self.target_calls else float("nan")
+
+
+def _new_cache(model, max_len: int):
+    make = getattr(model, "new_cache", None)
+    return make(batch=1, max_len=max_len) if make is not None else None
+
+
+@torch.no_grad()
+def speculative_generate(target, draft, input_ids: torch.Tensor, max_new_tokens: int, k: int = 4,
+                         temperature: float = 0.0, generator: torch.Generator | None = None,
+                         stats: SpecStats | None = None, min_draft_prob: float = 0.0) -> torch.Tensor:
+    """`[1, T + max_new_tokens]` ids: the prompt, then exactly `max_new_tokens` tokens decoded speculatively.
+
+    Each round the draft proposes up to `k` tokens (fewer near the end), the target scores them all in one
+    forward, and `verify` keeps a prefix plus one token of its own. Both models keep KV caches; rejected
+    positions are dropped with `truncate`. Temperature 0 gives the ids of `lib.generate.generate(target, ...)`
+    (greedy: keep draft tokens while they equal the target's argmax); temperature > 0 samples the target's
+    law at that temperature. Pass a `SpecStats` as `stats` to count drafted, accepted and target calls.
+    With `min_draft_prob > 0` a round stops drafting once the draft gives its own token less than that
+    probability (adaptive K: a prompt-lookup draft with no match drafts nothing); exactness is unaffected.
+    """
+    if input_ids.dim() == 1:
+        input_ids = input_ids.unsqueeze(0)
+    if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+        raise ValueError(f"speculative_generate decodes one sequence: input_ids must be [1, T]; got "
+                         f"{tuple(input_ids.shape)}")
+    if k < 1:
+        raise ValueError(f"k (draft tokens per round) must be >= 1; got {k}")
+    if max_new_tokens < 0 or temperature < 0:
+        raise ValueError(f"max_new_tokens and temperature must be >= 0; got {max_new_tokens}, {temperature}")
+    if draft.config.vocab_size != target.config.vocab_size:
+        raise ValueError(f"draft and target must share a vocabulary: {draft.config.vocab_size} vs "
+                         f"{target.config.vocab_size} tokens")
+    device = target.device
+    ids = input_ids.to(device)
+    t0 = ids.shape[1]
+    max_len = t0 + max_new_tokens + k + 1
+    if max_len > target.config.max_seq_len:
+        raise ValueError(f"prompt ({t0}) + max_new_tokens ({max_new_tokens}) + k + 1 = {max_len} exceeds the "
+                         f"target's max_seq_len {target.config.max_seq_len}")
+    tcache, dcache = _new_cache(target, max_len), _new_cache(draft, max_len)
+    stats = stats if stats is not None else SpecStats()
+    out = ids[0].tolist()
+    greedy = temperature == 0.0
+
+    def probs(logits):  # [t, V] -> the distributions we sample from
+        return torch.softmax(logits.float() / temperature, dim=-1)
+
+    while len(out) - t0 < max_new_tokens:
+        kk = min(k, max_new_tokens - (len(out) - t0) - 1)  # leave room for the token verify adds
+        # 1. draft kk tokens, one at a time, feeding the draft whatever its cache has not seen yet
+        drafted, q_rows = [], []
+        for _ in range(kk):
+            seen = dcache.length if dcache is not None else 0
+            feed = torch.tensor([(out + drafted)[seen:]], device=device)  # everything, without a cache
+            logits = draft(feed, cache=dcache)[0, -1]  # [V]
+            stats.draft_calls += 1
+            if greedy:
+                tok = int(logits.argmax())
+                if min_draft_prob > 0 and torch.softmax(logits.float(), -1)[tok] < min_draft_prob:
+                    break  # the draft is unsure: verify what we have
+                drafted.append(tok)
+            else:
+                q = probs(logits[None])[0]
+                tok = _sample(q, generator)
+                if min_draft_prob > 0 and q[tok] < min_draft_prob:
+                    break
+                q_rows.append(q)
+                drafted.append(tok)
+        kk = len(drafted)
+        # 2. the target scores the unseen prefix and the kk draft tokens in one forward
+        seen = tcache.length
+        feed = torch.tensor([(out + drafted)[seen:]], device=device)
+        logits = target(feed, cache=tcache)[0, -(kk + 1):]  # [kk + 1, V]: after each draft token, and before
+        stats.target_calls += 1
+        # 3. keep a prefix of the draft, plus one token of the target's
+        if greedy:
+            best = logits.argmax(-1).tolist()  # the target's greedy choice at each of the kk + 1 positions
+            n = 0
+            while n < kk and drafted[n] == best[n]:
+                n += 1
+            nxt = best[n]
+        else:
+            n, nxt = verify(probs(logits), torch.stack(q_rows) if q_rows else logits.new_zeros(0, logits.shape[-1]),
+                            torch.tensor(drafted, dtype=torch.int64, device=device), generator)
+        out += drafted[:n] + [nxt]
+        stats.rounds += 1
+        stats.drafted += kk
+        stats.accepted += n
+        stats.tokens += n + 1
+        # 4. roll back: each cache keeps only positions whose tokens were kept (the newest token is unseen)
+        tcache.truncate(min(tcache.length, len(out) - 1))
+        if dcache is not None:
+            dcache.truncate(min(dcache.length, len(out) - 1))
+    return torch.tensor([out], dtype=input_ids.dtype, device=device)
+
+
+# --- drafts -------------------------------------------------------------------------------------------------
+
+class _History:
+    """The 'cache' of a draft without weights: the token ids seen so far, with the same truncate as a KV cache."""
+
+    def __init__(self, max_len: int):
+        self.tokens: list[int] = []
+        self.max_len = max_len
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+    def truncate(self, n: int) -> None:
+        if not 0 <= n <= len(self.tokens):
+            raise ValueError(f"truncate({n}): the history holds {len(self.tokens)} tokens")
+        del self.tokens[n:]
+
+    crop = truncate
+
+
+class PromptLookupDraft:
+    """Prompt lookup decoding (Saxena 2023): no weights; guess that the text repeats.
+
+    For each position, find the latest earlier occurrence of the last `ngram` tokens (then `ngram - 1`, ...,
+    down to 1) and predict the token that followed it. Call shape of a model:
+    `draft(ids [1, t], cache=draft.new_cache(1, n)) -> logits [1, t, vocab]`: one-hot logits (0 at the guess,
+    -inf elsewhere) where there is a match, so q is a point mass and the target accepts it with probability
+    p(guess); with no match, nearly uniform logits whose argmax repeats the last token, so that
+    `speculative_generate(..., min_draft_prob=0.5)` stops drafting there."""
+
+    def __init__(self, vocab_size: int, ngram: int = 3, device: torch.device | str = "cpu"):
+        if ngram < 1:
+            raise ValueError(f"ngram must be >= 1; got {ngram}")
+        from lib.model import ModelConfig
+
+        self.config = ModelConfig(vocab_size=vocab_size, d_model=1, n_layers=0, n_heads=1, n_kv_heads=1, d_ff=1,
+                                  max_seq_len=1 << 30)
+        self.ngram = ngram
+        self.device = torch.device(device)
+
+    def new_cache(self, batch: int = 1, max_len: int | None = None) -> _History:
+        if batch != 1:
+            raise ValueError("PromptLookupDraft drafts for one sequence (batch 1)")
+        return _History(max_len or 0)
+
+    def guess(self, tokens: list[int]) -> int | None:
+        """The token that followed the latest earlier occurrence of the longest matching suffix of `tokens`
+        (None when no suffix of length >= 1 occurred before)."""
+        n_tok = len(tokens)
+        for n in range(min(self.ngram, n_tok - 1), 0, -1):
+            suffix = tokens[n_tok - n:]
+            for start in range(n_tok - n - 1, -1, -1):  # latest match first; it must be followed by a token
+                if tokens[start:start + n] == suffix:
+                    return tokens[start + n]
+        return None
+
+    def __call__(self, input_ids: torch.Tensor, cache: _History | None = None) -> torch.Tensor:
+        if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+            raise ValueError(f"input_ids must be [1, t]; got {tuple(input_ids.shape)}")
+        history = cache if cache is not None else _History(0)
+        new = input_ids[0].tolist()
+        logits = torch.full((1, len(new), self.config.vocab_size), float("-inf"), device=self.device)
+        for i, tok in enumerate(new):
+            history.tokens.append(tok)
+            guess = self.guess(history.tokens)
+            if guess is None:  # no match: uniform, with the last token a hair ahead (greedy repeats it)
+                logits[0, i] = 0.0
+                logits[0, i, tok] = 1e-3
+            else:
+                logits[0, i, guess] = 0.0
+        return logits  # [1, t, vocab]
+
+
+def _shell(target, config):
+    """A LlamaModel object that shares the target's embedding, norm and head and has no layers yet."""
+    from lib.model import LlamaModel
+
+    m = LlamaModel.__new__(LlamaModel)
+    nn.Module.__init__(m)
+    m.config = config
+    m.attention_fn = target.attention_fn
+    m.embed = target.embed
+    m.norm = target.norm
+    m.lm_head = target.lm_head
+    return m.eval()
+
+
+def early_exit_draft(target, n_layers: int):
+    """The target's first `n_layers` blocks, then its final norm and LM head: a draft that shares every weight
+    (no extra memory) and costs about n_layers / target layers of a step, plus the LM head."""
+    if not 1 <= n_layers <= target.config.n_layers:
+        raise ValueError(f"n_layers must be in 1..{target.config.n_layers}; got {n_layers}")
+    m = _shell(target, target.config.replace(n_layers=n_layers))
+    m.layers = nn.ModuleList(list(target.layers[:n_layers]))
+    return m
+
+
+def random_draft(config, n_layers: int = 2, d_model: int = 64, seed: int = 0, device=None):
+    """A small randomly initialized model with the target's vocabulary: the α ≈ 0 baseline."""
+    from lib.model import tiny_model
+
+    heads = max(1, d_model // 64)
+    cfg = config.replace(n_layers=n_layers, d_model=d_model, n_heads=heads, n_kv_heads=heads, d_ff=2 * d_model)
+    return tiny_model(seed=seed, config=cfg).to(device if device is not None else "cpu")
+
+
+class Int8Linear(nn.Module):
+    """A linear layer with int8 weights, one fp32 scale per output channel (symmetric, weight-only).
+
+    w ≈ w_int8 · scale[:, None], scale = max|w_row| / 127. On the CPU the product runs in torch's
+    `quantized.linear_dynamic` kernel (per-channel qint8 weights, activations quantized on the fly; measured
+    here about 4× faster than fp32 for the 49152 × 576 LM head); elsewhere the weights are dequantized on
+    the fly (`F.linear`), which is exact to the same int8 weights but not faster. (With `reduce_range=False`
+    the x86 kernel saturates its 16-bit accumulators and the error grows about 10×.)"""
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        w = weight.detach().float()
+        scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0  # [out]
+        self.register_buffer("qweight", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
+        self.register_buffer("scale", scale)
+        self.in_features, self.out_features = w.shape[1], w.shape[0]
+        self._packed = None
+        if weight.device.type == "cpu" and hasattr(torch.ops, "quantized"):
+            import warnings
+
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # quantize_per_channel is marked deprecated in torch 2.13
+                    qw = torch._make_per_channel_quantized_tensor(
+                        self.qweight, scale.double(), torch.zeros_like(scale, dtype=torch.long), 0)
+                    self._packed = torch.ops.quantized.linear_prepack(qw, None)
+            except (RuntimeError, AttributeError):  # no quantized engine in this build: dequantize instead
+                self._packed = None
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The dequantized weight `[out, in]` (for inspection and for devices without the int8 kernel)."""
+        return self.qweight.float() * self.scale[:, None]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._packed is not None and x.device.type == "cpu":
+            y = torch.ops.quantized.linear_dynamic(x.reshape(-1, self.in_features).float(), self._packed,
+                                                  True)  # reduce_range: 7-bit activations, no VNNI overflow
+            return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        return F.linear(x, self.weight.to(x.dtype))
+
+
+def quantized_draft(target):
+    """A copy of the target whose every linear layer (and the LM head) holds int8 per-channel weights.
+
+    Embedding and norms are shared with the target (the embedding lookup reads one row per token); the tied
+    LM head becomes its own `Int8Linear`. Same architecture, so α is high; cost ≈ half a target step here."""
+    from lib.model import Block
+
+    m = _shell(target, target.config.replace(tie_embeddings=False))
+    layers = []
+    for block in target.layers:
+        b = Block.__new__(Block)
+        nn.Module.__init__(b)
+        b.attn_norm, b.mlp_norm = block.attn_norm, block.mlp_norm
+        attn = type(block.attn).__new__(type(block.attn))
+        nn.Module.__init__(attn)
+        attn.n_heads, attn.n_kv_heads, attn.head_dim = block.attn.n_heads, block.attn.n_kv_heads, block.attn.head_dim
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            setattr(attn, name, Int8Linear(getattr(block.attn, name).weight))
+        mlp = type(block.mlp).__new__(type(block.mlp))
+        nn.Module.__init__(mlp)
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            setattr(mlp, name, Int8Linear(getattr(block.mlp, name).weight))
+        b.attn, b.mlp = attn, mlp
+        layers.append(b)
+    m.layers = nn.ModuleList(layers)
+    head = target.embed.weight if target.lm_head is None else target.lm_head.weight
+    m.lm_head = Int8Linear(head)
+    return m.eval()
+
+
+def wall_time(fn, repeats: int = 3) -> float:
+    """Best of `repeats` wall-clock seconds of `fn()` (the least disturbed run on a shared machine)."""
+    import time
+
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best

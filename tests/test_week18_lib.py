@@ -1,0 +1,227 @@
+"""Week 18's lib: cache rollback (truncate), verify's law, greedy speculation == target greedy, the drafts, theory."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from grader.checks.week18 import MarkovLM, chi_square, joint_law_counts
+from lib import speculative as spec
+from lib.generate import generate
+from lib.kv_cache import KVCache, LayerKVCache, RollingKVCache
+from lib.model import tiny_model
+
+
+def _spicy(seed, scale=10.0):
+    m = tiny_model(seed=seed)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if "norm" not in name:
+                p.mul_(scale)
+    return m
+
+
+# --- truncate ---------------------------------------------------------------------------------------------
+
+def test_truncate_then_decode_equals_full_forward():
+    model = tiny_model(seed=1)
+    ids = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(0))
+    junk = torch.randint(0, 128, (1, 5), generator=torch.Generator().manual_seed(1))
+    cache = model.new_cache(max_len=20)
+    with torch.no_grad():
+        model(ids[:, :8], cache=cache)
+        model(junk, cache=cache)  # rejected draft tokens
+        assert cache.length == 13
+        cache.truncate(8)
+        assert cache.length == 8 and all(layer.length == 8 for layer in cache.layers)
+        got = model(ids[:, 8:], cache=cache)
+        want = model(ids)[:, 8:]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    cache.crop(3)
+    assert cache.length == 3
+
+
+def test_truncate_rejects_bad_lengths():
+    layer = LayerKVCache(1, 2, 10, 4)
+    layer.append(torch.randn(1, 2, 4, 4), torch.randn(1, 2, 4, 4))
+    for bad in (-1, 5, 2.0, True):
+        with pytest.raises(ValueError):
+            layer.truncate(bad)
+    layer.truncate(4)
+    layer.truncate(0)
+    assert layer.length == 0
+
+
+def test_rolling_cache_truncates_only_before_it_wraps():
+    ring = RollingKVCache(1, 1, 4, 2)
+    for _ in range(3):
+        ring.append(torch.randn(1, 1, 1, 2), torch.randn(1, 1, 1, 2))
+    ring.truncate(1)  # nothing overwritten yet
+    assert ring.length == 1
+    for _ in range(5):
+        ring.append(torch.randn(1, 1, 1, 2), torch.randn(1, 1, 1, 2))
+    ring.truncate(ring.length)  # a no-op is fine
+    with pytest.raises(ValueError, match="cannot roll back"):
+        ring.truncate(ring.length - 1)
+
+
+# --- verify -----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_verify_has_the_target_law(k):
+    stat, df, bound, impossible = chi_square(joint_law_counts(spec.verify, k, 2000, 7 + k))
+    assert not impossible and stat <= bound, (stat, df, bound, impossible)
+
+
+def test_verify_edge_cases_and_errors():
+    p = torch.tensor([[0.0, 1.0, 0.0], [0.2, 0.3, 0.5]])
+    q = torch.tensor([[1.0, 0.0, 0.0]])
+    assert spec.verify(p, q, torch.tensor([0])) == (0, 1)  # p(draft) = 0: rejected, residual is token 1
+    n, nxt = spec.verify(p[:1], q[:0], torch.tensor([], dtype=torch.int64))  # K = 0: one sample from p_0
+    assert (n, nxt) == (0, 1)
+    q_greedy = torch.tensor([[0.0, 0.0, 1.0]])  # q = 0 at the draft token (a greedy draft): accept iff p > 0
+    assert spec.verify(torch.tensor([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]), q_greedy * 0, torch.tensor([2])) == (1, 0)
+    with pytest.raises(ValueError):
+        spec.verify(p, q, torch.tensor([0, 1]))
+    with pytest.raises(ValueError):
+        spec.verify(p, q, torch.tensor([0.0]))
+
+
+def test_verify_on_meta_free_device_inputs_keeps_their_device():
+    # every tensor verify creates follows its inputs (or the generator): a CPU run with a CPU generator
+    p = torch.softmax(torch.randn(4, 6), -1)
+    q = torch.softmax(torch.randn(3, 6), -1)
+    n, nxt = spec.verify(p, q, torch.tensor([1, 2, 3]), generator=torch.Generator().manual_seed(0))
+    assert 0 <= n <= 3 and 0 <= nxt < 6
+
+
+# --- speculative_generate ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_greedy_speculation_equals_target_greedy(k):
+    target = _spicy(3)
+    ids = torch.randint(0, 128, (1, 5), generator=torch.Generator().manual_seed(k))
+    want = generate(target, ids, 30)
+    drafts = [_spicy(13, 6.0), spec.PromptLookupDraft(128), target]
+    if k == 4:
+        drafts += [spec.early_exit_draft(target, 1), spec.quantized_draft(target), spec.random_draft(target.config)]
+    for draft in drafts:
+        stats = spec.SpecStats()
+        got = spec.speculative_generate(target, draft, ids, 30, k=k, stats=stats)
+        assert torch.equal(got, want), type(draft).__name__
+        assert stats.tokens == 30 and stats.accepted <= stats.drafted
+        assert stats.target_calls == stats.rounds and stats.tokens == stats.accepted + stats.rounds
+    stats = spec.SpecStats()
+    spec.speculative_generate(target, target, ids, 30, k=k, stats=stats)
+    assert stats.target_calls == math.ceil(30 / (k + 1)) and stats.acceptance_rate == 1.0
+
+
+def test_adaptive_drafting_keeps_output_and_drafts_less():
+    target = _spicy(3)
+    ids = torch.randint(0, 128, (1, 5), generator=torch.Generator().manual_seed(0))
+    draft = spec.PromptLookupDraft(128)
+    fixed, adaptive = spec.SpecStats(), spec.SpecStats()
+    a = spec.speculative_generate(target, draft, ids, 30, k=4, stats=fixed)
+    b = spec.speculative_generate(target, draft, ids, 30, k=4, stats=adaptive, min_draft_prob=0.5)
+    assert torch.equal(a, b) and torch.equal(a, generate(target, ids, 30))
+    assert adaptive.drafted <= fixed.drafted
+
+
+def test_markov_target_needs_rollback():
+    target = MarkovLM(20, 0)
+    draft = MarkovLM(20, 1, like=target, noise=2.0)
+    ids = torch.tensor([[1, 2, 3]])
+    stats = spec.SpecStats()
+    assert torch.equal(spec.speculative_generate(target, draft, ids, 40, k=4, stats=stats), generate(target, ids, 40))
+    assert 0 < stats.acceptance_rate < 1
+
+
+def test_sampled_speculation_matches_target_marginal():
+    """Temperature 1, a poor draft: the first new token's law is the target's (chi-square, fixed seed)."""
+    target = MarkovLM(6, 0, scale=1.0)
+    draft = MarkovLM(6, 1, like=target, noise=2.0)
+    ids = torch.tensor([[1, 2]])
+    p = torch.softmax(target(ids)[0, -1].double(), -1)
+    g = torch.Generator().manual_seed(0)
+    counts = torch.zeros(6)
+    for _ in range(1000):
+        counts[spec.speculative_generate(target, draft, ids, 3, k=2, temperature=1.0, generator=g)[0, 2]] += 1
+    stat = float(((counts - 1000 * p) ** 2 / (1000 * p)).sum())
+    assert stat < 45.0  # chi-square, 5 degrees of freedom: P[> 45] ≈ 1.5e-8
+
+
+def test_speculative_generate_errors():
+    m = tiny_model(seed=0)
+    with pytest.raises(ValueError):
+        spec.speculative_generate(m, m, torch.zeros(2, 3, dtype=torch.long), 4)
+    with pytest.raises(ValueError):
+        spec.speculative_generate(m, m, torch.zeros(1, 3, dtype=torch.long), 4, k=0)
+    with pytest.raises(ValueError):
+        spec.speculative_generate(m, tiny_model(seed=0, vocab_size=64), torch.zeros(1, 3, dtype=torch.long), 4)
+    with pytest.raises(ValueError):
+        spec.speculative_generate(m, m, torch.zeros(1, 250, dtype=torch.long), 10)
+
+
+# --- drafts and theory ----------------------------------------------------------------------------------------
+
+def test_prompt_lookup_guesses_the_continuation():
+    d = spec.PromptLookupDraft(50, ngram=2)
+    assert d.guess([5, 6, 7, 8, 5, 6]) == 7
+    assert d.guess([5, 6, 7, 8, 9, 6]) == 7  # falls back to a 1-gram match
+    assert d.guess([1, 2, 3]) is None  # no match
+    assert d(torch.tensor([[1, 2, 3]]))[0, -1].argmax() == 3  # ...then the logits favour repeating the last token
+    cache = d.new_cache(1, 10)
+    logits = d(torch.tensor([[5, 6, 7, 8, 5, 6]]), cache=cache)
+    assert logits.shape == (1, 6, 50) and logits[0, -1].argmax() == 7 and cache.length == 6
+
+
+def test_int8_linear_close_to_fp32_and_draft_logits_close():
+    target = tiny_model(seed=2)
+    w = target.layers[0].mlp.up_proj.weight
+    lin = spec.Int8Linear(w)
+    assert lin.qweight.dtype == torch.int8 and lin.scale.shape == (w.shape[0],)
+    assert (lin.weight - w).abs().max() <= lin.scale.max() / 2 + 1e-7  # rounding error at most half a step
+    x = torch.randn(3, w.shape[1])
+    assert (lin(x) - F.linear(x, w)).abs().max() < 0.05 * F.linear(x, w).abs().max()
+    ids = torch.randint(0, 128, (1, 10), generator=torch.Generator().manual_seed(0))
+    q = spec.quantized_draft(target)
+    with torch.no_grad():
+        a, b = torch.softmax(target(ids), -1), torch.softmax(q(ids), -1)
+    assert spec.acceptance_rate(a, b).min() > 0.95
+    assert target.lm_head is None and all(p.dtype == torch.float32 for p in target.parameters())  # untouched
+
+
+def test_early_exit_draft_shares_weights_and_leaves_target_alone():
+    target = tiny_model(seed=2, n_layers=3)
+    d = spec.early_exit_draft(target, 2)
+    assert len(d.layers) == 2 and len(target.layers) == 3 and d.embed is target.embed
+    assert d.layers[0] is target.layers[0] and d.config.n_layers == 2
+    with pytest.raises(ValueError):
+        spec.early_exit_draft(target, 4)
+
+
+def test_acceptance_theory():
+    assert spec.expected_tokens_per_call(0.7, 4) == pytest.approx(2.7731, abs=1e-4)  # the seed's "3.6" is wrong
+    assert spec.expected_tokens_per_call(0.5, 2) == pytest.approx(1.75)
+    assert spec.expected_tokens_per_call(1.0, 4) == 5.0 and spec.expected_tokens_per_call(0.0, 4) == 1.0
+    p, q = torch.tensor([0.2, 0.8]), torch.tensor([0.8, 0.2])
+    assert float(spec.acceptance_rate(p, q)) == pytest.approx(0.4)
+    assert float(spec.acceptance_rate(p, q)) == pytest.approx(1 - 0.5 * float((p - q).abs().sum()))  # 1 - TV
+    assert spec.predicted_speedup(0.0, 1, 0.0, {2: 1.0}) == 1.0
+    assert spec.predicted_speedup(0.8, 4, 0.05, {5: 1.0}) == pytest.approx(spec.expected_tokens_per_call(0.8, 4) / 1.2)
+    with pytest.raises(ValueError):
+        spec.expected_tokens_per_call(1.5, 2)
+    with pytest.raises(ValueError):
+        spec.predicted_speedup(0.5, 4, 0.1, {2: 1.0})
+
+
+@pytest.mark.model
+def test_smollm2_greedy_speculation_with_int8_draft(smollm2):
+    model, tok = smollm2
+    ids = tok("To be, or not to be, that is the question:", return_tensors="pt").input_ids
+    want = generate(model, ids, 48)
+    draft = spec.quantized_draft(model)
+    for k in (1, 4):
+        stats = spec.SpecStats()
+        assert torch.equal(spec.speculative_generate(model, draft, ids, 48, k=k, stats=stats), want)
+        assert stats.acceptance_rate > 0.7
