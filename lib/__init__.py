@@ -7,6 +7,8 @@
 - `lib.roofline`  FLOPs, bytes and the roofline; this machine's FLOP/s and bandwidth (week 16, benchmarks)
 - `lib.attention` GQA attention and the SDPA backend; naive and tiled (FlashAttention) attention (weeks 16-17)
 - `lib.io_model`  counting slow-memory traffic of standard and tiled attention (week 17)
+- `lib.paged`     the block allocator, slot mapping, paged attention and the paged KV cache (week 19)
+- `lib.engine`    a serving engine: continuous batching, preemption, chunked prefill, prefix caching (week 19)
 - `lib.text`      the committed Gutenberg text and perplexity
 - `lib.fetch`     the set-up step that places the model where `lib` finds it (`python -m lib.fetch`)
 - `lib.paths`     where data lives, and the model file's size and sha256
