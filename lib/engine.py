@@ -87,6 +87,27 @@ def block_hashes(token_ids: Sequence[int], block_size: int, parent: int | None =
     return out
 
 
+def simulate_steps(lengths: Sequence[int], slots: int, policy: str = "continuous") -> int:
+    """Decode steps to serve requests that generate `lengths[i]` tokens each, in order, on `slots` slots.
+
+    The step-count model of batching: one step gives every running request one token. "static" runs
+    batches of `slots` requests until the longest of the batch is done; "continuous" refills a slot the
+    step after its request finishes. Prefill is left out (one more step per request, or per batch)."""
+    if slots < 1 or any(n < 1 for n in lengths):
+        raise ValueError(f"need slots >= 1 and every length >= 1; got slots={slots}, lengths={list(lengths)[:8]}")
+    if policy == "static":
+        return sum(max(lengths[i:i + slots]) for i in range(0, len(lengths), slots))
+    if policy != "continuous":
+        raise ValueError(f"policy must be 'continuous' or 'static', got {policy!r}")
+    queue, running, steps = deque(lengths), [], 0
+    while queue or running:
+        while queue and len(running) < slots:
+            running.append(queue.popleft())
+        running = [n - 1 for n in running if n > 1]
+        steps += 1
+    return steps
+
+
 # --- blocks: allocation, sharing and the prefix cache ---------------------------------------------
 
 class BlockManager:

@@ -136,7 +136,7 @@ def block_table_tensor(tables: Sequence[Sequence[int]], device: torch.device | s
 # --- paged attention ---------------------------------------------------------------------------------
 
 def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
-                    context_lens: torch.Tensor, chunk_tokens: int = 128) -> torch.Tensor:
+                    context_lens: torch.Tensor, chunk_tokens: int = 32) -> torch.Tensor:
     """Attention of one decode query per sequence over its keys and values, read from the block pool.
 
     q `[B, n_heads, head_dim]`; k_pool, v_pool `[num_blocks, n_kv_heads, block_size, head_dim]`;
@@ -209,6 +209,9 @@ class PagedKVCache:
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layers)]
         self.device = self.k[0].device
         self.positions: torch.Tensor | None = None
+        # Keys read per online-softmax step in decode. On a CPU each step costs Python time that a GPU kernel
+        # does not pay, so the engine reads more at once than paged_attention's default.
+        self.chunk_tokens = 256
 
     @property
     def nbytes(self) -> int:
@@ -266,7 +269,8 @@ class PagedLayer:
         out = torch.empty_like(q)  # [1, H, N, d]
         if c.decode_rows.numel():
             qd = q[0, :, c.decode_rows].transpose(0, 1)  # [B, H, d]
-            out[0, :, c.decode_rows] = paged_attention(qd, kp, vp, c.decode_tables, c.decode_lens).transpose(0, 1)
+            out[0, :, c.decode_rows] = paged_attention(qd, kp, vp, c.decode_tables, c.decode_lens,
+                                                       chunk_tokens=c.chunk_tokens).transpose(0, 1)
         hkv, d = kp.shape[1], kp.shape[3]
         for row, n, ctx, table in c.prefills:
             kc = kp[table].transpose(0, 1).reshape(hkv, -1, d)[None, :, :ctx]  # [1, Hkv, ctx, d]
