@@ -55,14 +55,15 @@ class Request:
     first_token_time: float | None = None
     token_times: list[float] = field(default_factory=list)
     finished: bool = False
+    padding: list[int] = field(default_factory=list)  # static batching: tokens run after finishing, thrown away
 
     @property
     def tokens(self) -> list[int]:
-        return self.prompt + self.output
+        return self.prompt + self.output + self.padding
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt) + len(self.output)
+        return len(self.prompt) + len(self.output) + len(self.padding)
 
 
 @dataclass(frozen=True)
@@ -209,7 +210,8 @@ class LLMEngine:
 
     `num_blocks` blocks of `block_size` slots per layer; at most `max_num_seqs` requests run at once and
     at most `max_num_batched_tokens` tokens go through one forward. `policy="static"` admits a new batch
-    only when the whole previous one has finished (static batching, for comparison).
+    only when the whole previous one has finished, and a finished request keeps decoding (its tokens
+    thrown away) until then, as a padded row of a static batch does: static batching, for comparison.
     """
 
     def __init__(self, model, num_blocks: int, block_size: int = 16, max_num_seqs: int = 8,
@@ -344,6 +346,9 @@ class LLMEngine:
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
         self.blocks.release(req)  # recompute later: prompt + output so far
+        if req.finished:  # a padded row of a static batch: nothing to recompute
+            req.padding = []
+            return
         req.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)
@@ -421,6 +426,11 @@ class LLMEngine:
             if req.num_computed < req.num_tokens:  # a prefill chunk: nothing to sample yet
                 continue
             token = int(logits[row - 1].argmax())
+            if req.finished:  # a padded row of a static batch
+                req.padding.append(token)
+                if req.num_tokens >= self.config.max_seq_len:  # the model cannot take it further
+                    self._preempt(req)
+                continue
             req.output.append(token)
             req.token_times.append(now)
             if req.first_token_time is None:
@@ -428,10 +438,16 @@ class LLMEngine:
             done = len(req.output) >= req.max_new_tokens or token == self.eos_token_id
             if done:
                 req.finished = True
-                self.running.remove(req)
-                self.blocks.release(req)
                 self._finished[req.request_id] = list(req.output)
+                if self.policy != "static":
+                    self.running.remove(req)
+                    self.blocks.release(req)
             events.append(StepOutput(req.request_id, token, done))
+        if self.policy == "static" and all(r.finished for r in self.running):  # the whole batch is done
+            for req in self.running:
+                self.blocks.release(req)
+                req.padding = []
+            self.running = []
         self.trace.append([(req.request_id, n) for req, n in scheduled])
         self.step_stats.append(dict(
             time=now, num_seqs=len(scheduled), num_tokens=len(ids),
