@@ -9,6 +9,8 @@
 - `lib.io_model`  counting slow-memory traffic of standard and tiled attention (week 17)
 - `lib.fast`      the same model fused for speed (QKV and gate/up matmuls, no per-step setup), for serving and benchmarks
 - `lib.quant`     GGUF block formats byte for byte (Q8_0 ... Q6_K), per-tensor type plans, round-to-nearest (week 20)
+- `lib.paged`     the block allocator, slot mapping, paged attention and the paged KV cache (week 19)
+- `lib.engine`    a serving engine: continuous batching, preemption, chunked prefill, prefix caching (week 19)
 - `lib.text`      the committed Gutenberg text and perplexity
 - `lib.fetch`     the set-up step that places the model where `lib` finds it (`python -m lib.fetch`)
 - `lib.paths`     where data lives, and the model file's size and sha256

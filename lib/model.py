@@ -101,9 +101,12 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, d]
         v = self.v_proj(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, d]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if cache is not None:
-            k, v = cache.append(k, v)  # [B, Hkv, cached + T, d]
-        out = attention_fn(q, k, v, causal=True)  # [B, H, T, d]
+        if cache is not None and hasattr(cache, "attend"):  # a paged cache (lib.paged) writes its blocks and attends
+            out = cache.attend(q, k, v, attention_fn)  # [B, H, T, d]
+        else:
+            if cache is not None:
+                k, v = cache.append(k, v)  # [B, Hkv, cached + T, d]
+            out = attention_fn(q, k, v, causal=True)  # [B, H, T, d]
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
 
 
@@ -139,7 +142,9 @@ class LlamaModel(nn.Module):
     """`model(input_ids [B, T], cache=None)` -> logits `[B, T, vocab]` (float32).
 
     With a `KVCache`, the new tokens sit at positions `cache.length ... cache.length + T - 1` and their
-    keys and values are appended to it. `attention_fn` picks the attention backend (see lib.attention).
+    keys and values are appended to it. With a `lib.paged.PagedKVCache`, `input_ids` is `[1, N]`: the
+    tokens of several sequences, flattened, with the positions and blocks set by `cache.prepare(...)`.
+    `attention_fn` picks the attention backend (see lib.attention).
     """
 
     def __init__(self, cfg: ModelConfig, attention_fn: AttentionFn = gqa_attention):
@@ -168,11 +173,16 @@ class LlamaModel(nn.Module):
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [batch, seq_len], got shape {tuple(input_ids.shape)}")
         b, t = input_ids.shape
-        start = cache.length if cache is not None else 0
-        if start + t > self.config.max_seq_len:
-            raise ValueError(f"sequence of {start + t} positions is longer than the model's "
+        positions = getattr(cache, "positions", None)  # a PagedKVCache (lib.paged) gives each token its position
+        if positions is None:
+            start = cache.length if cache is not None else 0
+            end = start + t
+            positions = torch.arange(start, start + t, device=input_ids.device)
+        else:
+            end = int(positions.max()) + 1 if t else 0
+        if end > self.config.max_seq_len:
+            raise ValueError(f"sequence of {end} positions is longer than the model's "
                              f"max_seq_len={self.config.max_seq_len}")
-        positions = torch.arange(start, start + t, device=input_ids.device)
         cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
         x = self.embed(input_ids)  # [B, T, d_model]
         for i, layer in enumerate(self.layers):

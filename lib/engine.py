@@ -1,0 +1,459 @@
+"""A small serving engine: continuous batching over a paged KV cache (week 19).
+
+    engine = LLMEngine(model, num_blocks=64, block_size=16, max_num_seqs=8)
+    outs = engine.generate([prompt_a, prompt_b, ...], max_new_tokens=32)   # new ids per request, input order
+
+    rid = engine.add_request(prompt_ids, max_new_tokens=32)   # the step-level API (notebook, load test)
+    while engine.has_unfinished():
+        for event in engine.step():                           # one forward; the tokens it produced
+            ...
+    engine.finished_outputs()                                 # {request_id: new ids}
+
+Every step the scheduler picks what to run (vLLM v1's shape, nano-vllm's size):
+
+1. the *running* requests first, oldest first: a decode needs one token, a request still prefilling
+   needs the rest of its prompt (cut to the step's token budget: **chunked prefill**). A request that
+   needs a block when none is free **preempts** the most recently admitted request: its blocks are
+   freed and it goes back to the front of the queue, to be recomputed (prompt + what it generated so
+   far) when there is room again. Its output is unchanged: greedy decoding is a function of the tokens.
+2. then *waiting* requests, first come first served, while there are slots (`max_num_seqs`), budget
+   (`max_num_batched_tokens`) and free blocks. With prefix caching, a request's leading full blocks
+   that some earlier request already computed are looked up by a hash chained over the token ids and
+   shared (reference-counted) instead of recomputed.
+
+All scheduled tokens of all requests go through the model in **one forward** (`[1, N]`, flattened),
+the decodes' attention through `lib.paged.paged_attention`. Greedy output of every request is what
+`lib.generate.generate` gives on it alone.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from lib.paged import BlockAllocator, OutOfBlocksError, PagedKVCache, blocks_needed
+
+
+# --- requests ----------------------------------------------------------------------------------------
+
+@dataclass
+class Request:
+    request_id: object
+    prompt: list[int]
+    max_new_tokens: int
+    arrival: float = 0.0
+    output: list[int] = field(default_factory=list)
+    blocks: list[int] = field(default_factory=list)  # the block table
+    num_computed: int = 0  # tokens whose K and V are in the cache
+    block_hashes: list[int] = field(default_factory=list)  # chained hashes of the full blocks registered so far
+    num_cached_prompt: int = 0  # prompt tokens found in the prefix cache (last admission)
+    num_preemptions: int = 0
+    first_token_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    finished: bool = False
+    padding: list[int] = field(default_factory=list)  # static batching: tokens run after finishing, thrown away
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.output + self.padding
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt) + len(self.output) + len(self.padding)
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """One token produced by a step."""
+    request_id: object
+    token: int
+    finished: bool
+
+
+def block_hashes(token_ids: Sequence[int], block_size: int, parent: int | None = None) -> list[int]:
+    """One hash per *full* block of `token_ids`, each chained over the previous block's hash:
+    h_i = hash((h_{i-1}, tokens of block i)). Two sequences share h_i only if they share every token up
+    to the end of block i, so a hit on h_i means blocks 0..i can all be reused."""
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    out = []
+    h = parent
+    for i in range(len(token_ids) // block_size):
+        h = hash((h, tuple(token_ids[i * block_size:(i + 1) * block_size])))
+        out.append(h)
+    return out
+
+
+def simulate_steps(lengths: Sequence[int], slots: int, policy: str = "continuous") -> int:
+    """Decode steps to serve requests that generate `lengths[i]` tokens each, in order, on `slots` slots.
+
+    The step-count model of batching: one step gives every running request one token. "static" runs
+    batches of `slots` requests until the longest of the batch is done; "continuous" refills a slot the
+    step after its request finishes. Prefill is left out (one more step per request, or per batch)."""
+    if slots < 1 or any(n < 1 for n in lengths):
+        raise ValueError(f"need slots >= 1 and every length >= 1; got slots={slots}, lengths={list(lengths)[:8]}")
+    if policy == "static":
+        return sum(max(lengths[i:i + slots]) for i in range(0, len(lengths), slots))
+    if policy != "continuous":
+        raise ValueError(f"policy must be 'continuous' or 'static', got {policy!r}")
+    queue, running, steps = deque(lengths), [], 0
+    while queue or running:
+        while queue and len(running) < slots:
+            running.append(queue.popleft())
+        running = [n - 1 for n in running if n > 1]
+        steps += 1
+    return steps
+
+
+# --- blocks: allocation, sharing and the prefix cache ---------------------------------------------
+
+class BlockManager:
+    """Gives requests blocks from a `BlockAllocator` and, optionally, keeps a prefix cache.
+
+    The prefix cache owns one reference to every block it indexes (hash -> block). A cached block no
+    request uses (reference count 1: the cache's own) is *evictable*; those are kept in LRU order and
+    handed out again, oldest first, only when no free block is left.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False):
+        self.allocator = BlockAllocator(num_blocks)
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.cached: dict[int, int] = {}  # hash -> block
+        self.hash_of: dict[int, int] = {}  # block -> hash
+        self.evictable: OrderedDict[int, None] = OrderedDict()  # cached blocks no request holds, LRU first
+        self.num_evictions = 0
+
+    @property
+    def num_available(self) -> int:
+        return self.allocator.num_free + len(self.evictable)
+
+    @property
+    def num_in_use(self) -> int:
+        """Blocks some request holds (evictable cached blocks excluded)."""
+        return self.allocator.num_used - len(self.evictable)
+
+    def _allocate(self) -> int:
+        if self.allocator.num_free == 0 and self.evictable:
+            block, _ = self.evictable.popitem(last=False)  # least recently used
+            del self.cached[self.hash_of.pop(block)]
+            self.allocator.free(block)
+            self.num_evictions += 1
+        return self.allocator.allocate()
+
+    def can_grow(self, req: Request, num_tokens: int) -> bool:
+        return blocks_needed(num_tokens, self.block_size) - len(req.blocks) <= self.num_available
+
+    def grow(self, req: Request, num_tokens: int) -> None:
+        """Give `req` blocks for `num_tokens` tokens (raises OutOfBlocksError when there are not enough)."""
+        need = blocks_needed(num_tokens, self.block_size) - len(req.blocks)
+        if need > self.num_available:
+            raise OutOfBlocksError(f"request {req.request_id!r} needs {need} more blocks; {self.num_available} of "
+                                   f"{self.allocator.num_blocks} are free")
+        for _ in range(need):
+            req.blocks.append(self._allocate())
+
+    def release(self, req: Request) -> None:
+        """Free every block of `req` (shared and cached ones stay for their other owners)."""
+        for block in reversed(req.blocks):  # the tail first: later blocks are the least likely to be hit again
+            self.allocator.free(block)
+            if block in self.hash_of and self.allocator.ref_counts[block] == 1:
+                self.evictable[block] = None
+                self.evictable.move_to_end(block)
+        req.blocks, req.block_hashes, req.num_computed = [], [], 0
+
+    def lookup(self, req: Request) -> int:
+        """Share the cached blocks of `req`'s longest cached prefix; return how many tokens that covers.
+
+        At least one token is always left to compute (its logits give the next token)."""
+        if not self.enable_prefix_caching or req.blocks:
+            return 0
+        usable = (req.num_tokens - 1) // self.block_size
+        hashes = block_hashes(req.tokens[:usable * self.block_size], self.block_size)
+        for h in hashes:
+            block = self.cached.get(h)
+            if block is None:
+                break
+            self.allocator.fork(block)
+            self.evictable.pop(block, None)
+            req.blocks.append(block)
+            req.block_hashes.append(h)
+        return len(req.blocks) * self.block_size
+
+    def register(self, req: Request) -> None:
+        """Index `req`'s newly completed full blocks in the prefix cache."""
+        if not self.enable_prefix_caching:
+            return
+        full = req.num_computed // self.block_size
+        bs = self.block_size
+        tokens = req.tokens
+        while len(req.block_hashes) < full:
+            i = len(req.block_hashes)
+            parent = req.block_hashes[-1] if req.block_hashes else None
+            h = hash((parent, tuple(tokens[i * bs:(i + 1) * bs])))
+            req.block_hashes.append(h)
+            block = req.blocks[i]
+            if h not in self.cached and block not in self.hash_of:
+                self.cached[h] = block
+                self.hash_of[block] = h
+                self.allocator.fork(block)  # the cache's own reference
+
+
+# --- the engine --------------------------------------------------------------------------------------
+
+class LLMEngine:
+    """Continuous batching of greedy requests on `model` (a `lib.model.LlamaModel`) over a paged KV cache.
+
+    `num_blocks` blocks of `block_size` slots per layer; at most `max_num_seqs` requests run at once and
+    at most `max_num_batched_tokens` tokens go through one forward. `policy="static"` admits a new batch
+    only when the whole previous one has finished, and a finished request keeps decoding (its tokens
+    thrown away) until then, as a padded row of a static batch does: static batching, for comparison.
+    """
+
+    def __init__(self, model, num_blocks: int, block_size: int = 16, max_num_seqs: int = 8,
+                 max_num_batched_tokens: int = 256, enable_chunked_prefill: bool = True,
+                 enable_prefix_caching: bool = False, policy: str = "continuous",
+                 eos_token_id: int | None = None, clock=time.perf_counter):
+        if max_num_seqs < 1 or max_num_batched_tokens < 1:
+            raise ValueError(f"need max_num_seqs >= 1 and max_num_batched_tokens >= 1; got {max_num_seqs}, "
+                             f"{max_num_batched_tokens}")
+        if max_num_batched_tokens < max_num_seqs:
+            raise ValueError(f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_num_seqs "
+                             f"({max_num_seqs}): every running request decodes one token per step")
+        if policy not in ("continuous", "static"):
+            raise ValueError(f"policy must be 'continuous' or 'static', got {policy!r}")
+        self.model = model
+        self.config = model.config
+        self.block_size = block_size
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.enable_chunked_prefill, self.policy, self.eos_token_id = enable_chunked_prefill, policy, eos_token_id
+        self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching)
+        self.cache = PagedKVCache(self.config, num_blocks, block_size, dtype=model.embed.weight.dtype,
+                                  device=model.device)
+        self.clock = clock
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[object, Request] = {}
+        self._finished: dict[object, list[int]] = {}
+        self._ids = itertools.count()
+        self.trace: list[list[tuple[object, int]]] = []  # per step: (request_id, tokens computed)
+        self.step_stats: list[dict] = []
+        self.num_preemptions = 0
+        self.prompt_tokens = 0
+        self.prefix_hit_tokens = 0
+
+    @property
+    def num_blocks(self) -> int:
+        return self.blocks.allocator.num_blocks
+
+    # -- the request API ----------------------------------------------------------------------------
+
+    def add_request(self, prompt: Sequence[int], max_new_tokens: int, request_id=None,
+                    arrival: float | None = None):
+        """Queue a request; returns its id. Raises ValueError at once for a request that can never run."""
+        prompt = [int(t) for t in (prompt.tolist() if isinstance(prompt, torch.Tensor) else prompt)]
+        if not prompt:
+            raise ValueError("a request needs a prompt of at least one token")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        bad = [t for t in prompt if not 0 <= t < self.config.vocab_size]
+        if bad:
+            raise ValueError(f"prompt has token ids outside 0..{self.config.vocab_size - 1}: {bad[:5]}")
+        total = len(prompt) + max_new_tokens
+        if total > self.config.max_seq_len:
+            raise ValueError(f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) = {total} exceeds the "
+                             f"model's max_seq_len {self.config.max_seq_len}")
+        need = blocks_needed(total - 1, self.block_size)  # the last token's K and V are never written
+        if need > self.num_blocks:
+            raise ValueError(f"request can never fit: {total - 1} tokens need {need} blocks of {self.block_size}, "
+                             f"and the whole pool has {self.num_blocks}. Give the engine more blocks or ask for "
+                             f"fewer tokens.")
+        if not self.enable_chunked_prefill and len(prompt) > self.max_num_batched_tokens:
+            raise ValueError(f"prompt of {len(prompt)} tokens exceeds max_num_batched_tokens "
+                             f"({self.max_num_batched_tokens}) and chunked prefill is off")
+        if request_id is None:
+            request_id = next(self._ids)
+            while request_id in self.requests:
+                request_id = next(self._ids)
+        elif request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        req = Request(request_id, prompt, max_new_tokens, arrival=self.clock() if arrival is None else arrival)
+        self.requests[request_id] = req
+        self.waiting.append(req)
+        return request_id
+
+    def _get(self, request_id) -> Request:
+        try:
+            return self.requests[request_id]
+        except KeyError:
+            raise KeyError(f"unknown request id {request_id!r}: known ids are "
+                           f"{list(self.requests)[:10]}{' …' if len(self.requests) > 10 else ''}") from None
+
+    def output(self, request_id) -> list[int]:
+        """The tokens request `request_id` has produced so far."""
+        return list(self._get(request_id).output)
+
+    def request(self, request_id) -> Request:
+        """The request's record (timestamps, preemptions, blocks)."""
+        return self._get(request_id)
+
+    def abort(self, request_id) -> None:
+        """Drop a request, finished or not, and free its blocks."""
+        req = self._get(request_id)
+        if req in self.running:
+            self.running.remove(req)
+        if req in self.waiting:
+            self.waiting.remove(req)
+        self.blocks.release(req)
+        del self.requests[request_id]
+        self._finished.pop(request_id, None)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finished_outputs(self) -> dict:
+        """`{request_id: new token ids}` for the requests finished since the last call (then forgotten)."""
+        out, self._finished = self._finished, {}
+        for rid in out:
+            self.requests.pop(rid, None)
+        return out
+
+    @torch.no_grad()
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
+        """Greedy new tokens of every prompt, in input order."""
+        ids = []
+        try:
+            for p in prompts:
+                ids.append(self.add_request(p, max_new_tokens))
+        except ValueError:
+            for i in ids:  # all or nothing: a bad prompt leaves no request of this call queued
+                self.abort(i)
+            raise
+        while any(not self.requests[i].finished for i in ids):
+            self.step()
+        outs = [self.requests[i].output for i in ids]
+        for i in ids:
+            self._finished.pop(i, None)
+            self.requests.pop(i, None)
+        return [list(o) for o in outs]
+
+    # -- scheduling ---------------------------------------------------------------------------------
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self.blocks.release(req)  # recompute later: prompt + output so far
+        if req.finished:  # a padded row of a static batch: nothing to recompute
+            req.padding = []
+            return
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def _schedule(self) -> list[tuple[Request, int]]:
+        budget = self.max_num_batched_tokens
+        scheduled: list[tuple[Request, int]] = []
+        preempted = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = min(req.num_tokens - req.num_computed, budget)
+            while not self.blocks.can_grow(req, req.num_computed + n):
+                victim = self.running[-1]  # the most recently admitted
+                self._preempt(victim)
+                preempted = True
+                if victim is req:
+                    break
+            if req not in self.running:
+                break
+            self.blocks.grow(req, req.num_computed + n)
+            scheduled.append((req, n))
+            budget -= n
+            i += 1
+        if preempted or (self.policy == "static" and self.running):
+            return scheduled
+        while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
+            req = self.waiting[0]
+            hit = self.blocks.lookup(req)  # shares the cached blocks of its prefix (a waiting request holds none)
+            req.num_computed = req.num_cached_prompt = hit
+            remaining = req.num_tokens - req.num_computed
+            n = min(remaining, budget)
+            if (remaining > budget and not self.enable_chunked_prefill) or \
+                    not self.blocks.can_grow(req, req.num_computed + n):
+                self.blocks.release(req)  # give the shared blocks back until it can be admitted
+                break
+            self.waiting.popleft()
+            self.blocks.grow(req, req.num_computed + n)
+            if req.num_preemptions == 0:
+                self.prompt_tokens += len(req.prompt)
+                self.prefix_hit_tokens += req.num_cached_prompt
+            self.running.append(req)
+            scheduled.append((req, n))
+            budget -= n
+        return scheduled
+
+    # -- one step -----------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self) -> list[StepOutput]:
+        """Schedule, run one forward over every scheduled token, sample; returns the tokens produced."""
+        scheduled = self._schedule()
+        if not scheduled:
+            if self.running or self.waiting:
+                raise RuntimeError("the scheduler could schedule nothing although requests are pending "
+                                   f"({len(self.running)} running, {len(self.waiting)} waiting, "
+                                   f"{self.blocks.num_available} blocks available)")
+            return []
+        ids, tables, starts, counts = [], [], [], []
+        for req, n in scheduled:
+            ids.extend(req.tokens[req.num_computed:req.num_computed + n])
+            tables.append(req.blocks)
+            starts.append(req.num_computed)
+            counts.append(n)
+        self.cache.prepare(tables, starts, counts)
+        input_ids = torch.tensor([ids], dtype=torch.int64, device=self.model.device)  # [1, N]
+        logits = self.model(input_ids, cache=self.cache)[0]  # [N, vocab]
+        self.cache.positions = None
+        now = self.clock()
+        events, row = [], 0
+        for req, n in scheduled:
+            row += n
+            req.num_computed += n
+            self.blocks.register(req)
+            if req.num_computed < req.num_tokens:  # a prefill chunk: nothing to sample yet
+                continue
+            token = int(logits[row - 1].argmax())
+            if req.finished:  # a padded row of a static batch
+                req.padding.append(token)
+                if req.num_tokens >= self.config.max_seq_len:  # the model cannot take it further
+                    self._preempt(req)
+                continue
+            req.output.append(token)
+            req.token_times.append(now)
+            if req.first_token_time is None:
+                req.first_token_time = now
+            done = len(req.output) >= req.max_new_tokens or token == self.eos_token_id
+            if done:
+                req.finished = True
+                self._finished[req.request_id] = list(req.output)
+                if self.policy != "static":
+                    self.running.remove(req)
+                    self.blocks.release(req)
+            events.append(StepOutput(req.request_id, token, done))
+        if self.policy == "static" and all(r.finished for r in self.running):  # the whole batch is done
+            for req in self.running:
+                self.blocks.release(req)
+                req.padding = []
+            self.running = []
+        self.trace.append([(req.request_id, n) for req, n in scheduled])
+        self.step_stats.append(dict(
+            time=now, num_seqs=len(scheduled), num_tokens=len(ids),
+            num_prefill_tokens=sum(n for _, n in scheduled if n > 1),
+            blocks_in_use=self.blocks.num_in_use,
+            slots_used=sum(r.num_computed for r in self.running),
+            slots_allocated=sum(len(r.blocks) for r in self.running) * self.block_size,
+        ))
+        return events

@@ -1,0 +1,41 @@
+"""Week 19 checks: `pytest weeks/19` (your notebook) or `pytest weeks/19 -k ex03` (one exercise).
+
+Only the notebook's exercise cells are run (no demos, no plots); the checks live in grader/checks/week19.py
+and are the same ones the notebook's graded cells call.
+"""
+from pathlib import Path
+
+import pytest
+
+from grader.checks import week19 as checks
+from grader.harness import load_exercises
+
+NOTEBOOK = Path(__file__).with_name(checks.WEEK.notebook)
+
+
+@pytest.fixture(scope="module")
+def ex():
+    return load_exercises(NOTEBOOK)
+
+
+def test_ex01_blocks_needed(ex):
+    checks.check_blocks_needed(ex.blocks_needed)
+
+
+def test_ex02_slots_wasted(ex):
+    """Milestone: the seed's 4 requests (2000/100/500/1500 tokens, block 16) waste 28 slots."""
+    checks.check_slots_wasted(ex.slots_wasted)
+
+
+def test_ex03_BlockAllocator(ex):
+    """Property test: random allocate / fork / free against a model of the pool."""
+    checks.check_BlockAllocator(ex.BlockAllocator)
+
+
+def test_ex04_slot_mapping(ex):
+    checks.check_slot_mapping(ex.slot_mapping)
+
+
+def test_ex05_paged_attention(ex):
+    """Milestone: equal to contiguous attention (<= 1e-5) on ragged lengths, block sizes 1, 7, 16, in place."""
+    checks.check_paged_attention(ex.paged_attention)

@@ -1,0 +1,190 @@
+"""Week 19's lib: the block allocator, slot mapping, paged attention against contiguous attention, and the
+engine against lib.generate.generate run on each request alone (tiny models; SmolLM2 marked slow)."""
+import random
+
+import pytest
+import torch
+
+from lib.attention import gqa_attention
+from lib.engine import LLMEngine, block_hashes
+from lib.generate import generate
+from lib.model import tiny_model
+from lib.paged import (BlockAllocator, OutOfBlocksError, PagedKVCache, block_table_tensor, blocks_needed,
+                       paged_attention, preallocated_waste, slot_mapping, slots_wasted)
+
+
+def test_seed_waste_example():
+    lengths = [2000, 100, 500, 1500]  # seed 001: 258 blocks, 28 slots wasted vs 4 x 2048 preallocated
+    assert sum(blocks_needed(n, 16) for n in lengths) == 258
+    assert slots_wasted(lengths, 16) == 28
+    assert preallocated_waste(lengths, 2048) == 4092
+    with pytest.raises(ValueError):
+        blocks_needed(3, 0)
+
+
+def test_allocator_ref_counts_and_errors():
+    a = BlockAllocator(3)
+    b0, b1, b2 = a.allocate(), a.allocate(), a.allocate()
+    assert {b0, b1, b2} == {0, 1, 2} and a.num_free == 0
+    with pytest.raises(OutOfBlocksError, match="3 blocks.*3 in use"):
+        a.allocate()
+    a.fork(b1)
+    a.free(b1)
+    assert a.num_free == 0  # still owned once
+    a.free(b1)
+    assert a.num_free == 1 and a.allocate() == b1
+    a.free(b0)
+    with pytest.raises(ValueError, match="not allocated"):
+        a.free(b0)
+    with pytest.raises(ValueError):
+        a.fork(b0)
+    with pytest.raises(ValueError):
+        a.free(7)
+
+
+def test_allocator_random_against_a_model():
+    rng = random.Random(0)
+    a, owners = BlockAllocator(16), {}
+    for _ in range(2000):
+        op = rng.choice(["alloc", "fork", "free"])
+        if op == "alloc" and len(owners) < 16:
+            b = a.allocate()
+            assert b not in owners
+            owners[b] = 1
+        elif op == "fork" and owners:
+            b = rng.choice(list(owners))
+            a.fork(b)
+            owners[b] += 1
+        elif op == "free" and owners:
+            b = rng.choice(list(owners))
+            a.free(b)
+            owners[b] -= 1
+            if owners[b] == 0:
+                del owners[b]
+        assert a.num_free == 16 - len(owners)
+
+
+def test_slot_mapping():
+    assert slot_mapping([5, 2, 9], 0, 7, 3).tolist() == [15, 16, 17, 6, 7, 8, 27]
+    assert slot_mapping([5, 2, 9], 4, 2, 3).tolist() == [7, 8]
+    with pytest.raises(ValueError):
+        slot_mapping([5], 0, 4, 3)
+    assert block_table_tensor([[1, 2], [3]]).tolist() == [[1, 2], [3, 0]]
+
+
+@pytest.mark.parametrize("block_size", [1, 5, 16])
+@pytest.mark.parametrize("heads", [(4, 4), (4, 2), (6, 1)])
+def test_paged_attention_equals_contiguous(block_size, heads):
+    g = torch.Generator().manual_seed(block_size)
+    h, hkv, d = *heads, 8
+    lens = [1, 17, 40, 33]
+    nb = sum(blocks_needed(n, block_size) for n in lens) + 2
+    kp, vp = torch.randn(nb, hkv, block_size, d, generator=g), torch.randn(nb, hkv, block_size, d, generator=g)
+    perm, tables = torch.randperm(nb, generator=g).tolist(), []
+    for n in lens:
+        tables.append(perm[:blocks_needed(n, block_size)])
+        perm = perm[blocks_needed(n, block_size):]
+    q = torch.randn(len(lens), h, d, generator=g)
+    bt = block_table_tensor(tables)
+    bt[0, 1:] = 10**6  # entries past a sequence's last block are ignored
+    out = paged_attention(q, kp, vp, bt, torch.tensor(lens), chunk_tokens=16)
+    flat_k = kp.permute(0, 2, 1, 3).reshape(-1, hkv, d)  # [slots, Hkv, d]
+    flat_v = vp.permute(0, 2, 1, 3).reshape(-1, hkv, d)
+    for i, n in enumerate(lens):
+        slots = slot_mapping(tables[i], 0, n, block_size)
+        want = gqa_attention(q[i][None, :, None], flat_k[slots].transpose(0, 1)[None],
+                             flat_v[slots].transpose(0, 1)[None])[0, :, 0]
+        torch.testing.assert_close(out[i], want, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError):
+        paged_attention(q, kp, vp, bt, torch.tensor([0, 1, 1, 1]))
+
+
+def _prompts(n, seed=0, vocab=128, lo=1, hi=40):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (int(k),), generator=g).tolist() for k in torch.randint(lo, hi, (n,), generator=g)]
+
+
+def _alone(model, prompts, new):
+    return [generate(model, torch.tensor([p]), new)[0, len(p):].tolist() for p in prompts]
+
+
+ENGINES = [
+    dict(num_blocks=64),
+    dict(num_blocks=64, block_size=1),
+    dict(num_blocks=14, block_size=4, max_num_batched_tokens=16),  # preemption and chunked prefill
+    dict(num_blocks=64, policy="static"),
+    dict(num_blocks=10, block_size=8, max_num_seqs=4, max_num_batched_tokens=8, enable_prefix_caching=True),
+    dict(num_blocks=64, enable_chunked_prefill=False, max_num_seqs=3),
+]
+
+
+@pytest.mark.parametrize("kwargs", ENGINES)
+def test_engine_equals_generate_alone(kwargs):
+    model = tiny_model(seed=1, n_heads=4, n_kv_heads=2)
+    prompts = _prompts(10)
+    engine = LLMEngine(model, **kwargs)
+    assert engine.generate(prompts, 20) == _alone(model, prompts, 20)
+    assert engine.blocks.num_in_use == 0 and not engine.has_unfinished()
+    if kwargs["num_blocks"] < 16:
+        assert engine.num_preemptions > 0
+
+
+def test_engine_batches_decodes_in_one_forward():
+    model = tiny_model(seed=2)
+    engine = LLMEngine(model, num_blocks=32, max_num_seqs=4)
+    engine.generate(_prompts(4, seed=3), 6)
+    assert max(len(step) for step in engine.trace) == 4  # four requests in one forward
+    assert engine.trace[-1] == [(i, 1) for i in range(4)]
+
+
+def test_engine_errors():
+    model = tiny_model(seed=0)
+    engine = LLMEngine(model, num_blocks=4, block_size=4)
+    with pytest.raises(ValueError, match="never fit"):
+        engine.add_request(list(range(10)), 10)
+    with pytest.raises(ValueError, match="max_seq_len"):
+        LLMEngine(model, num_blocks=100).add_request([1] * 250, 10)
+    with pytest.raises(ValueError):
+        engine.add_request([], 3)
+    with pytest.raises(KeyError, match="unknown request id"):
+        engine.output(12345)
+    with pytest.raises(KeyError, match="unknown request id"):
+        engine.abort("nope")
+    rid = engine.add_request([1, 2, 3], 2, request_id="a")
+    with pytest.raises(ValueError, match="already in use"):
+        engine.add_request([1], 2, request_id="a")
+    with pytest.raises(ValueError):
+        engine.generate([[1, 2], list(range(20))], 5)  # the second never fits: nothing of this call is queued
+    assert list(engine.requests) == [rid]
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.finished_outputs() == {"a": _alone(model, [[1, 2, 3]], 2)[0]}
+
+
+def test_prefix_cache_hits_and_eviction():
+    model = tiny_model(seed=4)
+    system = _prompts(1, seed=5, lo=40, hi=41)[0]
+    prompts = [system + p for p in _prompts(6, seed=6, lo=2, hi=9)]
+    engine = LLMEngine(model, num_blocks=40, block_size=8, max_num_seqs=2, enable_prefix_caching=True)
+    assert engine.generate(prompts, 5) == _alone(model, prompts, 5)
+    # the first two are admitted together (nothing cached yet); each later one reuses the 5 system blocks
+    assert engine.prefix_hit_tokens == 4 * 40
+    small = LLMEngine(model, num_blocks=9, block_size=8, max_num_seqs=1, enable_prefix_caching=True)
+    others = _prompts(4, seed=7, lo=40, hi=60)
+    assert small.generate(others + prompts[:2], 5) == _alone(model, others + prompts[:2], 5)
+    assert small.blocks.num_evictions > 0
+    h = block_hashes(list(range(20)), 8)
+    assert len(h) == 2 and h == block_hashes(list(range(16)) + [0], 8)
+    assert block_hashes([9] + list(range(1, 20)), 8)[1] != h[1]  # chained: block 1's hash depends on block 0
+
+
+@pytest.mark.model
+def test_engine_on_smollm2_equals_generate(smollm2):
+    model, tok = smollm2
+    texts = ["To be, or not to be, that is the question:", "The capital of France is", "def fibonacci(n):",
+             "Once upon a time, in a land far away, there lived a", "1, 2, 3, 4,"]
+    prompts = [tok(t).input_ids for t in texts]
+    want = _alone(model, prompts, 16)
+    assert LLMEngine(model, num_blocks=64).generate(prompts, 16) == want
+    tight = LLMEngine(model, num_blocks=6, block_size=8, max_num_batched_tokens=16)
+    assert tight.generate(prompts, 16) == want and tight.num_preemptions > 0
