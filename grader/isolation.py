@@ -222,7 +222,7 @@ class _TrustedPickler(pickle.Pickler):
         if t in (type(None), bool, int, float, complex, str, bytes, bytearray, list, tuple, dict, set, frozenset,
                  slice, range, type(Ellipsis), type(NotImplemented)):
             return None
-        if t is _ByValue:
+        if t is _ByValue or t is pickle.PickleBuffer:  # numpy's array data under protocol 5, in-band
             return None
         if isinstance(obj, ChildProxy):
             if obj._session is not self.session or obj._generation != self.session.generation:
@@ -234,6 +234,8 @@ class _TrustedPickler(pickle.Pickler):
             return ("t", obj.detach())  # a Parameter, a subclass, or part of an autograd graph: its data only
         if isinstance(obj, (torch.UntypedStorage, torch.storage.TypedStorage)):
             return None
+        if t is torch.Generator:  # by state; the child's final state is copied back (see _copy_back)
+            return ("G", str(obj.device), bytes(obj.get_state().numpy().tobytes()))
         if isinstance(obj, (torch.dtype, torch.device, torch.Size, torch.memory_format, torch.layout)):
             return None
         if isinstance(obj, torch.nn.Module):
@@ -243,7 +245,7 @@ class _TrustedPickler(pickle.Pickler):
             if _module_root(obj) in _BY_VALUE_MODULES and "<" not in qual:
                 return None  # pickled by name, imported in the child
             return ("P",) + self.session.export(obj)
-        if t.__module__ == "numpy" or isinstance(obj, enum.Enum):
+        if t.__module__.split(".")[0] == "numpy" or isinstance(obj, enum.Enum):  # arrays, dtypes (numpy.dtypes.*), scalars
             return None
         if isinstance(obj, dict) and _module_root(t) == "collections":
             return None
@@ -348,6 +350,8 @@ class ChildProxy:
         if name.startswith("__") and name.endswith("__") and name not in ("__name__", "__qualname__", "__doc__"):
             if name == "__observe__" and self._info.get("callable"):
                 return lambda args, kwargs: self._session.observe(self, args, kwargs)
+            if name == "__map__" and self._info.get("callable"):  # many calls, one round trip (checks.call_many)
+                return lambda calls: self._session.request("map", self, (list(calls),))
             raise AttributeError(name)
         return self._do("getattr", name)
 
@@ -887,13 +891,27 @@ def _plain_pickle(obj) -> bytes:
     return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
 
 
+_GENERATOR_STATE = "__torch_generator_state__"
+
+
+def _is_generator(obj) -> bool:
+    import torch
+
+    return type(obj) is torch.Generator
+
+
 def _copy_back(args: tuple, kwargs: dict, copied) -> None:
     """The child's final state of list/dict arguments, written into the caller's objects (out-parameters)."""
     if type(copied) is not dict:
         return
     for key, value in copied.items():
         target = args[key] if type(key) is int and 0 <= key < len(args) else kwargs.get(key) if type(key) is str else None
-        if type(target) is list and type(value) is list:
+        if (type(value) is tuple and len(value) == 2 and value[0] == _GENERATOR_STATE and type(value[1]) is bytes
+                and _is_generator(target)):
+            import torch
+
+            target.set_state(torch.frombuffer(bytearray(value[1]), dtype=torch.uint8).clone())
+        elif type(target) is list and type(value) is list:
             target[:] = value
         elif type(target) is dict and type(value) is dict:
             target.clear()
@@ -1175,6 +1193,10 @@ class _Child:
             with self.watch():
                 result = target(*call_args, **kwargs)
             return (result, self._copied(call_args, kwargs))
+        if op == "map":
+            calls = args[0]
+            with self.watch():
+                return [target(*a, **k) for a, k in calls]
         if op == "metered":
             from lib.io_model import TensorMemoryMeter
 
@@ -1197,8 +1219,14 @@ class _Child:
 
     @staticmethod
     def _copied(args, kwargs):
-        out = {i: a for i, a in enumerate(args) if type(a) in (list, dict)}
-        out.update({k: v for k, v in kwargs.items() if type(v) in (list, dict)})
+        import torch
+
+        def state(v):
+            if type(v) is torch.Generator:
+                return (_GENERATOR_STATE, bytes(v.get_state().numpy().tobytes()))
+            return v
+        out = {i: state(a) for i, a in enumerate(args) if type(a) in (list, dict, torch.Generator)}
+        out.update({k: state(v) for k, v in kwargs.items() if type(v) in (list, dict, torch.Generator)})
         return out
 
     def watch(self, profile=True):
@@ -1286,6 +1314,12 @@ class _ChildUnpickler(pickle.Unpickler):
             return _ParentProxy(pid[1], pid[2], pid[3])
         if tag == "t":
             return pid[1]
+        if tag == "G":
+            import torch
+
+            gen = torch.Generator(device=pid[1])
+            gen.set_state(torch.frombuffer(bytearray(pid[2]), dtype=torch.uint8).clone())
+            return gen
         raise pickle.UnpicklingError(f"unknown tag {tag!r}")
 
 

@@ -158,6 +158,21 @@ class _OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def call_many(fn, calls):
+    """`[fn(*args, **kwargs) for args, kwargs in calls]`, in one round trip when `fn` lives in another process.
+
+    For statistical checks that call a small function thousands of times. Arguments are copied for each call
+    (give each call its own `torch.Generator`; a shared one is not advanced between the calls)."""
+    calls = [(tuple(a), dict(k)) for a, k in calls]
+    remote = getattr(fn, "__map__", None)
+    if remote is not None:
+        out = remote(calls)
+        if type(out) is not list or len(out) != len(calls):
+            raise AssertionError("the student's process returned a malformed batch of results")
+        return out
+    return [fn(*a, **k) for a, k in calls]
+
+
 def observe(fn, *args, **kwargs):
     """Call `fn(*args, **kwargs)` and return `(result, Observation)`.
 

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from grader.checks import generator, observe, seed_note
+from grader.checks import call_many, generator, observe, seed_note
 from grader.harness import Week
 from lib import speculative as ref
 from lib.generate import generate as ref_generate
@@ -238,16 +238,21 @@ def joint_law_counts(verify, k: int, trials: int, seed: int) -> torch.Tensor:
     uniform = torch.full((4,), 0.25, dtype=torch.float64)
     gen = torch.Generator().manual_seed(seed)
     counts = torch.zeros(4, 4, dtype=torch.int64)
-    for _ in range(trials):
+    trial_drafts, calls = [], []
+    for t in range(trials):
         drafts, q_rows, p_rows = [], [], [p1]
         for i in range(k):  # the draft's chain: token 1 from q1, token 2 from q2(. | token 1), later ones uniform
             q = q1 if i == 0 else q2[drafts[0]] if i == 1 else uniform
             drafts.append(int(torch.multinomial(q, 1, generator=gen)))
             q_rows.append(q)
             p_rows.append(p2[drafts[0]] if i == 0 else uniform)  # p after the draft tokens so far
-        n, nxt = verify(torch.stack(p_rows), torch.stack(q_rows), torch.tensor(drafts, dtype=torch.int64),
-                        generator=gen)
-        n, nxt = int(n), int(nxt)
+        trial_drafts.append(drafts)
+        # each trial verifies with its own generator, so all trials go to verify in one batch (call_many)
+        calls.append(((torch.stack(p_rows), torch.stack(q_rows), torch.tensor(drafts, dtype=torch.int64)),
+                      {"generator": torch.Generator().manual_seed(seed * 100_003 + t)}))
+    results = call_many(verify, calls)
+    for drafts, out in zip(trial_drafts, results):
+        n, nxt = int(out[0]), int(out[1])
         emitted = drafts[:n] + [nxt]
         if len(emitted) < 2:  # rejected at the first token: the next round samples the second from p
             emitted.append(int(torch.multinomial(p2[emitted[0]], 1, generator=gen)))
