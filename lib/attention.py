@@ -314,3 +314,17 @@ def flash_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_splits: in
         outs.append(o)
         lses.append(s)
     return merge_partials(outs, lses)[0]
+
+
+def flash_decode_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_splits: int = 4) -> torch.Tensor:
+    """Split-K decoding for grouped KV heads without copying K and V: q `[B, H, Nq, d]`, k and v `[B, Hkv, Nk, d]`.
+
+    The `H / Hkv` query heads that share a KV head are folded into the query axis (`[B, Hkv, (H/Hkv)·Nq, d]`),
+    so each KV head's keys and values are read once for its whole group — `expand_kv(flash_decode)` instead
+    repeats them per query head (H / Hkv times the bytes; 3× for SmolLM2). No mask: a decode step.
+    """
+    check_attention_shapes(q, k, v, grouped=True)
+    b, h, nq, d = q.shape
+    hkv = k.shape[1]
+    out = flash_decode(q.reshape(b, hkv, (h // hkv) * nq, d), k, v, n_splits)  # [B, Hkv, group·Nq, d]
+    return out.reshape(b, h, nq, v.shape[-1])

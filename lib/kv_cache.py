@@ -30,32 +30,45 @@ def causal_mask(q_len: int, kv_len: int, device: torch.device | str | None = Non
     return j <= i + (kv_len - q_len)
 
 
-def sliding_window_mask(q_len: int, kv_len: int, window: int, device=None) -> torch.Tensor:
-    """Causal mask that also hides keys more than `window - 1` positions behind the query."""
+def sliding_window_mask(q_len: int, kv_len: int, window: int, device=None, n_sinks: int = 0) -> torch.Tensor:
+    """Causal mask that also hides keys more than `window - 1` positions behind the query.
+
+    With `n_sinks > 0` (StreamingLLM's attention sinks, Xiao et al. 2023), the first `n_sinks` positions stay
+    visible to every query and the recent window shrinks to `window - n_sinks`, so each query still sees at most
+    `window` keys: the sinks, then itself and the `window - n_sinks - 1` positions before it.
+    """
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
+    if not 0 <= n_sinks < window:
+        raise ValueError(f"need 0 <= n_sinks < window; got n_sinks={n_sinks}, window={window}")
     i = torch.arange(q_len, device=device).unsqueeze(1) + (kv_len - q_len)  # absolute query positions
     j = torch.arange(kv_len, device=device).unsqueeze(0)
-    return causal_mask(q_len, kv_len, device) & (j > i - window)
+    recent = j > i - (window - n_sinks)
+    if n_sinks:
+        recent = recent | (j < n_sinks)
+    return causal_mask(q_len, kv_len, device) & recent
 
 
-def sliding_window_attention(window: int, attention=None):
+def sliding_window_attention(window: int, attention=None, n_sinks: int = 0):
     """An attention backend `(q, k, v, causal=True) -> out` in which each query sees at most `window` keys:
-    itself and the `window - 1` before it. Set `model.attention_fn = sliding_window_attention(W)`.
+    itself and the `window - 1` before it (or, with `n_sinks`, the first `n_sinks` positions of the sequence
+    plus itself and the `window - n_sinks - 1` before it). Set `model.attention_fn = sliding_window_attention(W)`.
 
     `attention` is the backend to wrap (default `lib.attention.gqa_attention`); it must accept `mask=`.
     """
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
+    if not 0 <= n_sinks < window:
+        raise ValueError(f"need 0 <= n_sinks < window; got n_sinks={n_sinks}, window={window}")
 
     def backend(q, k, v, causal=True, **kwargs):
         inner = attention
         if inner is None:
             from lib.attention import gqa_attention as inner  # imported here: lib.attention imports this module
-        mask = sliding_window_mask(q.shape[2], k.shape[2], window, device=q.device)  # [q_len, kv_len]
+        mask = sliding_window_mask(q.shape[2], k.shape[2], window, device=q.device, n_sinks=n_sinks)  # [q_len, kv_len]
         return inner(q, k, v, causal=False, mask=mask, **kwargs)
 
-    backend.__name__ = f"sliding_window_attention({window})"
+    backend.__name__ = f"sliding_window_attention({window}{f', n_sinks={n_sinks}' if n_sinks else ''})"
     return backend
 
 

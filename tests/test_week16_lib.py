@@ -157,3 +157,13 @@ def test_cached_generation_on_cuda():
     with torch.no_grad():
         steps = [windowed(ids.cuda()[:, :3], cache=cache)] + [windowed(ids.cuda()[:, t:t + 1], cache=cache) for t in range(3, 6)]
         torch.testing.assert_close(torch.cat(steps, 1), windowed(ids.cuda()), atol=1e-4, rtol=1e-4)
+
+
+def test_attention_sinks_mask():
+    m = sliding_window_mask(6, 6, 3, n_sinks=1)
+    assert m.sum(-1).tolist() == [1, 2, 3, 3, 3, 3]  # never more than the window
+    assert m[:, 0].all()  # the sink is seen by every query
+    assert m[5].tolist() == [True, False, False, False, True, True]
+    assert torch.equal(sliding_window_mask(4, 9, 3, n_sinks=0), sliding_window_mask(4, 9, 3))
+    with pytest.raises(ValueError):
+        sliding_window_mask(3, 3, 2, n_sinks=2)

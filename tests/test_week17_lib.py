@@ -163,3 +163,17 @@ def test_reference_on_cuda_matches_cpu():
         want = model(ids)
         model.attention_fn = A.expand_kv(lambda q, k, v, causal=False: A.flash_attention(q, k, v, causal, 8, 8))
         torch.testing.assert_close(model(ids), want, atol=1e-3, rtol=1e-3)
+
+
+def test_flash_decode_gqa_reads_kv_once_per_kv_head():
+    from grader.checks import observe
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(2, 9, 1, 24, generator=g), torch.randn(2, 3, 50, 24, generator=g), torch.randn(2, 3, 50, 24, generator=g)
+    want = A.gqa_attention(q, k, v)
+    packed, obs_packed = observe(A.flash_decode_gqa, q, k, v, 4)
+    expanded, obs_expanded = observe(A.expand_kv(lambda q, k, v, causal=False: A.flash_decode(q, k, v, 4)), q, k, v)
+    torch.testing.assert_close(packed, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(expanded, want, atol=1e-5, rtol=1e-5)
+    kv_bytes = lambda obs: sum(math.prod(b_) for _, b_ in obs.matmuls)  # K/V operands of QKᵀ and PV
+    assert kv_bytes(obs_expanded) == 3 * kv_bytes(obs_packed)
