@@ -674,7 +674,13 @@ class Session:
                     raise StudentCrash("the student's process broke the protocol (reply to the wrong request)")
                 if kind == "ok":
                     return msg[2]
-                raise _rebuild_exc(msg[2])
+                exc = _rebuild_exc(msg[2])
+                if isinstance(exc, MemoryError):
+                    # A process that ran out of memory may stay short of it: the next exercise gets a fresh one.
+                    self._kill(f"it ran out of memory during {during}")
+                    exc = MemoryError(f"out of memory during {during} (the limit is {self.memory >> 20} MiB "
+                                      f"beyond the imports) {exc}".strip())
+                raise exc
             if kind == "req" and len(msg) == 5:
                 self._serve(msg)
                 continue
@@ -717,7 +723,9 @@ class Session:
 
     def _describe(self, op: str, target) -> str:
         name = target._info.get("name") if isinstance(target, ChildProxy) else None
-        return f"a call of `{name}`" if name and op == "call" else f"{op} on a student object"
+        if op in ("call", "callback", "metered", "observe"):
+            return f"a call of `{name}`" if name else "a call into the notebook's code"
+        return f"{op} on an object of the notebook's code"
 
     def request(self, op: str, target: "ChildProxy", args: tuple):
         if target._generation != self.generation:
@@ -1061,8 +1069,10 @@ class _Child:
         self.module = None
         self.memory = memory
         self.sandbox = sandbox
-        self.lib_seen: set[str] = set()
-        self.codes_checked: set = set()
+        self.lib_seen: dict[str | None, set[str]] = {}  # exercise name -> lib functions that ran on its behalf
+        self.lib_codes: dict = {}  # code object -> "lib.module.qualname", or None when not lib's
+        self.roots: dict[int, str] = {}  # id of an exported object -> the exercise name it came from
+        self.current_root: str | None = None
         self._next_req = 0
 
     # encoding --------------------------------------------------------------------------------------------
@@ -1070,6 +1080,7 @@ class _Child:
         import torch
 
         self.objects[id(obj)] = obj
+        self.roots.setdefault(id(obj), self.current_root)
         t = obj if isinstance(obj, type) else type(obj)
         info = {"type": getattr(t, "__qualname__", "object")[:200], "callable": callable(obj),
                 "module": str(getattr(t, "__module__", ""))[:200]}
@@ -1135,11 +1146,16 @@ class _Child:
                     return msg[2]
                 raise _rebuild_exc(msg[2])
             _, rid, op, target, args = msg
+            previous = self.current_root
+            self.current_root = args[0] if op == "getname" else self.roots.get(id(target), previous)
             try:
                 reply = ("ok", rid, self.handle(op, target, args))
             except BaseException as e:  # noqa: BLE001  (student code may raise anything, SystemExit included)
                 reply = ("err", rid, _exc_info(e))
-            self.send(reply)
+            try:
+                self.send(reply)
+            finally:
+                self.current_root = previous
 
     # operations ------------------------------------------------------------------------------------------
     def handle(self, op, target, args):
@@ -1167,7 +1183,7 @@ class _Child:
             call_args, kwargs = args
             with self.watch(profile=False):
                 result, obs = observe(target, *call_args, **kwargs)
-            self.lib_seen |= set(obs.lib_calls)
+            self.lib_seen.setdefault(self.current_root, set()).update(obs.lib_calls)
             return (result, ({"ops": dict(obs.ops), "matmuls": [tuple(map(tuple, m)) for m in obs.matmuls],
                                      "flops": int(obs.flops), "peak_bytes": int(obs.peak_bytes),
                                      "lib_calls": sorted(obs.lib_calls)}), self._copied(call_args, kwargs))
@@ -1187,16 +1203,20 @@ class _Child:
             def __enter__(self):
                 self.prev = sys.getprofile()
                 if profile:
-                    seen, checked = child.lib_seen, child.codes_checked
+                    seen = child.lib_seen.setdefault(child.current_root, set())
+                    codes = child.lib_codes
 
                     def prof(frame, event, arg):
                         if event == "call":
                             code = frame.f_code
-                            if code not in checked:
-                                checked.add(code)
-                                if code.co_filename.startswith(LIB_DIR):
-                                    seen.add(f"lib.{Path(code.co_filename).stem}."
-                                             f"{getattr(code, 'co_qualname', code.co_name)}")
+                            try:
+                                name = codes[code]
+                            except KeyError:
+                                name = codes[code] = (f"lib.{Path(code.co_filename).stem}."
+                                                      f"{getattr(code, 'co_qualname', code.co_name)}"
+                                                      if code.co_filename.startswith(LIB_DIR) else None)
+                            if name is not None:
+                                seen.add(name)
                     sys.setprofile(prof)
 
             def __exit__(self, *exc):
@@ -1247,8 +1267,7 @@ class _Child:
                 if libs:
                     found[name] = f"`{name}` subclasses lib's own {libs[0].__module__}.{libs[0].__qualname__}"
                     continue
-            ran = sorted(q for q in self.lib_seen if q.rsplit(".", 1)[-1] == name or f".{name}." in q + ".")
-            ran = [q for q in ran if q.split(".")[-1] == name or f".{name}." in q]
+            ran = sorted(q for q in self.lib_seen.get(name, ()) if q.split(".")[-1] == name or f".{name}." in q)
             if ran:
                 found[name] = f"`{name}` ran lib's own {ran[0]}"
         return found
