@@ -102,7 +102,9 @@ class IsolatedExecute(NbGraderPreprocessor):
         session = Session(Path(resources.get("metadata", {}).get("path", ".")) / f"{notebook_id}.ipynb")
         try:
             try:
+                began = time.monotonic()
                 load = session.load(exercise_cells(nb))
+                notes["start_seconds"] = round(time.monotonic() - began, 1)
                 notes["sandbox"] = getattr(session, "sandbox", "")
                 notes["load_problems"] = {**load.get("broken", {}), **{c: "NotImplementedError" for c in load.get("stubbed", [])}}
             except IsolationError as e:
@@ -123,7 +125,9 @@ class IsolatedExecute(NbGraderPreprocessor):
                 if not (meta.get("grade") and cell.metadata.get("nbgrader", {}).get("grade_id") in sources):
                     continue  # demo, plot and measurement cells are not run when grading
                 grade_id = meta["grade_id"]
+                began = time.monotonic()
                 outcome = self._run_test(sources[grade_id], trusted, session)
+                notes.setdefault("test_seconds", {})[grade_id] = round(time.monotonic() - began, 1)
                 notes["tests"][grade_id] = outcome or "passed"
                 if outcome is None:
                     cell.outputs.append(new_output("stream", name="stdout", text="passed\n"))

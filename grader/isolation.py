@@ -208,6 +208,10 @@ def _module_root(obj) -> str:
     return (getattr(obj, "__module__", None) or "").split(".")[0]
 
 
+_CHILD_MAY = {"getattr", "setattr", "delattr", "call", "getitem", "setitem", "len", "iter", "next", "bool",
+              "float", "int", "index", "repr", "str", "contains", "byvalue"}
+
+
 class _TrustedPickler(pickle.Pickler):
     """Pickles arguments for the child: plain data by value, objects with identity or behaviour by reference."""
 
@@ -238,10 +242,14 @@ class _TrustedPickler(pickle.Pickler):
             return None
         if isinstance(obj, torch.nn.Module):
             return ("P",) + self.session.export(obj)
+        if isinstance(obj, types.ModuleType):
+            raise TypeError("a module is never handed to the notebook's code")
         if isinstance(obj, (types.FunctionType, type, types.BuiltinFunctionType)):
             qual = getattr(obj, "__qualname__", "")
             if _module_root(obj) in _BY_VALUE_MODULES and "<" not in qual:
                 return None  # pickled by name, imported in the child
+            if isinstance(obj, types.BuiltinFunctionType):
+                raise TypeError(f"{qual} is never handed to the notebook's code")
             return ("P",) + self.session.export(obj)
         if t.__module__ == "numpy" or isinstance(obj, enum.Enum):
             return None
@@ -688,10 +696,16 @@ class Session:
             raise StudentCrash("the student's process broke the protocol")
 
     def _serve(self, msg) -> None:
+        """The child asks something of one of our objects (a model, a spy, a ctx). Only public attributes: the
+        private and dunder ones (`__globals__`, `__class__`, `_modules`...) are how one would walk from an
+        object to the grader's modules and functions."""
         _, rid, op, target, args = msg
         try:
-            if type(op) is not str or type(args) is not tuple:
+            if type(op) is not str or type(args) is not tuple or op not in _CHILD_MAY:
                 raise TypeError("bad request")
+            if op in ("getattr", "setattr", "delattr") and (type(args[0]) is not str or args[0].startswith("_")):
+                raise AttributeError(f"the checks' objects do not expose private attributes ({args[0]!r}) "
+                                     f"to the notebook's code")
             if op == "byvalue":
                 value = _ByValue(target)
             else:
