@@ -169,9 +169,15 @@ def _students(week: str, given: list[str], root: Path = REPO_ROOT) -> list[str]:
     return sorted(d.name for d in sub.iterdir() if (d / week).is_dir()) if sub.is_dir() else []
 
 
-def _grade_one(week: str, student: str, root: str, timeout: float | None, fast: bool) -> tuple[str, bool, str, float]:
+def _grade_one(week: str, student: str, root: str, timeout: float | None, fast: bool,
+               threads: int | None = None) -> tuple[str, bool, str, float]:
     """Autograde one student; never raises. Returns (student, ok, one-line summary, seconds)."""
     start = time.perf_counter()
+    if threads:  # --jobs N: N workers share the cores instead of each running torch on all of them
+        import torch
+
+        torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
     previous = os.environ.get("INFERENCE_LAB_CALL_TIMEOUT")
     try:
         if timeout is not None:
@@ -209,7 +215,8 @@ def autograde(week: str, students: list[str], jobs: int = 1, timeout: float | No
 
         # spawn, not fork: a forked copy of a process holding torch threads and a sqlite connection is fragile.
         pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
-        futures = {pool.submit(_grade_one, week, s, str(root), timeout, fast): s for s in students}
+        threads = max(1, (os.cpu_count() or 1) // jobs)
+        futures = {pool.submit(_grade_one, week, s, str(root), timeout, fast, threads): s for s in students}
 
         def _results():
             for future in as_completed(futures):

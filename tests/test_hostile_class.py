@@ -146,6 +146,7 @@ def course_root(tmp_path_factory):
     return root
 
 
+@pytest.mark.notebook  # minutes: a dozen submissions autograded (about 4 min on 2 loaded cores)
 def test_hostile_class(course_root, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("INFERENCE_LAB_MEMORY", str(1 << 30))  # 1 GiB beyond the imports: the bomb stops early
     root = course_root
