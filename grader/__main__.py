@@ -169,17 +169,30 @@ def _students(week: str, given: list[str], root: Path = REPO_ROOT) -> list[str]:
     return sorted(d.name for d in sub.iterdir() if (d / week).is_dir()) if sub.is_dir() else []
 
 
-def _grade_one(week: str, student: str, root: str, timeout: float | None, fast: bool) -> tuple[str, bool, str, float]:
+def _grade_one(week: str, student: str, root: str, timeout: float | None, fast: bool,
+               threads: int | None = None) -> tuple[str, bool, str, float]:
     """Autograde one student; never raises. Returns (student, ok, one-line summary, seconds)."""
     start = time.perf_counter()
+    if threads:  # --jobs N: N workers share the cores instead of each running torch on all of them
+        import torch
+
+        torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+    previous = os.environ.get("INFERENCE_LAB_CALL_TIMEOUT")
     try:
-        course = Course(root)
         if timeout is not None:
             os.environ["INFERENCE_LAB_CALL_TIMEOUT"] = str(timeout)
+        course = Course(root)
         line = course.autograde_safely(week, student, fast=fast)
         return student, True, line, time.perf_counter() - start
     except BaseException as e:  # noqa: BLE001  (one student's failure must not stop the run)
         return student, False, one_line(e), time.perf_counter() - start
+    finally:
+        if timeout is not None:
+            if previous is None:
+                os.environ.pop("INFERENCE_LAB_CALL_TIMEOUT", None)
+            else:
+                os.environ["INFERENCE_LAB_CALL_TIMEOUT"] = previous
 
 
 def autograde(week: str, students: list[str], jobs: int = 1, timeout: float | None = None, fast: bool = True,
@@ -197,9 +210,22 @@ def autograde(week: str, students: list[str], jobs: int = 1, timeout: float | No
     if jobs <= 1:
         results = (_grade_one(week, s, str(root), timeout, fast) for s in students)
     else:
-        pool = ProcessPoolExecutor(max_workers=jobs)
-        results = pool.map(_grade_one, [week] * len(students), students, [str(root)] * len(students),
-                           [timeout] * len(students), [fast] * len(students))
+        import multiprocessing
+        from concurrent.futures import as_completed
+
+        # spawn, not fork: a forked copy of a process holding torch threads and a sqlite connection is fragile.
+        pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+        threads = max(1, (os.cpu_count() or 1) // jobs)
+        futures = {pool.submit(_grade_one, week, s, str(root), timeout, fast, threads): s for s in students}
+
+        def _results():
+            for future in as_completed(futures):
+                try:
+                    yield future.result()
+                except BaseException as e:  # noqa: BLE001  (a worker process died)
+                    yield futures[future], False, f"the grading worker failed: {one_line(e)}", 0.0
+
+        results = _results()
     for student, ok, line, seconds in results:
         if ok:
             print(f"{student}: {line} [{seconds:.1f} s]", flush=True)

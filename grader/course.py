@@ -35,8 +35,21 @@ def course_config(root: str | Path, db: str | Path | None = None) -> Config:
     c.CourseDirectory.feedback_directory = "grader/feedback"
     c.CourseDirectory.db_url = f"sqlite:///{db}"
     c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", ".pytest_cache", "*.backup-*"]
-    # Real-model cells take longer than nbgrader's default 30 s per cell.
-    c.ExecutePreprocessor.timeout = 900
+    if os.environ.get("INFERENCE_LAB_ISOLATION", "1") != "0":
+        # Grading runs the exercise cells in an isolated child and the tests here (grader/grading.py);
+        # nbgrader's kernel execution (every cell, demos included, in the instructor's account) is not used.
+        from nbconvert.preprocessors import ClearMetadataPreprocessor
+        from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, IgnorePattern, LimitOutput,
+                                            SaveAutoGrades)
+
+        from grader.grading import IsolatedExecute
+
+        c.Autograde.autograde_preprocessors = [IsolatedExecute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput,
+                                               SaveAutoGrades, AssignLatePenalties, CheckCellMetadata]
+        c.IsolatedExecute.course_root = str(root)
+    # INFERENCE_LAB_ISOLATION=0 (debugging only): nbgrader runs the whole notebook in a kernel; the slowest
+    # honest cell (a real-model demo) takes about 2 minutes on 2 loaded cores.
+    c.ExecutePreprocessor.timeout = 300
     c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
     c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
     return c

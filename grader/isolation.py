@@ -208,6 +208,10 @@ def _module_root(obj) -> str:
     return (getattr(obj, "__module__", None) or "").split(".")[0]
 
 
+_CHILD_MAY = {"getattr", "setattr", "delattr", "call", "getitem", "setitem", "len", "iter", "next", "bool",
+              "float", "int", "index", "repr", "str", "contains", "byvalue"}
+
+
 class _TrustedPickler(pickle.Pickler):
     """Pickles arguments for the child: plain data by value, objects with identity or behaviour by reference."""
 
@@ -240,10 +244,14 @@ class _TrustedPickler(pickle.Pickler):
             return None
         if isinstance(obj, torch.nn.Module):
             return ("P",) + self.session.export(obj)
+        if isinstance(obj, types.ModuleType):
+            raise TypeError("a module is never handed to the notebook's code")
         if isinstance(obj, (types.FunctionType, type, types.BuiltinFunctionType)):
             qual = getattr(obj, "__qualname__", "")
             if _module_root(obj) in _BY_VALUE_MODULES and "<" not in qual:
                 return None  # pickled by name, imported in the child
+            if isinstance(obj, types.BuiltinFunctionType):
+                raise TypeError(f"{qual} is never handed to the notebook's code")
             return ("P",) + self.session.export(obj)
         if t.__module__.split(".")[0] == "numpy" or isinstance(obj, enum.Enum):  # arrays, dtypes (numpy.dtypes.*), scalars
             return None
@@ -678,7 +686,13 @@ class Session:
                     raise StudentCrash("the student's process broke the protocol (reply to the wrong request)")
                 if kind == "ok":
                     return msg[2]
-                raise _rebuild_exc(msg[2])
+                exc = _rebuild_exc(msg[2])
+                if isinstance(exc, MemoryError):
+                    # A process that ran out of memory may stay short of it: the next exercise gets a fresh one.
+                    self._kill(f"it ran out of memory during {during}")
+                    exc = MemoryError(f"out of memory during {during} (the limit is {self.memory >> 20} MiB "
+                                      f"beyond the imports) {exc}".strip())
+                raise exc
             if kind == "req" and len(msg) == 5:
                 self._serve(msg)
                 continue
@@ -686,10 +700,16 @@ class Session:
             raise StudentCrash("the student's process broke the protocol")
 
     def _serve(self, msg) -> None:
+        """The child asks something of one of our objects (a model, a spy, a ctx). Only public attributes: the
+        private and dunder ones (`__globals__`, `__class__`, `_modules`...) are how one would walk from an
+        object to the grader's modules and functions."""
         _, rid, op, target, args = msg
         try:
-            if type(op) is not str or type(args) is not tuple:
+            if type(op) is not str or type(args) is not tuple or op not in _CHILD_MAY:
                 raise TypeError("bad request")
+            if op in ("getattr", "setattr", "delattr") and (type(args[0]) is not str or args[0].startswith("_")):
+                raise AttributeError(f"the checks' objects do not expose private attributes ({args[0]!r}) "
+                                     f"to the notebook's code")
             if op == "byvalue":
                 value = _ByValue(target)
             else:
@@ -721,7 +741,9 @@ class Session:
 
     def _describe(self, op: str, target) -> str:
         name = target._info.get("name") if isinstance(target, ChildProxy) else None
-        return f"a call of `{name}`" if name and op == "call" else f"{op} on a student object"
+        if op in ("call", "callback", "metered", "observe"):
+            return f"a call of `{name}`" if name else "a call into the notebook's code"
+        return f"{op} on an object of the notebook's code"
 
     def request(self, op: str, target: "ChildProxy", args: tuple):
         if target._generation != self.generation:
@@ -1098,8 +1120,10 @@ class _Child:
         self.module = None
         self.memory = memory
         self.sandbox = sandbox
-        self.lib_seen: set[str] = set()
-        self.codes_checked: set = set()
+        self.lib_seen: dict[str | None, set[str]] = {}  # exercise name -> lib functions that ran on its behalf
+        self.lib_codes: dict = {}  # code object -> "lib.module.qualname", or None when not lib's
+        self.roots: dict[int, str] = {}  # id of an exported object -> the exercise name it came from
+        self.current_root: str | None = None
         self._next_req = 0
 
     # encoding --------------------------------------------------------------------------------------------
@@ -1107,6 +1131,7 @@ class _Child:
         import torch
 
         self.objects[id(obj)] = obj
+        self.roots.setdefault(id(obj), self.current_root)
         t = obj if isinstance(obj, type) else type(obj)
         info = {"type": getattr(t, "__qualname__", "object")[:200], "callable": callable(obj),
                 "module": str(getattr(t, "__module__", ""))[:200]}
@@ -1174,11 +1199,16 @@ class _Child:
                     return msg[2]
                 raise _rebuild_exc(msg[2])
             _, rid, op, target, args = msg
+            previous = self.current_root
+            self.current_root = args[0] if op == "getname" else self.roots.get(id(target), previous)
             try:
                 reply = ("ok", rid, self.handle(op, target, args))
             except BaseException as e:  # noqa: BLE001  (student code may raise anything, SystemExit included)
                 reply = ("err", rid, _exc_info(e))
-            self.send(reply)
+            try:
+                self.send(reply)
+            finally:
+                self.current_root = previous
 
     # operations ------------------------------------------------------------------------------------------
     def handle(self, op, target, args):
@@ -1210,7 +1240,7 @@ class _Child:
             call_args, kwargs = args
             with self.watch(profile=False):
                 result, obs = observe(target, *call_args, **kwargs)
-            self.lib_seen |= set(obs.lib_calls)
+            self.lib_seen.setdefault(self.current_root, set()).update(obs.lib_calls)
             return (result, ({"ops": dict(obs.ops), "matmuls": [tuple(map(tuple, m)) for m in obs.matmuls],
                                      "flops": int(obs.flops), "peak_bytes": int(obs.peak_bytes),
                                      "lib_calls": sorted(obs.lib_calls)}), self._copied(call_args, kwargs))
@@ -1236,16 +1266,20 @@ class _Child:
             def __enter__(self):
                 self.prev = sys.getprofile()
                 if profile:
-                    seen, checked = child.lib_seen, child.codes_checked
+                    seen = child.lib_seen.setdefault(child.current_root, set())
+                    codes = child.lib_codes
 
                     def prof(frame, event, arg):
                         if event == "call":
                             code = frame.f_code
-                            if code not in checked:
-                                checked.add(code)
-                                if code.co_filename.startswith(LIB_DIR):
-                                    seen.add(f"lib.{Path(code.co_filename).stem}."
-                                             f"{getattr(code, 'co_qualname', code.co_name)}")
+                            try:
+                                name = codes[code]
+                            except KeyError:
+                                name = codes[code] = (f"lib.{Path(code.co_filename).stem}."
+                                                      f"{getattr(code, 'co_qualname', code.co_name)}"
+                                                      if code.co_filename.startswith(LIB_DIR) else None)
+                            if name is not None:
+                                seen.add(name)
                     sys.setprofile(prof)
 
             def __exit__(self, *exc):
@@ -1296,8 +1330,7 @@ class _Child:
                 if libs:
                     found[name] = f"`{name}` subclasses lib's own {libs[0].__module__}.{libs[0].__qualname__}"
                     continue
-            ran = sorted(q for q in self.lib_seen if q.rsplit(".", 1)[-1] == name or f".{name}." in q + ".")
-            ran = [q for q in ran if q.split(".")[-1] == name or f".{name}." in q]
+            ran = sorted(q for q in self.lib_seen.get(name, ()) if q.split(".")[-1] == name or f".{name}." in q)
             if ran:
                 found[name] = f"`{name}` ran lib's own {ran[0]}"
         return found

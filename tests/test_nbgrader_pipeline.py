@@ -3,8 +3,10 @@
 release -> submissions (the solution handed in as a student: full marks; the untouched release: 0)
 -> autograde -> feedback HTML -> grades CSV.
 
-Autograding the solution executes its notebook top to bottom (nbgrader runs it with nbclient), so this
-is also the test that every solution notebook runs without an error.
+Autograding is isolated (grader/grading.py: exercise cells in a child process, tests here, demo cells not
+run). The solution is also autograded the old way, by nbgrader's kernel executing the whole notebook top to
+bottom (INFERENCE_LAB_ISOLATION=0): so this is still the test that every solution notebook runs without an
+error, and it proves the two ways of grading agree on it.
 """
 import json
 import shutil
@@ -33,7 +35,7 @@ def _errors(notebook: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("week", WEEKS)
-def test_nbgrader_pipeline(week, tmp_path):
+def test_nbgrader_pipeline(week, tmp_path, monkeypatch):
     root = tmp_path / "course"
     shutil.copytree(REPO / "solutions" / week, root / "solutions" / week,
                     ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints", ".pytest_cache"))
@@ -41,7 +43,8 @@ def test_nbgrader_pipeline(week, tmp_path):
     released = course.generate(week)
     (name,) = [p.name for p in released.glob("*.ipynb")]
 
-    for student, source in [("solution", root / "solutions" / week / name), ("untouched", released / name)]:
+    for student, source in [("solution", root / "solutions" / week / name), ("untouched", released / name),
+                            ("solution-kernel", root / "solutions" / week / name)]:
         dest = root / "grader" / "submitted" / student / week
         dest.mkdir(parents=True)
         shutil.copy(source, dest / name)
@@ -49,14 +52,22 @@ def test_nbgrader_pipeline(week, tmp_path):
     start = time.perf_counter()
     course.autograde(week, "solution")
     seconds = time.perf_counter() - start
-    print(f"week {week}: autograding the solution (a full top-to-bottom run) took {seconds:.0f} s")
+    print(f"week {week}: autograding the solution (isolated, demo cells not run) took {seconds:.0f} s")
     course.autograde(week, "untouched")
 
-    autograded = root / "grader" / "autograded" / "solution" / week / name
+    monkeypatch.setenv("INFERENCE_LAB_ISOLATION", "0")
+    start = time.perf_counter()
+    Course(root).autograde(week, "solution-kernel")
+    print(f"week {week}: autograding the solution in a kernel (a full top-to-bottom run) took "
+          f"{time.perf_counter() - start:.0f} s")
+    monkeypatch.delenv("INFERENCE_LAB_ISOLATION")
+    autograded = root / "grader" / "autograded" / "solution-kernel" / week / name
     errors = _errors(autograded)
     assert not errors, f"the solution notebook raised while running top to bottom:\n" + "\n".join(errors)
+    assert not _errors(root / "grader" / "autograded" / "solution" / week / name)
 
     good, bad = course.score(week, "solution"), course.score(week, "untouched")
+    assert course.score(week, "solution-kernel") == good, "the kernel run and the isolated run disagree"
     assert good["max_code_score"] > 0
     assert good["code_score"] == good["max_code_score"], f"solution lost autograded points: {good}"
     assert bad["score"] == 0, f"the untouched release earned points, so some test checks nothing: {bad}"

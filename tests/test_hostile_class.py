@@ -1,0 +1,246 @@
+"""A hostile class: crafted week-16 submissions graded in one run next to honest controls.
+
+Every control gets exactly its honest score; no crafted submission gets credit it did not earn; the run
+finishes and lists its failures; the gradebook, the checks and the repo are unchanged by the students' code.
+Fast: demo cells are stripped, `generate` is left a stub in every notebook (its check loads SmolLM2), and the
+endless-loop case runs under a short per-call timeout set here.
+"""
+import hashlib
+import json
+import shutil
+import sqlite3
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from grader.__main__ import autograde, collect
+from grader.course import Course, read_csv
+from grader.harness import load_exercises
+
+REPO = Path(__file__).resolve().parent.parent
+WEEK = "16"
+CHECKS_FILE = REPO / "grader" / "checks" / "week16.py"
+
+
+def _nb(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def _points(release: dict) -> dict[str, float]:
+    return {c["metadata"]["nbgrader"]["grade_id"]: float(c["metadata"]["nbgrader"]["points"])
+            for c in release["cells"] if c["cell_type"] == "code" and c["metadata"].get("nbgrader", {}).get("grade")}
+
+
+def _honest(solution: dict, release: dict) -> dict:
+    """The solution with demo cells stripped and `generate` left as the release's stub."""
+    stubs = {c["metadata"]["nbgrader"]["grade_id"]: c["source"] for c in release["cells"]
+             if c["metadata"].get("nbgrader", {}).get("solution")}
+    nb = json.loads(json.dumps(solution))
+    cells = []
+    for cell in nb["cells"]:
+        meta = cell["metadata"]
+        nbg = meta.get("nbgrader", {})
+        if cell["cell_type"] == "code" and not (nbg.get("solution") or nbg.get("grade") or "setup" in meta.get("tags", [])):
+            continue  # a demo cell
+        if nbg.get("grade_id") == "generate":
+            cell["source"] = stubs["generate"]
+        cells.append(cell)
+    nb["cells"] = cells
+    return nb
+
+
+def _edit(nb: dict, grade_id: str, source: str, prepend: bool = False) -> dict:
+    nb = json.loads(json.dumps(nb))
+    for cell in nb["cells"]:
+        if cell["metadata"].get("nbgrader", {}).get("grade_id") == grade_id:
+            old = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+            cell["source"] = (textwrap.dedent(source) + "\n" + old) if prepend else textwrap.dedent(source)
+            return nb
+    raise KeyError(grade_id)
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _crafted(honest: dict, root: Path) -> dict[str, tuple[dict, set[str]]]:
+    """name -> (notebook, grade_ids of the tests it must fail on top of `test_generate`)."""
+    db = root / "grader" / "gradebook.db"
+    return {
+        "gradebook_writer": (_edit(honest, "step_flops", f"""
+            import sqlite3
+            for sql in ("UPDATE grade SET manual_score = 100", "UPDATE grade SET auto_score = 0"):
+                try:
+                    con = sqlite3.connect({str(db)!r}); con.execute(sql); con.commit(); con.close()
+                except Exception as e:
+                    print("blocked:", e)
+            try:
+                open({str(db)!r}, "r+b").write(b"garbage")
+            except Exception as e:
+                print("blocked:", e)
+            """, prepend=True), set()),
+        "checks_writer": (_edit(honest, "step_flops", f"""
+            for path in ({str(CHECKS_FILE)!r}, {str(root / 'grader' / 'PWNED')!r}):
+                try:
+                    with open(path, "a") as f:
+                        f.write("\\ncheck_step_flops = lambda *a, **k: None  # pwned\\n")
+                except Exception as e:
+                    print("blocked:", e)
+            """, prepend=True), set()),
+        "check_rebinding": (_edit(honest, "step_flops", """
+            def step_flops(*args):
+                return 0
+            check_step_flops = lambda fn: None
+            import grader.checks.week16 as _w
+            _w.check_step_flops = lambda fn: None
+            """), {"test_step_flops"}),
+        "module_patching": (_edit(honest, "gqa_attention", """
+            import torch
+            import grader.checks, grader.checks.week16 as _w
+            grader.checks.assert_close = _w.assert_close = lambda *a, **k: None
+            _w._close = lambda *a, **k: None
+            setattr(_w, "ref_gqa_attention", lambda q, k, v, causal=True: torch.zeros(q.shape))
+            def gqa_attention(q, k, v, causal=True):
+                return torch.zeros(q.shape)
+            """), {"test_gqa_attention"}),
+        "os_exit_in_function": (_edit(honest, "causal_mask", """
+            import os
+            def causal_mask(q_len, kv_len):
+                os._exit(0)
+            """), {"test_causal_mask", "test_gqa_attention"}),  # the solution's gqa_attention calls causal_mask
+        "os_exit_at_load": (_edit(honest, "answer_q3", """
+            import os
+            os._exit(0)
+            """), set(_points_cache)),
+        "endless_loop": (_edit(honest, "roofline_time", """
+            def roofline_time(flops, bytes_moved, flops_per_s, bytes_per_s):
+                while True:
+                    pass
+            """), {"test_roofline_time"}),
+        "memory_bomb": (_edit(honest, "kv_cache_bytes", """
+            def kv_cache_bytes(*args, **kwargs):
+                blocks = []
+                while True:
+                    blocks.append(bytearray(1 << 30))
+            """), {"test_kv_cache_bytes", "test_answer_q3"}),  # the solution's answer_q3 calls kv_cache_bytes
+        "reference_import": (_edit(_edit(honest, "causal_mask", """
+            from lib.kv_cache import causal_mask
+            """), "step_flops", """
+            def step_flops(*args):
+                from lib import roofline
+                return roofline.step_flops(*args)
+            """), {"test_causal_mask", "test_step_flops"}),
+    }
+
+
+_points_cache: dict = {}
+
+
+@pytest.fixture(scope="module")
+def course_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hostile") / "repo"
+    for part in ("solutions", "weeks"):
+        shutil.copytree(REPO / part / WEEK, root / part / WEEK,
+                        ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache", "*.backup-*"))
+    return root
+
+
+@pytest.mark.notebook  # minutes: a dozen submissions autograded (about 4 min on 2 loaded cores)
+def test_hostile_class(course_root, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("INFERENCE_LAB_MEMORY", str(1 << 30))  # 1 GiB beyond the imports: the bomb stops early
+    root = course_root
+    release_path = next((root / "weeks" / WEEK).glob("*.ipynb"))
+    release, solution = _nb(release_path), _nb(root / "solutions" / WEEK / release_path.name)
+    points = _points(release)
+    _points_cache.update(points)
+    honest = _honest(solution, release)
+    Course(root).ensure_assignment(WEEK)
+    crafted = _crafted(honest, root)
+
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    expected_fail: dict[str, set[str]] = {}
+    for name, (nb, fails) in crafted.items():
+        (subs / f"{name}.ipynb").write_text(json.dumps(nb))
+        expected_fail[name] = fails | {"test_generate"}
+    (subs / "honest.ipynb").write_text(json.dumps(honest))
+    expected_fail["honest"] = {"test_generate"}
+    shutil.copy(release_path, subs / "untouched.ipynb")
+    expected_fail["untouched"] = set(points)
+    (subs / "invalid_json.ipynb").write_text(json.dumps(honest)[:-10])
+    (subs / "two_notebooks").mkdir()
+    (subs / "two_notebooks" / "mine.ipynb").write_text(json.dumps(honest))
+    (subs / "two_notebooks" / "mine-Copy1.ipynb").write_text(json.dumps(release))
+    (subs / "two_named").mkdir()
+    (subs / "two_named" / release_path.name).write_text(json.dumps(honest))
+    (subs / "two_named" / "week16-Copy1.ipynb").write_text(json.dumps(release))
+    expected_fail["two_named"] = {"test_generate"}
+
+    checks_before, lib_before = _sha(CHECKS_FILE), {p.name: _sha(p) for p in (REPO / "lib").glob("*.py")}
+    refused = collect(WEEK, subs, root=root)
+    assert sorted(line.split(":")[0] for line in refused) == ["invalid_json", "two_notebooks"]
+
+    failures = autograde(WEEK, [], jobs=2, timeout=12, root=root)
+    out = capsys.readouterr().out
+    print(out)
+
+    # the run finished, every student has a score, nobody's code touched the gradebook, checks or repo
+    assert _sha(CHECKS_FILE) == checks_before, "a submission rewrote grader/checks/week16.py"
+    assert {p.name: _sha(p) for p in (REPO / "lib").glob("*.py")} == lib_before
+    assert not (root / "grader" / "PWNED").exists()
+    with sqlite3.connect(root / "grader" / "gradebook.db") as con:
+        assert con.execute("SELECT COUNT(*) FROM grade WHERE manual_score IS NOT NULL").fetchone()[0] == 0
+    assert failures == [], failures  # crafted code loses points; it does not break the run
+
+    course = Course(root)
+    total = sum(points.values())
+    for student, fails in expected_fail.items():
+        got = course.score(WEEK, student)
+        want = total - sum(points[g] for g in fails)
+        assert got["code_score"] == want, f"{student}: {got['code_score']} points, expected exactly {want}"
+    status = course.read_status(WEEK, "reference_import")
+    assert set(status["reference_use"]) == {"causal_mask", "step_flops"}
+    assert "timeout" in course.read_status(WEEK, "endless_loop")["tests"]["test_roofline_time"].lower() or \
+        "longer than" in course.read_status(WEEK, "endless_loop")["tests"]["test_roofline_time"]
+
+    rows = {r["student_id"]: r for r in read_csv(course.export(tmp_path / "grades.csv"))}
+    assert rows["reference_import"]["reference_use"] == "causal_mask step_flops"
+    assert rows["invalid_json"]["status"] == "refused at collect" and float(rows["invalid_json"]["score"]) == 0
+    assert rows["two_notebooks"]["status"] == "refused at collect"
+    assert rows["honest"]["status"] == "graded"
+
+
+def test_pytest_path_is_isolated_too(course_root, tmp_path):
+    """What `pytest weeks/16` does: the checks run here, so rebinding or patching them in a cell earns nothing,
+    and os._exit in a cell ends the child, not pytest."""
+    from grader.checks import week16 as checks
+
+    release_path = next((course_root / "weeks" / WEEK).glob("*.ipynb"))
+    honest = _honest(_nb(course_root / "solutions" / WEEK / release_path.name), _nb(release_path))
+    crafted = _crafted(honest, course_root)
+    nb = _edit(crafted["module_patching"][0], "step_flops", """
+        def step_flops(*args):
+            return 0
+        import grader.checks.week16 as _w
+        setattr(_w, "check_step_flops", lambda fn: None)
+        """)
+    path = tmp_path / release_path.name
+    path.write_text(json.dumps(nb))
+    ex = load_exercises(path)
+    with pytest.raises(AssertionError, match="exercise 1, `step_flops`"):
+        checks.check_step_flops(ex.step_flops)
+    with pytest.raises(AssertionError, match="exercise 4, `gqa_attention`"):
+        checks.check_gqa_attention(ex.gqa_attention)
+    checks.check_causal_mask(ex.causal_mask)  # the honest ones still pass
+
+    path.write_text(json.dumps(crafted["os_exit_in_function"][0]))
+    ex = load_exercises(path)
+    with pytest.raises(AssertionError, match="exited with status 0"):
+        checks.check_causal_mask(ex.causal_mask)
+    checks.check_step_flops(ex.step_flops)  # a fresh child for the next exercise
+
+    path.write_text(json.dumps(crafted["reference_import"][0]))
+    ex = load_exercises(path)
+    with pytest.raises(AssertionError, match="lib's own"):
+        checks.check_causal_mask(ex.causal_mask)
