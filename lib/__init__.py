@@ -2,7 +2,7 @@
 
 - `lib.model`     a Llama-family decoder (SmolLM2 from its GGUF file, or tiny random configs)
 - `lib.generate`  the generation loop and sampling (greedy, temperature, top-k, top-p)
-- `lib.kv_cache`  the causal mask, the KV cache, the sliding-window cache, `kv_cache_bytes` (week 16)
+- `lib.kv_cache`  the causal mask, the KV cache, the sliding-window cache, `kv_cache_bytes` (week 16); `truncate` (week 18)
 - `lib.gqa`       pooling KV heads into fewer groups: MHA -> GQA -> MQA (week 16)
 - `lib.roofline`  FLOPs, bytes and the roofline; this machine's FLOP/s and bandwidth (week 16, benchmarks)
 - `lib.attention` GQA attention and the SDPA backend; naive and tiled (FlashAttention) attention (weeks 16-17)
@@ -11,6 +11,7 @@
 - `lib.quant`     GGUF block formats byte for byte (Q8_0 ... Q6_K), per-tensor type plans, round-to-nearest (week 20)
 - `lib.paged`     the block allocator, slot mapping, paged attention and the paged KV cache (week 19)
 - `lib.engine`    a serving engine: continuous batching, preemption, chunked prefill, prefix caching (week 19)
+- `lib.speculative` speculative decoding: `verify`, `speculative_generate` with KV-cache rollback, drafts, acceptance theory (week 18)
 - `lib.text`      the committed Gutenberg text and perplexity
 - `lib.fetch`     the set-up step that places the model where `lib` finds it (`python -m lib.fetch`)
 - `lib.paths`     where data lives, and the model file's size and sha256

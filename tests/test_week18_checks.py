@@ -135,3 +135,24 @@ def test_expected_tokens_per_call_check():
              spec.expected_tokens_per_call(a, k))
     _rejects(checks.check_expected_tokens_per_call, lambda a, k: 1 + a * k)  # every token accepted independently
     _rejects(checks.check_expected_tokens_per_call, lambda a, k: (1 - a ** k) / (1 - a) if a < 1 else k)  # no bonus
+
+
+# --- 5, 6: speedup model, quiz ------------------------------------------------------------------------------
+
+def test_predicted_speedup_check():
+    def own(alpha, k, c, verify_cost):
+        tokens = (1 - alpha ** (k + 1)) / (1 - alpha) if alpha < 1 else k + 1
+        return tokens / (k * c + verify_cost[k + 1])
+    checks.check_predicted_speedup(own)
+    _rejects(checks.check_predicted_speedup, spec.predicted_speedup, match="own formula")
+    _rejects(checks.check_predicted_speedup, lambda a, k, c, v: own(a, k, 0.0, v))  # the draft costs nothing
+    _rejects(checks.check_predicted_speedup, lambda a, k, c, v: own(a, k, c, {**v, k + 1: v[k]}))  # verifies K, not K + 1
+    _rejects(checks.check_predicted_speedup, lambda a, k, c, v: own(a, k, c, {m: 1.0 for m in v}))  # assumes a flat curve
+
+
+def test_quiz_checks():
+    checks.check_answer_q5(lambda: 0.5)
+    _rejects(checks.check_answer_q5, lambda: 2.0, match="upside down")
+    _rejects(checks.check_answer_q5, lambda: 0.3)
+    checks.check_answer_q6(lambda: spec.expected_tokens_per_call(0.8, 4) / 1.2)
+    _rejects(checks.check_answer_q6, lambda: spec.expected_tokens_per_call(0.8, 4))

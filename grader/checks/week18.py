@@ -361,3 +361,48 @@ def check_expected_tokens_per_call(expected_tokens_per_call) -> None:
             f"expected_tokens_per_call({alpha:.6g}, {k}) = {got:.6g}; expected (1 - α^(K+1)) / (1 - α) = {want:.6g} "
             f"(K + 1 when α = 1): token i of the round is kept when the i draft tokens before it were all accepted "
             f"{seed_note()}")
+
+
+# --- 5 ------------------------------------------------------------------------------------------------
+
+@WEEK.exercise(5, "predicted_speedup", section="6 (The speedup model)")
+def check_predicted_speedup(predicted_speedup) -> None:
+    g = generator(4)
+    for case in range(25):
+        alpha = float(torch.rand((), generator=g))
+        k = int(torch.randint(1, 12, (), generator=g))
+        c = float(torch.rand((), generator=g)) * 0.8
+        curve = torch.cumsum(0.3 * torch.rand(16, generator=g), 0)
+        verify_cost = {m: 1.0 + float(curve[m - 2]) if m > 1 else 1.0 for m in range(1, 17)}
+        got = float(predicted_speedup(alpha, k, c, verify_cost))
+        want = ref.predicted_speedup(alpha, k, c, verify_cost)
+        assert abs(got - want) <= 1e-6 * want, (
+            f"predicted_speedup(alpha={alpha:.4f}, k={k}, c={c:.4f}, verify_cost) = {got:.5g}; expected {want:.5g}: "
+            f"a round yields (1 - α^(K+1))/(1 - α) tokens and costs K draft steps (K·c target steps) plus one target "
+            f"forward of K + 1 tokens (verify_cost[K + 1] steps) {seed_note()}")
+    flat = {m: 1.0 for m in range(1, 17)}
+    got = float(predicted_speedup(0.8, 4, 0.05, flat))
+    assert abs(got - 2.8013) < 1e-3, f"GPU-like regime (flat verify, c = 0.05), α = 0.8, K = 4: expected 2.80, got {got:.3f}"
+    _, obs = observe(predicted_speedup, 0.5, 2, 0.1, flat)
+    used = sorted(c for c in obs.lib_calls if c.startswith("lib.speculative."))
+    assert not used, f"predicted_speedup must be your own formula; it called {used}"
+
+
+# --- 6 ------------------------------------------------------------------------------------------------
+
+@WEEK.exercise(6, "answer_q5", section="8 (Check your understanding)")
+def check_answer_q5(answer_q5) -> None:
+    got = float(answer_q5())
+    if abs(got - 2.0) < 1e-6 or abs(got - 1.0) < 1e-6:
+        raise AssertionError(f"answer_q5() = {got}: that is min(1, q/p), the ratio upside down. Accept with "
+                             f"min(1, p(x)/q(x)), p the target (0.3), q the draft (0.6)")
+    assert abs(got - 0.5) < 1e-9, f"answer_q5() = {got}: accept with probability min(1, p(x)/q(x))"
+
+
+@WEEK.exercise(6, "answer_q6", section="8 (Check your understanding)")
+def check_answer_q6(answer_q6) -> None:
+    got = float(answer_q6())
+    want = ref.expected_tokens_per_call(0.8, 4) / (4 * 0.05 + 1.0)
+    assert abs(got - want) < 5e-3, (
+        f"answer_q6() = {got:.3f}: tokens per round (1 - α^(K+1))/(1 - α) with α = 0.8, K = 4, over the cost of a "
+        f"round in target steps, K·c + 1 with c = 0.05 and a flat verify curve")

@@ -36,3 +36,16 @@ def test_ex03_acceptance_rate(ex):
 def test_ex04_expected_tokens_per_call(ex):
     """Milestone: α = 0.7, K = 4 gives 2.77 tokens per call (not the seed's 3.6)."""
     checks.check_expected_tokens_per_call(ex.expected_tokens_per_call)
+
+
+def test_ex05_predicted_speedup(ex):
+    """Milestone: the GPU-like regime (flat verify, c = 0.05) predicts 2.80x for α = 0.8, K = 4."""
+    checks.check_predicted_speedup(ex.predicted_speedup)
+
+
+def test_ex06_answer_q5(ex):
+    checks.check_answer_q5(ex.answer_q5)
+
+
+def test_ex06_answer_q6(ex):
+    checks.check_answer_q6(ex.answer_q6)

@@ -1,0 +1,98 @@
+"""Speculative decoding on SmolLM2-135M (fp32, batch 1): target greedy tok/s vs each draft's speculative tok/s.
+
+    python benchmarks/speculative.py [--new-tokens 64] [--ks 1,2,4]
+
+Greedy (temperature 0), so every speculative run must give exactly the target's tokens (checked, printed).
+Workloads: chat prompts (SmolLM2's chat template) and a quoting prompt (the answer repeats the prompt,
+where prompt lookup shines). Drafts: prompt lookup (adaptive: drafts only where an n-gram matches),
+the int8 copy of the target, an early exit (first 8 layers) and a random 2-layer model. Each draft runs at
+every K in --ks; the table shows the best K. All figures come from this one run; ratios are what to
+compare across machines (a busy machine slows everything). Not a test.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+CHAT = [
+    "What are three tips for staying healthy?",
+    "Explain what a hash table is to a beginner.",
+    "Write a short story about a robot who learns to paint.",
+]
+QUOTE = ("Repeat the following paragraph word for word.\n\n"
+         "To be, or not to be, that is the question: Whether 'tis nobler in the mind to suffer the slings and "
+         "arrows of outrageous fortune, or to take arms against a sea of troubles, and by opposing end them. "
+         "To die: to sleep; no more; and by a sleep to say we end the heart-ache and the thousand natural "
+         "shocks that flesh is heir to.")
+
+
+def chat_ids(tok, text, device):
+    ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                  return_tensors="pt")
+    ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+    return ids.to(device)
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--ks", default="1,2,4")
+    args = parser.parse_args()
+    ks = [int(k) for k in args.ks.split(",")]
+
+    from lib import speculative as spec
+    from lib.generate import generate
+    from lib.model import load_smollm2
+
+    torch.manual_seed(0)
+    model, tok = load_smollm2(device="cpu")
+    print(f"torch {torch.__version__} | threads: {torch.get_num_threads()} | {args.new_tokens} new tokens, greedy")
+    drafts = {
+        "prompt lookup": (spec.PromptLookupDraft(model.config.vocab_size), 0.5),
+        "int8 copy": (spec.quantized_draft(model), 0.0),
+        "early exit 8": (spec.early_exit_draft(model, 8), 0.0),
+        "random 2-layer": (spec.random_draft(model.config), 0.0),
+    }
+    workloads = {"chat": [chat_ids(tok, t, model.device) for t in CHAT], "quote": [chat_ids(tok, QUOTE, model.device)]}
+    n = args.new_tokens
+    generate(model, workloads["chat"][0], 4)  # warm-up
+    rows = []
+    for wname, prompts in workloads.items():
+        base_time, refs = 0.0, []
+        for ids in prompts:
+            out, dt = timed(lambda: generate(model, ids, n))
+            refs.append(out)
+            base_time += dt
+        base = len(prompts) * n / base_time
+        print(f"\n[{wname}] target greedy: {base:.1f} tok/s over {len(prompts)} prompt(s)")
+        for dname, (draft, min_prob) in drafts.items():
+            best = None
+            for k in ks:
+                total, same, st = 0.0, True, spec.SpecStats()
+                for ids, ref in zip(prompts, refs):
+                    out, dt = timed(lambda: spec.speculative_generate(model, draft, ids, n, k=k, stats=st,
+                                                                      min_draft_prob=min_prob))
+                    total += dt
+                    same &= torch.equal(out, ref)
+                rate = len(prompts) * n / total
+                print(f"  {dname:15s} K={k}: {rate:6.1f} tok/s ({rate / base:.2f}x) identical={same} "
+                      f"accept={st.acceptance_rate:.2f} tokens/call={st.tokens_per_call:.2f}")
+                if best is None or rate > best[1]:
+                    best = (k, rate, same, st.acceptance_rate)
+            rows.append((wname, dname, best[0], base, best[1], best[1] / base, best[2], best[3]))
+    print("\n| workload | draft | best K | target tok/s | speculative tok/s | speedup | identical | acceptance (T=0) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for w, d, k, b, r, s, same, a in rows:
+        print(f"| {w} | {d} | {k} | {b:.1f} | {r:.1f} | {s:.2f}x | {same} | {a:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
