@@ -514,8 +514,9 @@ for k in range(N_SAMPLES):
 """)
 nb.md("""
 Sharing saves the prompt's full blocks `n − 1` times over, and its prefill `n − 1` times; the copies cost
-one block per extra sample. The longer the prompt against the answer, the bigger the saving (vLLM
-reports up to 55 % less KV memory for parallel sampling and beam search).
+one block per extra sample. The longer the prompt against the answers, the bigger the saving: on chat
+workloads, whose answers are long against their prompts, it is much smaller than here (the vLLM paper,
+§6.3, measures it for parallel sampling and for beam search, which shares more and saves more).
 """)
 
 # --- 7 -----------------------------------------------------------------------------------------------
