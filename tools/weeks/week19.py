@@ -130,22 +130,25 @@ print(f"  gain: predicted by step count {pred:.2f}x, measured steps {len(es.trac
 nb.md("""
 The measured step counts include the prefill steps, so they sit a little above the model's. Wall time
 follows the step count to the extent that a decode step costs about the same with 1 or 4 requests in it
-(section 5 measures how true that is here; on a busy machine the two runs also see different loads). The **Gantt chart** below shows each slot over time: in the static run a slot
-whose request finished stays empty until the whole batch is done.
+(section 5 measures how true that is here; on a busy machine the two runs also see different loads).
+The **Gantt chart** below shows each slot over time, one colour per request: in the static run a slot
+whose request has finished keeps computing padding (grey) until the whole batch is done.
 """)
 nb.code("""
 def slot_gantt(ax, engine, title):
-    slots, colors = {}, {}
+    slots, seen = {}, {}
     free = list(range(engine.max_num_seqs))
     prev = set()
     for step, scheduled in enumerate(engine.trace):
         now = {rid for rid, _ in scheduled}
         for rid in sorted(prev - now):  # finished (or preempted): the slot is free again
-            free.append(slots.pop(rid)[0]); free.sort()
+            free.append(slots.pop(rid)); free.sort()
         for rid in sorted(now - prev):
-            slots[rid] = (free.pop(0), step)
-        for rid, (slot, first) in slots.items():
-            ax.broken_barh([(step, 1)], (slot - 0.4, 0.8), color=plt.cm.tab20(rid % 20))
+            slots[rid] = free.pop(0)
+        for rid, slot in slots.items():
+            seen[rid] = seen.get(rid, 0) + 1  # a request's steps: its prefill, then one per further token
+            padding = seen[rid] > engine.requests[rid].max_new_tokens  # finished, still in a static batch
+            ax.broken_barh([(step, 1)], (slot - 0.4, 0.8), color="0.85" if padding else plt.cm.tab20(rid % 20))
         prev = now
     ax.set_title(f"{title}: {len(engine.trace)} steps")
     ax.set_ylabel("slot"); ax.set_yticks(range(engine.max_num_seqs))
