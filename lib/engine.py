@@ -24,6 +24,11 @@ Every step the scheduler picks what to run (vLLM v1's shape, nano-vllm's size):
 All scheduled tokens of all requests go through the model in **one forward** (`[1, N]`, flattened),
 the decodes' attention through `lib.paged.paged_attention`. Greedy output of every request is what
 `lib.generate.generate` gives on it alone.
+
+Also here: parallel sampling with copy-on-write (`add_request(..., n=4, temperature=0.8)`, `sample`): the
+samples share the prompt's blocks and copy a shared block only when they write into it; static batching
+for comparison (`policy="static"`); the step-count model of batching (`simulate_steps`); and a load test
+with arrival times (`run_load`: TTFT, TBT, throughput, KV utilization).
 """
 from __future__ import annotations
 
@@ -40,6 +45,13 @@ from lib.paged import BlockAllocator, OutOfBlocksError, PagedKVCache, blocks_nee
 
 
 # --- requests ----------------------------------------------------------------------------------------
+
+class UnknownRequestError(KeyError, ValueError):
+    """A request id the engine does not know (never added, aborted, or already collected)."""
+
+    def __str__(self) -> str:  # KeyError would print the message in quotes
+        return str(self.args[0]) if self.args else ""
+
 
 @dataclass(eq=False)
 class Request:
@@ -329,7 +341,7 @@ class LLMEngine:
         try:
             return self.requests[request_id]
         except KeyError:
-            raise KeyError(f"unknown request id {request_id!r}: known ids are "
+            raise UnknownRequestError(f"unknown request id {request_id!r}: known ids are "
                            f"{list(self.requests)[:10]}{' …' if len(self.requests) > 10 else ''}") from None
 
     def output(self, request_id) -> list[int]:
