@@ -24,6 +24,11 @@ Every step the scheduler picks what to run (vLLM v1's shape, nano-vllm's size):
 All scheduled tokens of all requests go through the model in **one forward** (`[1, N]`, flattened),
 the decodes' attention through `lib.paged.paged_attention`. Greedy output of every request is what
 `lib.generate.generate` gives on it alone.
+
+Also here: parallel sampling with copy-on-write (`add_request(..., n=4, temperature=0.8)`, `sample`): the
+samples share the prompt's blocks and copy a shared block only when they write into it; static batching
+for comparison (`policy="static"`); the step-count model of batching (`simulate_steps`); and a load test
+with arrival times (`run_load`: TTFT, TBT, throughput, KV utilization).
 """
 from __future__ import annotations
 
@@ -35,12 +40,20 @@ from dataclasses import dataclass, field
 
 import torch
 
+from lib.generate import sample_next
 from lib.paged import BlockAllocator, OutOfBlocksError, PagedKVCache, blocks_needed
 
 
 # --- requests ----------------------------------------------------------------------------------------
 
-@dataclass
+class UnknownRequestError(KeyError, ValueError):
+    """A request id the engine does not know (never added, aborted, or already collected)."""
+
+    def __str__(self) -> str:  # KeyError would print the message in quotes
+        return str(self.args[0]) if self.args else ""
+
+
+@dataclass(eq=False)
 class Request:
     request_id: object
     prompt: list[int]
@@ -56,6 +69,10 @@ class Request:
     token_times: list[float] = field(default_factory=list)
     finished: bool = False
     padding: list[int] = field(default_factory=list)  # static batching: tokens run after finishing, thrown away
+    temperature: float = 0.0
+    seed: int = 0  # sampling: this request's generator is seeded with it
+    n: int = 1  # parallel sampling: samples still to fork off when the prompt is done
+    generator: torch.Generator | None = None
 
     @property
     def tokens(self) -> list[int]:
@@ -145,17 +162,39 @@ class BlockManager:
             self.num_evictions += 1
         return self.allocator.allocate()
 
-    def can_grow(self, req: Request, num_tokens: int) -> bool:
-        return blocks_needed(num_tokens, self.block_size) - len(req.blocks) <= self.num_available
+    def _shared_write_block(self, req: Request) -> int | None:
+        """Index in `req.blocks` of the block its next token is written to, if another owner shares it."""
+        j = req.num_computed // self.block_size
+        if j < len(req.blocks) and self.allocator.ref_counts[req.blocks[j]] > 1:
+            return j
+        return None
 
-    def grow(self, req: Request, num_tokens: int) -> None:
-        """Give `req` blocks for `num_tokens` tokens (raises OutOfBlocksError when there are not enough)."""
-        need = blocks_needed(num_tokens, self.block_size) - len(req.blocks)
+    def _need(self, req: Request, num_tokens: int) -> int:
+        new = blocks_needed(num_tokens, self.block_size) - len(req.blocks)
+        return max(new, 0) + (self._shared_write_block(req) is not None)
+
+    def can_grow(self, req: Request, num_tokens: int) -> bool:
+        return self._need(req, num_tokens) <= self.num_available
+
+    def grow(self, req: Request, num_tokens: int) -> list[tuple[int, int]]:
+        """Give `req` blocks for `num_tokens` tokens; returns the (source, destination) blocks to copy.
+
+        Copy-on-write: a block that another owner shares is replaced by a private copy before `req`
+        writes into it. Raises OutOfBlocksError when there are not enough blocks."""
+        need = self._need(req, num_tokens)
         if need > self.num_available:
             raise OutOfBlocksError(f"request {req.request_id!r} needs {need} more blocks; {self.num_available} of "
                                    f"{self.allocator.num_blocks} are free")
-        for _ in range(need):
+        copies = []
+        j = self._shared_write_block(req)
+        if j is not None:
+            src, dst = req.blocks[j], self._allocate()
+            self.allocator.free(src)  # one owner fewer; the others keep it
+            req.blocks[j] = dst
+            copies.append((src, dst))
+        while len(req.blocks) < blocks_needed(num_tokens, self.block_size):
             req.blocks.append(self._allocate())
+        return copies
 
     def release(self, req: Request) -> None:
         """Free every block of `req` (shared and cached ones stay for their other owners)."""
@@ -243,6 +282,7 @@ class LLMEngine:
         self.trace: list[list[tuple[object, int]]] = []  # per step: (request_id, tokens computed)
         self.step_stats: list[dict] = []
         self.num_preemptions = 0
+        self.num_cow_copies = 0
         self.prompt_tokens = 0
         self.prefix_hit_tokens = 0
 
@@ -253,8 +293,16 @@ class LLMEngine:
     # -- the request API ----------------------------------------------------------------------------
 
     def add_request(self, prompt: Sequence[int], max_new_tokens: int, request_id=None,
-                    arrival: float | None = None):
-        """Queue a request; returns its id. Raises ValueError at once for a request that can never run."""
+                    arrival: float | None = None, n: int = 1, temperature: float = 0.0, seed: int = 0):
+        """Queue a request; returns its id. Raises ValueError at once for a request that can never run.
+
+        `temperature` > 0 samples (sample k of the request draws from a generator seeded with `seed + k`,
+        as `lib.generate.generate(..., temperature, generator=torch.Generator().manual_seed(seed + k))`
+        does). `n` > 1 is parallel sampling: the prompt is computed once, then `n - 1` more samples,
+        with ids `(request_id, 1) … (request_id, n - 1)`, share its blocks (copy-on-write).
+        """
+        if n < 1 or temperature < 0:
+            raise ValueError(f"need n >= 1 and temperature >= 0; got n={n}, temperature={temperature}")
         prompt = [int(t) for t in (prompt.tolist() if isinstance(prompt, torch.Tensor) else prompt)]
         if not prompt:
             raise ValueError("a request needs a prompt of at least one token")
@@ -267,7 +315,9 @@ class LLMEngine:
         if total > self.config.max_seq_len:
             raise ValueError(f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) = {total} exceeds the "
                              f"model's max_seq_len {self.config.max_seq_len}")
-        need = blocks_needed(total - 1, self.block_size)  # the last token's K and V are never written
+        # The last token's K and V are never written. (With n samples, more than one sample's worth helps,
+        # but one is enough: samples that do not fit are preempted and run later.)
+        need = blocks_needed(total - 1, self.block_size)
         if need > self.num_blocks:
             raise ValueError(f"request can never fit: {total - 1} tokens need {need} blocks of {self.block_size}, "
                              f"and the whole pool has {self.num_blocks}. Give the engine more blocks or ask for "
@@ -281,7 +331,8 @@ class LLMEngine:
                 request_id = next(self._ids)
         elif request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        req = Request(request_id, prompt, max_new_tokens, arrival=self.clock() if arrival is None else arrival)
+        req = Request(request_id, prompt, max_new_tokens, arrival=self.clock() if arrival is None else arrival,
+                      temperature=temperature, seed=seed, n=n)
         self.requests[request_id] = req
         self.waiting.append(req)
         return request_id
@@ -290,7 +341,7 @@ class LLMEngine:
         try:
             return self.requests[request_id]
         except KeyError:
-            raise KeyError(f"unknown request id {request_id!r}: known ids are "
+            raise UnknownRequestError(f"unknown request id {request_id!r}: known ids are "
                            f"{list(self.requests)[:10]}{' …' if len(self.requests) > 10 else ''}") from None
 
     def output(self, request_id) -> list[int]:
@@ -343,6 +394,45 @@ class LLMEngine:
 
     # -- scheduling ---------------------------------------------------------------------------------
 
+    def _copy(self, copies: list[tuple[int, int]]) -> None:
+        for src, dst in copies:
+            self.cache.copy_block(src, dst)
+            self.num_cow_copies += 1
+
+    def _sample(self, req: Request, logits: torch.Tensor) -> int:
+        if req.temperature == 0.0:
+            return int(logits.argmax())
+        if req.generator is None:
+            req.generator = torch.Generator(device=logits.device).manual_seed(req.seed)
+        return int(sample_next(logits[None], req.temperature, generator=req.generator)[0])
+
+    def _fork_samples(self, parent: Request) -> list[Request]:
+        """Parallel sampling: n - 1 more samples of `parent`'s prompt, sharing every block it has."""
+        children = []
+        for k in range(1, parent.n):
+            child = Request((parent.request_id, k), parent.prompt, parent.max_new_tokens, arrival=parent.arrival,
+                            temperature=parent.temperature, seed=parent.seed + k,
+                            num_computed=parent.num_computed, block_hashes=list(parent.block_hashes),
+                            blocks=[self.blocks.allocator.fork(b) for b in parent.blocks])
+            self.requests[child.request_id] = child
+            self.running.append(child)
+            children.append(child)
+        parent.n = 1
+        return children
+
+    def sample(self, prompt: Sequence[int], max_new_tokens: int, n: int, temperature: float,
+               seed: int = 0) -> list[list[int]]:
+        """`n` samples of one prompt (parallel sampling, the prompt's blocks shared); sample k is seeded `seed + k`."""
+        rid = self.add_request(prompt, max_new_tokens, n=n, temperature=temperature, seed=seed)
+        ids = [rid] + [(rid, k) for k in range(1, n)]
+        while any(i not in self.requests or not self.requests[i].finished for i in ids):
+            self.step()
+        outs = [list(self.requests[i].output) for i in ids]
+        for i in ids:
+            self._finished.pop(i, None)
+            self.requests.pop(i, None)
+        return outs
+
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
         self.blocks.release(req)  # recompute later: prompt + output so far
@@ -369,7 +459,7 @@ class LLMEngine:
                     break
             if req not in self.running:
                 break
-            self.blocks.grow(req, req.num_computed + n)
+            self._copy(self.blocks.grow(req, req.num_computed + n))
             scheduled.append((req, n))
             budget -= n
             i += 1
@@ -386,7 +476,7 @@ class LLMEngine:
                 self.blocks.release(req)  # give the shared blocks back until it can be admitted
                 break
             self.waiting.popleft()
-            self.blocks.grow(req, req.num_computed + n)
+            self._copy(self.blocks.grow(req, req.num_computed + n))
             if req.num_preemptions == 0:
                 self.prompt_tokens += len(req.prompt)
                 self.prefix_hit_tokens += req.num_cached_prompt
@@ -418,14 +508,18 @@ class LLMEngine:
         logits = self.model(input_ids, cache=self.cache)[0]  # [N, vocab]
         self.cache.positions = None
         now = self.clock()
-        events, row = [], 0
+        events, rows, row = [], [], 0  # rows: (request, row of the logits its next token comes from)
         for req, n in scheduled:
             row += n
             req.num_computed += n
             self.blocks.register(req)
             if req.num_computed < req.num_tokens:  # a prefill chunk: nothing to sample yet
                 continue
-            token = int(logits[row - 1].argmax())
+            rows.append((req, row - 1))
+            if req.n > 1:  # the prompt is done: fork the other samples; each samples its own first token
+                rows += [(child, row - 1) for child in self._fork_samples(req)]
+        for req, row in rows:
+            token = self._sample(req, logits[row])
             if req.finished:  # a padded row of a static batch
                 req.padding.append(token)
                 if req.num_tokens >= self.config.max_seq_len:  # the model cannot take it further
@@ -455,5 +549,79 @@ class LLMEngine:
             blocks_in_use=self.blocks.num_in_use,
             slots_used=sum(r.num_computed for r in self.running),
             slots_allocated=sum(len(r.blocks) for r in self.running) * self.block_size,
+            slots_preallocated=sum(len(r.prompt) + r.max_new_tokens for r in self.running),  # a contiguous cache's
+            num_running=len(self.running),
         ))
         return events
+
+
+# --- a load test ------------------------------------------------------------------------------------
+
+class SkipClock:
+    """Wall-clock time that skips idle gaps: `advance_to(t)` jumps forward when nothing is running.
+
+    A load test on a slow machine then measures every step for real without sleeping between arrivals."""
+
+    def __init__(self):
+        self.offset = time.perf_counter()
+
+    def __call__(self) -> float:
+        return time.perf_counter() - self.offset
+
+    def advance_to(self, t: float) -> None:
+        now = self()
+        if t > now:
+            self.offset -= t - now
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100), linear interpolation; nan for no values."""
+    if not len(values):
+        return float("nan")
+    return float(torch.quantile(torch.tensor(values, dtype=torch.float64), q / 100))
+
+
+def run_load(engine: LLMEngine, prompts: Sequence[Sequence[int]], max_new_tokens: Sequence[int],
+             arrivals: Sequence[float], progress=None, prealloc_len: int = 2048) -> dict:
+    """Serve requests arriving at `arrivals` (seconds from 0) on `engine`; returns latency and throughput.
+
+    TTFT: arrival to first token. TBT: gaps between a request's tokens. Throughput: generated tokens per
+    second from the first arrival to the last token. KV utilization: slots holding a token / slots in the
+    running requests' blocks, averaged over steps, against two contiguous caches: one that reserves exactly
+    prompt + max_new_tokens per request (lengths known in advance), one that reserves `prealloc_len`
+    (the usual case: the answer's length is unknown). Idle time between arrivals is skipped (`SkipClock`), busy time is measured."""
+    if not (len(prompts) == len(max_new_tokens) == len(arrivals)):
+        raise ValueError("one prompt, max_new_tokens and arrival time per request")
+    clock = SkipClock()
+    engine.clock = clock
+    order = sorted(range(len(prompts)), key=lambda i: arrivals[i])
+    first_step = len(engine.step_stats)
+    i = 0
+    while i < len(order) or engine.has_unfinished():
+        while i < len(order) and arrivals[order[i]] <= clock():
+            r = order[i]
+            engine.add_request(prompts[r], max_new_tokens[r], request_id=("load", r), arrival=arrivals[r])
+            i += 1
+        if not engine.has_unfinished():
+            clock.advance_to(arrivals[order[i]])
+            continue
+        produced = engine.step()
+        if progress is not None:
+            progress.update(len(produced))
+    reqs = [engine.requests[("load", r)] for r in range(len(prompts))]
+    engine.finished_outputs()
+    ttft = [r.first_token_time - r.arrival for r in reqs]
+    tbt = [b - a for r in reqs for a, b in zip(r.token_times, r.token_times[1:])]
+    end = max(r.token_times[-1] for r in reqs)
+    stats = engine.step_stats[first_step:]
+    used = sum(s["slots_used"] for s in stats)
+    return dict(
+        ttft=ttft, tbt=tbt, duration=end - min(arrivals),
+        tokens_per_s=sum(len(r.output) for r in reqs) / (end - min(arrivals)),
+        requests_per_s=len(reqs) / (end - min(arrivals)),
+        kv_utilization=used / max(1, sum(s["slots_allocated"] for s in stats)),
+        kv_utilization_preallocated=used / max(1, sum(s["slots_preallocated"] for s in stats)),
+        kv_utilization_max_len=used / max(1, prealloc_len * sum(s["num_running"] for s in stats)),
+        mean_batch=sum(s["num_seqs"] for s in stats) / max(1, len(stats)),
+        preemptions=sum(r.num_preemptions for r in reqs),
+    )

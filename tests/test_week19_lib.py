@@ -146,7 +146,7 @@ def test_engine_errors():
         LLMEngine(model, num_blocks=100).add_request([1] * 250, 10)
     with pytest.raises(ValueError):
         engine.add_request([], 3)
-    with pytest.raises(KeyError, match="unknown request id"):
+    with pytest.raises(ValueError, match="^unknown request id 12345"):  # UnknownRequestError: a KeyError too
         engine.output(12345)
     with pytest.raises(KeyError, match="unknown request id"):
         engine.abort("nope")
@@ -188,3 +188,38 @@ def test_engine_on_smollm2_equals_generate(smollm2):
     assert LLMEngine(model, num_blocks=64).generate(prompts, 16) == want
     tight = LLMEngine(model, num_blocks=6, block_size=8, max_num_batched_tokens=16)
     assert tight.generate(prompts, 16) == want and tight.num_preemptions > 0
+
+
+@pytest.mark.parametrize("kwargs", [dict(num_blocks=32, block_size=8), dict(num_blocks=80, block_size=1),
+                                    dict(num_blocks=9, block_size=4, max_num_batched_tokens=8)])
+def test_parallel_sampling_copy_on_write(kwargs):
+    """n = 4 samples share the prompt's blocks; each equals lib.generate with its own seeded generator."""
+    model = tiny_model(seed=3, n_heads=4, n_kv_heads=2)
+    prompt = _prompts(1, seed=1, lo=21, hi=22)[0]
+    want = [generate(model, torch.tensor([prompt]), 12, temperature=1.0,
+                     generator=torch.Generator().manual_seed(5 + k))[0, 21:].tolist() for k in range(4)]
+    assert len(set(map(tuple, want))) > 1  # the samples differ, so a shared block written twice would show
+    engine = LLMEngine(model, **kwargs)
+    assert engine.sample(prompt, 12, n=4, temperature=1.0, seed=5) == want
+    assert engine.blocks.num_in_use == 0
+    if kwargs["block_size"] == 8:  # 21 = 2 full blocks shared + a partial one, copied by 3 of the 4 samples
+        assert engine.num_cow_copies == 3
+
+
+def test_run_load_and_simulate_steps():
+    from lib.engine import percentile, run_load, simulate_steps
+
+    model = tiny_model(seed=3)
+    prompts = _prompts(12, seed=8, lo=5, hi=50)
+    g = torch.Generator().manual_seed(0)
+    arrivals = torch.cumsum(torch.empty(12).exponential_(100.0, generator=g), 0).tolist()
+    engine = LLMEngine(model, num_blocks=64, block_size=8)
+    r = run_load(engine, prompts, [6] * 12, arrivals)
+    assert len(r["ttft"]) == 12 and len(r["tbt"]) == 12 * 5 and min(r["ttft"]) > 0
+    assert 0 < r["kv_utilization_max_len"] < r["kv_utilization_preallocated"] <= r["kv_utilization"] <= 1
+    assert not engine.has_unfinished() and engine.blocks.num_in_use == 0
+    assert percentile([1.0, 2.0, 3.0], 50) == 2.0
+    assert simulate_steps([50, 200] * 4, 8, "static") == simulate_steps([50, 200] * 4, 8) == 200
+    assert (simulate_steps([50, 200] * 32, 8, "static"), simulate_steps([50, 200] * 32, 8)) == (1600, 1100)
+    with pytest.raises(ValueError):
+        simulate_steps([0], 1)

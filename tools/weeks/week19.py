@@ -50,7 +50,7 @@ from tqdm.auto import tqdm
 
 from lib import paged as ref
 from lib.attention import gqa_attention
-from lib.engine import LLMEngine, simulate_steps
+from lib.engine import LLMEngine, percentile, run_load, simulate_steps
 from lib.generate import generate as lib_generate
 from lib.kv_cache import kv_cache_bytes
 from lib.model import shared_smollm2
@@ -100,10 +100,10 @@ of lengths and the depth of the queue, and is 1.0 when all lengths are equal.
 
 Now measure it on SmolLM2 with the real engine: the same workload shape (half short, half 4× longer,
 alternating), static against continuous, steps and wall time. The fast default is scaled down
-(16 requests of 5/20 new tokens on 4 slots); `FULL` runs the 64 requests of 50/200 on 8 slots.
+(12 requests of 4/16 new tokens on 4 slots); `FULL` runs the 64 requests of 50/200 on 8 slots.
 """)
 nb.code("""
-N_REQ, SLOTS, SHORT, LONG = (64, 8, 50, 200) if FULL else (16, 4, 5, 20)
+N_REQ, SLOTS, SHORT, LONG = (64, 8, 50, 200) if FULL else (12, 4, 4, 16)
 lengths = [SHORT, LONG] * (N_REQ // 2)
 
 
@@ -128,24 +128,27 @@ print(f"  gain: predicted by step count {pred:.2f}x, measured steps {len(es.trac
       f"measured wall time {ts / tc:.2f}x")
 """)
 nb.md("""
-The measured step counts include one prefill step per admission, so they sit a little above the model's.
-Wall time follows the step count because a decode step costs about the same with 2 or 4 requests in it
-(section 5 measures that). The **Gantt chart** below shows each slot over time: in the static run a slot
-whose request finished stays empty until the whole batch is done.
+The measured step counts include the prefill steps, so they sit a little above the model's. Wall time
+follows the step count to the extent that a decode step costs about the same with 1 or 4 requests in it
+(section 5 measures how true that is here; on a busy machine the two runs also see different loads).
+The **Gantt chart** below shows each slot over time, one colour per request: in the static run a slot
+whose request has finished keeps computing padding (grey) until the whole batch is done.
 """)
 nb.code("""
 def slot_gantt(ax, engine, title):
-    slots, colors = {}, {}
+    slots, seen = {}, {}
     free = list(range(engine.max_num_seqs))
     prev = set()
     for step, scheduled in enumerate(engine.trace):
         now = {rid for rid, _ in scheduled}
         for rid in sorted(prev - now):  # finished (or preempted): the slot is free again
-            free.append(slots.pop(rid)[0]); free.sort()
+            free.append(slots.pop(rid)); free.sort()
         for rid in sorted(now - prev):
-            slots[rid] = (free.pop(0), step)
-        for rid, (slot, first) in slots.items():
-            ax.broken_barh([(step, 1)], (slot - 0.4, 0.8), color=plt.cm.tab20(rid % 20))
+            slots[rid] = free.pop(0)
+        for rid, slot in slots.items():
+            seen[rid] = seen.get(rid, 0) + 1  # a request's steps: its prefill, then one per further token
+            padding = seen[rid] > engine.requests[rid].max_new_tokens  # finished, still in a static batch
+            ax.broken_barh([(step, 1)], (slot - 0.4, 0.8), color="0.85" if padding else plt.cm.tab20(rid % 20))
         prev = now
     ax.set_title(f"{title}: {len(engine.trace)} steps")
     ax.set_ylabel("slot"); ax.set_yticks(range(engine.max_num_seqs))
@@ -426,8 +429,8 @@ nb.md("""
 **Milestone.** Requests batched together give exactly the tokens `generate` gives each one alone.
 """)
 nb.code("""
-prompts = PROMPTS[:4]
-NEW = 32 if FULL else 12
+prompts = PROMPTS[:8] if FULL else PROMPTS[:3]
+NEW = 32 if FULL else 8
 alone = [lib_generate(model, torch.tensor([p]), NEW)[0, len(p):].tolist() for p in tqdm(prompts, desc="alone")]
 engine = LLMEngine(model, num_blocks=64, block_size=16, max_num_seqs=8)
 batched = engine.generate(prompts, NEW)
@@ -443,8 +446,8 @@ little more than a step with 1, and tokens per second should grow almost linearl
 the matmuls become compute-bound. Measured (decode steps only, after the prefill):
 """)
 nb.code("""
-BATCHES = [1, 2, 4, 8, 16, 32] if FULL else [1, 2, 4, 8, 16]
-STEPS = 16 if FULL else 6
+BATCHES = [1, 2, 4, 8, 16, 32] if FULL else [1, 4, 8, 16]
+STEPS = 16 if FULL else 4
 
 
 def decode_rate(batch, steps=STEPS):
@@ -478,13 +481,327 @@ the activations of the LM head's 49,152 outputs per token) starts to count next 
 Measured on a shared CPU, so read the ratios, not the absolute numbers.
 """)
 
+# --- 6 -----------------------------------------------------------------------------------------------
+nb.md("""
+## 6. Copy-on-write: parallel sampling
+
+Asking for `n` samples of one prompt (`n=4` in an API call) computes the prompt **once**. The samples
+then share its blocks: the allocator's reference counts say each block has `n` owners. The full blocks
+are never written again, so they stay shared to the end. The prompt's last, partly filled block is
+written by every sample's next token — so each sample but the last owner gets a private **copy** of
+that one block the first time it writes (copy-on-write), and from then on fills blocks of its own.
+
+`LLMEngine.sample(prompt, max_new_tokens, n, temperature, seed)` does this; below, its peak block use
+against the same 4 samples run as 4 separate requests.
+""")
+nb.code("""
+long_prompt = tok(" ".join(lines[300:330])).input_ids[:100]  # a 100-token prompt: 6 full blocks + 4 tokens
+N_SAMPLES, NEW6, TEMP = 4, (32 if FULL else 6), 0.8
+shared = LLMEngine(model, num_blocks=64, block_size=16)
+samples = shared.sample(long_prompt, NEW6, n=N_SAMPLES, temperature=TEMP, seed=0)
+separate = LLMEngine(model, num_blocks=64, block_size=16)
+for k in range(N_SAMPLES):
+    separate.add_request(long_prompt, NEW6, temperature=TEMP, seed=k)  # sample k of `sample` is seeded 0 + k
+while separate.has_unfinished():
+    separate.step()
+apart = separate.finished_outputs()
+print("each shared sample equals its separate run:", [samples[k] == apart[k] for k in range(N_SAMPLES)])
+block_bytes = 16 * kv_cache_bytes(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, 1, bytes_per_element=4)
+for name, eng in [("shared (copy-on-write)", shared), ("4 separate requests", separate)]:
+    peak = max(s["blocks_in_use"] for s in eng.step_stats)
+    print(f"{name:>24}: peak {peak:3d} blocks = {peak * block_bytes / 1e6:5.1f} MB; "
+          f"prompt computed {sum(s['num_prefill_tokens'] for s in eng.step_stats)} tokens; "
+          f"{eng.num_cow_copies} blocks copied on write")
+for k in range(N_SAMPLES):
+    print(f"sample {k}:", repr(tok.decode(samples[k])))
+""")
+nb.md("""
+Sharing saves the prompt's full blocks `n − 1` times over, and its prefill `n − 1` times; the copies cost
+one block per extra sample. The longer the prompt against the answers, the bigger the saving: on chat
+workloads, whose answers are long against their prompts, it is much smaller than here (the vLLM paper,
+§6.3, measures it for parallel sampling and for beam search, which shares more and saves more).
+""")
+
+# --- 7 -----------------------------------------------------------------------------------------------
+nb.md("""
+## 7. Prefix caching
+
+A chatbot sends the same long system prompt in front of every user message (the seed's Q10: a
+2000-token system prompt shared by all users). Its keys and values are the same every time, so a server
+can keep the blocks and reuse them: **prefix caching**. The engine needs to find, for a new request, the
+longest run of leading *full* blocks that some earlier request already computed. It keys each full
+block by a hash of its tokens **chained** with the previous block's hash, so that equal hashes mean an
+equal prefix up to the end of that block, not just an equal block. A hit shares the block (one more
+reference); a cached block that no running request holds is kept until the pool runs short, then the
+least recently used one is evicted.
+
+**Exercise 6.** `block_hashes(token_ids, block_size)`: one hash per full block,
+`h_i = hash((h_{i-1}, tuple(tokens of block i)))` with `h_{-1} = None`.
+""")
+nb.exercise("block_hashes", """
+def block_hashes(token_ids: list[int], block_size: int) -> list[int]:
+    \"\"\"A chained hash per FULL block of token_ids.\"\"\"
+    ### BEGIN SOLUTION
+    hashes, h = [], None
+    for i in range(len(token_ids) // block_size):
+        h = hash((h, tuple(token_ids[i * block_size:(i + 1) * block_size])))
+        hashes.append(h)
+    return hashes
+    ### END SOLUTION
+""")
+nb.test("test_block_hashes", "check_block_hashes(block_hashes)", points=1)
+nb.md("""
+The engine with and without prefix caching on 8 requests that share a system prompt (128 tokens here,
+512 with `FULL`), each with its own question, all arriving at once:
+""")
+nb.code("""
+SYSTEM = tok(" ".join(lines[400:520])).input_ids[:512 if FULL else 128]
+chat = [SYSTEM + p for p in PROMPTS[10:18]]
+
+
+def serve(prompts, new, **kwargs):
+    eng = LLMEngine(model, num_blocks=256, block_size=16, max_num_seqs=4, **kwargs)
+    result = run_load(eng, prompts, [new] * len(prompts), [0.0] * len(prompts))
+    return eng, result
+
+
+(plain, r_plain), (cached, r_cached) = serve(chat, 4), serve(chat, 4, enable_prefix_caching=True)
+print(f"{len(chat)} requests, {len(SYSTEM)}-token shared system prompt + {sum(map(len, PROMPTS[10:18])) // 8} "
+      f"tokens each")
+for name, eng, r in [("no prefix cache", plain, r_plain), ("prefix cache", cached, r_cached)]:
+    computed = sum(s["num_prefill_tokens"] for s in eng.step_stats)
+    hit = eng.prefix_hit_tokens / eng.prompt_tokens
+    print(f"{name:>16}: prefill tokens computed {computed:5d}, hit rate {hit:5.1%}, "
+          f"TTFT p50 {percentile(r['ttft'], 50):5.2f} s, total {r['duration']:5.1f} s")
+print(f"TTFT gain (p50): {percentile(r_plain['ttft'], 50) / percentile(r_cached['ttft'], 50):.2f}x")
+""")
+nb.md("""
+The first batch of requests is admitted together, before anything is cached, so they all compute the
+system prompt; every later request computes only its own question. **Eviction under pressure:** with
+a pool too small to keep the system prompt cached while unrelated requests run, its blocks are evicted
+(oldest first) and the next round has to recompute it.
+""")
+nb.code("""
+small = LLMEngine(model, num_blocks=16, block_size=16, max_num_seqs=2, enable_prefix_caching=True)
+small.generate(chat[:2], 1)
+hits_before = small.prefix_hit_tokens
+unrelated = [tok(" ".join(lines[600 + 10 * i:610 + 10 * i])).input_ids[:120] for i in range(2)]
+small.generate(unrelated, 1)  # needs more blocks than are free: evicts cached blocks, LRU first
+small.generate(chat[2:4], 1)
+print(f"evictions: {small.blocks.num_evictions}; system-prompt tokens reused: round 1 {hits_before}, "
+      f"round 2 {small.prefix_hit_tokens - hits_before} (of {2 * len(SYSTEM) // 16 * 16} possible)")
+""")
+nb.md("Check: `pytest weeks/19 -k ex06`")
+
+# --- 8 -----------------------------------------------------------------------------------------------
+nb.md("""
+## 8. Preemption and chunked prefill
+
+**Preemption.** When a running request needs a block and none is free, the engine preempts the most
+recently admitted request: frees its blocks and puts it back at the head of the queue. When it is
+admitted again it recomputes its prompt *and the tokens it had generated* in one prefill (vLLM's
+"recompute"; the alternative is swapping the blocks to CPU memory). Greedy decoding depends only on the
+tokens, so the output is unchanged. Below: section 5's prompts through a pool far too small for them.
+""")
+nb.code("""
+tight = LLMEngine(model, num_blocks=4, block_size=8, max_num_seqs=8, max_num_batched_tokens=32)
+out_tight = tight.generate(prompts, NEW)
+print(f"pool of {tight.num_blocks} blocks of 8: {tight.num_preemptions} preemptions, {len(tight.trace)} steps "
+      f"(against {len(engine.trace)} with room); identical to generate alone: {out_tight == alone}")
+assert out_tight == alone
+""")
+nb.md("""
+**Chunked prefill.** A long prompt's prefill is one big forward. If it runs in one step, every request
+that is decoding waits for it: a spike in their time between tokens (TBT). With a token budget per step
+(`max_num_batched_tokens`) and chunked prefill (Sarathi-Serve, Agrawal et al., 2024), the prompt is cut
+into chunks that ride along with the decodes, step by step. Three short requests are decoding when a
+long prompt arrives:
+""")
+nb.code("""
+LONG_PROMPT = tok(" ".join(lines[700:900])).input_ids[:1024 if FULL else 256]
+
+
+def decode_with_long_arrival(**kwargs):
+    eng = LLMEngine(model, num_blocks=256, block_size=16, max_num_seqs=8, **kwargs)
+    short = [eng.add_request(p, 12) for p in PROMPTS[20:23]]
+    for _ in range(3):
+        eng.step()
+    eng.add_request(LONG_PROMPT, 2, request_id="long")
+    while eng.has_unfinished():
+        eng.step()
+    gaps = [b - a for r in short for a, b in zip(eng.request(r).token_times, eng.request(r).token_times[1:])]
+    long = eng.request("long")
+    return gaps, long.first_token_time - long.arrival, len(eng.trace)
+
+
+for name, kwargs in [("one-step prefill", dict(enable_chunked_prefill=False, max_num_batched_tokens=2048)),
+                     ("chunked, 64/step", dict(enable_chunked_prefill=True, max_num_batched_tokens=64))]:
+    gaps, ttft_long, steps = decode_with_long_arrival(**kwargs)
+    print(f"{name:>17}: decoders' TBT p50 {percentile(gaps, 50) * 1e3:6.0f} ms, max {max(gaps) * 1e3:6.0f} ms; "
+          f"long prompt's TTFT {ttft_long:5.2f} s; {steps} steps")
+""")
+nb.md("""
+Chunking caps the stall a long prompt causes: the decoders' worst gap drops to about one chunk's
+compute, and the long prompt's own first token comes a little later (its prefill is spread over several
+steps, each also carrying the decodes). That is the trade a serving system tunes with the token budget.
+
+Check: preemption and chunked prefill are tested against `generate` in `tests/test_week19_lib.py`.
+""")
+
+# --- 9 -----------------------------------------------------------------------------------------------
+nb.md("""
+## 9. Load test
+
+Requests arrive at random (a Poisson process: exponential gaps at a rate of λ per second), with a
+mix of prompt and answer lengths. For several rates we measure what users feel — **TTFT** (time to
+first token: queueing + prefill) and **TBT** (time between tokens: the step time of the batch the
+request is in), at the median and the 95th percentile — and what the operator sees: throughput and KV
+utilization (slots holding a token / slots in the running requests' blocks; against a contiguous cache
+that reserves exactly `prompt + max_new_tokens` per request ("exact": the lengths known in advance) and
+one that reserves 2048 slots ("2048": the usual case, since an answer's length is not known). Time between arrivals with nothing to do is
+skipped; every step is measured for real. The rates are set from the batch-8 decode rate of section 5,
+so the test loads this machine at about the same fractions of its capacity, whatever its speed.
+""")
+nb.code("""
+N_LOAD = 64 if FULL else 12
+g = torch.Generator().manual_seed(9)
+load_prompts = [PROMPTS[i % len(PROMPTS)] for i in range(N_LOAD)]
+load_new = torch.randint(4, 33 if FULL else 13, (N_LOAD,), generator=g).tolist()
+capacity = rates[8][0] / (sum(load_new) / N_LOAD)  # requests/s that batch-8 decoding could sustain
+FRACTIONS = [0.25, 0.5, 1.0, 2.0] if FULL else [0.3, 1.5]
+results = {}
+for frac in tqdm(FRACTIONS, desc="arrival rates"):
+    lam = frac * capacity
+    arrivals = torch.cumsum(torch.empty(N_LOAD).exponential_(lam, generator=g), 0).tolist()
+    eng = LLMEngine(model, num_blocks=128, block_size=16, max_num_seqs=8)
+    results[frac] = run_load(eng, load_prompts, load_new, arrivals)
+print(f"capacity estimate {capacity:.2f} req/s; {N_LOAD} requests of {min(load_new)}-{max(load_new)} new tokens")
+print(f"{'λ req/s':>8} {'req/s':>6} {'tok/s':>6} {'TTFT p50':>9} {'p95':>6} {'TBT p50':>8} {'p95':>6} "
+      f"{'batch':>6} {'KV paged':>9} {'exact':>6} {'2048':>6}")
+for frac, r in results.items():
+    print(f"{frac * capacity:8.2f} {r['requests_per_s']:6.2f} {r['tokens_per_s']:6.1f} "
+          f"{percentile(r['ttft'], 50):8.2f}s {percentile(r['ttft'], 95):5.2f}s "
+          f"{percentile(r['tbt'], 50) * 1e3:6.0f}ms {percentile(r['tbt'], 95) * 1e3:4.0f}ms "
+          f"{r['mean_batch']:6.1f} {r['kv_utilization']:9.1%} {r['kv_utilization_preallocated']:6.1%} "
+          f"{r['kv_utilization_max_len']:6.1%}")
+fig, ax = plt.subplots(1, 2, figsize=(10, 3.5))
+lams = [f * capacity for f in FRACTIONS]
+for q, style in [(50, "o-"), (95, "s--")]:
+    ax[0].plot(lams, [percentile(results[f]["ttft"], q) for f in FRACTIONS], style, label=f"TTFT p{q}")
+    ax[1].plot(lams, [percentile(results[f]["tbt"], q) * 1e3 for f in FRACTIONS], style, label=f"TBT p{q}")
+ax[0].set_xlabel("arrival rate λ (requests/s)"); ax[0].set_ylabel("seconds"); ax[0].legend()
+ax[1].set_xlabel("arrival rate λ (requests/s)"); ax[1].set_ylabel("ms"); ax[1].legend()
+plt.tight_layout(); plt.show()
+""")
+nb.md("""
+Below capacity, requests rarely wait: TTFT is about one prefill and TBT one small batch's step. Past
+capacity the queue grows, TTFT climbs (the p95 first), and the batch fills up — so throughput *rises*
+with load while each request's TBT gets a little worse: the latency–throughput trade of every server.
+
+**KV utilization.** With blocks of 16, a request wastes on average half a block; these requests are
+short (tens of tokens), so that half block is a visible fraction, and a preallocation that knew every
+length exactly would do about as well. For the long requests of section 2 the same rule gives the
+96–98 % the vLLM paper reports; a preallocation that must reserve the maximum length (the "2048" column)
+falls far below either, and that is the case paging was built for.
+
+**The seed's thresholds** (TTFT good < 200 ms, TBT good < 30 ms) are for GPU chat serving. On this CPU
+SmolLM2 in fp32 needs about 21 ms per decode step even at the roofline (538 MB of weights at ≈ 25 GB/s),
+so TBT here is "poor" by that table at any load — while the *throughput* of a batch of 8 is several times
+that of one request. Which of the two a deployment must meet decides its batch size.
+""")
+
+# --- 10 ----------------------------------------------------------------------------------------------
+nb.md("""
+## 10. Check your understanding
+
+Questions from the course's Phase IV material (seed 001's PagedAttention example, seed 000's batching
+claim, seed 002's quiz Q4 and Q10). Numeric answers are functions returning a number.
+
+**Q1.** For the four requests of section 2 (2000, 100, 500 and 1500 tokens, blocks of 16), what fraction
+of the allocated slots hold a token?
+""")
+nb.exercise("answer_q1", """
+def answer_q1() -> float:
+    \"\"\"Fraction (0..1) of allocated slots in use, 4 requests of 2000/100/500/1500 tokens, block size 16.\"\"\"
+    ### BEGIN SOLUTION
+    lengths = [2000, 100, 500, 1500]
+    allocated = sum(blocks_needed(n, 16) for n in lengths) * 16
+    return sum(lengths) / allocated
+    ### END SOLUTION
+""")
+nb.test("test_answer_q1", "check_answer_q1(answer_q1)", points=1)
+nb.md("""
+**Q2** (seed 002, Q4). In PagedAttention, what is a "block", and why does it eliminate memory
+fragmentation? (Graded by hand.)
+""")
+nb.answer("answer_q2", """
+**Model answer.** A block is a fixed-size chunk of the KV cache holding the keys and values of
+`block_size` consecutive tokens (16 in vLLM) of one sequence, for every layer and KV head. Blocks live
+in one preallocated pool; each sequence has a block table mapping its logical blocks to physical ones,
+which need not be contiguous. Because every allocation is one block of the same size, any free block
+fits any request: there is no **external** fragmentation (no free gaps too small to use), and no
+reservation for tokens that may never come — blocks are allocated as the sequence grows. The only
+waste is **internal**: the unfilled slots of each sequence's last block, fewer than `block_size` per
+sequence (28 slots for the four requests of section 2, against 4092 with 2048-slot preallocation).
+Blocks can also be shared by reference count (parallel sampling, prefix caching).
+
+**Mark scheme (2 points).** 1 point: a fixed-size chunk of K/V for a fixed number of tokens, mapped
+through a per-sequence block table to non-contiguous physical memory, allocated on demand. 1 point: no
+external fragmentation because all allocations are the same size and any free block serves any
+sequence; waste bounded by one partial block per sequence (internal fragmentation).
+""", points=2)
+nb.md("""
+**Q3** (seed 000's batching claim). 64 requests are queued for 8 slots, alternating 50 and 200 new
+tokens. Using the step-count model (one token per running request per step, prefill ignored), what is the
+ratio of static-batching steps to continuous-batching steps?
+""")
+nb.exercise("answer_q3", """
+def answer_q3() -> float:
+    \"\"\"Static / continuous decode steps, 64 queued requests of 50/200 new tokens on 8 slots.\"\"\"
+    ### BEGIN SOLUTION
+    lengths = [50, 200] * 32
+    static = sum(max(lengths[i:i + 8]) for i in range(0, 64, 8))  # every batch takes its longest request
+    queue, running, continuous = list(lengths), [], 0
+    while queue or running:
+        while queue and len(running) < 8:
+            running.append(queue.pop(0))
+        running = [n - 1 for n in running if n > 1]
+        continuous += 1
+    return static / continuous
+    ### END SOLUTION
+""")
+nb.test("test_answer_q3", "check_answer_q3(answer_q3)", points=1)
+nb.md("""
+**Q4** (seed 002, Q10). A chatbot has a 2000-token system prompt shared by all users and runs on
+4×A100. Which serving framework would maximize throughput, and which specific feature makes it best?
+Use your measurements of section 7. (Graded by hand.)
+""")
+nb.answer("answer_q4", """
+**Model answer.** A paged-KV server with **automatic prefix caching**: vLLM (with prefix caching on,
+tensor-parallel over the 4 GPUs) or SGLang, whose RadixAttention keeps a radix tree of cached prefixes.
+The feature is the prefix cache: the 2000-token system prompt's KV blocks are computed once and shared by
+every request (reference-counted blocks), so each request prefills only its own message. That removes
+most of the prefill FLOPs (here the prefill tokens computed fell by the hit rate measured in section 7),
+cuts TTFT, and frees KV memory (one copy of the prompt's blocks instead of one per request), which
+allows a larger batch — hence higher throughput. Continuous batching and PagedAttention come with it.
+
+**Mark scheme (2 points).** 1 point: names vLLM or SGLang (or TensorRT-LLM with KV reuse) *with prefix
+caching* as the reason. 1 point: explains the mechanism — shared system-prompt KV computed once and reused
+across requests, saving prefill compute and memory — citing a measured effect (hit rate, fewer prefill
+tokens or lower TTFT).
+""", points=2)
+nb.md("Check: `pytest weeks/19 -k ex10`")
+
 nb.md("""
 ## What you built
 
 Block arithmetic that shows where preallocation wastes memory; a reference-counted block allocator;
 block tables, slot mapping, and attention that reads keys and values in place from a block pool; and,
 running on them, an engine that batches requests at every step and returns exactly what `generate`
-returns.
+returns — sharing blocks between samples (copy-on-write) and between requests with a common prefix
+(chained block hashes), surviving a pool that is too small (preemption by recompute), keeping decodes
+flowing past long prompts (chunked prefill), measured under a Poisson load. Next week (20) shrinks the
+weights themselves: quantized inference with GGUF.
 
 Check: `pytest weeks/19` for everything at once.
 """)

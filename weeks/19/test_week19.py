@@ -39,3 +39,15 @@ def test_ex04_slot_mapping(ex):
 def test_ex05_paged_attention(ex):
     """Milestone: equal to contiguous attention (<= 1e-5) on ragged lengths, block sizes 1, 7, 16, in place."""
     checks.check_paged_attention(ex.paged_attention)
+
+
+def test_ex06_block_hashes(ex):
+    checks.check_block_hashes(ex.block_hashes)
+
+
+def test_ex10_answer_q1(ex):
+    checks.check_answer_q1(ex.answer_q1)
+
+
+def test_ex10_answer_q3(ex):
+    checks.check_answer_q3(ex.answer_q3)
