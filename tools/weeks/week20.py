@@ -798,6 +798,52 @@ small calibration set: it fits 20 numbers per layer, not the weights themselves.
 as well as our damped GPTQ at 3 bits; the two combine (AWQ scales, then GPTQ), as several toolkits do.
 """)
 
+# --- 10 ---------------------------------------------------------------------------------------------------
+nb.md(r"""
+## 10. Quantized decode is faster
+
+Everything so far *simulated* quantization: weights rounded, then stored as float32 again. To get the speed
+the bytes must stay small in memory and be expanded inside the matrix product. torch has CPU kernels for
+exactly that (`lib/quant_linear.py`): int8 per output channel (`aten._weight_int8pack_mm`) and int4 in
+groups with a scale and a zero (`aten._weight_int4pack_mm_for_cpu`), both with bfloat16 activations.
+int4 with groups of 32 and a min/max grid is **Q4_1's grid** — so on our weights (section 3) it loses
+nothing but the bfloat16 rounding of scales and activations. The LM head (the tied embedding, stored as
+Q8_0) goes to int8 in that variant.
+""")
+
+nb.code(r"""
+from lib.generate import generate
+from lib.quant_linear import quantize_linears
+
+paths_ = {"F32": (model, 32.0),
+          "int8": (quantize_linears(model, "int8"), 8.0),
+          "int4 g32 (int8 head)": (quantize_linears(model, "int4", 32, lm_head="int8"), None)}
+head = model.embed.weight.numel()
+paths_["int4 g32 (int8 head)"] = (paths_["int4 g32 (int8 head)"][0], ((n_weights - head) * 5.0 + head * 8.0) / n_weights)
+prompt = tok("The history of the printing press begins", return_tensors="pt").input_ids
+N_NEW = 32 if FULL else 16
+with torch.no_grad():
+    reference_ids = generate(model, prompt, N_NEW)
+    rows = []
+    for name, (m, bpw) in paths_.items():
+        generate(m, prompt, 2)  # warm up
+        t0 = time.perf_counter(); ids = generate(m, prompt, N_NEW); dt = time.perf_counter() - t0
+        same = int((ids[0, prompt.shape[1]:] == reference_ids[0, prompt.shape[1]:]).int().cumprod(0).sum())
+        rows.append((name, N_NEW / dt, bandwidth / (n_weights * bpw / 8), same, ppl(m)))
+print(f"{'path':>22} {'tok/s':>7} {'vs F32':>7} {'roofline':>9} {'tokens = F32':>13} {'PPL':>7}")
+for name, tok_s, roof, same, p in rows:
+    print(f"{name:>22} {tok_s:>7.1f} {tok_s / rows[0][1]:>6.2f}x {roof:>9.0f} {same:>9}/{N_NEW} {p:>7.2f}")
+print("(prefill and decode of a short prompt, timed once; benchmarks/quant.py measures decode alone)")
+""")
+
+nb.md(r"""
+The quantized paths are faster because each step reads 4–6× fewer bytes, but far from their rooflines: at
+135M parameters a step is ~200 small kernels plus Python, and overheads dominate (week 16, section 6).
+Greedy tokens stay identical to the F32 model for a while and then drift: bfloat16 activations and rounded
+scales nudge a near-tie between two tokens — while the perplexity barely moves, which is the right measure.
+`python benchmarks/quant.py` measures decode alone, with repeats, and llama.cpp when it is installed.
+""")
+
 # --- 11 ---------------------------------------------------------------------------------------------------
 nb.md(r"""
 ## 11. Check your understanding (seed 002, Q6–Q9)
