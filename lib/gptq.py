@@ -9,7 +9,7 @@ Hessian H = 2 XᵀX / n (Frantar et al., 2023, §3). Quantizing column j leaves 
 that the remaining columns absorb: w_{j+1:} −= e_j · [H⁻¹]_{j, j+1:}. With the upper Cholesky factor U of H⁻¹
 (H⁻¹ = UᵀU), row j of U holds exactly those coefficients for the columns after j — so one factorization serves
 every step ("Cholesky reformulation", §3 step 3). Damping λ = 1 % of the mean diagonal keeps H invertible.
-Columns go in blocks of 128 whose updates to later columns are applied once per block (lazy batch updates).
+Columns go in blocks of 128 (or one group, if larger) whose updates to later columns are applied once per block (lazy batch updates).
 Groups of `group_size` columns get their min/max grid from the weights as updated when the group starts.
 """
 from __future__ import annotations
@@ -27,10 +27,12 @@ def hessian(x: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def gptq_quantize(w: torch.Tensor, x: torch.Tensor, bits: int = 4, group_size: int = 64, damp: float = 0.01,
-                  block_size: int = 128) -> torch.Tensor:
+                  block_size: int | None = None) -> torch.Tensor:
     """GPTQ of `w [out, in]` on calibration inputs `x [n, in]`: returns the dequantized weights (float32, `w`'s
     shape and device), each group of `group_size` columns on a `bits`-bit min/max grid per row."""
     out_f, in_f = w.shape
+    if block_size is None:  # 128 columns, or whole groups when a group is larger
+        block_size = group_size * max(1, 128 // group_size)
     if x.shape[-1] != in_f:
         raise ValueError(f"x has {x.shape[-1]} features, w has {in_f} input columns")
     if in_f % group_size or block_size % group_size:

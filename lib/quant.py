@@ -488,3 +488,23 @@ def write_gguf(path, plan: dict[str, str], source=None):
     writer.write_tensors_to_file()
     writer.close()
     return Path(path)
+
+
+def allocate_bits(delta_ppl: dict[str, float], n_weights: dict[str, int], budget_bpw: float, low_bpw: float,
+                  high_bpw: float) -> set[str]:
+    """Which units get the high-bit format under a size budget: greedy by perplexity saved per extra bit.
+
+    Every unit starts at `low_bpw`; raising unit u to `high_bpw` costs `n_weights[u]·(high − low)` bits and
+    saves `delta_ppl[u]` (its perplexity increase when it alone is quantized low: sensitivities are assumed
+    to add up). Units are taken in order of `delta_ppl / n_weights` while they fit in the budget
+    `budget_bpw · Σ n_weights`."""
+    if not low_bpw <= budget_bpw <= high_bpw:
+        raise ValueError(f"the budget ({budget_bpw} bits/weight) must lie between low ({low_bpw}) and high ({high_bpw})")
+    spare = (budget_bpw - low_bpw) * sum(n_weights.values())
+    chosen = set()
+    for unit in sorted(delta_ppl, key=lambda u: delta_ppl[u] / n_weights[u], reverse=True):
+        cost = n_weights[unit] * (high_bpw - low_bpw)
+        if delta_ppl[unit] > 0 and cost <= spare + 1e-9:
+            chosen.add(unit)
+            spare -= cost
+    return chosen

@@ -183,3 +183,57 @@ def test_quantize_q4_k(ex):
 
     _rejects(checks.check_quantize_q4_k, neighbour_sub_blocks, "RMSE")
     _rejects(checks.check_quantize_q4_k, lambda x: np.zeros((x.shape[0], x.shape[1] // 256 * 144), np.uint8), "RMSE")
+
+
+def test_allocate_bits(ex):
+    checks.check_allocate_bits(ex.allocate_bits)
+
+    def by_total_delta(delta, sizes, budget, low, high):  # ignores what each unit costs
+        spare, chosen = (budget - low) * sum(sizes.values()), set()
+        for u in sorted(delta, key=delta.get, reverse=True):
+            if sizes[u] * (high - low) <= spare:
+                chosen.add(u)
+                spare -= sizes[u] * (high - low)
+        return chosen
+
+    _rejects(checks.check_allocate_bits, by_total_delta, "per weight")
+    _rejects(checks.check_allocate_bits, lambda *a: set(a[0]), "over the budget")
+    from lib.quant import allocate_bits as hidden
+
+    _rejects(checks.check_allocate_bits, lambda *a: hidden(*a), "calls the lab's reference")
+
+
+def test_gptq_quantize(ex):
+    import torch
+
+    checks.check_gptq_quantize(ex.gptq_quantize)
+    from lib.quant import rtn_quantize
+
+    _rejects(checks.check_gptq_quantize, lambda w, x, bits, group, damp: rtn_quantize(w, bits, group), "calls the lab's")
+
+    def rtn_own(w, x, bits, group, damp):  # round to nearest, no error compensation
+        g = w.reshape(w.shape[0], -1, group)
+        lo = g.amin(-1, keepdim=True)
+        scale = ((g.amax(-1, keepdim=True) - lo) / (2**bits - 1)).clamp_min(1e-12)
+        return (torch.clamp(torch.round((g - lo) / scale), 0, 2**bits - 1) * scale + lo).reshape(w.shape)
+
+    _rejects(checks.check_gptq_quantize, rtn_own, "output error")
+    _rejects(checks.check_gptq_quantize, lambda w, x, bits, group, damp: w.clone(), "not quantized")
+    from lib.gptq import gptq_quantize as hidden
+
+    _rejects(checks.check_gptq_quantize, lambda *a: hidden(*a), "calls the lab's reference")
+
+
+def test_awq_quantize(ex):
+    checks.check_awq_quantize(ex.awq_quantize)
+    from lib.awq import awq_quantize as hidden
+
+    _rejects(checks.check_awq_quantize, lambda *a: hidden(*a), "calls the lab's reference")
+    _rejects(checks.check_awq_quantize, lambda w, x, bits, group, n: (ex.awq_quantize(w, x, bits, group, 1)[0], 0.0),
+             "grid search finds")  # alpha = 0 only: plain RTN
+    _rejects(checks.check_awq_quantize, lambda w, x, bits, group, n: (w.clone(), 0.5), "not quantized")
+
+
+def test_answer_q9(ex):
+    checks.check_answer_q9(ex.answer_q9)
+    _rejects(checks.check_answer_q9, lambda: {"attn_q", "attn_k"}, "Q6_K")

@@ -179,3 +179,37 @@ def test_awq_alpha_zero_is_rtn_and_search_never_loses_to_it():
     assert set(salient_channels(w, x.abs().mean(0), 4 / 128, "activation").tolist()) == {0, 1, 2, 3}  # the outliers
     with pytest.raises(ValueError, match="activation"):
         salient_channels(w, x.abs().mean(0), 0.01, "size")
+
+
+def test_int8_and_int4_linears_match_their_dequantized_weights():
+    from lib.quant_linear import Int4Linear, Int8Linear
+
+    w = torch.randn(96, 128, generator=torch.Generator().manual_seed(4)) * 0.05
+    x = torch.randn(3, 5, 128, generator=torch.Generator().manual_seed(5))
+    lin8 = Int8Linear(w)
+    y8 = lin8(x)
+    assert y8.shape == (3, 5, 96) and y8.dtype == torch.float32
+    torch.testing.assert_close(y8, x @ lin8.dequantized().T, atol=0.03, rtol=0.02)  # bf16 activations
+    lin4 = Int4Linear(w, group_size=32)
+    torch.testing.assert_close(lin4(x), x @ quant.rtn_quantize(w, 4, 32).T, atol=0.05, rtol=0.03)
+    with pytest.raises(ValueError, match="group_size"):
+        Int4Linear(w, group_size=48)
+
+
+def test_quantize_linears_keeps_a_tiny_model_close_and_the_original_unchanged():
+    from lib.model import tiny_model
+    from lib.quant_linear import Int4Linear, Int8Linear, quantize_linears
+
+    model = tiny_model(seed=6)
+    ids = torch.randint(0, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        want = model(ids)
+        for kind, cls in (("int8", Int8Linear), ("int4", Int4Linear)):
+            fast = quantize_linears(model, kind, group_size=32)
+            assert isinstance(fast.layers[0].mlp.down_proj, cls) and isinstance(fast.lm_head, cls)
+            got = fast(ids)
+            assert got.shape == want.shape and (got - want).abs().max() < 0.1 * want.abs().max()
+        assert model.lm_head is None and isinstance(model.layers[0].mlp.down_proj, torch.nn.Linear)
+        torch.testing.assert_close(model(ids), want)
+    with pytest.raises(ValueError, match="kind"):
+        quantize_linears(model, "int2")

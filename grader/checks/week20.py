@@ -158,7 +158,7 @@ def _run(fn, *args, what: str):
         result, obs = observe(fn, *args)
     else:
         result, obs = observe(watched, *args)
-    used = sorted(c for c in obs.lib_calls if c.startswith("lib.quant."))
+    used = sorted(c for c in obs.lib_calls if c.startswith(("lib.quant.", "lib.gptq.", "lib.awq.")))
     assert not used, f"{what}: calls the lab's reference ({', '.join(used)}); write the block arithmetic yourself"
     assert not gguf_calls, (f"{what}: calls gguf-py ({', '.join(sorted(gguf_calls))}), the oracle this check compares "
                             f"against; write the block arithmetic yourself")
@@ -290,3 +290,125 @@ def check_quantize_q4_k(quantize_q4_k) -> None:
             f"{bound}x); a per-sub-block min/max quantizer gets within 1 % of Q4_1. Are the scales and mins packed in "
             f"the 12-byte layout, sub-block 2j in the low nibbles and 2j+1 in the high nibbles of the same 32 bytes? "
             f"{seed_note()}")
+
+
+# --- 8: sensitivity -> bits -----------------------------------------------------------------------------------
+
+def _saved(chosen, delta):
+    return sum(delta[u] for u in chosen)
+
+
+@WEEK.exercise(8, "allocate_bits", section="6 (Per-layer sensitivity)")
+def check_allocate_bits(allocate_bits) -> None:
+    """Within the budget, and saving at least the perplexity that the greedy-by-ratio allocation saves."""
+    g = generator(800)
+    cases = [  # a big unit that is sensitive in total but cheap per bit loses to two small ones
+        ({"big": 10.0, "a": 6.0, "b": 6.0, "c": 0.5}, {"big": 1000, "a": 300, "b": 300, "c": 400}, 4.0, 3.5, 4.5)]
+    for _ in range(6):
+        n = int(torch.randint(5, 14, (1,), generator=g))
+        names = [f"blk.{i}.{k}" for i, k in enumerate(torch.randint(0, 7, (n,), generator=g).tolist())]
+        delta = {u: float(v) for u, v in zip(names, torch.rand(n, generator=g).pow(3) * 20)}
+        sizes = {u: int(v) for u, v in zip(names, torch.randint(1, 9, (n,), generator=g) * 110_592)}
+        low, high = 3.5, [4.5, 5.0, 8.5][int(torch.randint(3, (1,), generator=g))]
+        budget = low + float(torch.rand(1, generator=g)) * (high - low)
+        cases.append((delta, sizes, budget, low, high))
+    for delta, sizes, budget, low, high in cases:
+        what = f"allocate_bits(budget {budget:.3f} bits/weight, low {low}, high {high}, {len(delta)} units)"
+        got = _run(allocate_bits, dict(delta), dict(sizes), budget, low, high, what=what)
+        assert isinstance(got, (set, frozenset, list, tuple)), f"{what}: returned {type(got).__name__}; expected a set of names"
+        got = set(got)
+        assert got <= set(delta), f"{what}: returned names that are not units: {sorted(got - set(delta))}"
+        bits = sum(sizes[u] * (high if u in got else low) for u in delta)
+        assert bits <= budget * sum(sizes.values()) + 1e-6, (
+            f"{what}: your choice {sorted(got)} needs {bits / sum(sizes.values()):.4f} bits/weight, over the budget")
+        want = ref.allocate_bits(delta, sizes, budget, low, high)
+        assert _saved(got, delta) >= _saved(want, delta) - 1e-9, (
+            f"{what}: your choice {sorted(got)} saves ΔPPL {_saved(got, delta):.3f}; taking units in order of ΔPPL per "
+            f"weight (the perplexity an extra bit buys) while they fit saves {_saved(want, delta):.3f} {seed_note()}")
+
+
+# --- 9-10: GPTQ and AWQ --------------------------------------------------------------------------------------
+
+def _calibration(rows, cols, n, offset):
+    """Weights `[rows, cols]` and correlated inputs `[n, cols]` with a few outlier channels, like LLM activations."""
+    g = generator(offset)
+    w = 0.05 * torch.randn(rows, cols, generator=g)
+    x = torch.randn(n, cols, generator=g) @ (torch.randn(cols, cols, generator=g) / cols**0.5)
+    outliers = torch.randperm(cols, generator=g)[:4]
+    x[:, outliers] *= 20
+    return w, x
+
+
+def _on_grid(w_q, bits, group_size, what, col_scale=None):
+    """Every (row, group) of `w_q` (times `col_scale` per input channel) takes at most 2^bits distinct values
+    (values closer than 1e-4 of the group's range count as one: float rounding of a rescaled grid)."""
+    v = w_q.double() * (col_scale.double() if col_scale is not None else 1.0)
+    rows, cols = v.shape
+    g = v.reshape(rows, cols // group_size, group_size).sort(-1).values
+    span = (g[..., -1:] - g[..., :1]).clamp_min(1e-30)
+    distinct = 1 + ((g[..., 1:] - g[..., :-1]) > 1e-4 * span).sum(-1)
+    worst = int(distinct.max())
+    assert worst <= 2**bits, (
+        f"{what}: the weights are not quantized — a group of {group_size} columns in a row holds {worst} distinct "
+        f"values, more than the {2 ** bits} levels of {bits} bits. Return the dequantized weights {seed_note()}")
+
+
+def _mse(w, w_q, x):
+    return float(((x.double() @ (w.double() - w_q.double()).T) ** 2).mean())
+
+
+@WEEK.exercise(9, "gptq_quantize", section="7 (GPTQ)")
+def check_gptq_quantize(gptq_quantize) -> None:
+    """On its calibration inputs, output error within 5 % of lib.gptq's and well below round-to-nearest's."""
+    from lib.gptq import gptq_quantize as ref_gptq
+
+    for i, (bits, group, cols) in enumerate([(4, 64, 128), (3, 32, 96)]):
+        w, x = _calibration(24, cols, 384, 900 + i)
+        what = f"gptq_quantize(w {tuple(w.shape)}, x {tuple(x.shape)}, bits={bits}, group_size={group}, damp=0.01)"
+        got = _run(gptq_quantize, w.clone(), x.clone(), bits, group, 0.01, what=what)
+        assert isinstance(got, torch.Tensor) and got.shape == w.shape, (
+            f"{what}: returned {type(got).__name__} {tuple(getattr(got, 'shape', ()))}; expected a tensor {tuple(w.shape)}")
+        _on_grid(got, bits, group, what)
+        err, want = _mse(w, got, x), _mse(w, ref_gptq(w, x, bits, group, 0.01), x)
+        rtn = _mse(w, ref.rtn_quantize(w, bits, group), x)
+        assert err <= 1.05 * want, (
+            f"{what}: output error {err:.4g} on the calibration inputs; GPTQ gets {want:.4g} (round-to-nearest "
+            f"{rtn:.4g}). After rounding column j, spread its error over the later columns with row j of the "
+            f"Cholesky factor of H⁻¹ (H = 2XᵀX/n, damped by 1 % of its mean diagonal) {seed_note()}")
+
+
+@WEEK.exercise(10, "awq_quantize", section="8 (AWQ)")
+def check_awq_quantize(awq_quantize) -> None:
+    """The α found is as good as lib.awq's grid search; the weights are RTN of W·diag(s) scaled back."""
+    from lib.awq import awq_quantize as ref_awq
+    from lib.awq import awq_scales
+
+    for i, (bits, group, cols) in enumerate([(3, 64, 192), (4, 32, 128)]):
+        w, x = _calibration(24, cols, 384, 1000 + i)
+        what = f"awq_quantize(w {tuple(w.shape)}, x {tuple(x.shape)}, bits={bits}, group_size={group}, n_grid=20)"
+        got = _run(awq_quantize, w.clone(), x.clone(), bits, group, 20, what=what)
+        assert isinstance(got, tuple) and len(got) == 2, f"{what}: return (w_eff, alpha), a pair"
+        w_eff, alpha = got
+        assert isinstance(w_eff, torch.Tensor) and w_eff.shape == w.shape, f"{what}: w_eff must be a tensor {tuple(w.shape)}"
+        alpha = float(alpha)
+        assert any(abs(alpha - k / 20) < 1e-9 for k in range(20)), f"{what}: α = {alpha} is not on the grid 0, 0.05, … 0.95"
+        _on_grid(w_eff, bits, group, what + " (times s)", awq_scales(x.abs().mean(0), alpha))
+        err = _mse(w, w_eff, x)
+        want_w, want_alpha = ref_awq(w, x, bits, group, 20)
+        want = _mse(w, want_w, x)
+        assert err <= 1.001 * want, (
+            f"{what}: output error {err:.4g} at α = {alpha}; the grid search finds {want:.4g} at α = {want_alpha}. "
+            f"Try every α, scale the columns by s = (E|x|)^α, round, scale back, and keep the α with the smallest "
+            f"error on x {seed_note()}")
+
+
+# --- 11: quiz ---------------------------------------------------------------------------------------------
+
+@WEEK.exercise(11, "answer_q9", section="11 (Check your understanding)")
+def check_answer_q9(answer_q9) -> None:
+    got = answer_q9()
+    assert isinstance(got, (set, frozenset, list, tuple)), f"answer_q9() returned {type(got).__name__}; expected a set"
+    got = {str(t) for t in got}
+    assert got == {"attn_v", "ffn_down"}, (
+        f"answer_q9() = {sorted(got)}: which per-layer tensors (GGUF names such as 'attn_q', 'ffn_up') does llama.cpp's "
+        f"Q4_K_M store as Q6_K in some layers? See lib.quant.q4_k_m_plan")

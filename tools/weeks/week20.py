@@ -22,7 +22,8 @@ port of ggml's C code), find out what the model we have been calling "F32" reall
 K-quants with their packed 6-bit scales, and measure what each format costs in perplexity per bit.
 
 **You will write** the Q8_0 and Q4_1 quantizers and dequantizers, bits per weight from a block layout,
-the Q4_K dequantizer and a Q4_K quantizer. Each is checked by the cell right after it and by
+the Q4_K dequantizer and a Q4_K quantizer, a bit allocation from measured sensitivities, GPTQ and AWQ, and
+a quiz answer. Each is checked by the cell right after it and by
 `pytest weeks/20 -k exNN` (for example `pytest weeks/20 -k ex03`); `pytest weeks/20` checks everything.
 
 Set `FULL = True` in the next cell for the long measurements (more text for perplexity, every tensor
@@ -35,7 +36,8 @@ import torch
 
 from grader.checks.week20 import (check_quantize_q8_0, check_dequantize_q8_0, check_quantize_q4_1,
                                   check_dequantize_q4_1, check_bits_per_weight, check_dequantize_q4_k,
-                                  check_quantize_q4_k)
+                                  check_quantize_q4_k, check_allocate_bits, check_gptq_quantize, check_awq_quantize,
+                                  check_answer_q9)
 """)
 
 nb.code(r"""
@@ -46,7 +48,7 @@ import matplotlib.pyplot as plt
 from tqdm.auto import tqdm
 
 from lib import paths, roofline
-from lib import quant as ref  # the lab's reference, to compare with after you have written your own
+from lib import awq as ref_awq, gptq as ref_gptq, quant as ref  # the lab's reference: compare after writing your own
 from lib.model import shared_smollm2
 from lib.text import load_text, perplexity
 
@@ -424,12 +426,12 @@ no GGUF type, the baseline of section 7).
 
 nb.code(r"""
 text_ids = tok(load_text("hamlet"), return_tensors="pt").input_ids[0]
-EVAL_TOKENS = 4096 if FULL else 384
+EVAL_TOKENS = 4096 if FULL else 256  # the short run: one window of 256 tokens, one forward per measurement
 eval_ids = text_ids[2000:2000 + EVAL_TOKENS]  # past the Gutenberg header
 
 
-def ppl(m):
-    return perplexity(m, eval_ids, window=256, stride=128)
+def ppl(m):  # the same tokens for every measurement, so differences between formats are real
+    return perplexity(m, eval_ids, window=256, stride=128 if FULL else 255)
 
 
 def rtn_fn(bits, group):
@@ -458,7 +460,7 @@ for name, (plan, fn) in tqdm(variants.items(), desc="formats"):
     else:
         bpw = ref.rtn_bits_per_weight(3, 32 if "g32" in name else 64)
     results[name] = (bpw, ppl(ref.quantize_model(model, plan, weight_fn=fn)))
-print(f"perplexity on {len(eval_ids)} tokens of Hamlet (window 256, stride 128)")
+print(f"perplexity on {len(eval_ids)} tokens of Hamlet (window 256)")
 print(f"{'format':>20} {'bits/weight':>12} {'PPL':>8} {'ΔPPL':>7}")
 base = results["F32 (decoded Q4_1)"][1]
 for name, (bpw, p) in results.items():
@@ -516,11 +518,402 @@ The Q4_K_M-like mix buys back part of Q4_K's loss for 0.3 bits: where the extra 
 asks that question directly; sections 7 and 8 spend the same bits more cleverly.
 """)
 
+# --- 6 ---------------------------------------------------------------------------------------------------
+nb.md(r"""
+## 6. Per-layer sensitivity
+
+Not every tensor suffers equally from rounding. Measure it: quantize **one tensor type** (in all 30 layers),
+or **one layer** (all 7 of its linears), to a low format — 3-bit round-to-nearest in groups of 64, 3.5 bits
+per weight — leave everything else as it is, and see how much perplexity rises (`FULL`: every layer).
+""")
+
+nb.code(r"""
+LOW_BITS, HIGH_BITS, GROUP = 3, 4, 64
+low_bpw, high_bpw = ref.rtn_bits_per_weight(LOW_BITS, GROUP), ref.rtn_bits_per_weight(HIGH_BITS, GROUP)
+def rtn_model(bits_of):  # {parameter name: bits}; other tensors untouched
+    return ref.quantize_model(model, bits_of, weight_fn=lambda name, w, bits: ref.rtn_quantize(w, bits, GROUP))
+
+
+params = dict(model.named_parameters())
+kinds = ["attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
+probe_layers = list(range(cfg.n_layers)) if FULL else [0, 11, 18, 29]
+base_quick = results["F32 (decoded Q4_1)"][1]
+kind_delta, layer_delta = {}, {}
+for kind in tqdm(kinds, desc="one tensor type at a time"):
+    kind_delta[kind] = ppl(rtn_model({n: LOW_BITS for n in linears if kind in n})) - base_quick
+for layer in tqdm(probe_layers, desc="one layer at a time"):
+    layer_delta[layer] = ppl(rtn_model({n: LOW_BITS for n in linears if n.startswith(f"layers.{layer}.")})) - base_quick
+kind_size = {k: sum(params[n].numel() for n in linears if k in n) for k in kinds}
+
+fig, axes = plt.subplots(1, 2, figsize=(12, 3.3))
+axes[0].bar([k.split(".")[1] for k in kinds], [kind_delta[k] for k in kinds])
+axes[0].set_ylabel("ΔPPL"); axes[0].set_title(f"one type, all layers, at {LOW_BITS} bits (base {base_quick:.1f})", fontsize=9)
+ax2 = axes[0].twinx()
+ax2.plot([k.split(".")[1] for k in kinds], [1e6 * kind_delta[k] / kind_size[k] for k in kinds], "o-", color="C3")
+ax2.set_ylabel("ΔPPL per million weights", color="C3")
+axes[1].bar([str(l) for l in probe_layers], [layer_delta[l] for l in probe_layers], color="C1")
+axes[1].set_xlabel("layer"); axes[1].set_title("one layer, all types", fontsize=9)
+plt.tight_layout(); plt.show()
+""")
+
+nb.md(r"""
+Two things stand out. `ffn_down` costs the most in total, and `attn_v` costs nearly as much with **8× fewer
+weights**: per bit spent, it is by far the best place for extra precision. That is exactly the choice
+llama.cpp's `_M` mixes hard-code (Q6_K for `attn_v` and `ffn_down`), and the layers it favours — the first
+and last — are among the sensitive ones here too, though not the only ones.
+
+Now turn the measurements into an allocation. Two formats, low (3-bit, 3.5 bits per weight) and high (4-bit,
+4.5), and a budget of 4.0 bits per weight on average. Give the high format to the tensor types that buy the
+most perplexity per extra bit, while the budget lasts (a knapsack; greedy by ratio is what we ask for).
+""")
+
+nb.exercise("allocate_bits", r'''
+def allocate_bits(delta_ppl: dict, n_weights: dict, budget_bpw: float, low_bpw: float, high_bpw: float) -> set:
+    """Names of the units that get the high format: greedy by delta_ppl per weight, while the average stays
+    within budget_bpw (every unit starts low; delta_ppl[u] is what raising u saves)."""
+    ### BEGIN SOLUTION
+    spare = (budget_bpw - low_bpw) * sum(n_weights.values())  # extra bits we may spend
+    chosen = set()
+    for unit in sorted(delta_ppl, key=lambda u: delta_ppl[u] / n_weights[u], reverse=True):
+        cost = n_weights[unit] * (high_bpw - low_bpw)
+        if delta_ppl[unit] > 0 and cost <= spare + 1e-9:
+            chosen.add(unit)
+            spare -= cost
+    return chosen
+    ### END SOLUTION
+''')
+nb.test("test_allocate_bits", "check_allocate_bits(allocate_bits)", points=1)
+
+nb.md(r"""
+**Milestone: beats uniform allocation at the same size.** The uniform model at 4.0 bits per weight is 3-bit
+in groups of 32 (the scales take the extra half bit) for every tensor.
+""")
+
+nb.code(r"""
+BUDGET = 4.0
+high_kinds = allocate_bits(kind_delta, kind_size, BUDGET, low_bpw, high_bpw)
+mixed_bits = {n: HIGH_BITS if any(k in n for k in high_kinds) else LOW_BITS for n in linears}
+mixed_bpw = sum(params[n].numel() * ref.rtn_bits_per_weight(b, GROUP) for n, b in mixed_bits.items()) / sum(params[n].numel() for n in linears)
+mixed_ppl = ppl(rtn_model(mixed_bits))
+uniform_ppl = ppl(ref.quantize_model(model, {n: 3 for n in linears}, weight_fn=lambda n, w, b: ref.rtn_quantize(w, 3, 32)))
+low_ppl = results["3-bit g64 (RTN)"][1]  # measured in section 5
+print(f"high format for: {sorted(k.split('.')[1] for k in high_kinds)}")
+print(f"{'allocation':>34} {'bits/weight':>12} {'PPL':>8}")
+print(f"{'all 3-bit g64':>34} {low_bpw:>12.3f} {low_ppl:>8.2f}")
+print(f"{'uniform: all 3-bit g32':>34} {ref.rtn_bits_per_weight(3, 32):>12.3f} {uniform_ppl:>8.2f}")
+print(f"{'by sensitivity: 4-bit / 3-bit g64':>34} {mixed_bpw:>12.3f} {mixed_ppl:>8.2f}")
+print(f"(reference, unquantized: {results['F32 (decoded Q4_1)'][1]:.2f}) -> sensitivity-guided "
+      f"{'beats' if mixed_ppl < uniform_ppl else 'does NOT beat'} uniform at the same size")
+""")
+
+# --- 7 ---------------------------------------------------------------------------------------------------
+nb.md(r"""
+## 7. GPTQ
+
+Round-to-nearest treats every weight alone. GPTQ (Frantar et al., 2023) quantizes a layer to keep its
+*output* on calibration inputs `X` unchanged: minimize ‖XWᵀ − XŴᵀ‖², row by row. With `H = 2XᵀX/n` the
+Hessian of that error, quantizing column `j` leaves an error that the columns not yet quantized can absorb:
+
+    for each column j (left to right):
+        if j starts a group: the group's min/max grid, from the weights as they are *now*
+        q_j   = round w_j to the grid
+        e_j   = (w_j − q_j) / U[j, j]
+        w_{j+1:} −= e_j · U[j, j+1:]          # every row at once
+
+where `U` is the upper Cholesky factor of `H⁻¹` (`H⁻¹ = UᵀU`): its row `j` is exactly the update the
+remaining columns need after column `j` — one factorization serves all steps. Add `damp · mean(diag H)` to
+the diagonal of `H` first (1 %); columns whose input is always zero get `H_jj = 1` and weight 0. (The paper's
+"lazy batch" applies the updates to later columns once per block of 128; the result is the same.)
+""")
+
+nb.exercise("gptq_quantize", r'''
+def gptq_quantize(w: torch.Tensor, x: torch.Tensor, bits: int, group_size: int, damp: float = 0.01) -> torch.Tensor:
+    """GPTQ of w [out, in] on calibration inputs x [n, in]: the dequantized weights, each group of group_size
+    columns of a row on a bits-bit min/max grid."""
+    ### BEGIN SOLUTION
+    W = w.detach().float().clone()
+    x = x.reshape(-1, x.shape[-1]).float()
+    H = 2 * x.T @ x / x.shape[0]  # [in, in]
+    dead = torch.diag(H) == 0
+    H[dead, dead] = 1.0
+    W[:, dead] = 0.0
+    H += damp * torch.diag(H).mean() * torch.eye(H.shape[0], device=H.device)
+    U = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)  # H⁻¹ = UᵀU
+    Q = torch.zeros_like(W)
+    levels, block = 2**bits - 1, group_size * max(1, 128 // group_size)  # lazy batch: 128 columns or a group
+    for b0 in range(0, W.shape[1], block):
+        b1 = min(b0 + block, W.shape[1])
+        E = torch.zeros_like(W[:, b0:b1])  # the scaled errors of this block's columns
+        for j in range(b0, b1):
+            if j % group_size == 0:
+                g = W[:, j:j + group_size]
+                lo = g.amin(1)
+                scale = ((g.amax(1) - lo) / levels).clamp_min(1e-12)
+            Q[:, j] = torch.clamp(torch.round((W[:, j] - lo) / scale), 0, levels) * scale + lo
+            E[:, j - b0] = (W[:, j] - Q[:, j]) / U[j, j]
+            W[:, j:b1] -= E[:, j - b0, None] * U[j, j:b1][None, :]  # compensate inside the block now ...
+        W[:, b1:] -= E @ U[b0:b1, b1:]  # ... and in every later column once per block
+    return Q.to(w.dtype)
+    ### END SOLUTION
+''')
+nb.test("test_gptq_quantize", "check_gptq_quantize(gptq_quantize)", points=3)
+
+nb.md(r"""
+Calibration: the inputs every linear sees over 1024 tokens of Hamlet from a part we do not evaluate on.
+First, a warning the paper does not need: its calibration set is 128 × 2048 tokens; ours is 1024, fewer
+than `ffn_down` has inputs (1536). Then `H` is (nearly) singular and GPTQ **overfits** the calibration
+tokens. The error on *held-out* tokens shows it, and shows that damping is a regularizer:
+""")
+
+nb.code(r"""
+GPTQ_LAYERS = list(range(cfg.n_layers)) if FULL else [0, 6, 12, 18, 24]
+CAL_GROUP = 192  # the paper's groups are 128, which does not divide 576; 192 divides 576 and 1536
+gptq_names = [n for n in linears if int(n.split(".")[1]) in GPTQ_LAYERS]
+calibration = [text_ids[s:s + 256].unsqueeze(0) for s in range(5000, 5000 + 1024, 256)]
+held_out = [text_ids[8000:8256].unsqueeze(0)]
+
+
+def inputs_of(names, windows):
+    parts = [ref_gptq.collect_inputs(model, ids, names) for ids in windows]
+    return {n: torch.cat([p[n] for p in parts]) for n in names}  # [tokens, in]
+
+
+with torch.no_grad():
+    calib_x = inputs_of(gptq_names, calibration)
+    probe = "layers.12.mlp.down_proj.weight"
+    test_x = inputs_of([probe], held_out)[probe]
+w = params[probe].detach()
+print(f"{probe}: output error, 3 bits, group {CAL_GROUP}  (calibration tokens / held-out tokens)")
+print(f"{'RTN':>12}: {ref_gptq.output_error(w, ref.rtn_quantize(w, 3, CAL_GROUP), calib_x[probe]):.3e} / "
+      f"{ref_gptq.output_error(w, ref.rtn_quantize(w, 3, CAL_GROUP), test_x):.3e}")
+for damp in [0.01, 0.1, 1.0]:
+    q = gptq_quantize(w, calib_x[probe], 3, CAL_GROUP, damp)
+    print(f"{'GPTQ ' + str(damp):>12}: {ref_gptq.output_error(w, q, calib_x[probe]):.3e} / {ref_gptq.output_error(w, q, test_x):.3e}")
+""")
+
+nb.md(r"""
+With 1 % damping GPTQ fits the calibration tokens several times better than RTN and can do *worse* on the
+held-out ones; stronger damping trades calibration fit for generalization. We use 10 % below (`GPTQ_DAMP`).
+
+**Milestone: lower perplexity than round-to-nearest at 3 and 4 bits** — on every linear of layers
+`GPTQ_LAYERS` (all 30 with `FULL`), the rest left as they are, in groups of 192. (Try `CAL_GROUP = 64`:
+at 4 bits, round-to-nearest in groups of 64 is then almost free on our weights — two Q4_1 blocks share a
+grid — and there is nothing left for GPTQ to win: section 3 again.)
+""")
+
+nb.code(r"""
+GPTQ_DAMP = 0.1
+gptq_rows = {}
+for bits in (3, 4):
+    rtn_ppl = ppl(ref.quantize_model(model, {n: bits for n in gptq_names},
+                                     weight_fn=lambda name, w, b: ref.rtn_quantize(w, b, CAL_GROUP)))
+    q = {n: gptq_quantize(params[n].detach(), calib_x[n], bits, CAL_GROUP, GPTQ_DAMP) for n in tqdm(gptq_names, desc=f"GPTQ {bits}-bit")}
+    gptq_ppl = ppl(ref.quantize_model(model, q, weight_fn=lambda name, w, _: q[name]))
+    gptq_rows[bits] = (rtn_ppl, gptq_ppl)
+print(f"layers {GPTQ_LAYERS}, group {CAL_GROUP}, damping {GPTQ_DAMP}; unquantized {results['F32 (decoded Q4_1)'][1]:.2f}")
+for bits, (r, g_) in gptq_rows.items():
+    print(f"{bits}-bit: RTN {r:.2f}, GPTQ {g_:.2f} -> GPTQ {'better' if g_ < r else 'NOT better'}")
+""")
+
+# --- 8 ---------------------------------------------------------------------------------------------------
+nb.md(r"""
+## 8. AWQ
+
+AWQ (Lin et al., 2024) starts from an observation (their Table 1): keeping just **1 % of the weights** in
+full precision recovers most of the loss of 3-bit rounding — *if* those are the input channels with the
+largest **activations**; chosen by weight magnitude, or at random, they do little. Reproduce the direction
+on SmolLM2 (3-bit, groups of 64, every linear; the 1 % columns kept as they are):
+""")
+
+nb.code(r"""
+with torch.no_grad():
+    act_mean = ref_awq.activation_means(model, calibration[:2], linears)  # E|x| per input channel
+gen = torch.Generator().manual_seed(0)
+table1 = {"RTN 3-bit": low_ppl}
+for by in ["activation", "weight", "random"]:
+    keep = {n: ref_awq.salient_channels(params[n].detach(), act_mean[n], 0.01, by, generator=gen) for n in linears}
+    m = ref.quantize_model(model, {n: 3 for n in linears},
+                           weight_fn=lambda name, w, b: ref_awq.rtn_keep_channels(w, keep[name], b, GROUP))
+    table1[f"1 % kept, by {by}"] = ppl(m)
+for name, p in table1.items():
+    print(f"{name:>26}: PPL {p:.2f}")
+""")
+
+nb.md(r"""
+Mixed precision inside a matrix is awkward for kernels, so AWQ protects the salient channels differently:
+scale their weight columns **up** by `s` before rounding (and the activations down by `s` — folded into the
+RMSNorm gain or the previous linear, free at run time). Rounding error per weight stays about the same, so
+the *relative* error of the scaled-up columns shrinks by `s`. With `s = (E|x|)^α` per input channel, search
+`α ∈ {0, 0.05, …, 0.95}` for the smallest output error on the calibration inputs, then round to nearest:
+
+    for α in the grid:
+        s     = mean(|x|, over tokens) ** α          # [in]; normalize, e.g. s / sqrt(max(s)·min(s))
+        w_eff = RTN(w · s) / s                        # columns scaled, rounded, scaled back
+        err   = mean((x @ (w − w_eff)ᵀ)²)
+    return the best w_eff and its α                  # α = 0 is plain RTN
+""")
+
+nb.exercise("awq_quantize", r'''
+def awq_quantize(w: torch.Tensor, x: torch.Tensor, bits: int, group_size: int, n_grid: int = 20):
+    """AWQ of w [out, in] on calibration inputs x [n, in]: (w_eff, alpha), w_eff = RTN(w·s)/s with the best
+    s = (E|x|)^alpha on the grid alpha = 0, 1/n_grid, ..., (n_grid-1)/n_grid."""
+    ### BEGIN SOLUTION
+    x = x.reshape(-1, x.shape[-1]).float()
+    mean_abs = x.abs().mean(0).clamp_min(1e-5)  # [in]
+    levels = 2**bits - 1
+    best = (float("inf"), None, 0.0)
+    for i in range(n_grid):
+        alpha = i / n_grid
+        s = mean_abs.pow(alpha)
+        s = s / (s.max() * s.min()).sqrt()
+        g = (w.float() * s).reshape(w.shape[0], -1, group_size)  # [out, groups, group_size]
+        lo = g.amin(-1, keepdim=True)
+        scale = ((g.amax(-1, keepdim=True) - lo) / levels).clamp_min(1e-12)
+        w_eff = (torch.clamp(torch.round((g - lo) / scale), 0, levels) * scale + lo).reshape(w.shape) / s
+        err = ((x @ (w.float() - w_eff).T) ** 2).mean().item()
+        if err < best[0]:
+            best = (err, w_eff.to(w.dtype), alpha)
+    return best[1], best[2]
+    ### END SOLUTION
+''')
+nb.test("test_awq_quantize", "check_awq_quantize(awq_quantize)", points=2)
+
+nb.code(r"""
+awq_rows = {}
+for bits in (3, 4):
+    found = {n: awq_quantize(params[n].detach(), calib_x[n][::4], bits, CAL_GROUP)  # 256 tokens fit 20 numbers
+             for n in tqdm(gptq_names, desc=f"AWQ {bits}-bit")}
+    awq_ppl = ppl(ref.quantize_model(model, found, weight_fn=lambda name, w, _: found[name][0]))
+    awq_rows[bits] = awq_ppl
+    alphas = [a for _, a in found.values()]
+    print(f"{bits}-bit, layers {GPTQ_LAYERS}: RTN {gptq_rows[bits][0]:.2f}, GPTQ {gptq_rows[bits][1]:.2f}, "
+          f"AWQ {awq_ppl:.2f} (α from {min(alphas):.2f} to {max(alphas):.2f}, median {sorted(alphas)[len(alphas) // 2]:.2f})")
+""")
+
+nb.md(r"""
+AWQ needs no Hessian and no weight updates — a scale per channel and plain rounding — and it is robust to a
+small calibration set: it fits one number per layer, not the weights themselves (GPTQ fits every weight, which
+is why it needed damping against 1024 calibration tokens). The two combine (AWQ scales, then GPTQ), as
+several toolkits do.
+""")
+
+# --- 10 ---------------------------------------------------------------------------------------------------
+nb.md(r"""
+## 10. Quantized decode is faster
+
+Everything so far *simulated* quantization: weights rounded, then stored as float32 again. To get the speed
+the bytes must stay small in memory and be expanded inside the matrix product. torch has CPU kernels for
+exactly that (`lib/quant_linear.py`): int8 per output channel (`aten._weight_int8pack_mm`) and int4 in
+groups with a scale and a zero (`aten._weight_int4pack_mm_for_cpu`), both with bfloat16 activations.
+int4 with groups of 32 and a min/max grid is **Q4_1's grid** — so on our weights (section 3) it loses
+nothing but the bfloat16 rounding of scales and activations. The LM head (the tied embedding, stored as
+Q8_0) goes to int8 in that variant.
+""")
+
+nb.code(r"""
+from lib.generate import generate
+from lib.quant_linear import quantize_linears
+
+paths_ = {"F32": (model, 32.0),
+          "int8": (quantize_linears(model, "int8"), 8.0),
+          "int4 g32 (int8 head)": (quantize_linears(model, "int4", 32, lm_head="int8"), None)}
+head = model.embed.weight.numel()
+paths_["int4 g32 (int8 head)"] = (paths_["int4 g32 (int8 head)"][0], ((n_weights - head) * 5.0 + head * 8.0) / n_weights)
+prompt = tok("The history of the printing press begins", return_tensors="pt").input_ids
+N_NEW = 32 if FULL else 16
+with torch.no_grad():
+    reference_ids = generate(model, prompt, N_NEW)
+    rows = []
+    for name, (m, bpw) in paths_.items():
+        generate(m, prompt, 2)  # warm up
+        t0 = time.perf_counter(); ids = generate(m, prompt, N_NEW); dt = time.perf_counter() - t0
+        same = int((ids[0, prompt.shape[1]:] == reference_ids[0, prompt.shape[1]:]).int().cumprod(0).sum())
+        rows.append((name, N_NEW / dt, bandwidth / (n_weights * bpw / 8), same, ppl(m)))
+print(f"{'path':>22} {'tok/s':>7} {'vs F32':>7} {'roofline':>9} {'tokens = F32':>13} {'PPL':>7}")
+for name, tok_s, roof, same, p in rows:
+    print(f"{name:>22} {tok_s:>7.1f} {tok_s / rows[0][1]:>6.2f}x {roof:>9.0f} {same:>9}/{N_NEW} {p:>7.2f}")
+print("(prefill and decode of a short prompt, timed once; benchmarks/quant.py measures decode alone)")
+""")
+
+nb.md(r"""
+The quantized paths are faster because each step reads 4–6× fewer bytes, but far from their rooflines: at
+135M parameters a step is ~200 small kernels plus Python, and overheads dominate (week 16, section 6).
+Greedy tokens stay identical to the F32 model for a while and then drift: bfloat16 activations and rounded
+scales nudge a near-tie between two tokens — while the perplexity barely moves, which is the right measure.
+`python benchmarks/quant.py` measures decode alone, with repeats, and llama.cpp when it is installed.
+""")
+
+# --- 11 ---------------------------------------------------------------------------------------------------
+nb.md(r"""
+## 11. Check your understanding (seed 002, Q6–Q9)
+
+**Q6.** Why can't you apply standard per-tensor INT8 quantization to LLMs without significant accuracy loss?
+""")
+nb.answer("answer_q6", r"""
+**Model answer.** One scale per tensor is set by the largest magnitude in it, and LLM activations (and some
+weights) have **outliers**: a few channels with values 10–100× the rest (SmoothQuant, LLM.int8()). With
+`Δ = max|x| / 127`, the ordinary values use only a handful of the 255 levels, so their rounding error is huge
+relative to their size; naive W8A8 on OPT-175B reaches perplexity ~93,000 (SmoothQuant, Table 3). Finer
+granularity (per channel, per token, per block of 32 as in GGUF — section 2), outlier handling
+(mixed precision, smoothing) fix it.
+
+**Mark scheme (2 points).** 1: outliers (a few channels/values much larger than the rest). 1: one scale
+per tensor is set by them, so most values get few levels / large relative error; naming a fix (finer
+granularity or outlier handling) is expected but not required.
+""", points=2)
+
+nb.md(r"""
+**Q7.** GPTQ compensates for rounding error by adjusting un-quantized weights using what mathematical object?
+""")
+nb.answer("answer_q7", r"""
+**Model answer.** The (inverse) **Hessian** of the layer's reconstruction error, `H = 2XXᵀ` from calibration
+activations: after a column is rounded, its error times row `j` of `H⁻¹` (via the Cholesky factor of
+`H⁻¹`, section 7) is subtracted from the columns not yet quantized — the Optimal Brain Surgeon update.
+
+**Mark scheme (1 point).** The Hessian / inverse Hessian (second-order information from calibration inputs).
+""", points=1)
+
+nb.md(r"""
+**Q8.** AWQ scales up "salient" weight channels before quantizing. How does it determine which channels are salient?
+""")
+nb.answer("answer_q8", r"""
+**Model answer.** By the **activations**, not the weights: the input channels whose calibration activations
+have the largest average magnitude `E|x|` (section 8: choosing the 1 % by activation recovers far more than
+by weight magnitude or at random). The scale is `s = (E|x|)^α` with `α` found by a grid search that
+minimizes the layer's output error on the calibration set.
+
+**Mark scheme (1 point).** Activation magnitude on calibration data (not weight magnitude).
+""", points=1)
+
+nb.md(r"""
+**Q9.** In GGUF K-quants, Q4_K_M uses more bits for certain layer types. Which? Return their GGUF tensor
+names (as in `blk.N.<name>.weight`) from `answer_q9`; say why in the cell after it.
+""")
+nb.exercise("answer_q9", r'''
+def answer_q9() -> set:
+    """The per-layer tensors that llama.cpp's Q4_K_M stores in Q6_K (in some of the layers)."""
+    ### BEGIN SOLUTION
+    return {"attn_v", "ffn_down"}
+    ### END SOLUTION
+''')
+nb.test("test_answer_q9", "check_answer_q9(answer_q9)", points=1)
+nb.answer("answer_q9_why", r"""
+**Model answer.** `attn_v` and `ffn_down` get Q6_K in the first and last eighth of the layers and every third
+layer in between (and the output head gets Q6_K too). They are the most sensitive per bit: section 6
+measured `attn_v` costing nearly as much perplexity as `ffn_down` with 8× fewer weights, and `ffn_down`
+the most in total — its inputs (after SwiGLU) have the heaviest outliers, and errors in V pass straight
+into every attention output. A few extra bits there buy more quality than anywhere else.
+
+**Mark scheme (1 point).** Sensitivity: these tensors' rounding errors cost the most quality per bit
+(measured, or argued from outliers / their place in the network).
+""", points=1)
+
 nb.md(r"""
 ## What you built
 
-The llama.cpp block formats byte for byte, the K-quants' packed scales, and a measured quality-per-bit curve
-of a real model. Check: `pytest weeks/20` for every exercise.
+The llama.cpp block formats byte for byte, the K-quants' packed scales, a measured quality-per-bit curve of
+a real model, a bit allocation from measured sensitivities that beats uniform at the same size, and the two
+calibration methods every serving stack offers. Check: `pytest weeks/20` for every exercise.
 """)
 
 nb.write(str(REPO / "solutions" / "20" / "week20_quantization.ipynb"))

@@ -47,3 +47,20 @@ def test_ex06_dequantize_q4_k(ex):
 
 def test_ex07_quantize_q4_k(ex):
     checks.check_quantize_q4_k(ex.quantize_q4_k)
+
+
+def test_ex08_allocate_bits(ex):
+    checks.check_allocate_bits(ex.allocate_bits)
+
+
+def test_ex09_gptq_quantize(ex):
+    """GPTQ: output error on calibration inputs as low as lib.gptq's, far below round-to-nearest's."""
+    checks.check_gptq_quantize(ex.gptq_quantize)
+
+
+def test_ex10_awq_quantize(ex):
+    checks.check_awq_quantize(ex.awq_quantize)
+
+
+def test_ex11_answer_q9(ex):
+    checks.check_answer_q9(ex.answer_q9)
