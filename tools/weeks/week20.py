@@ -559,8 +559,9 @@ plt.tight_layout(); plt.show()
 nb.md(r"""
 Two things stand out. `ffn_down` costs the most in total, and `attn_v` costs nearly as much with **8× fewer
 weights**: per bit spent, it is by far the best place for extra precision. That is exactly the choice
-llama.cpp's `_M` mixes hard-code (Q6_K for `attn_v` and `ffn_down`), and the layers it favours — the first
-and last — are among the sensitive ones here too, though not the only ones.
+llama.cpp's `_M` mixes hard-code (Q6_K for `attn_v` and `ffn_down`). Its choice of layers (the first and last
+eighth, every third between) is a rule of thumb: here the last layer is among the most sensitive, the first
+is not, and a middle one may be — measure, don't assume.
 
 Now turn the measurements into an allocation. Two formats, low (3-bit, 3.5 bits per weight) and high (4-bit,
 4.5), and a budget of 4.0 bits per weight on average. Give the high format to the tensor types that buy the
