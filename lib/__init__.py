@@ -8,10 +8,14 @@
 - `lib.attention` GQA attention and the SDPA backend; naive and tiled (FlashAttention) attention (weeks 16-17)
 - `lib.io_model`  counting slow-memory traffic of standard and tiled attention (week 17)
 - `lib.fast`      the same model fused for speed (QKV and gate/up matmuls, no per-step setup), for serving and benchmarks
-- `lib.quant`     GGUF block formats byte for byte (Q8_0 ... Q6_K), per-tensor type plans, round-to-nearest (week 20)
 - `lib.paged`     the block allocator, slot mapping, paged attention and the paged KV cache (week 19)
 - `lib.engine`    a serving engine: continuous batching, preemption, chunked prefill, prefix caching (week 19)
 - `lib.speculative` speculative decoding: `verify`, `speculative_generate` with KV-cache rollback, drafts, acceptance theory (week 18)
+- `lib.quant`     GGUF block formats byte for byte (Q8_0 ... Q6_K), per-tensor type plans, RTN, writing a GGUF (week 20)
+- `lib.gptq`      GPTQ: Hessian-based column-by-column error compensation; calibration inputs (week 20)
+- `lib.awq`       AWQ: activation-aware channel scales and their grid search; salient channels (week 20)
+- `lib.smoothquant` W8A8 with activation outliers migrated into the weights (week 20)
+- `lib.quant_linear` int8 / int4 weight-only linears on torch's CPU kernels, for a faster decode (week 20)
 - `lib.text`      the committed Gutenberg text and perplexity
 - `lib.fetch`     the set-up step that places the model where `lib` finds it (`python -m lib.fetch`)
 - `lib.paths`     where data lives, and the model file's size and sha256

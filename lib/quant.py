@@ -202,14 +202,14 @@ def _q6_k(x):
     quantized to int8 against the super-block's d (f16); then q = round(x / (d·sc))."""
     n = x.shape[0]
     sub = x.reshape(n, 16, 16)
-    scale = _signed_absmax(sub) [..., 0] / np.float32(-32)  # [n, 16]
+    scale = _signed_absmax(sub)[..., 0] / np.float32(-32)  # [n, 16]
     d = (np.abs(scale).max(axis=-1, keepdims=True) / np.float32(127)).astype(np.float16).astype(np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):
         sc = np.where(d > 0, roundf(scale / d), 0).clip(-128, 127)
         step = (d * sc)[..., None]
         q = np.where(step != 0, roundf(sub / step), 0).clip(-32, 31)
     q = (q + 32).astype(np.uint8).reshape(n, 256)
-    # value v: half h = v // 128, then nibble-plane p = (v % 128) // 64 ... see _dq6_k for the mirror image
+    # weight v sits in half v // 128, quarter (v % 128) // 32: low nibbles of quarters 0/1 share ql bytes with 2/3
     halves = q.reshape(n, 2, 4, 32)  # [n, half, quarter, 32]
     low, high = halves & 0x0F, halves >> 4
     ql = (low[:, :, 0:2] | (low[:, :, 2:4] << 4)).reshape(n, 128)  # per half: 64 bytes

@@ -559,8 +559,9 @@ plt.tight_layout(); plt.show()
 nb.md(r"""
 Two things stand out. `ffn_down` costs the most in total, and `attn_v` costs nearly as much with **8× fewer
 weights**: per bit spent, it is by far the best place for extra precision. That is exactly the choice
-llama.cpp's `_M` mixes hard-code (Q6_K for `attn_v` and `ffn_down`), and the layers it favours — the first
-and last — are among the sensitive ones here too, though not the only ones.
+llama.cpp's `_M` mixes hard-code (Q6_K for `attn_v` and `ffn_down`). Its choice of layers (the first and last
+eighth, every third between) is a rule of thumb: here the last layer is among the most sensitive, the first
+is not, and a middle one may be — measure, don't assume.
 
 Now turn the measurements into an allocation. Two formats, low (3-bit, 3.5 bits per weight) and high (4-bit,
 4.5), and a budget of 4.0 bits per weight on average. Give the high format to the tensor types that buy the
@@ -795,6 +796,53 @@ AWQ needs no Hessian and no weight updates — a scale per channel and plain rou
 small calibration set: it fits one number per layer, not the weights themselves (GPTQ fits every weight, which
 is why it needed damping against 1024 calibration tokens). The two combine (AWQ scales, then GPTQ), as
 several toolkits do.
+""")
+
+# --- 9 ---------------------------------------------------------------------------------------------------
+nb.md(r"""
+## 9. SmoothQuant (W8A8)
+
+Weight-only quantization leaves the matrix products in floating point. Quantizing the **activations** too
+(W8A8) lets int8 hardware do the products, but activations have outlier channels. Look at the largest
+input each channel of two linears sees over 512 calibration tokens:
+""")
+
+nb.code(r"""
+from lib import smoothquant as ref_sq
+
+with torch.no_grad():
+    act_max = ref_sq.activation_absmax(model, calibration[:2], linears)  # max|x| per input channel
+fig, axes = plt.subplots(1, 2, figsize=(12, 3))
+for ax, name in zip(axes, ["layers.11.attn.q_proj.weight", "layers.11.mlp.down_proj.weight"]):
+    m = act_max[name]
+    ax.semilogy(m.numpy(), lw=0.7)
+    ax.set_title(f"{name.rsplit('.', 1)[0]}: max/median = {float(m.max() / m.median()):.0f}", fontsize=9)
+    ax.set_xlabel("input channel")
+axes[0].set_ylabel("max |x|")
+plt.tight_layout(); plt.show()
+""")
+
+nb.md(r"""
+One channel of `ffn_down`'s input in layer 11 is thousands of times larger than the typical one (the layer
+section 6 found sensitive). With one int8 scale per tensor, it takes all the range. SmoothQuant divides each
+input channel by `s_j = max|X_j|^α / max|W_j|^(1−α)` and multiplies the weight column by `s_j` — the same
+product, with the difficulty shared between activations and weights (`lib/smoothquant.py`; simulated int8,
+per-tensor dynamic activations, per-channel weights, every linear of the 30 blocks):
+""")
+
+nb.code(r"""
+sq_rows = {"naive W8A8": ppl(ref_sq.w8a8_model(model))}
+for alpha in [0.5, 0.8]:
+    sq_rows[f"SmoothQuant α = {alpha}"] = ppl(ref_sq.w8a8_model(model, act_max, alpha))
+print(f"unquantized: {results['F32 (decoded Q4_1)'][1]:.2f}")
+for name, p in sq_rows.items():
+    print(f"{name:>22}: PPL {p:.2f}")
+""")
+
+nb.md(r"""
+Migrating the outliers recovers most of the loss; this model's outliers are extreme, so a larger α (more
+migration into the weights) helps more than the paper's 0.5 for OPT — the paper used 0.75 for GLM-130B,
+whose activations are harder, for the same reason.
 """)
 
 # --- 10 ---------------------------------------------------------------------------------------------------
