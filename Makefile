@@ -9,7 +9,7 @@ export PATH := $(BIN):$(PATH)
 # Jupyter refuses to run as root unless told; containers and CI often are root.
 LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: help setup lab test test-quick bench release clean-cache
+.PHONY: help setup lab test test-quick bench bench-18 bench-19 bench-20 release clean-cache
 
 help:
 	@echo "make setup        create .venv, install the lab, fetch and verify the model (idempotent)"
@@ -17,6 +17,9 @@ help:
 	@echo "make test         setup, then the whole test suite (what CI runs)"
 	@echo "make test-quick   the suite without executing whole notebooks"
 	@echo "make bench        speed benchmark: lib, lib.fast, transformers, the bandwidth roofline"
+	@echo "make bench-18     speculative decoding: each draft's tok/s vs target greedy (identical tokens)"
+	@echo "make bench-19     serving: static vs continuous vs prefix-cached batching; batch 8 vs batch 1 decode"
+	@echo "make bench-20     quantized decode: F32 vs int8 vs int4 paths (and llama.cpp when installed)"
 	@echo "make release WEEK=16   regenerate weeks/16 from solutions/16 (keeps a student's edited files)"
 
 $(VENV)/.installed: pyproject.toml
@@ -39,6 +42,15 @@ test-quick: setup
 
 bench: setup
 	$(BIN)/python benchmarks/decode.py
+
+bench-18: setup
+	$(BIN)/python benchmarks/speculative.py
+
+bench-19: setup
+	$(BIN)/python benchmarks/serving.py
+
+bench-20: setup
+	$(BIN)/python benchmarks/quant.py
 
 release: $(VENV)/.installed
 	@test -n "$(WEEK)" || (echo "usage: make release WEEK=16" && exit 2)
