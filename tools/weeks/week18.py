@@ -77,21 +77,27 @@ nb.code("""
 text_ids = tok(load_text("hamlet"), return_tensors="pt").input_ids[:, :4096].to(model.device)  # [1, 4096]
 CONTEXT = 128
 sizes = list(range(1, 17)) if FULL else [1, 2, 3, 4, 5, 8, 9, 16]  # K + 1 for K = 1, 2, 4, 8 included
-repeats = 7 if FULL else 3
+repeats = 9 if FULL else 5
 cache = model.new_cache(max_len=CONTEXT + max(sizes))
+
+def forward_time(m):
+    # seconds of one forward of m new tokens after the CONTEXT cached ones
+    cache.truncate(CONTEXT)  # drop the positions of the previous try
+    t0 = time.perf_counter()
+    model(text_ids[:, CONTEXT:CONTEXT + m], cache=cache)
+    return time.perf_counter() - t0
+
 with torch.no_grad():
     model(text_ids[:, :CONTEXT], cache=cache)
+    forward_time(1)  # warm-up
+    ratios = {m: [] for m in sizes}
     step_time = {}
     for m in tqdm(sizes, desc="verify cost"):
-        new = text_ids[:, CONTEXT:CONTEXT + m]
-        best = math.inf
-        for _ in range(repeats):
-            cache.truncate(CONTEXT)  # drop the m positions of the previous try
-            t0 = time.perf_counter()
-            model(new, cache=cache)
-            best = min(best, time.perf_counter() - t0)
-        step_time[m] = best
-verify_cost = {m: step_time[m] / step_time[1] for m in sizes}  # in units of one decode step
+        for _ in range(repeats):  # one step and one m-token forward side by side: their ratio survives a busy machine
+            t1 = forward_time(1)
+            ratios[m].append(forward_time(m) / t1)
+            step_time[1] = min(step_time.get(1, math.inf), t1)
+verify_cost = {m: float(torch.tensor(ratios[m]).median()) for m in sizes}  # in units of one decode step
 print(f"one decode step after {CONTEXT} tokens: {1e3 * step_time[1]:.1f} ms")
 for m in sizes:
     print(f"m = {m:2d} new tokens: {verify_cost[m]:.2f} steps  ({verify_cost[m] / m:.2f} per token)")
@@ -436,17 +442,17 @@ def vc(m):
 curve = {m: vc(m) for m in range(1, 17)}
 
 def draft_cost(d):
-    \"\"\"One draft step after a 128-token context, in target steps (best of a few).\"\"\"
+    \"\"\"One draft step after a 128-token context, in target steps (median of side-by-side ratios).\"\"\"
     c = d.new_cache(batch=1, max_len=CONTEXT + 1)
+    out = []
     with torch.no_grad():
         d(text_ids[:, :CONTEXT], cache=c)
-        best = math.inf
-        for _ in range(repeats + 2):
+        for _ in range(repeats):
             c.truncate(CONTEXT)
             t0 = time.perf_counter()
             d(text_ids[:, CONTEXT:CONTEXT + 1], cache=c)
-            best = min(best, time.perf_counter() - t0)
-    return best / step_time[1]
+            out.append((time.perf_counter() - t0) / forward_time(1))
+    return float(torch.tensor(out).median())
 
 chat_ids = tok.apply_chat_template([{"role": "user", "content": "What are three tips for staying healthy?"}],
                                    add_generation_prompt=True, return_tensors="pt")
