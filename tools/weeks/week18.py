@@ -509,14 +509,15 @@ plt.legend(fontsize=7); plt.show()
 nb.md(r"""
 What the table says (your numbers are above; while writing this lab, on a busy 2-core machine, α at T = 0 / T = 1 on
 *Hamlet*: random 0.02 / 0.03, early exit 4 layers 0.04 / 0.05, 20 layers 0.20 / 0.21, int8 copy 0.96 / 0.96,
-prompt lookup 0.22 / 0.20; c: random 0.01, early exit 4 0.15, 20 0.39, int8 0.46, lookup ≈ 0):
+prompt lookup 0.22 / 0.20 — the same in every run; c, which moves with the machine's load: random 0.01–0.05,
+early exit 4 layers 0.15–0.26, 20 layers 0.39–0.71, int8 0.46–0.74, lookup ≈ 0):
 
 * a draft that shares the **LM head** pays for it at every draft step: 49152 × 576 weights are 28 M of the
   target's 135 M, so c ≥ 0.2 for any such draft, and early exit also pays for its L layers;
 * the **int8 copy** has the α the seed promises (its "70–80 % acceptance at T = 1" is met here by this draft, not
-  by a trained small one: 0.96), but on this CPU its c is about 0.5 — eager PyTorch spends much of a step outside
+  by a trained small one: 0.96), but on this CPU its c is 0.5–0.75 — eager PyTorch spends much of a step outside
   the matmuls (norms, RoPE, attention, Python), which int8 does not shrink — and the loop adds its own overhead
-  per draft call (measured speedup 0.7–0.8× where the model predicts 1.0–1.3×): no gain here;
+  per draft call (measured 0.7–0.85×, predicted 0.85–1.3× in different runs): no reliable gain here;
 * **prompt lookup** costs nothing, and pays exactly where the output repeats the input (quoting, summarizing,
   code editing); `benchmarks/speculative.py` measures it on chat and quoting prompts.
 Not built here (time): a small draft *distilled* from SmolLM2; measured while designing this lab, a 4-layer draft
