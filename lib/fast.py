@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from lib.kv_cache import KVCache, causal_mask
+from lib.model import apply_rope
 
 
 class FastLlama:
@@ -77,11 +78,6 @@ class FastLlama:
         x32 = x.float()
         return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * w
 
-    @staticmethod
-    def _rope(x, cos, sin):
-        x1, x2 = x.chunk(2, dim=-1)
-        return (x.float() * cos + torch.cat([-x2, x1], dim=-1).float() * sin).to(x.dtype)
-
     def _attend(self, q, k, v, start: int):
         """q [B, H, T, d]; k, v [B, Hkv, S, d] (S = start + T). Bottom-right causal, GQA folded."""
         b, h, t, d = q.shape
@@ -102,8 +98,8 @@ class FastLlama:
         h, hkv, d = self.n_heads, self.n_kv_heads, self.head_dim
         qkv = F.linear(self._rms(x, lw["attn_norm"]), lw["wqkv"])  # [B, T, (H + 2Hkv) d]
         q, k, v = qkv.split([h * d, hkv * d, hkv * d], dim=-1)
-        q = self._rope(q.view(b, t, h, d).transpose(1, 2), cos, sin)
-        k = self._rope(k.view(b, t, hkv, d).transpose(1, 2), cos, sin)
+        q = apply_rope(q.view(b, t, h, d).transpose(1, 2), cos, sin)
+        k = apply_rope(k.view(b, t, hkv, d).transpose(1, 2), cos, sin)
         v = v.view(b, t, hkv, d).transpose(1, 2)
         if layer_cache is not None:
             k, v = layer_cache.append(k, v)

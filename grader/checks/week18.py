@@ -31,6 +31,8 @@ FALSE_FAILURE = 1e-6  # statistical checks: a correct implementation fails less 
 # --- test models ----------------------------------------------------------------------------------------
 
 class _History:
+    # The same as lib.speculative's token-history cache, written again on purpose: the student's code truncates
+    # this cache, and a call into lib.speculative during the student's run is what ex01's route check rejects.
     def __init__(self, max_len: int):
         self.tokens: list[int] = []
         self.max_len = max_len
