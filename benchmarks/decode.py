@@ -3,6 +3,8 @@
     python benchmarks/decode.py                      # decode (64 and 512 new tokens) and a 256-token prefill
     python benchmarks/decode.py --compile            # also FastLlama under torch.compile (compile time printed)
     python benchmarks/decode.py --profile            # where one decode step's time goes, per op, lib vs fast
+    python benchmarks/decode.py --matmul             # small-batch matmuls: F.linear vs oneDNN-packed weights,
+                                                     # and the verify curve (m new tokens after a cache)
 
 Decode is bandwidth-bound: each new token reads every weight once. So the ceiling is
     tok/s <= (memory bandwidth) / (bytes of weights read per token)
@@ -74,6 +76,52 @@ def profile_step(name: str, model, prompt, steps: int = 8) -> None:
           f"{calls / steps:.0f} aten calls per step")
 
 
+def matmul_sweep(model, repeats: int) -> None:
+    """Weight matmuls with 1..16 rows of input (decode = 1, verifying K draft tokens = K + 1, a batch = B), on
+    SmolLM2's own weight shapes, plain `F.linear` against oneDNN-packed weights; then the verify curve of
+    whole forwards: m new tokens after a 128-token cache, in units of one decode step."""
+    import torch.nn.functional as F
+
+    from lib.fast import FastLlama, can_pack, pack_weight, packed_linear
+    if not can_pack(model.embed.weight.device, model.embed.weight.dtype):
+        print("packed weights need fp32 on a CPU with oneDNN; nothing to compare here")
+        return
+    weights = [w for blk in model.layers for w in (blk.attn.q_proj.weight, blk.attn.k_proj.weight,
+               blk.attn.v_proj.weight, blk.attn.o_proj.weight, blk.mlp.gate_proj.weight, blk.mlp.up_proj.weight,
+               blk.mlp.down_proj.weight)] + [model.embed.weight]
+    weights = [w.detach() for w in weights]
+    packed = [pack_weight(w) for w in weights]
+    mb = sum(w.numel() * w.element_size() for w in weights) / 1e6
+    rows = [1, 2, 3, 4, 5, 8, 16]
+    print(f"\nall {len(weights)} weight matmuls of one token ({mb:.0f} MB), median ms of {max(repeats, 5)} "
+          f"(ratio to 1 row in brackets)")
+    print(f"  {'rows':>5s}{'F.linear':>18s}{'packed':>18s}{'packed speedup':>16s}")
+    base = {}
+    with torch.inference_mode():
+        for m in rows:
+            xs = {w.shape[1]: torch.randn(m, w.shape[1]) for w in weights}
+            plain = time_call(lambda: [F.linear(xs[w.shape[1]], w) for w in weights], max(repeats, 5), torch.device("cpu"))
+            pk = time_call(lambda: [packed_linear(xs[w.shape[1]], p) for w, p in zip(weights, packed)],
+                           max(repeats, 5), torch.device("cpu"))
+            base.setdefault("plain", plain), base.setdefault("packed", pk)
+            print(f"  {m:5d}{plain * 1e3:10.1f} ({plain / base['plain']:4.2f}){pk * 1e3:10.1f} ({pk / base['packed']:4.2f})"
+                  f"{plain / pk:15.2f}x")
+    ids = torch.randint(0, model.config.vocab_size, (1, 128 + 16), generator=torch.Generator().manual_seed(0))
+    print("\nverify curve: time of a forward over m new tokens after a 128-token cache, in one-token steps")
+    print(f"  {'engine':28s}" + "".join(f"{f'm={m}':>8s}" for m in rows) + f"{'1 step ms':>11s}")
+    for name, eng in {"lib.model": model, "lib.fast (F.linear)": FastLlama(model, packed=False),
+                      "lib.fast (packed)": FastLlama(model)}.items():
+        cache = eng.new_cache(1, 128 + 16)
+        with torch.inference_mode():
+            eng(ids[:, :128], cache=cache)
+
+            def fwd(m, eng=eng, cache=cache):
+                cache.truncate(128)
+                eng(ids[:, 128:128 + m], cache=cache)
+            secs = [time_call(lambda m=m: fwd(m), max(repeats, 5), torch.device("cpu")) for m in rows]
+        print(f"  {name:28s}" + "".join(f"{s / secs[0]:8.2f}" for s in secs) + f"{secs[0] * 1e3:11.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--new-tokens", type=int, nargs="+", default=[64, 512])
@@ -81,6 +129,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--compile", action="store_true", help="also time FastLlama(compile=True)")
     parser.add_argument("--profile", action="store_true", help="per-op profile of a decode step, then exit")
+    parser.add_argument("--matmul", action="store_true",
+                        help="rows-per-matmul sweep (F.linear vs packed) and the verify curve, then exit")
     parser.add_argument("--skip-transformers", action="store_true")
     args = parser.parse_args()
 
@@ -104,6 +154,9 @@ def main() -> None:
         profile_step("lib.model", model, prompt)
         profile_step("lib.fast", fast, prompt)
         return
+    if args.matmul:
+        matmul_sweep(model, args.repeats)
+        return
 
     bw = measure_bandwidth(256, repeats=10, device=device)
     per_token = weight_bytes_per_token(model)
@@ -114,6 +167,8 @@ def main() -> None:
         hf = AutoModelForCausalLM.from_pretrained(str(paths.MODELS_DIR), gguf_file=paths.SMOLLM2_FILE).to(device).eval()
 
     engines = {"lib.generate (lib.model)": model, "lib.generate (lib.fast)": fast}
+    if fast.packed:  # the same fast path with plain F.linear weights: what packing alone buys
+        engines["lib.generate (lib.fast, F.linear)"] = FastLlama(model, packed=False)
     if args.compile:
         t0 = time.perf_counter()
         compiled = FastLlama(model, compile=True)

@@ -20,6 +20,14 @@ can follow — each one is a line below, and `benchmarks/decode.py --profile` sh
    on the matrix units; logits are then only approximately equal (the benchmark reports the error).
 6. Optional **`torch.compile`** of the per-layer step (`compile=True`); its compile time is reported by the
    benchmark, and it is off by default because on 2 cores it costs a student more than it saves.
+7. **Weights in the matmul library's own layout** (`packed=True`, the default for fp32 on CPU without compile). `F.linear` on a
+   plain `[out, in]` weight with 2–8 rows of input costs about as much as that many one-row calls here (MKL
+   runs a matrix-vector product per row: measured 25 ms for 2 rows against 11.5 ms for 1 on SmolLM2's
+   output layer), so the weights would be read from memory once per row. Reordering each weight once at load
+   into oneDNN's blocked layout (`torch.ops.mkldnn._reorder_linear_weight`, the same step `torch.compile`'s
+   CPU weight freezing takes) reads them once for every small batch: 1 row ≈ 2 rows ≈ 4 rows. That is what
+   makes verifying draft tokens (week 18) and decoding a batch (week 19) cost nearly one step, as the
+   roofline says it should. `benchmarks/decode.py --matmul` measures both layouts side by side.
 
 The call contract is the model's: `fast(input_ids [B, T], cache=None) -> logits [B, T, vocab]` float32, with
 `config`, `device` and `new_cache()`, so `lib.generate.generate` and every week's code accept it unchanged.
@@ -35,27 +43,53 @@ from lib.kv_cache import KVCache, causal_mask
 from lib.model import apply_rope
 
 
+def can_pack(device, dtype: torch.dtype) -> bool:
+    """Whether `pack_weight` applies: float32 on a CPU whose PyTorch build has oneDNN (item 7 above)."""
+    return (torch.device(device).type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+
+
+def pack_weight(w: torch.Tensor, rows_hint: int = 4) -> torch.Tensor:
+    """`w [out, in]` reordered once into oneDNN's blocked layout; use it only through `packed_linear`."""
+    return torch.ops.mkldnn._reorder_linear_weight(w, rows_hint)
+
+
+def packed_linear(x: torch.Tensor, w_packed: torch.Tensor) -> torch.Tensor:
+    """`F.linear(x, w)` for a weight from `pack_weight`: x [..., in] -> [..., out]."""
+    return torch.ops.mkldnn._linear_pointwise(x, w_packed, None, "none", [], "")
+
+
 class FastLlama:
     """A fused, inference-only view of a `lib.model.LlamaModel` (the weights are copied once, concatenated)."""
 
-    def __init__(self, model, dtype: torch.dtype | None = None, compile: bool = False):
+    def __init__(self, model, dtype: torch.dtype | None = None, compile: bool = False, packed: bool | None = None):
         cfg = model.config
         self.config = cfg
         self.dtype = dtype if dtype is not None else model.embed.weight.dtype
         dev = model.embed.weight.device
+        if packed is None:  # inductor cannot lower the packed op (torch 2.13): compiled code packs on its own
+            packed = can_pack(dev, self.dtype) and not compile
+        elif packed and not can_pack(dev, self.dtype):
+            raise ValueError(f"packed=True needs float32 weights on a CPU with oneDNN; got {self.dtype} on {dev} "
+                             f"(pass packed=False or leave it unset to choose automatically)")
+        elif packed and compile:
+            raise ValueError("packed=True cannot be combined with compile=True (torch.compile cannot lower the "
+                             "packed matmul); leave packed unset")
+        self.packed = packed
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         cast = lambda w: w.detach().to(device=dev, dtype=self.dtype).contiguous()  # noqa: E731
-        self.embed = cast(model.embed.weight)  # [vocab, d_model]
-        self.lm_head = self.embed if model.lm_head is None else cast(model.lm_head.weight)
+        mat = (lambda w: pack_weight(cast(w))) if packed else cast  # a weight a matmul reads  # noqa: E731
+        self.embed = cast(model.embed.weight)  # [vocab, d_model], looked up by row: stays plain
+        self.lm_head = mat(model.embed.weight if model.lm_head is None else model.lm_head.weight)
         self.layers = []
         for blk in model.layers:
             a, m = blk.attn, blk.mlp
             self.layers.append(dict(
                 attn_norm=cast(blk.attn_norm.weight), mlp_norm=cast(blk.mlp_norm.weight),
-                wqkv=cast(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])),  # [(H+2Hkv)d, D]
-                wo=cast(a.o_proj.weight),
-                w_gate_up=cast(torch.cat([m.gate_proj.weight, m.up_proj.weight])),  # [2 d_ff, D]
-                w_down=cast(m.down_proj.weight),
+                wqkv=mat(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])),  # [(H+2Hkv)d, D]
+                wo=mat(a.o_proj.weight),
+                w_gate_up=mat(torch.cat([m.gate_proj.weight, m.up_proj.weight])),  # [2 d_ff, D]
+                w_down=mat(m.down_proj.weight),
             ))
         self.norm = cast(model.norm.weight)
         self.eps = cfg.norm_eps
@@ -65,6 +99,7 @@ class FastLlama:
                                                          dtype=torch.float32) / self.head_dim)
         emb = torch.cat([pos[:, None] * inv_freq] * 2, dim=-1)
         self.cos, self.sin = emb.cos(), emb.sin()
+        self._linear = packed_linear if packed else F.linear
         self._layer = torch.compile(self._layer_step, dynamic=True) if compile else self._layer_step
 
     @property
@@ -96,7 +131,7 @@ class FastLlama:
     def _layer_step(self, x, lw, cos, sin, layer_cache, start: int):
         b, t, _ = x.shape
         h, hkv, d = self.n_heads, self.n_kv_heads, self.head_dim
-        qkv = F.linear(self._rms(x, lw["attn_norm"]), lw["wqkv"])  # [B, T, (H + 2Hkv) d]
+        qkv = self._linear(self._rms(x, lw["attn_norm"]), lw["wqkv"])  # [B, T, (H + 2Hkv) d]
         q, k, v = qkv.split([h * d, hkv * d, hkv * d], dim=-1)
         q = apply_rope(q.view(b, t, h, d).transpose(1, 2), cos, sin)
         k = apply_rope(k.view(b, t, hkv, d).transpose(1, 2), cos, sin)
@@ -104,9 +139,9 @@ class FastLlama:
         if layer_cache is not None:
             k, v = layer_cache.append(k, v)
         attn = self._attend(q, k, v, start)
-        x = x + F.linear(attn.transpose(1, 2).reshape(b, t, h * d), lw["wo"])
-        gate, up = F.linear(self._rms(x, lw["mlp_norm"]), lw["w_gate_up"]).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, lw["w_down"])
+        x = x + self._linear(attn.transpose(1, 2).reshape(b, t, h * d), lw["wo"])
+        gate, up = self._linear(self._rms(x, lw["mlp_norm"]), lw["w_gate_up"]).chunk(2, dim=-1)
+        return x + self._linear(F.silu(gate) * up, lw["w_down"])
 
     def __call__(self, input_ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         if input_ids.dim() != 2:
@@ -121,4 +156,4 @@ class FastLlama:
             x = self.embed[input_ids.to(self.device)]  # [B, T, D]
             for i, lw in enumerate(self.layers):
                 x = self._layer(x, lw, cos, sin, cache[i] if cache is not None else None, start)
-            return F.linear(self._rms(x, self.norm), self.lm_head).float()  # [B, T, vocab]
+            return self._linear(self._rms(x, self.norm), self.lm_head).float()  # [B, T, vocab]
