@@ -10,7 +10,7 @@ a `sys.exit()` at the top level of cells) — are checked both ways:
 Every exercise test that passes in pytest has full points in the gradebook, every one that fails has 0.
 The untouched release (all fail) is covered by tests/test_release.py and tests/test_nbgrader_pipeline.py.
 Fast: demo cells stripped, and `generate` (its check loads SmolLM2) and `RollingKVCache` (tens of seconds)
-are the release's stubs in every submission — failing in both paths. 80-100 s on 2 cores under load (3-5).
+are the release's stubs in every submission — failing in both paths. About 30 s on 2 quiet cores, 80-100 s at load 3-5.
 """
 import json
 import os
@@ -118,7 +118,7 @@ def _nbgrader_scores(course: Course, student: str) -> dict[str, tuple[float, flo
                 if g.cell_type == "code"}
 
 
-@pytest.mark.notebook  # autogrades three notebooks: about 1-1.5 min on 2 loaded cores
+@pytest.mark.notebook  # autogrades three notebooks: 30 s quiet, up to 1.5 min on 2 loaded cores
 def test_pytest_and_autograde_agree_per_exercise(tmp_path, capsys):
     root = tmp_path / "course"
     for part in ("solutions", "weeks"):
