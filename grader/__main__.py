@@ -170,20 +170,20 @@ def _students(week: str, given: list[str], root: Path = REPO_ROOT) -> list[str]:
 
 
 def _threads_per_worker(jobs: int) -> int:
-    """torch threads for each grading process: the cores shared out among the `jobs` workers, but one when the
-    machine is already busy (1-minute load average >= cores), where a process's threads wait on each other
-    (measured on 2 cores at load 6: week 16's checks about 5x slower with 2 threads than with 1).
-    `INFERENCE_LAB_THREADS` overrides."""
+    """torch threads for each grading process: the cores the machine's other work leaves idle (cores minus the
+    1-minute load average, rounded), shared out among the `jobs` workers, at least one. Threads beyond the
+    idle cores wait on each other: on 2 cores at load 3, week 16's checks took ~115 s with 2 threads and 8 s
+    with 1 (tests/test_week16_checks.py). `INFERENCE_LAB_THREADS` overrides."""
     try:
         return max(1, int(os.environ["INFERENCE_LAB_THREADS"]))
     except (KeyError, ValueError):
         pass
     cores = os.cpu_count() or 1
     try:
-        busy = os.getloadavg()[0] >= cores
+        idle = int(cores - os.getloadavg()[0] + 0.5)
     except OSError:
-        busy = False
-    return 1 if busy else max(1, cores // max(1, jobs))
+        idle = cores
+    return max(1, min(cores // max(1, jobs), idle))
 
 
 def _grade_one(week: str, student: str, root: str, timeout: float | None, fast: bool,
