@@ -23,6 +23,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from grader.course import REPO_ROOT, Course, one_line, status_path
+from grader.course import threads_per_worker as _threads_per_worker
 
 
 def _committed_bytes(path: Path, repo: Path) -> bytes | None:
@@ -167,23 +168,6 @@ def _students(week: str, given: list[str], root: Path = REPO_ROOT) -> list[str]:
         return given
     sub = root / "grader" / "submitted"
     return sorted(d.name for d in sub.iterdir() if (d / week).is_dir()) if sub.is_dir() else []
-
-
-def _threads_per_worker(jobs: int) -> int:
-    """torch threads for each grading process: the cores the machine's other work leaves idle (cores minus the
-    1-minute load average, rounded), shared out among the `jobs` workers, at least one. Threads beyond the
-    idle cores wait on each other: on 2 cores at load 3, week 16's checks took ~115 s with 2 threads and 8 s
-    with 1 (tests/test_week16_checks.py). `INFERENCE_LAB_THREADS` overrides."""
-    try:
-        return max(1, int(os.environ["INFERENCE_LAB_THREADS"]))
-    except (KeyError, ValueError):
-        pass
-    cores = os.cpu_count() or 1
-    try:
-        idle = int(cores - os.getloadavg()[0] + 0.5)
-    except OSError:
-        idle = cores
-    return max(1, min(cores // max(1, jobs), idle))
 
 
 def _grade_one(week: str, student: str, root: str, timeout: float | None, fast: bool,
