@@ -9,11 +9,12 @@ export PATH := $(BIN):$(PATH)
 # Jupyter refuses to run as root unless told; containers and CI often are root.
 LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: help setup lab test test-quick bench bench-18 bench-19 bench-20 release clean-cache
+.PHONY: help setup lab grade-ui test test-quick bench bench-18 bench-19 bench-20 release clean-cache
 
 help:
 	@echo "make setup        create .venv, install the lab, fetch and verify the model (idempotent)"
 	@echo "make lab          setup, then open JupyterLab on weeks/"
+	@echo "make grade-ui     (instructors) JupyterLab on the repo root, opening nbgrader's formgrader for hand-grading"
 	@echo "make test         setup, then the whole test suite (what CI runs)"
 	@echo "make test-quick   the suite without executing whole notebooks"
 	@echo "make bench        speed benchmark: lib, lib.fast, transformers, the bandwidth roofline"
@@ -33,6 +34,10 @@ setup: $(VENV)/.installed
 
 lab: setup
 	$(BIN)/jupyter lab --notebook-dir=weeks $(LAB_ARGS)
+
+# The formgrader needs the course root (this folder, where nbgrader_config.py is) inside the server's root.
+grade-ui: $(VENV)/.installed
+	cd $(CURDIR) && $(BIN)/jupyter lab --notebook-dir=. --ServerApp.default_url=/formgrader $(LAB_ARGS)
 
 test: setup
 	$(BIN)/python -m pytest

@@ -23,6 +23,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from grader.course import REPO_ROOT, Course, one_line, status_path
+from grader.course import threads_per_worker as _threads_per_worker
 
 
 def _committed_bytes(path: Path, repo: Path) -> bytes | None:
@@ -207,15 +208,28 @@ def autograde(week: str, students: list[str], jobs: int = 1, timeout: float | No
         raise SystemExit(f"no submissions for week {week} under grader/submitted/ (run collect first)")
     failures = []
     start = time.perf_counter()
+    threads = _threads_per_worker(jobs)
+    print(f"grading {len(students)} submission(s), {jobs} at a time, {threads} torch thread(s) each", flush=True)
     if jobs <= 1:
-        results = (_grade_one(week, s, str(root), timeout, fast) for s in students)
+        import torch
+
+        previous_threads = torch.get_num_threads()
+        torch.set_num_threads(threads)
+
+        def _results():
+            try:
+                for s in students:
+                    yield _grade_one(week, s, str(root), timeout, fast)
+            finally:
+                torch.set_num_threads(previous_threads)
+
+        results = _results()
     else:
         import multiprocessing
         from concurrent.futures import as_completed
 
         # spawn, not fork: a forked copy of a process holding torch threads and a sqlite connection is fragile.
         pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
-        threads = max(1, (os.cpu_count() or 1) // jobs)
         futures = {pool.submit(_grade_one, week, s, str(root), timeout, fast, threads): s for s in students}
 
         def _results():

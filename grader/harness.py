@@ -202,6 +202,17 @@ class IsolatedExercises:
         self._session.close()
 
 
+def _fewer_threads_when_busy() -> None:
+    """The checks run in this process (pytest's): on a machine whose other work keeps its cores busy, torch's
+    threads wait on each other (week 16's checks: 8 s with 1 thread, ~115 s with 2, 2 cores at load 3), so use
+    no more threads than there are idle cores. Never more threads than torch already uses."""
+    import torch
+
+    from grader.course import threads_per_worker
+
+    torch.set_num_threads(min(torch.get_num_threads(), threads_per_worker(1)))
+
+
 def load_exercises(notebook: str | Path, isolated: bool | None = None):
     """Execute the exercise (and `setup`-tagged) cells of `notebook`, in order, into a new module.
 
@@ -210,6 +221,7 @@ def load_exercises(notebook: str | Path, isolated: bool | None = None):
     path = Path(notebook)
     nb = _read_notebook(path)
     _warn_other_notebooks(path)
+    _fewer_threads_when_busy()
     cells = exercise_cells(nb)
     if isolated is None:
         isolated = os.environ.get("INFERENCE_LAB_ISOLATION", "1") != "0"

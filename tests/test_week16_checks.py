@@ -234,3 +234,37 @@ def test_check_rejects_wrong_route(ex, name, i):
 def test_every_exercise_has_a_wrong_route():
     quiz = {name for name in checks.WEEK.exercises if name.startswith("answer_")}
     assert set(WRONG) == set(checks.WEEK.exercises) - quiz
+
+
+@pytest.mark.model
+def test_smollm2_milestone_rejects_wrong_results_after_the_cached_reference(ex):
+    """The SmolLM2 milestone keeps its uncached reference per process (keyed by the tokens): after an honest
+    run fills it, a result with slightly wrong logits or a wrong last token is still rejected. One torch thread:
+    on 2 shared cores, 2 threads made this 5x slower (many small decode-step ops)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _smollm2_cases(ex)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _smollm2_cases(ex):
+    checks.check_generate(ex.generate)
+
+    def shifted_logits(model, ids, n, use_cache=True, return_logits=False):
+        out, logits = ex.generate(model, ids, n, use_cache=use_cache, return_logits=True)
+        return out, logits + 1e-3 if model.config.vocab_size == checks.SMOLLM2_135M.vocab_size else logits
+
+    def wrong_last_token(model, ids, n, use_cache=True, return_logits=False):
+        out, logits = ex.generate(model, ids, n, use_cache=use_cache, return_logits=True)
+        if model.config.vocab_size == checks.SMOLLM2_135M.vocab_size:
+            out = out.clone()
+            out[0, -1] = (out[0, -1] + 1) % model.config.vocab_size
+        return out, logits
+
+    with pytest.raises(AssertionError, match="cached logits vs uncached"):
+        checks.check_generate(shifted_logits)
+    with pytest.raises(AssertionError, match="picks another token"):
+        checks.check_generate(wrong_last_token)
+    assert checks._smollm2_uncached.cache_info().hits >= 2

@@ -257,6 +257,15 @@ def smollm2_prompt():
     return model, tok(SMOLLM2_PROMPT, return_tensors="pt").input_ids
 
 
+@functools.lru_cache(maxsize=2)
+def _smollm2_uncached(dtype, shape, values):
+    """SmolLM2's logits for every position of `values` in one uncached forward. Kept per process: every honest
+    submission produces the same 64 tokens, so a grading worker computes this once (about 0.6 s a submission)."""
+    model, _ = smollm2_prompt()
+    with torch.no_grad():
+        return model(torch.tensor(values, dtype=dtype, device=model.device).reshape(shape))
+
+
 @WEEK.exercise(5, "generate", section="5 (Generation with the cache)")
 def check_generate(generate, smollm2: bool = True) -> None:
     """Tiny random configs: cached == uncached (and == lib's generate). SmolLM2: 64 greedy cached tokens are
@@ -289,8 +298,9 @@ def check_generate(generate, smollm2: bool = True) -> None:
     spy = _CountingModel(model)
     ids, logits = _run_generate(generate, spy, prompt, SMOLLM2_NEW_TOKENS, use_cache=True)
     assert spy.calls and all(n == 1 for n in spy.calls[1:]), "with use_cache=True each decode step should feed the model one token"
-    with torch.no_grad():
-        full = model(ids[:, :-1])[:, prompt.shape[1] - 1:]  # [1, new, vocab]: the uncached logits of every step
+    head = ids[:, :-1]
+    full = _smollm2_uncached(head.dtype, tuple(head.shape), tuple(head.flatten().tolist()))
+    full = full[:, prompt.shape[1] - 1:]  # [1, new, vocab]: the uncached logits of every step
     steps = (full.argmax(-1) != ids[:, prompt.shape[1]:]).nonzero()
     assert len(steps) == 0, (
         f"SmolLM2: at step {steps[0, 1].item()} uncached greedy decoding picks another token than your cached loop")
