@@ -212,6 +212,29 @@ _CHILD_MAY = {"getattr", "setattr", "delattr", "call", "getitem", "setitem", "le
               "float", "int", "index", "repr", "str", "contains", "byvalue"}
 
 
+# The checks' models (SmolLM2 above all) are shared by every submission a worker grades: the notebook's code may
+# run them and read them, never change them (`model.half()`, `model.layers[0] = ...`, a forward hook), or the
+# next student would be graded against a broken model. Reads that nn.Module itself defines are listed here;
+# every other name nn.Module defines (to, half, apply, register_*, load_state_dict, train, ...) is refused.
+_MODULE_READS = {"forward", "parameters", "named_parameters", "buffers", "named_buffers", "children",
+                 "named_children", "modules", "named_modules", "state_dict", "training", "extra_repr",
+                 "get_submodule", "get_parameter", "get_buffer"}
+
+
+def _refuse_module_change(op: str, target, args: tuple) -> None:
+    import torch
+
+    if not isinstance(target, torch.nn.Module):
+        return
+    if op in ("setattr", "delattr", "setitem"):
+        raise AttributeError(f"the checks' models are read-only to the notebook's code ({op} on a "
+                             f"{type(target).__name__} was refused): build your own tensors instead")
+    if op == "getattr" and args[0] not in _MODULE_READS and hasattr(torch.nn.Module, args[0]):
+        raise AttributeError(f"the checks' models are read-only to the notebook's code: "
+                             f"{type(target).__name__}.{args[0]} is not available to it (run the model, "
+                             f"read its config and weights; do not change it)")
+
+
 class _TrustedPickler(pickle.Pickler):
     """Pickles arguments for the child: plain data by value, objects with identity or behaviour by reference."""
 
@@ -710,6 +733,7 @@ class Session:
             if op in ("getattr", "setattr", "delattr") and (type(args[0]) is not str or args[0].startswith("_")):
                 raise AttributeError(f"the checks' objects do not expose private attributes ({args[0]!r}) "
                                      f"to the notebook's code")
+            _refuse_module_change(op, target, args)
             if op == "byvalue":
                 value = _ByValue(target)
             else:
