@@ -682,8 +682,8 @@ for bname in fr_bases:
         t0 = time.perf_counter()
         ids = lab.speculative_generate(model, r["draft"], chat_ids, N_SPEED, k=2, stats=st)
         r["measured"] = t_base / (time.perf_counter() - t0)
-        print(f"{bname:18s} N={n_keep:5d} K=2: measured {r['measured']:.2f}x (predicted "
-              f"{lab.predicted_speedup(r['a0'], 2, r['c'], curve):.2f}x), acceptance {st.acceptance_rate:.2f}, "
+        print(f"{bname:18s} N={n_keep:5d} K=2: measured {r['measured']:.2f}x (predicted from α on the chat answer "
+              f"{lab.predicted_speedup(r['a0_chat'], 2, r['c'], curve):.2f}x), acceptance {st.acceptance_rate:.2f}, "
               f"identical to target greedy: {torch.equal(ids, base_ids)}")
 """)
 
