@@ -17,7 +17,12 @@ Notation, everywhere in this lab: **p is the target**, **q is the draft** (Levia
 - Drafts, each with a model's call shape `draft(ids [1, t], cache=...) -> logits [1, t, vocab]` and
   `draft.new_cache(batch, max_len)`: `PromptLookupDraft` (n-gram match, no weights), `early_exit_draft`
   (the target's first L layers + final norm + LM head), `random_draft` (a small random model) and
-  `quantized_draft` (the target with int8 per-output-channel weights).
+  `quantized_draft` (the target with int8 per-output-channel weights), `load_distilled_draft` (a small draft
+  trained by `tools/distill_draft.py`).
+- FR-Spec (Zhao et al. 2025): `token_counts` / `frequency_ranked_ids` rank the vocabulary by frequency in a
+  corpus, and `fr_spec_draft(draft, keep_ids)` gives a draft whose LM head computes logits over those ids only
+  (N × d_model weights instead of vocab × d_model); every other token gets logit -inf, so q = 0 there and the
+  draft never proposes it. The target still verifies over the full vocabulary: the output stays exact.
 - Acceptance theory: `acceptance_rate(p, q)` = Σ min(p, q) = 1 - TV(p, q) and `expected_tokens_per_call(α, K)`
   = (1 - α^(K+1)) / (1 - α); `predicted_speedup` puts them together with the draft's cost and the measured
   cost of verifying K + 1 tokens.
@@ -422,6 +427,152 @@ def quantized_draft(target):
     head = target.embed.weight if target.lm_head is None else target.lm_head.weight
     m.lm_head = Int8Linear(head)
     return m.eval()
+
+
+# --- FR-Spec: a frequency-ranked vocabulary subset for the draft's LM head ------------------------------------
+
+def token_counts(ids, vocab_size: int) -> torch.Tensor:
+    """How often each token id occurs in `ids` (a tensor of any shape, or a list of such tensors): `[vocab]` int64."""
+    pieces = ids if isinstance(ids, (list, tuple)) else [ids]
+    counts = torch.zeros(vocab_size, dtype=torch.int64)
+    for piece in pieces:
+        flat = torch.as_tensor(piece).reshape(-1).to("cpu", torch.int64)
+        if flat.numel() and (flat.min() < 0 or flat.max() >= vocab_size):
+            raise ValueError(f"token ids must be in [0, {vocab_size}); got {int(flat.min())}..{int(flat.max())}")
+        counts += torch.bincount(flat, minlength=vocab_size)
+    return counts
+
+
+def frequency_ranked_ids(counts: torch.Tensor, n: int) -> torch.Tensor:
+    """The `n` most frequent token ids, most frequent first (`[n]` int64). Ties, and the tokens a corpus never
+    shows, are ranked by id: a BPE tokenizer numbers its tokens in merge order, and early merges are the pairs
+    that were frequent in the tokenizer's own training corpus, so a low id is the better guess."""
+    if counts.dim() != 1:
+        raise ValueError(f"counts must be [vocab]; got {tuple(counts.shape)}")
+    if not 1 <= n <= counts.shape[0]:
+        raise ValueError(f"n must be in 1..{counts.shape[0]} (the vocabulary); got {n}")
+    order = torch.sort(-counts.to(torch.int64), stable=True).indices  # stable: equal counts keep id order
+    return order[:n].clone()
+
+
+class SubsetHead(nn.Module):
+    """An LM head restricted to `keep_ids [N]`: computes N logits with `head` (an `nn.Linear` or `Int8Linear` of
+    N output rows) and writes them into a `[..., vocab]` tensor of -inf. Softmax then gives q = 0 outside the
+    subset, and argmax never leaves it."""
+
+    def __init__(self, head: nn.Module, keep_ids: torch.Tensor, vocab_size: int):
+        super().__init__()
+        self.head = head
+        self.register_buffer("keep_ids", keep_ids.to(torch.int64))
+        self.vocab_size = vocab_size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.head(x)  # [..., N]
+        out = y.new_full((*y.shape[:-1], self.vocab_size), float("-inf"))
+        return out.index_copy_(y.dim() - 1, self.keep_ids, y)  # [..., vocab]
+
+
+def _head_rows(draft, keep: torch.Tensor) -> nn.Module:
+    """The rows `keep` of a draft's LM head, as a module of the same kind (fp32 linear or int8 linear)."""
+    head = draft.lm_head
+    if head is None:  # tied: the embedding matrix is the head
+        head = nn.Linear(draft.config.d_model, len(keep), bias=False)
+        head.weight = nn.Parameter(draft.embed.weight.detach()[keep].clone(), requires_grad=False)
+        return head.to(draft.embed.weight.device)
+    if isinstance(head, Int8Linear):
+        rows = Int8Linear.__new__(Int8Linear)
+        nn.Module.__init__(rows)
+        for name in ("qweight", "scale", "scale_bf16"):  # per-row quantization: the kept rows are unchanged
+            rows.register_buffer(name, getattr(head, name)[keep].contiguous())
+        rows.in_features, rows.out_features, rows.use_kernel = head.in_features, len(keep), head.use_kernel
+        return rows
+    if isinstance(head, nn.Linear) and head.bias is None:
+        rows = nn.Linear(head.in_features, len(keep), bias=False)
+        rows.weight = nn.Parameter(head.weight.detach()[keep].clone(), requires_grad=False)
+        return rows.to(head.weight.device)
+    raise ValueError(f"fr_spec_draft: cannot restrict an LM head of type {type(head).__name__} "
+                     "(expected none/tied, nn.Linear without bias, or Int8Linear)")
+
+
+def fr_spec_draft(draft, keep_ids: torch.Tensor):
+    """FR-Spec: the same draft, but its LM head scores only `keep_ids` (e.g. `frequency_ranked_ids(counts, N)`).
+
+    `draft` is a `LlamaModel`-shaped draft (`early_exit_draft`, `quantized_draft`, `load_distilled_draft`, a
+    `LlamaModel`); its layers, embedding and norm are shared, the kept head rows are copied (N × d_model).
+    Logits outside the subset are -inf: a greedy draft picks its best token inside the subset, a sampling
+    draft has q = 0 outside it. Verification is unchanged, so greedy output is still the target's and sampled
+    output still has the target's law; a token outside the subset can only be written by the target itself
+    (as the correction or bonus token), which costs acceptance, not exactness."""
+    from lib.model import LlamaModel
+
+    if not all(hasattr(draft, name) for name in ("embed", "layers", "norm", "config")):
+        raise ValueError(f"fr_spec_draft needs a LlamaModel-shaped draft (embed, layers, norm, lm_head); got "
+                         f"{type(draft).__name__}")
+    vocab = draft.config.vocab_size
+    keep = torch.as_tensor(keep_ids, dtype=torch.int64).reshape(-1).cpu()
+    if keep.numel() == 0 or keep.min() < 0 or keep.max() >= vocab or keep.unique().numel() != keep.numel():
+        raise ValueError(f"keep_ids must be distinct token ids in [0, {vocab}), at least one")
+    m = LlamaModel.__new__(LlamaModel)
+    nn.Module.__init__(m)
+    m.config = draft.config.replace(tie_embeddings=False)
+    m.attention_fn = draft.attention_fn
+    m.embed, m.layers, m.norm = draft.embed, draft.layers, draft.norm
+    device = draft.embed.weight.device
+    m.lm_head = SubsetHead(_head_rows(draft, keep.to(device)), keep.to(device), vocab)
+    return m.eval()
+
+
+# --- a distilled draft (trained by tools/distill_draft.py) ----------------------------------------------------
+
+DISTILL_COMMAND = "python tools/distill_draft.py --minutes 10"
+
+
+def distilled_draft_path(n_layers: int = 2):
+    """Where `tools/distill_draft.py --layers n_layers` saves its checkpoint (data/cache, never committed)."""
+    from lib import paths
+
+    return paths.CACHE_DIR / f"smollm2-distilled-draft-{n_layers}l.pt"
+
+
+def build_distilled_draft(target, n_layers: int = 2, init_from: list[int] | None = None):
+    """A small draft of `n_layers` blocks of the target's shape that **shares the target's embedding, final
+    norm and (tied) LM head**, its blocks initialized as copies of the target's blocks `init_from` (default: the
+    first `n_layers`). `tools/distill_draft.py` trains the blocks (and only them) on KL to the target."""
+    import copy as _copy
+
+    layers = init_from if init_from is not None else list(range(n_layers))
+    if len(layers) != n_layers or not all(0 <= i < target.config.n_layers for i in layers):
+        raise ValueError(f"init_from must list {n_layers} layer indices in 0..{target.config.n_layers - 1}; "
+                         f"got {layers}")
+    m = _shell(target, target.config.replace(n_layers=n_layers))
+    m.layers = nn.ModuleList([_copy.deepcopy(target.layers[i]) for i in layers])
+    return m
+
+
+def save_distilled_draft(draft, path, **extra) -> None:
+    """Save a draft of `build_distilled_draft`'s shape: its blocks only (the rest is the target's), plus `extra`."""
+    state = {"n_layers": len(draft.layers),
+             "layers": {k: v.detach().cpu().clone() for k, v in draft.layers.state_dict().items()}}
+    state.update(extra)
+    torch.save(state, path)
+
+
+def load_distilled_draft(target, n_layers: int = 2, path=None):
+    """The draft `tools/distill_draft.py` trained, on the target's device, sharing its embedding and LM head.
+
+    Raises FileNotFoundError naming the command that builds it when there is no checkpoint."""
+    from pathlib import Path
+
+    path = Path(path) if path is not None else distilled_draft_path(n_layers)
+    if not path.exists():
+        raise FileNotFoundError(f"no distilled draft at {path}; build it with `{DISTILL_COMMAND} --layers "
+                                f"{n_layers}` (about 10 CPU-minutes; a few minutes gives a weaker draft)")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if int(state["n_layers"]) != n_layers:
+        raise ValueError(f"{path} holds a {int(state['n_layers'])}-layer draft, not {n_layers}")
+    m = build_distilled_draft(target, n_layers)
+    m.layers.load_state_dict(state["layers"])
+    return m.to(target.device).eval()
 
 
 def wall_time(fn, repeats: int = 3) -> float:

@@ -225,3 +225,145 @@ def test_smollm2_greedy_speculation_with_int8_draft(smollm2):
         stats = spec.SpecStats()
         assert torch.equal(spec.speculative_generate(model, draft, ids, 48, k=k, stats=stats), want)
         assert stats.acceptance_rate > 0.7
+
+
+# --- FR-Spec: a frequency-ranked vocabulary subset for the draft's LM head ----------------------------------
+
+def test_frequency_ranking_counts_and_breaks_ties_by_id():
+    counts = spec.token_counts([torch.tensor([[3, 3, 5, 1]]), torch.tensor([5, 3, 7])], 10)
+    assert counts.tolist() == [0, 1, 0, 3, 0, 2, 0, 1, 0, 0]
+    assert spec.frequency_ranked_ids(counts, 5).tolist() == [3, 5, 1, 7, 0]  # ties (and unseen tokens) by id
+    assert spec.frequency_ranked_ids(counts, 10).sort().values.tolist() == list(range(10))
+    for bad in (0, 11):
+        with pytest.raises(ValueError):
+            spec.frequency_ranked_ids(counts, bad)
+    with pytest.raises(ValueError):
+        spec.token_counts(torch.tensor([10]), 10)
+
+
+def test_fr_spec_draft_restricts_the_head_and_keeps_the_rest():
+    target = _spicy(3)
+    keep = torch.tensor([5, 0, 17, 99, 42, 3])
+    ids = torch.randint(0, 128, (1, 9), generator=torch.Generator().manual_seed(0))
+    for base in (target, spec.early_exit_draft(target, 1), spec.quantized_draft(target)):
+        d = spec.fr_spec_draft(base, keep)
+        assert d.layers is base.layers and d.embed is base.embed
+        head = d.lm_head.head
+        rows = head.qweight if isinstance(head, spec.Int8Linear) else head.weight
+        assert rows.shape == (6, 64)  # N x d_model weights, not vocab x d_model
+        with torch.no_grad():
+            full, sub = base(ids), d(ids, cache=d.new_cache(1, 16))
+        outside = torch.ones(128, dtype=torch.bool)
+        outside[keep] = False
+        assert torch.isinf(sub[..., outside]).all() and (sub[..., outside] < 0).all()
+        torch.testing.assert_close(sub[..., keep], full[..., keep], atol=1e-4, rtol=1e-4)
+        q = torch.softmax(sub, -1)
+        assert q[..., outside].sum() == 0 and torch.isin(sub.argmax(-1), keep).all()
+    assert target.lm_head is None  # the target is untouched
+    with pytest.raises(ValueError):
+        spec.fr_spec_draft(target, torch.tensor([1, 1]))
+    with pytest.raises(ValueError):
+        spec.fr_spec_draft(target, torch.tensor([128]))
+    with pytest.raises(ValueError):
+        spec.fr_spec_draft(spec.PromptLookupDraft(128), keep)
+
+
+@pytest.mark.parametrize("n", [4, 32])
+def test_fr_spec_greedy_speculation_equals_target_greedy(n):
+    target = _spicy(3)
+    ids = torch.randint(0, 128, (1, 5), generator=torch.Generator().manual_seed(n))
+    want = generate(target, ids, 30)
+    keep = spec.frequency_ranked_ids(spec.token_counts(want, 128), n)  # the target's own tokens first
+    for base in (target, spec.quantized_draft(target), _spicy(13, 6.0)):
+        stats = spec.SpecStats()
+        assert torch.equal(spec.speculative_generate(target, spec.fr_spec_draft(base, keep), ids, 30, k=3,
+                                                     stats=stats), want)
+    # the target as its own draft, restricted to its own outputs' tokens: every draft token is accepted
+    keep = torch.unique(want[0, 5:])
+    stats = spec.SpecStats()
+    spec.speculative_generate(target, spec.fr_spec_draft(target, keep), ids, 30, k=3, stats=stats)
+    assert stats.acceptance_rate == 1.0
+
+
+def test_verify_is_exact_when_q_is_zero_outside_a_subset():
+    """The exactness argument, computed: with q = 0 outside the draft's subset, P(emit x) = p(x) for every x."""
+    g = torch.Generator().manual_seed(0)
+    p = torch.softmax(3 * torch.randn(12, generator=g, dtype=torch.float64), -1)
+    q = torch.softmax(3 * torch.randn(12, generator=g, dtype=torch.float64), -1)
+    q[torch.tensor([0, 1, 2, 7, 8])] = 0.0  # the subset: 7 of 12 tokens
+    q = q / q.sum()
+    accept = torch.where(q > 0, torch.minimum(torch.ones_like(p), p / q.clamp(min=1e-300)), torch.zeros_like(p))
+    p_reject = 1.0 - (q * accept).sum()
+    residual = (p - q).clamp(min=0)
+    law = q * accept + p_reject * residual / residual.sum()
+    torch.testing.assert_close(law, p, atol=1e-12, rtol=0)
+    assert float(p_reject) == pytest.approx(1 - float(spec.acceptance_rate(p, q)))
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_fr_spec_sampling_keeps_the_target_law(monkeypatch, k):
+    """The check's chi-square on the joint law of two tokens, with a draft whose q is 0 outside a subset
+    {1, 2} of the 4 tokens (as an FR-Spec head gives): the output law is still the target's."""
+    from grader.checks import week18 as checks
+
+    monkeypatch.setattr(checks, "_Q1", [0.0, 0.6, 0.4, 0.0])
+    monkeypatch.setattr(checks, "_Q2", [[0.0, 0.5, 0.5, 0.0], [0.0, 0.9, 0.1, 0.0], [0.0, 0.2, 0.8, 0.0],
+                                        [0.0, 0.3, 0.7, 0.0]])
+    stat, df, bound, impossible = chi_square(joint_law_counts(spec.verify, k, 2000, 70 + k))
+    assert not impossible and stat <= bound, (stat, df, bound)
+
+
+def test_fr_spec_sampled_speculation_runs_end_to_end():
+    """Temperature 1 with an FR-Spec draft on a tiny Llama: tokens outside the subset still come out (from the
+    target's residual or bonus), and the draft only ever proposes tokens inside it."""
+    target = _spicy(3, 2.0)
+    keep = torch.arange(0, 128, 2)  # the even token ids
+    draft = spec.fr_spec_draft(spec.quantized_draft(target), keep)
+    proposed = []
+    real_call = draft.forward
+
+    def spy(ids, cache=None):
+        logits = real_call(ids, cache=cache)
+        proposed.append(torch.isinf(logits[0, -1, 1::2]).all().item())
+        return logits
+
+    draft.forward = spy
+    ids = torch.randint(0, 128, (1, 5), generator=torch.Generator().manual_seed(0))
+    out = spec.speculative_generate(target, draft, ids, 40, k=3, temperature=1.0,
+                                    generator=torch.Generator().manual_seed(1))
+    assert out.shape == (1, 45) and all(proposed) and (out[0, 5:] % 2 == 1).any()
+
+
+def test_distilled_draft_loader_roundtrip_and_clear_error(tmp_path):
+    target = tiny_model(seed=2, n_layers=3)
+    with pytest.raises(FileNotFoundError, match="tools/distill_draft.py"):
+        spec.load_distilled_draft(target, 1, path=tmp_path / "missing.pt")
+    d = spec.build_distilled_draft(target, 1, init_from=[2])
+    assert d.embed is target.embed and d.layers[0] is not target.layers[2]
+    with torch.no_grad():
+        for p in d.layers.parameters():
+            p.add_(0.01)
+    spec.save_distilled_draft(d, tmp_path / "d.pt", steps=3)
+    loaded = spec.load_distilled_draft(target, 1, path=tmp_path / "d.pt")
+    ids = torch.randint(0, 128, (1, 7), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids), d(ids))
+    with pytest.raises(ValueError):
+        spec.load_distilled_draft(target, 2, path=tmp_path / "d.pt")
+    with pytest.raises(ValueError):
+        spec.build_distilled_draft(target, 2, init_from=[0, 3])
+
+
+@pytest.mark.model
+def test_smollm2_fr_spec_int8_draft_is_exact_and_cheaper(smollm2):
+    from lib.text import load_text
+
+    model, tok = smollm2
+    text = tok(load_text("hamlet"), return_tensors="pt").input_ids[0]
+    keep = spec.frequency_ranked_ids(spec.token_counts(text[: int(0.8 * text.numel())], 49152), 4096)
+    draft = spec.fr_spec_draft(spec.quantized_draft(model), keep)
+    assert draft.lm_head.head.qweight.shape == (4096, 576)
+    ids = tok("To be, or not to be, that is the question:", return_tensors="pt").input_ids
+    stats = spec.SpecStats()
+    assert torch.equal(spec.speculative_generate(model, draft, ids, 32, k=3, stats=stats), generate(model, ids, 32))
+    assert stats.acceptance_rate > 0.6

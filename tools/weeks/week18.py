@@ -520,8 +520,11 @@ early exit 4 layers 0.15–0.26, 20 layers 0.39–0.71, int8 0.46–0.74, lookup
   per draft call (measured 0.7–0.85×, predicted 0.85–1.3× in different runs): no reliable gain here;
 * **prompt lookup** costs nothing, and pays exactly where the output repeats the input (quoting, summarizing,
   code editing); `benchmarks/speculative.py` measures it on chat and quoting prompts.
-Not built here (time): a small draft *distilled* from SmolLM2; measured while designing this lab, a 4-layer draft
-reached α ≈ 0.4 in domain and 0.13 on chat after 11 CPU-minutes and ran 0.93× at K = 1, because it shares the LM head.
+A small draft *distilled* from SmolLM2 is the classic fifth option: `python tools/distill_draft.py --minutes 10`
+trains a 2-layer draft that shares the target's embedding and LM head (frozen) on KL to the target, and
+`lab.load_distilled_draft(model, 2)` loads it (section 7 uses it when its checkpoint exists). Measured while
+designing this lab, a 4-layer draft reached α ≈ 0.4 in domain and 0.13 on chat after 11 CPU-minutes and ran 0.93×
+at K = 1 — it shares the full LM head, which section 7 shrinks.
 """)
 
 # --- 6 -------------------------------------------------------------------------------------------------------
@@ -578,12 +581,131 @@ for k, (meas, same, tpc_) in r["measured"].items():
 
 nb.md("Check: `pytest weeks/18 -k ex05`")
 
+# --- 7 -------------------------------------------------------------------------------------------------------
+nb.md(r"""
+## 7. Beyond the anchors: FR-Spec, a smaller vocabulary for the draft's head
+
+Section 5 showed where a draft's cost goes: any draft that ends in SmolLM2's LM head reads 49152 × 576 weights
+(28 M, a fifth of the target) at **every** draft step. **FR-Spec** (Zhao et al. 2025) cuts that: the draft scores
+only the N most **frequent** tokens — its head reads N × 576 weights — and every other token gets logit −∞, so
+the draft never proposes it. Nothing changes on the target's side: it still verifies over the full vocabulary.
+
+* **Greedy** output stays identical to the target's: every written token is still the target's argmax; a token
+  outside the subset is simply never drafted, and the target writes it itself as the correction (or bonus) token.
+* **Sampling** stays exact: q = 0 outside the subset is just another draft distribution. Section 3's proof never
+  assumed q > 0 — those tokens are never proposed, and the residual (p − q)+ = p there hands them their full
+  target mass after a rejection. (`tests/test_week18_lib.py` runs the chi-square test of exercise 2 with such a
+  q, and checks the identity P(emit x) = p(x) exactly.) What it costs is acceptance: α falls by about the target
+  mass outside the subset.
+
+**Which corpus to count on.** The only prose in the repo is *Hamlet*, so the counts come from the **first 80 %** of
+its tokens; α is then measured on the **held-out last 20 %** (counting and evaluating on the same text would
+flatter the subset) and on the target's own answer to the chat prompt of section 5 (another domain: modern
+prose). Tokens *Hamlet* never shows are ranked by id — a BPE tokenizer numbers tokens in merge order, so low ids
+were frequent in its own training corpus. (The paper counts on a large general corpus, SlimPajama.)
+""")
+
+nb.code("""
+all_ids = tok(load_text("hamlet"), return_tensors="pt").input_ids[0]  # [~52.8k] the whole play
+split = int(0.8 * all_ids.numel())
+counts = lab.token_counts(all_ids[:split], cfg.vocab_size)  # [vocab]: frequencies in the first 80 %
+N_HELD = 512 if FULL else 256
+held = all_ids[None, split:split + N_HELD].to(model.device)  # [1, N_HELD], never counted
+SUBSETS = [1024, 2048, 4096, 8192, 16384, cfg.vocab_size] if FULL else [2048, 4096, 8192, cfg.vocab_size]
+t_chat = chat_ids.shape[1]
+with torch.no_grad():
+    p_held = model(held)[0]  # [N_HELD, vocab]
+    p_chat = model(base_ids)[0, t_chat - 1:-1]  # [N_SPEED, vocab]: the target's answer, teacher forcing
+print(f"{int((counts > 0).sum())} distinct tokens in the counted {split} tokens of Hamlet")
+
+fr_bases = {"int8 copy": drafts["int8 copy"]}
+try:  # the distilled draft, only if tools/distill_draft.py has been run on this machine (never required)
+    fr_bases["distilled 2-layer"] = lab.load_distilled_draft(model, 2)
+except FileNotFoundError as err:
+    print(f"(no distilled draft: {err})")
+
+fr = {}
+for bname, base in fr_bases.items():
+    for n_keep in tqdm(SUBSETS, desc=f"FR-Spec, {bname}"):
+        keep = lab.frequency_ranked_ids(counts, n_keep)
+        d = base if n_keep == cfg.vocab_size else lab.fr_spec_draft(base, keep)
+        inside = torch.zeros(cfg.vocab_size, dtype=torch.bool, device=model.device)
+        inside[keep.to(model.device)] = True
+        with torch.no_grad():
+            q_held = d(held, cache=d.new_cache(batch=1, max_len=N_HELD))[0]
+            q_chat = d(base_ids)[0, t_chat - 1:-1]
+        fr[bname, n_keep] = dict(
+            draft=d,
+            a0=(p_held.argmax(-1) == q_held.argmax(-1)).float().mean().item(),  # α at T = 0, held-out Hamlet
+            a1=acceptance_rate(torch.softmax(p_held, -1), torch.softmax(q_held, -1)).mean().item(),  # T = 1
+            a0_chat=(p_chat.argmax(-1) == q_chat.argmax(-1)).float().mean().item(),
+            cover=inside[p_held.argmax(-1)].float().mean().item(),  # target argmax inside: α0's ceiling
+            c=draft_cost(d))
+print(f"{'draft':18s} {'N':>6s} {'head MB':>8s} {'covers':>7s} {'α0 held':>8s} {'α1 held':>8s} {'α0 chat':>8s} "
+      f"{'c':>5s} {'best K':>6s} {'pred.':>6s}")
+for (bname, n_keep), r in fr.items():
+    r["best_k"] = max(range(1, 9), key=lambda k: lab.predicted_speedup(r["a0"], k, r["c"], curve))
+    r["pred"] = lab.predicted_speedup(r["a0"], r["best_k"], r["c"], curve)
+    head_mb = n_keep * cfg.d_model * (1 if bname == "int8 copy" else 4) / 1e6
+    print(f"{bname:18s} {n_keep:6d} {head_mb:8.1f} {r['cover']:7.3f} {r['a0']:8.3f} {r['a1']:8.3f} "
+          f"{r['a0_chat']:8.3f} {r['c']:5.2f} {r['best_k']:6d} {r['pred']:5.2f}x")
+""")
+
+nb.code("""
+fig, axes = plt.subplots(1, 3, figsize=(13, 3.5))
+for i, bname in enumerate(fr_bases):
+    rows = [(n, fr[bname, n]) for n in SUBSETS]
+    ns = [n for n, _ in rows]
+    axes[0].plot(ns, [r["a0"] for _, r in rows], "o-", color=f"C{i}", label=f"{bname}: held-out Hamlet")
+    axes[0].plot(ns, [r["a0_chat"] for _, r in rows], "s--", color=f"C{i}", label=f"{bname}: chat answer")
+    axes[1].plot(ns, [r["c"] for _, r in rows], "o-", color=f"C{i}", label=bname)
+    axes[2].plot(ns, [r["pred"] for _, r in rows], "o-", color=f"C{i}", label=bname)
+axes[0].plot(SUBSETS, [fr[next(iter(fr_bases)), n]["cover"] for n in SUBSETS], ":", color="gray",
+             label="target argmax inside the subset")
+for ax, title in zip(axes, ["α at T = 0 vs N", "draft cost c vs N", "predicted speedup (best K) vs N"]):
+    ax.set_xscale("log", base=2); ax.set_xlabel("N (tokens the draft's head scores)"); ax.set_title(title)
+axes[0].legend(fontsize=7); axes[1].legend(fontsize=7); axes[2].axhline(1, color="gray", lw=0.5); plt.show()
+""")
+
+nb.md(r"""
+And briefly, measured: greedy speculation on the chat prompt with the full head and with the subset the model
+predicts best, K = 2, tokens checked identical to the target's.
+""")
+
+nb.code("""
+for bname in fr_bases:
+    best_n = max((n for n in SUBSETS if n < cfg.vocab_size), key=lambda n: fr[bname, n]["pred"])
+    t0 = time.perf_counter(); lib_generate(model, chat_ids, N_SPEED); t_base = time.perf_counter() - t0  # side by side
+    for n_keep in (cfg.vocab_size, best_n):
+        r = fr[bname, n_keep]
+        st = lab.SpecStats()
+        t0 = time.perf_counter()
+        ids = lab.speculative_generate(model, r["draft"], chat_ids, N_SPEED, k=2, stats=st)
+        r["measured"] = t_base / (time.perf_counter() - t0)
+        print(f"{bname:18s} N={n_keep:5d} K=2: measured {r['measured']:.2f}x (predicted from α on the chat answer "
+              f"{lab.predicted_speedup(r['a0_chat'], 2, r['c'], curve):.2f}x), acceptance {st.acceptance_rate:.2f}, "
+              f"identical to target greedy: {torch.equal(ids, base_ids)}")
+""")
+
+nb.md(r"""
+What to read off (your numbers are above):
+
+* **c falls with N, but only by the head's share.** For the int8 copy the head is about a fifth of its weights
+  (and much less of its time: this CPU's eager step is dominated by per-op overhead, section 5), so even N = 2048
+  saves little. For a *small* draft — the distilled 2-layer one, when its checkpoint exists — the head is most of
+  the draft and FR-Spec cuts c severalfold (measured while writing this lab: 0.21 → 0.08 at N = 2048): that is the
+  regime the paper targets (one-layer EAGLE-style drafts, 128k-token vocabularies).
+* **α falls as N shrinks**, by about the target's mass outside the subset (the dotted line bounds α at T = 0:
+  the target's argmax must be inside). On held-out *Hamlet* a few thousand tokens cover almost everything; on the
+  chat answer the *Hamlet* ranking covers much less — the counts must come from the workload's domain. A weak
+  draft (a briefly distilled one) can even *gain* a little α from the subset: the frequency ranking is a prior
+  that removes some of its wrong guesses.
+* Exactness never moved: every measured run above is identical to the target's greedy output.
+""")
+
 # --- 8 -------------------------------------------------------------------------------------------------------
 nb.md(r"""
 ## 8. Check your understanding
-
-(Section 7, "beyond the anchors" — Medusa heads with tree attention, an FR-Spec vocabulary subset, batched
-speculation — is not part of this release.)
 
 **Q5** (seed 002). Speculative decoding uses rejection sampling. A draft token has probability q(x) = 0.6 in
 the draft model and p(x) = 0.3 in the target model. What is the acceptance probability? (Seed 002 uses the same
