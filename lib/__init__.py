@@ -7,10 +7,10 @@
 - `lib.roofline`  FLOPs, bytes and the roofline; this machine's FLOP/s and bandwidth (week 16, benchmarks)
 - `lib.attention` GQA attention and the SDPA backend; naive and tiled (FlashAttention) attention (weeks 16-17)
 - `lib.io_model`  counting slow-memory traffic of standard and tiled attention (week 17)
-- `lib.fast`      the same model fused for speed (QKV and gate/up matmuls, no per-step setup), for serving and benchmarks
+- `lib.fast`      the same model fused for speed (QKV and gate/up matmuls, oneDNN-packed weights, no per-step setup), for serving and benchmarks
 - `lib.paged`     the block allocator, slot mapping, paged attention and the paged KV cache (week 19)
 - `lib.engine`    a serving engine: continuous batching, preemption, chunked prefill, prefix caching (week 19)
-- `lib.speculative` speculative decoding: `verify`, `speculative_generate` with KV-cache rollback, drafts, acceptance theory (week 18)
+- `lib.speculative` speculative decoding: `verify`, `speculative_generate` with KV-cache rollback, drafts (incl. FR-Spec `fr_spec_draft`, distilled `load_distilled_draft`), acceptance theory (week 18)
 - `lib.quant`     GGUF block formats byte for byte (Q8_0 ... Q6_K), per-tensor type plans, RTN, writing a GGUF (week 20)
 - `lib.gptq`      GPTQ: Hessian-based column-by-column error compensation; calibration inputs (week 20)
 - `lib.awq`       AWQ: activation-aware channel scales and their grid search; salient channels (week 20)
