@@ -124,6 +124,20 @@ def exercise_cells(nb: dict) -> list[tuple[int, str | None, str]]:
     return found
 
 
+def with_cell_source(nb: dict, grade_id: str, source: str, prepend: bool = False) -> dict:
+    """A copy of notebook `nb` whose cell `grade_id` holds `source` (dedented), or `source` followed by its old
+    source (`prepend=True`). For crafting submissions in tests; raises KeyError for an unknown grade_id."""
+    import textwrap
+
+    nb = json.loads(json.dumps(nb))
+    for cell in nb["cells"]:
+        if cell["metadata"].get("nbgrader", {}).get("grade_id") == grade_id:
+            old = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+            cell["source"] = (textwrap.dedent(source) + "\n" + old) if prepend else textwrap.dedent(source)
+            return nb
+    raise KeyError(grade_id)
+
+
 class ExerciseModule(types.ModuleType):
     """A module of a notebook's exercise cells; a missing name fails with a message, not an AttributeError."""
 

@@ -9,14 +9,13 @@ import hashlib
 import json
 import shutil
 import sqlite3
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from grader.__main__ import autograde, collect
 from grader.course import Course, read_csv
-from grader.harness import load_exercises
+from grader.harness import load_exercises, with_cell_source
 
 REPO = Path(__file__).resolve().parent.parent
 WEEK = "16"
@@ -50,14 +49,7 @@ def _honest(solution: dict, release: dict) -> dict:
     return nb
 
 
-def _edit(nb: dict, grade_id: str, source: str, prepend: bool = False) -> dict:
-    nb = json.loads(json.dumps(nb))
-    for cell in nb["cells"]:
-        if cell["metadata"].get("nbgrader", {}).get("grade_id") == grade_id:
-            old = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-            cell["source"] = (textwrap.dedent(source) + "\n" + old) if prepend else textwrap.dedent(source)
-            return nb
-    raise KeyError(grade_id)
+_edit = with_cell_source
 
 
 def _sha(path: Path) -> str:

@@ -18,7 +18,6 @@ import re
 import shutil
 import subprocess
 import sys
-import textwrap
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import pytest
 
 from grader.__main__ import autograde, collect
 from grader.course import Course
+from grader.harness import with_cell_source
 
 
 REPO = Path(__file__).resolve().parent.parent
@@ -33,14 +33,7 @@ WEEK = "16"
 SLOW = ("generate", "RollingKVCache")  # the release's stubs in every submission, to keep this test short
 
 
-def _edit(nb: dict, grade_id: str, source: str, prepend: bool = False) -> dict:
-    nb = json.loads(json.dumps(nb))
-    for cell in nb["cells"]:
-        if cell["metadata"].get("nbgrader", {}).get("grade_id") == grade_id:
-            old = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-            cell["source"] = (textwrap.dedent(source) + "\n" + old) if prepend else textwrap.dedent(source)
-            return nb
-    raise KeyError(grade_id)
+_edit = with_cell_source
 
 
 def _honest(solution: dict) -> dict:
