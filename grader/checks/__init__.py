@@ -158,6 +158,22 @@ class _OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+class CountingModel:
+    """Wraps a model and records how many tokens each forward call receives (to see that a cache is used, or
+    how many positions a verify step sends); every other attribute is the model's."""
+
+    def __init__(self, model):
+        self._model = model
+        self.calls: list[int] = []
+
+    def __call__(self, input_ids, *args, **kwargs):
+        self.calls.append(input_ids.shape[1])
+        return self._model(input_ids, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+
 def call_many(fn, calls):
     """`[fn(*args, **kwargs) for args, kwargs in calls]`, in one round trip when `fn` lives in another process.
 

@@ -21,7 +21,8 @@ import functools
 
 import torch
 
-from grader.checks import assert_close, assert_route, check_on_meta, generator, observe, seed_note
+from grader.checks import (CountingModel, assert_close, assert_route, check_on_meta, generator, observe,
+                           seed_note)
 from grader.harness import Week
 from lib import kv_cache as ref
 from lib import roofline
@@ -44,21 +45,6 @@ TINY_CONFIGS = [
     dict(seed=2, n_heads=6, n_kv_heads=1, d_model=96, n_layers=3),
     dict(seed=3, n_heads=6, n_kv_heads=3, d_model=48, n_layers=1),
 ]
-
-
-class _CountingModel:
-    """Wraps a model and records how many tokens each forward call receives (to see that a cache is used)."""
-
-    def __init__(self, model):
-        self._model = model
-        self.calls: list[int] = []
-
-    def __call__(self, input_ids, *args, **kwargs):
-        self.calls.append(input_ids.shape[1])
-        return self._model(input_ids, *args, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self._model, name)
 
 
 def _close(got, want, what, atol=LOGIT_ATOL, rtol=0.0, **kw):
@@ -274,7 +260,7 @@ def check_generate(generate, smollm2: bool = True) -> None:
         model = tiny_model(**conf)
         batch = 1 + i % 2
         ids = torch.randint(0, model.config.vocab_size, (batch, 3 + i), generator=generator(100 + i))
-        spy = _CountingModel(model)
+        spy = CountingModel(model)
         c_ids, c_logits = _run_generate(generate, spy, ids, 20, use_cache=True)
         assert spy.calls, "generate never called the model as model(ids, cache=...): call the model itself, not model.forward"
         assert spy.calls[0] == ids.shape[1] and all(n == 1 for n in spy.calls[1:]), (
@@ -295,7 +281,7 @@ def check_generate(generate, smollm2: bool = True) -> None:
         return
     model, prompt = smollm2_prompt()
     prompt = prompt.to(model.device)  # the model may be on a GPU
-    spy = _CountingModel(model)
+    spy = CountingModel(model)
     ids, logits = _run_generate(generate, spy, prompt, SMOLLM2_NEW_TOKENS, use_cache=True)
     assert spy.calls and all(n == 1 for n in spy.calls[1:]), "with use_cache=True each decode step should feed the model one token"
     head = ids[:, :-1]

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from grader.checks import call_many, generator, observe, seed_note
+from grader.checks import CountingModel, call_many, generator, observe, seed_note
 from grader.harness import Week
 from lib import speculative as ref
 from lib.generate import generate as ref_generate
@@ -85,21 +85,6 @@ class MarkovLM:
     forward = __call__
 
 
-class _CountingModel:
-    """Wraps a model and records how many tokens each call receives."""
-
-    def __init__(self, model):
-        self._model = model
-        self.calls: list[int] = []
-
-    def __call__(self, input_ids, *args, **kwargs):
-        self.calls.append(input_ids.shape[1])
-        return self._model(input_ids, *args, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self._model, name)
-
-
 def _spicy_tiny(seed: int, scale: float = 10.0):
     """A tiny random Llama with weights scaled up, so that its greedy path does not repeat one token."""
     model = tiny_model(seed=seed)
@@ -113,7 +98,7 @@ def _spicy_tiny(seed: int, scale: float = 10.0):
 # --- 1 ------------------------------------------------------------------------------------------------
 
 def _check_one_generation(speculative_generate, target, draft, ids, n, k, what):
-    spy_t, spy_d = _CountingModel(target), _CountingModel(draft)
+    spy_t, spy_d = CountingModel(target), CountingModel(draft)
     got = speculative_generate(spy_t, spy_d, ids, n, k=k)
     want = ref_generate(target, ids, n)
     stats = ref.SpecStats()
@@ -192,7 +177,7 @@ def smollm2_case():
 def _check_smollm2(speculative_generate):
     model, ids, want, draft = smollm2_case()
     for k in SMOLLM2_KS:
-        spy = _CountingModel(model)
+        spy = CountingModel(model)
         got = speculative_generate(spy, draft, ids, SMOLLM2_NEW_TOKENS, k=k)
         assert tuple(got.shape) == tuple(want.shape), f"SmolLM2, K={k}: ids of shape {tuple(got.shape)}, expected {tuple(want.shape)}"
         if not torch.equal(got.cpu(), want.cpu()):
