@@ -1,17 +1,19 @@
 """Speculative decoding on SmolLM2-135M (fp32, batch 1): target greedy tok/s vs each draft's speculative tok/s.
 
-    python benchmarks/speculative.py [--new-tokens 64] [--ks 1,2,4] [--fr 8192] [--fast-target] [--drafts "int8 copy,..."]
+    python benchmarks/speculative.py [--new-tokens 64] [--ks 1,2,4,8] [--fr 8192] [--plain-target] [--drafts "int8 copy,..."]
 
 Greedy (temperature 0), so every speculative run must give exactly the target's tokens (checked, printed).
-Workloads: chat prompts (SmolLM2's chat template) and a quoting prompt (the answer repeats the prompt,
-where prompt lookup shines). Drafts: prompt lookup (adaptive: drafts only where an n-gram matches),
-the int8 copy of the target, the int8 copy with an FR-Spec head (the --fr most frequent tokens of the first 80 %
-of Hamlet; 0 leaves it out), the distilled 2-layer draft (plain and FR-Spec) when `tools/distill_draft.py` has
-built its checkpoint, an early exit (first 8 layers) and a random 2-layer model. With --fast-target the target
-is `lib.fast.FastLlama(model)` (same call contract; its greedy tokens are checked against lib.model's too).
-Each draft runs at
-every K in --ks; the table shows the best K. All figures come from this one run; ratios are what to
-compare across machines (a busy machine slows everything). Not a test.
+The target is `lib.fast.FastLlama(model)`, the fastest engine here (its greedy tokens are checked against
+lib.model's too); `--plain-target` uses lib.model itself. Workloads:
+  chat   three chat requests (SmolLM2's chat template);
+  edit   a chat request to fix the spelling of a paragraph (`lib.speculative.EDIT_REQUEST`): the answer repeats it;
+  quote  a plain-text prompt that quotes a paragraph (`lib.speculative.QUOTE_TEXT`).
+Drafts: prompt lookup (adaptive: drafts only where an n-gram matches), the int8 copy of the target, the int8 copy
+with an FR-Spec head (the --fr most frequent tokens of the first 80 % of Hamlet; 0 leaves it out), the distilled
+2-layer draft (plain and FR-Spec) when `tools/distill_draft.py` has built its checkpoint, an early exit (first
+8 layers) and a random 2-layer model. Each draft runs at every K in --ks; the table shows the best K. All
+figures come from this one run; ratios are what to compare across machines (a busy machine slows everything).
+Not a test.
 """
 from __future__ import annotations
 
@@ -25,11 +27,6 @@ CHAT = [
     "Explain what a hash table is to a beginner.",
     "Write a short story about a robot who learns to paint.",
 ]
-QUOTE = ("Repeat the following paragraph word for word.\n\n"
-         "To be, or not to be, that is the question: Whether 'tis nobler in the mind to suffer the slings and "
-         "arrows of outrageous fortune, or to take arms against a sea of troubles, and by opposing end them. "
-         "To die: to sleep; no more; and by a sleep to say we end the heart-ache and the thousand natural "
-         "shocks that flesh is heir to.")
 
 
 def chat_ids(tok, text, device):
@@ -48,11 +45,11 @@ def timed(fn):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--ks", default="1,2,4")
+    parser.add_argument("--ks", default="1,2,4,8")
     parser.add_argument("--fr", type=int, default=8192, help="FR-Spec subset size for the int8/distilled drafts (0: off)")
-    parser.add_argument("--fast-target", action="store_true", help="target = lib.fast.FastLlama(model)")
+    parser.add_argument("--plain-target", action="store_true", help="target = lib.model itself (default: FastLlama)")
     parser.add_argument("--drafts", default="", help="comma-separated draft names to run (default: all)")
-    parser.add_argument("--workloads", default="chat,quote", help="comma-separated: chat, quote")
+    parser.add_argument("--workloads", default="chat,edit,quote", help="comma-separated: chat, edit, quote")
     args = parser.parse_args()
     ks = [int(k) for k in args.ks.split(",")]
 
@@ -63,7 +60,7 @@ def main() -> None:
     torch.manual_seed(0)
     model, tok = load_smollm2(device="cpu")
     target = model
-    if args.fast_target:
+    if not args.plain_target:
         from lib.fast import FastLlama
 
         target = FastLlama(model)
@@ -97,10 +94,12 @@ def main() -> None:
         if unknown:
             raise SystemExit(f"unknown draft(s) {unknown}; available: {list(drafts)}")
         drafts = {d: drafts[d] for d in wanted}
-    workloads = {"chat": [chat_ids(tok, t, model.device) for t in CHAT], "quote": [chat_ids(tok, QUOTE, model.device)]}
+    workloads = {"chat": [chat_ids(tok, t, model.device) for t in CHAT],
+                 "edit": [chat_ids(tok, spec.EDIT_REQUEST, model.device)],
+                 "quote": [tok(spec.QUOTE_TEXT, return_tensors="pt").input_ids.to(model.device)]}
     workloads = {w: workloads[w] for w in args.workloads.split(",")}
     n = args.new_tokens
-    generate(target, workloads["chat"][0], 4)  # warm-up
+    generate(target, next(iter(workloads.values()))[0], 4)  # warm-up
     rows = []
     for wname, prompts in workloads.items():
         base_time, refs = 0.0, []
@@ -126,12 +125,13 @@ def main() -> None:
                 print(f"  {dname:15s} K={k}: {rate:6.1f} tok/s ({rate / base:.2f}x) identical={same} "
                       f"accept={st.acceptance_rate:.2f} tokens/call={st.tokens_per_call:.2f}")
                 if best is None or rate > best[1]:
-                    best = (k, rate, same, st.acceptance_rate)
-            rows.append((wname, dname, best[0], base, best[1], best[1] / base, best[2], best[3]))
-    print("\n| workload | draft | best K | target tok/s | speculative tok/s | speedup | identical | acceptance (T=0) |")
-    print("|---|---|---|---|---|---|---|---|")
-    for w, d, k, b, r, s, same, a in rows:
-        print(f"| {w} | {d} | {k} | {b:.1f} | {r:.1f} | {s:.2f}x | {same} | {a:.2f} |")
+                    best = (k, rate, same, st.acceptance_rate, st.tokens_per_call)
+            rows.append((wname, dname, best[0], base, best[1], best[1] / base, best[2], best[3], best[4]))
+    print("\n| workload | draft | best K | target tok/s | speculative tok/s | speedup | identical | acceptance (T=0) "
+          "| tokens per target call |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for w, d, k, b, r, s, same, a, tpc in rows:
+        print(f"| {w} | {d} | {k} | {b:.1f} | {r:.1f} | {s:.2f}x | {same} | {a:.2f} | {tpc:.2f} |")
 
 
 if __name__ == "__main__":

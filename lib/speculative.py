@@ -281,6 +281,17 @@ class _History:
     crop = truncate
 
 
+# Prompts where the answer repeats the prompt, so prompt lookup has something to find (benchmark and notebook).
+# The paragraph is invented on purpose: asked to repeat a famous text (Hamlet's soliloquy), SmolLM2-135M
+# paraphrases it from memory, and prompt lookup then has nothing to match (acceptance 0.27 measured).
+PARAGRAPH = ("The library opens at nine in the morning and closes at six in the evening on weekdays. On Saturdays it "
+             "opens at ten and closes at four, and on Sundays it is closed. Members may borrow up to eight books at a "
+             "time for three weeks, and a book may be renewed twice unless another member has reserved it.")
+EDIT_REQUEST = ("Fix the spelling mistakes in this paragraph and return it.\n\n"  # a chat request (apply the template)
+                + PARAGRAPH.replace("morning", "mornin").replace("borrow", "borow"))
+QUOTE_TEXT = f"The paragraph below is quoted exactly.\n\nOriginal: {PARAGRAPH}\n\nQuoted exactly: \""  # plain text
+
+
 class PromptLookupDraft:
     """Prompt lookup decoding (Saxena 2023): no weights; guess that the text repeats.
 

@@ -519,12 +519,39 @@ early exit 4 layers 0.15–0.26, 20 layers 0.39–0.71, int8 0.46–0.74, lookup
   the matmuls (norms, RoPE, attention, Python), which int8 does not shrink — and the loop adds its own overhead
   per draft call (measured 0.7–0.85×, predicted 0.85–1.3× in different runs): no reliable gain here;
 * **prompt lookup** costs nothing, and pays exactly where the output repeats the input (quoting, summarizing,
-  code editing); `benchmarks/speculative.py` measures it on chat and quoting prompts.
+  code editing); `benchmarks/speculative.py` measures it on chat, editing and quoting prompts, and the cells
+  after the table try an edit here.
 A small draft *distilled* from SmolLM2 is the classic fifth option: `python tools/distill_draft.py --minutes 10`
 trains a 2-layer draft that shares the target's embedding and LM head (frozen) on KL to the target, and
 `lab.load_distilled_draft(model, 2)` loads it (section 7 uses it when its checkpoint exists). Measured while
 designing this lab, a 4-layer draft reached α ≈ 0.4 in domain and 0.13 on chat after 11 CPU-minutes and ran 0.93×
 at K = 1 — it shares the full LM head, which section 7 shrinks.
+""")
+
+nb.md(r"""
+**Where prompt lookup pays: an answer that repeats the prompt.** Ask the model to fix the spelling of a paragraph
+(`lab.EDIT_REQUEST`, an invented paragraph with two typos — asked to repeat a *famous* text, this small model
+paraphrases it from memory instead, and there is little to look up). Most of the answer is the paragraph again,
+so the n-gram guesses are right for long runs, and a long K is cheap where the verify curve of section 1 is low.
+""")
+
+nb.code("""
+edit_ids = tok.apply_chat_template([{"role": "user", "content": lab.EDIT_REQUEST}], add_generation_prompt=True,
+                                   return_tensors="pt")
+edit_ids = (edit_ids if isinstance(edit_ids, torch.Tensor) else edit_ids["input_ids"]).to(model.device)
+N_EDIT = 48
+edit_ref, edit_t = None, math.inf
+for _ in range(2):
+    t0 = time.perf_counter(); edit_ref = lib_generate(model, edit_ids, N_EDIT); edit_t = min(edit_t, time.perf_counter() - t0)
+print(repr(tok.decode(edit_ref[0, edit_ids.shape[1]:])))
+lookup = lab.PromptLookupDraft(cfg.vocab_size)
+for k in tqdm([2, 8], desc="prompt lookup, edit request"):
+    st = lab.SpecStats()
+    t0 = time.perf_counter()
+    ids = lab.speculative_generate(model, lookup, edit_ids, N_EDIT, k=k, stats=st, min_draft_prob=0.5)
+    dt = time.perf_counter() - t0
+    print(f"K={k}: {edit_t / dt:.2f}x the target's greedy ({N_EDIT / edit_t:.1f} tok/s), identical={torch.equal(ids, edit_ref)}, "
+          f"acceptance {st.acceptance_rate:.2f}, tokens per target call {st.tokens_per_call:.2f}")
 """)
 
 # --- 6 -------------------------------------------------------------------------------------------------------
@@ -745,8 +772,9 @@ large batch the GPU is already compute-bound, verification is no longer free, an
 hence "if latency-critical" and after batching. (2) On a CPU/laptop the verify curve rises (measured: ≈ 1.5 steps for
 5 tokens, ≈ 2 for 16) and any draft sharing the 49152 × 576 LM head has c ≥ 0.2, so the predicted speedup for
 realistic α is ≈ 1× or below — quantization and a smaller model help more. (3) Still worth it where α is high and
-c ≈ 0: prompt lookup on quoting/summarizing/editing workloads (measured speedup printed by
-`benchmarks/speculative.py`), with K small (2–4) because the verify curve is not flat.
+c ≈ 0: prompt lookup on quoting/summarizing/editing workloads (section 5's edit request; `benchmarks/speculative.py`
+prints chat, edit and quote). Model drafts want K small (2–4) because the verify curve is not flat; prompt lookup
+drafts only where an n-gram matches, so a long K costs little there and pays on long copied runs.
 """, points=3)
 
 nb.write(str(REPO / "solutions" / "18" / "week18_speculative.ipynb"))
