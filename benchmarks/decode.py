@@ -66,7 +66,7 @@ def profile_step(name: str, model, prompt, steps: int = 8) -> None:
                 model(x, cache=cache)
     events = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in events)
-    weights = sum(e.self_cpu_time_total for e in events if e.key in ("aten::mm", "aten::addmm"))
+    weights = sum(e.self_cpu_time_total for e in events if e.key in ("aten::mm", "aten::addmm", "mkldnn::_linear_pointwise"))
     attn = sum(e.self_cpu_time_total for e in events if e.key in ("aten::bmm", "aten::_softmax"))
     calls = sum(e.count for e in events if e.key.startswith("aten::"))
     print(f"\n--- profile: {name}, {steps} decode steps ---")
@@ -106,6 +106,12 @@ def matmul_sweep(model, repeats: int) -> None:
             one_row = one_row or (plain, pk)
             print(f"  {m:5d}{plain * 1e3:10.1f} ({plain / one_row[0]:4.2f}){pk * 1e3:10.1f} ({pk / one_row[1]:4.2f})"
                   f"{plain / pk:15.2f}x")
+    from lib.roofline import measure_bandwidth
+    bw = measure_bandwidth(256, repeats=10)
+    best = min(one_row)
+    print(f"  the weight matmuls alone, 1 row, best layout: {best * 1e3:.1f} ms = {mb / 1e3 / best:.1f} GB/s, "
+          f"{mb / 1e3 / best / (bw / 1e9):.0%} of the {bw / 1e9:.1f} GB/s a 256 MiB one-row F.linear reads at: with these "
+          f"kernels no decode step can beat {1 / best:.1f} tok/s, {mb / 1e3 / best / (bw / 1e9):.0%} of the roofline")
     ids = torch.randint(0, model.config.vocab_size, (1, 128 + 16), generator=torch.Generator().manual_seed(0))
     print("\nverify curve: time of a forward over m new tokens after a 128-token cache, in one-token steps")
     print(f"  {'engine':28s}" + "".join(f"{f'm={m}':>8s}" for m in rows) + f"{'1 step ms':>11s}")
