@@ -1,6 +1,6 @@
 """Speculative decoding on SmolLM2-135M (fp32, batch 1): target greedy tok/s vs each draft's speculative tok/s.
 
-    python benchmarks/speculative.py [--new-tokens 64] [--ks 1,2,4,8] [--fr 8192] [--plain-target] [--drafts "int8 copy,..."]
+    python benchmarks/speculative.py [--new-tokens 64] [--ks 2,4,8] [--fr 8192] [--plain-target] [--drafts "int8 copy,..."]
 
 Greedy (temperature 0), so every speculative run must give exactly the target's tokens (checked, printed).
 The target is `lib.fast.FastLlama(model)`, the fastest engine here (its greedy tokens are checked against
@@ -13,7 +13,8 @@ with an FR-Spec head (the --fr most frequent tokens of the first 80 % of Hamlet;
 2-layer draft (plain and FR-Spec) when `tools/distill_draft.py` has built its checkpoint, an early exit (first
 8 layers) and a random 2-layer model. Each draft runs at every K in --ks; the table shows the best K. All
 figures come from this one run; ratios are what to compare across machines (a busy machine slows everything).
-Not a test.
+Every draft at every K on every workload takes about 15 minutes on a quiet 2-core CPU (5 drafts x 3 K x 3
+workloads measured 11 min); --drafts, --workloads and --ks narrow it. Not a test.
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def timed(fn):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--ks", default="1,2,4,8")
+    parser.add_argument("--ks", default="2,4,8")
     parser.add_argument("--fr", type=int, default=8192, help="FR-Spec subset size for the int8/distilled drafts (0: off)")
     parser.add_argument("--plain-target", action="store_true", help="target = lib.model itself (default: FastLlama)")
     parser.add_argument("--drafts", default="", help="comma-separated draft names to run (default: all)")
