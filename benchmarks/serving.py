@@ -1,7 +1,7 @@
 """Serving throughput of lib.engine on SmolLM2-135M: static vs continuous batching vs continuous + prefix
-caching on one workload, and decode tokens/s at batch 1 vs batch 8.
+caching on one workload, and decode tokens/s at batch 1 vs batch 8 (plain weights, then packed ones).
 
-    python benchmarks/serving.py [--requests 16] [--slots 4] [--short 8] [--long 32] [--system 64]
+    python benchmarks/serving.py [--requests 16] [--slots 4] [--short 8] [--long 32] [--system 64] [--decode-only]
 
 The workload: `--requests` requests queued at once, each a shared system prompt (`--system` tokens) plus a
 line of Hamlet, alternating `--short` and `--long` new tokens (the seed's 50/200 shape, scaled down by
@@ -53,6 +53,7 @@ def main() -> None:
     ap.add_argument("--long", type=int, default=32)
     ap.add_argument("--system", type=int, default=64)
     ap.add_argument("--decode-steps", type=int, default=8)
+    ap.add_argument("--decode-only", action="store_true", help="only the batch-1 vs batch-8 decode lines")
     args = ap.parse_args()
 
     torch.manual_seed(0)
@@ -67,10 +68,27 @@ def main() -> None:
           f"{len(system)}-token shared system prompt, {args.short}/{args.long} new tokens, {args.slots} slots")
 
     rows = []
-    for name, kwargs in [("static", dict(policy="static")), ("continuous", {}),
+    for name, kwargs in [] if args.decode_only else [("static", dict(policy="static")), ("continuous", {}),
                          ("continuous + prefix cache", dict(enable_prefix_caching=True))]:
         seconds, cpu, steps, prefill = serve(model, prompts, lengths, args.slots, **kwargs)
         rows.append((name, seconds, cpu, steps, prefill))
+    if rows:
+        report_policies(rows, args, tokens, lengths)
+
+    (one, one_cpu), (eight, eight_cpu) = (decode_rate(model, questions, b, args.decode_steps) for b in (1, 8))
+    print(f"\ndecode: batch 1 {one:.1f} tok/s, batch 8 {eight:.1f} tok/s: {eight / one:.2f}x by wall time, "
+          f"{eight_cpu / one_cpu:.2f}x by CPU time")
+    from lib.fast import can_pack, pack_linears
+    if can_pack(model.device, model.embed.weight.dtype):
+        # The same engine with the model's linear layers multiplying oneDNN-packed weights (lib.fast.pack_linears):
+        # F.linear reads a plain weight once per row of a small batch on this kind of CPU, packed weights once.
+        pack_linears(model)
+        (one, one_cpu), (eight, eight_cpu) = (decode_rate(model, questions, b, args.decode_steps) for b in (1, 8))
+        print(f"decode, packed weights: batch 1 {one:.1f} tok/s, batch 8 {eight:.1f} tok/s: {eight / one:.2f}x by "
+              f"wall time, {eight_cpu / one_cpu:.2f}x by CPU time")
+
+
+def report_policies(rows, args, tokens, lengths) -> None:
     base, base_cpu = rows[0][1], rows[0][2]
     print(f"\n{'policy':>26} {'steps':>6} {'prefill tok':>11} {'wall s':>7} {'req/s':>6} {'tok/s':>6} {'vs static':>9} "
           f"{'CPU s':>6} {'vs static':>9}")
@@ -82,10 +100,6 @@ def main() -> None:
           f"(steps), {rows[0][1] / rows[1][1]:.2f}x (wall), {rows[0][2] / rows[1][2]:.2f}x (CPU time)")
     print("(CPU time is this process's: on a shared machine it is steadier than wall time; with several torch "
           "threads it adds them up)")
-
-    (one, one_cpu), (eight, eight_cpu) = (decode_rate(model, questions, b, args.decode_steps) for b in (1, 8))
-    print(f"\ndecode: batch 1 {one:.1f} tok/s, batch 8 {eight:.1f} tok/s: {eight / one:.2f}x by wall time, "
-          f"{eight_cpu / one_cpu:.2f}x by CPU time")
 
 
 if __name__ == "__main__":

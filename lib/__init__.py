@@ -7,7 +7,7 @@
 - `lib.roofline`  FLOPs, bytes and the roofline; this machine's FLOP/s and bandwidth (week 16, benchmarks)
 - `lib.attention` GQA attention and the SDPA backend; naive and tiled (FlashAttention) attention (weeks 16-17)
 - `lib.io_model`  counting slow-memory traffic of standard and tiled attention (week 17)
-- `lib.fast`      the same model fused for speed (QKV and gate/up matmuls, oneDNN-packed weights, no per-step setup), for serving and benchmarks
+- `lib.fast`      the same model fused for speed (QKV and gate/up matmuls, oneDNN-packed weights, no per-step setup), for serving and benchmarks; `pack_linears(model)` gives the readable model the packed weights alone
 - `lib.paged`     the block allocator, slot mapping, paged attention and the paged KV cache (week 19)
 - `lib.engine`    a serving engine: continuous batching, preemption, chunked prefill, prefix caching (week 19)
 - `lib.speculative` speculative decoding: `verify`, `speculative_generate` with KV-cache rollback, drafts (incl. FR-Spec `fr_spec_draft`, distilled `load_distilled_draft`), acceptance theory (week 18)

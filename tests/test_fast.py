@@ -1,12 +1,16 @@
-"""lib.fast.FastLlama is the same function as lib.model.LlamaModel: greedy tokens identical, logits within
+"""lib.fast.FastLlama, and lib.model.LlamaModel after lib.fast.pack_linears, are the same function as lib.model.LlamaModel: greedy tokens identical, logits within
 1e-4 + 1e-5·|logit| (fp32 sums taken in another order: the packed oneDNN path's largest difference on SmolLM2
 was 1.02e-4, on a logit of 15.4, a relative 7e-6)."""
+import copy
+
 import pytest
 import torch
+import torch.nn as nn
 
-from lib.fast import FastLlama, can_pack
+from lib.fast import FastLlama, PackedLinear, can_pack, pack_linears
 from lib.generate import generate
 from lib.model import tiny_model
+from lib.roofline import matmul_params
 
 
 PACKED = [False] + ([True] if can_pack("cpu", torch.float32) else [])
@@ -26,6 +30,40 @@ def test_tiny_logits_cached_and_uncached(n_heads, n_kv_heads, packed):
             torch.testing.assert_close(fast(chunk, cache=c_fast), model(chunk, cache=c_ref), atol=1e-4, rtol=0)
     assert torch.equal(generate(fast, ids, 24), generate(model, ids, 24))
     assert torch.equal(generate(fast, ids, 8, use_cache=False), generate(model, ids, 8))
+
+
+@pytest.mark.skipif(not can_pack("cpu", torch.float32), reason="oneDNN weight packing needs an fp32 CPU build with it")
+@pytest.mark.parametrize("tie", [True, False])
+def test_pack_linears_keeps_the_function_and_is_never_stale(tie):
+    ref = tiny_model(seed=3, n_heads=4, n_kv_heads=2, tie_embeddings=tie)
+    model = pack_linears(copy.deepcopy(ref))
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    assert linears and all(isinstance(m, PackedLinear) for m in linears)
+    assert (model.lm_head is None) == tie  # a tied head stays F.linear(x, embed.weight)
+    assert list(model.state_dict()) == list(ref.state_dict())  # same keys: copies made from it still load
+    assert matmul_params(model) == matmul_params(ref)  # the roofline still counts each weight once
+    ids = torch.randint(0, ref.config.vocab_size, (2, 11), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), ref(ids), atol=1e-4, rtol=0)
+        c_ref, c_model = ref.new_cache(2, 16), model.new_cache(2, 16)
+        for chunk in (ids[:, :6], ids[:, 6:9], ids[:, 9:10], ids[:, 10:]):
+            torch.testing.assert_close(model(chunk, cache=c_model), ref(chunk, cache=c_ref), atol=1e-4, rtol=0)
+    assert torch.equal(generate(model, ids, 16), generate(ref, ids, 16))
+    with torch.no_grad():  # a weight changed in place, or replaced, after packing: the next call sees it
+        for m in (ref, model):
+            m.layers[0].mlp.down_proj.weight.mul_(-3.0)
+            m.layers[1].attn.o_proj.weight = nn.Parameter(torch.ones_like(m.layers[1].attn.o_proj.weight) * 0.01)
+        torch.testing.assert_close(model(ids), ref(ids), atol=1e-4, rtol=0)
+    x = torch.randn(3, ref.config.d_model, requires_grad=True)  # training still works: F.linear with autograd
+    model.layers[0].attn.q_proj(x).square().sum().backward()
+    assert x.grad is not None and model.layers[0].attn.q_proj.weight.grad is not None
+
+
+def test_pack_linears_changes_nothing_where_packing_does_not_apply():
+    for model in (tiny_model(seed=0).to(torch.bfloat16), tiny_model(seed=0).to("meta")):
+        pack_linears(model)
+        assert not any(isinstance(m, PackedLinear) for m in model.modules())
+        assert model.lm_head is None
 
 
 def test_bad_input_and_overflow_are_clear_errors():
