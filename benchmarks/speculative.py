@@ -30,13 +30,6 @@ CHAT = [
 ]
 
 
-def chat_ids(tok, text, device):
-    ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                  return_tensors="pt")
-    ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
-    return ids.to(device)
-
-
 def timed(fn):
     t0 = time.perf_counter()
     out = fn()
@@ -95,8 +88,8 @@ def main() -> None:
         if unknown:
             raise SystemExit(f"unknown draft(s) {unknown}; available: {list(drafts)}")
         drafts = {d: drafts[d] for d in wanted}
-    workloads = {"chat": [chat_ids(tok, t, model.device) for t in CHAT],
-                 "edit": [chat_ids(tok, spec.EDIT_REQUEST, model.device)],
+    workloads = {"chat": [spec.chat_ids(tok, t, model.device) for t in CHAT],
+                 "edit": [spec.chat_ids(tok, spec.EDIT_REQUEST, model.device)],
                  "quote": [tok(spec.QUOTE_TEXT, return_tensors="pt").input_ids.to(model.device)]}
     workloads = {w: workloads[w] for w in args.workloads.split(",")}
     n = args.new_tokens

@@ -58,9 +58,9 @@ def pack_weight(w: torch.Tensor, rows_hint: int = 4) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(w, rows_hint)
 
 
-def packed_linear(x: torch.Tensor, w_packed: torch.Tensor) -> torch.Tensor:
-    """`F.linear(x, w)` for a weight from `pack_weight`: x [..., in] -> [..., out]."""
-    return torch.ops.mkldnn._linear_pointwise(x, w_packed, None, "none", [], "")
+def packed_linear(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear(x, w, bias)` for a weight from `pack_weight`: x [..., in] -> [..., out]."""
+    return torch.ops.mkldnn._linear_pointwise(x, w_packed, bias, "none", [], "")
 
 
 _CAN_PACK_CPU = can_pack("cpu", torch.float32)  # checked once: PackedLinear.forward runs 210 times per token
@@ -70,8 +70,9 @@ class PackedLinear(nn.Linear):
     """A bias-free or biased `nn.Linear` that multiplies with a packed copy of its weight (item 7), for the
     readable `lib.model` (see `pack_linears`). `.weight` stays the same Parameter, so code that reads weights
     still works; if the weight is replaced or changed in place, the packed copy is rebuilt before the next
-    multiply, so it can never be stale. A subclass of `nn.Linear`, so code that looks for linear layers finds it. With autograd recording and a weight that needs a gradient, it falls back
-    to `F.linear` (the packed op has no backward)."""
+    multiply, so it can never be stale. A subclass of `nn.Linear`, so code that looks for linear layers finds
+    it. With autograd recording and a weight that needs a gradient, it falls back to `F.linear` (the packed op
+    has no backward)."""
 
     def __init__(self, weight: nn.Parameter | torch.Tensor, bias: torch.Tensor | None = None):
         nn.Module.__init__(self)  # not nn.Linear.__init__: that would allocate a fresh weight
@@ -91,7 +92,7 @@ class PackedLinear(nn.Linear):
                 self._packed = pack_weight(w.detach().contiguous())
             object.__setattr__(self, "_packed_from", w)  # a plain reference, not a second registered Parameter
             self._packed_key = key
-        return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
+        return packed_linear(x, self._packed, self.bias)
 
     def __getstate__(self):  # copy/deepcopy/pickle: drop the packed copy (an opaque oneDNN tensor); rebuilt on use
         state = dict(self.__dict__)

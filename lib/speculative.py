@@ -23,6 +23,8 @@ Notation, everywhere in this lab: **p is the target**, **q is the draft** (Levia
   corpus, and `fr_spec_draft(draft, keep_ids)` gives a draft whose LM head computes logits over those ids only
   (N × d_model weights instead of vocab × d_model); every other token gets logit -inf, so q = 0 there and the
   draft never proposes it. The target still verifies over the full vocabulary: the output stays exact.
+- Workloads for the benchmark and notebook: `chat_ids(tok, text)` (one user turn in the chat template),
+  `EDIT_REQUEST` and `QUOTE_TEXT` (answers that repeat an invented `PARAGRAPH`: where prompt lookup pays).
 - Acceptance theory: `acceptance_rate(p, q)` = Σ min(p, q) = 1 - TV(p, q) and `expected_tokens_per_call(α, K)`
   = (1 - α^(K+1)) / (1 - α); `predicted_speedup` puts them together with the draft's cost and the measured
   cost of verifying K + 1 tokens.
@@ -290,6 +292,13 @@ PARAGRAPH = ("The library opens at nine in the morning and closes at six in the 
 EDIT_REQUEST = ("Fix the spelling mistakes in this paragraph and return it.\n\n"  # a chat request (apply the template)
                 + PARAGRAPH.replace("morning", "mornin").replace("borrow", "borow"))
 QUOTE_TEXT = f"The paragraph below is quoted exactly.\n\nOriginal: {PARAGRAPH}\n\nQuoted exactly: \""  # plain text
+
+
+def chat_ids(tok, text: str, device=None) -> torch.Tensor:
+    """`[1, t]` ids of one user turn in the tokenizer's chat template, ready for the assistant's answer."""
+    ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt")
+    ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]  # newer transformers return a BatchEncoding
+    return ids.to(device) if device is not None else ids
 
 
 class PromptLookupDraft:

@@ -50,13 +50,12 @@ def corpus(tok):
 def chat_answers(model, tok, n_new: int = 32):
     """The target's greedy answers to CHAT_PROMPTS, prompt included: a list of [1, t] ids."""
     from lib.generate import generate
+    from lib.speculative import chat_ids
 
     out = []
     for text in CHAT_PROMPTS:
-        ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                      return_tensors="pt")
-        ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
-        out.append((generate(model, ids.to(model.device), n_new), ids.shape[1]))
+        ids = chat_ids(tok, text, model.device)
+        out.append((generate(model, ids, n_new), ids.shape[1]))
     return out
 
 

@@ -454,9 +454,7 @@ def draft_cost(d):
             out.append((time.perf_counter() - t0) / forward_time(1))
     return float(torch.tensor(out).median())
 
-chat_ids = tok.apply_chat_template([{"role": "user", "content": "What are three tips for staying healthy?"}],
-                                   add_generation_prompt=True, return_tensors="pt")
-chat_ids = (chat_ids if isinstance(chat_ids, torch.Tensor) else chat_ids["input_ids"]).to(model.device)
+chat_ids = lab.chat_ids(tok, "What are three tips for staying healthy?", model.device)  # the chat template, [1, t]
 candidates = {
     "random 2-layer": (lab.random_draft(cfg), 0.0),
     "early exit 4": (lab.early_exit_draft(model, 4), 0.0),
@@ -536,9 +534,7 @@ so the n-gram guesses are right for long runs, and a long K is cheap where the v
 """)
 
 nb.code("""
-edit_ids = tok.apply_chat_template([{"role": "user", "content": lab.EDIT_REQUEST}], add_generation_prompt=True,
-                                   return_tensors="pt")
-edit_ids = (edit_ids if isinstance(edit_ids, torch.Tensor) else edit_ids["input_ids"]).to(model.device)
+edit_ids = lab.chat_ids(tok, lab.EDIT_REQUEST, model.device)
 N_EDIT = 48
 edit_ref, edit_t = None, math.inf
 for _ in range(2):
