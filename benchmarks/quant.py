@@ -76,7 +76,7 @@ def main() -> None:
     ref_ids = generate(model, prompt, args.new_tokens)
     rows = []
     for name, (m, bpw) in variants.items():
-        s = time_decode(lambda k, m=m: generate(m, prompt, k), prompt.shape[1], args.new_tokens, args.repeats)
+        s = time_decode(lambda k, m=m: generate(m, prompt, k), args.new_tokens, args.repeats)
         ids = generate(m, prompt, args.new_tokens)
         agree = int((ids[0, prompt.shape[1]:] == ref_ids[0, prompt.shape[1]:]).int().cumprod(0).sum())
         rows.append((name, 1 / s, bw / (n_w * bpw / 8), agree))
