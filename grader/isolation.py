@@ -51,6 +51,7 @@ import time
 import types
 import weakref
 from pathlib import Path
+from grader.fingerprint import lib_name  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LIB_DIR = str(REPO_ROOT / "lib") + os.sep
@@ -1298,10 +1299,8 @@ class _Child:
                             code = frame.f_code
                             try:
                                 name = codes[code]
-                            except KeyError:
-                                name = codes[code] = (f"lib.{Path(code.co_filename).stem}."
-                                                      f"{getattr(code, 'co_qualname', code.co_name)}"
-                                                      if code.co_filename.startswith(LIB_DIR) else None)
+                            except KeyError:  # lib's by file, or lib's bytecode loaded from anywhere else
+                                name = codes[code] = lib_name(code)
                             if name is not None:
                                 seen.add(name)
                     sys.setprofile(prof)
@@ -1348,6 +1347,14 @@ class _Child:
             if mod.startswith("lib.") or (code is not None and code.co_filename.startswith(LIB_DIR)):
                 found[name] = f"`{name}` is lib's own ({mod or code.co_filename}.{getattr(target, '__qualname__', name)})"
                 continue
+            same = lib_name(code) if code is not None else None
+            if same is None and isinstance(target, type):
+                same = next((n for v in vars(target).values()
+                             for n in [lib_name(c) if (c := getattr(v, "__code__", None)) is not None else None]
+                             if n is not None), None)
+            if same is not None:
+                found[name] = f"`{name}` is lib's own code ({same}) loaded under another name"
+                continue
             if isinstance(target, type):
                 libs = [c for c in target.__mro__[1:] if str(getattr(c, "__module__", "")).startswith("lib.")
                         and c.__name__ == name]
@@ -1387,6 +1394,9 @@ def _child_main(rfd, wfd, memory, sandbox):
     import lib  # noqa: F401
     from grader import harness  # noqa: F401
 
+    from grader.fingerprint import warm
+
+    warm()  # lib's fingerprints, taken before the student's code can touch lib's modules
     _CHILD = _Child(rfd, wfd, memory, sandbox)
     _CHILD.send(("ok", None, sandbox))
     _CHILD.loop()

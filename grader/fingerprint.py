@@ -1,0 +1,117 @@
+"""Recognise `lib`'s code by what it is, not by the file it was loaded from.
+
+A check that forbids the reference must not be fooled by `exec(open("lib/speculative.py").read())`, by lib's
+function pasted into a notebook cell with its locals renamed, or by a copy of `lib/` under another folder: each
+of those runs lib's bytecode from a code object whose `co_filename` is not `lib/...`. `lib_name(code)` answers
+for any code object: the qualified name of the `lib` function it is (`"lib.speculative.verify"`), or None.
+
+A code object's fingerprint is its bytecode and the global/attribute names it uses, with the same for every
+nested code object (comprehensions, inner functions, lambdas); its constants (numbers, strings, docstrings),
+local-variable names, file name and line numbers are left out. So renaming the locals, changing a constant or
+rewording a docstring keeps the fingerprint; changing what the code *does* changes it. Functions shorter than
+`MIN_CODE_BYTES` of bytecode are not fingerprinted: a two-line helper written independently may well compile to
+the same bytes. Only whole functions and methods are fingerprinted, not their nested code (a generator expression
+alone is too small to say whose it is).
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import pkgutil
+import types
+from pathlib import Path
+
+LIB_DIR = str(Path(__file__).resolve().parent.parent / "lib") + os.sep
+MIN_CODE_BYTES = 64
+# lib functions that are glue any correct solution writes word for word (an autograd.Function that calls the
+# student's own forward and backward): recognising them would report honest work. tests/test_fingerprint.py checks
+# that no solution's exercise code matches lib's otherwise.
+NOT_FINGERPRINTED = {"lib.attention.FlashAttention.forward", "lib.attention.FlashAttention.backward"}
+
+_TABLE: dict[bytes, str] | None = None
+_CACHE: dict[types.CodeType, str | None] = {}
+
+
+def fingerprint(code: types.CodeType) -> bytes:
+    """The code object's bytecode and names, nested code objects included; constants, locals and places left out."""
+    h = hashlib.sha256()
+
+    def feed(c: types.CodeType) -> None:
+        h.update(c.co_code)
+        h.update("\0".join(c.co_names).encode())
+        h.update(bytes([c.co_argcount & 0xFF, c.co_kwonlyargcount & 0xFF]))
+        for k in c.co_consts:
+            if isinstance(k, types.CodeType):
+                h.update(b"\1")
+                feed(k)
+
+    feed(code)
+    return h.digest()
+
+
+def _module_codes(mod: types.ModuleType):
+    """Every code object defined in `mod` (functions, methods, nested functions), with the module's name."""
+    seen: set[int] = set()
+
+    def from_obj(obj, depth=0):
+        if depth > 3 or id(obj) in seen:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, (staticmethod, classmethod)):
+            obj = obj.__func__
+        if isinstance(obj, property):
+            for f in (obj.fget, obj.fset, obj.fdel):
+                if f is not None:
+                    yield from from_obj(f, depth + 1)
+            return
+        if isinstance(obj, types.FunctionType):
+            if getattr(obj, "__module__", None) == mod.__name__:
+                yield obj.__code__, mod.__name__  # nested code (a genexpr) is part of it, not a function alone
+            return
+        if isinstance(obj, type) and getattr(obj, "__module__", None) == mod.__name__:
+            for v in vars(obj).values():
+                yield from from_obj(v, depth + 1)
+
+    for v in list(vars(mod).values()):
+        yield from from_obj(v)
+
+
+def _table() -> dict[bytes, str]:
+    global _TABLE
+    if _TABLE is None:
+        import lib
+
+        table: dict[bytes, str] = {}
+        for info in pkgutil.iter_modules(lib.__path__, "lib."):
+            try:
+                mod = importlib.import_module(info.name)
+            except Exception:  # an optional dependency missing: that module's code cannot run either
+                continue
+            for code, modname in _module_codes(mod):
+                name = f"{modname}.{getattr(code, 'co_qualname', code.co_name)}"
+                if len(code.co_code) >= MIN_CODE_BYTES and name not in NOT_FINGERPRINTED:
+                    table.setdefault(fingerprint(code), name)
+        _TABLE = table
+    return _TABLE
+
+
+def lib_name(code: types.CodeType) -> str | None:
+    """`"lib.<module>.<qualname>"` if `code` is lib's (by file, or by fingerprint wherever it was loaded from)."""
+    try:
+        return _CACHE[code]
+    except KeyError:
+        pass
+    if code.co_filename.startswith(LIB_DIR):
+        name = f"lib.{Path(code.co_filename).stem}.{getattr(code, 'co_qualname', code.co_name)}"
+    elif len(code.co_code) >= MIN_CODE_BYTES:
+        name = _table().get(fingerprint(code))
+    else:
+        name = None
+    _CACHE[code] = name
+    return name
+
+
+def warm() -> None:
+    """Build the table now (imports every lib module): call before the code being judged runs."""
+    _table()
