@@ -1348,10 +1348,12 @@ class _Child:
                 found[name] = f"`{name}` is lib's own ({mod or code.co_filename}.{getattr(target, '__qualname__', name)})"
                 continue
             same = lib_name(code) if code is not None else None
-            if same is None and isinstance(target, type):
-                same = next((n for v in vars(target).values()
-                             for n in [lib_name(c) if (c := getattr(v, "__code__", None)) is not None else None]
-                             if n is not None), None)
+            if same is None and isinstance(target, type):  # a class whose methods are lib's
+                for member in vars(target).values():
+                    member_code = getattr(getattr(member, "__func__", member), "__code__", None)
+                    if member_code is not None and lib_name(member_code) is not None:
+                        same = lib_name(member_code)
+                        break
             if same is not None:
                 found[name] = f"`{name}` is lib's own code ({same}) loaded under another name"
                 continue
