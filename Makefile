@@ -8,6 +8,8 @@ TORCH  := torch==2.13.0
 export PATH := $(BIN):$(PATH)
 # Jupyter refuses to run as root unless told; containers and CI often are root.
 LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
+# Extra arguments for the command a target runs, e.g. `make bench ARGS=--quick`, `make grade-ui ARGS=--port=8890`.
+ARGS ?=
 
 .PHONY: help setup lab grade-ui test test-quick bench bench-18 bench-19 bench-20 release clean-cache
 
@@ -22,6 +24,8 @@ help:
 	@echo "make bench-19     serving: static vs continuous vs prefix-cached batching; batch 8 vs batch 1 decode"
 	@echo "make bench-20     quantized decode: F32 vs int8 vs int4 paths (and llama.cpp when installed)"
 	@echo "make release WEEK=16   regenerate weeks/16 from solutions/16 (keeps a student's edited files)"
+	@echo "ARGS=... passes arguments on: make bench ARGS=--quick (each bench-NN too: a run in seconds),"
+	@echo "         make bench ARGS=--profile, make grade-ui ARGS='--port=8890 --no-browser'"
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,11 +37,11 @@ setup: $(VENV)/.installed
 	$(BIN)/python -m lib.fetch
 
 lab: setup
-	$(BIN)/jupyter lab --notebook-dir=weeks $(LAB_ARGS)
+	$(BIN)/jupyter lab --notebook-dir=weeks $(LAB_ARGS) $(ARGS)
 
 # The formgrader needs the course root (this folder, where nbgrader_config.py is) inside the server's root.
 grade-ui: $(VENV)/.installed
-	cd $(CURDIR) && $(BIN)/jupyter lab --notebook-dir=. --ServerApp.default_url=/formgrader $(LAB_ARGS)
+	cd $(CURDIR) && $(BIN)/jupyter lab --notebook-dir=. --ServerApp.default_url=/formgrader $(LAB_ARGS) $(ARGS)
 
 test: setup
 	$(BIN)/python -m pytest
@@ -46,16 +50,16 @@ test-quick: setup
 	$(BIN)/python -m pytest -m "not notebook"
 
 bench: setup
-	$(BIN)/python benchmarks/decode.py
+	$(BIN)/python benchmarks/decode.py $(ARGS)
 
 bench-18: setup
-	$(BIN)/python benchmarks/speculative.py
+	$(BIN)/python benchmarks/speculative.py $(ARGS)
 
 bench-19: setup
-	$(BIN)/python benchmarks/serving.py
+	$(BIN)/python benchmarks/serving.py $(ARGS)
 
 bench-20: setup
-	$(BIN)/python benchmarks/quant.py
+	$(BIN)/python benchmarks/quant.py $(ARGS)
 
 release: $(VENV)/.installed
 	@test -n "$(WEEK)" || (echo "usage: make release WEEK=16" && exit 2)

@@ -50,7 +50,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="a smoke run in seconds: 4 new tokens, 1 repeat")
     args = parser.parse_args()
+    if args.quick:
+        args.new_tokens, args.repeats = 4, 1
 
     from lib import paths
     from lib.generate import generate

@@ -54,7 +54,10 @@ def main() -> None:
     ap.add_argument("--system", type=int, default=64)
     ap.add_argument("--decode-steps", type=int, default=8)
     ap.add_argument("--decode-only", action="store_true", help="only the batch-1 vs batch-8 decode lines")
+    ap.add_argument("--quick", action="store_true", help="a smoke run in seconds: 4 requests, short answers")
     args = ap.parse_args()
+    if args.quick:
+        args.requests, args.short, args.long, args.decode_steps = 4, 2, 4, 2
 
     torch.manual_seed(0)
     model, tok = shared_smollm2()

@@ -44,7 +44,10 @@ def main() -> None:
     parser.add_argument("--plain-target", action="store_true", help="target = lib.model itself (default: FastLlama)")
     parser.add_argument("--drafts", default="", help="comma-separated draft names to run (default: all)")
     parser.add_argument("--workloads", default="chat,edit,quote", help="comma-separated: chat, edit, quote")
+    parser.add_argument("--quick", action="store_true", help="a smoke run in seconds: 8 tokens, K = 2, the chat workload")
     args = parser.parse_args()
+    if args.quick:
+        args.new_tokens, args.ks, args.workloads = 8, "2", "chat"
     ks = [int(k) for k in args.ks.split(",")]
 
     from lib import speculative as spec

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -22,7 +21,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from grader.course import REPO_ROOT, Course, one_line, status_path
+from grader.course import REPO_ROOT, Course, grade_one, grading_worker, one_line, status_path
 from grader.course import threads_per_worker as _threads_per_worker
 
 
@@ -170,32 +169,6 @@ def _students(week: str, given: list[str], root: Path = REPO_ROOT) -> list[str]:
     return sorted(d.name for d in sub.iterdir() if (d / week).is_dir()) if sub.is_dir() else []
 
 
-def _grade_one(week: str, student: str, root: str, timeout: float | None, fast: bool,
-               threads: int | None = None) -> tuple[str, bool, str, float]:
-    """Autograde one student; never raises. Returns (student, ok, one-line summary, seconds)."""
-    start = time.perf_counter()
-    if threads:  # --jobs N: N workers share the cores instead of each running torch on all of them
-        import torch
-
-        torch.set_num_threads(threads)
-        os.environ["OMP_NUM_THREADS"] = str(threads)
-    previous = os.environ.get("INFERENCE_LAB_CALL_TIMEOUT")
-    try:
-        if timeout is not None:
-            os.environ["INFERENCE_LAB_CALL_TIMEOUT"] = str(timeout)
-        course = Course(root)
-        line = course.autograde_safely(week, student, fast=fast)
-        return student, True, line, time.perf_counter() - start
-    except BaseException as e:  # noqa: BLE001  (one student's failure must not stop the run)
-        return student, False, one_line(e), time.perf_counter() - start
-    finally:
-        if timeout is not None:
-            if previous is None:
-                os.environ.pop("INFERENCE_LAB_CALL_TIMEOUT", None)
-            else:
-                os.environ["INFERENCE_LAB_CALL_TIMEOUT"] = previous
-
-
 def autograde(week: str, students: list[str], jobs: int = 1, timeout: float | None = None, fast: bool = True,
               root: Path = REPO_ROOT) -> list[str]:
     """Autograde `students` (all submitted when empty); return one line per failed student."""
@@ -219,7 +192,7 @@ def autograde(week: str, students: list[str], jobs: int = 1, timeout: float | No
         def _results():
             try:
                 for s in students:
-                    yield _grade_one(week, s, str(root), timeout, fast)
+                    yield grade_one(week, s, str(root), timeout, fast)
             finally:
                 torch.set_num_threads(previous_threads)
 
@@ -229,8 +202,11 @@ def autograde(week: str, students: list[str], jobs: int = 1, timeout: float | No
         from concurrent.futures import as_completed
 
         # spawn, not fork: a forked copy of a process holding torch threads and a sqlite connection is fragile.
-        pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
-        futures = {pool.submit(_grade_one, week, s, str(root), timeout, fast, threads): s for s in students}
+        # The worker function lives in grader.course, not here: a spawned worker imports it by module name, and
+        # `python -m grader` runs this file as `__main__`, which spawn does not re-import.
+        pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=grading_worker)
+        futures = {pool.submit(grade_one, week, s, str(root), timeout, fast, threads): s for s in students}
 
         def _results():
             for future in as_completed(futures):
@@ -301,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.cmd == "collect":
         return _report(collect(args.week, args.folder), "submissions were refused and")
     elif args.cmd == "autograde":
+        grading_worker()  # --jobs 1 grades in this process
         return _report(autograde(args.week, args.students, jobs=args.jobs, timeout=args.timeout), "submissions")
     elif args.cmd == "feedback":
         return _report(feedback(args.week, args.students), "feedback reports")

@@ -7,6 +7,11 @@
   reading stays allowed everywhere (the lab's `lib/`, torch, the checks). With Landlock ABI >= 4 it may not
   open TCP connections or bind ports; with ABI >= 6 it may not signal processes outside its sandbox (so it
   cannot kill the grader) nor connect to abstract UNIX sockets.
+- processes: the child is the subreaper of everything it starts (a double-forked or `setsid`'d process stays in
+  its process tree, where the grader finds and kills it) and dies with the process that started it. A
+  process-count limit: `RLIMIT_NPROC` when not root (it counts all of the user's tasks, so it is set to their
+  number now plus `MAX_PROCESSES`); the kernel never applies `RLIMIT_NPROC` to uid 0, so as root the grader
+  puts the child in a pids cgroup of its own instead, where one is writable (`grader.isolation`).
 - Without Landlock, when running as root, the process drops to user `nobody` instead (then the repo, owned by
   root and not world-writable, cannot be written either); otherwise nothing stops it writing where the
   instructor can — `confine` says which of these applied, and the grader prints it.
@@ -19,6 +24,8 @@ import resource
 
 _SYS_CREATE_RULESET, _SYS_ADD_RULE, _SYS_RESTRICT_SELF = 444, 445, 446
 _PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
+MAX_PROCESSES = 256  # processes (tasks: threads count) a submission may add
 
 # LANDLOCK_ACCESS_FS_*
 _WRITE_FILE, _READ_FILE = 1 << 1, 1 << 2
@@ -73,8 +80,45 @@ def _landlock(workdir: str) -> str | None:
     return f"landlock ABI {abi}: writes only under its temporary folder{extras}"
 
 
+def _tasks_of(uid: int) -> int:
+    """Tasks (processes and their threads) of real user `uid` now: what RLIMIT_NPROC counts."""
+    n = 0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/status") as f:
+                    fields = dict(line.split(":", 1) for line in f if ":" in line)
+                if int(fields["Uid"].split()[0]) == uid:
+                    n += int(fields["Threads"])
+            except (OSError, KeyError, ValueError):
+                pass
+    return n
+
+
+def _process_limit() -> str:
+    """Limit the processes this one may start: RLIMIT_NPROC when not root, else join the pids cgroup the grader
+    made for it (`INFERENCE_LAB_PIDS_CGROUP`); one phrase saying what applies."""
+    uid = os.getuid()
+    if uid == 0:
+        cgroup = os.environ.pop("INFERENCE_LAB_PIDS_CGROUP", "")
+        try:
+            with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:  # before Landlock: this is a file write
+                f.write(str(os.getpid()))
+            with open(os.path.join(cgroup, "pids.max")) as f:
+                return f"processes <= {f.read().strip()} (pids cgroup)"
+        except OSError:
+            return "no process-count limit (root, and no writable pids cgroup)"
+    limit = _tasks_of(uid) + MAX_PROCESSES
+    resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
+    return f"processes <= {MAX_PROCESSES} more (RLIMIT_NPROC)"
+
+
 def confine(workdir: str, cpu_seconds: int) -> str:
     """Apply the limits; return one line saying what applied."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans of the student's processes stay in this tree
+    libc.prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)  # SIGKILL when the grader that started it dies
+    processes = _process_limit()
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_FSIZE, (256 << 20, 256 << 20))
     if cpu_seconds > 0:
@@ -91,4 +135,4 @@ def confine(workdir: str, cpu_seconds: int) -> str:
         how = "no landlock: running as user nobody (the repo is not writable for it)"
     elif how is None:
         how = "no landlock and not root: the student's code can write wherever you can (run it in a container)"
-    return how + f"; CPU {cpu_seconds} s, files <= 256 MiB"
+    return how + f"; CPU {cpu_seconds} s, files <= 256 MiB, {processes}"

@@ -14,6 +14,7 @@ import shutil
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 from traitlets.config import Config
@@ -150,8 +151,46 @@ class Course:
         self._ok(self.api.generate_assignment(str(week), force=True), f"generate_assignment {week}")
         return self.root / "weeks" / str(week)
 
-    def autograde(self, week: str, student: str) -> None:
-        self._ok(self.api.autograde(str(week), student, force=True), f"autograde {week} {student}")
+    def autograde(self, week: str, student: str) -> list[str]:
+        """nbgrader's autograde of one submission; returns the warnings nbgrader raised on the way (SQLAlchemy's
+        "SAWarning: Object of type <SubmittedNotebook> not in session", twice per submission, and the like) as
+        one line each — `autograde_safely` logs them to the status file rather than the instructor's screen."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = self.api.autograde(str(week), student, force=True)
+        self._ok(result, f"autograde {week} {student}")
+        return list(dict.fromkeys(one_line(f"{w.category.__name__}: {w.message}", limit=300) for w in caught))
+
+    def cell_problems(self, week: str, notebook: Path) -> tuple[str | None, list[str]]:
+        """The submission's nbgrader cells against the gradebook's copy of the release: (a reason it cannot be
+        graded — a grade_id the release does not have, which nbgrader fails on with no cause — or None, and the
+        release's graded cells it lacks, which nbgrader scores 0)."""
+        from nbgrader.api import Gradebook, MissingEntry
+
+        nb = json.loads(notebook.read_text(encoding="utf-8"))
+        ids = {}
+        for i, cell in enumerate(nb.get("cells", [])):
+            meta = cell.get("metadata", {}).get("nbgrader", {})
+            if isinstance(meta, dict) and isinstance(meta.get("grade_id"), str) and \
+                    (meta.get("grade") or meta.get("solution") or meta.get("locked") or meta.get("task")):
+                ids.setdefault(meta["grade_id"], i)
+        with Gradebook(self.config.CourseDirectory.db_url) as gb:
+            try:
+                source = gb.find_notebook(notebook.stem, str(week))
+            except MissingEntry:
+                names = ", ".join(n.name for n in gb.find_assignment(str(week)).notebooks)
+                return (f"the notebook is named {notebook.name}, but week {week}'s release has {names}.ipynb", [])
+            known = {c.name for c in source.source_cells}
+            graded = [c.name for c in source.grade_cells] + [c.name for c in source.task_cells]
+        unknown = [gid for gid in ids if gid not in known]
+        missing = [gid for gid in graded if gid not in ids]
+        if unknown:
+            lacking = [gid for gid in known if gid not in ids]
+            return (f"cell {ids[unknown[0]]} has grade_id {unknown[0]!r}, which week {week}'s release does not have "
+                    f"(renamed, or copied from another notebook?)" +
+                    (f"; the release's cells it lacks: {', '.join(lacking)}" if lacking else "") +
+                    f" — restore that cell's metadata from weeks/{week}/{notebook.name}", missing)
+        return None, missing
 
     def submitted_notebooks(self, week: str, student: str) -> list[Path]:
         folder = self.root / "grader" / "submitted" / student / str(week)
@@ -169,17 +208,25 @@ class Course:
             problem = validate_notebook(nb)
             if problem:
                 raise GradingError(f"{nb.name}: {problem}")
+        missing = []
+        for nb in nbs:
+            problem, lacking = self.cell_problems(week, nb)
+            if problem:
+                raise GradingError(f"{nb.name}: {problem}")
+            missing += lacking
         self.status_file(week, student).unlink(missing_ok=True)  # the executor writes this run's notes
-        self.autograde(week, student)
+        caught = self.autograde(week, student)
         s = self.score(week, student)
         status = self.read_status(week, student)
         refs = status.get("reference_use", [])
         failed = status.get("failed", [])
-        self.record_status(week, student, status="graded", error="", **{
-            k: v for k, v in status.items() if k not in ("status", "error", "time")})
+        self.record_status(week, student, status="graded", error="", missing_cells=missing, nbgrader_warnings=caught,
+                           **{k: v for k, v in status.items() if k not in ("status", "error", "time")})
         manual = " (written answers still to grade by hand)" if s["needs_manual_grade"] else ""
         extra = f"; reference use: {', '.join(refs)}" if refs else ""
         extra += f"; failed: {', '.join(failed)}" if failed else ""
+        extra += f"; missing cells (0 points): {', '.join(missing)}" if missing else ""
+        extra += f"; out of time: {', '.join(status['timed_out'])}" if status.get("timed_out") else ""
         return (f"{s['score']:g} / {s['max_score']:g}; autograded code {s['code_score']:g} / "
                 f"{s['max_code_score']:g}{manual}{extra}")
 
@@ -278,6 +325,42 @@ class Course:
             for row in self.rows():
                 writer.writerow(row)
         return csv_path
+
+
+def grading_worker() -> None:
+    """Set up a process that grades submissions (each `--jobs` worker, and `python -m grader autograde` itself with
+    `--jobs 1`): it becomes the subreaper of what it starts, so a process a submission leaves behind (double fork,
+    `setsid`) is handed to it rather than to init, and is killed when that submission's child is stopped
+    (`grader.isolation.kill_tree`)."""
+    from grader.isolation import become_subreaper
+
+    become_subreaper()
+
+
+def grade_one(week: str, student: str, root: str, timeout: float | None, fast: bool,
+              threads: int | None = None) -> tuple[str, bool, str, float]:
+    """Autograde one student; never raises. Returns (student, ok, one-line summary, seconds). Module-level here
+    (not in `__main__`) so that `--jobs N`'s spawned workers can import it."""
+    start = time.perf_counter()
+    if threads:  # --jobs N: N workers share the cores instead of each running torch on all of them
+        import torch
+
+        torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+    previous = os.environ.get("INFERENCE_LAB_CALL_TIMEOUT")
+    try:
+        if timeout is not None:
+            os.environ["INFERENCE_LAB_CALL_TIMEOUT"] = str(timeout)
+        line = Course(root).autograde_safely(week, student, fast=fast)
+        return student, True, line, time.perf_counter() - start
+    except BaseException as e:  # noqa: BLE001  (one student's failure must not stop the run)
+        return student, False, one_line(e), time.perf_counter() - start
+    finally:
+        if timeout is not None:
+            if previous is None:
+                os.environ.pop("INFERENCE_LAB_CALL_TIMEOUT", None)
+            else:
+                os.environ["INFERENCE_LAB_CALL_TIMEOUT"] = previous
 
 
 class GradingError(RuntimeError):

@@ -80,7 +80,7 @@ class IsolatedExecute(NbGraderPreprocessor):
     def preprocess(self, nb, resources):
         from nbgrader.api import Gradebook, MissingEntry
 
-        from grader.isolation import IsolationError, Session
+        from grader.isolation import DEFAULT_EXERCISE_TIMEOUT, IsolationError, Session, _env_float
 
         info = resources["nbgrader"]
         week, student, notebook_id = str(info["assignment"]), str(info["student"]), str(info["notebook"])
@@ -99,7 +99,11 @@ class IsolatedExecute(NbGraderPreprocessor):
                     except MissingEntry:
                         pass
 
-        session = Session(Path(resources.get("metadata", {}).get("path", ".")) / f"{notebook_id}.ipynb")
+        # A graded test whose code runs out of its time limit loses its points and the next one gets a fresh child:
+        # allow a restart per graded test (the notebook's budget stays the backstop).
+        session = Session(Path(resources.get("metadata", {}).get("path", ".")) / f"{notebook_id}.ipynb",
+                          max_restarts=max(4, len(sources)))
+        limit = _env_float("INFERENCE_LAB_EXERCISE_TIMEOUT", DEFAULT_EXERCISE_TIMEOUT)
         try:
             try:
                 began = time.monotonic()
@@ -107,8 +111,11 @@ class IsolatedExecute(NbGraderPreprocessor):
                 notes["start_seconds"] = round(time.monotonic() - began, 1)
                 notes["sandbox"] = getattr(session, "sandbox", "")
                 notes["load_problems"] = {**load.get("broken", {}), **{c: "NotImplementedError" for c in load.get("stubbed", [])}}
+                notes["exercise_time_limit"] = limit
             except IsolationError as e:
                 notes["load_problems"] = {"exercise cells": one_line(e)}
+                if session.timeouts:
+                    notes.setdefault("timed_out", {})["exercise cells"] = session.timeouts[-1]
             trusted = _trusted_namespace(root, week, notebook_id)
             for cell in nb.cells:
                 meta = cell.metadata.get("nbgrader", {})
@@ -125,9 +132,12 @@ class IsolatedExecute(NbGraderPreprocessor):
                 if not (meta.get("grade") and cell.metadata.get("nbgrader", {}).get("grade_id") in sources):
                     continue  # demo, plot and measurement cells are not run when grading
                 grade_id = meta["grade_id"]
-                began = time.monotonic()
-                outcome = self._run_test(sources[grade_id], trusted, session)
+                began, timeouts = time.monotonic(), len(session.timeouts)
+                with session.time_limit(grade_id, limit):
+                    outcome = self._run_test(sources[grade_id], trusted, session)
                 notes.setdefault("test_seconds", {})[grade_id] = round(time.monotonic() - began, 1)
+                if len(session.timeouts) > timeouts:  # which test ran out of time, and which limit stopped it
+                    notes.setdefault("timed_out", {})[grade_id] = session.timeouts[-1]
                 notes["tests"][grade_id] = outcome or "passed"
                 if outcome is None:
                     cell.outputs.append(new_output("stream", name="stdout", text="passed\n"))

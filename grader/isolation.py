@@ -34,6 +34,7 @@ memory, killed at a timeout) is restarted for the next exercise, up to `max_rest
 from __future__ import annotations
 
 import builtins
+import contextlib
 import dataclasses
 import enum
 import io
@@ -59,6 +60,7 @@ MAX_MESSAGE = 1 << 30  # 1 GiB: a bigger message from the child is a protocol vi
 
 DEFAULT_CALL_TIMEOUT = 60.0
 DEFAULT_BUDGET = 900.0
+DEFAULT_EXERCISE_TIMEOUT = 120.0  # seconds of the student's code per graded test (autograde), summed over its calls
 DEFAULT_MEMORY = 4 << 30  # bytes of address space the child may add after importing torch
 DEFAULT_CPU = 600  # CPU seconds for one child
 
@@ -503,6 +505,174 @@ def _autograd_function(proxy: ChildProxy):
     return StudentFunction
 
 
+# --- every process a submission starts ------------------------------------------------------------------
+# A process group is not enough: `setsid` leaves it, and a double fork leaves the child's process tree. The child
+# is the subreaper of its own tree (grader._sandbox), a grading worker is the subreaper of what the child leaves
+# (`become_subreaper`), and, as root where a pids cgroup can be made, the child is in one of its own. `kill_tree`
+# stops (a stopped process cannot fork) and then kills all of them.
+
+_PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37
+
+
+def _libc():
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def become_subreaper() -> bool:
+    """Make this process the subreaper of its descendants: one whose parent dies is handed to it, not to init."""
+    return sys.platform.startswith("linux") and _libc().prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+def _is_subreaper() -> bool:
+    import ctypes
+
+    flag = ctypes.c_int(0)
+    return sys.platform.startswith("linux") and \
+        _libc().prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) == 0 and flag.value == 1
+
+
+def _processes() -> dict[int, tuple[int, int, str]]:
+    """pid -> (parent pid, start time in clock ticks since boot, state) of every process (Linux /proc)."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    stat = f.read()
+                fields = stat[stat.rindex(b")") + 2:].split()
+                table[int(entry)] = (int(fields[1]), int(fields[19]), fields[0].decode())
+            except (OSError, ValueError, IndexError):
+                pass
+    return table
+
+
+def _start_time(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return int(stat[stat.rindex(b")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _cgroup_members(cgroup: str | None) -> set[int]:
+    if not cgroup:
+        return set()
+    try:
+        with open(os.path.join(cgroup, "cgroup.procs")) as f:
+            return {int(line) for line in f if line.strip()}
+    except (OSError, ValueError):
+        return set()
+
+
+def kill_tree(root: int | None, orphans_since: int | None = None, keep: set[int] = frozenset(),
+              cgroup: str | None = None) -> int:
+    """SIGKILL `root`, every descendant of it, every process in `cgroup`, and (`orphans_since`, a start time) this
+    process's own children started since then but `keep` — a subreaper's share of what a dead child left. Each is
+    first stopped, through a pidfd taken while its start time still matched (so a reused pid is never hit),
+    until a pass finds no new one; then all are killed and this process's own are reaped. Returns how many."""
+    me = os.getpid()
+    held: dict[int, int] = {}  # pid -> pidfd of a stopped process
+    try:
+        for _ in range(1000):
+            table = _processes()
+            roots = ({root} if root in table else set()) | (_cgroup_members(cgroup) & set(table))
+            if orphans_since is not None:
+                roots |= {p for p, (parent, start, _) in table.items()
+                          if parent == me and start >= orphans_since and p not in keep}
+            children: dict[int, list[int]] = {}
+            for p, (parent, _, _) in table.items():
+                children.setdefault(parent, []).append(p)
+            found, todo = set(), list(roots)
+            while todo:
+                p = todo.pop()
+                if p not in found:
+                    found.add(p)
+                    todo.extend(children.get(p, ()))
+            new = [p for p in found - set(held) if table[p][2] not in "ZX"]
+            if not new:
+                break
+            for p in new:
+                try:
+                    fd = os.pidfd_open(p)
+                except OSError:
+                    continue
+                if _start_time(p) != table[p][1]:
+                    os.close(fd)
+                    continue
+                held[p] = fd
+                try:
+                    signal.pidfd_send_signal(fd, signal.SIGSTOP)
+                except OSError:
+                    pass
+        for fd in held.values():
+            try:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+            except OSError:
+                pass
+    finally:
+        for fd in held.values():
+            os.close(fd)
+    # Reap the ones handed to this process (a Popen reaps its own `root`), and those that had already exited.
+    deadline = time.monotonic() + 5
+    mine = {p for p in held if p != root}
+    if orphans_since is not None:
+        mine |= {p for p, (parent, start, state) in _processes().items()
+                 if parent == me and state == "Z" and start >= orphans_since and p != root and p not in keep}
+    while mine and time.monotonic() < deadline:
+        for p in list(mine):
+            try:
+                done, _ = os.waitpid(p, os.WNOHANG)
+            except ChildProcessError:  # not ours: its own parent (also being killed) or init reaps it
+                done = p
+            if done:
+                mine.discard(p)
+        if mine:
+            time.sleep(0.01)
+    return len(held)
+
+
+def _pids_cgroup() -> str | None:
+    """As root: a new pids cgroup (at most `_sandbox.MAX_PROCESSES` tasks) below this process's own, or None where
+    none can be made (no pids controller, not writable, not root: then RLIMIT_NPROC applies)."""
+    from grader._sandbox import MAX_PROCESSES
+
+    if os.geteuid() != 0:
+        return None
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = [line.rstrip("\n").split(":", 2) for line in f]
+    except OSError:
+        return None
+    for _, controllers, path in lines:
+        if "pids" in controllers.split(","):
+            base = f"/sys/fs/cgroup/pids{path.rstrip('/')}"
+            break
+    else:
+        return None
+    try:
+        cgroup = tempfile.mkdtemp(prefix="inference-lab-", dir=base)
+        with open(os.path.join(cgroup, "pids.max"), "w") as f:
+            f.write(str(MAX_PROCESSES))
+        return cgroup
+    except OSError:
+        return None
+
+
+def _remove_cgroup(cgroup: str | None) -> None:
+    if cgroup:
+        for _ in range(50):
+            try:
+                os.rmdir(cgroup)
+                return
+            except FileNotFoundError:
+                return
+            except OSError:  # still has (dying) members
+                time.sleep(0.02)
+
+
 _SESSIONS: "weakref.WeakSet[Session]" = weakref.WeakSet()
 
 
@@ -526,6 +696,10 @@ class Session:
         self.cells = cells
         self.call_timeout = call_timeout or _env_float("INFERENCE_LAB_CALL_TIMEOUT", DEFAULT_CALL_TIMEOUT)
         self.budget = budget or _env_float("INFERENCE_LAB_BUDGET", DEFAULT_BUDGET)
+        self.exercise: str | None = None  # the graded test running now (`time_limit`)
+        self.exercise_limit: float | None = None
+        self.exercise_used = 0.0
+        self.timeouts: list[str] = []  # one line per time limit that stopped the child
         self.memory = int(memory or _env_float("INFERENCE_LAB_MEMORY", DEFAULT_MEMORY))
         self.cpu = int(cpu or _env_float("INFERENCE_LAB_CPU", DEFAULT_CPU))
         self.max_restarts = max_restarts
@@ -539,6 +713,8 @@ class Session:
         self._storages: dict[int, object] = {}
         self._next_req = 0
         self.workdir: str | None = None
+        self.cgroup: str | None = None
+        self._child_start: int | None = None
         self.log_lines: list[str] = []
         _SESSIONS.add(self)
 
@@ -563,6 +739,9 @@ class Session:
                    PYTHONDONTWRITEBYTECODE="1", MPLBACKEND="Agg",
                    PYTHONPATH=os.pathsep.join([str(REPO_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]))
         env.setdefault("OMP_NUM_THREADS", "1")
+        self.cgroup = _pids_cgroup()
+        if self.cgroup:
+            env["INFERENCE_LAB_PIDS_CGROUP"] = self.cgroup
         log = open(os.path.join(self.workdir, "output.log"), "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-I", "-c", _CHILD_BOOT, str(to_child_r), str(from_child_w), self.workdir,
@@ -570,14 +749,19 @@ class Session:
             pass_fds=(to_child_r, from_child_w), cwd=self.workdir, env=env, stdin=subprocess.DEVNULL,
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
+        self._child_start = _start_time(self.proc.pid)
         os.close(to_child_r)
         os.close(from_child_w)
         self._w, self._r = to_child_w, from_child_r
         self.dead = None
-        hello = self._wait_reply(None, timeout=max(120.0, self.call_timeout))
-        self.sandbox = hello
-        if self.cells is not None:
-            self.load_info = self._request_raw("load", None, (self.notebook, self.cells))
+        limit, self.exercise_limit = self.exercise_limit, None  # a fresh child's start-up is not the exercise's time
+        try:
+            hello = self._wait_reply(None, timeout=max(120.0, self.call_timeout))
+            self.sandbox = hello
+            if self.cells is not None:
+                self.load_info = self._request_raw("load", None, (self.notebook, self.cells))
+        finally:
+            self.exercise_limit = limit
 
     def load(self, cells: list[tuple[int, str | None, str]]) -> dict:
         self.cells = cells
@@ -594,14 +778,7 @@ class Session:
                 except OSError:
                     pass
         self._w = self._r = None
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
+        self._kill_all()
         self._collect_log()
         if self.workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
@@ -628,15 +805,23 @@ class Session:
     def _kill(self, why: str) -> None:
         self.dead = why
         if self.proc is not None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
+            self._kill_all()
             self._collect_log()
+
+    def _kill_all(self) -> None:
+        """The child and everything it started, `setsid`'d and double-forked processes included (`kill_tree`)."""
+        if self.proc is None:
+            return
+        others = {s.proc.pid for s in list(_SESSIONS) if s is not self and s.proc is not None}
+        since = self._child_start if self._child_start is not None and _is_subreaper() else None
+        kill_tree(self.proc.pid if self.proc.poll() is None else None, orphans_since=since, keep=others,
+                  cgroup=self.cgroup)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        _remove_cgroup(self.cgroup)
+        self.cgroup = None
 
     def _death_reason(self, during: str) -> str:
         rc = self.proc.poll() if self.proc is not None else None
@@ -673,28 +858,52 @@ class Session:
     def _budget_left(self) -> float:
         return self.budget - (time.monotonic() - self.started)
 
+    @contextlib.contextmanager
+    def time_limit(self, exercise: str, seconds: float | None):
+        """While this block runs (one graded test), the student's code may take `seconds` in all — the time spent
+        waiting for the child, not the checks' own work — so a slow exercise costs only its own points."""
+        self.exercise, self.exercise_limit, self.exercise_used = exercise, seconds, 0.0
+        try:
+            yield
+        finally:
+            self.exercise = self.exercise_limit = None
+
+    def _timed_out(self, line: str) -> StudentTimeout:
+        self.timeouts.append(line)
+        self._kill(line)
+        return StudentTimeout(line)
+
     def _wait_reply(self, req_id, timeout: float, during: str = "start-up"):
         """Serve the child's requests until the reply to `req_id` arrives (req_id None: the start-up hello)."""
         while True:
             left = self._budget_left()
             if left <= 0:
-                self._kill(f"the notebook's time budget of {self.budget:g} s was used up")
-                raise StudentTimeout(f"the time budget for this notebook ({self.budget:g} s) is used up; "
-                                     f"stopped during {during}")
+                raise self._timed_out(f"the time budget for this notebook ({self.budget:g} s) is used up; "
+                                      f"stopped during {during}" + (f" ({self.exercise})" if self.exercise else ""))
             wait = min(timeout, left)
+            if self.exercise_limit is not None:
+                exercise_left = self.exercise_limit - self.exercise_used
+                if exercise_left <= 0:
+                    raise self._timed_out(f"{self.exercise} ran out of time: the notebook's code used up this test's "
+                                          f"time limit ({self.exercise_limit:g} s, INFERENCE_LAB_EXERCISE_TIMEOUT); "
+                                          f"stopped during {during}")
+                wait = min(wait, exercise_left)
+            began = time.monotonic()
             try:
                 data = _recv(self._r, wait)
             except TimeoutError:
+                self.exercise_used += time.monotonic() - began
                 if wait < timeout:
-                    continue  # the budget check above reports it
-                self._kill(f"{during} took longer than {timeout:g} s")
-                raise StudentTimeout(f"{during} took longer than {timeout:g} s (an endless loop?); the process "
-                                     f"running the notebook's code was stopped") from None
+                    continue  # the budget or exercise check above reports it
+                raise self._timed_out(f"{during} took longer than {timeout:g} s (an endless loop?); the process "
+                                      f"running the notebook's code was stopped") from None
             except (EOFError, OSError, ValueError) as e:
+                self.exercise_used += time.monotonic() - began
                 time.sleep(0.05)
                 why = self._death_reason(during) if not isinstance(e, ValueError) else f"protocol violation: {e}"
                 self._kill(why)
                 raise StudentCrash(why) from None
+            self.exercise_used += time.monotonic() - began
             try:
                 msg = self._decode(data)
             except Exception as e:  # noqa: BLE001
@@ -770,7 +979,13 @@ class Session:
             return f"a call of `{name}`" if name else "a call into the notebook's code"
         return f"{op} on an object of the notebook's code"
 
+    def _exercise_over(self) -> None:
+        """Within a graded test whose time is up, every further call fails at once (no restart for it)."""
+        if self.exercise_limit is not None and self.exercise_used >= self.exercise_limit:
+            raise StudentTimeout(f"{self.exercise} ran out of time (its limit: {self.exercise_limit:g} s)")
+
     def request(self, op: str, target: "ChildProxy", args: tuple):
+        self._exercise_over()
         if target._generation != self.generation:
             if target._name is not None and self.dead is not None:
                 self.start()
@@ -804,6 +1019,7 @@ class Session:
 
     def get(self, name: str):
         """A name defined by the notebook's exercise cells: plain data, or a proxy."""
+        self._exercise_over()
         self.start()
         value = self._request_raw("getname", None, (name,), during=f"looking up `{name}`")
         if isinstance(value, ChildProxy):

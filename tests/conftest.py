@@ -20,3 +20,48 @@ def hf_smollm2():
     check_smollm2()
     model = AutoModelForCausalLM.from_pretrained(str(paths.MODELS_DIR), gguf_file=paths.SMOLLM2_FILE)
     return model.eval()
+
+
+
+def _scratch_copy(root):
+    """Copy this checkout as a fresh clone has it (`git ls-files`: tracked files, uncommitted edits included, plus
+    untracked files git does not ignore) to `root`, and link in this checkout's `.venv` and model (`data/models`,
+    `data/cache`): documented commands run there as typed, without writing into this checkout."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    root = Path(root)
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=repo,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for rel in filter(None, listed):
+        if (repo / rel).is_file():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(repo / rel, root / rel)
+    (root / ".venv").symlink_to(repo / ".venv")
+    for part in ("models", "cache"):
+        (root / "data" / part).symlink_to(repo / "data" / part)
+    return root
+
+
+def _scratch_env(root, **extra) -> dict:
+    """The environment for a command in a scratch copy: the venv's bin/ first on PATH (as after `source
+    .venv/bin/activate`), the copy's own code imported rather than this checkout's (the venv's editable install
+    points here), none of this run's INFERENCE_LAB_* settings; `extra` added."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("INFERENCE_LAB_", "PYTEST_"))}
+    env["PATH"] = f"{root / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONPATH"] = str(root)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+@pytest.fixture(scope="session")
+def scratch():
+    """`scratch.copy(root)` makes a scratch copy of this checkout at `root`; `scratch.env(root, **extra)` is the
+    environment to run its documented commands in (tests/test_commands.py, the CLI tests of the grader)."""
+    import types
+
+    return types.SimpleNamespace(copy=_scratch_copy, env=_scratch_env)

@@ -69,3 +69,38 @@ def test_cli_exits_non_zero_and_lists_failures(tmp_path, capsys, monkeypatch):
     assert main(["collect", WEEK, str(subs)]) == 1
     err = capsys.readouterr().err
     assert "1 submissions were refused and failed" in err and "alice:" in err
+
+
+def test_cell_metadata_problems_get_their_cause_and_nbgrader_warnings_stay_off_screen(tmp_path, capfd):
+    """A renamed grade_id (nbgrader itself says only "see the above traceback"), a duplicated one and a deleted
+    graded cell each get a one-line cause; nbgrader's SAWarnings go to the status file, not the screen."""
+    root = _course(tmp_path)
+    release = next((root / "weeks" / WEEK).glob("*.ipynb"))
+    nb = json.loads(release.read_text())
+    graded = [c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("grade") and c["cell_type"] == "code"]
+    first = graded[0]["metadata"]["nbgrader"]["grade_id"]
+
+    def submit(student, cells):
+        folder = root / "grader" / "submitted" / student / WEEK
+        folder.mkdir(parents=True)
+        (folder / release.name).write_text(json.dumps(dict(nb, cells=cells)))
+
+    renamed = json.loads(json.dumps(nb["cells"]))
+    for cell in renamed:
+        if cell["metadata"].get("nbgrader", {}).get("grade_id") == first:
+            cell["metadata"]["nbgrader"]["grade_id"] = first + "_v2"
+    submit("renamed", renamed)
+    submit("duplicated", nb["cells"] + [json.loads(json.dumps(graded[0]))])
+    submit("missing", [c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") != first])
+
+    failures = dict(line.split(": ", 1) for line in autograde(WEEK, ["renamed", "duplicated", "missing"], root=root))
+    out, err = capfd.readouterr()
+    assert set(failures) == {"renamed", "duplicated"}, failures
+    assert f"grade_id '{first}_v2', which week {WEEK}'s release does not have" in failures["renamed"]
+    assert f"lacks: {first}" in failures["renamed"] and "see the above traceback" not in failures["renamed"]
+    assert f"share grade_id '{first}'" in failures["duplicated"]
+    assert f"missing cells (0 points): {first}" in out
+    status = Course(root).read_status(WEEK, "missing")
+    assert status["missing_cells"] == [first]
+    assert "SAWarning" not in out + err
+    assert any("SAWarning" in w for w in status["nbgrader_warnings"]), status["nbgrader_warnings"]

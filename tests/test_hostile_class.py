@@ -236,3 +236,129 @@ def test_pytest_path_is_isolated_too(course_root, tmp_path):
     ex = load_exercises(path)
     with pytest.raises(AssertionError, match="lib's own|the lab's reference"):
         checks.check_causal_mask(ex.causal_mask)
+
+
+# Started by an exercise cell when it loads: each process carries `MARKER` and its kind in its argv.
+_SPAWN_AT_LOAD = r'''
+import ctypes, os, subprocess, sys
+def _exec(kind, code="import time; time.sleep(900)"):
+    os.execv(sys.executable, [sys.executable, "-c", code, "MARKER", kind])
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(900)", "MARKER", "popen-setsid"],
+                 start_new_session=True)
+subprocess.Popen([sys.executable, "-c", "while True: pass", "MARKER", "cpu-burner-setsid"], start_new_session=True)
+if os.fork() == 0:
+    _exec("fork")
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        _exec("double-fork-setsid")
+    os._exit(0)
+ctypes.CDLL(None).prctl(36, 0, 0, 0, 0)  # no longer the subreaper of its tree: its orphans go to the grader
+if os.fork() == 0:
+    if os.fork() == 0:
+        _exec("double-fork-orphan")
+    os._exit(0)
+'''
+
+# A check's call that leaves a setsid'd CPU burner behind and ends the child.
+_SPAWN_THEN_EXIT = r'''
+import os, subprocess, sys
+def causal_mask(q_len, kv_len, device=None):
+    subprocess.Popen([sys.executable, "-c", "while True: pass", "MARKER", "burner-of-a-dead-child"],
+                     start_new_session=True)
+    os._exit(0)
+'''
+
+# Two exercises whose code takes 40 s, against a 15 s limit per graded test (the call limit is 60 s).
+_SLOW = r'''
+import time
+def roofline_time(flops, bytes_moved, flops_per_s, bytes_per_s):
+    time.sleep(40)
+    return max(flops / flops_per_s, bytes_moved / bytes_per_s)
+'''
+_SLOW_Q1 = r'''
+import time
+def answer_q1():
+    time.sleep(40)
+    return 26.0
+'''
+
+
+def _marked(marker: str) -> dict[int, str]:
+    """pid -> kind of the live processes whose argv holds `marker` (zombies have no argv)."""
+    import os
+
+    kinds = {}
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if marker.encode() in argv:
+                kinds[int(pid)] = argv[argv.index(marker.encode()) + 1].decode()
+    return kinds
+
+
+@pytest.mark.notebook  # about a minute: three submissions through `python -m grader autograde 16 --jobs 2`
+def test_cli_autograde_kills_every_process_and_times_each_exercise(scratch, tmp_path):
+    """`python -m grader autograde 16 --jobs 2`, as typed: what a submission starts — forked, double-forked,
+    `setsid`'d, a CPU-burning loop, an orphan of a child that gave up being their subreaper, a process left by a
+    child that then exited — runs while it is graded and is gone when the command returns; an exercise slower
+    than its time limit loses its own points only, and the status file names it."""
+    import os
+    import signal
+    import subprocess
+    import time
+    import uuid
+
+    root = scratch.copy(tmp_path / "repo")
+    release_path = next((root / "weeks" / WEEK).glob("*.ipynb"))
+    release, solution = _nb(release_path), _nb(root / "solutions" / WEEK / release_path.name)
+    points = _points(release)
+    honest = _honest(solution, release)
+    marker = f"inference-lab-hostile-{uuid.uuid4().hex}"
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    notebooks = {
+        "spawner": _edit(honest, "step_flops", _SPAWN_AT_LOAD.replace("MARKER", marker), prepend=True),
+        "spawn_then_exit": _edit(honest, "causal_mask", _SPAWN_THEN_EXIT.replace("MARKER", marker)),
+        "slow": _edit(_edit(honest, "roofline_time", _SLOW), "answer_q1", _SLOW_Q1),
+    }
+    for name, nb in notebooks.items():
+        (subs / f"{name}.ipynb").write_text(json.dumps(nb))
+    env = scratch.env(root, INFERENCE_LAB_EXERCISE_TIMEOUT=15, INFERENCE_LAB_CALL_TIMEOUT=60)
+    py = str(root / ".venv" / "bin" / "python")
+    subprocess.run([py, "-m", "grader", "collect", WEEK, str(subs)], cwd=root, env=env, check=True,
+                   capture_output=True)
+
+    seen: set[str] = set()
+    proc = subprocess.Popen([py, "-m", "grader", "autograde", WEEK, "--jobs", "2"], cwd=root, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        while proc.poll() is None:
+            seen.update(_marked(marker).values())
+            time.sleep(0.1)
+        out = proc.stdout.read()
+    finally:
+        proc.kill()
+        left = _marked(marker)
+        for pid in left:  # a failing run must not leave them to the next test
+            os.kill(pid, signal.SIGKILL)
+    print(out)
+    assert proc.returncode == 0, out
+    assert not left, f"still running after autograde returned: {sorted(left.values())}"
+    assert seen >= {"popen-setsid", "cpu-burner-setsid", "fork", "double-fork-setsid", "double-fork-orphan",
+                    "burner-of-a-dead-child"}, f"the submissions did not start what the test expects: {seen}"
+    assert "SAWarning" not in out
+
+    course = Course(root)
+    total = sum(points.values())
+    fails = {"spawner": {"test_generate"}, "spawn_then_exit": {"test_generate", "test_causal_mask", "test_gqa_attention"},
+             "slow": {"test_generate", "test_roofline_time", "test_answer_q1"}}
+    for student, failed in fails.items():
+        got = course.score(WEEK, student)["code_score"]
+        assert got == total - sum(points[g] for g in failed), f"{student}: {got} points"
+    timed_out = course.read_status(WEEK, "slow")["timed_out"]
+    assert set(timed_out) == {"test_roofline_time", "test_answer_q1"}, timed_out
+    assert all("ran out of time" in why and "(15 s" in why for why in timed_out.values()), timed_out
