@@ -18,7 +18,7 @@ help:
 	@echo "make lab          setup, then open JupyterLab on weeks/"
 	@echo "make grade-ui     (instructors) JupyterLab on the repo root, opening nbgrader's formgrader for hand-grading"
 	@echo "make test         setup, then the whole test suite (what CI runs)"
-	@echo "make test-quick   the suite without executing whole notebooks"
+	@echo "make test-quick   the suite without executing whole notebooks or the READMEs' commands"
 	@echo "make bench        speed benchmark: lib, lib.fast, transformers, the bandwidth roofline"
 	@echo "make bench-18     speculative decoding: each draft's tok/s vs target greedy (identical tokens)"
 	@echo "make bench-19     serving: static vs continuous vs prefix-cached batching; batch 8 vs batch 1 decode"
@@ -47,7 +47,7 @@ test: setup
 	$(BIN)/python -m pytest
 
 test-quick: setup
-	$(BIN)/python -m pytest -m "not notebook"
+	$(BIN)/python -m pytest -m "not notebook and not commands"
 
 bench: setup
 	$(BIN)/python benchmarks/decode.py $(ARGS)

@@ -77,7 +77,7 @@ def profile_step(name: str, model, prompt, steps: int = 8) -> None:
           f"{calls / steps:.0f} aten calls per step")
 
 
-def matmul_sweep(model, repeats: int) -> None:
+def matmul_sweep(model, repeats: int, rows: list[int] | None = None) -> None:
     """Weight matmuls with 1..16 rows of input (decode = 1, verifying K draft tokens = K + 1, a batch = B), on
     SmolLM2's own weight shapes, plain `F.linear` against oneDNN-packed weights; then the verify curve of
     whole forwards: m new tokens after a 128-token cache, in units of one decode step."""
@@ -93,17 +93,18 @@ def matmul_sweep(model, repeats: int) -> None:
     weights = [w.detach() for w in weights]
     packed = [pack_weight(w) for w in weights]
     mb = sum(w.numel() * w.element_size() for w in weights) / 1e6
-    rows = [1, 2, 3, 4, 5, 8, 16]
-    print(f"\nall {len(weights)} weight matmuls of one token ({mb:.0f} MB), median ms of {max(repeats, 5)} "
+    reps = max(repeats, 5) if rows is None else repeats
+    rows = rows or [1, 2, 3, 4, 5, 8, 16]
+    print(f"\nall {len(weights)} weight matmuls of one token ({mb:.0f} MB), median ms of {reps} "
           f"(ratio to 1 row in brackets)")
     print(f"  {'rows':>5s}{'F.linear':>18s}{'packed':>18s}{'packed speedup':>16s}")
     one_row = None  # (F.linear, packed) seconds with 1 row: the unit of the ratios
     with torch.inference_mode():
         for m in rows:
             xs = {w.shape[1]: torch.randn(m, w.shape[1]) for w in weights}
-            plain = time_call(lambda: [F.linear(xs[w.shape[1]], w) for w in weights], max(repeats, 5), torch.device("cpu"))
+            plain = time_call(lambda: [F.linear(xs[w.shape[1]], w) for w in weights], reps, torch.device("cpu"))
             pk = time_call(lambda: [packed_linear(xs[w.shape[1]], p) for w, p in zip(weights, packed)],
-                           max(repeats, 5), torch.device("cpu"))
+                           reps, torch.device("cpu"))
             one_row = one_row or (plain, pk)
             print(f"  {m:5d}{plain * 1e3:10.1f} ({plain / one_row[0]:4.2f}){pk * 1e3:10.1f} ({pk / one_row[1]:4.2f})"
                   f"{plain / pk:15.2f}x")
@@ -125,7 +126,7 @@ def matmul_sweep(model, repeats: int) -> None:
             def fwd(m, eng=eng, cache=cache):
                 cache.truncate(128)
                 eng(ids[:, 128:128 + m], cache=cache)
-            secs = [time_call(lambda m=m: fwd(m), max(repeats, 5), torch.device("cpu")) for m in rows]
+            secs = [time_call(lambda m=m: fwd(m), reps, torch.device("cpu")) for m in rows]
         print(f"  {name:28s}" + "".join(f"{s / secs[0]:8.2f}" for s in secs) + f"{secs[0] * 1e3:11.1f}")
 
 
@@ -140,7 +141,8 @@ def main() -> None:
                         help="rows-per-matmul sweep (F.linear vs packed) and the verify curve, then exit")
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--quick", action="store_true",
-                        help="a smoke run in seconds (8 new tokens, a 32-token prefill, 1 repeat): noisy figures")
+                        help="a smoke run in seconds (8 new tokens, a 32-token prefill, 1 repeat; --matmul: 1, 2, 4 "
+                             "rows): noisy figures")
     args = parser.parse_args()
     if args.quick:
         args.new_tokens, args.prefill, args.repeats = [8], 32, 1
@@ -166,7 +168,7 @@ def main() -> None:
         profile_step("lib.fast", fast, prompt)
         return
     if args.matmul:
-        matmul_sweep(model, args.repeats)
+        matmul_sweep(model, args.repeats, rows=[1, 2, 4] if args.quick else None)
         return
 
     bw = measure_bandwidth(256, repeats=10, device=device)

@@ -1,0 +1,269 @@
+"""Every command the READMEs document, run as a user types it, in a scratch copy of the repo (tests/conftest.py's
+`scratch`: the tracked files, this checkout's .venv and model linked in), so a command that breaks breaks CI.
+
+The documented commands are read from README.md, grader/README.md, each week's solutions/NN/README.md and
+`make help`; `test_every_documented_command_is_run_here` fails on one this module does not run (or list, with
+the reason, in NOT_RUN). Long runs go in their quick mode: a benchmark with `--quick` (make: `ARGS=--quick`),
+`tools/distill_draft.py` for a few seconds; the grader commands on a class of two; `make lab` / `make grade-ui`
+until the server answers on a free loopback port, then stopped (nothing left listening). Each command's time is
+printed (`pytest -s`). About 5 minutes on 2 quiet cores.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS = [REPO / "README.md", REPO / "grader" / "README.md", *sorted(REPO.glob("solutions/*/README.md"))]
+pytestmark = pytest.mark.commands
+TIMES: dict[str, float] = {}
+
+# Documented, not run here, and why.
+NOT_RUN = {
+    r"make test(-quick)?$": "CI's own command: this module runs inside it",
+    r"conda ": "conda is not in CI (make setup is the documented default)",
+    r"source \.venv/bin/activate$": "changes the calling shell only (scratch.env puts .venv/bin first on PATH)",
+    r"python -m grader( autograde)?$": "the program's name in prose; its commands are run below",
+    r"nbgrader generate_assignment --force$": "named as what `python -m grader release` replaces (it deletes weeks/NN)",
+    r"pytest solutions/\d\d$": "make test runs it (pyproject's testpaths include solutions/)",
+}
+# A documented command -> the command run for it here (quick modes); None: run as typed.
+QUICK = [
+    (r"^(\.venv/bin/)?python (benchmarks/\S+\.py)(.*)$", lambda m: f".venv/bin/python {m[2]}{m[3]} --quick"),
+    (r"^make (bench(-\d\d)?)$", lambda m: f"make {m[1]} ARGS=--quick"),
+    (r"^(\.venv/bin/)?python tools/distill_draft\.py --minutes \S+(.*)$",
+     lambda m: f".venv/bin/python tools/distill_draft.py --minutes 0.05{m[2]} --out distilled-test.pt"),
+    (r"^(INFERENCE_LAB_SEED=\d+ )?(\.venv/bin/)?pytest (weeks/\d\d)(.*)$", lambda m: f".venv/bin/pytest {m[3]}{m[4]}"),
+]
+
+BUILDER = r"python tools/weeks/week\d\d\.py$"
+
+
+def documented_commands() -> list[str]:
+    """Shell commands in the docs: lines of ```bash blocks, and inline `...` spans that are commands (not a
+    synopsis with placeholders such as `[--jobs N]`, `FOLDER`, `weeks/NN`)."""
+    found = []
+    for doc in DOCS:
+        text = doc.read_text(encoding="utf-8")
+        for block in re.findall(r"```(?:bash|sh)\n(.*?)```", text, re.S):
+            found += [line.split(" #")[0].strip() for line in block.splitlines() if line.strip()]
+        for span in re.findall(r"`([^`\n]+)`", text):
+            if re.match(r"(make |python |\.venv/bin/|pytest |nbgrader |benchmarks/\S+\.py|tools/\S+\.py|"
+                        r"INFERENCE_LAB_\w+=\S+ |conda |source )", span):
+                found.append(span.strip())
+    help_text = subprocess.run(["make", "-s", "help"], cwd=REPO, capture_output=True, text=True).stdout
+    found += [line.split("  ")[0].strip() for line in help_text.splitlines() if line.startswith("make ")]
+    placeholder = re.compile(r"[|\[\]…<>]|\bNN\b|\b[A-Z]{2,}\b(?!=)|ARGS=\.\.\.")
+    commands = []
+    for cmd in found:
+        cmd = re.sub(r"^(\.venv/bin/python|python) (benchmarks|tools)/", r"python \2/", cmd)
+        cmd = re.sub(r"^(benchmarks|tools)/", r"python \1/", cmd)
+        if not placeholder.search(cmd) and cmd not in commands:
+            commands.append(cmd)
+    return commands
+
+
+def quick_form(cmd: str) -> str:
+    for pattern, make in QUICK:
+        m = re.match(pattern, cmd)
+        if m:
+            return make(m)
+    return cmd
+
+
+# --- running ------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module", autouse=True)
+def _print_times():
+    yield
+    print("\ncommand times (s):\n" + "\n".join(f"{secs:7.1f}  {cmd}" for cmd, secs in TIMES.items()))
+
+
+@pytest.fixture(scope="module")
+def repo(scratch, tmp_path_factory):
+    root = scratch.copy(tmp_path_factory.mktemp("commands") / "repo")
+    inbox = root.parent / "inbox"  # `python -m grader collect 16 ~/inbox/`: HOME is the scratch folder
+    inbox.mkdir()
+    release = next((root / "weeks" / "16").glob("*.ipynb"))
+    (inbox / "alice.ipynb").write_bytes((root / "solutions" / "16" / release.name).read_bytes())  # honest
+    (inbox / "bob.ipynb").write_bytes(release.read_bytes())  # untouched: fails every test
+    return root
+
+
+def run(scratch, root: Path, cmd: str, timeout: float = 300, rc: int | None = 0, **env) -> str:
+    """Run `cmd` in bash in `root` as typed; its whole process group is killed afterwards. Returns its output."""
+    began = time.monotonic()
+    proc = subprocess.Popen(["bash", "-c", cmd], cwd=root, env=scratch.env(root, HOME=root.parent, **env),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"`{cmd}` took longer than {timeout:g} s:\n{out[-4000:]}")
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    TIMES[cmd] = time.monotonic() - began
+    print(f"[{TIMES[cmd]:6.1f} s] {cmd}")
+    if rc is not None:
+        assert proc.returncode == rc, f"`{cmd}` exited with {proc.returncode}, expected {rc}:\n{out[-4000:]}"
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve(scratch, root: Path, target: str, path: str, expect: str, timeout: float = 120) -> None:
+    """`make <target>` until http://127.0.0.1:<free port>/<path> answers with `expect` in it; then stop it and
+    check that nothing listens there any more."""
+    port, token = _free_port(), os.urandom(8).hex()
+    cmd = f"make {target} ARGS='--no-browser --ip=127.0.0.1 --port={port} --IdentityProvider.token={token}'"
+    began = time.monotonic()
+    proc = subprocess.Popen(["bash", "-c", cmd], cwd=root, env=scratch.env(root, HOME=root.parent),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    body, error = "", None
+    try:
+        while time.monotonic() - began < timeout and proc.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/{path}?token={token}", timeout=10) as r:
+                    body = r.read().decode("utf-8", "replace")
+                break
+            except OSError as e:
+                error = e
+                time.sleep(0.5)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        out = proc.stdout.read()
+    TIMES[f"make {target}"] = time.monotonic() - began
+    print(f"[{TIMES[f'make {target}']:6.1f} s] {cmd} (until /{path} answered, then stopped)")
+    assert expect in body, f"`{cmd}`: /{path} did not answer with {expect!r} ({error}):\n{out[-4000:]}"
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0, f"something still listens on port {port} after {cmd}"
+
+
+# --- the commands -------------------------------------------------------------------------------------------
+
+def test_every_documented_command_is_run_here():
+    here = Path(__file__).read_text()
+    missing = []
+    for cmd in documented_commands():
+        if any(re.match(p, cmd) for p in NOT_RUN):
+            continue
+        generic = [pattern for pattern, _ in QUICK] + [BUILDER]  # run by the tests that loop over the docs
+        if not any(re.match(p, cmd) for p in generic) and cmd not in here and cmd.replace(".venv/bin/", "") not in here:
+            missing.append(cmd)  # the grader's and make's commands are written out in the tests below
+    assert not missing, f"documented commands that tests/test_commands.py does not run: {missing}"
+
+
+def test_make_help_and_setup(scratch, repo):
+    out = run(scratch, repo, "make help")
+    targets = re.search(r"^\.PHONY:(.*)$", (repo / "Makefile").read_text(), re.M)[1].split()
+    assert all(f"make {t}" in out for t in targets if t not in ("help", "clean-cache")), out
+    run(scratch, repo, "make setup")  # installed already (the venv is linked): only verifies the model
+    run(scratch, repo, ".venv/bin/python -m lib.fetch")
+
+
+def test_the_model_snippet(scratch, repo):
+    """README.md's Python example, as written."""
+    snippet = re.search(r"```python\n(from lib\.model import load_smollm2.*?)```", (REPO / "README.md").read_text(), re.S)[1]
+    (repo.parent / "snippet.py").write_text(snippet)
+    out = run(scratch, repo, f".venv/bin/python {repo.parent / 'snippet.py'}")
+    assert out.startswith("The capital of France is"), out
+
+
+def test_students_pytest_commands(scratch, repo):
+    """`pytest weeks/NN` (and `-k exNN`) on the untouched release: runs, and fails with the friendly message."""
+    for cmd in sorted({quick_form(c) for c in documented_commands() if re.search(r"pytest weeks/\d\d", c)}):
+        out = run(scratch, repo, cmd, rc=1, timeout=180)
+        assert "is not implemented yet" in out and "error" not in out.split("short test summary")[-1].lower(), out
+
+
+def test_grader_commands_for_a_term(scratch, repo):
+    """README.md's instructor block and grader/README.md's steps, in order, on a class of two."""
+    before = {p: p.read_bytes() for p in (repo / "weeks" / "16").rglob("*") if p.is_file()}
+    run(scratch, repo, "make release WEEK=16")
+    assert {p: p.read_bytes() for p in (repo / "weeks" / "16").rglob("*") if p.is_file()} == before, \
+        "the release is not in sync with solutions/16"
+    out = run(scratch, repo, ".venv/bin/python -m grader collect 16 ~/inbox/")
+    assert "alice:" in out and "bob:" in out
+    out = run(scratch, repo, ".venv/bin/python -m grader autograde 16 bob --jobs 1")
+    assert "autograded 1 of 1" in out and "bob: 0 / " in out, out
+    out = run(scratch, repo, ".venv/bin/python -m grader autograde 16 --jobs 2")
+    assert "autograded 2 of 2" in out and "FAILED" not in out and "SAWarning" not in out, out
+    assert re.search(r"alice: (\d+) / \d+; autograded code (\d+) / \2", out), out  # the solution: every point
+    run(scratch, repo, "nbgrader autograde 16 --JupyterApp.config_file=grader/nbgrader_config")
+    out = run(scratch, repo, ".venv/bin/python -m grader feedback 16")
+    assert list((repo / "grader" / "feedback" / "alice" / "16").glob("*.html")), out
+    run(scratch, repo, ".venv/bin/python -m grader export grades.csv")
+    rows = (repo / "grades.csv").read_text().splitlines()
+    assert len(rows) == 3 and all(",graded," in r for r in rows[1:]), rows
+
+
+def test_servers_answer_and_stop(scratch, repo):
+    serve(scratch, repo, "grade-ui", "formgrader", "formgrader")
+    serve(scratch, repo, "lab", "lab", "JupyterLab")
+
+
+# Sizes `--quick` sets itself: two documented commands differing only in these run the same thing quickly.
+_SIZES = r" --(new-tokens|repeats|prefill|decode-steps|requests|ks|workloads|short|long) \S+"
+
+
+def _benchmark_runs() -> dict[tuple, str]:
+    """(script, its other arguments) -> the one quick command run for it, the `make` target's where there is one
+    (a bench target's recipe is `python benchmarks/<script> $(ARGS)`)."""
+    recipes = dict(re.findall(r"^(bench(?:-\d\d)?):.*\n\t\$\(BIN\)/python (benchmarks/\S+\.py)",
+                              (REPO / "Makefile").read_text(), re.M))
+    runs: dict[tuple, str] = {}
+    for cmd in documented_commands():
+        quick = quick_form(cmd)
+        target = re.match(r"make (bench(?:-\d\d)?) ARGS=--quick$", quick)
+        direct = re.match(r"\.venv/bin/python (benchmarks/\S+\.py)(.*) --quick$", quick)
+        if target or direct:
+            script, args = (recipes[target[1]], "") if target else (direct[1], direct[2])
+            key = (script, re.sub(_SIZES, "", args).strip())
+            if target or key not in runs:
+                runs[key] = quick
+    return runs
+
+
+@pytest.mark.timeout(2400)  # seven benchmark runs: ~3 min on 2 quiet cores, 20 min at load 10
+def test_benchmarks_in_quick_mode(scratch, repo):
+    """`make bench`, `make bench-18/19/20`, and each documented benchmark command, in its quick mode."""
+    cmds = set(_benchmark_runs().values())
+    assert {"make bench ARGS=--quick", "make bench-18 ARGS=--quick", "make bench-19 ARGS=--quick",
+            "make bench-20 ARGS=--quick"} <= cmds, cmds
+    for cmd in sorted(cmds):
+        out = run(scratch, repo, cmd, timeout=600)
+        assert "Traceback" not in out, out
+
+
+def test_notebook_builders(scratch, repo):
+    """`python tools/weeks/weekNN.py` rebuilds a week's notebook from its script (weeks 18-20)."""
+    for cmd in sorted({c for c in documented_commands() if re.match(BUILDER, c)}):
+        run(scratch, repo, cmd, timeout=120)
+
+
+def test_distill_draft_for_a_few_seconds(scratch, repo):
+    for cmd in sorted({quick_form(c) for c in documented_commands() if "distill_draft" in c}):
+        run(scratch, repo, cmd, timeout=600)
+        assert (repo / "distilled-test.pt").is_file()
