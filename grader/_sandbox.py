@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import os
 import resource
+import sys
 
 _SYS_CREATE_RULESET, _SYS_ADD_RULE, _SYS_RESTRICT_SELF = 444, 445, 446
 _PR_SET_NO_NEW_PRIVS = 38
@@ -115,10 +116,12 @@ def _process_limit() -> str:
 
 def confine(workdir: str, cpu_seconds: int) -> str:
     """Apply the limits; return one line saying what applied."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans of the student's processes stay in this tree
-    libc.prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)  # SIGKILL when the grader that started it dies
-    processes = _process_limit()
+    linux = sys.platform.startswith("linux")
+    if linux:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans of the student's processes stay in this tree
+        libc.prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)  # SIGKILL when the grader that started it dies
+    processes = _process_limit() if linux else "no process-count limit (not Linux)"
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_FSIZE, (256 << 20, 256 << 20))
     if cpu_seconds > 0:

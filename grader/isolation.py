@@ -812,6 +812,13 @@ class Session:
         """The child and everything it started, `setsid`'d and double-forked processes included (`kill_tree`)."""
         if self.proc is None:
             return
+        if not sys.platform.startswith("linux"):  # no /proc, pidfds or subreapers: the process group only
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            self.proc.wait()
+            return
         others = {s.proc.pid for s in list(_SESSIONS) if s is not self and s.proc is not None}
         since = self._child_start if self._child_start is not None and _is_subreaper() else None
         kill_tree(self.proc.pid if self.proc.poll() is None else None, orphans_since=since, keep=others,

@@ -362,3 +362,37 @@ def test_cli_autograde_kills_every_process_and_times_each_exercise(scratch, tmp_
     timed_out = course.read_status(WEEK, "slow")["timed_out"]
     assert set(timed_out) == {"test_roofline_time", "test_answer_q1"}, timed_out
     assert all("ran out of time" in why and "(15 s" in why for why in timed_out.values()), timed_out
+
+
+def test_a_fork_bomb_stops_at_the_process_limit(course_root, tmp_path):
+    """A cell forking 400 sleepers gets at most `_sandbox.MAX_PROCESSES` of them (pids cgroup as root, RLIMIT_NPROC
+    otherwise), and they die with the child."""
+    from grader._sandbox import MAX_PROCESSES
+
+    release_path = next((course_root / "weeks" / WEEK).glob("*.ipynb"))
+    honest = _honest(_nb(course_root / "solutions" / WEEK / release_path.name), _nb(release_path))
+    marker = f"inference-lab-bomb-{tmp_path.name}"
+    nb = _edit(honest, "step_flops", f"""
+        import os, time
+        started, error = 0, None
+        for _ in range(400):
+            try:
+                if os.fork() == 0:
+                    os.execv("/bin/sleep", ["/bin/sleep", "60", {marker!r}])
+                started += 1
+            except OSError as e:
+                error = type(e).__name__
+                break
+        def bomb():
+            return started, error
+        """, prepend=True)
+    path = tmp_path / release_path.name
+    path.write_text(json.dumps(nb))
+    ex = load_exercises(path)
+    if "no process-count limit" in ex._session.sandbox:
+        ex.close()
+        pytest.skip(f"no process-count limit here: {ex._session.sandbox}")
+    started, error = ex.bomb()
+    ex.close()
+    assert error == "BlockingIOError" and started <= MAX_PROCESSES, (started, error)
+    assert not _marked(marker), "the sleepers outlived the child"
