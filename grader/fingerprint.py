@@ -65,8 +65,12 @@ def _module_codes(mod: types.ModuleType):
                 if f is not None:
                     yield from from_obj(f, depth + 1)
             return
-        if isinstance(obj, types.FunctionType):
-            if getattr(obj, "__module__", None) == mod.__name__:
+        while isinstance(getattr(obj, "__wrapped__", None), types.FunctionType):  # under @torch.no_grad() etc.
+            if isinstance(obj, types.FunctionType) and obj.__code__.co_filename == getattr(mod, "__file__", None):
+                yield obj.__code__, mod.__name__  # a decorator lib itself defines: its wrapper is lib's too
+            obj = obj.__wrapped__
+        if isinstance(obj, types.FunctionType):  # defined in this module's source (not a decorator's wrapper)
+            if obj.__code__.co_filename == getattr(mod, "__file__", None):
                 yield obj.__code__, mod.__name__  # nested code (a genexpr) is part of it, not a function alone
             return
         if isinstance(obj, type) and getattr(obj, "__module__", None) == mod.__name__:
