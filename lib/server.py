@@ -11,9 +11,12 @@ The shape is vLLM's, small enough to read in one sitting:
 
 - an **asyncio front end** (Starlette on uvicorn) turns each HTTP request into a `Submission` and awaits its
   tokens on an `asyncio.Queue`;
-- **one engine thread** owns `lib.engine.LLMEngine` (nothing else touches it): it admits submissions from a
-  thread-safe inbox, calls `engine.step()` — continuous batching across every open request, prefix caching
-  when asked — and hands each step's tokens to the right request's queue with `loop.call_soon_threadsafe`;
+- **one engine thread** owns `lib.engine.LLMEngine` (nothing else touches it) and runs a
+  `lib.serving.ServingLoop` over it: submissions from a thread-safe inbox are admitted, each `run_once` is one
+  `engine.step()` — continuous batching across every open request, prefix caching when asked — and each step's
+  tokens go to the right request's queue with `loop.call_soon_threadsafe`;
+- a `lib.serving.TextStream` per request turns tokens into text that never changes once sent (whole UTF-8
+  characters; a possible stop string held back), so streamed pieces add up to the plain answer;
 - a client that disconnects mid-stream is **aborted** in the engine, its blocks freed at the next step.
 
 Endpoints: `POST /v1/completions`, `POST /v1/chat/completions` (both with `"stream": true` as server-sent
@@ -36,6 +39,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lib.engine import LLMEngine
+from lib.serving import ServingLoop, TextStream, token_bytes
 
 
 class RequestError(Exception):
@@ -72,11 +76,13 @@ class Submission:
 
 
 class EngineLoop:
-    """Owns the engine; steps it in one background thread. `submit` and `abort` are safe from any thread."""
+    """Owns the engine; runs a `ServingLoop` over it in one background thread. `submit` and `abort` are safe
+    from any thread. `loop_cls`: any class with `ServingLoop`'s methods (the notebook plugs its own in)."""
 
-    def __init__(self, engine: LLMEngine, eos_token_id: int | None = None):
+    def __init__(self, engine: LLMEngine, eos_token_id: int | None = None, loop_cls=ServingLoop):
         self.engine = engine
         self.eos_token_id = eos_token_id
+        self.serving = loop_cls(engine, eos_token_id)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -112,16 +118,6 @@ class EngineLoop:
 
     # -- in the engine thread only --
 
-    def _finish(self, sub: Submission, item) -> None:
-        self._live.pop(sub.request_id, None)
-        try:
-            self.engine.abort(sub.request_id)  # frees its blocks (a finished request's record, too)
-        except KeyError:
-            pass
-        if item[0] == "done" and sub.first_token is not None and sub.n_tokens > 1:
-            self.tpot = (self.tpot + [(time.perf_counter() - sub.first_token) / (sub.n_tokens - 1)])[-1000:]
-        sub.emit(item)
-
     def _drain(self) -> None:
         while True:
             try:
@@ -129,53 +125,58 @@ class EngineLoop:
             except queue.Empty:
                 return
             if op == "add":
-                try:
-                    self.engine.add_request(sub.prompt, sub.max_tokens, request_id=sub.request_id,
-                                            temperature=sub.temperature, seed=sub.seed)
-                except ValueError as e:  # checked before submission; a last guard
-                    self.stats["requests_failed"] += 1
-                    sub.emit(("error", str(e)))
-                    continue
                 self._live[sub.request_id] = sub
+                self.serving.submit(sub.request_id, sub.prompt, sub.max_tokens, sub.temperature, sub.seed)
                 self.stats["requests_total"] += 1
                 self.stats["prompt_tokens_total"] += len(sub.prompt)
-            elif op == "abort" and sub.request_id in self._live:
-                self.stats["requests_aborted"] += 1
-                self._finish(sub, ("done", "abort"))
+            elif sub.request_id in self._live:
+                self.serving.cancel(sub.request_id)
+
+    def _deliver(self, kind: str, rid, value) -> None:
+        sub = self._live.get(rid)
+        if sub is None:
+            return
+        now = time.perf_counter()
+        if kind == "token":
+            if sub.first_token is None:
+                sub.first_token = now
+                self.ttft = (self.ttft + [now - sub.submitted])[-1000:]
+            sub.n_tokens += 1
+            self.stats["generation_tokens_total"] += 1
+            sub.emit(("token", value))
+            return
+        del self._live[rid]
+        if kind == "error":
+            self.stats["requests_failed"] += 1
+            sub.emit(("error", value))
+            return
+        self.stats["requests_aborted" if value == "abort" else "requests_finished"] += 1
+        if sub.first_token is not None and sub.n_tokens > 1:
+            self.tpot = (self.tpot + [(now - sub.first_token) / (sub.n_tokens - 1)])[-1000:]
+        sub.emit(("done", value))
 
     def _run(self) -> None:
         while not self._stop.is_set():
             self._drain()
-            if not self.engine.has_unfinished():
+            if not self.serving.has_work():
                 self._wake.wait(0.05)
                 self._wake.clear()
                 continue
             try:
                 with torch.inference_mode():
-                    events = self.engine.step()
+                    messages = self.serving.run_once()
             except Exception as e:  # noqa: BLE001  (never let one bad step stop the server)
-                for sub in list(self._live.values()):
-                    self.stats["requests_failed"] += 1
-                    self._finish(sub, ("error", f"the engine failed: {type(e).__name__}: {e}"))
+                for rid in list(self._live):
+                    try:
+                        self.engine.abort(rid)
+                    except KeyError:
+                        pass
+                    self._deliver("error", rid, f"the engine failed: {type(e).__name__}: {e}")
+                self.serving = type(self.serving)(self.engine, self.eos_token_id)  # a fresh loop: no stale state
                 continue
             self.stats["steps_total"] += 1
-            now = time.perf_counter()
-            for ev in events:
-                sub = self._live.get(ev.request_id)
-                if sub is None:
-                    continue
-                if sub.first_token is None:
-                    sub.first_token = now
-                    self.ttft = (self.ttft + [now - sub.submitted])[-1000:]
-                sub.n_tokens += 1
-                self.stats["generation_tokens_total"] += 1
-                eos = self.eos_token_id is not None and ev.token == self.eos_token_id
-                if not eos:
-                    sub.emit(("token", ev.token))
-                if eos or ev.finished:
-                    self.stats["requests_finished"] += 1
-                    self._finish(sub, ("done", "stop" if eos else "length"))
-            self.engine.finished_outputs()  # forget finished records (their outputs went out as events)
+            for kind, rid, value in messages:
+                self._deliver(kind, rid, value)
 
     def metrics(self) -> str:
         """Prometheus text format."""
@@ -225,12 +226,15 @@ class Server:
 
     UNSUPPORTED = ("logprobs", "top_logprobs", "echo", "suffix", "best_of", "tools", "functions", "logit_bias")
 
-    def __init__(self, engine: LLMEngine, tokenizer, model_name: str = "SmolLM2-135M-Instruct"):
+    def __init__(self, engine: LLMEngine, tokenizer, model_name: str = "SmolLM2-135M-Instruct",
+                 loop_cls=ServingLoop, text_stream_cls=TextStream):
         self.tok = tokenizer
+        self.token_bytes = token_bytes(tokenizer)
+        self.text_stream_cls = text_stream_cls
         self.model_name = model_name
         self.engine = engine
         self.max_len = engine.config.max_seq_len
-        self.loop = EngineLoop(engine, eos_token_id=tokenizer.eos_token_id)
+        self.loop = EngineLoop(engine, eos_token_id=tokenizer.eos_token_id, loop_cls=loop_cls)
         self.created = int(time.time())
 
     # -- requests --
@@ -325,38 +329,29 @@ class Server:
                 self.loop.abort(sub)
 
     async def text_pieces(self, sub: Submission, stops: list[str], is_disconnected=None):
-        """Yield ("text", piece) as the decoded text grows, then ("done", finish_reason, completion_tokens).
+        """Yield ("text", piece) as the answer's text becomes final, then ("done", finish_reason, tokens).
 
-        Pieces are cut where the decoded text is stable (not ending inside a multi-byte character), so the
-        streamed pieces concatenate to exactly the non-streamed text. A stop string ends the request (and is
+        A `TextStream` turns token bytes into text: whole characters only, a possible stop string held back, so
+        the streamed pieces concatenate to exactly the non-streamed text; a stop string ends the request (and is
         not returned), as in OpenAI's API."""
-        ids: list[int] = []
-        sent = ""
+        text = self.text_stream_cls(stops)
+        n = 0
         agen = self.tokens(sub, is_disconnected)
         try:
             async for item in agen:
                 if item[0] == "done":
-                    text = self.tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-                    if text.startswith(sent) and len(text) > len(sent):
-                        yield ("text", text[len(sent):])
-                    yield ("done", item[1], len(ids))
+                    piece = text.finish()
+                    if piece:
+                        yield ("text", piece)
+                    yield ("done", item[1], n)
                     return
-                ids.append(item[1])
-                text = self.tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-                cut = min((i for i in (text.find(s, max(0, len(sent) - len(s))) for s in stops) if i >= 0),
-                          default=-1)
-                if cut >= 0:
-                    if cut > len(sent):
-                        yield ("text", text[len(sent):cut])
-                    yield ("done", "stop", len(ids))
+                n += 1
+                piece = text.push(self.token_bytes[item[1]])
+                if piece:
+                    yield ("text", piece)
+                if text.stopped:
+                    yield ("done", "stop", n)
                     return
-                hold = max((len(s) - 1 for s in stops), default=0)  # a stop string may be starting
-                stable = len(text) - hold
-                if text.endswith("\ufffd"):
-                    continue
-                if stable > len(sent) and text.startswith(sent):
-                    yield ("text", text[len(sent):stable])
-                    sent = text[:stable]
         finally:
             await agen.aclose()
 
@@ -471,9 +466,11 @@ def build_app(server: Server):
 
 def make_server(model=None, tokenizer=None, num_blocks: int = 512, block_size: int = 16, max_num_seqs: int = 8,
                 max_num_batched_tokens: int = 512, prefix_caching: bool = False, weights: str = "fp32",
-                model_name: str = "SmolLM2-135M-Instruct") -> Server:
+                model_name: str = "SmolLM2-135M-Instruct", loop_cls=ServingLoop,
+                text_stream_cls=TextStream) -> Server:
     """A `Server` on SmolLM2 (or `model` + `tokenizer`). `weights`: "fp32", "packed" (lib.fast's oneDNN-packed
-    fp32, same numbers), "int8" or "int4" (lib.quant_linear, weight-only, changes the numbers)."""
+    fp32, same numbers), "int8" or "int4" (lib.quant_linear, weight-only, changes the numbers). `loop_cls` and
+    `text_stream_cls`: the serving loop's core and the detokenizer (lib.serving's, or the notebook's own)."""
     if model is None:
         from lib.model import load_smollm2
 
@@ -491,7 +488,7 @@ def make_server(model=None, tokenizer=None, num_blocks: int = 512, block_size: i
     model.eval()
     engine = LLMEngine(model, num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=prefix_caching)
-    return Server(engine, tokenizer, model_name)
+    return Server(engine, tokenizer, model_name, loop_cls=loop_cls, text_stream_cls=text_stream_cls)
 
 
 def main(argv=None) -> None:
