@@ -464,6 +464,42 @@ def build_app(server: Server):
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_found})
 
 
+class ServerThread:
+    """`server` on a free loopback port, in a background thread of this process (tests, the notebook):
+
+        with ServerThread(make_server(...)) as base_url:      # "http://127.0.0.1:PORT/v1"
+            OpenAI(base_url=base_url, api_key="none").completions.create(...)
+
+    On exit the server stops accepting, the engine thread ends, and nothing is left listening."""
+
+    def __init__(self, server: Server, host: str = "127.0.0.1", port: int = 0):
+        import socket
+
+        import uvicorn
+
+        if port == 0:
+            with socket.socket() as s:
+                s.bind((host, 0))
+                port = s.getsockname()[1]
+        self.server, self.host, self.port = server, host, port
+        self.base_url = f"http://{host}:{port}/v1"
+        self._uv = uvicorn.Server(uvicorn.Config(build_app(server), host=host, port=port, log_level="warning"))
+        self._thread = threading.Thread(target=self._uv.run, name="http", daemon=True)
+
+    def __enter__(self) -> str:
+        self._thread.start()
+        deadline = time.monotonic() + 60
+        while not self._uv.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the server did not start on {self.host}:{self.port}")
+            time.sleep(0.02)
+        return self.base_url
+
+    def __exit__(self, *exc) -> None:
+        self._uv.should_exit = True
+        self._thread.join(timeout=30)
+
+
 def make_server(model=None, tokenizer=None, num_blocks: int = 512, block_size: int = 16, max_num_seqs: int = 8,
                 max_num_batched_tokens: int = 512, prefix_caching: bool = False, weights: str = "fp32",
                 model_name: str = "SmolLM2-135M-Instruct", loop_cls=ServingLoop,

@@ -17,7 +17,7 @@ pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 
 from lib.generate import generate  # noqa: E402
-from lib.server import RequestError, Submission, build_app, make_server  # noqa: E402
+from lib.server import RequestError, ServerThread, Submission, make_server  # noqa: E402
 
 pytestmark = pytest.mark.model
 MODEL = "SmolLM2-135M-Instruct"
@@ -26,28 +26,16 @@ PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):", 
 
 @pytest.fixture(scope="module")
 def server():
-    import uvicorn
-
     srv = make_server(num_blocks=48, block_size=16, max_num_seqs=4, max_num_batched_tokens=256)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    uv = uvicorn.Server(uvicorn.Config(build_app(srv), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=uv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not uv.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
-        time.sleep(0.05)
-    srv.port, srv.base = port, f"http://127.0.0.1:{port}"
+    running = ServerThread(srv)
+    srv.base = running.__enter__().removesuffix("/v1")
     yield srv
-    uv.should_exit = True
-    thread.join(timeout=30)
-    assert not thread.is_alive(), "the server did not shut down"
+    running.__exit__(None, None, None)
+    assert not running._thread.is_alive(), "the server did not shut down"
     assert not srv.loop.alive, "the engine thread outlived the server"
     with socket.socket() as s, pytest.raises(OSError):
         s.settimeout(1)
-        s.connect(("127.0.0.1", port))  # nothing left listening
+        s.connect(("127.0.0.1", running.port))  # nothing left listening
 
 
 @pytest.fixture(scope="module")
