@@ -209,8 +209,11 @@ def check_ServingLoop(ServingLoop) -> None:
                 f"{rid!r} ({len(r['prompt'])} + {r['max_tokens']} tokens) can never fit the engine's pool: expected "
                 f"one ('error', {rid!r}, the engine's message) at the next run_once, got tokens {got[rid]} and end "
                 f"{end[rid][1:]}. Catch the ValueError of add_request and report it; the other requests go on.")
-            assert end[rid][0] == r["arrive"] and "never fit" in str(end[rid][2]), (
-                f"{rid!r}: error {end[rid]} — expected at run {r['arrive']} with the engine's message")
+            assert end[rid][0] == r["arrive"], (
+                f"{rid!r} was refused at run {end[rid][0]}; expected at run {r['arrive']}, the run_once right after "
+                f"its submission: admit every queued request at the next run_once (a refusal is reported then)")
+            assert "never fit" in str(end[rid][2]), (
+                f"{rid!r}: error message {end[rid][2]!r}; pass the engine's own message on (it says why)")
             continue
         stop = r["alone"].index(eos) if eos in r["alone"] else None
         want = r["alone"] if stop is None else r["alone"][:stop]
