@@ -189,3 +189,54 @@ def test_request_error_body_is_openais_shape():
     assert e.body() == {"error": {"message": "too long", "type": "invalid_request_error", "param": "prompt",
                                   "code": "context_length_exceeded"}}
     assert Submission([1], 1).request_id == -1
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_make_serve_as_typed_then_nothing_left_listening():
+    """`make serve PORT=...` as the README says: it answers /health and a completion, and stops on SIGTERM."""
+    import os
+    import signal
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    port = _free_port()
+    proc = subprocess.Popen(["make", "serve", f"PORT={port}"], cwd=root, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None, f"make serve exited: {proc.stdout.read()[-2000:]}"
+            assert time.monotonic() < deadline, "make serve did not answer /health in 180 s"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60,
+                       json={"model": MODEL, "prompt": "Hello", "max_tokens": 3, "temperature": 0})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    with socket.socket() as s, pytest.raises(OSError):
+        s.settimeout(1)
+        s.connect(("127.0.0.1", port))
+
+
+def test_load_benchmark_quick_as_typed():
+    """`python benchmarks/load.py --quick`: starts its own server, 4 streamed requests, prints the table."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "benchmarks/load.py", "--quick"], cwd=root, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "TTFT p50" in out.stdout and " 4/4 " in out.stdout, out.stdout
