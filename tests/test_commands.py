@@ -35,7 +35,10 @@ NOT_RUN = {
     r"python -m grader( autograde)?$": "the program's name in prose; its commands are run below",
     r"nbgrader generate_assignment --force$": "named as what `python -m grader release` replaces (it deletes weeks/NN)",
     r"pytest solutions/\d\d$": "make test runs it (pyproject's testpaths include solutions/)",
+    r"(make (serve|bench-load)\b|(\.venv/bin/)?python benchmarks/load\.py)": "tests/test_server.py runs `make serve` "
+                                                                         "and `benchmarks/load.py --quick` as typed",
 }
+SERVERS = r"make (lab|grade-ui)( ARGS=.*)?$"  # run by test_servers_answer_and_stop, on a free port
 # A documented command -> the command run for it here (quick modes); None: run as typed.
 QUICK = [
     (r"^(\.venv/bin/)?python (benchmarks/\S+\.py)(.*)$", lambda m: f".venv/bin/python {m[2]}{m[3]} --quick"),
@@ -70,6 +73,11 @@ def documented_commands() -> list[str]:
         if not placeholder.search(cmd) and cmd not in commands:
             commands.append(cmd)
     return commands
+
+
+def to_run() -> list[str]:
+    """The documented commands this module runs (all but NOT_RUN's)."""
+    return [c for c in documented_commands() if not any(re.match(p, c) for p in NOT_RUN)]
 
 
 def quick_form(cmd: str) -> str:
@@ -166,10 +174,8 @@ def serve(scratch, root: Path, target: str, path: str, expect: str, timeout: flo
 def test_every_documented_command_is_run_here():
     here = Path(__file__).read_text()
     missing = []
-    for cmd in documented_commands():
-        if any(re.match(p, cmd) for p in NOT_RUN):
-            continue
-        generic = [pattern for pattern, _ in QUICK] + [BUILDER]  # run by the tests that loop over the docs
+    for cmd in to_run():
+        generic = [pattern for pattern, _ in QUICK] + [BUILDER, SERVERS]  # run by the tests that loop over the docs
         if not any(re.match(p, cmd) for p in generic) and cmd not in here and cmd.replace(".venv/bin/", "") not in here:
             missing.append(cmd)  # the grader's and make's commands are written out in the tests below
     assert not missing, f"documented commands that tests/test_commands.py does not run: {missing}"
@@ -193,7 +199,7 @@ def test_the_model_snippet(scratch, repo):
 
 def test_students_pytest_commands(scratch, repo):
     """`pytest weeks/NN` (and `-k exNN`) on the untouched release: runs, and fails with the friendly message."""
-    for cmd in sorted({quick_form(c) for c in documented_commands() if re.search(r"pytest weeks/\d\d", c)}):
+    for cmd in sorted({quick_form(c) for c in to_run() if re.search(r"pytest weeks/\d\d", c)}):
         out = run(scratch, repo, cmd, rc=1, timeout=180)
         assert "is not implemented yet" in out and not re.search(r"^ERROR ", out, re.M), out  # failed, not broken
 
@@ -235,7 +241,7 @@ def _benchmark_runs() -> dict[tuple, str]:
     recipes = dict(re.findall(r"^(bench(?:-\d\d)?):.*\n\t\$\(BIN\)/python (benchmarks/\S+\.py)",
                               (REPO / "Makefile").read_text(), re.M))
     runs: dict[tuple, str] = {}
-    for cmd in documented_commands():
+    for cmd in to_run():
         quick = quick_form(cmd)
         target = re.match(r"make (bench(?:-\d\d)?) ARGS=--quick$", quick)
         direct = re.match(r"\.venv/bin/python (benchmarks/\S+\.py)(.*) --quick$", quick)
@@ -260,11 +266,11 @@ def test_benchmarks_in_quick_mode(scratch, repo):
 
 def test_notebook_builders(scratch, repo):
     """`python tools/weeks/weekNN.py` rebuilds a week's notebook from its script (weeks 18-20)."""
-    for cmd in sorted({c for c in documented_commands() if re.match(BUILDER, c)}):
+    for cmd in sorted({c for c in to_run() if re.match(BUILDER, c)}):
         run(scratch, repo, cmd, timeout=120)
 
 
 def test_distill_draft_for_a_few_seconds(scratch, repo):
-    for cmd in sorted({quick_form(c) for c in documented_commands() if "distill_draft" in c}):
+    for cmd in sorted({quick_form(c) for c in to_run() if "distill_draft" in c}):
         run(scratch, repo, cmd, timeout=600)
         assert (repo / "distilled-test.pt").is_file()
