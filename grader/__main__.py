@@ -273,16 +273,17 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     if args.cmd == "release":
-        release(args.week)
+        release(args.week, repo=REPO_ROOT)
     elif args.cmd == "collect":
-        return _report(collect(args.week, args.folder), "submissions were refused and")
+        return _report(collect(args.week, args.folder, root=REPO_ROOT), "submissions were refused and")
     elif args.cmd == "autograde":
         grading_worker()  # --jobs 1 grades in this process
-        return _report(autograde(args.week, args.students, jobs=args.jobs, timeout=args.timeout), "submissions")
+        return _report(autograde(args.week, args.students, jobs=args.jobs, timeout=args.timeout, root=REPO_ROOT),
+                       "submissions")
     elif args.cmd == "feedback":
-        return _report(feedback(args.week, args.students), "feedback reports")
+        return _report(feedback(args.week, args.students, root=REPO_ROOT), "feedback reports")
     elif args.cmd == "export":
-        course = Course()
+        course = Course(REPO_ROOT)
         path, ungraded = course.export(args.csv), course.ungraded()
         print(f"grades written to {path}")
         if ungraded:

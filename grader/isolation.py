@@ -60,7 +60,7 @@ MAX_MESSAGE = 1 << 30  # 1 GiB: a bigger message from the child is a protocol vi
 
 DEFAULT_CALL_TIMEOUT = 60.0
 DEFAULT_BUDGET = 900.0
-DEFAULT_EXERCISE_TIMEOUT = 120.0  # seconds of the student's code per graded test (autograde), summed over its calls
+DEFAULT_EXERCISE_TIMEOUT = 180.0  # seconds of the student's code per graded test (autograde), summed over its calls
 DEFAULT_MEMORY = 4 << 30  # bytes of address space the child may add after importing torch
 DEFAULT_CPU = 600  # CPU seconds for one child
 
