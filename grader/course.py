@@ -386,7 +386,8 @@ def nbgrader_cause(result: dict) -> str:
     "see the above traceback")."""
     log = result.get("log") or ""
     errors = [m.group(1) for m in re.finditer(r"^\[ERROR\] (.*)$", log, re.M)]
-    generic = ("There was an error processing assignment", "Please see the error log", "nbgrader ")
+    generic = ("There was an error processing assignment", "Please see the error log", "nbgrader ",
+               "Interrupting kernel")  # what nbgrader does after "Timeout waiting for execute reply (300s)"
     useful = [e for e in errors if not e.startswith(generic) and "see the above traceback" not in e]
     tb_lines = [ln for ln in (log + "\n" + (result.get("error") or "")).splitlines()
                 if re.match(r"^[A-Za-z_.]*(Error|Exception|Exit|Interrupt)\b.*:", ln.strip())]
