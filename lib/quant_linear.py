@@ -28,6 +28,7 @@ The file's own blocks (lib.qmatmul), with no requantization: the model is exactl
 from __future__ import annotations
 
 import copy
+import os
 
 import numpy as np
 import torch
@@ -144,13 +145,26 @@ class GGUFLinear(nn.Module):
 def read_gguf_blocks(path=None) -> dict[str, tuple[str, torch.Tensor]]:
     """Every matmul weight of a llama GGUF file (default: SmolLM2's) as `name -> (type, blocks uint8 [out,
     bytes])`, named as `lib.model.LlamaModel`'s parameters (`embed.weight` is the token embedding, which a tied
-    model also uses as its LM head). Raises ValueError for a type `lib.qmatmul` cannot multiply."""
+    model also uses as its LM head). Raises ValueError for a type `lib.qmatmul` cannot multiply. SmolLM2's blocks
+    are kept in data/cache after the first read (the file is checked by `lib.fetch.check_smollm2` then)."""
+    if path is None:  # SmolLM2's file: parsing its metadata takes seconds, so keep the blocks in the cache
+        cached = paths.CACHE_DIR / f"smollm2-135m-q4_1-{paths.SMOLLM2_SHA256[:12]}-blocks-v1.pt"
+        if cached.is_file():
+            return torch.load(cached, weights_only=True)
+        from lib.fetch import check_smollm2
+
+        out = read_gguf_blocks(check_smollm2())
+        paths.CACHE_DIR.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_name(f"{cached.name}.{os.getpid()}.part")  # written whole, then renamed
+        torch.save(out, tmp)
+        tmp.replace(cached)
+        return out
     import gguf
 
     from lib.model import _GGUF_NAMES, _unpermute_rope_rows
     from lib.qmatmul import QTYPES
 
-    reader = gguf.GGUFReader(paths.smollm2_path() if path is None else path)
+    reader = gguf.GGUFReader(path)
     heads = {k: int(reader.fields[f"llama.attention.{k}"].contents()) for k in ("head_count", "head_count_kv")}
     ours = {"token_embd.weight": "embed.weight", "output.weight": "lm_head.weight"}
     out = {}
