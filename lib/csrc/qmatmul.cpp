@@ -72,7 +72,7 @@ inline void decode_q4_1(const uint8_t* b, float* w) {  // 20 bytes: d f16, m f16
     }
 }
 
-inline void decode_q4_k(const uint8_t* b, float* w) {  // 144 bytes -> 256 weights
+__attribute__((noinline)) void decode_q4_k(const uint8_t* b, float* w) {  // 144 bytes -> 256 weights
     const float d = half_to_float(b), dmin = half_to_float(b + 2);
     const uint8_t* s = b + 4;  // 8 six-bit scales and 8 six-bit mins in 12 bytes
     const uint8_t* qs = b + 16;
@@ -92,18 +92,22 @@ inline void decode_q4_k(const uint8_t* b, float* w) {  // 144 bytes -> 256 weigh
     }
 }
 
-inline void decode_q6_k(const uint8_t* b, float* w) {  // 210 bytes: ql[128], qh[64], int8 scales[16], d f16
+__attribute__((noinline)) void decode_q6_k(const uint8_t* b, float* w) {  // 210 bytes: ql[128], qh[64], int8 scales[16], d f16
     const uint8_t *ql = b, *qh = b + 128;
     const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
     const float d = half_to_float(b + 208);
-    for (int half = 0; half < 2; ++half) {
+    for (int half = 0; half < 2; ++half) {  // weights 128·half + 32·quarter + i
         for (int quarter = 0; quarter < 4; ++quarter) {
-            for (int i = 0; i < 32; ++i) {
-                const int v = 128 * half + 32 * quarter + i;  // weight index in the block
-                const uint8_t low = ql[64 * half + 32 * (quarter & 1) + i] >> (4 * (quarter >> 1)) & 0x0F;
-                const uint8_t high = (qh[32 * half + i] >> (2 * quarter)) & 0x03;
-                const float step = d * (float)sc[v / 16];
-                w[v] = step * (float)((int)(low | (high << 4)) - 32);
+            const uint8_t* lo = ql + 64 * half + 32 * (quarter & 1);  // quarters 2, 3: the high nibbles
+            const uint8_t* hi = qh + 32 * half;
+            const int lo_shift = 4 * (quarter >> 1), hi_shift = 2 * quarter;
+            float* out = w + 128 * half + 32 * quarter;
+            for (int h = 0; h < 2; ++h) {  // 16 weights per scale
+                const float step = d * (float)sc[8 * half + 2 * quarter + h];
+                for (int i = 16 * h; i < 16 * h + 16; ++i) {
+                    const int q = ((lo[i] >> lo_shift) & 0x0F) | (((hi[i] >> hi_shift) & 0x03) << 4);
+                    out[i] = step * (float)(q - 32);
+                }
             }
         }
     }
@@ -128,17 +132,17 @@ inline bool format_of(int qtype, Format* f) {
 // --- dot products of one weight row with `rows` rows of x --------------------------------------------------
 
 // Portable: decode a block into a small buffer (it stays in L1), multiply-add it into per-row accumulators.
-template <int R>
-void row_dots_generic(const Format& f, const uint8_t* wrow, int64_t nblocks, const float* x, int64_t ldx,
-                      float* y, int64_t ldy) {
-    alignas(64) float w[256];
+// The decoder is a template argument, so it is inlined and the compiler vectorizes both loops.
+template <int R, int BLOCK, int BYTES, void (*DECODE)(const uint8_t*, float*)>
+void row_dots_generic(const uint8_t* wrow, int64_t nblocks, const float* x, int64_t ldx, float* y, int64_t ldy) {
+    alignas(64) float w[BLOCK];
     alignas(64) float acc[R][16] = {};
     for (int64_t blk = 0; blk < nblocks; ++blk) {
-        f.decode(wrow + blk * f.bytes, w);
-        const int64_t base = blk * f.block;
+        DECODE(wrow + blk * BYTES, w);
+        const int64_t base = blk * BLOCK;
         for (int r = 0; r < R; ++r) {
             const float* xr = x + r * ldx + base;
-            for (int i = 0; i < f.block; i += 16)
+            for (int i = 0; i < BLOCK; i += 16)
                 for (int l = 0; l < 16; ++l) acc[r][l] += w[i + l] * xr[i + l];
         }
     }
@@ -194,16 +198,22 @@ void row_dots_q8_0_avx512(const uint8_t* wrow, int64_t nblocks, const float* x, 
 #endif
 
 template <int R>
-void row_dots(int qtype, const Format& f, const uint8_t* wrow, int64_t nblocks, const float* x, int64_t ldx,
-              float* y, int64_t ldy) {
+void row_dots(int qtype, const uint8_t* wrow, int64_t nblocks, const float* x, int64_t ldx, float* y, int64_t ldy) {
+    switch (qtype) {
 #if defined(__AVX512F__)
-    if (qtype == Q4_1) return row_dots_q4_1_avx512<R>(wrow, nblocks, x, ldx, y, ldy);
-    if (qtype == Q8_0) return row_dots_q8_0_avx512<R>(wrow, nblocks, x, ldx, y, ldy);
+        case Q4_1: return row_dots_q4_1_avx512<R>(wrow, nblocks, x, ldx, y, ldy);
+        case Q8_0: return row_dots_q8_0_avx512<R>(wrow, nblocks, x, ldx, y, ldy);
+#else
+        case Q4_1: return row_dots_generic<R, 32, 20, decode_q4_1>(wrow, nblocks, x, ldx, y, ldy);
+        case Q8_0: return row_dots_generic<R, 32, 34, decode_q8_0>(wrow, nblocks, x, ldx, y, ldy);
 #endif
-    row_dots_generic<R>(f, wrow, nblocks, x, ldx, y, ldy);
+        case Q4_0: return row_dots_generic<R, 32, 18, decode_q4_0>(wrow, nblocks, x, ldx, y, ldy);
+        case Q4_K: return row_dots_generic<R, 256, 144, decode_q4_k>(wrow, nblocks, x, ldx, y, ldy);
+        case Q6_K: return row_dots_generic<R, 256, 210, decode_q6_k>(wrow, nblocks, x, ldx, y, ldy);
+    }
 }
 
-using RowDots = void (*)(int, const Format&, const uint8_t*, int64_t, const float*, int64_t, float*, int64_t);
+using RowDots = void (*)(int, const uint8_t*, int64_t, const float*, int64_t, float*, int64_t);
 constexpr RowDots kRowDots[kMaxRows + 1] = {nullptr, row_dots<1>, row_dots<2>, row_dots<3>, row_dots<4>,
                                             row_dots<5>, row_dots<6>, row_dots<7>, row_dots<8>};
 
@@ -233,7 +243,7 @@ int qmatmul_f32(int qtype, const uint8_t* w, int64_t n, int64_t k, const float* 
     for (int64_t j = 0; j < n; ++j) {
         for (int64_t r0 = 0; r0 < m; r0 += kMaxRows) {
             const int64_t rows = m - r0 < kMaxRows ? m - r0 : kMaxRows;
-            kRowDots[rows](qtype, f, w + j * row_bytes, nblocks, x + r0 * ldx, ldx, y + r0 * n + j, n);
+            kRowDots[rows](qtype, w + j * row_bytes, nblocks, x + r0 * ldx, ldx, y + r0 * n + j, n);
         }
     }
     return 0;
