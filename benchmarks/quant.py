@@ -3,9 +3,10 @@
 file's own blocks (lib.qmatmul: the readable model and the fused decoder), and llama.cpp on the same file when
 the optional peer `llama-cpp-python` is installed.
 
-    python benchmarks/quant.py                 # batch 1 and batch 8, 32 new tokens, median of 3 (~3 min)
+    python benchmarks/quant.py                 # batch 1 and batch 8, 32 new tokens, best of 3 (~3 min quiet)
     python benchmarks/quant.py --quick         # fewer paths, tokens and repeats (~30 s): a smoke run
     python benchmarks/quant.py --matmul        # also the kernel vs float32 matmuls for 1..64 rows of x
+    python benchmarks/quant.py --threads 1     # one thread (on a shared, busy machine the fairer comparison)
 
 For each path: tok/s; its roofline (the measured bandwidth over the bytes of weights it reads per token) and the
 share of it reached; the ratio to the lab's F32 model and to llama.cpp; greedy agreement with the F32 model
@@ -28,7 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from decode import time_call, time_decode  # noqa: E402  (benchmarks/decode.py)
+from decode import time_call  # noqa: E402  (benchmarks/decode.py)
 
 PROMPTS = ["The history of the printing press begins",
            "def fibonacci(n):",
@@ -57,6 +58,24 @@ def llama_cpp_tok_s(path: str, prompt: str, n: int) -> float | None:
     out = llm(prompt, max_tokens=n, temperature=0.0)
     dt = time.perf_counter() - t0
     return out["usage"]["completion_tokens"] / dt
+
+
+def time_decodes(steps: dict, new_tokens: int, repeats: int) -> dict[str, float]:
+    """Seconds per decoded token of each `steps[name](k)` (generate k tokens): time(1 + n) - time(1), over n,
+    the best of `repeats`. The paths take turns within each repeat, so a load that comes and goes (other
+    processes on a shared machine) falls on all of them alike; the best sample is the least disturbed one."""
+    for step in steps.values():
+        step(1)  # warm-up
+    best = {name: float("inf") for name in steps}
+    for _ in range(repeats):
+        for name, step in steps.items():
+            t0 = time.perf_counter()
+            step(1)
+            t1 = time.perf_counter()
+            step(1 + new_tokens)
+            t2 = time.perf_counter()
+            best[name] = min(best[name], ((t2 - t1) - (t1 - t0)) / new_tokens)
+    return best
 
 
 def cpu_flags() -> str:
@@ -107,7 +126,8 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=None, help="default 32 (8 with --quick)")
     parser.add_argument("--repeats", type=int, default=None, help="default 3 (1 with --quick)")
     parser.add_argument("--ppl-tokens", type=int, default=None, help="default 1024 (128 with --quick)")
-    parser.add_argument("--quick", action="store_true", help="the lab's F32 and the GGUF paths only, few tokens")
+    parser.add_argument("--quick", action="store_true", help="F32 (lab, lib.fast) and the GGUF paths only, few tokens")
+    parser.add_argument("--threads", type=int, default=None, help="torch's (and the kernel's) threads")
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--matmul", action="store_true", help="also the kernel vs float32 matmuls, 1..64 rows")
     args = parser.parse_args()
@@ -125,6 +145,8 @@ def main() -> None:
     from lib.text import load_text, perplexity
 
     torch.manual_seed(0)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     backend = Q.backend()  # builds the kernel on first use
     built = time.perf_counter() - t0
@@ -138,9 +160,8 @@ def main() -> None:
     gguf_bytes = sum(b.numel() for _, b in blocks.values())  # every matmul weight, the tied head included
     types = sorted({f"{t}" for t, _ in blocks.values()})
 
-    paths_ = {"lab F32 (lib.model)": (model, n_w * 4)}
+    paths_ = {"lab F32 (lib.model)": (model, n_w * 4), "lib.fast F32": (FastLlama(model), n_w * 4)}
     if not args.quick:
-        paths_["lib.fast F32"] = (FastLlama(model), n_w * 4)
         paths_["int8 per channel (torch)"] = (quantize_linears(model, "int8"), n_w * (1 + 2 / 576))
         paths_["int4 g32 (torch, bf16 act.)"] = (quantize_linears(model, "int4", 32), n_w * 5 / 8)
     paths_["GGUF blocks, lib.model"] = (gguf_linears(model, blocks), gguf_bytes)
@@ -154,26 +175,28 @@ def main() -> None:
     bw = measure_bandwidth(256, repeats=5)
     ppl_ids = tok(load_text("hamlet"), return_tensors="pt").input_ids[0, :ppl_tokens]
     refs = [generate(model, p, new) for p in prompts]
+    steps = {name: (lambda k, m=m: generate(m, prompts[0], k)) for name, (m, _) in paths_.items()}
+    if hf is not None:
+        steps["transformers fp32 generate"] = lambda k: hf.generate(
+            prompts[0], max_new_tokens=k, min_new_tokens=k, do_sample=False, pad_token_id=tok.eos_token_id)
+    seconds = time_decodes(steps, new, repeats)
     rows = []
     for name, (m, nbytes) in paths_.items():
-        s = time_decode(lambda k, m=m: generate(m, prompts[0], k), new, repeats)
         agree = 0
         for p, ref in zip(prompts, refs):
             same = generate(m, p, new)[0, p.shape[1]:] == ref[0, p.shape[1]:]
             agree += int(same.int().cumprod(0).sum())
-        ppl = perplexity(m, ppl_ids, window=256, stride=128)
-        rows.append((name, 1 / s, bw / nbytes, nbytes, f"{agree}/{new * len(prompts)}", ppl))
+        ppl = f"{perplexity(m, ppl_ids, window=256, stride=128):.3f}"
+        rows.append((name, 1 / seconds[name], bw / nbytes, nbytes, f"{agree}/{new * len(prompts)}", ppl))
     if hf is not None:
-        def hf_step(k):
-            hf.generate(prompts[0], max_new_tokens=k, min_new_tokens=k, do_sample=False, pad_token_id=tok.eos_token_id)
-        s = time_decode(hf_step, new, repeats)
-        rows.append(("transformers fp32 generate", 1 / s, bw / (n_w * 4), n_w * 4, "-", float("nan")))
+        rows.append(("transformers fp32 generate", 1 / seconds["transformers fp32 generate"], bw / (n_w * 4),
+                     n_w * 4, "-", "-"))
     peer = llama_cpp_tok_s(str(paths.smollm2_path()), PROMPTS[0], new)
     if peer is not None:
-        rows.append(("llama.cpp, same Q4_1 file", peer, bw / gguf_bytes, gguf_bytes, "-", float("nan")))
+        rows.append(("llama.cpp, same Q4_1 file", peer, bw / gguf_bytes, gguf_bytes, "-", "-"))
 
     f32 = rows[0][1]
-    print(f"\nSmolLM2-135M, batch 1, {new} new tokens, median of {repeats}; bandwidth {bw / 1e9:.1f} GB/s "
+    print(f"\nSmolLM2-135M, batch 1, {new} new tokens, best of {repeats} (paths in turn); bandwidth {bw / 1e9:.1f} GB/s "
           f"(one-row fp32 F.linear, 256 MiB); GGUF blocks: {'+'.join(types)}, {gguf_bytes / 1e6:.1f} MB per token; "
           f"perplexity: Hamlet, first {ppl_ids.numel()} tokens")
     print(f"{'path':>28} {'tok/s':>7} {'MB/tok':>7} {'roofline':>9} {'share':>6} {'vs F32':>7} {'vs llama.cpp':>12} "
@@ -181,18 +204,15 @@ def main() -> None:
     for name, tok_s, roof, nbytes, agree, ppl in rows:
         vs_peer = f"{tok_s / peer:.2f}x" if peer else "-"
         print(f"{name:>28} {tok_s:>7.1f} {nbytes / 1e6:>7.1f} {roof:>9.0f} {tok_s / roof:>6.0%} {tok_s / f32:>6.2f}x "
-              f"{vs_peer:>12} {agree:>12} {ppl:>10.3f}")
+              f"{vs_peer:>12} {agree:>12} {ppl:>10}")
     if peer is None:
         print("llama.cpp: not installed (optional: pip install -e '.[llamacpp]', several minutes; platform-facts.md)")
 
-    print(f"\nBatch 8 (one prompt 8 times), {new} new tokens: decoded tokens per second, all rows")
+    print(f"\nBatch 8 (one prompt 8 times), {new} new tokens, best of {repeats}: decoded tokens per second, all rows")
     batch = prompts[0].repeat(8, 1)
-    b8 = {"lib.fast F32 (packed)": paths_.get("lib.fast F32", (None,))[0] or FastLlama(model),
-          "GGUF blocks, fused": paths_["GGUF blocks, fused"][0]}
-    b8_rows = {}
-    for name, m in b8.items():
-        s = time_decode(lambda k, m=m: generate(m, batch, k), new, repeats)
-        b8_rows[name] = 8 / s
+    b8 = {"lib.fast F32 (packed)": paths_["lib.fast F32"][0], "GGUF blocks, fused": paths_["GGUF blocks, fused"][0]}
+    b8_rows = {name: 8 / s for name, s in
+               time_decodes({n: (lambda k, m=m: generate(m, batch, k)) for n, m in b8.items()}, new, repeats).items()}
     base = b8_rows["lib.fast F32 (packed)"]
     for name, tok_s in b8_rows.items():
         print(f"{name:>28} {tok_s:>7.1f} tok/s  {tok_s / base:.2f}x")

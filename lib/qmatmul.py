@@ -25,8 +25,9 @@ CPU has them; about 3 s) and cached under `data/cache/qmatmul/`. Without a compi
 every call falls back to PyTorch (`lib.quant.dequantize` then `F.linear`: the same numbers, much slower) and a
 warning says so once. `LAB_QMATMUL=pytorch` forces the fallback.
 
-Types: Q8_0, Q4_0, Q4_1, Q4_K, Q6_K (the layouts are in lib/quant.py). SmolLM2's file holds Q4_1 linears and a
-Q8_0 token embedding, which is also its (tied) output layer.
+Types: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K (the layouts are in lib/quant.py); Q4_1 and Q8_0 have
+hand-written AVX-512 loops, the others the portable loop (vectorized by the compiler). SmolLM2's file holds Q4_1
+linears and a Q8_0 token embedding, which is also its (tied) output layer.
 """
 from __future__ import annotations
 
@@ -48,14 +49,14 @@ import torch.nn.functional as F
 from lib import paths
 from lib.quant import BLOCK_SIZES, dequantize
 
-QTYPES = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
-_CODES = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2, "Q4_K": 3, "Q6_K": 4}  # lib/csrc/qmatmul.cpp's enum QType
+QTYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")  # every type lib.quant decodes
+_CODES = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2, "Q4_K": 3, "Q6_K": 4, "Q5_0": 5, "Q5_1": 6, "Q5_K": 7}  # the C++ enum
 SOURCE = Path(__file__).resolve().parent / "csrc" / "qmatmul.cpp"
 CXXFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
 # Rows of x above which decoding the whole weight to float32 once and calling torch's matmul is faster than
-# the fused kernel (a prefill); measured with `benchmarks/quant.py --matmul` (the fused kernel decodes each
-# weight row once per 8 rows of x).
-FUSED_MAX_ROWS = 16
+# the fused kernel (a prefill), measured with `benchmarks/quant.py --matmul`: on SmolLM2's gate+up (Q4_1) the
+# two cross between 24 and 32 rows; on its output layer (Q8_0, 113 MB as float32) the fused kernel wins at 64.
+FUSED_MAX_ROWS = 32
 
 
 # --- the block dot product, to be read ---------------------------------------------------------------------

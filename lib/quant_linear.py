@@ -188,17 +188,26 @@ def read_gguf_blocks(path=None) -> dict[str, tuple[str, torch.Tensor]]:
     return out
 
 
-def quantize_blocks(model, qtype: str | dict[str, str]) -> dict[str, tuple[str, torch.Tensor]]:
-    """A float model's linears and LM head quantized by `lib.quant.quantize` to GGUF blocks of `qtype` (one type,
-    or a plan `name -> type` as `lib.quant.q4_k_m_plan` makes), in `read_gguf_blocks`'s form. This *is* a
-    requantization: use it for a model that has no file, not for SmolLM2's file."""
-    from lib.quant import quantize
+def quantize_blocks(model, qtype: str | dict[str, str], head_type: str = "Q8_0") -> dict[str, tuple[str, torch.Tensor]]:
+    """A float model's linears and LM head quantized by `lib.quant.quantize` to GGUF blocks, in
+    `read_gguf_blocks`'s form: one `qtype` for all, or a plan `name -> type` (as `lib.quant.q4_k_m_plan` makes,
+    the LM head then `head_type`), each stored as llama.cpp would (`lib.quant.storable_type`: a K-quant on rows
+    that are not a multiple of 256 falls back to Q5_0 / Q5_1 / Q8_0). This *is* a requantization: use it for a
+    model that has no file, not for SmolLM2's file."""
+    from lib.quant import quantize, storable_type
 
     head = "embed.weight" if model.lm_head is None else "lm_head.weight"
-    names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
-    plan = qtype if isinstance(qtype, dict) else {f"{n}.weight": qtype for n in names} | {head: qtype}
+    if isinstance(qtype, dict):
+        plan = {head: head_type} | qtype
+    else:
+        plan = {f"{n}.weight": qtype for n, m in model.named_modules() if isinstance(m, nn.Linear)} | {head: qtype}
     params = dict(model.named_parameters())
-    return {name: (t, torch.from_numpy(quantize(params[name].detach().float().cpu(), t))) for name, t in plan.items()}
+    out = {}
+    for name, t in plan.items():
+        w = params[name].detach().float().cpu()
+        t = storable_type(t, w.shape[1])
+        out[name] = (t, torch.from_numpy(quantize(w, t)))
+    return out
 
 
 def _matching(name: str, w: torch.Tensor, qtype: str, blocks: torch.Tensor) -> torch.Tensor:

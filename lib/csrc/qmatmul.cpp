@@ -19,8 +19,11 @@
 
 namespace {
 
-enum QType : int { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2, Q4_K = 3, Q6_K = 4 };
+enum QType : int { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2, Q4_K = 3, Q6_K = 4, Q5_0 = 5, Q5_1 = 6, Q5_K = 7 };
 constexpr int kMaxRows = 8;  // rows of x per pass over a weight row
+// Below this many weights a call runs on one thread: waking the others costs more than it saves (torch's own
+// grain size is 32768 elements), and far more on a busy machine, where a woken thread may wait for a core.
+constexpr int64_t kMinParallelWeights = 1 << 16;
 
 inline float half_to_float(const uint8_t* p) {
     uint16_t h;
@@ -72,23 +75,63 @@ inline void decode_q4_1(const uint8_t* b, float* w) {  // 20 bytes: d f16, m f16
     }
 }
 
+inline void decode_q5_0(const uint8_t* b, float* w) {  // 22 bytes: d f16, qh u32 (bit i: bit 4 of q[i]), nibbles
+    const float d = half_to_float(b);
+    uint32_t qh;
+    std::memcpy(&qh, b + 2, 4);
+    const uint8_t* qs = b + 6;
+    for (int i = 0; i < 16; ++i) {
+        w[i] = d * ((float)((qs[i] & 0x0F) | (((qh >> i) & 1) << 4)) - 16.0f);
+        w[i + 16] = d * ((float)((qs[i] >> 4) | (((qh >> (i + 16)) & 1) << 4)) - 16.0f);
+    }
+}
+
+inline void decode_q5_1(const uint8_t* b, float* w) {  // 24 bytes: d f16, m f16, qh u32, nibbles
+    const float d = half_to_float(b), m = half_to_float(b + 2);
+    uint32_t qh;
+    std::memcpy(&qh, b + 4, 4);
+    const uint8_t* qs = b + 8;
+    for (int i = 0; i < 16; ++i) {
+        w[i] = d * (float)((qs[i] & 0x0F) | (((qh >> i) & 1) << 4)) + m;
+        w[i + 16] = d * (float)((qs[i] >> 4) | (((qh >> (i + 16)) & 1) << 4)) + m;
+    }
+}
+
+// Q4_K and Q5_K: 8 six-bit scales and 8 six-bit mins packed in 12 bytes (lib/quant.py, _unpack_k_scales)
+inline void k_scale_min(const uint8_t* s, int j, int* sc, int* mn) {
+    if (j < 4) {
+        *sc = s[j] & 0x3F;
+        *mn = s[j + 4] & 0x3F;
+    } else {
+        *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+        *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
 __attribute__((noinline)) void decode_q4_k(const uint8_t* b, float* w) {  // 144 bytes -> 256 weights
     const float d = half_to_float(b), dmin = half_to_float(b + 2);
-    const uint8_t* s = b + 4;  // 8 six-bit scales and 8 six-bit mins in 12 bytes
     const uint8_t* qs = b + 16;
     for (int j = 0; j < 8; ++j) {
         int sc, mn;
-        if (j < 4) {
-            sc = s[j] & 0x3F;
-            mn = s[j + 4] & 0x3F;
-        } else {
-            sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
-            mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-        }
+        k_scale_min(b + 4, j, &sc, &mn);
         const float step = d * (float)sc, offset = dmin * (float)mn;
         const uint8_t* q = qs + 32 * (j / 2);  // sub-blocks 2i and 2i+1 share 32 bytes: low, high nibbles
         const int shift = (j & 1) ? 4 : 0;
         for (int i = 0; i < 32; ++i) w[32 * j + i] = step * (float)((q[i] >> shift) & 0x0F) - offset;
+    }
+}
+
+__attribute__((noinline)) void decode_q5_k(const uint8_t* b, float* w) {  // 176 bytes: as Q4_K + 32 B of 5th bits
+    const float d = half_to_float(b), dmin = half_to_float(b + 2);
+    const uint8_t *qh = b + 16, *qs = b + 48;
+    for (int j = 0; j < 8; ++j) {
+        int sc, mn;
+        k_scale_min(b + 4, j, &sc, &mn);
+        const float step = d * (float)sc, offset = dmin * (float)mn;
+        const uint8_t* q = qs + 32 * (j / 2);
+        const int shift = (j & 1) ? 4 : 0;
+        for (int i = 0; i < 32; ++i)
+            w[32 * j + i] = step * (float)(((q[i] >> shift) & 0x0F) | (((qh[i] >> j) & 1) << 4)) - offset;
     }
 }
 
@@ -125,6 +168,9 @@ inline bool format_of(int qtype, Format* f) {
         case Q4_1: *f = {32, 20, decode_q4_1}; return true;
         case Q4_K: *f = {256, 144, decode_q4_k}; return true;
         case Q6_K: *f = {256, 210, decode_q6_k}; return true;
+        case Q5_0: *f = {32, 22, decode_q5_0}; return true;
+        case Q5_1: *f = {32, 24, decode_q5_1}; return true;
+        case Q5_K: *f = {256, 176, decode_q5_k}; return true;
         default: return false;
     }
 }
@@ -210,6 +256,9 @@ void row_dots(int qtype, const uint8_t* wrow, int64_t nblocks, const float* x, i
         case Q4_0: return row_dots_generic<R, 32, 18, decode_q4_0>(wrow, nblocks, x, ldx, y, ldy);
         case Q4_K: return row_dots_generic<R, 256, 144, decode_q4_k>(wrow, nblocks, x, ldx, y, ldy);
         case Q6_K: return row_dots_generic<R, 256, 210, decode_q6_k>(wrow, nblocks, x, ldx, y, ldy);
+        case Q5_0: return row_dots_generic<R, 32, 22, decode_q5_0>(wrow, nblocks, x, ldx, y, ldy);
+        case Q5_1: return row_dots_generic<R, 32, 24, decode_q5_1>(wrow, nblocks, x, ldx, y, ldy);
+        case Q5_K: return row_dots_generic<R, 256, 176, decode_q5_k>(wrow, nblocks, x, ldx, y, ldy);
     }
 }
 
@@ -239,7 +288,7 @@ int qmatmul_f32(int qtype, const uint8_t* w, int64_t n, int64_t k, const float* 
     Format f;
     if (!format_of(qtype, &f)) return -1;
     const int64_t nblocks = k / f.block, row_bytes = nblocks * f.bytes;
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(static) num_threads(threads) if (n * k >= kMinParallelWeights)
     for (int64_t j = 0; j < n; ++j) {
         for (int64_t r0 = 0; r0 < m; r0 += kMaxRows) {
             const int64_t rows = m - r0 < kMaxRows ? m - r0 : kMaxRows;
@@ -254,7 +303,7 @@ int dequantize_f32(int qtype, const uint8_t* w, int64_t n, int64_t k, float* out
     Format f;
     if (!format_of(qtype, &f)) return -1;
     const int64_t nblocks = k / f.block, row_bytes = nblocks * f.bytes;
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(static) num_threads(threads) if (n * k >= kMinParallelWeights)
     for (int64_t j = 0; j < n; ++j)
         for (int64_t blk = 0; blk < nblocks; ++blk) f.decode(w + j * row_bytes + blk * f.bytes, out + j * k + blk * f.block);
     return 0;
