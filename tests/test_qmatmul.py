@@ -58,7 +58,8 @@ def _fresh_kernel_choice():
 
 @pytest.mark.parametrize("qtype", Q.QTYPES)
 def test_kernel_equals_the_reference_on_random_blocks(qtype):
-    assert Q.backend().startswith("C++"), "the C++ kernel should build on this machine (it has a compiler)"
+    if Q._compiler() is not None:  # with a compiler the kernel must build; without one this tests the fallback
+        assert Q.backend().startswith("C++"), "the C++ kernel did not build, though this machine has a compiler"
     block, _ = BLOCK_SIZES[qtype]
     cases = [(1, 1, 1), (7, 3, 1), (33, 2, 2), (97, 5, 3), (16, 1, 4), (5, 4, 5), (64, 2, 6), (3, 3, 7),
              (31, 2, 8), (9, 2, 11), (6, 1, Q.FUSED_MAX_ROWS + 4)]  # (out, blocks per row, rows of x)
