@@ -1,16 +1,25 @@
-"""Batch-1 decode speed of SmolLM2-135M with quantized weights: the lab's F32 path vs its int8 and int4
-weight-only paths (torch's CPU kernels, lib.quant_linear), against the roofline for each; llama.cpp on the same
-GGUF file when the optional peer `llama-cpp-python` is installed.
+"""Decode speed of SmolLM2-135M with quantized weights, every path side by side in one run: the lab's F32 model
+(the fp32-from-Q4_1 reference), lib.fast, transformers, torch's int8/int4 kernels (lib.quant_linear), the GGUF
+file's own blocks (lib.qmatmul: the readable model and the fused decoder), and llama.cpp on the same file when
+the optional peer `llama-cpp-python` is installed.
 
-    python benchmarks/quant.py [--new-tokens 32] [--repeats 3]
+    python benchmarks/quant.py                 # batch 1 and batch 8, 32 new tokens, best of 3 (~3 min quiet)
+    python benchmarks/quant.py --quick         # fewer paths, tokens and repeats (~30 s): a smoke run
+    python benchmarks/quant.py --matmul        # also the kernel vs float32 matmuls for 1..64 rows of x
+    python benchmarks/quant.py --threads 1     # one thread (on a shared, busy machine the fairer comparison)
 
-Every figure comes from this run, side by side; a busy machine lowers all of them, so compare the ratios.
-Not a test: timing never decides pass or fail. The goal (issue: week 20) is quantized decode >= 2.5x the F32
-decode, and >= llama.cpp's Q4_1 decode on this CPU.
+For each path: tok/s; its roofline (the measured bandwidth over the bytes of weights it reads per token) and the
+share of it reached; the ratio to the lab's F32 model and to llama.cpp; greedy agreement with the F32 model
+(tokens equal before the first difference, summed over the prompts); perplexity on the first tokens of Hamlet
+(lib.text). Every figure comes from this run; a busy machine lowers all of them, so compare the ratios, and read
+the load average printed with them. Not a test: timing never decides pass or fail (tests/test_qmatmul.py proves
+the kernel exact). Goal (issue 22): the Q4_1 path >= llama.cpp on the same file, and a quantized batch-8 decode
+faster than the float32 one.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -20,7 +29,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from decode import time_decode  # noqa: E402  (benchmarks/decode.py: median seconds per decoded token)
+from decode import time_call  # noqa: E402  (benchmarks/decode.py)
+
+PROMPTS = ["The history of the printing press begins",
+           "def fibonacci(n):",
+           "Photosynthesis is the process by which"]
+CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile")
 
 
 def llama_cpp_tok_s(path: str, prompt: str, n: int) -> float | None:
@@ -46,53 +60,165 @@ def llama_cpp_tok_s(path: str, prompt: str, n: int) -> float | None:
     return out["usage"]["completion_tokens"] / dt
 
 
+def time_decodes(steps: dict, new_tokens: int, repeats: int) -> dict[str, float]:
+    """Seconds per decoded token of each `steps[name](k)` (generate k tokens): time(1 + n) - time(1), over n,
+    the best of `repeats`. The paths take turns within each repeat, so a load that comes and goes (other
+    processes on a shared machine) falls on all of them alike; the best sample is the least disturbed one."""
+    for step in steps.values():
+        step(1)  # warm-up
+    best = {name: float("inf") for name in steps}
+    for _ in range(repeats):
+        for name, step in steps.items():
+            t0 = time.perf_counter()
+            step(1)
+            t1 = time.perf_counter()
+            step(1 + new_tokens)
+            t2 = time.perf_counter()
+            best[name] = min(best[name], ((t2 - t1) - (t1 - t0)) / new_tokens)
+    return best
+
+
+def cpu_flags() -> str:
+    try:
+        line = next(x for x in Path("/proc/cpuinfo").read_text().splitlines() if x.startswith("flags"))
+    except (OSError, StopIteration):
+        return "unknown"
+    have = set(line.split(":", 1)[1].split())
+    return " ".join(f for f in CPU_FLAGS if f in have) or "none of " + " ".join(CPU_FLAGS)
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def matmul_table(blocks, repeats: int) -> None:
+    """The kernel against float32 matmuls (plain and oneDNN-packed) on SmolLM2's gate-up and output shapes."""
+    from lib import qmatmul as Q
+    from lib.fast import pack_weight, packed_linear
+
+    print("\n--- matmul: ms per call, by rows of x (the kernel is fused up to FUSED_MAX_ROWS "
+          f"= {Q.FUSED_MAX_ROWS}, then decodes the weight once and calls torch) ---")
+    shapes = {"gate+up (Q4_1) 3072x576": ("Q4_1", torch.cat([blocks["layers.0.mlp.gate_proj.weight"][1],
+                                                              blocks["layers.0.mlp.up_proj.weight"][1]])),
+              "LM head (Q8_0) 49152x576": blocks["embed.weight"]}
+    for name, (qtype, b) in shapes.items():
+        w = Q.dequantize_blocks(b, qtype)
+        wp = pack_weight(w)
+        print(f"{name}:  rows | F.linear fp32 | packed fp32 | fused kernel | decode + F.linear")
+        for rows in (1, 2, 4, 8, 16, 32, 64):
+            x = torch.randn(rows, w.shape[1])
+            lin = time_call(lambda: torch.nn.functional.linear(x, w), repeats, x.device)
+            pk = time_call(lambda: packed_linear(x, wp), repeats, x.device)
+            lib = Q._load()
+            fused = float("nan")
+            if lib is not None:
+                y = torch.empty(rows, w.shape[0])
+                fused = time_call(lambda: lib.qmatmul_f32(Q._CODES[qtype], b.data_ptr(), w.shape[0], w.shape[1],
+                                                          x.data_ptr(), rows, w.shape[1], y.data_ptr(),
+                                                          torch.get_num_threads()), repeats, x.device)
+            deq = time_call(lambda: torch.nn.functional.linear(x, Q.dequantize_blocks(b, qtype)), repeats, x.device)
+            print(f"{'':>26}{rows:>4} | {lin * 1e3:>13.2f} | {pk * 1e3:>11.2f} | {fused * 1e3:>12.2f} | "
+                  f"{deq * 1e3:>8.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--quick", action="store_true", help="a smoke run in seconds: 4 new tokens, 1 repeat")
+    parser.add_argument("--new-tokens", type=int, default=None, help="default 32 (8 with --quick)")
+    parser.add_argument("--repeats", type=int, default=None, help="default 3 (1 with --quick)")
+    parser.add_argument("--ppl-tokens", type=int, default=None, help="default 1024 (128 with --quick)")
+    parser.add_argument("--quick", action="store_true", help="F32 (lab, lib.fast) and the GGUF paths only, few tokens")
+    parser.add_argument("--threads", type=int, default=None, help="torch's (and the kernel's) threads")
+    parser.add_argument("--skip-transformers", action="store_true")
+    parser.add_argument("--matmul", action="store_true", help="also the kernel vs float32 matmuls, 1..64 rows")
     args = parser.parse_args()
-    if args.quick:
-        args.new_tokens, args.repeats = 4, 1
+    new = args.new_tokens or (8 if args.quick else 32)
+    repeats = args.repeats or (1 if args.quick else 3)
+    ppl_tokens = args.ppl_tokens or (128 if args.quick else 1024)
 
     from lib import paths
+    from lib import qmatmul as Q
+    from lib.fast import FastLlama
     from lib.generate import generate
     from lib.model import load_smollm2
-    from lib.quant_linear import quantize_linears
+    from lib.quant_linear import GGUFFastLlama, gguf_linears, quantize_linears, read_gguf_blocks
     from lib.roofline import matmul_params, measure_bandwidth
+    from lib.text import load_text, perplexity
 
     torch.manual_seed(0)
-    print(f"torch {torch.__version__} | threads: {torch.get_num_threads()} (CPU kernels)")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    backend = Q.backend()  # builds the kernel on first use
+    built = time.perf_counter() - t0
+    print(f"torch {torch.__version__} | threads {torch.get_num_threads()} | qmatmul: {backend} "
+          f"(ready in {built:.1f} s: a first build compiles, later runs load the cached library)")
+    print(f"CPU flags: {cpu_flags()} | load average at start: {load_average()}")
     model, tok = load_smollm2(device="cpu")
-    text = "The history of the printing press begins"
-    prompt = tok(text, return_tensors="pt").input_ids
+    blocks = read_gguf_blocks()
+    prompts = [tok(p, return_tensors="pt").input_ids for p in PROMPTS[:1 if args.quick else None]]
     n_w = matmul_params(model)
-    variants = {  # name: (model, bits per weight read)
-        "F32": (model, 32.0),
-        "int8 (per channel)": (quantize_linears(model, "int8"), 8.0 + 16 / 576),
-        "int4 g32, int8 head": (quantize_linears(model, "int4", 32, lm_head="int8"), None),
-        "int4 g32": (quantize_linears(model, "int4", 32), 4.0 + 32 / 32),
-    }
-    head = model.embed.weight.numel()
-    variants["int4 g32, int8 head"] = (variants["int4 g32, int8 head"][0], ((n_w - head) * 5.0 + head * 8.03) / n_w)
+    gguf_bytes = sum(b.numel() for _, b in blocks.values())  # every matmul weight, the tied head included
+    types = sorted({f"{t}" for t, _ in blocks.values()})
+
+    paths_ = {"lab F32 (lib.model)": (model, n_w * 4), "lib.fast F32": (FastLlama(model), n_w * 4)}
+    if not args.quick:
+        paths_["int8 per channel (torch)"] = (quantize_linears(model, "int8"), n_w * (1 + 2 / 576))
+        paths_["int4 g32 (torch, bf16 act.)"] = (quantize_linears(model, "int4", 32), n_w * 5 / 8)
+    paths_["GGUF blocks, lib.model"] = (gguf_linears(model, blocks), gguf_bytes)
+    paths_["GGUF blocks, fused"] = (GGUFFastLlama(model, blocks), gguf_bytes)
+
+    hf = None
+    if not (args.quick or args.skip_transformers):
+        from transformers import AutoModelForCausalLM
+        hf = AutoModelForCausalLM.from_pretrained(str(paths.MODELS_DIR), gguf_file=paths.SMOLLM2_FILE).eval()
+
     bw = measure_bandwidth(256, repeats=5)
-    ref_ids = generate(model, prompt, args.new_tokens)
+    ppl_ids = tok(load_text("hamlet"), return_tensors="pt").input_ids[0, :ppl_tokens]
+    refs = [generate(model, p, new) for p in prompts]
+    steps = {name: (lambda k, m=m: generate(m, prompts[0], k)) for name, (m, _) in paths_.items()}
+    if hf is not None:
+        steps["transformers fp32 generate"] = lambda k: hf.generate(
+            prompts[0], max_new_tokens=k, min_new_tokens=k, do_sample=False, pad_token_id=tok.eos_token_id)
+    seconds = time_decodes(steps, new, repeats)
     rows = []
-    for name, (m, bpw) in variants.items():
-        s = time_decode(lambda k, m=m: generate(m, prompt, k), args.new_tokens, args.repeats)
-        ids = generate(m, prompt, args.new_tokens)
-        agree = int((ids[0, prompt.shape[1]:] == ref_ids[0, prompt.shape[1]:]).int().cumprod(0).sum())
-        rows.append((name, 1 / s, bw / (n_w * bpw / 8), agree))
+    for name, (m, nbytes) in paths_.items():
+        agree = 0
+        for p, ref in zip(prompts, refs):
+            same = generate(m, p, new)[0, p.shape[1]:] == ref[0, p.shape[1]:]
+            agree += int(same.int().cumprod(0).sum())
+        ppl = f"{perplexity(m, ppl_ids, window=256, stride=128):.3f}"
+        rows.append((name, 1 / seconds[name], bw / nbytes, nbytes, f"{agree}/{new * len(prompts)}", ppl))
+    if hf is not None:
+        rows.append(("transformers fp32 generate", 1 / seconds["transformers fp32 generate"], bw / (n_w * 4),
+                     n_w * 4, "-", "-"))
+    peer = llama_cpp_tok_s(str(paths.smollm2_path()), PROMPTS[0], new)
+    if peer is not None:
+        rows.append(("llama.cpp, same Q4_1 file", peer, bw / gguf_bytes, gguf_bytes, "-", "-"))
+
     f32 = rows[0][1]
-    print(f"\nSmolLM2-135M, batch 1, {args.new_tokens} new tokens, median of {args.repeats}; bandwidth {bw / 1e9:.1f} GB/s")
-    print(f"{'path':>22} {'tok/s':>8} {'vs F32':>7} {'roofline tok/s':>15} {'greedy tokens = F32':>20}")
-    for name, tok_s, roof, agree in rows:
-        print(f"{name:>22} {tok_s:>8.1f} {tok_s / f32:>6.2f}x {roof:>15.0f} {agree:>14}/{args.new_tokens}")
-    peer = llama_cpp_tok_s(str(paths.smollm2_path()), text, args.new_tokens)
+    print(f"\nSmolLM2-135M, batch 1, {new} new tokens, best of {repeats} (paths in turn); bandwidth {bw / 1e9:.1f} GB/s "
+          f"(one-row fp32 F.linear, 256 MiB); GGUF blocks: {'+'.join(types)}, {gguf_bytes / 1e6:.1f} MB per token; "
+          f"perplexity: Hamlet, first {ppl_ids.numel()} tokens")
+    print(f"{'path':>28} {'tok/s':>7} {'MB/tok':>7} {'roofline':>9} {'share':>6} {'vs F32':>7} {'vs llama.cpp':>12} "
+          f"{'greedy = F32':>12} {'perplexity':>10}")
+    for name, tok_s, roof, nbytes, agree, ppl in rows:
+        vs_peer = f"{tok_s / peer:.2f}x" if peer else "-"
+        print(f"{name:>28} {tok_s:>7.1f} {nbytes / 1e6:>7.1f} {roof:>9.0f} {tok_s / roof:>6.0%} {tok_s / f32:>6.2f}x "
+              f"{vs_peer:>12} {agree:>12} {ppl:>10}")
     if peer is None:
-        print("llama.cpp: not installed (optional: pip install llama-cpp-python; see platform-facts.md)")
-    else:
-        print(f"{'llama.cpp Q4_1':>22} {peer:>8.1f} {peer / f32:>6.2f}x")
+        print("llama.cpp: not installed (optional: pip install -e '.[llamacpp]', several minutes; platform-facts.md)")
+
+    print(f"\nBatch 8 (one prompt 8 times), {new} new tokens, best of {repeats}: decoded tokens per second, all rows")
+    batch = prompts[0].repeat(8, 1)
+    b8 = {"lib.fast F32 (packed)": paths_["lib.fast F32"][0], "GGUF blocks, fused": paths_["GGUF blocks, fused"][0]}
+    b8_rows = {name: 8 / s for name, s in
+               time_decodes({n: (lambda k, m=m: generate(m, batch, k)) for n, m in b8.items()}, new, repeats).items()}
+    base = b8_rows["lib.fast F32 (packed)"]
+    for name, tok_s in b8_rows.items():
+        print(f"{name:>28} {tok_s:>7.1f} tok/s  {tok_s / base:.2f}x")
+    if args.matmul:
+        matmul_table(blocks, max(repeats, 5))
+    print(f"\nload average at end: {load_average()}")
 
 
 if __name__ == "__main__":

@@ -11,13 +11,33 @@ Both kernels want bfloat16 activations (with float32 ones they are 4-15x slower;
 module casts `x` to bf16 and the result back to `x`'s dtype. Weights are read as 1 or ~0.5 byte each
 instead of 4, which is what a memory-bound decode step is waiting for. CPU only (other devices: use the
 float path).
+
+The file's own blocks (lib.qmatmul), with no requantization: the model is exactly the file's model.
+
+    qmodel = gguf_linears(model)                   # a copy: linears and the tied LM head multiply the GGUF blocks
+    qfast = GGUFFastLlama(model)                   # lib.fast's fused decoder on the same blocks (fastest)
+    qmodel = gguf_linears(model, quantize_blocks(model, "Q4_K"))   # any float model, quantized by lib.quant
+
+- `GGUFLinear`: holds a weight as GGUF blocks (uint8 `[out, bytes per row]`) and multiplies through
+  `lib.qmatmul.qmatmul` (float32 activations, the weights decoded in registers).
+- `read_gguf_blocks(path)`: every matmul weight of a llama GGUF file as `(type, blocks)` under the lab's
+  parameter names (Q and K rows put in the lab's RoPE order, as `lib.model.read_gguf_llama` does; a row of
+  blocks moves as a whole, so this reorders bytes and changes no value). The LM head of a tied model is
+  `token_embd` (Q8_0 in SmolLM2's file).
 """
 from __future__ import annotations
 
 import copy
+import os
 
+import numpy as np
 import torch
 import torch.nn as nn
+
+from lib import paths
+from lib.fast import FastLlama
+from lib.qmatmul import _check as _check_blocks
+from lib.qmatmul import dequantize_blocks, qmatmul
 
 
 class Int8Linear(nn.Module):
@@ -94,3 +114,165 @@ def quantize_linears(model, kind: str, group_size: int = 32, lm_head: str | None
         head = model.embed.weight if model.lm_head is None else model.lm_head.weight
         other.lm_head = (make if lm_head == "same" else _maker(lm_head, group_size))(head)
     return other.eval()
+
+
+# --- the GGUF file's own blocks (lib.qmatmul) ----------------------------------------------------------------
+
+class GGUFLinear(nn.Module):
+    """y = x Wᵀ with W kept as GGUF blocks `[out, in / block · bytes]` (uint8) of type `qtype`; x float32."""
+
+    def __init__(self, blocks: torch.Tensor, qtype: str):
+        super().__init__()
+        self.out_features, self.in_features = _check_blocks(blocks, qtype, None)
+        self.register_buffer("blocks", blocks)
+        self.qtype = qtype
+        self._fallback: dict = {}  # the float32 weight, only where the kernel cannot run (GPU, no compiler)
+
+    def dequantized(self) -> torch.Tensor:
+        return dequantize_blocks(self.blocks, self.qtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return qmatmul(x, self.blocks, self.qtype, self._fallback)
+
+    def _apply(self, fn, recurse=True):  # .to(device) moves the blocks: a cached float weight is stale
+        self._fallback = {}
+        return super()._apply(fn, recurse)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, qtype={self.qtype}"
+
+
+def read_gguf_blocks(path=None) -> dict[str, tuple[str, torch.Tensor]]:
+    """Every matmul weight of a llama GGUF file (default: SmolLM2's) as `name -> (type, blocks uint8 [out,
+    bytes])`, named as `lib.model.LlamaModel`'s parameters (`embed.weight` is the token embedding, which a tied
+    model also uses as its LM head). Raises ValueError for a type `lib.qmatmul` cannot multiply. SmolLM2's blocks
+    are kept in data/cache after the first read (the file is checked by `lib.fetch.check_smollm2` then)."""
+    if path is None:  # SmolLM2's file: parsing its metadata takes seconds, so keep the blocks in the cache
+        cached = paths.CACHE_DIR / f"smollm2-135m-q4_1-{paths.SMOLLM2_SHA256[:12]}-blocks-v1.pt"
+        if cached.is_file():
+            return torch.load(cached, weights_only=True)
+        from lib.fetch import check_smollm2
+
+        out = read_gguf_blocks(check_smollm2())
+        paths.CACHE_DIR.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_name(f"{cached.name}.{os.getpid()}.part")  # written whole, then renamed
+        torch.save(out, tmp)
+        tmp.replace(cached)
+        return out
+    import gguf
+
+    from lib.model import _GGUF_NAMES, _unpermute_rope_rows
+    from lib.qmatmul import QTYPES
+
+    reader = gguf.GGUFReader(path)
+    heads = {k: int(reader.fields[f"llama.attention.{k}"].contents()) for k in ("head_count", "head_count_kv")}
+    ours = {"token_embd.weight": "embed.weight", "output.weight": "lm_head.weight"}
+    out = {}
+    for t in reader.tensors:
+        parts = t.name.split(".")
+        if t.name in ours:
+            name = ours[t.name]
+        elif parts[0] == "blk" and parts[2] in _GGUF_NAMES and "norm" not in parts[2]:
+            name = f"layers.{parts[1]}.{_GGUF_NAMES[parts[2]]}.weight"
+        else:
+            continue
+        qtype = t.tensor_type.name
+        if qtype not in QTYPES:
+            raise ValueError(f"{t.name} is {qtype}: lib.qmatmul multiplies {', '.join(QTYPES)}")
+        rows = np.array(t.data, dtype=np.uint8, copy=True)  # [out, bytes per row]
+        if parts[-2] == "attn_q":
+            rows = _unpermute_rope_rows(rows, heads["head_count"])
+        elif parts[-2] == "attn_k":
+            rows = _unpermute_rope_rows(rows, heads["head_count_kv"])
+        out[name] = (qtype, torch.from_numpy(np.ascontiguousarray(rows)))
+    return out
+
+
+def quantize_blocks(model, qtype: str | dict[str, str], head_type: str = "Q8_0") -> dict[str, tuple[str, torch.Tensor]]:
+    """A float model's linears and LM head quantized by `lib.quant.quantize` to GGUF blocks, in
+    `read_gguf_blocks`'s form: one `qtype` for all, or a plan `name -> type` (as `lib.quant.q4_k_m_plan` makes,
+    the LM head then `head_type`), each stored as llama.cpp would (`lib.quant.storable_type`: a K-quant on rows
+    that are not a multiple of 256 falls back to Q5_0 / Q5_1 / Q8_0). This *is* a requantization: use it for a
+    model that has no file, not for SmolLM2's file."""
+    from lib.quant import quantize, storable_type
+
+    head = "embed.weight" if model.lm_head is None else "lm_head.weight"
+    if isinstance(qtype, dict):
+        plan = {head: head_type} | qtype
+    else:
+        plan = {f"{n}.weight": qtype for n, m in model.named_modules() if isinstance(m, nn.Linear)} | {head: qtype}
+    params = dict(model.named_parameters())
+    out = {}
+    for name, t in plan.items():
+        w = params[name].detach().float().cpu()
+        t = storable_type(t, w.shape[1])
+        out[name] = (t, torch.from_numpy(quantize(w, t)))
+    return out
+
+
+def _matching(name: str, w: torch.Tensor, qtype: str, blocks: torch.Tensor) -> torch.Tensor:
+    """`blocks` on `w`'s device, after checking they hold `w` (first row, exactly): a different model or file
+    would otherwise give wrong answers silently."""
+    n, k = _check_blocks(blocks, qtype, None)
+    if (n, k) != tuple(w.shape):
+        raise ValueError(f"{name}: the blocks hold a [{n}, {k}] weight, the model's is {list(w.shape)}")
+    first = dequantize_blocks(blocks[:1].cpu(), qtype)[0]
+    if w.device.type != "meta" and not torch.equal(first, w[0].detach().float().cpu()):
+        raise ValueError(f"{name}: the {qtype} blocks do not decode to the model's weights (another model or "
+                         f"file?); quantize this model's own weights with quantize_blocks(model, ...)")
+    return blocks.to(w.device)
+
+
+def gguf_linears(model, blocks: dict[str, tuple[str, torch.Tensor]] | None = None):
+    """A copy of `model` (a `lib.model.LlamaModel`, float32) whose linears and LM head are `GGUFLinear`s on
+    `blocks` (default: `read_gguf_blocks()`, SmolLM2's file); embeddings and norms are shared with `model`, which
+    is left unchanged. The blocks must decode to the model's weights (checked on each first row)."""
+    blocks = read_gguf_blocks() if blocks is None else blocks
+    memo = {id(p): p for p in model.parameters()}
+    other = copy.deepcopy(model, memo)
+    for name, mod in list(other.named_modules()):
+        for child_name, child in list(mod.named_children()):
+            if isinstance(child, nn.Linear):
+                key = f"{name}.{child_name}.weight" if name else f"{child_name}.weight"
+                qtype, b = blocks[key]
+                setattr(mod, child_name, GGUFLinear(_matching(key, child.weight, qtype, b), qtype))
+    if model.lm_head is None:  # tied: the output layer multiplies the token embedding's blocks
+        qtype, b = blocks["embed.weight"]
+        other.lm_head = GGUFLinear(_matching("embed.weight", model.embed.weight, qtype, b), qtype)
+    return other.eval()
+
+
+class GGUFFastLlama(FastLlama):
+    """`lib.fast.FastLlama` (one QKV and one gate-up matmul per layer, no per-step setup) multiplying GGUF
+    blocks: the fused matrices are the blocks' rows stacked (a row of blocks is self-contained), the LM head is
+    the token embedding's blocks. Same call contract as the model; float32 activations."""
+
+    def __init__(self, model, blocks: dict[str, tuple[str, torch.Tensor]] | None = None):
+        blocks = read_gguf_blocks() if blocks is None else blocks
+        super().__init__(model, dtype=torch.float32, packed=False)
+        params = dict(model.named_parameters())
+
+        def weight(*names):  # [(type, blocks, fallback cache)]: consecutive parts of one type stacked
+            parts: list[tuple[str, torch.Tensor, dict]] = []
+            for n in names:
+                qtype, b = blocks[n]
+                b = _matching(n, params[n], qtype, b)
+                if parts and parts[-1][0] == qtype:
+                    parts[-1] = (qtype, torch.cat([parts[-1][1], b]), {})
+                else:
+                    parts.append((qtype, b, {}))
+            return parts
+
+        head = "embed.weight" if model.lm_head is None else "lm_head.weight"
+        self.lm_head = weight(head)
+        for i, lw in enumerate(self.layers):
+            p = f"layers.{i}."
+            lw.update(wqkv=weight(*(f"{p}attn.{x}_proj.weight" for x in "qkv")), wo=weight(f"{p}attn.o_proj.weight"),
+                      w_gate_up=weight(f"{p}mlp.gate_proj.weight", f"{p}mlp.up_proj.weight"),
+                      w_down=weight(f"{p}mlp.down_proj.weight"))
+        self._linear = self._multiply
+
+    @staticmethod
+    def _multiply(x: torch.Tensor, parts: list[tuple[str, torch.Tensor, dict]]) -> torch.Tensor:
+        ys = [qmatmul(x, b, qtype, cache) for qtype, b, cache in parts]
+        return ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)

@@ -1,0 +1,312 @@
+// y = x · Wᵀ with W stored in GGUF blocks, read as they lie in the file (lib/qmatmul.py builds and loads this).
+//
+// Each weight is decoded to float32 exactly as the dequantizer writes it (lib/quant.py: d·q + m for Q4_1, one
+// rounding per operation, no fused multiply-add), in registers, and multiplied with float32 activations: the
+// result is x · dequantize(W)ᵀ up to the order of the float32 sum. Activations are never quantized.
+//
+// Work split: output rows over threads (OpenMP: the same libgomp torch has loaded, so torch.set_num_threads
+// applies); each weight row is decoded once for up to 8 rows of x (decode, a verify step, a batch), which is
+// what makes 2-8 rows cost about one.
+//
+// Built with -march=native: AVX-512 or AVX2 (+F16C, FMA) when this CPU has them, plain C++ otherwise. The
+// portable loops below are the kernel; the AVX-512 path does the same arithmetic 16 lanes at a time.
+#include <cstdint>
+#include <cstring>
+#include <omp.h>
+#if defined(__AVX512F__) || defined(__AVX2__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+enum QType : int { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2, Q4_K = 3, Q6_K = 4, Q5_0 = 5, Q5_1 = 6, Q5_K = 7 };
+constexpr int kMaxRows = 8;  // rows of x per pass over a weight row
+// Below this many weights a call runs on one thread: waking the others costs more than it saves (torch's own
+// grain size is 32768 elements), and far more on a busy machine, where a woken thread may wait for a core.
+constexpr int64_t kMinParallelWeights = 1 << 16;
+
+inline float half_to_float(const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
+    if (exp == 0x1F) {
+        bits = sign | 0x7F800000u | (man << 13);  // inf / nan
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);  // normal: rebias 15 -> 127
+    } else if (man == 0) {
+        bits = sign;  // zero
+    } else {  // subnormal: normalise
+        int e = -1;
+        do { man <<= 1; ++e; } while (!(man & 0x400));
+        bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3FF) << 13);
+    }
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+#endif
+}
+
+// --- one block -> float32 weights, as lib/quant.py's dequantizers compute them ------------------------------
+
+inline void decode_q8_0(const uint8_t* b, float* w) {  // 34 bytes: d f16, 32 x int8
+    const float d = half_to_float(b);
+    const int8_t* q = reinterpret_cast<const int8_t*>(b + 2);
+    for (int i = 0; i < 32; ++i) w[i] = d * (float)q[i];
+}
+
+inline void decode_q4_0(const uint8_t* b, float* w) {  // 18 bytes: d f16, 16 bytes of nibbles
+    const float d = half_to_float(b);
+    const uint8_t* qs = b + 2;
+    for (int i = 0; i < 16; ++i) {
+        w[i] = d * ((float)(qs[i] & 0x0F) - 8.0f);
+        w[i + 16] = d * ((float)(qs[i] >> 4) - 8.0f);
+    }
+}
+
+inline void decode_q4_1(const uint8_t* b, float* w) {  // 20 bytes: d f16, m f16, 16 bytes of nibbles
+    const float d = half_to_float(b), m = half_to_float(b + 2);
+    const uint8_t* qs = b + 4;
+    for (int i = 0; i < 16; ++i) {
+        w[i] = d * (float)(qs[i] & 0x0F) + m;
+        w[i + 16] = d * (float)(qs[i] >> 4) + m;
+    }
+}
+
+inline void decode_q5_0(const uint8_t* b, float* w) {  // 22 bytes: d f16, qh u32 (bit i: bit 4 of q[i]), nibbles
+    const float d = half_to_float(b);
+    uint32_t qh;
+    std::memcpy(&qh, b + 2, 4);
+    const uint8_t* qs = b + 6;
+    for (int i = 0; i < 16; ++i) {
+        w[i] = d * ((float)((qs[i] & 0x0F) | (((qh >> i) & 1) << 4)) - 16.0f);
+        w[i + 16] = d * ((float)((qs[i] >> 4) | (((qh >> (i + 16)) & 1) << 4)) - 16.0f);
+    }
+}
+
+inline void decode_q5_1(const uint8_t* b, float* w) {  // 24 bytes: d f16, m f16, qh u32, nibbles
+    const float d = half_to_float(b), m = half_to_float(b + 2);
+    uint32_t qh;
+    std::memcpy(&qh, b + 4, 4);
+    const uint8_t* qs = b + 8;
+    for (int i = 0; i < 16; ++i) {
+        w[i] = d * (float)((qs[i] & 0x0F) | (((qh >> i) & 1) << 4)) + m;
+        w[i + 16] = d * (float)((qs[i] >> 4) | (((qh >> (i + 16)) & 1) << 4)) + m;
+    }
+}
+
+// Q4_K and Q5_K: 8 six-bit scales and 8 six-bit mins packed in 12 bytes (lib/quant.py, _unpack_k_scales)
+inline void k_scale_min(const uint8_t* s, int j, int* sc, int* mn) {
+    if (j < 4) {
+        *sc = s[j] & 0x3F;
+        *mn = s[j + 4] & 0x3F;
+    } else {
+        *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+        *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+__attribute__((noinline)) void decode_q4_k(const uint8_t* b, float* w) {  // 144 bytes -> 256 weights
+    const float d = half_to_float(b), dmin = half_to_float(b + 2);
+    const uint8_t* qs = b + 16;
+    for (int j = 0; j < 8; ++j) {
+        int sc, mn;
+        k_scale_min(b + 4, j, &sc, &mn);
+        const float step = d * (float)sc, offset = dmin * (float)mn;
+        const uint8_t* q = qs + 32 * (j / 2);  // sub-blocks 2i and 2i+1 share 32 bytes: low, high nibbles
+        const int shift = (j & 1) ? 4 : 0;
+        for (int i = 0; i < 32; ++i) w[32 * j + i] = step * (float)((q[i] >> shift) & 0x0F) - offset;
+    }
+}
+
+__attribute__((noinline)) void decode_q5_k(const uint8_t* b, float* w) {  // 176 bytes: as Q4_K + 32 B of 5th bits
+    const float d = half_to_float(b), dmin = half_to_float(b + 2);
+    const uint8_t *qh = b + 16, *qs = b + 48;
+    for (int j = 0; j < 8; ++j) {
+        int sc, mn;
+        k_scale_min(b + 4, j, &sc, &mn);
+        const float step = d * (float)sc, offset = dmin * (float)mn;
+        const uint8_t* q = qs + 32 * (j / 2);
+        const int shift = (j & 1) ? 4 : 0;
+        for (int i = 0; i < 32; ++i)
+            w[32 * j + i] = step * (float)(((q[i] >> shift) & 0x0F) | (((qh[i] >> j) & 1) << 4)) - offset;
+    }
+}
+
+__attribute__((noinline)) void decode_q6_k(const uint8_t* b, float* w) {  // 210 bytes: ql[128], qh[64], int8 scales[16], d f16
+    const uint8_t *ql = b, *qh = b + 128;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+    const float d = half_to_float(b + 208);
+    for (int half = 0; half < 2; ++half) {  // weights 128·half + 32·quarter + i
+        for (int quarter = 0; quarter < 4; ++quarter) {
+            const uint8_t* lo = ql + 64 * half + 32 * (quarter & 1);  // quarters 2, 3: the high nibbles
+            const uint8_t* hi = qh + 32 * half;
+            const int lo_shift = 4 * (quarter >> 1), hi_shift = 2 * quarter;
+            float* out = w + 128 * half + 32 * quarter;
+            for (int h = 0; h < 2; ++h) {  // 16 weights per scale
+                const float step = d * (float)sc[8 * half + 2 * quarter + h];
+                for (int i = 16 * h; i < 16 * h + 16; ++i) {
+                    const int q = ((lo[i] >> lo_shift) & 0x0F) | (((hi[i] >> hi_shift) & 0x03) << 4);
+                    out[i] = step * (float)(q - 32);
+                }
+            }
+        }
+    }
+}
+
+struct Format {
+    int block, bytes;
+    void (*decode)(const uint8_t*, float*);
+};
+
+inline bool format_of(int qtype, Format* f) {
+    switch (qtype) {
+        case Q8_0: *f = {32, 34, decode_q8_0}; return true;
+        case Q4_0: *f = {32, 18, decode_q4_0}; return true;
+        case Q4_1: *f = {32, 20, decode_q4_1}; return true;
+        case Q4_K: *f = {256, 144, decode_q4_k}; return true;
+        case Q6_K: *f = {256, 210, decode_q6_k}; return true;
+        case Q5_0: *f = {32, 22, decode_q5_0}; return true;
+        case Q5_1: *f = {32, 24, decode_q5_1}; return true;
+        case Q5_K: *f = {256, 176, decode_q5_k}; return true;
+        default: return false;
+    }
+}
+
+// --- dot products of one weight row with `rows` rows of x --------------------------------------------------
+
+// Portable: decode a block into a small buffer (it stays in L1), multiply-add it into per-row accumulators.
+// The decoder is a template argument, so it is inlined and the compiler vectorizes both loops.
+template <int R, int BLOCK, int BYTES, void (*DECODE)(const uint8_t*, float*)>
+void row_dots_generic(const uint8_t* wrow, int64_t nblocks, const float* x, int64_t ldx, float* y, int64_t ldy) {
+    alignas(64) float w[BLOCK];
+    alignas(64) float acc[R][16] = {};
+    for (int64_t blk = 0; blk < nblocks; ++blk) {
+        DECODE(wrow + blk * BYTES, w);
+        const int64_t base = blk * BLOCK;
+        for (int r = 0; r < R; ++r) {
+            const float* xr = x + r * ldx + base;
+            for (int i = 0; i < BLOCK; i += 16)
+                for (int l = 0; l < 16; ++l) acc[r][l] += w[i + l] * xr[i + l];
+        }
+    }
+    for (int r = 0; r < R; ++r) {
+        float s = 0.0f;
+        for (int l = 0; l < 16; ++l) s += acc[r][l];
+        y[r * ldy] = s;
+    }
+}
+
+#if defined(__AVX512F__)
+// The hot types, 16 lanes at a time: the nibbles (or bytes) of one block widened to int32, converted to float,
+// scaled as the decoder does (multiply, then add: two roundings, like lib/quant.py), then one FMA per row.
+template <int R>
+void row_dots_q4_1_avx512(const uint8_t* wrow, int64_t nblocks, const float* x, int64_t ldx, float* y, int64_t ldy) {
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    const __m512i low4 = _mm512_set1_epi32(0x0F);
+    for (int64_t blk = 0; blk < nblocks; ++blk) {
+        const uint8_t* b = wrow + blk * 20;
+        const __m512 d = _mm512_set1_ps(half_to_float(b)), m = _mm512_set1_ps(half_to_float(b + 2));
+        const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 4)));
+        const __m512 w0 = _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(q, low4))), m);
+        const __m512 w1 = _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4))), m);
+        for (int r = 0; r < R; ++r) {
+            const float* xr = x + r * ldx + blk * 32;
+            acc[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xr), acc[r]);
+            acc[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xr + 16), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; ++r) y[r * ldy] = _mm512_reduce_add_ps(acc[r]);
+}
+
+template <int R>
+void row_dots_q8_0_avx512(const uint8_t* wrow, int64_t nblocks, const float* x, int64_t ldx, float* y, int64_t ldy) {
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t blk = 0; blk < nblocks; ++blk) {
+        const uint8_t* b = wrow + blk * 34;
+        const __m512 d = _mm512_set1_ps(half_to_float(b));
+        const __m512i q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2)));
+        const __m512i q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 18)));
+        const __m512 w0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(q0));
+        const __m512 w1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(q1));
+        for (int r = 0; r < R; ++r) {
+            const float* xr = x + r * ldx + blk * 32;
+            acc[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xr), acc[r]);
+            acc[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xr + 16), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; ++r) y[r * ldy] = _mm512_reduce_add_ps(acc[r]);
+}
+#endif
+
+template <int R>
+void row_dots(int qtype, const uint8_t* wrow, int64_t nblocks, const float* x, int64_t ldx, float* y, int64_t ldy) {
+    switch (qtype) {
+#if defined(__AVX512F__)
+        case Q4_1: return row_dots_q4_1_avx512<R>(wrow, nblocks, x, ldx, y, ldy);
+        case Q8_0: return row_dots_q8_0_avx512<R>(wrow, nblocks, x, ldx, y, ldy);
+#else
+        case Q4_1: return row_dots_generic<R, 32, 20, decode_q4_1>(wrow, nblocks, x, ldx, y, ldy);
+        case Q8_0: return row_dots_generic<R, 32, 34, decode_q8_0>(wrow, nblocks, x, ldx, y, ldy);
+#endif
+        case Q4_0: return row_dots_generic<R, 32, 18, decode_q4_0>(wrow, nblocks, x, ldx, y, ldy);
+        case Q4_K: return row_dots_generic<R, 256, 144, decode_q4_k>(wrow, nblocks, x, ldx, y, ldy);
+        case Q6_K: return row_dots_generic<R, 256, 210, decode_q6_k>(wrow, nblocks, x, ldx, y, ldy);
+        case Q5_0: return row_dots_generic<R, 32, 22, decode_q5_0>(wrow, nblocks, x, ldx, y, ldy);
+        case Q5_1: return row_dots_generic<R, 32, 24, decode_q5_1>(wrow, nblocks, x, ldx, y, ldy);
+        case Q5_K: return row_dots_generic<R, 256, 176, decode_q5_k>(wrow, nblocks, x, ldx, y, ldy);
+    }
+}
+
+using RowDots = void (*)(int, const uint8_t*, int64_t, const float*, int64_t, float*, int64_t);
+constexpr RowDots kRowDots[kMaxRows + 1] = {nullptr, row_dots<1>, row_dots<2>, row_dots<3>, row_dots<4>,
+                                            row_dots<5>, row_dots<6>, row_dots<7>, row_dots<8>};
+
+}  // namespace
+
+extern "C" {
+
+// Which instruction set the kernel was built for (printed by the benchmark).
+const char* qmatmul_isa() {
+#if defined(__AVX512F__)
+    return "avx512";
+#elif defined(__AVX2__)
+    return "avx2";
+#else
+    return "generic";
+#endif
+}
+
+// y[m, n] = sum_k x[m, k] · W[n, k]; x float32 [m, k] (rows ldx apart), w the n rows of GGUF blocks
+// (k / block blocks each, contiguous), y float32 [m, n]. Returns 0, or -1 for an unknown type.
+int qmatmul_f32(int qtype, const uint8_t* w, int64_t n, int64_t k, const float* x, int64_t m, int64_t ldx,
+                float* y, int threads) {
+    Format f;
+    if (!format_of(qtype, &f)) return -1;
+    const int64_t nblocks = k / f.block, row_bytes = nblocks * f.bytes;
+#pragma omp parallel for schedule(static) num_threads(threads) if (n * k >= kMinParallelWeights)
+    for (int64_t j = 0; j < n; ++j) {
+        for (int64_t r0 = 0; r0 < m; r0 += kMaxRows) {
+            const int64_t rows = m - r0 < kMaxRows ? m - r0 : kMaxRows;
+            kRowDots[rows](qtype, w + j * row_bytes, nblocks, x + r0 * ldx, ldx, y + r0 * n + j, n);
+        }
+    }
+    return 0;
+}
+
+// out[n, k] = the weights, decoded (for many rows of x at once, where a float32 matmul wins).
+int dequantize_f32(int qtype, const uint8_t* w, int64_t n, int64_t k, float* out, int threads) {
+    Format f;
+    if (!format_of(qtype, &f)) return -1;
+    const int64_t nblocks = k / f.block, row_bytes = nblocks * f.bytes;
+#pragma omp parallel for schedule(static) num_threads(threads) if (n * k >= kMinParallelWeights)
+    for (int64_t j = 0; j < n; ++j)
+        for (int64_t blk = 0; blk < nblocks; ++blk) f.decode(w + j * row_bytes + blk * f.bytes, out + j * k + blk * f.block);
+    return 0;
+}
+
+}  // extern "C"

@@ -1,0 +1,228 @@
+"""lib.qmatmul: the kernel that multiplies GGUF blocks as the file stores them, and the layers built on it.
+
+Random blocks are drawn per run (the seed is printed in every failure: rerun with INFERENCE_LAB_SEED=...). The
+kernel's sum runs in float32 in its own order, so it is held to the float64 product of lib.quant's dequantized
+weights within the worst-case float32 bound of a k-term dot product, |err| <= 2k·2⁻²⁴·Σ|x||w|, which a correct
+kernel can never exceed and a wrong nibble, scale or row exceeds by orders of magnitude. The decoded weights
+themselves must equal lib.quant's bit for bit. The first build of the kernel costs about 3 s (cached after).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from grader.checks import generator, run_seed, seed_note
+from lib import qmatmul as Q
+from lib.quant import BLOCK_SIZES, dequantize
+
+REPO = Path(__file__).resolve().parent.parent
+# where each type keeps its float16 scales (byte offsets in a block): random bytes there could be inf or nan
+SCALE_BYTES = {"Q8_0": [0], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q4_K": [0, 2], "Q5_K": [0, 2],
+               "Q6_K": [208]}
+
+
+def random_blocks(qtype: str, n: int, nblocks: int, offset: int) -> torch.Tensor:
+    """Random bytes (every nibble, 6-bit scale and high bit pattern occurs) with finite float16 scales."""
+    block, nbytes = BLOCK_SIZES[qtype]
+    g = generator(offset)
+    b = torch.randint(0, 256, (n, nblocks, nbytes), dtype=torch.uint8, generator=g)
+    for at in SCALE_BYTES[qtype]:
+        scale = (torch.rand(n, nblocks, generator=g) * 0.02 - 0.005).to(torch.float16)  # some negative, like m
+        b[:, :, at:at + 2] = scale.view(torch.uint8).reshape(n, nblocks, 2)
+    return b.reshape(n, nblocks * nbytes)
+
+
+def assert_matches_reference(y: torch.Tensor, x: torch.Tensor, blocks: torch.Tensor, qtype: str, what: str):
+    want = Q.matmul_reference(x, blocks, qtype)
+    w = torch.from_numpy(dequantize(blocks, qtype)).double()
+    k = w.shape[1]
+    bound = 2 * k * 2.0 ** -24 * (x.double().abs() @ w.abs().T) + 1e-30
+    err = (y.double() - want).abs()
+    assert y.dtype == torch.float32 and y.shape == want.shape, f"{what}: {y.dtype} {tuple(y.shape)}"
+    worst = (err / bound).max().item()
+    assert worst <= 1.0, f"{what}: error {err.max().item():.3g} is {worst:.3g}x the float32 bound {seed_note()}"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_kernel_choice():
+    Q.reset()
+    yield
+    Q.reset()
+
+
+@pytest.mark.parametrize("qtype", Q.QTYPES)
+def test_kernel_equals_the_reference_on_random_blocks(qtype):
+    if Q._compiler() is not None:  # with a compiler the kernel must build; without one this tests the fallback
+        assert Q.backend().startswith("C++"), "the C++ kernel did not build, though this machine has a compiler"
+    block, _ = BLOCK_SIZES[qtype]
+    cases = [(1, 1, 1), (7, 3, 1), (33, 2, 2), (97, 5, 3), (16, 1, 4), (5, 4, 5), (64, 2, 6), (3, 3, 7),
+             (31, 2, 8), (9, 2, 11), (6, 1, Q.FUSED_MAX_ROWS + 4)]  # (out, blocks per row, rows of x)
+    for i, (n, nblocks, rows) in enumerate(cases):
+        blocks = random_blocks(qtype, n, nblocks, offset=100 * i)
+        x = torch.randn(rows, nblocks * block, generator=generator(100 * i + 1))
+        assert_matches_reference(Q.qmatmul(x, blocks, qtype), x, blocks, qtype, f"{qtype} out={n} rows={rows}")
+    # the decoded weights are lib.quant's, bit for bit
+    blocks = random_blocks(qtype, 13, 3, offset=7)
+    got = Q.dequantize_blocks(blocks, qtype)
+    assert torch.equal(got, torch.from_numpy(dequantize(blocks, qtype))), f"{qtype} decode {seed_note()}"
+
+
+def test_leading_dimensions_a_strided_x_and_unchanged_arguments():
+    blocks = random_blocks("Q4_1", 40, 3, offset=11)
+    x = torch.randn(2, 3, 4 * 96, generator=generator(12))[..., ::4]  # [2, 3, 96], not contiguous
+    x0, b0 = x.clone(), blocks.clone()
+    y = Q.qmatmul(x, blocks, "Q4_1")
+    assert y.shape == (2, 3, 40)
+    assert_matches_reference(y.reshape(6, 40), x.reshape(6, 96), blocks, "Q4_1", "[2, 3, 96] strided x")
+    assert torch.equal(x, x0) and torch.equal(blocks, b0)
+
+
+def test_the_readable_references_agree_with_each_other():
+    qtype = "Q4_1"
+    blocks = random_blocks(qtype, 4, 3, offset=21).numpy()
+    x = torch.randn(96, generator=generator(22)).numpy()
+    want = Q.matmul_reference(torch.from_numpy(x)[None], torch.from_numpy(blocks), qtype)[0]
+    w = dequantize(blocks, qtype)
+    for j in range(4):
+        assert Q.row_dot_reference(x, blocks[j], qtype) == pytest.approx(want[j].item(), rel=1e-12, abs=1e-12)
+        one = sum(float(Q.block_dot_q4_1(x[32 * b:32 * (b + 1)], blocks[j, 20 * b:20 * (b + 1)])) for b in range(3))
+        bound = 2 * 96 * 2.0 ** -24 * float(np.abs(x) @ np.abs(w[j]))
+        assert abs(one - want[j].item()) <= bound, seed_note()
+
+
+def test_bad_input_gets_a_clear_error():
+    blocks = random_blocks("Q4_1", 8, 2, offset=31)
+    with pytest.raises(ValueError, match="unsupported type"):
+        Q.qmatmul(torch.randn(1, 64), blocks, "Q3_K")
+    with pytest.raises(ValueError, match="features"):
+        Q.qmatmul(torch.randn(1, 96), blocks, "Q4_1")
+    with pytest.raises(ValueError, match="float32"):
+        Q.qmatmul(torch.randn(1, 64, dtype=torch.float64), blocks, "Q4_1")
+    with pytest.raises(ValueError, match="20 bytes"):
+        Q.qmatmul(torch.randn(1, 64), blocks[:, :30], "Q4_1")
+    with pytest.raises(ValueError, match="uint8"):
+        Q.qmatmul(torch.randn(1, 64), blocks.to(torch.int16), "Q4_1")
+
+
+def test_meta_tensors_give_shapes_without_running_the_kernel():
+    from lib.quant_linear import GGUFLinear
+
+    lin = GGUFLinear(random_blocks("Q8_0", 24, 2, offset=41), "Q8_0").to("meta")
+    y = lin(torch.empty(3, 5, 64, device="meta"))
+    assert y.device.type == "meta" and y.shape == (3, 5, 24) and y.dtype == torch.float32
+    with pytest.raises(ValueError, match="meta"):
+        lin(torch.randn(1, 64))  # x on the CPU, blocks on meta
+
+
+def test_no_compiler_falls_back_to_pytorch_and_says_so(monkeypatch, capfd):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.delenv("CXX", raising=False)
+    blocks = random_blocks("Q4_1", 10, 2, offset=51)
+    x = torch.randn(3, 64, generator=generator(52))
+    with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler.*PyTorch fallback"):
+        y = Q.qmatmul(x, blocks, "Q4_1")
+    assert "PyTorch fallback" in capfd.readouterr().err
+    assert Q.backend() == "PyTorch fallback"
+    assert_matches_reference(y, x, blocks, "Q4_1", "fallback")
+
+
+def test_a_failing_build_falls_back_and_shows_the_compiler_error(monkeypatch, tmp_path):
+    fake = tmp_path / "broken-c++"
+    fake.write_text("#!/bin/sh\necho 'fatal error: cannot compile here' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CXX", str(fake))
+    with pytest.warns(RuntimeWarning, match="cannot compile here"):
+        assert Q.backend() == "PyTorch fallback"
+
+
+def test_the_build_is_cached_per_source_and_cpu(tmp_path):
+    import time
+
+    t0 = time.perf_counter()
+    first = Q.build(cache_dir=tmp_path)
+    build_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    assert Q.build(cache_dir=tmp_path) == first and time.perf_counter() - t0 < 0.5
+    assert first.is_file() and not list(tmp_path.glob("*.part")), list(tmp_path.iterdir())
+    print(f"a fresh build of the kernel took {build_s:.1f} s")
+
+
+def _weights_from_blocks(model, blocks):
+    """A copy of `model` whose weights are exactly what `blocks` decode to (the fp32 model of a GGUF file)."""
+    import copy
+
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, (qtype, b) in blocks.items():
+            other.get_parameter(name).copy_(torch.from_numpy(dequantize(b, qtype)))
+    return other
+
+
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0", "Q5_0", "Q4_K", "Q6_K", "Q4_K_M"])
+def test_a_tiny_model_on_blocks_is_the_fp32_model_of_those_blocks(qtype):
+    from lib.generate import generate
+    from lib.model import tiny_model
+    from lib.quant import q4_k_m_plan
+    from lib.quant_linear import GGUFFastLlama, GGUFLinear, gguf_linears, quantize_blocks
+
+    cfg = dict(d_model=256, d_ff=512) if "_K" in qtype else {}
+    base = tiny_model(seed=run_seed() % 1000, **cfg)
+    blocks = quantize_blocks(base, q4_k_m_plan(base) if qtype == "Q4_K_M" else qtype)
+    if qtype == "Q4_K_M":  # a mix: Q6_K for some v/down projections, so QKV is multiplied in parts
+        assert {t for t, _ in blocks.values()} == {"Q4_K", "Q6_K", "Q8_0"}
+    model = _weights_from_blocks(base, blocks)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    qmodel = gguf_linears(model, blocks)
+    qfast = GGUFFastLlama(model, blocks)
+    assert isinstance(qmodel.lm_head, GGUFLinear) and isinstance(qmodel.layers[0].mlp.up_proj, GGUFLinear)
+    prompt = torch.randint(0, model.config.vocab_size, (2, 7), generator=generator(61))
+    with torch.no_grad():
+        want = model(prompt)
+        for name, m in (("gguf_linears", qmodel), ("GGUFFastLlama", qfast)):
+            got = m(prompt)
+            assert (got - want).abs().max().item() < 1e-4, f"{name} {qtype} {seed_note()}"
+    ref = generate(model, prompt, 8)
+    assert torch.equal(generate(qmodel, prompt, 8), ref) and torch.equal(generate(qfast, prompt, 8), ref)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items()), "the float model changed"
+
+
+def test_blocks_of_another_model_are_refused():
+    from lib.model import tiny_model
+    from lib.quant_linear import gguf_linears, quantize_blocks
+
+    model = tiny_model(seed=1)
+    blocks = quantize_blocks(model, "Q8_0")  # a requantization: the blocks no longer decode to model's weights
+    with pytest.raises(ValueError, match="do not decode to the model's weights"):
+        gguf_linears(model, blocks)
+
+
+@pytest.mark.model
+def test_smollm2_on_its_own_blocks_gives_the_fp32_models_tokens(smollm2):
+    from lib.generate import generate
+    from lib.quant_linear import GGUFFastLlama, gguf_linears, read_gguf_blocks
+
+    model, tok = smollm2
+    blocks = read_gguf_blocks()
+    assert {t for t, _ in blocks.values()} == {"Q4_1", "Q8_0"} and blocks["embed.weight"][0] == "Q8_0"
+    prompt = tok("The history of the printing press begins", return_tensors="pt").input_ids
+    ref = generate(model, prompt, 16)
+    for m in (gguf_linears(model, blocks), GGUFFastLlama(model, blocks)):
+        with torch.no_grad():
+            # measured 4e-5 (float32 sums in another order through 30 layers); 1e-3 leaves a 25x margin
+            assert (m(prompt) - model(prompt)).abs().max().item() < 1e-3
+        assert torch.equal(generate(m, prompt, 16), ref)
+
+
+@pytest.mark.model
+def test_the_quick_benchmark_runs_as_documented():
+    out = subprocess.run([sys.executable, "benchmarks/quant.py", "--quick"], cwd=REPO, capture_output=True,
+                         text=True, timeout=600, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    for row in ("lab F32 (lib.model)", "GGUF blocks, lib.model", "GGUF blocks, fused", "Batch 8", "load average"):
+        assert row in out.stdout, out.stdout
