@@ -209,6 +209,7 @@ class PagedKVCache:
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layers)]
         self.device = self.k[0].device
         self.positions: torch.Tensor | None = None
+        self.logits_rows: torch.Tensor | None = None  # set by the engine: the rows whose logits the model returns
         # Keys read per online-softmax step in decode. On a CPU each step costs Python time that a GPU kernel
         # does not pay, so the engine reads more at once than paged_attention's default.
         self.chunk_tokens = 256
