@@ -45,6 +45,11 @@ def test_ex06_block_hashes(ex):
     checks.check_block_hashes(ex.block_hashes)
 
 
+def test_ex07_schedule(ex):
+    """Milestone: random workloads judged by the scheduler's invariants; LLMEngine with it equals generate alone."""
+    checks.check_schedule(ex.schedule)
+
+
 def test_ex10_answer_q1(ex):
     checks.check_answer_q1(ex.answer_q1)
 

@@ -25,7 +25,7 @@ inside a small real engine (`lib/engine.py`, about 400 lines) on SmolLM2, which 
 tokens that `generate` returns on each request alone.
 
 **You will write** `blocks_needed`, `slots_wasted`, `BlockAllocator`, `slot_mapping`, `paged_attention`,
-`block_hashes` and two quiz answers. Each is followed by a graded cell; `pytest weeks/19 -k ex04` checks
+`block_hashes`, the engine's scheduler `schedule` and two quiz answers. Each is followed by a graded cell; `pytest weeks/19 -k ex04` checks
 one exercise from a terminal.
 
 **Time.** About 5 hours. The notebook runs top to bottom in 2–3 minutes on a 2-core CPU with the fast
@@ -39,7 +39,7 @@ import torch
 
 from grader.checks.week19 import (check_blocks_needed, check_slots_wasted, check_BlockAllocator,
                                   check_slot_mapping, check_paged_attention, check_block_hashes,
-                                  check_answer_q1, check_answer_q3)
+                                  check_schedule, check_answer_q1, check_answer_q3)
 """)
 
 nb.code("""
@@ -350,8 +350,10 @@ tensor: that copy is exactly the memory paging saves, and the vLLM kernel never 
 (or a few) of every sequence at a time — `k_pool[block_tables[:, j]]` is `[B, n_kv_heads, block_size,
 head_dim]` — mask the positions at or past `context_lens`, and combine the blocks with the **online
 softmax** of week 17 (running max `m`, running sum `l`, running output). The check compares against
-contiguous attention (≤ 1e-5) on ragged lengths, block sizes 1, 7 and 16, and watches the peak memory;
-no SDPA and no `lib`.
+contiguous attention (≤ 1e-5) on ragged lengths, random block sizes, head sizes and batches; it watches
+the peak memory (less than half a contiguous copy of the longest sequence's K and V), the longest
+reduction (no softmax over a whole row) and your inputs (unchanged); no SDPA, no `lib`, no numpy, and every
+tensor you make on the inputs' device (`device=q.device`: the check also runs it on `meta` tensors).
 """)
 nb.exercise("paged_attention", """
 def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
@@ -361,15 +363,15 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     b, h, d = q.shape
     _, hkv, bs, _ = k_pool.shape
     group = h // hkv
-    n_blocks = -(-int(context_lens.max()) // bs)
+    dev = q.device  # every tensor made here lives where the inputs do (a GPU's, in a server)
     per_step = max(1, 32 // bs)  # blocks read at once: about 32 keys
     qg = q.reshape(b, hkv, group, d).float() / math.sqrt(d)  # [B, Hkv, group, d]
-    m = torch.full((b, hkv, group), float("-inf"))
-    l = torch.zeros(b, hkv, group)
-    acc = torch.zeros(b, hkv, group, d)
-    for j0 in range(0, n_blocks, per_step):
-        j1 = min(j0 + per_step, n_blocks)
-        pos = torch.arange(j0 * bs, j1 * bs)  # logical positions of these blocks
+    m = torch.full((b, hkv, group), float("-inf"), device=dev)
+    l = torch.zeros(b, hkv, group, device=dev)
+    acc = torch.zeros(b, hkv, group, d, device=dev)
+    for j0 in range(0, block_tables.shape[1], per_step):  # columns past a sequence's end are masked out
+        j1 = min(j0 + per_step, block_tables.shape[1])
+        pos = torch.arange(j0 * bs, j1 * bs, device=dev)  # logical positions of these blocks
         valid = pos[None, :] < context_lens[:, None]  # [B, c * bs]
         ids = torch.where(valid[:, ::bs], block_tables[:, j0:j1], 0)  # past the end: any block, masked
         kb = k_pool[ids].permute(0, 2, 1, 3, 4).reshape(b, hkv, -1, d).float()  # [B, Hkv, c * bs, d]
@@ -595,16 +597,96 @@ nb.md("Check: `pytest weeks/19 -k ex06`")
 
 # --- 8 -----------------------------------------------------------------------------------------------
 nb.md("""
-## 8. Preemption and chunked prefill
+## 8. The scheduler: preemption and chunked prefill
 
-**Preemption.** When a running request needs a block and none is free, the engine preempts the most
-recently admitted request: frees its blocks and puts it back at the head of the queue. When it is
-admitted again it recomputes its prompt *and the tokens it had generated* in one prefill (vLLM's
-"recompute"; the alternative is swapping the blocks to CPU memory). Greedy decoding depends only on the
-tokens, so the output is unchanged. Below: section 5's prompts through a pool far too small for them.
+Everything so far is memory. What makes the batching *continuous* is the decision the engine takes
+before every forward: who runs this step, with how many tokens. `LLMEngine` asks a function for it,
+`scheduler(running, waiting, free_blocks, block_size, token_budget, max_num_seqs, chunked_prefill)`, and
+carries out the plan it returns. The function sees only plain data: each request is a dict of ints,
+
+| key | meaning |
+|---|---|
+| `id` | the request |
+| `computed` | tokens whose K and V are already in the cache (for a waiting request: found in the prefix cache) |
+| `tokens` | prompt + output so far; it needs `tokens - computed` more before it can sample its next token |
+| `blocks` | blocks it holds and can write into |
+| `freeable` | blocks that come free if it is preempted (shared ones do not) |
+| `seqs` | slots it takes (1; `n` for a request whose `n` parallel samples are not forked yet) |
+
+`running` is in admission order, oldest first; `waiting` in queue order. To compute `n` more tokens a
+request needs `max(0, blocks_needed(computed + n, block_size) - blocks)` more blocks. The plan is
+`{"preempt": [id, ...], "run": [[id, n], ...]}`. The policy (vLLM's, in the shape of nano-vllm's):
+
+1. **Running requests first, oldest first.** A decode needs 1 token; a request still prefilling needs the
+   rest of its prompt, cut to what is left of the step's token budget (**chunked prefill**, Sarathi-Serve,
+   Agrawal et al., 2024: a long prompt rides along with the decodes instead of stalling them).
+2. **Preemption.** If a running request needs more blocks than are free, preempt the **most recently
+   admitted** running request (its blocks come free), and again, until it fits — or until it is the one
+   preempted. Newest first, so that the oldest requests, which hold the most work, finish. The engine puts
+   a preempted request back at the **front** of the queue and later recomputes its prompt *and* the tokens
+   it had generated in one prefill (vLLM's "recompute"; the alternative is swapping its blocks to CPU
+   memory). Greedy decoding depends only on the tokens, so its output is unchanged.
+3. **Admission**, only in a step that preempted nobody: waiting requests **first come first served**,
+   while there are slots (`max_num_seqs`), budget and blocks; stop at the first that does not fit (never
+   skip ahead of it). With `chunked_prefill` off, a prompt is admitted only whole.
+
+**Exercise 7.** Write `schedule`. The check runs random workloads — arrivals, lengths, pools tight
+enough to preempt, budgets small enough to chunk — through your function step by step and judges every
+plan: the budget is never exceeded, no block is allocated that is not free, running requests are served
+oldest first, the newest is preempted first, waiting ones are admitted first come first served (so a
+preempted request resumes before later arrivals), a chunk is cut only by the budget, nothing that fits
+is left waiting, and every request finishes. Then `LLMEngine(..., scheduler=schedule)` must return
+exactly what `generate` returns on each request alone.
+""")
+nb.exercise("schedule", """
+def schedule(running: list[dict], waiting: list[dict], free_blocks: int, block_size: int, token_budget: int,
+             max_num_seqs: int, chunked_prefill: bool = True) -> dict:
+    \"\"\"This step's plan: {"preempt": [id, ...], "run": [[id, num_tokens], ...]}.\"\"\"
+    ### BEGIN SOLUTION
+    def more_blocks(req, n):  # blocks req needs to hold computed + n tokens, beyond those it has
+        return max(0, blocks_needed(req["computed"] + n, block_size) - req["blocks"])
+
+    plan = {"preempt": [], "run": []}
+    budget, free = token_budget, free_blocks
+    queue = list(running)  # oldest first; preemption takes from the end
+    k = 0
+    while k < len(queue) and budget > 0:
+        req = queue[k]
+        n = min(req["tokens"] - req["computed"], budget)
+        while more_blocks(req, n) > free and queue[-1] is not req:
+            victim = queue.pop()
+            plan["preempt"].append(victim["id"])
+            free += victim["freeable"]
+        if more_blocks(req, n) > free:  # it is the newest itself: it goes back to the queue too
+            queue.pop()
+            plan["preempt"].append(req["id"])
+            break
+        plan["run"].append([req["id"], n])
+        free -= more_blocks(req, n)
+        budget -= n
+        k += 1
+    if plan["preempt"]:
+        return plan  # short of blocks: admit nobody this step
+    slots = max_num_seqs - sum(r["seqs"] for r in queue)
+    for req in waiting:
+        left = req["tokens"] - req["computed"]
+        n = min(left, budget)
+        if budget == 0 or req["seqs"] > slots or (n < left and not chunked_prefill) or more_blocks(req, n) > free:
+            break
+        plan["run"].append([req["id"], n])
+        free -= more_blocks(req, n)
+        budget -= n
+        slots -= req["seqs"]
+    return plan
+    ### END SOLUTION
+""")
+nb.test("test_schedule", "check_schedule(schedule)", points=3)
+nb.md("""
+Your scheduler in the engine, on section 5's prompts through a pool far too small for them: it must
+preempt, and the output must not change.
 """)
 nb.code("""
-tight = LLMEngine(model, num_blocks=4, block_size=8, max_num_seqs=8, max_num_batched_tokens=32)
+tight = LLMEngine(model, num_blocks=4, block_size=8, max_num_seqs=8, max_num_batched_tokens=32, scheduler=schedule)
 out_tight = tight.generate(prompts, NEW)
 print(f"pool of {tight.num_blocks} blocks of 8: {tight.num_preemptions} preemptions, {len(tight.trace)} steps "
       f"(against {len(engine.trace)} with room); identical to generate alone: {out_tight == alone}")
@@ -622,7 +704,7 @@ LONG_PROMPT = tok(" ".join(lines[700:900])).input_ids[:1024 if FULL else 256]
 
 
 def decode_with_long_arrival(**kwargs):
-    eng = LLMEngine(model, num_blocks=256, block_size=16, max_num_seqs=8, **kwargs)
+    eng = LLMEngine(model, num_blocks=256, block_size=16, max_num_seqs=8, scheduler=schedule, **kwargs)
     short = [eng.add_request(p, 12) for p in PROMPTS[20:23]]
     for _ in range(3):
         eng.step()
@@ -645,7 +727,7 @@ Chunking caps the stall a long prompt causes: the decoders' worst gap drops to a
 compute, and the long prompt's own first token comes a little later (its prefill is spread over several
 steps, each also carrying the decodes). That is the trade a serving system tunes with the token budget.
 
-Check: preemption and chunked prefill are tested against `generate` in `tests/test_week19_lib.py`.
+Check: `pytest weeks/19 -k ex07`
 """)
 
 # --- 9 -----------------------------------------------------------------------------------------------
