@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lib.generate import sample_next
-from lib.paged import BlockAllocator, OutOfBlocksError, PagedKVCache, blocks_needed
+from lib.paged import OutOfBlocksError, PagedKVCache, blocks_needed
 
 
 # --- requests ----------------------------------------------------------------------------------------
@@ -139,46 +139,120 @@ def simulate_steps(lengths: Sequence[int], slots: int, policy: str = "continuous
 
 # --- blocks: allocation, sharing and the prefix cache ---------------------------------------------
 
-class BlockManager:
-    """Gives requests blocks from a `BlockAllocator` and, optionally, keeps a prefix cache.
+class PrefixCache:
+    """A pool of `num_blocks` reference-counted blocks with a prefix cache over them.
 
-    The prefix cache owns one reference to every block it indexes (hash -> block). A cached block no
-    request uses (reference count 1: the cache's own) is *evictable*; those are kept in LRU order and
-    handed out again, oldest first, only when no free block is left.
+    `allocate`, `fork`, `free` as `lib.paged.BlockAllocator`; `ref_count(block)` its owners. A full block can be
+    `register`ed under its hash (with its tokens); `lookup(hash, tokens)` finds it again while it stays
+    cached — also after its last owner has freed it: a freed cached block stays *free but cached*, and a
+    hit takes it back (`fork`). `allocate()` prefers a block that caches nothing; when only free cached
+    blocks are left it evicts the least recently freed one (LRU), forgetting its hash.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False):
-        self.allocator = BlockAllocator(num_blocks)
+    def __init__(self, num_blocks: int):
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.ref_counts = [0] * num_blocks
+        self._uncached = list(range(num_blocks - 1, -1, -1))  # free blocks that cache nothing (a stack)
+        self._lru: OrderedDict[int, None] = OrderedDict()  # free cached blocks, least recently freed first
+        self._block_of: dict[int, int] = {}  # hash -> block
+        self._key_of: dict[int, tuple[int, tuple[int, ...]]] = {}  # block -> (hash, tokens)
+
+    @property
+    def num_free(self) -> int:
+        """Blocks no request owns (cached or not): what `allocate` can hand out."""
+        return len(self._uncached) + len(self._lru)
+
+    def _check(self, block: int, what: str) -> None:
+        if not isinstance(block, int) or not 0 <= block < self.num_blocks:
+            raise ValueError(f"cannot {what} block {block!r}: blocks are ints in 0..{self.num_blocks - 1}")
+
+    def ref_count(self, block: int) -> int:
+        self._check(block, "read")
+        return self.ref_counts[block]
+
+    def allocate(self) -> int:
+        if self._uncached:
+            block = self._uncached.pop()
+        elif self._lru:
+            block, _ = self._lru.popitem(last=False)  # evict the least recently freed cached block
+            del self._block_of[self._key_of.pop(block)[0]]
+        else:
+            raise OutOfBlocksError(f"out of KV blocks: all {self.num_blocks} blocks are in use")
+        self.ref_counts[block] = 1
+        return block
+
+    def fork(self, block: int) -> int:
+        """One more owner; a free cached block (a prefix-cache hit) is taken back from the free ones."""
+        self._check(block, "fork")
+        if self.ref_counts[block] == 0:
+            if block not in self._lru:
+                raise ValueError(f"cannot fork block {block}: it is free and caches nothing")
+            del self._lru[block]
+        self.ref_counts[block] += 1
+        return block
+
+    def free(self, block: int) -> None:
+        self._check(block, "free")
+        if self.ref_counts[block] == 0:
+            raise ValueError(f"cannot free block {block}: it is not allocated (double free?)")
+        self.ref_counts[block] -= 1
+        if self.ref_counts[block] == 0:
+            if block in self._key_of:
+                self._lru[block] = None  # the most recently freed: evicted last
+            else:
+                self._uncached.append(block)
+
+    def register(self, block: int, block_hash: int, tokens: Sequence[int]) -> None:
+        """Cache an allocated full `block` under `block_hash`; nothing if the hash or the block is cached already."""
+        self._check(block, "register")
+        if self.ref_counts[block] == 0:
+            raise ValueError(f"cannot register block {block}: it is not allocated")
+        if block_hash not in self._block_of and block not in self._key_of:
+            self._block_of[block_hash] = block
+            self._key_of[block] = (block_hash, tuple(int(t) for t in tokens))
+
+    def lookup(self, block_hash: int, tokens: Sequence[int]) -> int | None:
+        """The cached block of `block_hash` if it holds exactly `tokens` (a hash collision is a miss), else None.
+        Changes nothing: `fork` the block to use it."""
+        block = self._block_of.get(block_hash)
+        if block is None or self._key_of[block][1] != tuple(int(t) for t in tokens):
+            return None
+        return block
+
+
+class BlockManager:
+    """Gives requests blocks from a pool (`PrefixCache`, or the class given as `pool`) and, with prefix caching,
+    registers their full blocks and looks up the longest cached prefix of a new request."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False, pool=PrefixCache):
+        self.pool = pool(num_blocks)
+        self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self.cached: dict[int, int] = {}  # hash -> block
-        self.hash_of: dict[int, int] = {}  # block -> hash
-        self.tokens_of: dict[int, tuple[int, ...]] = {}  # block -> its token ids (compared on a hit)
-        self.evictable: OrderedDict[int, None] = OrderedDict()  # cached blocks no request holds, LRU first
+        self.registered: dict[int, int] = {}  # block -> hash, for the blocks this manager had the pool cache
         self.num_evictions = 0
 
     @property
     def num_available(self) -> int:
-        return self.allocator.num_free + len(self.evictable)
+        return self.pool.num_free
 
     @property
     def num_in_use(self) -> int:
-        """Blocks some request holds (evictable cached blocks excluded)."""
-        return self.allocator.num_used - len(self.evictable)
+        """Blocks some request holds (free cached blocks excluded)."""
+        return self.num_blocks - self.pool.num_free
 
     def _allocate(self) -> int:
-        if self.allocator.num_free == 0 and self.evictable:
-            block, _ = self.evictable.popitem(last=False)  # least recently used
-            del self.cached[self.hash_of.pop(block)]
-            del self.tokens_of[block]
-            self.allocator.free(block)
+        block = self.pool.allocate()
+        if self.registered.pop(block, None) is not None:  # a cached block handed out again: evicted
             self.num_evictions += 1
-        return self.allocator.allocate()
+        return block
 
     def _shared_write_block(self, req: Request) -> int | None:
         """Index in `req.blocks` of the block its next token is written to, if another owner shares it."""
         j = req.num_computed // self.block_size
-        if j < len(req.blocks) and self.allocator.ref_counts[req.blocks[j]] > 1:
+        if j < len(req.blocks) and self.pool.ref_count(req.blocks[j]) > 1:
             return j
         return None
 
@@ -197,12 +271,12 @@ class BlockManager:
         need = self._need(req, num_tokens)
         if need > self.num_available:
             raise OutOfBlocksError(f"request {req.request_id!r} needs {need} more blocks; {self.num_available} of "
-                                   f"{self.allocator.num_blocks} are free")
+                                   f"{self.num_blocks} are free")
         copies = []
         j = self._shared_write_block(req)
         if j is not None:
             src, dst = req.blocks[j], self._allocate()
-            self.allocator.free(src)  # one owner fewer; the others keep it
+            self.pool.free(src)  # one owner fewer; the others keep it
             req.blocks[j] = dst
             copies.append((src, dst))
         while len(req.blocks) < blocks_needed(num_tokens, self.block_size):
@@ -210,19 +284,13 @@ class BlockManager:
         return copies
 
     def release(self, req: Request) -> None:
-        """Free every block of `req` (shared and cached ones stay for their other owners)."""
+        """Free every block of `req` (shared ones stay with their other owners, cached ones stay cached)."""
         for block in reversed(req.blocks):  # the tail first: later blocks are the least likely to be hit again
-            self.allocator.free(block)
-            if block in self.hash_of and self.allocator.ref_counts[block] == 1:
-                self.evictable[block] = None
-                self.evictable.move_to_end(block)
+            self.pool.free(block)
         req.blocks, req.block_hashes, req.num_computed = [], [], 0
 
     def _hits(self, req: Request) -> list[tuple[int, int]]:
-        """(hash, block) of `req`'s longest cached prefix of full blocks, at least one token left to compute.
-
-        A hit counts only if the cached block holds the same tokens: a hash collision is a miss, never
-        another prompt's keys and values."""
+        """(hash, block) of `req`'s longest cached prefix of full blocks, at least one token left to compute."""
         if not self.enable_prefix_caching or req.blocks:
             return []
         bs = self.block_size
@@ -230,25 +298,24 @@ class BlockManager:
         tokens = req.tokens
         hits = []
         for i, h in enumerate(block_hashes(tokens[:usable * bs], bs)):
-            block = self.cached.get(h)
-            if block is None or self.tokens_of[block] != tuple(tokens[i * bs:(i + 1) * bs]):
+            block = self.pool.lookup(h, tokens[i * bs:(i + 1) * bs])
+            if block is None:
                 break
             hits.append((h, block))
         return hits
 
     def peek(self, req: Request) -> tuple[int, int]:
-        """What `lookup(req)` would find, changing nothing: (tokens covered, blocks taken out of the available
-        pool by sharing them, i.e. the hits that are in use by another request rather than evictable)."""
+        """What `lookup(req)` would find, changing nothing: (tokens covered, hit blocks that are free: sharing
+        those takes them out of the free pool, sharing one that another request holds does not)."""
         hits = self._hits(req)
-        return len(hits) * self.block_size, sum(block not in self.evictable for _, block in hits)
+        return len(hits) * self.block_size, sum(self.pool.ref_count(block) == 0 for _, block in hits)
 
     def lookup(self, req: Request) -> int:
         """Share the cached blocks of `req`'s longest cached prefix; return how many tokens that covers.
 
         At least one token is always left to compute (its logits give the next token)."""
         for h, block in self._hits(req):
-            self.allocator.fork(block)
-            self.evictable.pop(block, None)
+            self.pool.fork(block)
             req.blocks.append(block)
             req.block_hashes.append(h)
         return len(req.blocks) * self.block_size
@@ -258,12 +325,11 @@ class BlockManager:
         return len(req.blocks) - (self._shared_write_block(req) is not None)
 
     def freeable(self, req: Request) -> int:
-        """Blocks that become available if `req` is released (those no other request holds)."""
-        rc = self.allocator.ref_counts
-        return sum(rc[b] == 1 or (rc[b] == 2 and b in self.hash_of) for b in req.blocks)
+        """Blocks that become free if `req` is released (those no other request holds)."""
+        return sum(self.pool.ref_count(b) == 1 for b in req.blocks)
 
     def register(self, req: Request) -> None:
-        """Index `req`'s newly completed full blocks in the prefix cache."""
+        """Have the pool cache `req`'s newly completed full blocks."""
         if not self.enable_prefix_caching:
             return
         full = req.num_computed // self.block_size
@@ -272,14 +338,13 @@ class BlockManager:
         while len(req.block_hashes) < full:
             i = len(req.block_hashes)
             parent = req.block_hashes[-1] if req.block_hashes else None
-            h = chain_hash(parent, tokens[i * bs:(i + 1) * bs])
+            block_tokens = tokens[i * bs:(i + 1) * bs]
+            h = chain_hash(parent, block_tokens)
             req.block_hashes.append(h)
             block = req.blocks[i]
-            if h not in self.cached and block not in self.hash_of:
-                self.cached[h] = block
-                self.hash_of[block] = h
-                self.tokens_of[block] = tuple(tokens[i * bs:(i + 1) * bs])
-                self.allocator.fork(block)  # the cache's own reference
+            if block not in self.registered and self.pool.lookup(h, block_tokens) is None:
+                self.pool.register(block, h, block_tokens)
+                self.registered[block] = h
 
 
 # --- the scheduler ------------------------------------------------------------------------------------
@@ -347,13 +412,15 @@ class LLMEngine:
     at most `max_num_batched_tokens` tokens go through one forward. `policy="static"` admits a new batch
     only when the whole previous one has finished, and a finished request keeps decoding (its tokens
     thrown away) until then, as a padded row of a static batch does: static batching, for comparison.
-    `scheduler` is the function that plans each step (`schedule`'s signature; the notebook plugs its own in).
+    `scheduler` is the function that plans each step (`schedule`'s signature) and `block_pool` the class of the
+    block pool with its prefix cache (`PrefixCache`'s interface): the notebook plugs its own in.
     """
 
     def __init__(self, model, num_blocks: int, block_size: int = 16, max_num_seqs: int = 8,
                  max_num_batched_tokens: int = 256, enable_chunked_prefill: bool = True,
                  enable_prefix_caching: bool = False, policy: str = "continuous",
-                 eos_token_id: int | None = None, clock=time.perf_counter, scheduler=schedule):
+                 eos_token_id: int | None = None, clock=time.perf_counter, scheduler=schedule,
+                 block_pool=PrefixCache):
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError(f"need max_num_seqs >= 1 and max_num_batched_tokens >= 1; got {max_num_seqs}, "
                              f"{max_num_batched_tokens}")
@@ -367,7 +434,7 @@ class LLMEngine:
         self.block_size = block_size
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.enable_chunked_prefill, self.policy, self.eos_token_id = enable_chunked_prefill, policy, eos_token_id
-        self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching)
+        self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching, pool=block_pool)
         self.cache = PagedKVCache(self.config, num_blocks, block_size, dtype=model.embed.weight.dtype,
                                   device=model.device)
         self.clock = clock
@@ -387,7 +454,7 @@ class LLMEngine:
 
     @property
     def num_blocks(self) -> int:
-        return self.blocks.allocator.num_blocks
+        return self.blocks.num_blocks
 
     # -- the request API ----------------------------------------------------------------------------
 
@@ -519,7 +586,7 @@ class LLMEngine:
             child = Request((parent.request_id, k), parent.prompt, parent.max_new_tokens, arrival=parent.arrival,
                             temperature=parent.temperature, seed=parent.seed + k,
                             num_computed=parent.num_computed, block_hashes=list(parent.block_hashes),
-                            blocks=[self.blocks.allocator.fork(b) for b in parent.blocks],
+                            blocks=[self.blocks.pool.fork(b) for b in parent.blocks],
                             serial=next(self._serials))
             self.requests[child.request_id] = child
             self.running.append(child)
@@ -553,9 +620,9 @@ class LLMEngine:
     def _view(self, req: Request, waiting: bool) -> dict:
         """The request as the scheduler sees it (plain ints)."""
         if waiting:
-            computed, shared = self.blocks.peek(req)  # a waiting request holds no block
+            computed, free_hits = self.blocks.peek(req)  # a waiting request holds no block
             return dict(id=req.serial, computed=computed, tokens=req.num_tokens, blocks=computed // self.block_size
-                        - shared, freeable=0, seqs=req.n)
+                        - free_hits, freeable=0, seqs=req.n)
         return dict(id=req.serial, computed=req.num_computed, tokens=req.num_tokens,
                     blocks=self.blocks.writable(req), freeable=self.blocks.freeable(req), seqs=req.n)
 

@@ -8,6 +8,7 @@ but for the flaw named, by a route the exercise forbids; the comment says why it
 one-line reason it gets.
 """
 import inspect
+import json
 import math
 import textwrap
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 from grader.checks import week19 as checks
-from grader.harness import ReferenceUse, load_exercises
+from grader.harness import ReferenceUse, exercise_cells, load_exercises
 from grader.isolation import Session
 from lib import engine as ref_engine
 from lib import paged as ref
@@ -348,6 +349,54 @@ def twenty_bits(tokens, bs):  # truncated: 8000 prefixes collide about 30 times
     return [h & 0xFFFFF for h in ref_engine.block_hashes(tokens, bs)]
 
 
+# --- the prefix cache ------------------------------------------------------------------------------------
+
+# Subclasses of the solution notebook's PrefixCache (its cell runs in the child first), each with one flaw.
+PREFIX_CACHE_ROUTES = """
+class EvictsInUse(PrefixCache):  # keeps every cached block in LRU order, owned or not: evicts one in use
+    def allocate(self):
+        if not self.plain and self.entry:
+            block = next(iter(self.entry))
+            del self.by_hash[self.entry.pop(block)[0]]
+            self.stale.pop(block, None)
+            self.owners[block] = 1
+            return block
+        return super().allocate()
+
+
+class EvictsNewest(PrefixCache):  # evicts the most recently freed cached block, not the least
+    def allocate(self):
+        if not self.plain and self.stale:
+            self.stale.move_to_end(next(reversed(self.stale)), last=False)
+        return super().allocate()
+
+
+class EvictsBeforeUncached(PrefixCache):  # evicts a cached block while blocks that cache nothing are free
+    def allocate(self):
+        if self.stale:
+            keep, self.plain = self.plain, []
+            try:
+                return super().allocate()
+            finally:
+                self.plain = keep
+        return super().allocate()
+
+
+class NoTokenCompare(PrefixCache):  # trusts the hash: a collision serves another prompt's keys and values
+    def lookup(self, block_hash, tokens):
+        return self.by_hash.get(block_hash)
+
+
+class ForgetsOnFree(PrefixCache):  # drops a block's hash when its last owner frees it: nothing reused once free
+    def free(self, block):
+        super().free(block)
+        if self.owners[block] == 0 and block in self.entry:
+            del self.by_hash[self.entry.pop(block)[0]]
+            del self.stale[block]
+            self.plain.append(block)
+"""
+
+
 # --- the scheduler --------------------------------------------------------------------------------------
 
 def _flawed_schedule(flaw, running, waiting, free_blocks, block_size, token_budget, max_num_seqs, chunked_prefill):
@@ -450,8 +499,10 @@ exec(compile(_inspect.getsource(ref_engine.schedule).replace("def schedule(", "d
 @pytest.fixture(scope="module")
 def child(tmp_path_factory):
     """The wrong routes, defined in an isolated child process as a notebook's cells would define them."""
+    cells = {gid: src for _, gid, src in exercise_cells(json.loads(NOTEBOOK.read_text()))}
     source = HEADER + "\nWORKSPACE = torch.empty(1 << 22)\n\n" + "\n\n".join(
         textwrap.dedent(inspect.getsource(c)) for c in WRONG) + LIB_COPY
+    source += "\n".join(["\nfrom collections import OrderedDict", cells["BlockAllocator"], cells["PrefixCache"], PREFIX_CACHE_ROUTES])
     session = Session(tmp_path_factory.mktemp("nb") / "week19_wrong_routes.ipynb")
     session.load([(0, None, source)])
     yield session
@@ -545,7 +596,22 @@ def test_block_hashes(ex, child):
     _rejects(child, checks.check_block_hashes, "twenty_bits", "too few bits")
 
 
-def test_schedule_accepts_the_solution_and_lib(ex):
+def test_prefix_cache_accepts_the_solution(ex):
+    checks.check_PrefixCache(ex.PrefixCache)
+
+
+@pytest.mark.parametrize("name, match", [
+    ("EvictsInUse", "in use"),
+    ("EvictsNewest", "least recently freed"),
+    ("EvictsBeforeUncached", "must go first"),
+    ("NoTokenCompare", "collision is a miss"),
+    ("ForgetsOnFree", "has not been evicted"),
+])
+def test_prefix_cache_wrong_routes(child, name, match):
+    _rejects(child, checks.check_PrefixCache, name, match)
+
+
+def test_schedule_accepts_the_solution(ex):
     checks.check_schedule(ex.schedule)
 
 
@@ -565,12 +631,13 @@ def test_schedule_wrong_routes(child, name, match):
 
 def test_lib_reference_is_reported(tmp_path):
     """lib's code under the exercise's own name, exec'd from lib's source (another file name): ReferenceUse for
-    ex03 (a class) and ex05 (a function), through the isolated path."""
+    ex03 (a class) and ex05 (a function); lib's PrefixCache subclassed for ex07; through the isolated path."""
     source = HEADER + """
 import inspect as _inspect
 from lib.paged import blocks_needed, OutOfBlocksError
 exec(compile(_inspect.getsource(ref.BlockAllocator), "<student cell>", "exec"))
 exec(compile(_inspect.getsource(ref.paged_attention), "<student cell>", "exec"))
+PrefixCache = type("PrefixCache", (ref_engine.PrefixCache,), {})  # lib's, under the exercise's name
 """
     session = Session(tmp_path / "week19_lib_copy.ipynb")
     try:
@@ -579,6 +646,8 @@ exec(compile(_inspect.getsource(ref.paged_attention), "<student cell>", "exec"))
             checks.check_BlockAllocator(session.get("BlockAllocator"))
         with pytest.raises(AssertionError, match="lib.paged"):
             checks.check_paged_attention(session.get("paged_attention"))
+        with pytest.raises(AssertionError, match="lib.engine.PrefixCache"):
+            checks.check_PrefixCache(session.get("PrefixCache"))
     finally:
         session.close()
 

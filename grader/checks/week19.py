@@ -340,7 +340,7 @@ def check_answer_q3(answer_q3) -> None:
         f"new tokens, alternating) on 8 slots: count the steps each policy takes")
 
 
-# --- 7: the scheduler -------------------------------------------------------------------------------
+# --- 8: the scheduler -------------------------------------------------------------------------------
 
 def _need(view: dict, n: int, block_size: int) -> int:
     return max(0, ref.blocks_needed(view["computed"] + n, block_size) - view["blocks"])
@@ -416,7 +416,16 @@ def _judge_plan(plan, running: list[dict], waiting: list[dict], free: int, bs: i
     return preempt, run
 
 
-def _workload(rng: random.Random) -> dict:
+def _workload(rng: random.Random, crowded: bool = False) -> dict:
+    """A random workload; `crowded`: everyone arrives at once, decodes long, in a pool that makes several running
+    requests preempt one another."""
+    if crowded:
+        bs, k = rng.choice([1, 2]), rng.randint(5, 8)
+        prompts = [rng.randint(2, 10) for _ in range(k)]
+        new = [rng.randint(8, 20) for _ in range(k)]
+        longest = max(ref.blocks_needed(p + m - 1, bs) for p, m in zip(prompts, new))
+        return dict(bs=bs, prompts=prompts, new=new, arrivals=[0] * k, num_blocks=longest + rng.randint(0, 3),
+                    max_seqs=rng.randint(4, 6), budget=rng.randint(16, 32), chunked=True)
     bs = rng.choice([1, 2, 4, 8])
     k = rng.randint(3, 9)
     prompts = [rng.randint(1, 30) for _ in range(k)]
@@ -481,13 +490,13 @@ def _simulate(schedule, w: dict, label: str) -> int:
     return step
 
 
-@WEEK.exercise(7, "schedule", section="8 (The scheduler: preemption and chunked prefill)")
+@WEEK.exercise(8, "schedule", section="8 (The scheduler: preemption and chunked prefill)")
 def check_schedule(schedule) -> None:
     """Random workloads (arrivals, lengths, pools tight enough to preempt, budgets small enough to chunk), every
     plan judged by the invariants; then LLMEngine with this scheduler equals generate on each request alone."""
     rng = random.Random(run_seed() + 7)
     for case in range(30):
-        w = _workload(rng)
+        w = _workload(rng, crowded=case % 3 == 0)
         label = (f"workload {case} (block_size {w['bs']}, {w['num_blocks']} blocks, budget {w['budget']}, "
                  f"max_num_seqs {w['max_seqs']}, chunked prefill {'on' if w['chunked'] else 'off'}, prompts "
                  f"{w['prompts']}, new tokens {w['new']}, arrival steps {w['arrivals']}) {seed_note()}")
@@ -513,3 +522,158 @@ def check_schedule(schedule) -> None:
         got = engine.generate(prompts + prompts[:2], 6)
         assert got == want + want[:2], (f"LLMEngine({kwargs}) with your scheduler returned {got}, not what generate "
                                         f"gives on each request alone ({want + want[:2]}) {seed_note()}")
+
+
+# --- 7: the prefix cache ----------------------------------------------------------------------------
+
+class _CacheModel:
+    """What a PrefixCache must do, as sets and lists: free blocks that cache nothing (any order), free cached
+    blocks (least recently freed first), owners per block, hash -> (block, tokens)."""
+
+    def __init__(self, n: int):
+        self.uncached, self.lru, self.owners, self.cached = set(range(n)), [], {}, {}
+
+    def key_of(self, block):
+        return next((h for h, (b, _) in self.cached.items() if b == block), None)
+
+
+def _cache_trial(PrefixCache, rng: random.Random, n: int, steps: int, trial: int) -> int:
+    cache, model, log, hits = PrefixCache(n), _CacheModel(n), [], 0
+    hashes = [rng.getrandbits(62) for _ in range(6)]  # few hashes: registering one twice and colliding happen
+
+    def where():
+        return f"PrefixCache({n}), trial {trial}, after {log[-8:]} {seed_note()}"
+
+    for _ in range(steps):
+        op = rng.choice(["allocate", "allocate", "free", "free", "fork", "register", "register", "lookup", "lookup",
+                         "reuse"])
+        if op == "allocate":
+            if not model.uncached and not model.lru:
+                e = _expect_error(cache.allocate, Exception, f"{where()}: allocate() with every block owned (a block "
+                                  f"in use is never evicted)")
+                assert type(e).__name__ == "OutOfBlocksError", f"allocate() on a full pool raised {type(e).__name__}"
+                continue
+            block = cache.allocate()
+            log.append(f"allocate() -> {block}")
+            if model.uncached:
+                assert block in model.uncached, (
+                    f"{where()}: allocate() returned {block}; a free block that caches nothing ({sorted(model.uncached)}) "
+                    f"must go first: evict a cached block only when no other is free"
+                    + (f" (block {block} is owned)" if block in model.owners else ""))
+                model.uncached.discard(block)
+            else:
+                want = model.lru[0]
+                assert block == want, (
+                    f"{where()}: allocate() returned {block}; with no uncached block free it must evict the least "
+                    f"recently freed cached block, {want} (free cached blocks, oldest first: {model.lru})"
+                    + (f"; block {block} is in use by {model.owners[block]} owner(s)" if block in model.owners else ""))
+                model.lru.pop(0)
+                del model.cached[model.key_of(block)]
+            model.owners[block] = 1
+        elif op == "free" and model.owners:
+            block = rng.choice(sorted(model.owners))
+            cache.free(block)
+            log.append(f"free({block})")
+            model.owners[block] -= 1
+            if not model.owners[block]:
+                del model.owners[block]
+                (model.lru.append if model.key_of(block) is not None else model.uncached.add)(block)
+        elif op == "fork" and model.owners:
+            block = rng.choice(sorted(model.owners))
+            cache.fork(block)
+            log.append(f"fork({block})")
+            model.owners[block] += 1
+        elif op == "register" and model.owners:
+            block, h = rng.choice(sorted(model.owners)), rng.choice(hashes)
+            tokens = [rng.randrange(4) for _ in range(3)]
+            cache.register(block, h, tokens)
+            log.append(f"register({block}, {h:#x}, {tokens})")
+            if h not in model.cached and model.key_of(block) is None:
+                model.cached[h] = (block, tuple(tokens))
+        elif op in ("lookup", "reuse"):
+            if op == "reuse" and model.lru:  # a cached block sitting among the free ones: a hit takes it back
+                block = rng.choice(model.lru)
+                h = model.key_of(block)
+                tokens = list(model.cached[h][1])
+            else:
+                h = rng.choice(hashes)
+                tokens = list(model.cached[h][1]) if h in model.cached and rng.random() < 0.6 else \
+                    [rng.randrange(4) for _ in range(3)]
+            got = cache.lookup(h, tokens)
+            log.append(f"lookup({h:#x}, {tokens}) -> {got}")
+            want = model.cached[h][0] if h in model.cached and model.cached[h][1] == tuple(tokens) else None
+            assert got == want, (
+                f"{where()}: lookup returned {got}; expected {want}" +
+                (" (the hash is cached but for other tokens: a collision is a miss)" if want is None and h in model.cached
+                 else " (the block was registered and has not been evicted, even if no request owns it now)"
+                 if want is not None else " (nothing is cached under this hash)"))
+            if got is not None:
+                hits += 1
+                if op == "reuse" or rng.random() < 0.5:
+                    cache.fork(got)
+                    log.append(f"fork({got})")
+                    if got in model.lru:
+                        model.lru.remove(got)
+                    model.owners[got] = model.owners.get(got, 0) + 1
+        want_free = len(model.uncached) + len(model.lru)
+        assert cache.num_free == want_free, (
+            f"{where()}: num_free = {cache.num_free}; expected {want_free} (free blocks, cached or not: a hit on a "
+            f"free cached block takes it back)")
+    return hits
+
+
+@WEEK.exercise(7, "PrefixCache", section="7 (Prefix caching)")
+def check_PrefixCache(PrefixCache) -> None:
+    """Random allocate / fork / free / register / lookup against a model of the cache (which block is evicted,
+    hits, a collision, reuse of a free cached block), errors; then LLMEngine with it equals generate alone."""
+    _, obs = observe(PrefixCache, 4)
+    used = sorted(c for c in obs.lib_calls if c.startswith(("lib.engine", "lib.paged.BlockAllocator")))
+    assert not used, f"PrefixCache(4) runs {used}; write the pool and its cache yourself"
+    rng = random.Random(run_seed() + 8)
+    hits = sum(_cache_trial(PrefixCache, rng, rng.randint(1, 8), 400, trial) for trial in range(5))
+    assert hits > 0, f"no lookup hit in 2000 operations {seed_note()}"
+    n = rng.randint(3, 8)  # LRU order, spelled out: every block cached, freed in a random order, one reused
+    cache = PrefixCache(n)
+    blocks = [cache.allocate() for _ in range(n)]
+    keys = [(rng.getrandbits(62), [rng.randrange(100) for _ in range(4)]) for _ in blocks]
+    for block, (h, tokens) in zip(blocks, keys):
+        cache.register(block, h, tokens)
+    order = rng.sample(blocks, n)
+    for block in order:
+        cache.free(block)
+    reused = order[rng.randrange(n)]
+    h, tokens = keys[blocks.index(reused)]
+    assert cache.lookup(h, tokens) == reused, (f"PrefixCache({n}): block {reused}, registered and then freed, is not "
+                                               f"found by lookup: a free cached block stays cached until evicted")
+    cache.fork(reused)
+    assert cache.num_free == n - 1, f"after fork({reused}) of a free cached block num_free = {cache.num_free}; expected {n - 1}"
+    want = [b for b in order if b != reused]
+    got = [cache.allocate() for _ in want]
+    assert got == want, (f"PrefixCache({n}): every block cached and freed in the order {order}, block {reused} taken "
+                         f"back by a hit; allocate() then evicted {got}; expected the least recently freed first: "
+                         f"{want} {seed_note()}")
+    cache = PrefixCache(3)
+    b = cache.allocate()
+    cache.free(b)
+    _expect_error(lambda: cache.free(b), ValueError, "free() of a free block")
+    _expect_error(lambda: cache.fork(b), ValueError, "fork() of a free block that caches nothing")
+    for bad in (-1, 3):
+        _expect_error(lambda: cache.free(bad), ValueError, f"free({bad}) on a pool of 3 blocks")
+    from lib.engine import LLMEngine
+    from lib.generate import generate
+    from lib.model import tiny_model
+
+    g = generator(80)
+    model = tiny_model(seed=int(torch.randint(0, 1000, (1,), generator=g)))
+    system = torch.randint(0, model.config.vocab_size, (12,), generator=g).tolist()
+    prompts = [system + torch.randint(0, model.config.vocab_size, (int(k),), generator=g).tolist()
+               for k in torch.randint(1, 6, (5,), generator=g)]
+    others = [torch.randint(0, model.config.vocab_size, (14,), generator=g).tolist() for _ in range(2)]
+    batch = prompts[:2] + others + prompts[2:]
+    want = [generate(model, torch.tensor([p]), 4)[0, len(p):].tolist() for p in batch]
+    engine = LLMEngine(model, num_blocks=12, block_size=4, max_num_seqs=2, max_num_batched_tokens=32,
+                       enable_prefix_caching=True, block_pool=PrefixCache)
+    got = engine.generate(batch, 4)
+    assert got == want, (f"LLMEngine with your PrefixCache returned {got}, not what generate gives on each request "
+                         f"alone ({want}) {seed_note()}")
+    assert engine.prefix_hit_tokens > 0, "LLMEngine with your PrefixCache found no cached prefix in prompts sharing 12 tokens"

@@ -45,7 +45,13 @@ def test_ex06_block_hashes(ex):
     checks.check_block_hashes(ex.block_hashes)
 
 
-def test_ex07_schedule(ex):
+def test_ex07_PrefixCache(ex):
+    """Property test against a model of the cache (eviction order, hits, collisions); LLMEngine with it equals
+    generate alone."""
+    checks.check_PrefixCache(ex.PrefixCache)
+
+
+def test_ex08_schedule(ex):
     """Milestone: random workloads judged by the scheduler's invariants; LLMEngine with it equals generate alone."""
     checks.check_schedule(ex.schedule)
 

@@ -25,7 +25,8 @@ inside a small real engine (`lib/engine.py`, about 400 lines) on SmolLM2, which 
 tokens that `generate` returns on each request alone.
 
 **You will write** `blocks_needed`, `slots_wasted`, `BlockAllocator`, `slot_mapping`, `paged_attention`,
-`block_hashes`, the engine's scheduler `schedule` and two quiz answers. Each is followed by a graded cell; `pytest weeks/19 -k ex04` checks
+`block_hashes`, the block pool with its prefix cache `PrefixCache`, the engine's scheduler `schedule` and two
+quiz answers. Each is followed by a graded cell; `pytest weeks/19 -k ex04` checks
 one exercise from a terminal.
 
 **Time.** About 5 hours. The notebook runs top to bottom in 2–3 minutes on a 2-core CPU with the fast
@@ -34,12 +35,13 @@ defaults below; `FULL = True` reruns the measurements at the seed's sizes (about
 
 nb.setup("""
 import math
+from collections import OrderedDict
 
 import torch
 
 from grader.checks.week19 import (check_blocks_needed, check_slots_wasted, check_BlockAllocator,
                                   check_slot_mapping, check_paged_attention, check_block_hashes,
-                                  check_schedule, check_answer_q1, check_answer_q3)
+                                  check_schedule, check_PrefixCache, check_answer_q1, check_answer_q3)
 """)
 
 nb.code("""
@@ -553,6 +555,112 @@ def block_hashes(token_ids: list[int], block_size: int) -> list[int]:
 """)
 nb.test("test_block_hashes", "check_block_hashes(block_hashes)", points=1)
 nb.md("""
+The engine keeps the cache inside its block pool. A block whose last owner frees it goes back to the
+free blocks **but keeps its hash**: it is free *and* cached. A later request whose prefix hashes to it
+takes it back (one more reference) instead of recomputing it. Only when a block is needed and every free
+block caches something is one evicted: the **least recently freed** (LRU), its hash forgotten. A block
+some request owns is never evicted.
+
+**Exercise 7.** `PrefixCache(num_blocks)`: the allocator of exercise 3 (`allocate`, `fork`, `free`,
+`num_free`, plus `ref_count(block)`) with a prefix cache:
+
+* `register(block, block_hash, tokens)`: cache an allocated full block under its hash, keeping its
+  tokens; nothing if that hash or that block is cached already;
+* `lookup(block_hash, tokens)`: the cached block of that hash **if it holds exactly these tokens**, else
+  `None` — two different blocks can share a hash (a collision), and serving another prompt's keys and
+  values would be a silent wrong answer. `lookup` changes nothing; the engine `fork`s a block it uses;
+* `allocate()` hands out a free block that caches nothing if there is one; else it evicts the least
+  recently freed cached block; `OutOfBlocksError` if no block is free;
+* `fork(block)` of a free cached block takes it back from the free blocks (a prefix-cache hit); `fork` of
+  a free block that caches nothing, and `free` of a free block, raise `ValueError`.
+
+The check replays random operations against a model of the cache (which block is evicted, every
+lookup's answer, a collision, `num_free` after every step), then runs `LLMEngine(...,
+enable_prefix_caching=True, block_pool=PrefixCache)` on prompts sharing a prefix through a pool small
+enough to evict, against `generate` on each prompt alone.
+""")
+nb.exercise("PrefixCache", """
+class PrefixCache:
+    def __init__(self, num_blocks: int):
+        ### BEGIN SOLUTION
+        self.size = num_blocks
+        self.owners = [0] * num_blocks
+        self.plain = list(range(num_blocks - 1, -1, -1))  # free blocks caching nothing (a stack)
+        self.stale = OrderedDict()  # free cached blocks, least recently freed first
+        self.by_hash = {}  # hash -> block
+        self.entry = {}  # block -> (hash, tokens)
+        ### END SOLUTION
+
+    @property
+    def num_free(self) -> int:
+        ### BEGIN SOLUTION
+        return len(self.plain) + len(self.stale)
+        ### END SOLUTION
+
+    def ref_count(self, block: int) -> int:
+        ### BEGIN SOLUTION
+        return self.owners[block]
+        ### END SOLUTION
+
+    def allocate(self) -> int:
+        ### BEGIN SOLUTION
+        if self.plain:
+            block = self.plain.pop()
+        elif self.stale:
+            block = next(iter(self.stale))  # the least recently freed
+            del self.stale[block]
+            block_hash, _ = self.entry.pop(block)
+            del self.by_hash[block_hash]
+        else:
+            raise OutOfBlocksError(f"all {self.size} blocks are in use")
+        self.owners[block] = 1
+        return block
+        ### END SOLUTION
+
+    def fork(self, block: int) -> int:
+        ### BEGIN SOLUTION
+        if not 0 <= block < self.size:
+            raise ValueError(f"no block {block}")
+        if self.owners[block] == 0:
+            if block not in self.stale:
+                raise ValueError(f"block {block} is free and caches nothing")
+            del self.stale[block]  # a hit: the cached block is in use again
+        self.owners[block] += 1
+        return block
+        ### END SOLUTION
+
+    def free(self, block: int) -> None:
+        ### BEGIN SOLUTION
+        if not 0 <= block < self.size or self.owners[block] == 0:
+            raise ValueError(f"block {block} is not allocated")
+        self.owners[block] -= 1
+        if self.owners[block] == 0:
+            if block in self.entry:
+                self.stale[block] = None  # free, still cached, evicted last
+            else:
+                self.plain.append(block)
+        ### END SOLUTION
+
+    def register(self, block: int, block_hash: int, tokens: list[int]) -> None:
+        ### BEGIN SOLUTION
+        if not 0 <= block < self.size or self.owners[block] == 0:
+            raise ValueError(f"block {block} is not allocated")
+        if block_hash in self.by_hash or block in self.entry:
+            return
+        self.by_hash[block_hash] = block
+        self.entry[block] = (block_hash, tuple(tokens))
+        ### END SOLUTION
+
+    def lookup(self, block_hash: int, tokens: list[int]) -> int | None:
+        ### BEGIN SOLUTION
+        block = self.by_hash.get(block_hash)
+        if block is not None and self.entry[block][1] == tuple(tokens):
+            return block
+        return None  # not cached, or a collision
+        ### END SOLUTION
+""")
+nb.test("test_PrefixCache", "check_PrefixCache(PrefixCache)", points=3)
+nb.md("""
 The engine with and without prefix caching on 8 requests that share a system prompt (128 tokens here,
 512 with `FULL`), each with its own question, all arriving at once:
 """)
@@ -562,7 +670,7 @@ chat = [SYSTEM + p for p in PROMPTS[10:18]]
 
 
 def serve(prompts, new, **kwargs):
-    eng = LLMEngine(model, num_blocks=256, block_size=16, max_num_seqs=4, **kwargs)
+    eng = LLMEngine(model, num_blocks=256, block_size=16, max_num_seqs=4, block_pool=PrefixCache, **kwargs)
     result = run_load(eng, prompts, [new] * len(prompts), [0.0] * len(prompts))
     return eng, result
 
@@ -584,7 +692,8 @@ a pool too small to keep the system prompt cached while unrelated requests run, 
 (oldest first) and the next round has to recompute it.
 """)
 nb.code("""
-small = LLMEngine(model, num_blocks=16, block_size=16, max_num_seqs=2, enable_prefix_caching=True)
+small = LLMEngine(model, num_blocks=16, block_size=16, max_num_seqs=2, enable_prefix_caching=True,
+                  block_pool=PrefixCache)
 small.generate(chat[:2], 1)
 hits_before = small.prefix_hit_tokens
 unrelated = [tok(" ".join(lines[600 + 10 * i:610 + 10 * i])).input_ids[:120] for i in range(2)]
@@ -593,7 +702,7 @@ small.generate(chat[2:4], 1)
 print(f"evictions: {small.blocks.num_evictions}; system-prompt tokens reused: round 1 {hits_before}, "
       f"round 2 {small.prefix_hit_tokens - hits_before} (of {2 * len(SYSTEM) // 16 * 16} possible)")
 """)
-nb.md("Check: `pytest weeks/19 -k ex06`")
+nb.md("Check: `pytest weeks/19 -k \"ex06 or ex07\"`")
 
 # --- 8 -----------------------------------------------------------------------------------------------
 nb.md("""
@@ -630,7 +739,7 @@ request needs `max(0, blocks_needed(computed + n, block_size) - blocks)` more bl
    while there are slots (`max_num_seqs`), budget and blocks; stop at the first that does not fit (never
    skip ahead of it). With `chunked_prefill` off, a prompt is admitted only whole.
 
-**Exercise 7.** Write `schedule`. The check runs random workloads — arrivals, lengths, pools tight
+**Exercise 8.** Write `schedule`. The check runs random workloads — arrivals, lengths, pools tight
 enough to preempt, budgets small enough to chunk — through your function step by step and judges every
 plan: the budget is never exceeded, no block is allocated that is not free, running requests are served
 oldest first, the newest is preempted first, waiting ones are admitted first come first served (so a
@@ -727,7 +836,7 @@ Chunking caps the stall a long prompt causes: the decoders' worst gap drops to a
 compute, and the long prompt's own first token comes a little later (its prefill is spread over several
 steps, each also carrying the decodes). That is the trade a serving system tunes with the token budget.
 
-Check: `pytest weeks/19 -k ex07`
+Check: `pytest weeks/19 -k ex08`
 """)
 
 # --- 9 -----------------------------------------------------------------------------------------------
