@@ -9,20 +9,26 @@
             ...
     engine.finished_outputs()                                 # {request_id: new ids}
 
-Every step the scheduler picks what to run (vLLM v1's shape, nano-vllm's size):
+Every step `schedule` — a function of plain data (the queues, the free blocks, the token budget) returning
+the plan, which `LLMEngine(..., scheduler=...)` can replace — picks what to run (vLLM v1's shape,
+nano-vllm's size):
 
 1. the *running* requests first, oldest first: a decode needs one token, a request still prefilling
    needs the rest of its prompt (cut to the step's token budget: **chunked prefill**). A request that
    needs a block when none is free **preempts** the most recently admitted request: its blocks are
    freed and it goes back to the front of the queue, to be recomputed (prompt + what it generated so
-   far) when there is room again. Its output is unchanged: greedy decoding is a function of the tokens.
-2. then *waiting* requests, first come first served, while there are slots (`max_num_seqs`), budget
-   (`max_num_batched_tokens`) and free blocks. With prefix caching, a request's leading full blocks
-   that some earlier request already computed are looked up by a hash chained over the token ids and
-   shared (reference-counted) instead of recomputed.
+   far) when there is room again, or (`preemption_mode="swap"`) its blocks are copied to host memory and
+   back. Its output is unchanged: greedy decoding is a function of the tokens.
+2. then, if nobody was preempted, *waiting* requests, first come first served, while there are slots
+   (`max_num_seqs`; `n` parallel samples take `n`), budget (`max_num_batched_tokens`) and free blocks.
+
+The blocks come from a `PrefixCache` (`block_pool=` replaces it): reference-counted blocks and, with
+prefix caching, a request's leading full blocks that an earlier request computed, found by a sha256 chained
+over the token ids (the tokens compared on a hit) and shared instead of recomputed; a freed cached block
+stays cached until evicted, least recently freed first.
 
 All scheduled tokens of all requests go through the model in **one forward** (`[1, N]`, flattened),
-the decodes' attention through `lib.paged.paged_attention`. Greedy output of every request is what
+the decodes' attention through `lib.paged.paged_attention`, the LM head only on each sequence's last token. Greedy output of every request is what
 `lib.generate.generate` gives on it alone.
 
 Also here: parallel sampling with copy-on-write (`add_request(..., n=4, temperature=0.8)`, `sample`): the
@@ -75,6 +81,7 @@ class Request:
     n: int = 1  # parallel sampling: samples still to fork off when the prompt is done
     generator: torch.Generator | None = None
     serial: int = 0  # the engine's int id of the request (what the scheduler sees)
+    swapped: list | None = None  # preempted by swapping: its blocks' K and V per layer, in host memory
 
     @property
     def tokens(self) -> list[int]:
@@ -413,20 +420,24 @@ class LLMEngine:
     only when the whole previous one has finished, and a finished request keeps decoding (its tokens
     thrown away) until then, as a padded row of a static batch does: static batching, for comparison.
     `scheduler` is the function that plans each step (`schedule`'s signature) and `block_pool` the class of the
-    block pool with its prefix cache (`PrefixCache`'s interface): the notebook plugs its own in.
+    block pool with its prefix cache (`PrefixCache`'s interface): the notebook plugs its own in. A preempted
+    request is recomputed (`preemption_mode="recompute"`) or its blocks are copied to host memory and back
+    (`"swap"`).
     """
 
     def __init__(self, model, num_blocks: int, block_size: int = 16, max_num_seqs: int = 8,
                  max_num_batched_tokens: int = 256, enable_chunked_prefill: bool = True,
                  enable_prefix_caching: bool = False, policy: str = "continuous",
                  eos_token_id: int | None = None, clock=time.perf_counter, scheduler=schedule,
-                 block_pool=PrefixCache):
+                 block_pool=PrefixCache, preemption_mode: str = "recompute"):
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError(f"need max_num_seqs >= 1 and max_num_batched_tokens >= 1; got {max_num_seqs}, "
                              f"{max_num_batched_tokens}")
         if max_num_batched_tokens < max_num_seqs:
             raise ValueError(f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_num_seqs "
                              f"({max_num_seqs}): every running request decodes one token per step")
+        if preemption_mode not in ("recompute", "swap"):
+            raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {preemption_mode!r}")
         if policy not in ("continuous", "static"):
             raise ValueError(f"policy must be 'continuous' or 'static', got {policy!r}")
         self.model = model
@@ -449,6 +460,9 @@ class LLMEngine:
         self.step_stats: list[dict] = []
         self.num_preemptions = 0
         self.num_cow_copies = 0
+        self.preemption_mode = preemption_mode
+        self.recomputed_tokens = 0  # recompute: tokens computed again after a preemption
+        self.swap_bytes, self.swap_seconds = 0, 0.0  # swap: bytes copied out and back in, and the time it took
         self.prompt_tokens = 0
         self.prefix_hit_tokens = 0
 
@@ -609,7 +623,15 @@ class LLMEngine:
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
-        self.blocks.release(req)  # recompute later: prompt + output so far
+        computed = req.num_computed
+        if self.preemption_mode == "swap" and not req.finished and computed:
+            start = time.perf_counter()
+            req.swapped = self.cache.swap_out(req.blocks[:blocks_needed(computed, self.block_size)])
+            self.swap_seconds += time.perf_counter() - start
+            self.swap_bytes += sum(k.numel() * k.element_size() * 2 for k, _ in req.swapped)
+        self.blocks.release(req)  # recompute later (prompt + output so far), or swap back in
+        if req.swapped is not None:
+            req.num_computed = computed
         if req.finished:  # a padded row of a static batch: nothing to recompute
             req.padding = []
             return
@@ -619,6 +641,9 @@ class LLMEngine:
 
     def _view(self, req: Request, waiting: bool) -> dict:
         """The request as the scheduler sees it (plain ints)."""
+        if waiting and req.swapped is not None:  # its computed tokens come back from host memory
+            return dict(id=req.serial, computed=req.num_computed, tokens=req.num_tokens, blocks=0, freeable=0,
+                        seqs=req.n)
         if waiting:
             computed, free_hits = self.blocks.peek(req)  # a waiting request holds no block
             return dict(id=req.serial, computed=computed, tokens=req.num_tokens, blocks=computed // self.block_size
@@ -653,7 +678,10 @@ class LLMEngine:
             req = by_id.get(i)
             if req is None and i in queued:
                 req = queued[i]
-                req.num_computed = req.num_cached_prompt = self.blocks.lookup(req)
+                if req.swapped is None:
+                    req.num_computed = req.num_cached_prompt = self.blocks.lookup(req)
+                    if req.num_preemptions:  # recompute: everything the prefix cache does not hold, again
+                        self.recomputed_tokens += req.num_tokens - req.num_computed
                 if not 1 <= n <= req.num_tokens - req.num_computed or not self.blocks.can_grow(req, req.num_computed + n):
                     self.blocks.release(req)  # the prefix cache changed since the plan (an eviction): admit later
                     req.num_cached_prompt = 0
@@ -672,6 +700,12 @@ class LLMEngine:
                 raise RuntimeError(f"the scheduler's plan gives request {i} {n} tokens, which need more blocks than "
                                    f"the {self.blocks.num_available} available: it allocated more blocks than are free")
             self._copy(self.blocks.grow(req, req.num_computed + n))
+            if req.swapped is not None:
+                start = time.perf_counter()
+                self.cache.swap_in(req.blocks, req.swapped)
+                self.swap_seconds += time.perf_counter() - start
+                self.swap_bytes += sum(k.numel() * k.element_size() * 2 for k, _ in req.swapped)
+                req.swapped = None
             scheduled.append((req, n))
         if sum(r.n for r in self.running) > self.max_num_seqs:
             raise RuntimeError(f"the scheduler's plan runs {sum(r.n for r in self.running)} sequences; "

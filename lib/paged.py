@@ -223,6 +223,18 @@ class PagedKVCache:
         for pool in self.k + self.v:
             pool[dst] = pool[src]
 
+    def swap_out(self, blocks: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Copies of `blocks`' keys and values, per layer, in host memory (a preempted sequence's, to swap back in)."""
+        ids = torch.as_tensor(list(blocks), dtype=torch.int64, device=self.device)
+        return [(k[ids].to("cpu", copy=True), v[ids].to("cpu", copy=True)) for k, v in zip(self.k, self.v)]
+
+    def swap_in(self, blocks: Sequence[int], saved: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Write `swap_out`'s copies into the first blocks of `blocks` (the sequence's new block table)."""
+        ids = torch.as_tensor(list(blocks)[:saved[0][0].shape[0]], dtype=torch.int64, device=self.device)
+        for (k, v), (ks, vs) in zip(zip(self.k, self.v), saved):
+            k[ids] = ks.to(self.device)
+            v[ids] = vs.to(self.device)
+
     def prepare(self, block_tables: Sequence[Sequence[int]], starts: Sequence[int],
                 num_tokens: Sequence[int]) -> None:
         """Describe the next forward: sequence i adds `num_tokens[i]` tokens at positions `starts[i]` onwards."""

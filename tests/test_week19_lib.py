@@ -313,3 +313,19 @@ def test_engine_computes_logits_only_for_each_sequences_last_token():
     assert engine.generate(prompts, 5) == _alone(model, prompts, 5)
     assert all(rows <= len(step) for rows, step in zip(spy.rows, engine.trace))
     assert sum(spy.rows) == 4 * 5  # one row per token generated
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_preemption_by_recompute_or_swap(mode):
+    """Both ways of preempting give generate's output; recompute computes tokens again, swap copies blocks."""
+    model = tiny_model(seed=6, n_heads=4, n_kv_heads=2)
+    prompts = _prompts(8, seed=14, lo=5, hi=30)
+    engine = LLMEngine(model, num_blocks=12, block_size=4, max_num_batched_tokens=16, preemption_mode=mode)
+    assert engine.generate(prompts, 12) == _alone(model, prompts, 12)
+    assert engine.num_preemptions > 0 and engine.blocks.num_in_use == 0
+    if mode == "swap":
+        assert engine.recomputed_tokens == 0 and engine.swap_bytes > 0
+    else:
+        assert engine.recomputed_tokens > 0 and engine.swap_bytes == 0
+    with pytest.raises(ValueError, match="preemption_mode"):
+        LLMEngine(model, num_blocks=4, preemption_mode="disk")

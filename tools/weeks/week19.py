@@ -21,7 +21,7 @@ the KV cache in fixed-size **blocks** handed out on demand, like pages of virtua
 (**PagedAttention**), and a scheduler that decides again at every step who runs (**continuous
 batching**). You build the pieces — block arithmetic, a reference-counted allocator, block tables and
 slot mapping, attention that reads keys and values straight from the block pool — and then run them
-inside a small real engine (`lib/engine.py`, about 400 lines) on SmolLM2, which returns exactly the
+inside a small real engine (`lib/engine.py`, about 800 lines with its docstrings) on SmolLM2, which returns exactly the
 tokens that `generate` returns on each request alone.
 
 **You will write** `blocks_needed`, `slots_wasted`, `BlockAllocator`, `slot_mapping`, `paged_attention`,
@@ -92,13 +92,26 @@ for name, lengths in [("8 requests, 8 slots", seed8), ("64 queued requests, 8 sl
     print(f"{name:>28}: static {s:5d} steps, continuous {c:5d} steps, ratio {s / c:.2f}")
 uniform = [200] * 64
 print(f"{'64 requests, all 200':>28}: ratio {simulate_steps(uniform, 8, 'static') / simulate_steps(uniform, 8):.2f}")
+# The ceiling: a static batch of 4 short + 4 long requests keeps 8 slots for 200 steps; the short ones use 50.
+idle = 4 * (200 - 50) / (8 * 200)
+print(f"idle slot-steps in a static 50/200 batch: {idle:.1%}; removing all of them gains at most "
+      f"1 / (1 - {idle:.3f}) = {1 / (1 - idle):.2f}x")
+# Latency of the 8 requests alone: a static batch returns together; continuous returns each when it is done.
+print(f"8 requests alone, mean completion: static {200:.0f} steps, continuous {(4 * 50 + 4 * 200) / 8:.0f} steps")
 """)
 nb.md("""
-With only the 8 requests there is **nothing** to gain: both policies take 200 steps, because nobody is
-waiting for the slots the short requests free. The gain needs a queue. With 64 requests queued the
-short ones' slots are refilled, and continuous batching takes 1100 steps against 1600: **1.45×**, not
-2–3×. The step-count model says the gain is `Σ max(batch) / (continuous steps)`; it grows with the spread
-of lengths and the depth of the queue, and is 1.0 when all lengths are equal.
+With only the 8 requests there is nothing to gain in **throughput**: both policies take 200 steps,
+because nobody is waiting for the slots the short requests free. There is a gain in **latency**: a
+static batch returns its requests together at step 200, continuous batching returns each short request
+at step 50, so the mean completion time drops from 200 to 125 steps. The throughput gain needs a queue.
+
+How much can it be? The seed's "75 % waste" is per short request (150 of its 200 slot-steps idle); per
+batch, half the slots are short, so **37.5 %** of a static batch's slot-steps are idle, and no scheduler
+can gain more than 1 / (1 − 0.375) = **1.6×** on this mix — the seed's "2–3×" is above the ceiling. With
+64 requests queued the short ones' slots are refilled, and continuous batching takes 1100 steps against
+1600: **1.45×**, below the ceiling because at the end the last long requests run with empty slots beside
+them (1100 steps against the 32 × (50 + 200) / 8 = 1000 that full slots would take). The gain grows with the spread of
+lengths and the depth of the queue, and is 1.0 when all lengths are equal.
 
 Now measure it on SmolLM2 with the real engine: the same workload shape (half short, half 4× longer,
 alternating), static against continuous, steps and wall time. The fast default is scaled down
@@ -128,9 +141,11 @@ print(f"  static:     {len(es.trace):4d} steps, {ts:6.1f} s, {sum(lengths) / ts:
 print(f"  continuous: {len(ec.trace):4d} steps, {tc:6.1f} s, {sum(lengths) / tc:6.1f} tok/s")
 print(f"  gain: predicted by step count {pred:.2f}x, measured steps {len(es.trace) / len(ec.trace):.2f}x, "
       f"measured wall time {ts / tc:.2f}x")
+assert (len(es.trace), len(ec.trace)) == (simulate_steps(lengths, SLOTS, "static"), simulate_steps(lengths, SLOTS))
 """)
 nb.md("""
-The measured step counts include the prefill steps, so they sit a little above the model's. Wall time
+The measured step counts **equal** the model's (the `assert` above): the prefill step also samples a
+request's first token, so a request of n new tokens holds its slot for exactly n steps. Wall time
 follows the step count to the extent that a decode step costs about the same with 1 or 4 requests in it
 (section 5 measures how true that is here; on a busy machine the two runs also see different loads).
 The **Gantt chart** below shows each slot over time, one colour per request: in the static run a slot
@@ -207,8 +222,11 @@ print(f"paged (16):   {blocks4} blocks = {blocks4 * 16} slots, {slots_wasted(len
       f"({slots_wasted(lengths4, 16) / (blocks4 * 16):.2%})")
 """)
 nb.md("""
-Both of the seed's numbers (258 blocks, 28 slots) are right. Its "at most 15 × 4 = 60 slots" is the bound;
-28 is what these lengths give. In bytes, on SmolLM2 (fp32 here, 46 KB per token) for a realistic mix —
+Both of the seed's counts (258 blocks, 28 slots) are right. Its "at most 15 × 4 = 60 slots" is the bound;
+28 is what these lengths give — 0.68 % of the 4128 slots allocated (printed above), not the seed's
+"0.3 %". The seed also quotes "20.4 % utilization (FasterTransformer)" for existing systems: in the vLLM
+paper (Kwon et al., 2023, Fig. 2) 20.4 % is **Orca (Max)**, a cache that reserves the maximum length per
+request — the same kind of number as the "preallocate 2048" row below. In bytes, on SmolLM2 (fp32 here, 46 KB per token) for a realistic mix —
 request lengths spread from short chats to long documents — and for several block sizes:
 """)
 nb.code("""
@@ -467,9 +485,13 @@ def decode_rate(batch, steps=STEPS):
 
 
 rates = {b: decode_rate(b) for b in tqdm(BATCHES, desc="batch sizes")}
-print(f"{'batch':>6} {'ms/step':>8} {'tok/s':>7} {'vs batch 1':>10}")
+weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+roofline = weight_bytes / 25e9  # s per step to read every weight once at ~25 GB/s (this machine's mat-vec rate)
+print(f"roofline: {weight_bytes / 1e6:.0f} MB of weights at 25 GB/s = {roofline * 1e3:.0f} ms per step, any batch")
+print(f"{'batch':>6} {'ms/step':>8} {'x roofline':>10} {'tok/s':>7} {'vs batch 1':>10} {'of linear':>9}")
 for b, (rate, step) in rates.items():
-    print(f"{b:>6} {step * 1e3:8.1f} {rate:7.1f} {rate / rates[1][0]:9.1f}x")
+    print(f"{b:>6} {step * 1e3:8.1f} {step / roofline:9.1f}x {rate:7.1f} {rate / rates[1][0]:9.1f}x "
+          f"{rate / rates[1][0] / b:9.0%}")
 fig, ax = plt.subplots(1, 2, figsize=(10, 3.5))
 ax[0].plot(BATCHES, [rates[b][0] for b in BATCHES], "o-", label="measured")
 ax[0].plot(BATCHES, [rates[1][0] * b for b in BATCHES], "--", color="gray", label="linear in batch")
@@ -479,10 +501,14 @@ ax[1].set_xlabel("batch"); ax[1].set_ylabel("ms per decode step"); ax[1].set_yli
 plt.tight_layout(); plt.show()
 """)
 nb.md("""
-The step time grows slowly with the batch, so throughput grows nearly in proportion — that is the whole
-reason servers batch. The curve bends where the per-token work (attention over each request's own keys,
-the activations of the LM head's 49,152 outputs per token) starts to count next to reading the weights.
-Measured on a shared CPU, so read the ratios, not the absolute numbers.
+Read the last two columns. Throughput grows with the batch — that is the reason servers batch — but
+**not** in proportion: in the runs recorded in this week's README the step took 383 → 703 → 941 ms at
+batch 1 → 8 → 16, so batch 8 gave 4.4×, 55 % of linear. The bandwidth argument above assumed a step
+costs about the time to read the weights; the `x roofline` column says the batch-1 step here costs many
+times that (18× in that run): the step is bound by **overhead** — Python, one kernel call per layer and
+operation, the paged-attention loop, the LM head — not by memory bandwidth, and that overhead grows with
+the batch. On a GPU, where a decode step sits much closer to its roofline, the curve is much closer to
+linear. Measured on a shared CPU, so read the ratios, not the absolute numbers.
 """)
 
 # --- 6 -----------------------------------------------------------------------------------------------
@@ -802,6 +828,35 @@ print(f"pool of {tight.num_blocks} blocks of 8: {tight.num_preemptions} preempti
 assert out_tight == alone
 """)
 nb.md("""
+**Recompute or swap?** The engine above recomputes a preempted request. The alternative (vLLM's "swap")
+copies its blocks to host memory and back when it resumes: no tokens computed twice, but every one of
+its tokens' K and V crosses the memory bus twice. Both, on the same workload, with your scheduler:
+""")
+nb.code("""
+kv_per_token = kv_cache_bytes(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, 1, bytes_per_element=4)
+for mode in ("recompute", "swap"):
+    eng = LLMEngine(model, num_blocks=4, block_size=8, max_num_seqs=8, max_num_batched_tokens=32, scheduler=schedule,
+                    preemption_mode=mode)
+    start = time.perf_counter()
+    assert eng.generate(prompts, NEW) == alone
+    seconds = time.perf_counter() - start
+    prefill = sum(s["num_prefill_tokens"] for s in eng.step_stats)
+    print(f"{mode:>9}: {eng.num_preemptions} preemptions, {len(eng.trace)} steps, {prefill} prefill tokens "
+          f"({eng.recomputed_tokens} of them recomputed), {eng.swap_bytes / 1e6:.2f} MB swapped in "
+          f"{eng.swap_seconds * 1e3:.1f} ms; {seconds:.2f} s in all")
+print(f"per token: swapping moves 2 x {kv_per_token / 1e3:.0f} KB (out and back in): {2 * kv_per_token / 25e9 * 1e6:.1f} us "
+      f"at 25 GB/s; recomputing it is a share of a prefill forward, ~2 x {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M "
+      f"FLOP")
+""")
+nb.md("""
+On this CPU "host memory" is the memory the cache already lives in, so a swap is a plain copy: a few
+microseconds per token (printed above), against about 2 × 135 M FLOP to recompute a token — milliseconds
+at a CPU's tens of GFLOP/s. Swap wins here by orders of magnitude, and the swap run's total time shows it
+as far as this machine's noise allows. On a GPU the copy crosses PCIe (32 GB/s theoretical for PCIe 4.0
+x16, far below the GPU's own memory) while a prefill runs at hundreds of TFLOP/s, and swapped-out blocks
+take pinned host memory: the two come much closer, and recompute needs no host memory and no bookkeeping
+of the copies — vLLM's v1 engine preempts by recompute only.
+
 **Chunked prefill.** A long prompt's prefill is one big forward. If it runs in one step, every request
 that is decoding waits for it: a spike in their time between tokens (TBT). With a token budget per step
 (`max_num_batched_tokens`) and chunked prefill (Sarathi-Serve, Agrawal et al., 2024), the prompt is cut
