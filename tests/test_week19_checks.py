@@ -536,7 +536,7 @@ def test_slots_wasted(ex, child):
 
 @pytest.mark.parametrize("name, match", [
     ("NoRefCounts", "num_free"),
-    ("NeverReuses", "returned"),
+    ("NeverReuses", "returned|KeyError|did not raise"),  # hands out numbers past the pool, never runs out, trips on bad ids
     ("SilentDoubleFree", "did not raise"),
     ("VagueError", "OutOfBlocksError"),
     ("ForksFreeBlocks", r"fork\(\d+\) of a free block"),
@@ -601,11 +601,11 @@ def test_prefix_cache_accepts_the_solution(ex):
 
 
 @pytest.mark.parametrize("name, match", [
-    ("EvictsInUse", "in use"),
+    ("EvictsInUse", "in use|least recently freed"),  # evicts an owned block, or the wrong free one
     ("EvictsNewest", "least recently freed"),
     ("EvictsBeforeUncached", "must go first"),
     ("NoTokenCompare", "collision is a miss"),
-    ("ForgetsOnFree", "has not been evicted"),
+    ("ForgetsOnFree", "has not been evicted|must go first|least recently freed"),  # the model still has it cached
 ])
 def test_prefix_cache_wrong_routes(child, name, match):
     _rejects(child, checks.check_PrefixCache, name, match)
@@ -616,7 +616,7 @@ def test_schedule_accepts_the_solution(ex):
 
 
 @pytest.mark.parametrize("name, match", [
-    ("ignores_budget", "token budget"),
+    ("ignores_budget", "token budget|leaves it waiting"),  # over the budget, or (whole prompts only) admits too few
     ("last_come_first", "first come first served"),
     ("preempts_oldest", "most recently admitted"),
     ("never_chunks", "leaves it waiting"),

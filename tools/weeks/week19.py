@@ -834,29 +834,36 @@ its tokens' K and V crosses the memory bus twice. Both, on the same workload, wi
 """)
 nb.code("""
 kv_per_token = kv_cache_bytes(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, 1, bytes_per_element=4)
+n_params = sum(p.numel() for p in model.parameters())
+ran = {}
 for mode in ("recompute", "swap"):
     eng = LLMEngine(model, num_blocks=4, block_size=8, max_num_seqs=8, max_num_batched_tokens=32, scheduler=schedule,
                     preemption_mode=mode)
     start = time.perf_counter()
     assert eng.generate(prompts, NEW) == alone
-    seconds = time.perf_counter() - start
+    ran[mode] = (eng, time.perf_counter() - start)
     prefill = sum(s["num_prefill_tokens"] for s in eng.step_stats)
     print(f"{mode:>9}: {eng.num_preemptions} preemptions, {len(eng.trace)} steps, {prefill} prefill tokens "
           f"({eng.recomputed_tokens} of them recomputed), {eng.swap_bytes / 1e6:.2f} MB swapped in "
-          f"{eng.swap_seconds * 1e3:.1f} ms; {seconds:.2f} s in all")
-print(f"per token: swapping moves 2 x {kv_per_token / 1e3:.0f} KB (out and back in): {2 * kv_per_token / 25e9 * 1e6:.1f} us "
-      f"at 25 GB/s; recomputing it is a share of a prefill forward, ~2 x {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M "
-      f"FLOP")
+          f"{eng.swap_seconds * 1e3:.1f} ms; {ran[mode][1]:.2f} s in all")
+swapped_tokens = ran["swap"][0].swap_bytes / (2 * kv_per_token)  # each token's K and V: out once, in once
+print(f"per token, derived: swap 2 x {kv_per_token / 1e3:.0f} KB at 25 GB/s = {2 * kv_per_token / 25e9 * 1e6:.1f} us; "
+      f"recompute 2 x {n_params / 1e6:.0f}M FLOP at 320 GFLOP/s = {2 * n_params / 320e9 * 1e3:.2f} ms")
+print(f"per token, measured: swap {ran['swap'][0].swap_seconds / swapped_tokens * 1e3:.2f} ms "
+      f"({swapped_tokens:.0f} tokens' K and V moved out and in)")
 """)
 nb.md("""
-On this CPU "host memory" is the memory the cache already lives in, so a swap is a plain copy: a few
-microseconds per token (printed above), against about 2 × 135 M FLOP to recompute a token — milliseconds
-at a CPU's tens of GFLOP/s. Swap wins here by orders of magnitude, and the swap run's total time shows it
-as far as this machine's noise allows. On a GPU the copy crosses PCIe (32 GB/s theoretical for PCIe 4.0
-x16, far below the GPU's own memory) while a prefill runs at hundreds of TFLOP/s, and swapped-out blocks
-take pinned host memory: the two come much closer, and recompute needs no host memory and no bookkeeping
-of the copies — vLLM's v1 engine preempts by recompute only.
-
+By the arithmetic (the `derived` line: bytes over this machine's copy bandwidth, FLOPs over its best
+matmul rate) swapping a token costs microseconds and recomputing it about a millisecond: on a CPU, where
+"host memory" is the memory the cache already lives in, swap should win by orders of magnitude. The
+`measured` line shows what the copies actually cost in this run: each swap is 2 × 30 separate copies
+(K and V of every layer), and on a shared, loaded CPU the per-operation overhead, not the bandwidth, sets
+their time — compare the two totals on your machine. On a GPU the copy crosses PCIe (32 GB/s theoretical
+for PCIe 4.0 x16, far below the GPU's own memory) while a prefill runs at hundreds of TFLOP/s, and
+swapped-out blocks take pinned host memory: the two come much closer, and recompute needs no host memory
+and no bookkeeping of the copies — vLLM's v1 engine preempts by recompute only.
+""")
+nb.md("""
 **Chunked prefill.** A long prompt's prefill is one big forward. If it runs in one step, every request
 that is decoding waits for it: a spike in their time between tokens (TBT). With a token budget per step
 (`max_num_batched_tokens`) and chunked prefill (Sarathi-Serve, Agrawal et al., 2024), the prompt is cut
