@@ -1022,6 +1022,7 @@ class Session:
         o.matmuls = [(tuple(a), tuple(b)) for a, b in obs["matmuls"]]
         o.flops, o.peak_bytes = int(obs["flops"]), int(obs["peak_bytes"])
         o.lib_calls = {c for c in obs["lib_calls"] if type(c) is str}
+        o.reductions = [(str(n), tuple(int(x) for x in sh), int(e)) for n, sh, e in obs.get("reductions", ())]
         return result, o
 
     def get(self, name: str):
@@ -1491,7 +1492,9 @@ class _Child:
             self.lib_seen.setdefault(self.current_root, set()).update(obs.lib_calls)
             return (result, ({"ops": dict(obs.ops), "matmuls": [tuple(map(tuple, m)) for m in obs.matmuls],
                                      "flops": int(obs.flops), "peak_bytes": int(obs.peak_bytes),
-                                     "lib_calls": sorted(obs.lib_calls)}), self._copied(call_args, kwargs))
+                                     "lib_calls": sorted(obs.lib_calls),
+                                     "reductions": [(str(n), tuple(map(int, sh)), int(e)) for n, sh, e in obs.reductions]}),
+                    self._copied(call_args, kwargs))
         with self.watch():
             return _apply(op, target, args)
 

@@ -9,20 +9,26 @@
             ...
     engine.finished_outputs()                                 # {request_id: new ids}
 
-Every step the scheduler picks what to run (vLLM v1's shape, nano-vllm's size):
+Every step `schedule` — a function of plain data (the queues, the free blocks, the token budget) returning
+the plan, which `LLMEngine(..., scheduler=...)` can replace — picks what to run (vLLM v1's shape,
+nano-vllm's size):
 
 1. the *running* requests first, oldest first: a decode needs one token, a request still prefilling
    needs the rest of its prompt (cut to the step's token budget: **chunked prefill**). A request that
    needs a block when none is free **preempts** the most recently admitted request: its blocks are
    freed and it goes back to the front of the queue, to be recomputed (prompt + what it generated so
-   far) when there is room again. Its output is unchanged: greedy decoding is a function of the tokens.
-2. then *waiting* requests, first come first served, while there are slots (`max_num_seqs`), budget
-   (`max_num_batched_tokens`) and free blocks. With prefix caching, a request's leading full blocks
-   that some earlier request already computed are looked up by a hash chained over the token ids and
-   shared (reference-counted) instead of recomputed.
+   far) when there is room again, or (`preemption_mode="swap"`) its blocks are copied to host memory and
+   back. Its output is unchanged: greedy decoding is a function of the tokens.
+2. then, if nobody was preempted, *waiting* requests, first come first served, while there are slots
+   (`max_num_seqs`; `n` parallel samples take `n`), budget (`max_num_batched_tokens`) and free blocks.
+
+The blocks come from a `PrefixCache` (`block_pool=` replaces it): reference-counted blocks and, with
+prefix caching, a request's leading full blocks that an earlier request computed, found by a sha256 chained
+over the token ids (the tokens compared on a hit) and shared instead of recomputed; a freed cached block
+stays cached until evicted, least recently freed first.
 
 All scheduled tokens of all requests go through the model in **one forward** (`[1, N]`, flattened),
-the decodes' attention through `lib.paged.paged_attention`. Greedy output of every request is what
+the decodes' attention through `lib.paged.paged_attention`, the LM head only on each sequence's last token. Greedy output of every request is what
 `lib.generate.generate` gives on it alone.
 
 Also here: parallel sampling with copy-on-write (`add_request(..., n=4, temperature=0.8)`, `sample`): the
@@ -32,6 +38,7 @@ with arrival times (`run_load`: TTFT, TBT, throughput, KV utilization).
 """
 from __future__ import annotations
 
+import hashlib
 import itertools
 import time
 from collections import OrderedDict, deque
@@ -41,7 +48,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lib.generate import sample_next
-from lib.paged import BlockAllocator, OutOfBlocksError, PagedKVCache, blocks_needed
+from lib.paged import OutOfBlocksError, PagedKVCache, blocks_needed
 
 
 # --- requests ----------------------------------------------------------------------------------------
@@ -73,6 +80,8 @@ class Request:
     seed: int = 0  # sampling: this request's generator is seeded with it
     n: int = 1  # parallel sampling: samples still to fork off when the prompt is done
     generator: torch.Generator | None = None
+    serial: int = 0  # the engine's int id of the request (what the scheduler sees)
+    swapped: list | None = None  # preempted by swapping: its blocks' K and V per layer, in host memory
 
     @property
     def tokens(self) -> list[int]:
@@ -91,16 +100,25 @@ class StepOutput:
     finished: bool
 
 
+def chain_hash(parent: int | None, tokens: Sequence[int]) -> int:
+    """The hash of one full block: sha256 over the previous block's hash and this block's token ids.
+
+    A content hash, the same in every process and run (Python's `hash()` is neither for strings, and its
+    64 bits invite collisions that an attacker can aim for: vLLM moved to sha256 for that reason)."""
+    digest = hashlib.sha256(repr((parent, [int(t) for t in tokens])).encode()).digest()
+    return int.from_bytes(digest[:16], "little")
+
+
 def block_hashes(token_ids: Sequence[int], block_size: int, parent: int | None = None) -> list[int]:
     """One hash per *full* block of `token_ids`, each chained over the previous block's hash:
-    h_i = hash((h_{i-1}, tokens of block i)). Two sequences share h_i only if they share every token up
+    h_i = chain_hash(h_{i-1}, tokens of block i). Two sequences share h_i only if they share every token up
     to the end of block i, so a hit on h_i means blocks 0..i can all be reused."""
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     out = []
     h = parent
     for i in range(len(token_ids) // block_size):
-        h = hash((h, tuple(token_ids[i * block_size:(i + 1) * block_size])))
+        h = chain_hash(h, token_ids[i * block_size:(i + 1) * block_size])
         out.append(h)
     return out
 
@@ -128,44 +146,120 @@ def simulate_steps(lengths: Sequence[int], slots: int, policy: str = "continuous
 
 # --- blocks: allocation, sharing and the prefix cache ---------------------------------------------
 
-class BlockManager:
-    """Gives requests blocks from a `BlockAllocator` and, optionally, keeps a prefix cache.
+class PrefixCache:
+    """A pool of `num_blocks` reference-counted blocks with a prefix cache over them.
 
-    The prefix cache owns one reference to every block it indexes (hash -> block). A cached block no
-    request uses (reference count 1: the cache's own) is *evictable*; those are kept in LRU order and
-    handed out again, oldest first, only when no free block is left.
+    `allocate`, `fork`, `free` as `lib.paged.BlockAllocator`; `ref_count(block)` its owners. A full block can be
+    `register`ed under its hash (with its tokens); `lookup(hash, tokens)` finds it again while it stays
+    cached — also after its last owner has freed it: a freed cached block stays *free but cached*, and a
+    hit takes it back (`fork`). `allocate()` prefers a block that caches nothing; when only free cached
+    blocks are left it evicts the least recently freed one (LRU), forgetting its hash.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False):
-        self.allocator = BlockAllocator(num_blocks)
+    def __init__(self, num_blocks: int):
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.ref_counts = [0] * num_blocks
+        self._uncached = list(range(num_blocks - 1, -1, -1))  # free blocks that cache nothing (a stack)
+        self._lru: OrderedDict[int, None] = OrderedDict()  # free cached blocks, least recently freed first
+        self._block_of: dict[int, int] = {}  # hash -> block
+        self._key_of: dict[int, tuple[int, tuple[int, ...]]] = {}  # block -> (hash, tokens)
+
+    @property
+    def num_free(self) -> int:
+        """Blocks no request owns (cached or not): what `allocate` can hand out."""
+        return len(self._uncached) + len(self._lru)
+
+    def _check(self, block: int, what: str) -> None:
+        if not isinstance(block, int) or not 0 <= block < self.num_blocks:
+            raise ValueError(f"cannot {what} block {block!r}: blocks are ints in 0..{self.num_blocks - 1}")
+
+    def ref_count(self, block: int) -> int:
+        self._check(block, "read")
+        return self.ref_counts[block]
+
+    def allocate(self) -> int:
+        if self._uncached:
+            block = self._uncached.pop()
+        elif self._lru:
+            block, _ = self._lru.popitem(last=False)  # evict the least recently freed cached block
+            del self._block_of[self._key_of.pop(block)[0]]
+        else:
+            raise OutOfBlocksError(f"out of KV blocks: all {self.num_blocks} blocks are in use")
+        self.ref_counts[block] = 1
+        return block
+
+    def fork(self, block: int) -> int:
+        """One more owner; a free cached block (a prefix-cache hit) is taken back from the free ones."""
+        self._check(block, "fork")
+        if self.ref_counts[block] == 0:
+            if block not in self._lru:
+                raise ValueError(f"cannot fork block {block}: it is free and caches nothing")
+            del self._lru[block]
+        self.ref_counts[block] += 1
+        return block
+
+    def free(self, block: int) -> None:
+        self._check(block, "free")
+        if self.ref_counts[block] == 0:
+            raise ValueError(f"cannot free block {block}: it is not allocated (double free?)")
+        self.ref_counts[block] -= 1
+        if self.ref_counts[block] == 0:
+            if block in self._key_of:
+                self._lru[block] = None  # the most recently freed: evicted last
+            else:
+                self._uncached.append(block)
+
+    def register(self, block: int, block_hash: int, tokens: Sequence[int]) -> None:
+        """Cache an allocated full `block` under `block_hash`; nothing if the hash or the block is cached already."""
+        self._check(block, "register")
+        if self.ref_counts[block] == 0:
+            raise ValueError(f"cannot register block {block}: it is not allocated")
+        if block_hash not in self._block_of and block not in self._key_of:
+            self._block_of[block_hash] = block
+            self._key_of[block] = (block_hash, tuple(int(t) for t in tokens))
+
+    def lookup(self, block_hash: int, tokens: Sequence[int]) -> int | None:
+        """The cached block of `block_hash` if it holds exactly `tokens` (a hash collision is a miss), else None.
+        Changes nothing: `fork` the block to use it."""
+        block = self._block_of.get(block_hash)
+        if block is None or self._key_of[block][1] != tuple(int(t) for t in tokens):
+            return None
+        return block
+
+
+class BlockManager:
+    """Gives requests blocks from a pool (`PrefixCache`, or the class given as `pool`) and, with prefix caching,
+    registers their full blocks and looks up the longest cached prefix of a new request."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False, pool=PrefixCache):
+        self.pool = pool(num_blocks)
+        self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self.cached: dict[int, int] = {}  # hash -> block
-        self.hash_of: dict[int, int] = {}  # block -> hash
-        self.evictable: OrderedDict[int, None] = OrderedDict()  # cached blocks no request holds, LRU first
+        self.registered: dict[int, int] = {}  # block -> hash, for the blocks this manager had the pool cache
         self.num_evictions = 0
 
     @property
     def num_available(self) -> int:
-        return self.allocator.num_free + len(self.evictable)
+        return self.pool.num_free
 
     @property
     def num_in_use(self) -> int:
-        """Blocks some request holds (evictable cached blocks excluded)."""
-        return self.allocator.num_used - len(self.evictable)
+        """Blocks some request holds (free cached blocks excluded)."""
+        return self.num_blocks - self.pool.num_free
 
     def _allocate(self) -> int:
-        if self.allocator.num_free == 0 and self.evictable:
-            block, _ = self.evictable.popitem(last=False)  # least recently used
-            del self.cached[self.hash_of.pop(block)]
-            self.allocator.free(block)
+        block = self.pool.allocate()
+        if self.registered.pop(block, None) is not None:  # a cached block handed out again: evicted
             self.num_evictions += 1
-        return self.allocator.allocate()
+        return block
 
     def _shared_write_block(self, req: Request) -> int | None:
         """Index in `req.blocks` of the block its next token is written to, if another owner shares it."""
         j = req.num_computed // self.block_size
-        if j < len(req.blocks) and self.allocator.ref_counts[req.blocks[j]] > 1:
+        if j < len(req.blocks) and self.pool.ref_count(req.blocks[j]) > 1:
             return j
         return None
 
@@ -184,12 +278,12 @@ class BlockManager:
         need = self._need(req, num_tokens)
         if need > self.num_available:
             raise OutOfBlocksError(f"request {req.request_id!r} needs {need} more blocks; {self.num_available} of "
-                                   f"{self.allocator.num_blocks} are free")
+                                   f"{self.num_blocks} are free")
         copies = []
         j = self._shared_write_block(req)
         if j is not None:
             src, dst = req.blocks[j], self._allocate()
-            self.allocator.free(src)  # one owner fewer; the others keep it
+            self.pool.free(src)  # one owner fewer; the others keep it
             req.blocks[j] = dst
             copies.append((src, dst))
         while len(req.blocks) < blocks_needed(num_tokens, self.block_size):
@@ -197,34 +291,52 @@ class BlockManager:
         return copies
 
     def release(self, req: Request) -> None:
-        """Free every block of `req` (shared and cached ones stay for their other owners)."""
+        """Free every block of `req` (shared ones stay with their other owners, cached ones stay cached)."""
         for block in reversed(req.blocks):  # the tail first: later blocks are the least likely to be hit again
-            self.allocator.free(block)
-            if block in self.hash_of and self.allocator.ref_counts[block] == 1:
-                self.evictable[block] = None
-                self.evictable.move_to_end(block)
+            self.pool.free(block)
         req.blocks, req.block_hashes, req.num_computed = [], [], 0
+
+    def _hits(self, req: Request) -> list[tuple[int, int]]:
+        """(hash, block) of `req`'s longest cached prefix of full blocks, at least one token left to compute."""
+        if not self.enable_prefix_caching or req.blocks:
+            return []
+        bs = self.block_size
+        usable = (req.num_tokens - 1) // bs
+        tokens = req.tokens
+        hits = []
+        for i, h in enumerate(block_hashes(tokens[:usable * bs], bs)):
+            block = self.pool.lookup(h, tokens[i * bs:(i + 1) * bs])
+            if block is None:
+                break
+            hits.append((h, block))
+        return hits
+
+    def peek(self, req: Request) -> tuple[int, int]:
+        """What `lookup(req)` would find, changing nothing: (tokens covered, hit blocks that are free: sharing
+        those takes them out of the free pool, sharing one that another request holds does not)."""
+        hits = self._hits(req)
+        return len(hits) * self.block_size, sum(self.pool.ref_count(block) == 0 for _, block in hits)
 
     def lookup(self, req: Request) -> int:
         """Share the cached blocks of `req`'s longest cached prefix; return how many tokens that covers.
 
         At least one token is always left to compute (its logits give the next token)."""
-        if not self.enable_prefix_caching or req.blocks:
-            return 0
-        usable = (req.num_tokens - 1) // self.block_size
-        hashes = block_hashes(req.tokens[:usable * self.block_size], self.block_size)
-        for h in hashes:
-            block = self.cached.get(h)
-            if block is None:
-                break
-            self.allocator.fork(block)
-            self.evictable.pop(block, None)
+        for h, block in self._hits(req):
+            self.pool.fork(block)
             req.blocks.append(block)
             req.block_hashes.append(h)
         return len(req.blocks) * self.block_size
 
+    def writable(self, req: Request) -> int:
+        """Blocks of `req` it can write into (a shared block it is about to write is copied first: not counted)."""
+        return len(req.blocks) - (self._shared_write_block(req) is not None)
+
+    def freeable(self, req: Request) -> int:
+        """Blocks that become free if `req` is released (those no other request holds)."""
+        return sum(self.pool.ref_count(b) == 1 for b in req.blocks)
+
     def register(self, req: Request) -> None:
-        """Index `req`'s newly completed full blocks in the prefix cache."""
+        """Have the pool cache `req`'s newly completed full blocks."""
         if not self.enable_prefix_caching:
             return
         full = req.num_computed // self.block_size
@@ -233,13 +345,69 @@ class BlockManager:
         while len(req.block_hashes) < full:
             i = len(req.block_hashes)
             parent = req.block_hashes[-1] if req.block_hashes else None
-            h = hash((parent, tuple(tokens[i * bs:(i + 1) * bs])))
+            block_tokens = tokens[i * bs:(i + 1) * bs]
+            h = chain_hash(parent, block_tokens)
             req.block_hashes.append(h)
             block = req.blocks[i]
-            if h not in self.cached and block not in self.hash_of:
-                self.cached[h] = block
-                self.hash_of[block] = h
-                self.allocator.fork(block)  # the cache's own reference
+            if block not in self.registered and self.pool.lookup(h, block_tokens) is None:
+                self.pool.register(block, h, block_tokens)
+                self.registered[block] = h
+
+
+# --- the scheduler ------------------------------------------------------------------------------------
+
+def schedule(running: list[dict], waiting: list[dict], free_blocks: int, block_size: int, token_budget: int,
+             max_num_seqs: int, chunked_prefill: bool = True) -> dict:
+    """One step's plan, from plain data: who runs how many tokens, who is preempted.
+
+    Each request is a dict of ints: `id`; `computed` (tokens whose K and V are in the cache, or found in the
+    prefix cache for a waiting one); `tokens` (prompt + output so far: it needs `tokens - computed` more);
+    `blocks` (blocks it holds that it can write into); `freeable` (blocks that come free if it is
+    preempted); `seqs` (slots it takes: n for a parallel-sampling request whose samples are not forked yet).
+    `running` is in admission order (oldest first), `waiting` in queue order (preempted ones in front).
+    To compute n more tokens a request needs `max(0, blocks_needed(computed + n, block_size) - blocks)` more.
+
+    Returns `{"preempt": [id, ...], "run": [[id, n], ...]}`: the running requests first (oldest first; a
+    prefill is cut to the budget left: chunked prefill), preempting the newest running request while the
+    blocks do not suffice; then, if nobody was preempted, waiting requests first come first served while
+    slots, budget and blocks last (with `chunked_prefill` off, a prompt is admitted only whole).
+    """
+    budget, free = token_budget, free_blocks
+    alive = list(running)
+    preempt, run = [], []
+    i = 0
+    while i < len(alive) and budget > 0:
+        req = alive[i]
+        n = min(req["tokens"] - req["computed"], budget)
+        need = max(0, blocks_needed(req["computed"] + n, block_size) - req["blocks"])
+        while need > free:
+            victim = alive.pop()  # the most recently admitted
+            preempt.append(victim["id"])
+            free += victim["freeable"]
+            if victim is req:
+                break
+        if req is not (alive[i] if i < len(alive) else None):
+            break
+        run.append([req["id"], n])
+        free -= need
+        budget -= n
+        i += 1
+    if preempt:
+        return {"preempt": preempt, "run": run}
+    seqs = sum(r["seqs"] for r in alive)
+    for req in waiting:
+        remaining = req["tokens"] - req["computed"]
+        n = min(remaining, budget)
+        if seqs + req["seqs"] > max_num_seqs or budget <= 0 or (n < remaining and not chunked_prefill):
+            break
+        need = max(0, blocks_needed(req["computed"] + n, block_size) - req["blocks"])
+        if need > free:
+            break
+        run.append([req["id"], n])
+        free -= need
+        budget -= n
+        seqs += req["seqs"]
+    return {"preempt": preempt, "run": run}
 
 
 # --- the engine --------------------------------------------------------------------------------------
@@ -251,18 +419,25 @@ class LLMEngine:
     at most `max_num_batched_tokens` tokens go through one forward. `policy="static"` admits a new batch
     only when the whole previous one has finished, and a finished request keeps decoding (its tokens
     thrown away) until then, as a padded row of a static batch does: static batching, for comparison.
+    `scheduler` is the function that plans each step (`schedule`'s signature) and `block_pool` the class of the
+    block pool with its prefix cache (`PrefixCache`'s interface): the notebook plugs its own in. A preempted
+    request is recomputed (`preemption_mode="recompute"`) or its blocks are copied to host memory and back
+    (`"swap"`).
     """
 
     def __init__(self, model, num_blocks: int, block_size: int = 16, max_num_seqs: int = 8,
                  max_num_batched_tokens: int = 256, enable_chunked_prefill: bool = True,
                  enable_prefix_caching: bool = False, policy: str = "continuous",
-                 eos_token_id: int | None = None, clock=time.perf_counter):
+                 eos_token_id: int | None = None, clock=time.perf_counter, scheduler=schedule,
+                 block_pool=PrefixCache, preemption_mode: str = "recompute"):
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError(f"need max_num_seqs >= 1 and max_num_batched_tokens >= 1; got {max_num_seqs}, "
                              f"{max_num_batched_tokens}")
         if max_num_batched_tokens < max_num_seqs:
             raise ValueError(f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_num_seqs "
                              f"({max_num_seqs}): every running request decodes one token per step")
+        if preemption_mode not in ("recompute", "swap"):
+            raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {preemption_mode!r}")
         if policy not in ("continuous", "static"):
             raise ValueError(f"policy must be 'continuous' or 'static', got {policy!r}")
         self.model = model
@@ -270,10 +445,12 @@ class LLMEngine:
         self.block_size = block_size
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.enable_chunked_prefill, self.policy, self.eos_token_id = enable_chunked_prefill, policy, eos_token_id
-        self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching)
+        self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching, pool=block_pool)
         self.cache = PagedKVCache(self.config, num_blocks, block_size, dtype=model.embed.weight.dtype,
                                   device=model.device)
         self.clock = clock
+        self.scheduler = scheduler
+        self._serials = itertools.count()
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[object, Request] = {}
@@ -283,12 +460,15 @@ class LLMEngine:
         self.step_stats: list[dict] = []
         self.num_preemptions = 0
         self.num_cow_copies = 0
+        self.preemption_mode = preemption_mode
+        self.recomputed_tokens = 0  # recompute: tokens computed again after a preemption
+        self.swap_bytes, self.swap_seconds = 0, 0.0  # swap: bytes copied out and back in, and the time it took
         self.prompt_tokens = 0
         self.prefix_hit_tokens = 0
 
     @property
     def num_blocks(self) -> int:
-        return self.blocks.allocator.num_blocks
+        return self.blocks.num_blocks
 
     # -- the request API ----------------------------------------------------------------------------
 
@@ -303,6 +483,9 @@ class LLMEngine:
         """
         if n < 1 or temperature < 0:
             raise ValueError(f"need n >= 1 and temperature >= 0; got n={n}, temperature={temperature}")
+        if n > self.max_num_seqs:
+            raise ValueError(f"n={n} samples run at once, but the engine runs at most max_num_seqs="
+                             f"{self.max_num_seqs} sequences")
         prompt = [int(t) for t in (prompt.tolist() if isinstance(prompt, torch.Tensor) else prompt)]
         if not prompt:
             raise ValueError("a request needs a prompt of at least one token")
@@ -322,9 +505,13 @@ class LLMEngine:
             raise ValueError(f"request can never fit: {total - 1} tokens need {need} blocks of {self.block_size}, "
                              f"and the whole pool has {self.num_blocks}. Give the engine more blocks or ask for "
                              f"fewer tokens.")
-        if not self.enable_chunked_prefill and len(prompt) > self.max_num_batched_tokens:
-            raise ValueError(f"prompt of {len(prompt)} tokens exceeds max_num_batched_tokens "
-                             f"({self.max_num_batched_tokens}) and chunked prefill is off")
+        if not self.enable_chunked_prefill and total - 1 > self.max_num_batched_tokens:
+            # A preempted request is recomputed (prompt + output so far) in one step: without chunking, that
+            # must fit the token budget, or it could never be admitted again (vLLM asks the same of the
+            # model's maximum length).
+            raise ValueError(f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) - 1 = {total - 1} tokens "
+                             f"exceed max_num_batched_tokens ({self.max_num_batched_tokens}) and chunked prefill is "
+                             f"off: if preempted, the request could never be recomputed in one step")
         if request_id is None:
             request_id = next(self._ids)
             while request_id in self.requests:
@@ -332,7 +519,7 @@ class LLMEngine:
         elif request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         req = Request(request_id, prompt, max_new_tokens, arrival=self.clock() if arrival is None else arrival,
-                      temperature=temperature, seed=seed, n=n)
+                      temperature=temperature, seed=seed, n=n, serial=next(self._serials))
         self.requests[request_id] = req
         self.waiting.append(req)
         return request_id
@@ -413,7 +600,8 @@ class LLMEngine:
             child = Request((parent.request_id, k), parent.prompt, parent.max_new_tokens, arrival=parent.arrival,
                             temperature=parent.temperature, seed=parent.seed + k,
                             num_computed=parent.num_computed, block_hashes=list(parent.block_hashes),
-                            blocks=[self.blocks.allocator.fork(b) for b in parent.blocks])
+                            blocks=[self.blocks.pool.fork(b) for b in parent.blocks],
+                            serial=next(self._serials))
             self.requests[child.request_id] = child
             self.running.append(child)
             children.append(child)
@@ -435,7 +623,15 @@ class LLMEngine:
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
-        self.blocks.release(req)  # recompute later: prompt + output so far
+        computed = req.num_computed
+        if self.preemption_mode == "swap" and not req.finished and computed:
+            start = time.perf_counter()
+            req.swapped = self.cache.swap_out(req.blocks[:blocks_needed(computed, self.block_size)])
+            self.swap_seconds += time.perf_counter() - start
+            self.swap_bytes += sum(k.numel() * k.element_size() * 2 for k, _ in req.swapped)
+        self.blocks.release(req)  # recompute later (prompt + output so far), or swap back in
+        if req.swapped is not None:
+            req.num_computed = computed
         if req.finished:  # a padded row of a static batch: nothing to recompute
             req.padding = []
             return
@@ -443,46 +639,77 @@ class LLMEngine:
         self.num_preemptions += 1
         self.waiting.appendleft(req)
 
+    def _view(self, req: Request, waiting: bool) -> dict:
+        """The request as the scheduler sees it (plain ints)."""
+        if waiting and req.swapped is not None:  # its computed tokens come back from host memory
+            return dict(id=req.serial, computed=req.num_computed, tokens=req.num_tokens, blocks=0, freeable=0,
+                        seqs=req.n)
+        if waiting:
+            computed, free_hits = self.blocks.peek(req)  # a waiting request holds no block
+            return dict(id=req.serial, computed=computed, tokens=req.num_tokens, blocks=computed // self.block_size
+                        - free_hits, freeable=0, seqs=req.n)
+        return dict(id=req.serial, computed=req.num_computed, tokens=req.num_tokens,
+                    blocks=self.blocks.writable(req), freeable=self.blocks.freeable(req), seqs=req.n)
+
     def _schedule(self) -> list[tuple[Request, int]]:
-        budget = self.max_num_batched_tokens
+        """Ask `self.scheduler` for this step's plan, check it, and carry it out (preempt, admit, give blocks)."""
+        admit = not (self.policy == "static" and self.running)  # static: a new batch only when the last is done
+        waiting = list(itertools.islice(self.waiting, self.max_num_seqs)) if admit else []
+        plan = self.scheduler([self._view(r, False) for r in self.running], [self._view(r, True) for r in waiting],
+                              self.blocks.num_available, self.block_size, self.max_num_batched_tokens,
+                              self.max_num_seqs, self.enable_chunked_prefill)
+        try:
+            preempt = [int(i) for i in plan["preempt"]]
+            run = [(int(i), int(n)) for i, n in plan["run"]]
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"the scheduler returned {plan!r}; expected {{'preempt': [id, ...], "
+                             f"'run': [[id, num_tokens], ...]}}") from None
+        by_id = {r.serial: r for r in self.running}
+        for i in preempt:
+            if i not in by_id or by_id[i] not in self.running:
+                raise ValueError(f"the scheduler's plan preempts request {i}, which is not running")
+            self._preempt(by_id.pop(i))
+        queued = {r.serial: r for r in waiting}
+        if len({i for i, _ in run}) < len(run) or sum(n for _, n in run) > self.max_num_batched_tokens:
+            raise ValueError(f"the scheduler's plan {run} runs a request twice or exceeds the token budget "
+                             f"({self.max_num_batched_tokens})")
         scheduled: list[tuple[Request, int]] = []
-        preempted = False
-        i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
-            n = min(req.num_tokens - req.num_computed, budget)
-            while not self.blocks.can_grow(req, req.num_computed + n):
-                victim = self.running[-1]  # the most recently admitted
-                self._preempt(victim)
-                preempted = True
-                if victim is req:
+        for i, n in run:
+            req = by_id.get(i)
+            if req is None and i in queued:
+                req = queued[i]
+                if req.swapped is None:
+                    req.num_computed = req.num_cached_prompt = self.blocks.lookup(req)
+                    if req.num_preemptions:  # recompute: everything the prefix cache does not hold, again
+                        self.recomputed_tokens += req.num_tokens - req.num_computed
+                if not 1 <= n <= req.num_tokens - req.num_computed or not self.blocks.can_grow(req, req.num_computed + n):
+                    self.blocks.release(req)  # the prefix cache changed since the plan (an eviction): admit later
+                    req.num_cached_prompt = 0
                     break
-            if req not in self.running:
-                break
+                self.waiting.remove(req)
+                if req.num_preemptions == 0:
+                    self.prompt_tokens += len(req.prompt)
+                    self.prefix_hit_tokens += req.num_cached_prompt
+                self.running.append(req)
+            elif req is None:
+                raise ValueError(f"the scheduler's plan runs request {i}, which is neither running nor waiting")
+            if not 1 <= n <= req.num_tokens - req.num_computed:
+                raise ValueError(f"the scheduler's plan runs {n} tokens of request {i}, which has "
+                                 f"{req.num_tokens - req.num_computed} to compute")
+            if not self.blocks.can_grow(req, req.num_computed + n):
+                raise RuntimeError(f"the scheduler's plan gives request {i} {n} tokens, which need more blocks than "
+                                   f"the {self.blocks.num_available} available: it allocated more blocks than are free")
             self._copy(self.blocks.grow(req, req.num_computed + n))
+            if req.swapped is not None:
+                start = time.perf_counter()
+                self.cache.swap_in(req.blocks, req.swapped)
+                self.swap_seconds += time.perf_counter() - start
+                self.swap_bytes += sum(k.numel() * k.element_size() * 2 for k, _ in req.swapped)
+                req.swapped = None
             scheduled.append((req, n))
-            budget -= n
-            i += 1
-        if preempted or (self.policy == "static" and self.running):
-            return scheduled
-        while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
-            req = self.waiting[0]
-            hit = self.blocks.lookup(req)  # shares the cached blocks of its prefix (a waiting request holds none)
-            req.num_computed = req.num_cached_prompt = hit
-            remaining = req.num_tokens - req.num_computed
-            n = min(remaining, budget)
-            if (remaining > budget and not self.enable_chunked_prefill) or \
-                    not self.blocks.can_grow(req, req.num_computed + n):
-                self.blocks.release(req)  # give the shared blocks back until it can be admitted
-                break
-            self.waiting.popleft()
-            self._copy(self.blocks.grow(req, req.num_computed + n))
-            if req.num_preemptions == 0:
-                self.prompt_tokens += len(req.prompt)
-                self.prefix_hit_tokens += req.num_cached_prompt
-            self.running.append(req)
-            scheduled.append((req, n))
-            budget -= n
+        if sum(r.n for r in self.running) > self.max_num_seqs:
+            raise RuntimeError(f"the scheduler's plan runs {sum(r.n for r in self.running)} sequences; "
+                               f"max_num_seqs is {self.max_num_seqs}")
         return scheduled
 
     # -- one step -----------------------------------------------------------------------------------
@@ -497,27 +724,30 @@ class LLMEngine:
                                    f"({len(self.running)} running, {len(self.waiting)} waiting, "
                                    f"{self.blocks.num_available} blocks available)")
             return []
-        ids, tables, starts, counts = [], [], [], []
+        ids, tables, starts, counts, last = [], [], [], [], []
         for req, n in scheduled:
             ids.extend(req.tokens[req.num_computed:req.num_computed + n])
             tables.append(req.blocks)
             starts.append(req.num_computed)
             counts.append(n)
+            if req.num_computed + n == req.num_tokens:  # its last token: the logits its next token comes from
+                last.append(len(ids) - 1)
         self.cache.prepare(tables, starts, counts)
+        self.cache.logits_rows = torch.tensor(last, dtype=torch.int64, device=self.model.device)
         input_ids = torch.tensor([ids], dtype=torch.int64, device=self.model.device)  # [1, N]
-        logits = self.model(input_ids, cache=self.cache)[0]  # [N, vocab]
-        self.cache.positions = None
+        logits = self.model(input_ids, cache=self.cache)[0]  # [len(last), vocab]: the LM head on those rows only
+        self.cache.positions = self.cache.logits_rows = None
         now = self.clock()
         events, rows, row = [], [], 0  # rows: (request, row of the logits its next token comes from)
         for req, n in scheduled:
-            row += n
             req.num_computed += n
             self.blocks.register(req)
             if req.num_computed < req.num_tokens:  # a prefill chunk: nothing to sample yet
                 continue
-            rows.append((req, row - 1))
+            rows.append((req, row))
             if req.n > 1:  # the prompt is done: fork the other samples; each samples its own first token
-                rows += [(child, row - 1) for child in self._fork_samples(req)]
+                rows += [(child, row) for child in self._fork_samples(req)]
+            row += 1
         for req, row in rows:
             token = self._sample(req, logits[row])
             if req.finished:  # a padded row of a static batch

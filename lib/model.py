@@ -188,6 +188,9 @@ class LlamaModel(nn.Module):
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, cache[i] if cache is not None else None, self.attention_fn)
         x = self.norm(x)
+        rows = getattr(cache, "logits_rows", None)  # a PagedKVCache (lib.engine) asks for some positions' logits only
+        if rows is not None:
+            x = x[:, rows]
         # the LM head as a module call when there is one, so a quantized head (lib.quant_linear) can replace it
         logits = F.linear(x, self.embed.weight) if self.lm_head is None else self.lm_head(x)
         return logits.float()  # [B, T, vocab]

@@ -209,6 +209,7 @@ class PagedKVCache:
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layers)]
         self.device = self.k[0].device
         self.positions: torch.Tensor | None = None
+        self.logits_rows: torch.Tensor | None = None  # set by the engine: the rows whose logits the model returns
         # Keys read per online-softmax step in decode. On a CPU each step costs Python time that a GPU kernel
         # does not pay, so the engine reads more at once than paged_attention's default.
         self.chunk_tokens = 256
@@ -221,6 +222,18 @@ class PagedKVCache:
         """Copy one block's keys and values in every layer (copy-on-write)."""
         for pool in self.k + self.v:
             pool[dst] = pool[src]
+
+    def swap_out(self, blocks: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Copies of `blocks`' keys and values, per layer, in host memory (a preempted sequence's, to swap back in)."""
+        ids = torch.as_tensor(list(blocks), dtype=torch.int64, device=self.device)
+        return [(k[ids].to("cpu", copy=True), v[ids].to("cpu", copy=True)) for k, v in zip(self.k, self.v)]
+
+    def swap_in(self, blocks: Sequence[int], saved: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Write `swap_out`'s copies into the first blocks of `blocks` (the sequence's new block table)."""
+        ids = torch.as_tensor(list(blocks)[:saved[0][0].shape[0]], dtype=torch.int64, device=self.device)
+        for (k, v), (ks, vs) in zip(zip(self.k, self.v), saved):
+            k[ids] = ks.to(self.device)
+            v[ids] = vs.to(self.device)
 
     def prepare(self, block_tables: Sequence[Sequence[int]], starts: Sequence[int],
                 num_tokens: Sequence[int]) -> None:

@@ -1,32 +1,49 @@
-"""Each week-19 check accepts lib's reference and rejects the wrong routes a student might take."""
+"""Each week-19 check accepts the solution notebook's code and rejects the wrong routes a student might take,
+graded the way `pytest weeks/19` and autograde grade a student: the submission runs in an isolated child process
+(grader.isolation) and the check sees it through proxies.
+
+The wrong routes below are ordinary functions and classes of this file; `_child` sends their source to one child
+process (as a notebook cell would define them) and the checks get proxies. Each gives the right numbers, or would
+but for the flaw named, by a route the exercise forbids; the comment says why it must fail and the `match` the
+one-line reason it gets.
+"""
 import inspect
+import json
 import math
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 
 from grader.checks import week19 as checks
+from grader.harness import ReferenceUse, exercise_cells, load_exercises
+from grader.isolation import Session
 from lib import engine as ref_engine
 from lib import paged as ref
-from lib.attention import gqa_attention
+
+NOTEBOOK = Path(__file__).resolve().parent.parent / "solutions" / "19" / checks.WEEK.notebook
 
 
-def _rejects(check, fn, match: str | None = None):
-    with pytest.raises(AssertionError, match=match):
-        check(fn)
+# --- counting blocks -----------------------------------------------------------------------------------
+
+def rounds_down(n, b):  # 17 tokens in blocks of 16 need 2 blocks, not 1
+    return n // b
 
 
-def test_blocks_needed():
-    checks.check_blocks_needed(ref.blocks_needed)
-    _rejects(checks.check_blocks_needed, lambda n, b: n // b)  # rounds down
-    _rejects(checks.check_blocks_needed, lambda n, b: n // b + 1)  # one too many when the last block is full
+def one_too_many(n, b):  # a full last block needs no extra block
+    return n // b + 1
 
 
-def test_slots_wasted():
-    checks.check_slots_wasted(ref.slots_wasted)
-    _rejects(checks.check_slots_wasted, lambda lengths, b: sum(b - n % b for n in lengths))  # full last block "wasted"
-    _rejects(checks.check_slots_wasted, lambda lengths, b: 28)  # the seed's number, constant
+def full_block_wasted(lengths, b):  # a length that is a multiple of the block size wastes nothing, not b
+    return sum(b - n % b for n in lengths)
 
+
+def seed_constant(lengths, b):  # the seed's example's number, whatever the input
+    return 28
+
+
+# --- the allocator --------------------------------------------------------------------------------------
 
 class NoRefCounts(ref.BlockAllocator):
     """Ignores fork: a shared block goes back to the pool at its first free."""
@@ -80,26 +97,58 @@ class VagueError(ref.BlockAllocator):
         return super().allocate()
 
 
-def test_block_allocator():
-    checks.check_BlockAllocator(ref.BlockAllocator)
-    _rejects(checks.check_BlockAllocator, NoRefCounts, "num_free")
-    _rejects(checks.check_BlockAllocator, NeverReuses)
-    _rejects(checks.check_BlockAllocator, SilentDoubleFree, "did not raise")
-    _rejects(checks.check_BlockAllocator, VagueError, "OutOfBlocksError")
+class ForksFreeBlocks(ref.BlockAllocator):
+    """fork() of a free block gives it an owner while it is still on the free list: handed out twice."""
+
+    def fork(self, block):
+        if not 0 <= block < self.num_blocks:
+            raise ValueError("bad block")
+        self.ref_counts[block] += 1
+        return block
 
 
-def test_slot_mapping():
-    checks.check_slot_mapping(ref.slot_mapping)
+class NegativeIds(ref.BlockAllocator):
+    """Checks `ref_counts[block] == 0` only: free(-1) frees the last block (Python's negative index)."""
 
-    def contiguous(table, start, n, bs):  # assumes the blocks follow one another
-        return table[0] * bs + torch.arange(start, start + n)
+    def _check(self, block, what):
+        if self.ref_counts[block] == 0:
+            raise ValueError(f"cannot {what} block {block}: not allocated")
 
-    def int32(table, start, n, bs):
-        return ref.slot_mapping(table, start, n, bs).int()
 
-    _rejects(checks.check_slot_mapping, contiguous)
-    _rejects(checks.check_slot_mapping, int32, "dtype")
+class Int8Counts(ref.BlockAllocator):
+    """Reference counts in an int8 tensor: the 128th owner wraps the count to -128."""
 
+    def __init__(self, n):
+        super().__init__(n)
+        self.ref_counts = torch.zeros(n, dtype=torch.int8)
+
+    def allocate(self):
+        block = super().allocate()
+        self.ref_counts[block] = 1
+        return block
+
+    def _check(self, block, what):
+        if not 0 <= block < self.num_blocks or int(self.ref_counts[block]) <= 0:
+            raise ValueError(f"cannot {what} block {block}: not allocated")
+
+    def free(self, block):
+        self._check(block, "free")
+        self.ref_counts[block] -= 1
+        if int(self.ref_counts[block]) == 0:
+            self._free.append(block)
+
+
+# --- slot mapping -------------------------------------------------------------------------------------
+
+def contiguous_slots(table, start, n, bs):  # assumes the blocks follow one another
+    return table[0] * bs + torch.arange(start, start + n)
+
+
+def int32_slots(table, start, n, bs):
+    return ref.slot_mapping(table, start, n, bs).int()
+
+
+# --- paged attention ------------------------------------------------------------------------------------
 
 def _gather_all(k_pool, block_tables):
     """[B, Hkv, max_blocks * block_size, d]: every sequence's keys, contiguous (what paging avoids)."""
@@ -130,52 +179,485 @@ def sdpa_on_materialized(q, k_pool, v_pool, block_tables, context_lens):
     return torch.stack(outs)
 
 
-def calls_lib(q, k_pool, v_pool, block_tables, context_lens):
+def calls_lib_attention(q, k_pool, v_pool, block_tables, context_lens):
     return ref.paged_attention(q, k_pool, v_pool, block_tables, context_lens)
 
 
-def ignores_lengths(q, k_pool, v_pool, block_tables, context_lens):
-    lens = torch.full_like(context_lens, 0)
+def ignores_lengths(q, k_pool, v_pool, block_tables, context_lens):  # attends to the last block's empty slots too
     bs = k_pool.shape[2]
+    return _solution_like(q, k_pool, v_pool, block_tables, (context_lens + bs - 1) // bs * bs)
+
+
+WORKSPACE = torch.empty(1 << 22)  # made when the cell runs, before the check observes anything (in the child)
+
+
+def workspace_gather(q, k_pool, v_pool, block_tables, context_lens):
+    """Each sequence's K and V gathered (out=) into a workspace made beforehand: no allocation to see; then a
+    softmax over the whole row."""
+    b, h, d = q.shape
+    _, hkv, bs, _ = k_pool.shape
+    outs = []
     for i, n in enumerate(context_lens.tolist()):
-        lens[i] = ref.blocks_needed(n, bs) * bs  # attends to the empty slots of the last block too
-    return ref.paged_attention(q, k_pool, v_pool, block_tables, lens)
+        nb = -(-n // bs)
+        size = hkv * nb * bs * d
+        k, v = WORKSPACE[:size].view(hkv, nb, bs, d), WORKSPACE[size:2 * size].view(hkv, nb, bs, d)
+        torch.index_select(k_pool.transpose(0, 1), 1, block_tables[i, :nb], out=k)
+        torch.index_select(v_pool.transpose(0, 1), 1, block_tables[i, :nb], out=v)
+        kc, vc = k.view(hkv, nb * bs, d)[:, :n], v.view(hkv, nb * bs, d)[:, :n]
+        qg = q[i].reshape(hkv, h // hkv, d)
+        p = torch.softmax(qg @ kc.transpose(-1, -2) / math.sqrt(d), -1)  # [Hkv, group, n]
+        outs.append((p @ vc).reshape(h, d))
+    return torch.stack(outs)
 
 
-def as_student(*fns):
-    """lib's functions re-compiled outside lib/ (as a notebook cell would define them); returns the last."""
-    namespace = {"math": math, "torch": torch, "__name__": "student"}
-    for fn in fns:
-        exec(compile("from __future__ import annotations\n" + inspect.getsource(fn), "<student cell>", "exec"),
-             namespace)
-    return namespace[fns[-1].__name__]
+def per_head_full_row(q, k_pool, v_pool, block_tables, context_lens):
+    """Per sequence and head: the head's keys gathered, a softmax over the full row."""
+    b, h, d = q.shape
+    _, hkv, bs, _ = k_pool.shape
+    out = torch.empty_like(q)
+    for i, n in enumerate(context_lens.tolist()):
+        ids = block_tables[i, :-(-n // bs)]
+        for j in range(h):
+            kv = j // (h // hkv)
+            k = k_pool[ids, kv].reshape(-1, d)[:n]
+            v = v_pool[ids, kv].reshape(-1, d)[:n]
+            out[i, j] = torch.softmax(k @ q[i, j] / math.sqrt(d), 0) @ v
+    return out
 
 
-def test_paged_attention():
-    checks.check_paged_attention(as_student(ref.blocks_needed, ref.paged_attention))
-    _rejects(checks.check_paged_attention, gather_then_attend, "contiguous copy")
-    _rejects(checks.check_paged_attention, sdpa_on_materialized)
-    _rejects(checks.check_paged_attention, calls_lib, "lib.paged")
-    _rejects(checks.check_paged_attention, ignores_lengths, "differs")
+def per_sequence_all_heads(q, k_pool, v_pool, block_tables, context_lens):
+    """The most natural wrong route: one sequence at a time, all its K and V gathered, online softmax in chunks."""
+    b, h, d = q.shape
+    _, hkv, bs, _ = k_pool.shape
+    out = torch.empty_like(q)
+    for i, n in enumerate(context_lens.tolist()):
+        ids = block_tables[i, :-(-n // bs)]
+        k = k_pool[ids].transpose(0, 1).reshape(hkv, -1, d)[:, :n].repeat_interleave(h // hkv, 0)  # [H, n, d]
+        v = v_pool[ids].transpose(0, 1).reshape(hkv, -1, d)[:, :n].repeat_interleave(h // hkv, 0)
+        m = torch.full((h,), float("-inf"))
+        l, acc = torch.zeros(h), torch.zeros(h, d)
+        for s0 in range(0, n, 32):
+            s = (k[:, s0:s0 + 32] @ q[i][:, :, None])[..., 0] / math.sqrt(d)
+            m_new = torch.maximum(m, s.amax(-1))
+            p, a = torch.exp(s - m_new[:, None]), torch.exp(m - m_new)
+            l, acc, m = l * a + p.sum(-1), acc * a[:, None] + (p[:, None] @ v[:, s0:s0 + 32])[:, 0], m_new
+        out[i] = acc / l[:, None]
+    return out
 
 
-def test_block_hashes():
-    checks.check_block_hashes(ref_engine.block_hashes)
+def _solution_like(q, k_pool, v_pool, block_tables, context_lens, scale=None, device=True, chunk=32):
+    """The solution's online softmax, with the flaw a wrong route below asks for."""
+    b, h, d = q.shape
+    _, hkv, bs, _ = k_pool.shape
+    group = h // hkv
+    dev = q.device if device else None
+    per_step = max(1, chunk // bs)
+    qg = q.reshape(b, hkv, group, d).float() * (scale if scale is not None else d ** -0.5)
+    m = torch.full((b, hkv, group), float("-inf"), device=dev)
+    l = torch.zeros(b, hkv, group, device=dev)
+    acc = torch.zeros(b, hkv, group, d, device=dev)
+    for j0 in range(0, block_tables.shape[1], per_step):
+        j1 = min(j0 + per_step, block_tables.shape[1])
+        pos = torch.arange(j0 * bs, j1 * bs, device=q.device)
+        valid = pos[None, :] < context_lens[:, None]
+        ids = torch.where(valid[:, ::bs], block_tables[:, j0:j1], 0)
+        kb = k_pool[ids].permute(0, 2, 1, 3, 4).reshape(b, hkv, -1, d).float()
+        vb = v_pool[ids].permute(0, 2, 1, 3, 4).reshape(b, hkv, -1, d).float()
+        s = (qg @ kb.transpose(-1, -2)).masked_fill(~valid[:, None, None, :], float("-inf"))
+        m_new = torch.maximum(m, s.amax(-1))
+        m_safe = torch.where(torch.isinf(m_new), 0.0, m_new)
+        p = torch.exp(s - m_safe[..., None])
+        alpha = torch.exp(m - m_safe)
+        l = l * alpha + p.sum(-1)
+        acc = acc * alpha[..., None] + p @ vb
+        m = m_new
+    return (acc / l[..., None]).reshape(b, h, d).to(q.dtype)
 
-    def unchained(tokens, bs):  # each block on its own: a hit would not mean the whole prefix matches
-        return [hash(tuple(tokens[i * bs:(i + 1) * bs])) for i in range(len(tokens) // bs)]
 
-    def with_partial(tokens, bs):
-        return ref_engine.block_hashes(tokens + [0] * (-len(tokens) % bs), bs)
+def scale_quarter(q, k_pool, v_pool, block_tables, context_lens):  # 1/sqrt(16): right only for head_dim 16
+    return _solution_like(q, k_pool, v_pool, block_tables, context_lens, scale=0.25)
 
-    _rejects(checks.check_block_hashes, unchained, "chain")
-    _rejects(checks.check_block_hashes, with_partial, "FULL")
+
+def no_device(q, k_pool, v_pool, block_tables, context_lens):  # m, l, acc on the CPU whatever q's device
+    return _solution_like(q, k_pool, v_pool, block_tables, context_lens, device=False)
+
+
+def scales_pool_in_place(q, k_pool, v_pool, block_tables, context_lens):  # corrupts the cache for later steps
+    k_pool.mul_(q.shape[-1] ** -0.5)
+    return _solution_like(q, k_pool, v_pool, block_tables, context_lens, scale=1.0)
+
+
+def numpy_route(q, k_pool, v_pool, block_tables, context_lens):  # .numpy() fails on CUDA tensors
+    import numpy as np
+
+    qn, kn, vn = q.numpy(), k_pool.numpy(), v_pool.numpy()
+    b, h, d = qn.shape
+    _, hkv, bs, _ = kn.shape
+    out = np.zeros_like(qn)
+    for i, n in enumerate(context_lens.tolist()):
+        ids = block_tables[i, :-(-n // bs)].numpy()
+        for j in range(h):
+            k = kn[ids, j // (h // hkv)].reshape(-1, d)[:n]
+            v = vn[ids, j // (h // hkv)].reshape(-1, d)[:n]
+            s = k @ qn[i, j] / math.sqrt(d)
+            p = np.exp(s - s.max())
+            out[i, j] = (p / p.sum()) @ v
+    return torch.from_numpy(out)
+
+
+def sdpa_popped(q, k_pool, v_pool, block_tables, context_lens):
+    """SDPA after taking every dispatch mode (the observer's) off the stack, put back afterwards."""
+    from torch.utils import _python_dispatch as pd
+
+    modes = []
+    while torch._C._len_torch_dispatch_stack() > 0:
+        modes.append(pd._pop_mode())
+    try:
+        return sdpa_on_materialized(q, k_pool, v_pool, block_tables, context_lens)
+    finally:
+        for mode in reversed(modes):
+            pd._push_mode(mode)
+
+
+# --- block hashes ---------------------------------------------------------------------------------------
+
+def unchained(tokens, bs):  # each block on its own: a hit would not mean the whole prefix matches
+    return [hash(tuple(tokens[i * bs:(i + 1) * bs])) for i in range(len(tokens) // bs)]
+
+
+def with_partial(tokens, bs):  # hashes a partly filled last block too
+    return ref_engine.block_hashes(tokens + [0] * (-len(tokens) % bs), bs)
+
+
+def chained_sum(tokens, bs):  # chained over each block's sum: permuted or compensating blocks collide
+    out, h = [], None
+    for i in range(len(tokens) // bs):
+        h = hash((h, sum(tokens[i * bs:(i + 1) * bs])))
+        out.append(h)
+    return out
+
+
+def additive_chain(tokens, bs):  # h_i = h_{i-1} + hash(block): blind to the order of the blocks
+    out, h = [], 0
+    for i in range(len(tokens) // bs):
+        h = (h + hash(tuple(tokens[i * bs:(i + 1) * bs]))) % (1 << 61)
+        out.append(h)
+    return out
+
+
+def twenty_bits(tokens, bs):  # truncated: 8000 prefixes collide about 30 times
+    return [h & 0xFFFFF for h in ref_engine.block_hashes(tokens, bs)]
+
+
+# --- the prefix cache ------------------------------------------------------------------------------------
+
+# Subclasses of the solution notebook's PrefixCache (its cell runs in the child first), each with one flaw.
+PREFIX_CACHE_ROUTES = """
+class EvictsInUse(PrefixCache):  # keeps every cached block in LRU order, owned or not: evicts one in use
+    def allocate(self):
+        if not self.plain and self.entry:
+            block = next(iter(self.entry))
+            del self.by_hash[self.entry.pop(block)[0]]
+            self.stale.pop(block, None)
+            self.owners[block] = 1
+            return block
+        return super().allocate()
+
+
+class EvictsNewest(PrefixCache):  # evicts the most recently freed cached block, not the least
+    def allocate(self):
+        if not self.plain and self.stale:
+            self.stale.move_to_end(next(reversed(self.stale)), last=False)
+        return super().allocate()
+
+
+class EvictsBeforeUncached(PrefixCache):  # evicts a cached block while blocks that cache nothing are free
+    def allocate(self):
+        if self.stale:
+            keep, self.plain = self.plain, []
+            try:
+                return super().allocate()
+            finally:
+                self.plain = keep
+        return super().allocate()
+
+
+class NoTokenCompare(PrefixCache):  # trusts the hash: a collision serves another prompt's keys and values
+    def lookup(self, block_hash, tokens):
+        return self.by_hash.get(block_hash)
+
+
+class ForgetsOnFree(PrefixCache):  # drops a block's hash when its last owner frees it: nothing reused once free
+    def free(self, block):
+        super().free(block)
+        if self.owners[block] == 0 and block in self.entry:
+            del self.by_hash[self.entry.pop(block)[0]]
+            del self.stale[block]
+            self.plain.append(block)
+"""
+
+
+# --- the scheduler --------------------------------------------------------------------------------------
+
+def _flawed_schedule(flaw, running, waiting, free_blocks, block_size, token_budget, max_num_seqs, chunked_prefill):
+    """A correct scheduler but for `flaw`."""
+    def more(req, n):
+        return max(0, ref.blocks_needed(req["computed"] + n, block_size) - req["blocks"])
+
+    plan = {"preempt": [], "run": []}
+    budget, free = token_budget, free_blocks
+    queue = list(running)
+    k = 0
+    while k < len(queue) and (budget > 0 or flaw == "budget"):
+        req = queue[k]
+        left = req["tokens"] - req["computed"]
+        n = left if flaw == "budget" else min(left, budget)
+        if flaw == "fixed_chunk":
+            n = min(n, 2)
+        while more(req, n) > free and queue[-1] is not req and flaw != "never_preempts":
+            victim = queue.pop(k + 1 if flaw == "oldest" and k + 1 < len(queue) else -1)
+            plan["preempt"].append(victim["id"])
+            free += victim["freeable"]
+        if more(req, n) > free and flaw != "never_preempts":
+            queue.pop(k)
+            plan["preempt"].append(req["id"])
+            break
+        plan["run"].append([req["id"], n])
+        free -= more(req, n)
+        budget -= n
+        k += 1
+    if plan["preempt"]:
+        return plan
+    slots = max_num_seqs - sum(r["seqs"] for r in queue)
+    for req in (waiting[::-1] if flaw == "lcfs" else waiting):
+        left = req["tokens"] - req["computed"]
+        n = left if flaw == "budget" else min(left, budget)
+        if flaw == "fixed_chunk":
+            n = min(n, 2)
+        if (budget <= 0 and flaw != "budget") or req["seqs"] > slots or more(req, n) > free and flaw != "never_preempts":
+            break
+        if n < left and (not chunked_prefill or flaw == "never_chunks"):
+            break
+        plan["run"].append([req["id"], n])
+        free -= more(req, n)
+        budget -= n
+        slots -= req["seqs"]
+    return plan
+
+
+def ignores_budget(*args):  # runs every prompt whole
+    return _flawed_schedule("budget", *args)
+
+
+def last_come_first(*args):  # admits the newest arrival first
+    return _flawed_schedule("lcfs", *args)
+
+
+def preempts_oldest(*args):  # frees the blocks of the request that holds the most work
+    return _flawed_schedule("oldest", *args)
+
+
+def never_chunks(*args):  # a prompt longer than the budget left waits, though chunked prefill is on
+    return _flawed_schedule("never_chunks", *args)
+
+
+def never_preempts(*args):  # hands out blocks that are not free
+    return _flawed_schedule("never_preempts", *args)
+
+
+def fixed_chunk(*args):  # 2 tokens per prefill step, whatever the budget
+    return _flawed_schedule("fixed_chunk", *args)
+
+
+def calls_lib_schedule(*args):
+    return ref_engine.schedule(*args)
+
+
+WRONG = [rounds_down, one_too_many, full_block_wasted, seed_constant, NoRefCounts, NeverReuses, SilentDoubleFree,
+         VagueError, ForksFreeBlocks, NegativeIds, Int8Counts, contiguous_slots, int32_slots, _gather_all,
+         gather_then_attend, sdpa_on_materialized, calls_lib_attention, ignores_lengths, workspace_gather,
+         per_head_full_row, per_sequence_all_heads, _solution_like, scale_quarter, no_device, scales_pool_in_place,
+         numpy_route, sdpa_popped, unchained, with_partial, chained_sum, additive_chain, twenty_bits,
+         _flawed_schedule, ignores_budget, last_come_first, preempts_oldest, never_chunks, never_preempts,
+         fixed_chunk, calls_lib_schedule]
+
+HEADER = """
+import math
+import torch
+from lib import engine as ref_engine
+from lib import paged as ref
+"""
+# lib's own schedule, exec'd under another name (its bytecode is recognised wherever it was loaded from)
+LIB_COPY = """
+import inspect as _inspect
+from lib.paged import blocks_needed
+exec(compile(_inspect.getsource(ref_engine.schedule).replace("def schedule(", "def lib_copy_schedule("),
+             "<student cell>", "exec"))
+"""
+
+
+@pytest.fixture(scope="module")
+def child(tmp_path_factory):
+    """The wrong routes, defined in an isolated child process as a notebook's cells would define them."""
+    cells = {gid: src for _, gid, src in exercise_cells(json.loads(NOTEBOOK.read_text()))}
+    source = HEADER + "\nWORKSPACE = torch.empty(1 << 22)\n\n" + "\n\n".join(
+        textwrap.dedent(inspect.getsource(c)) for c in WRONG) + LIB_COPY
+    source += "\n".join(["\nfrom collections import OrderedDict", cells["BlockAllocator"], cells["PrefixCache"], PREFIX_CACHE_ROUTES])
+    session = Session(tmp_path_factory.mktemp("nb") / "week19_wrong_routes.ipynb")
+    session.load([(0, None, source)])
+    yield session
+    session.close()
+
+
+@pytest.fixture(scope="module")
+def ex():
+    """The solution notebook's code, isolated as a student's is: what each check must accept."""
+    exercises = load_exercises(NOTEBOOK, isolated=True)
+    yield exercises
+    exercises.close()
+
+
+def _rejects(child, check, name, match):
+    with pytest.raises(AssertionError, match=match):
+        check(child.get(name))
+
+
+def test_blocks_needed(ex, child):
+    checks.check_blocks_needed(ex.blocks_needed)
+    _rejects(child, checks.check_blocks_needed, "rounds_down", "round up")
+    _rejects(child, checks.check_blocks_needed, "one_too_many", "expected")
+
+
+def test_slots_wasted(ex, child):
+    checks.check_slots_wasted(ex.slots_wasted)
+    _rejects(child, checks.check_slots_wasted, "full_block_wasted", "expected 28")
+    _rejects(child, checks.check_slots_wasted, "seed_constant", "last block")
+
+
+@pytest.mark.parametrize("name, match", [
+    ("NoRefCounts", "num_free"),
+    ("NeverReuses", "returned|KeyError|did not raise"),  # hands out numbers past the pool, never runs out, trips on bad ids
+    ("SilentDoubleFree", "did not raise"),
+    ("VagueError", "OutOfBlocksError"),
+    ("ForksFreeBlocks", r"fork\(\d+\) of a free block"),
+    ("NegativeIds", r"\(-1\) on a pool"),
+    ("Int8Counts", "owners"),
+])
+def test_block_allocator_wrong_routes(child, name, match):
+    _rejects(child, checks.check_BlockAllocator, name, match)
+
+
+def test_block_allocator_accepts_the_solution(ex):
+    checks.check_BlockAllocator(ex.BlockAllocator)
+
+
+def test_slot_mapping(ex, child):
+    checks.check_slot_mapping(ex.slot_mapping)
+    _rejects(child, checks.check_slot_mapping, "contiguous_slots", "differs")
+    _rejects(child, checks.check_slot_mapping, "int32_slots", "dtype")
+
+
+def test_paged_attention_accepts_the_solution(ex):
+    checks.check_paged_attention(ex.paged_attention)
+
+
+@pytest.mark.parametrize("name, match", [
+    ("gather_then_attend", "contiguous copy of the longest"),
+    ("sdpa_on_materialized", "_scaled_dot_product"),
+    ("calls_lib_attention", "lib.paged"),
+    ("ignores_lengths", "differs"),
+    ("workspace_gather", "combined .* elements"),  # no allocation seen (out=), but a softmax over the whole row
+    ("per_head_full_row", "combined .* elements|contiguous copy of the longest"),
+    ("per_sequence_all_heads", "contiguous copy of the longest"),  # deterministic: the longest is >= 1500 keys
+    ("scale_quarter", "differs"),  # head_dim varies: 0.25 is right for 16 only
+    ("no_device", "mixed in a CPU tensor"),
+    ("numpy_route", "no exponential"),
+    ("sdpa_popped", "no exponential"),
+])
+def test_paged_attention_wrong_routes(child, name, match):
+    _rejects(child, checks.check_paged_attention, name, match)
+
+
+def test_paged_attention_in_place_scaling_rejected_in_process():
+    """Tensor arguments changed in place are seen where the check and the code share a process (the notebook's
+    graded cell). Across the isolation a tensor is copied and its changes are not sent back, so this route is
+    only caught there — see the report of issue 20."""
+    with pytest.raises(AssertionError, match="changed its arguments"):
+        checks.check_paged_attention(scales_pool_in_place)
+
+
+def test_block_hashes(ex, child):
+    checks.check_block_hashes(ex.block_hashes)
+    checks.check_block_hashes(ref_engine.block_hashes)  # sha256-based: the property check takes any good hash
+    _rejects(child, checks.check_block_hashes, "unchained", "chain")
+    _rejects(child, checks.check_block_hashes, "with_partial", "FULL")
+    _rejects(child, checks.check_block_hashes, "chained_sum", "not their sum")
+    _rejects(child, checks.check_block_hashes, "additive_chain", "order of the blocks")
+    _rejects(child, checks.check_block_hashes, "twenty_bits", "too few bits")
+
+
+def test_prefix_cache_accepts_the_solution(ex):
+    checks.check_PrefixCache(ex.PrefixCache)
+
+
+@pytest.mark.parametrize("name, match", [
+    ("EvictsInUse", "in use|least recently freed"),  # evicts an owned block, or the wrong free one
+    ("EvictsNewest", "least recently freed"),
+    ("EvictsBeforeUncached", "must go first"),
+    ("NoTokenCompare", "collision is a miss"),
+    ("ForgetsOnFree", "has not been evicted|must go first|least recently freed"),  # the model still has it cached
+])
+def test_prefix_cache_wrong_routes(child, name, match):
+    _rejects(child, checks.check_PrefixCache, name, match)
+
+
+def test_schedule_accepts_the_solution(ex):
+    checks.check_schedule(ex.schedule)
+
+
+@pytest.mark.parametrize("name, match", [
+    ("ignores_budget", "token budget|leaves it waiting"),  # over the budget, or (whole prompts only) admits too few
+    ("last_come_first", "first come first served"),
+    ("preempts_oldest", "most recently admitted"),
+    ("never_chunks", "leaves it waiting"),
+    ("never_preempts", "new blocks"),
+    ("fixed_chunk", "cut by the budget only"),
+    ("calls_lib_schedule", "lib.engine.schedule"),
+    ("lib_copy_schedule", "lib.engine.schedule"),
+])
+def test_schedule_wrong_routes(child, name, match):
+    _rejects(child, checks.check_schedule, name, match)
+
+
+def test_lib_reference_is_reported(tmp_path):
+    """lib's code under the exercise's own name, exec'd from lib's source (another file name): ReferenceUse for
+    ex03 (a class) and ex05 (a function); lib's PrefixCache subclassed for ex07; through the isolated path."""
+    source = HEADER + """
+import inspect as _inspect
+from lib.paged import blocks_needed, OutOfBlocksError
+exec(compile(_inspect.getsource(ref.BlockAllocator), "<student cell>", "exec"))
+exec(compile(_inspect.getsource(ref.paged_attention), "<student cell>", "exec"))
+PrefixCache = type("PrefixCache", (ref_engine.PrefixCache,), {})  # lib's, under the exercise's name
+"""
+    session = Session(tmp_path / "week19_lib_copy.ipynb")
+    try:
+        session.load([(0, None, source)])
+        with pytest.raises(ReferenceUse, match="BlockAllocator"):
+            checks.check_BlockAllocator(session.get("BlockAllocator"))
+        with pytest.raises(AssertionError, match="lib.paged"):
+            checks.check_paged_attention(session.get("paged_attention"))
+        with pytest.raises(AssertionError, match="lib.engine.PrefixCache"):
+            checks.check_PrefixCache(session.get("PrefixCache"))
+    finally:
+        session.close()
 
 
 def test_quiz():
     checks.check_answer_q1(lambda: 1 - 28 / 4128)
-    _rejects(checks.check_answer_q1, lambda: 0.963)  # the seed's "96.3 % utilization", not this example's
+    with pytest.raises(AssertionError):
+        checks.check_answer_q1(lambda: 0.963)  # the seed's "96.3 % utilization", not this example's
     checks.check_answer_q3(lambda: 1600 / 1100)
-    _rejects(checks.check_answer_q3, lambda: 2.5)  # the seed's "2-3x"
+    with pytest.raises(AssertionError):
+        checks.check_answer_q3(lambda: 2.5)  # the seed's "2-3x"
     assert math.isclose(ref_engine.simulate_steps([50, 200] * 32, 8, "static") /
                         ref_engine.simulate_steps([50, 200] * 32, 8, "continuous"), 1600 / 1100)

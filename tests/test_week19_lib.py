@@ -223,3 +223,109 @@ def test_run_load_and_simulate_steps():
     assert (simulate_steps([50, 200] * 32, 8, "static"), simulate_steps([50, 200] * 32, 8)) == (1600, 1100)
     with pytest.raises(ValueError):
         simulate_steps([0], 1)
+
+
+# --- engine bugs fixed (issue 20, item 4): each test failed before its fix ------------------------------------
+
+def test_no_chunking_rejects_a_request_that_could_not_be_recomputed_in_one_step():
+    """Chunked prefill off: a preempted request is recomputed (prompt + output) in one step, so prompt +
+    max_new_tokens - 1 must fit the budget. Before: accepted, then `RuntimeError: the scheduler could schedule
+    nothing` once a request of 11 prompt tokens had generated 2 (13 > 12) and was preempted."""
+    model = tiny_model(seed=5)
+    prompts = _prompts(6, seed=11, lo=9, hi=12)
+    engine = LLMEngine(model, num_blocks=8, block_size=4, max_num_batched_tokens=12, enable_chunked_prefill=False)
+    with pytest.raises(ValueError, match="could never be recomputed"):
+        engine.generate(prompts, 8)
+    fits = LLMEngine(model, num_blocks=8, block_size=4, max_num_batched_tokens=20, enable_chunked_prefill=False)
+    assert fits.generate(prompts, 8) == _alone(model, prompts, 8)
+    assert fits.num_preemptions > 0 and fits.blocks.num_in_use == 0
+
+
+def test_parallel_sampling_stays_within_max_num_seqs():
+    """n samples take n slots. Before: n = 6 with max_num_seqs = 2 ran 6 sequences at once, and a request of
+    n = 3 admitted next to another forked to 4 running sequences with max_num_seqs = 3."""
+    model = tiny_model(seed=3)
+    engine = LLMEngine(model, num_blocks=64, block_size=4, max_num_seqs=3)
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        engine.add_request([1, 2, 3], 4, n=6, temperature=1.0)
+    engine.add_request([5, 6, 7, 8, 9], 6, request_id="greedy")
+    engine.add_request([1, 2, 3], 4, request_id="s", n=3, temperature=1.0, seed=2)
+    while engine.has_unfinished():
+        engine.step()
+    assert max(s["num_running"] for s in engine.step_stats) <= 3
+    assert max(len(step) for step in engine.trace) <= 3
+    out = engine.finished_outputs()
+    assert out["greedy"] == _alone(model, [[5, 6, 7, 8, 9]], 6)[0]
+    for k in range(3):
+        want = generate(model, torch.tensor([[1, 2, 3]]), 4, temperature=1.0,
+                        generator=torch.Generator().manual_seed(2 + k))[0, 3:].tolist()
+        assert out["s" if k == 0 else ("s", k)] == want
+
+
+def test_prefix_cache_compares_tokens_on_a_hit(monkeypatch):
+    """A hash collision must be a miss. With every block hashing alike, prompts that differ must still get their
+    own keys and values. Before: keyed by Python's hash() and never compared, a collision reused another
+    prompt's blocks (and chain_hash did not exist: blocks were keyed by hash(), not a content hash)."""
+    import lib.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "chain_hash", lambda parent, tokens: 42)  # every block collides
+    model = tiny_model(seed=4)
+    prompts = _prompts(5, seed=12, lo=17, hi=30)
+    engine = LLMEngine(model, num_blocks=40, block_size=4, max_num_seqs=1, enable_prefix_caching=True)
+    assert engine.generate(prompts, 5) == _alone(model, prompts, 5)
+    assert engine.prefix_hit_tokens == 0
+
+
+def test_block_hashes_are_content_hashes():
+    """sha256-based: the same in another process (Python's hash() of None is not, before 3.12)."""
+    import subprocess
+    import sys
+
+    code = "from lib.engine import block_hashes; print(block_hashes(list(range(12)), 4))"
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**__import__("os").environ, "PYTHONHASHSEED": "123"}).stdout.strip()
+    assert other == str(block_hashes(list(range(12)), 4))
+    assert all(h.bit_length() > 64 for h in block_hashes(list(range(40)), 4))  # 128 bits, not hash()'s 64
+
+
+class _LogitRows:
+    """The model, recording how many rows of logits each forward returns."""
+
+    def __init__(self, model):
+        self._model, self.rows = model, []
+
+    def __call__(self, *args, **kwargs):
+        out = self._model(*args, **kwargs)
+        self.rows.append(out.shape[1])
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+
+def test_engine_computes_logits_only_for_each_sequences_last_token():
+    """The LM head (49,152 outputs per token on SmolLM2) runs on the rows a token is sampled from, not on every
+    prefill token. Before: [N, vocab] logits for all N tokens of the step."""
+    model = tiny_model(seed=2)
+    spy = _LogitRows(model)
+    prompts = _prompts(4, seed=13, lo=20, hi=40)
+    engine = LLMEngine(spy, num_blocks=64, block_size=4, max_num_batched_tokens=32)
+    assert engine.generate(prompts, 5) == _alone(model, prompts, 5)
+    assert all(rows <= len(step) for rows, step in zip(spy.rows, engine.trace))
+    assert sum(spy.rows) == 4 * 5  # one row per token generated
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_preemption_by_recompute_or_swap(mode):
+    """Both ways of preempting give generate's output; recompute computes tokens again, swap copies blocks."""
+    model = tiny_model(seed=6, n_heads=4, n_kv_heads=2)
+    prompts = _prompts(8, seed=14, lo=5, hi=30)
+    engine = LLMEngine(model, num_blocks=12, block_size=4, max_num_batched_tokens=16, preemption_mode=mode)
+    assert engine.generate(prompts, 12) == _alone(model, prompts, 12)
+    assert engine.num_preemptions > 0 and engine.blocks.num_in_use == 0
+    if mode == "swap":
+        assert engine.recomputed_tokens == 0 and engine.swap_bytes > 0
+    else:
+        assert engine.recomputed_tokens > 0 and engine.swap_bytes == 0
+    with pytest.raises(ValueError, match="preemption_mode"):
+        LLMEngine(model, num_blocks=4, preemption_mode="disk")

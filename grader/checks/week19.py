@@ -11,7 +11,7 @@ import random
 
 import torch
 
-from grader.checks import assert_close, generator, observe, run_seed, seed_note
+from grader.checks import assert_close, check_on_meta, generator, observe, run_seed, seed_note
 from grader.harness import Week
 from lib import paged as ref
 from lib.attention import gqa_attention
@@ -117,6 +117,35 @@ def check_BlockAllocator(BlockAllocator) -> None:
         freed = rng.randrange(n)
         _expect_error(lambda: alloc.free(freed), ValueError, f"free({freed}) of a block that is not allocated")
         assert alloc.num_free == n, "a refused free must leave the pool as it was"
+        _expect_error(lambda: alloc.fork(freed), ValueError, f"fork({freed}) of a free block (it would be handed "
+                      f"out again while owned)")
+        assert alloc.num_free == n, "a refused fork must leave the pool as it was"
+    # adversarial sequences: bad ids on a full pool, a block with hundreds of owners
+    n = rng.randint(2, 9)
+    alloc = BlockAllocator(n)
+    blocks = [alloc.allocate() for _ in range(n)]
+    assert sorted(blocks) == list(range(n)), f"{n} allocate() calls on a new pool of {n} returned {blocks}"
+    for bad in (-1, -n, n, n + 3):
+        for op in ("free", "fork"):
+            _expect_error(lambda: getattr(alloc, op)(bad), ValueError,
+                          f"{op}({bad}) on a pool of {n} blocks (ids are 0..{n - 1}; -1 is not the last block)")
+            assert alloc.num_free == 0, f"after a refused {op}({bad}) num_free = {alloc.num_free}; expected 0"
+    block = blocks[rng.randrange(n)]
+    owners = rng.randint(200, 300)
+    for k in range(owners - 1):
+        try:
+            alloc.fork(block)
+        except (ValueError, RuntimeError, OverflowError) as e:
+            raise AssertionError(f"the {k + 2}th owner of block {block}: fork raised {type(e).__name__}: {e}; a block "
+                                 f"can have hundreds of owners (do the reference counts overflow? a Python int does "
+                                 f"not)") from None
+    for k in range(owners - 1):
+        alloc.free(block)
+        assert alloc.num_free == 0, (f"block {block} forked to {owners} owners: after {k + 1} frees num_free = "
+                                     f"{alloc.num_free}; it still has {owners - 1 - k} owners (do the reference "
+                                     f"counts overflow? a Python int does not) {seed_note()}")
+    alloc.free(block)
+    assert alloc.num_free == 1, f"after its last owner freed block {block}, num_free = {alloc.num_free}; expected 1"
 
 
 # --- 4: slot mapping ---------------------------------------------------------------------------------
@@ -158,16 +187,22 @@ def _contiguous_reference(q, k_pool, v_pool, tables, lens):
 
 @WEEK.exercise(5, "paged_attention", section="4 (Block tables and paged attention)")
 def check_paged_attention(paged_attention) -> None:
-    """Ragged lengths, block sizes 1, 7 and 16, GQA/MHA/MQA, against contiguous attention (<= 1e-5, fp32); reads
-    the pool in place: no lib, no SDPA, no contiguous copy of every sequence's keys and values."""
+    """Ragged lengths, random block sizes, head_dim, batch and GQA/MHA/MQA, against contiguous attention (<= 1e-5,
+    fp32); reads the pool in place: no lib, no SDPA, no copy of a sequence's whole K/V, no full-row softmax, all
+    of it visible to the observer (torch ops, not numpy), inputs unchanged, tensors made on the inputs' device."""
     g = generator(5)
-    for case, (bs, h, hkv) in enumerate([(16, 4, 2), (1, 4, 4), (7, 6, 1), (16, 6, 3)]):
-        d, b = 16, 6
-        lens = torch.randint(1, 1100, (b,), generator=g)
-        lens[0] = int(torch.randint(900, 1100, (1,), generator=g))  # one long sequence
+    heads = [(4, 2), (4, 4), (6, 1), (6, 3), (8, 2)]
+    dims = [[16, 32, 64][i] for i in torch.randperm(3, generator=g)] + [int(16 * torch.randint(1, 5, (1,), generator=g))]
+    for case in range(4):
+        bs = [1, 7, 16, int(torch.randint(2, 33, (1,), generator=g))][case]
+        h, hkv = heads[int(torch.randint(0, len(heads), (1,), generator=g))]
+        d = dims[case]  # head_dim 16, 32 and 64 every run: a hard-coded 1/sqrt(16) fails
+        b = int(torch.randint(3, 7, (1,), generator=g))
+        lens = torch.randint(1, 1200, (b,), generator=g)
+        lens[0] = int(torch.randint(1500, 2001, (1,), generator=g))  # one long sequence
         lens[1] = 1
         lens[2] = bs * int(torch.randint(1, 40, (1,), generator=g))  # one fills its last block exactly
-        lens = lens.tolist()
+        lens = lens[torch.randperm(b, generator=g)].tolist()
         need = [ref.blocks_needed(n, bs) for n in lens]
         nb = sum(need) + 3
         k_pool = torch.randn(nb, hkv, bs, d, generator=g)
@@ -183,18 +218,33 @@ def check_paged_attention(paged_attention) -> None:
             block_tables[i, :len(t)] = torch.tensor(t)
         q = torch.randn(b, h, d, generator=g)
         context_lens = torch.tensor(lens)
-        got, obs = observe(paged_attention, q, k_pool, v_pool, block_tables, context_lens)
-        what = f"paged_attention case {case}: block_size={bs}, n_heads={h}, n_kv_heads={hkv}, context_lens={lens}"
-        assert_close(got, _contiguous_reference(q, k_pool, v_pool, tables, lens), what, atol=1e-5)
+        args = (q, k_pool, v_pool, block_tables, context_lens)
+        before = [a.clone() for a in args]
+        got, obs = observe(paged_attention, *args)
+        what = (f"paged_attention case {case}: block_size={bs}, n_heads={h}, n_kv_heads={hkv}, head_dim={d}, "
+                f"context_lens={lens}")
+        assert_close(got, _contiguous_reference(*before[:3], tables, lens), what, atol=1e-5)
+        changed = [name for name, a, a0 in zip(("q", "k_pool", "v_pool", "block_tables", "context_lens"), args, before)
+                   if not torch.equal(a, a0)]
+        assert not changed, (f"{what}: changed its arguments {changed} in place; the pool belongs to the cache (every "
+                             f"later step reads it): scale the query or the scores, never the caller's tensors")
         lib_used = sorted(c for c in obs.lib_calls if c.startswith(("lib.paged", "lib.attention", "lib.engine")))
         assert not lib_used, f"{what}: calls {lib_used}; write the attention yourself"
         sdpa = obs.called("aten._scaled_dot_product")
         assert not sdpa, f"{what}: calls {sdpa}; compute the scores and the softmax yourself, block by block"
-        gathered = 2 * sum(need[i] * bs for i in range(b)) * hkv * d * 4  # every sequence's K and V, contiguous
-        assert obs.peak_bytes < gathered / 2, (
-            f"{what}: allocated {obs.peak_bytes} bytes at peak, as much as a contiguous copy of every sequence's "
-            f"keys and values ({gathered} bytes). Read the pool a block (or a few) at a time and keep a running "
-            f"max and sum (online softmax), as the kernel does; do not gather [B, max_len] K/V.")
+        assert obs.called("aten.exp", "aten._softmax", "aten.softmax", "aten.exp2", "aten.special_exp2"), (
+            f"{what}: the observer saw no exponential: the softmax ran out of its sight (numpy, which breaks on "
+            f"CUDA tensors, or a popped dispatch-mode stack). Compute with torch ops on the inputs' device.")
+        longest = 2 * max(lens) * hkv * d * 4  # one sequence's K and V, contiguous, fp32
+        assert obs.peak_bytes < longest / 2, (
+            f"{what}: allocated {obs.peak_bytes} bytes at peak, as much as a contiguous copy of the longest "
+            f"sequence's keys and values ({longest} bytes). Read the pool a few blocks (about 32 keys) at a time "
+            f"for every sequence and keep a running max and sum (online softmax), as the kernel does.")
+        red = obs.max_reduction_extent()
+        assert red <= 512, (f"{what}: one reduction (softmax, max, sum) combined {red} elements: a softmax over a "
+                            f"sequence's whole row of scores. Reduce a chunk of blocks at a time and keep running "
+                            f"statistics (online softmax).")
+    check_on_meta(paged_attention, args, "paged_attention")
 
 
 # --- 6: prefix caching ------------------------------------------------------------------------------
@@ -231,6 +281,44 @@ def check_block_hashes(block_hashes) -> None:
     same = [7] * 8
     assert block_hashes(same, 4)[0] != block_hashes(same, 4)[1], (
         "two identical blocks at different depths must hash differently (chain the previous hash in)")
+    for _ in range(10):  # blocks whose tokens are permuted, changed in ways that cancel, or swapped
+        bs = rng.randint(2, 16)
+        k = rng.randint(2, 8)
+        tokens = [rng.randrange(50000) for _ in range(k * bs)]
+        hs = block_hashes(tokens, bs)
+        i = rng.randrange(k)
+        block = tokens[i * bs:(i + 1) * bs]
+        x, y = rng.sample(range(bs), 2)
+        while block[x] == block[y]:
+            block[x] = rng.randrange(50000)
+            tokens[i * bs + x] = block[x]
+            hs = block_hashes(tokens, bs)
+        swapped = list(block)
+        swapped[x], swapped[y] = swapped[y], swapped[x]
+        lo_t, hi_t = (x, y) if block[x] < block[y] else (y, x)  # the larger token is >= 1
+        delta = rng.randint(1, min(9, block[hi_t]))
+        balanced = list(block)
+        balanced[lo_t] += delta  # the sum of the block is unchanged
+        balanced[hi_t] -= delta
+        for name, new in (("its tokens permuted", swapped), ("two tokens changed by +d and -d", balanced)):
+            changed = tokens[:i * bs] + new + tokens[(i + 1) * bs:]
+            same = [j for j in range(i, k) if block_hashes(changed, bs)[j] == hs[j]]
+            assert not same, (f"block {i} with {name} ({block} -> {new}) leaves the hashes of blocks {same} unchanged: "
+                              f"hash the tokens in order, not their sum or any order-blind mix {seed_note()}")
+        j = rng.randrange(k)
+        if tokens[j * bs:(j + 1) * bs] != tokens[i * bs:(i + 1) * bs]:
+            lo, hi = min(i, j), max(i, j)
+            blocks = [tokens[t * bs:(t + 1) * bs] for t in range(k)]
+            blocks[lo], blocks[hi] = blocks[hi], blocks[lo]
+            hb = block_hashes([t for blk in blocks for t in blk], bs)
+            same = [t for t in range(lo, k) if hb[t] == hs[t]]
+            assert not same, (f"swapping blocks {lo} and {hi} leaves the hashes of blocks {same} unchanged: a chained "
+                              f"hash must depend on the order of the blocks (an additive chain does not) {seed_note()}")
+    tokens = [rng.randrange(50000) for _ in range(8000)]
+    hs = block_hashes(tokens, 1)  # 8000 different prefixes
+    assert len(set(hs)) == len(hs), (
+        f"8000 different prefixes got only {len(set(hs))} different hashes: too few bits (a 20-bit hash collides "
+        f"about 30 times here, a 64-bit one with probability 2e-12). Keep the whole hash {seed_note()}")
 
 
 # --- 10: check your understanding --------------------------------------------------------------------
@@ -250,3 +338,342 @@ def check_answer_q3(answer_q3) -> None:
     assert math.isclose(got, 1600 / 1100, rel_tol=1e-3), (
         f"answer_q3() = {got}; the step-count ratio static / continuous for 64 queued requests (half 50, half 200 "
         f"new tokens, alternating) on 8 slots: count the steps each policy takes")
+
+
+# --- 8: the scheduler -------------------------------------------------------------------------------
+
+def _need(view: dict, n: int, block_size: int) -> int:
+    return max(0, ref.blocks_needed(view["computed"] + n, block_size) - view["blocks"])
+
+
+def _judge_plan(plan, running: list[dict], waiting: list[dict], free: int, bs: int, budget: int, max_seqs: int,
+                chunked: bool, where: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """The invariants one step's plan must keep; returns (preempted ids, [(id, n)])."""
+    assert isinstance(plan, dict) and set(plan) >= {"preempt", "run"}, (
+        f"{where}: schedule returned {plan!r}; expected a dict {{'preempt': [id, ...], 'run': [[id, n], ...]}}")
+    try:
+        preempt = [int(i) for i in plan["preempt"]]
+        run = [(int(i), int(n)) for i, n in plan["run"]]
+    except (TypeError, ValueError):
+        raise AssertionError(f"{where}: schedule returned {plan!r}; 'preempt' must be a list of request ids and "
+                             f"'run' a list of [id, num_tokens] pairs") from None
+    views = {r["id"]: r for r in running + waiting}
+    run_ids = [i for i, _ in run]
+    assert len(set(run_ids)) == len(run_ids), f"{where}: the plan runs a request twice: {run}"
+    unknown = [i for i in run_ids + preempt if i not in views]
+    assert not unknown, f"{where}: the plan names request ids {unknown} that are neither running nor waiting"
+    for i, n in run:
+        left = views[i]["tokens"] - views[i]["computed"]
+        assert 1 <= n <= left, f"{where}: the plan runs {n} tokens of request {i}, which has {left} left to compute"
+    total = sum(n for _, n in run)
+    assert total <= budget, (f"{where}: the plan runs {total} tokens; the token budget is {budget} "
+                             f"(max_num_batched_tokens): cut the prefills to what is left of it")
+    # preemption: the newest running requests, newest first, and only requests that are running
+    running_ids = [r["id"] for r in running]
+    assert all(i in running_ids for i in preempt), f"{where}: the plan preempts {preempt}, not all of them running"
+    newest = running_ids[::-1][:len(preempt)]
+    assert preempt == newest, (
+        f"{where}: the plan preempts {preempt}; running (oldest first) is {running_ids}: preempt the most recently "
+        f"admitted request first ({newest}), so the oldest requests keep their blocks and finish")
+    assert not set(preempt) & set(run_ids), f"{where}: the plan both preempts and runs {set(preempt) & set(run_ids)}"
+    # blocks: never more than are free (plus what the preempted requests give back)
+    need = sum(_need(views[i], n, bs) for i, n in run)
+    have = free + sum(views[i]["freeable"] for i in preempt)
+    assert need <= have, (f"{where}: the plan needs {need} new blocks; {free} are free"
+                          f"{f' and the preempted give back {have - free}' if preempt else ''}: a request that needs a "
+                          f"block when none is free must preempt (the newest running request) or wait")
+    # running requests first, oldest first; waiting ones first come first served
+    kept = [i for i in running_ids if i not in preempt]
+    ran = [i for i in run_ids if i in kept]
+    assert ran == kept[:len(ran)], (f"{where}: of the running requests {kept} (oldest first) the plan runs {ran}: "
+                                    f"serve the running requests oldest first, skipping none")
+    if len(ran) < len(kept):
+        assert total == budget or preempt, (
+            f"{where}: running requests {kept[len(ran):]} got no tokens although the plan leaves "
+            f"{budget - total} of the budget unused and preempts nobody")
+    waiting_ids = [r["id"] for r in waiting]
+    admitted = [i for i in run_ids if i in waiting_ids]
+    assert admitted == waiting_ids[:len(admitted)], (
+        f"{where}: the plan admits {admitted} from the waiting queue {waiting_ids}: admit first come first served "
+        f"(the queue's front first; a preempted request is at the front and resumes before later arrivals)")
+    seqs = sum(views[i]["seqs"] for i in kept) + sum(views[i]["seqs"] for i in admitted)
+    assert seqs <= max_seqs, f"{where}: the plan runs {seqs} sequences; max_num_seqs is {max_seqs}"
+    for i, n in run:
+        left = views[i]["tokens"] - views[i]["computed"]
+        if n < left:
+            assert chunked, (f"{where}: the plan runs {n} of the {left} tokens request {i} has left, with chunked "
+                             f"prefill off: a prompt runs whole or waits")
+            assert total == budget, (f"{where}: the plan cuts request {i} to {n} of its {left} tokens while "
+                                     f"{budget - total} of the budget is unused: a chunk is cut by the budget only")
+    if not preempt and waiting_ids[len(admitted):] and seqs < max_seqs and total < budget:
+        nxt = views[waiting_ids[len(admitted)]]
+        left = nxt["tokens"] - nxt["computed"]
+        n = min(left, budget - total)
+        fits = nxt["seqs"] + seqs <= max_seqs and _need(nxt, n, bs) <= free - need and (chunked or n == left)
+        assert not fits, (f"{where}: waiting request {nxt['id']} could run {n} tokens (slots, {budget - total} of the "
+                          f"budget and {free - need} free blocks are left) but the plan leaves it waiting"
+                          f"{'; with chunked prefill on, admit a chunk of a prompt longer than the budget left' if n < left else ''}")
+    return preempt, run
+
+
+def _workload(rng: random.Random, crowded: bool = False) -> dict:
+    """A random workload; `crowded`: everyone arrives at once, decodes long, in a pool that makes several running
+    requests preempt one another."""
+    if crowded:
+        bs, k = rng.choice([1, 2]), rng.randint(5, 8)
+        prompts = [rng.randint(2, 10) for _ in range(k)]
+        new = [rng.randint(8, 20) for _ in range(k)]
+        longest = max(ref.blocks_needed(p + m - 1, bs) for p, m in zip(prompts, new))
+        return dict(bs=bs, prompts=prompts, new=new, arrivals=[0] * k, num_blocks=longest + rng.randint(0, 3),
+                    max_seqs=rng.randint(4, 6), budget=rng.randint(16, 32), chunked=True)
+    bs = rng.choice([1, 2, 4, 8])
+    k = rng.randint(3, 9)
+    prompts = [rng.randint(1, 30) for _ in range(k)]
+    new = [rng.randint(1, 10) for _ in range(k)]
+    longest = max(ref.blocks_needed(p + m - 1, bs) for p, m in zip(prompts, new))
+    chunked = rng.random() < 0.75
+    max_seqs = rng.randint(1, 5)
+    budget = rng.randint(max(max_seqs, 4), 24) if chunked else max(p + m - 1 for p, m in zip(prompts, new)) + rng.randint(0, 8)
+    return dict(bs=bs, prompts=prompts, new=new, arrivals=sorted(rng.randint(0, 12) for _ in range(k)),
+                num_blocks=longest + rng.randint(0, 2 * longest), max_seqs=max_seqs, budget=max(budget, max_seqs),
+                chunked=chunked)
+
+
+def _simulate(schedule, w: dict, label: str) -> int:
+    """Serve workload `w` with `schedule`, judging every plan; returns the steps taken. Plain data, no model:
+    a request whose cache holds all its tokens produces one more, until it has its max_new_tokens."""
+    reqs = [dict(id=i, computed=0, tokens=p, blocks=0, out=0) for i, p in enumerate(w["prompts"])]
+    waiting, running, free, step = [], [], w["num_blocks"], 0
+    arrived = 0
+    limit = 20 * sum(p + m for p, m in zip(w["prompts"], w["new"])) + 20
+    while arrived < len(reqs) or waiting or running:
+        while arrived < len(reqs) and w["arrivals"][arrived] <= step:
+            waiting.append(reqs[arrived])
+            arrived += 1
+        if not (waiting or running):
+            step += 1
+            continue
+        where = f"{label}, step {step}"
+        view = lambda r: dict(id=r["id"], computed=r["computed"], tokens=r["tokens"], blocks=r["blocks"],  # noqa: E731
+                              freeable=r["blocks"], seqs=1)
+        rv, wv = [view(r) for r in running], [view(r) for r in waiting[:w["max_seqs"]]]
+        plan = schedule(rv, wv, free, w["bs"], w["budget"], w["max_seqs"], w["chunked"])
+        preempt, run = _judge_plan(plan, rv, wv, free, w["bs"], w["budget"], w["max_seqs"], w["chunked"], where)
+        assert run, (f"{where}: the plan runs nothing although {len(running)} request(s) run and {len(waiting)} wait; "
+                     f"the engine would stall")
+        for i in preempt:  # back to the queue's front (the oldest preempted first), blocks freed, to be recomputed
+            r = reqs[i]
+            running.remove(r)
+            free += r["blocks"]
+            r["computed"] = r["blocks"] = 0
+            waiting.insert(0, r)
+        for i, n in run:
+            r = reqs[i]
+            if r in waiting:
+                waiting.remove(r)
+                running.append(r)
+            grow = _need(view(r), n, w["bs"])
+            free -= grow
+            r["blocks"] += grow
+            r["computed"] += n
+            if r["computed"] == r["tokens"]:
+                r["out"] += 1
+                if r["out"] == w["new"][i]:
+                    running.remove(r)
+                    free += r["blocks"]
+                else:
+                    r["tokens"] += 1
+        step += 1
+        assert step <= limit, (f"{label}: not finished after {limit} steps ({[r['id'] for r in running]} running, "
+                               f"{[r['id'] for r in waiting]} waiting): a request is starved {seed_note()}")
+    assert free == w["num_blocks"], f"{label}: blocks leaked: {free} of {w['num_blocks']} free at the end"
+    return step
+
+
+@WEEK.exercise(8, "schedule", section="8 (The scheduler: preemption and chunked prefill)")
+def check_schedule(schedule) -> None:
+    """Random workloads (arrivals, lengths, pools tight enough to preempt, budgets small enough to chunk), every
+    plan judged by the invariants; then LLMEngine with this scheduler equals generate on each request alone."""
+    rng = random.Random(run_seed() + 7)
+    for case in range(30):
+        w = _workload(rng, crowded=case % 3 == 0)
+        label = (f"workload {case} (block_size {w['bs']}, {w['num_blocks']} blocks, budget {w['budget']}, "
+                 f"max_num_seqs {w['max_seqs']}, chunked prefill {'on' if w['chunked'] else 'off'}, prompts "
+                 f"{w['prompts']}, new tokens {w['new']}, arrival steps {w['arrivals']}) {seed_note()}")
+        if case == 0:
+            _, obs = observe(schedule, [], [dict(id=0, computed=0, tokens=5, blocks=0, freeable=0, seqs=1)], 4, 4, 8, 2,
+                             True)
+            used = sorted(c for c in obs.lib_calls if c.startswith("lib.engine"))
+            assert not used, f"schedule calls {used}; write the scheduling decision yourself"
+        _simulate(schedule, w, label)
+    from lib.engine import LLMEngine
+    from lib.generate import generate
+    from lib.model import tiny_model
+
+    g = generator(70)
+    model = tiny_model(seed=int(torch.randint(0, 1000, (1,), generator=g)))
+    prompts = [torch.randint(0, model.config.vocab_size, (int(k),), generator=g).tolist()
+               for k in torch.randint(3, 25, (6,), generator=g)]
+    want = [generate(model, torch.tensor([p]), 6)[0, len(p):].tolist() for p in prompts]
+    for kwargs in (dict(num_blocks=9, block_size=4, max_num_seqs=4, max_num_batched_tokens=8),
+                   dict(num_blocks=12, block_size=4, max_num_seqs=3, max_num_batched_tokens=16,
+                        enable_prefix_caching=True)):
+        engine = LLMEngine(model, scheduler=schedule, **kwargs)
+        got = engine.generate(prompts + prompts[:2], 6)
+        assert got == want + want[:2], (f"LLMEngine({kwargs}) with your scheduler returned {got}, not what generate "
+                                        f"gives on each request alone ({want + want[:2]}) {seed_note()}")
+
+
+# --- 7: the prefix cache ----------------------------------------------------------------------------
+
+class _CacheModel:
+    """What a PrefixCache must do, as sets and lists: free blocks that cache nothing (any order), free cached
+    blocks (least recently freed first), owners per block, hash -> (block, tokens)."""
+
+    def __init__(self, n: int):
+        self.uncached, self.lru, self.owners, self.cached = set(range(n)), [], {}, {}
+
+    def key_of(self, block):
+        return next((h for h, (b, _) in self.cached.items() if b == block), None)
+
+
+def _cache_trial(PrefixCache, rng: random.Random, n: int, steps: int, trial: int) -> int:
+    cache, model, log, hits = PrefixCache(n), _CacheModel(n), [], 0
+    hashes = [rng.getrandbits(62) for _ in range(6)]  # few hashes: registering one twice and colliding happen
+
+    def where():
+        return f"PrefixCache({n}), trial {trial}, after {log[-8:]} {seed_note()}"
+
+    for _ in range(steps):
+        op = rng.choice(["allocate", "allocate", "free", "free", "fork", "register", "register", "lookup", "lookup",
+                         "reuse"])
+        if op == "allocate":
+            if not model.uncached and not model.lru:
+                e = _expect_error(cache.allocate, Exception, f"{where()}: allocate() with every block owned (a block "
+                                  f"in use is never evicted)")
+                assert type(e).__name__ == "OutOfBlocksError", f"allocate() on a full pool raised {type(e).__name__}"
+                continue
+            block = cache.allocate()
+            log.append(f"allocate() -> {block}")
+            if model.uncached:
+                assert block in model.uncached, (
+                    f"{where()}: allocate() returned {block}; a free block that caches nothing ({sorted(model.uncached)}) "
+                    f"must go first: evict a cached block only when no other is free"
+                    + (f" (block {block} is owned)" if block in model.owners else ""))
+                model.uncached.discard(block)
+            else:
+                want = model.lru[0]
+                assert block == want, (
+                    f"{where()}: allocate() returned {block}; with no uncached block free it must evict the least "
+                    f"recently freed cached block, {want} (free cached blocks, oldest first: {model.lru})"
+                    + (f"; block {block} is in use by {model.owners[block]} owner(s)" if block in model.owners else ""))
+                model.lru.pop(0)
+                del model.cached[model.key_of(block)]
+            model.owners[block] = 1
+        elif op == "free" and model.owners:
+            block = rng.choice(sorted(model.owners))
+            cache.free(block)
+            log.append(f"free({block})")
+            model.owners[block] -= 1
+            if not model.owners[block]:
+                del model.owners[block]
+                (model.lru.append if model.key_of(block) is not None else model.uncached.add)(block)
+        elif op == "fork" and model.owners:
+            block = rng.choice(sorted(model.owners))
+            cache.fork(block)
+            log.append(f"fork({block})")
+            model.owners[block] += 1
+        elif op == "register" and model.owners:
+            block, h = rng.choice(sorted(model.owners)), rng.choice(hashes)
+            tokens = [rng.randrange(4) for _ in range(3)]
+            cache.register(block, h, tokens)
+            log.append(f"register({block}, {h:#x}, {tokens})")
+            if h not in model.cached and model.key_of(block) is None:
+                model.cached[h] = (block, tuple(tokens))
+        elif op in ("lookup", "reuse"):
+            if op == "reuse" and model.lru:  # a cached block sitting among the free ones: a hit takes it back
+                block = rng.choice(model.lru)
+                h = model.key_of(block)
+                tokens = list(model.cached[h][1])
+            else:
+                h = rng.choice(hashes)
+                tokens = list(model.cached[h][1]) if h in model.cached and rng.random() < 0.6 else \
+                    [rng.randrange(4) for _ in range(3)]
+            got = cache.lookup(h, tokens)
+            log.append(f"lookup({h:#x}, {tokens}) -> {got}")
+            want = model.cached[h][0] if h in model.cached and model.cached[h][1] == tuple(tokens) else None
+            assert got == want, (
+                f"{where()}: lookup returned {got}; expected {want}" +
+                (" (the hash is cached but for other tokens: a collision is a miss)" if want is None and h in model.cached
+                 else " (the block was registered and has not been evicted, even if no request owns it now)"
+                 if want is not None else " (nothing is cached under this hash)"))
+            if got is not None:
+                hits += 1
+                if op == "reuse" or rng.random() < 0.5:
+                    cache.fork(got)
+                    log.append(f"fork({got})")
+                    if got in model.lru:
+                        model.lru.remove(got)
+                    model.owners[got] = model.owners.get(got, 0) + 1
+        want_free = len(model.uncached) + len(model.lru)
+        assert cache.num_free == want_free, (
+            f"{where()}: num_free = {cache.num_free}; expected {want_free} (free blocks, cached or not: a hit on a "
+            f"free cached block takes it back)")
+    return hits
+
+
+@WEEK.exercise(7, "PrefixCache", section="7 (Prefix caching)")
+def check_PrefixCache(PrefixCache) -> None:
+    """Random allocate / fork / free / register / lookup against a model of the cache (which block is evicted,
+    hits, a collision, reuse of a free cached block), errors; then LLMEngine with it equals generate alone."""
+    _, obs = observe(PrefixCache, 4)
+    used = sorted(c for c in obs.lib_calls if c.startswith(("lib.engine", "lib.paged.BlockAllocator")))
+    assert not used, f"PrefixCache(4) runs {used}; write the pool and its cache yourself"
+    rng = random.Random(run_seed() + 8)
+    hits = sum(_cache_trial(PrefixCache, rng, rng.randint(1, 8), 400, trial) for trial in range(5))
+    assert hits > 0, f"no lookup hit in 2000 operations {seed_note()}"
+    n = rng.randint(3, 8)  # LRU order, spelled out: every block cached, freed in a random order, one reused
+    cache = PrefixCache(n)
+    blocks = [cache.allocate() for _ in range(n)]
+    keys = [(rng.getrandbits(62), [rng.randrange(100) for _ in range(4)]) for _ in blocks]
+    for block, (h, tokens) in zip(blocks, keys):
+        cache.register(block, h, tokens)
+    order = rng.sample(blocks, n)
+    for block in order:
+        cache.free(block)
+    reused = order[rng.randrange(n)]
+    h, tokens = keys[blocks.index(reused)]
+    assert cache.lookup(h, tokens) == reused, (f"PrefixCache({n}): block {reused}, registered and then freed, is not "
+                                               f"found by lookup: a free cached block stays cached until evicted")
+    cache.fork(reused)
+    assert cache.num_free == n - 1, f"after fork({reused}) of a free cached block num_free = {cache.num_free}; expected {n - 1}"
+    want = [b for b in order if b != reused]
+    got = [cache.allocate() for _ in want]
+    assert got == want, (f"PrefixCache({n}): every block cached and freed in the order {order}, block {reused} taken "
+                         f"back by a hit; allocate() then evicted {got}; expected the least recently freed first: "
+                         f"{want} {seed_note()}")
+    cache = PrefixCache(3)
+    b = cache.allocate()
+    cache.free(b)
+    _expect_error(lambda: cache.free(b), ValueError, "free() of a free block")
+    _expect_error(lambda: cache.fork(b), ValueError, "fork() of a free block that caches nothing")
+    for bad in (-1, 3):
+        _expect_error(lambda: cache.free(bad), ValueError, f"free({bad}) on a pool of 3 blocks")
+    from lib.engine import LLMEngine
+    from lib.generate import generate
+    from lib.model import tiny_model
+
+    g = generator(80)
+    model = tiny_model(seed=int(torch.randint(0, 1000, (1,), generator=g)))
+    system = torch.randint(0, model.config.vocab_size, (12,), generator=g).tolist()
+    prompts = [system + torch.randint(0, model.config.vocab_size, (int(k),), generator=g).tolist()
+               for k in torch.randint(1, 6, (5,), generator=g)]
+    others = [torch.randint(0, model.config.vocab_size, (14,), generator=g).tolist() for _ in range(2)]
+    batch = prompts[:2] + others + prompts[2:]
+    want = [generate(model, torch.tensor([p]), 4)[0, len(p):].tolist() for p in batch]
+    engine = LLMEngine(model, num_blocks=12, block_size=4, max_num_seqs=2, max_num_batched_tokens=32,
+                       enable_prefix_caching=True, block_pool=PrefixCache)
+    got = engine.generate(batch, 4)
+    assert got == want, (f"LLMEngine with your PrefixCache returned {got}, not what generate gives on each request "
+                         f"alone ({want}) {seed_note()}")
+    assert engine.prefix_hit_tokens > 0, "LLMEngine with your PrefixCache found no cached prefix in prompts sharing 12 tokens"

@@ -45,6 +45,17 @@ def test_ex06_block_hashes(ex):
     checks.check_block_hashes(ex.block_hashes)
 
 
+def test_ex07_PrefixCache(ex):
+    """Property test against a model of the cache (eviction order, hits, collisions); LLMEngine with it equals
+    generate alone."""
+    checks.check_PrefixCache(ex.PrefixCache)
+
+
+def test_ex08_schedule(ex):
+    """Milestone: random workloads judged by the scheduler's invariants; LLMEngine with it equals generate alone."""
+    checks.check_schedule(ex.schedule)
+
+
 def test_ex10_answer_q1(ex):
     checks.check_answer_q1(ex.answer_q1)
 

@@ -21,11 +21,12 @@ the KV cache in fixed-size **blocks** handed out on demand, like pages of virtua
 (**PagedAttention**), and a scheduler that decides again at every step who runs (**continuous
 batching**). You build the pieces — block arithmetic, a reference-counted allocator, block tables and
 slot mapping, attention that reads keys and values straight from the block pool — and then run them
-inside a small real engine (`lib/engine.py`, about 400 lines) on SmolLM2, which returns exactly the
+inside a small real engine (`lib/engine.py`, about 800 lines with its docstrings) on SmolLM2, which returns exactly the
 tokens that `generate` returns on each request alone.
 
 **You will write** `blocks_needed`, `slots_wasted`, `BlockAllocator`, `slot_mapping`, `paged_attention`,
-`block_hashes` and two quiz answers. Each is followed by a graded cell; `pytest weeks/19 -k ex04` checks
+`block_hashes`, the block pool with its prefix cache `PrefixCache`, the engine's scheduler `schedule` and two
+quiz answers. Each is followed by a graded cell; `pytest weeks/19 -k ex04` checks
 one exercise from a terminal.
 
 **Time.** About 5 hours. The notebook runs top to bottom in 2–3 minutes on a 2-core CPU with the fast
@@ -34,12 +35,13 @@ defaults below; `FULL = True` reruns the measurements at the seed's sizes (about
 
 nb.setup("""
 import math
+from collections import OrderedDict
 
 import torch
 
 from grader.checks.week19 import (check_blocks_needed, check_slots_wasted, check_BlockAllocator,
                                   check_slot_mapping, check_paged_attention, check_block_hashes,
-                                  check_answer_q1, check_answer_q3)
+                                  check_schedule, check_PrefixCache, check_answer_q1, check_answer_q3)
 """)
 
 nb.code("""
@@ -90,13 +92,26 @@ for name, lengths in [("8 requests, 8 slots", seed8), ("64 queued requests, 8 sl
     print(f"{name:>28}: static {s:5d} steps, continuous {c:5d} steps, ratio {s / c:.2f}")
 uniform = [200] * 64
 print(f"{'64 requests, all 200':>28}: ratio {simulate_steps(uniform, 8, 'static') / simulate_steps(uniform, 8):.2f}")
+# The ceiling: a static batch of 4 short + 4 long requests keeps 8 slots for 200 steps; the short ones use 50.
+idle = 4 * (200 - 50) / (8 * 200)
+print(f"idle slot-steps in a static 50/200 batch: {idle:.1%}; removing all of them gains at most "
+      f"1 / (1 - {idle:.3f}) = {1 / (1 - idle):.2f}x")
+# Latency of the 8 requests alone: a static batch returns together; continuous returns each when it is done.
+print(f"8 requests alone, mean completion: static {200:.0f} steps, continuous {(4 * 50 + 4 * 200) / 8:.0f} steps")
 """)
 nb.md("""
-With only the 8 requests there is **nothing** to gain: both policies take 200 steps, because nobody is
-waiting for the slots the short requests free. The gain needs a queue. With 64 requests queued the
-short ones' slots are refilled, and continuous batching takes 1100 steps against 1600: **1.45×**, not
-2–3×. The step-count model says the gain is `Σ max(batch) / (continuous steps)`; it grows with the spread
-of lengths and the depth of the queue, and is 1.0 when all lengths are equal.
+With only the 8 requests there is nothing to gain in **throughput**: both policies take 200 steps,
+because nobody is waiting for the slots the short requests free. There is a gain in **latency**: a
+static batch returns its requests together at step 200, continuous batching returns each short request
+at step 50, so the mean completion time drops from 200 to 125 steps. The throughput gain needs a queue.
+
+How much can it be? The seed's "75 % waste" is per short request (150 of its 200 slot-steps idle); per
+batch, half the slots are short, so **37.5 %** of a static batch's slot-steps are idle, and no scheduler
+can gain more than 1 / (1 − 0.375) = **1.6×** on this mix — the seed's "2–3×" is above the ceiling. With
+64 requests queued the short ones' slots are refilled, and continuous batching takes 1100 steps against
+1600: **1.45×**, below the ceiling because at the end the last long requests run with empty slots beside
+them (1100 steps against the 32 × (50 + 200) / 8 = 1000 that full slots would take). The gain grows with the spread of
+lengths and the depth of the queue, and is 1.0 when all lengths are equal.
 
 Now measure it on SmolLM2 with the real engine: the same workload shape (half short, half 4× longer,
 alternating), static against continuous, steps and wall time. The fast default is scaled down
@@ -126,9 +141,11 @@ print(f"  static:     {len(es.trace):4d} steps, {ts:6.1f} s, {sum(lengths) / ts:
 print(f"  continuous: {len(ec.trace):4d} steps, {tc:6.1f} s, {sum(lengths) / tc:6.1f} tok/s")
 print(f"  gain: predicted by step count {pred:.2f}x, measured steps {len(es.trace) / len(ec.trace):.2f}x, "
       f"measured wall time {ts / tc:.2f}x")
+assert (len(es.trace), len(ec.trace)) == (simulate_steps(lengths, SLOTS, "static"), simulate_steps(lengths, SLOTS))
 """)
 nb.md("""
-The measured step counts include the prefill steps, so they sit a little above the model's. Wall time
+The measured step counts **equal** the model's (the `assert` above): the prefill step also samples a
+request's first token, so a request of n new tokens holds its slot for exactly n steps. Wall time
 follows the step count to the extent that a decode step costs about the same with 1 or 4 requests in it
 (section 5 measures how true that is here; on a busy machine the two runs also see different loads).
 The **Gantt chart** below shows each slot over time, one colour per request: in the static run a slot
@@ -205,8 +222,11 @@ print(f"paged (16):   {blocks4} blocks = {blocks4 * 16} slots, {slots_wasted(len
       f"({slots_wasted(lengths4, 16) / (blocks4 * 16):.2%})")
 """)
 nb.md("""
-Both of the seed's numbers (258 blocks, 28 slots) are right. Its "at most 15 × 4 = 60 slots" is the bound;
-28 is what these lengths give. In bytes, on SmolLM2 (fp32 here, 46 KB per token) for a realistic mix —
+Both of the seed's counts (258 blocks, 28 slots) are right. Its "at most 15 × 4 = 60 slots" is the bound;
+28 is what these lengths give — 0.68 % of the 4128 slots allocated (printed above), not the seed's
+"0.3 %". The seed also quotes "20.4 % utilization (FasterTransformer)" for existing systems: in the vLLM
+paper (Kwon et al., 2023, Fig. 2) 20.4 % is **Orca (Max)**, a cache that reserves the maximum length per
+request — the same kind of number as the "preallocate 2048" row below. In bytes, on SmolLM2 (fp32 here, 46 KB per token) for a realistic mix —
 request lengths spread from short chats to long documents — and for several block sizes:
 """)
 nb.code("""
@@ -350,8 +370,10 @@ tensor: that copy is exactly the memory paging saves, and the vLLM kernel never 
 (or a few) of every sequence at a time — `k_pool[block_tables[:, j]]` is `[B, n_kv_heads, block_size,
 head_dim]` — mask the positions at or past `context_lens`, and combine the blocks with the **online
 softmax** of week 17 (running max `m`, running sum `l`, running output). The check compares against
-contiguous attention (≤ 1e-5) on ragged lengths, block sizes 1, 7 and 16, and watches the peak memory;
-no SDPA and no `lib`.
+contiguous attention (≤ 1e-5) on ragged lengths, random block sizes, head sizes and batches; it watches
+the peak memory (less than half a contiguous copy of the longest sequence's K and V), the longest
+reduction (no softmax over a whole row) and your inputs (unchanged); no SDPA, no `lib`, no numpy, and every
+tensor you make on the inputs' device (`device=q.device`: the check also runs it on `meta` tensors).
 """)
 nb.exercise("paged_attention", """
 def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
@@ -361,15 +383,15 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     b, h, d = q.shape
     _, hkv, bs, _ = k_pool.shape
     group = h // hkv
-    n_blocks = -(-int(context_lens.max()) // bs)
+    dev = q.device  # every tensor made here lives where the inputs do (a GPU's, in a server)
     per_step = max(1, 32 // bs)  # blocks read at once: about 32 keys
     qg = q.reshape(b, hkv, group, d).float() / math.sqrt(d)  # [B, Hkv, group, d]
-    m = torch.full((b, hkv, group), float("-inf"))
-    l = torch.zeros(b, hkv, group)
-    acc = torch.zeros(b, hkv, group, d)
-    for j0 in range(0, n_blocks, per_step):
-        j1 = min(j0 + per_step, n_blocks)
-        pos = torch.arange(j0 * bs, j1 * bs)  # logical positions of these blocks
+    m = torch.full((b, hkv, group), float("-inf"), device=dev)
+    l = torch.zeros(b, hkv, group, device=dev)
+    acc = torch.zeros(b, hkv, group, d, device=dev)
+    for j0 in range(0, block_tables.shape[1], per_step):  # columns past a sequence's end are masked out
+        j1 = min(j0 + per_step, block_tables.shape[1])
+        pos = torch.arange(j0 * bs, j1 * bs, device=dev)  # logical positions of these blocks
         valid = pos[None, :] < context_lens[:, None]  # [B, c * bs]
         ids = torch.where(valid[:, ::bs], block_tables[:, j0:j1], 0)  # past the end: any block, masked
         kb = k_pool[ids].permute(0, 2, 1, 3, 4).reshape(b, hkv, -1, d).float()  # [B, Hkv, c * bs, d]
@@ -463,9 +485,13 @@ def decode_rate(batch, steps=STEPS):
 
 
 rates = {b: decode_rate(b) for b in tqdm(BATCHES, desc="batch sizes")}
-print(f"{'batch':>6} {'ms/step':>8} {'tok/s':>7} {'vs batch 1':>10}")
+weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+roofline = weight_bytes / 25e9  # s per step to read every weight once at ~25 GB/s (this machine's mat-vec rate)
+print(f"roofline: {weight_bytes / 1e6:.0f} MB of weights at 25 GB/s = {roofline * 1e3:.0f} ms per step, any batch")
+print(f"{'batch':>6} {'ms/step':>8} {'x roofline':>10} {'tok/s':>7} {'vs batch 1':>10} {'of linear':>9}")
 for b, (rate, step) in rates.items():
-    print(f"{b:>6} {step * 1e3:8.1f} {rate:7.1f} {rate / rates[1][0]:9.1f}x")
+    print(f"{b:>6} {step * 1e3:8.1f} {step / roofline:9.1f}x {rate:7.1f} {rate / rates[1][0]:9.1f}x "
+          f"{rate / rates[1][0] / b:9.0%}")
 fig, ax = plt.subplots(1, 2, figsize=(10, 3.5))
 ax[0].plot(BATCHES, [rates[b][0] for b in BATCHES], "o-", label="measured")
 ax[0].plot(BATCHES, [rates[1][0] * b for b in BATCHES], "--", color="gray", label="linear in batch")
@@ -475,10 +501,14 @@ ax[1].set_xlabel("batch"); ax[1].set_ylabel("ms per decode step"); ax[1].set_yli
 plt.tight_layout(); plt.show()
 """)
 nb.md("""
-The step time grows slowly with the batch, so throughput grows nearly in proportion — that is the whole
-reason servers batch. The curve bends where the per-token work (attention over each request's own keys,
-the activations of the LM head's 49,152 outputs per token) starts to count next to reading the weights.
-Measured on a shared CPU, so read the ratios, not the absolute numbers.
+Read the last two columns. Throughput grows with the batch — that is the reason servers batch — but
+**not** in proportion: in the runs recorded in this week's README the step took 383 → 703 → 941 ms at
+batch 1 → 8 → 16, so batch 8 gave 4.4×, 55 % of linear. The bandwidth argument above assumed a step
+costs about the time to read the weights; the `x roofline` column says the batch-1 step here costs many
+times that (18× in that run): the step is bound by **overhead** — Python, one kernel call per layer and
+operation, the paged-attention loop, the LM head — not by memory bandwidth, and that overhead grows with
+the batch. On a GPU, where a decode step sits much closer to its roofline, the curve is much closer to
+linear. Measured on a shared CPU, so read the ratios, not the absolute numbers.
 """)
 
 # --- 6 -----------------------------------------------------------------------------------------------
@@ -551,6 +581,112 @@ def block_hashes(token_ids: list[int], block_size: int) -> list[int]:
 """)
 nb.test("test_block_hashes", "check_block_hashes(block_hashes)", points=1)
 nb.md("""
+The engine keeps the cache inside its block pool. A block whose last owner frees it goes back to the
+free blocks **but keeps its hash**: it is free *and* cached. A later request whose prefix hashes to it
+takes it back (one more reference) instead of recomputing it. Only when a block is needed and every free
+block caches something is one evicted: the **least recently freed** (LRU), its hash forgotten. A block
+some request owns is never evicted.
+
+**Exercise 7.** `PrefixCache(num_blocks)`: the allocator of exercise 3 (`allocate`, `fork`, `free`,
+`num_free`, plus `ref_count(block)`) with a prefix cache:
+
+* `register(block, block_hash, tokens)`: cache an allocated full block under its hash, keeping its
+  tokens; nothing if that hash or that block is cached already;
+* `lookup(block_hash, tokens)`: the cached block of that hash **if it holds exactly these tokens**, else
+  `None` — two different blocks can share a hash (a collision), and serving another prompt's keys and
+  values would be a silent wrong answer. `lookup` changes nothing; the engine `fork`s a block it uses;
+* `allocate()` hands out a free block that caches nothing if there is one; else it evicts the least
+  recently freed cached block; `OutOfBlocksError` if no block is free;
+* `fork(block)` of a free cached block takes it back from the free blocks (a prefix-cache hit); `fork` of
+  a free block that caches nothing, and `free` of a free block, raise `ValueError`.
+
+The check replays random operations against a model of the cache (which block is evicted, every
+lookup's answer, a collision, `num_free` after every step), then runs `LLMEngine(...,
+enable_prefix_caching=True, block_pool=PrefixCache)` on prompts sharing a prefix through a pool small
+enough to evict, against `generate` on each prompt alone.
+""")
+nb.exercise("PrefixCache", """
+class PrefixCache:
+    def __init__(self, num_blocks: int):
+        ### BEGIN SOLUTION
+        self.size = num_blocks
+        self.owners = [0] * num_blocks
+        self.plain = list(range(num_blocks - 1, -1, -1))  # free blocks caching nothing (a stack)
+        self.stale = OrderedDict()  # free cached blocks, least recently freed first
+        self.by_hash = {}  # hash -> block
+        self.entry = {}  # block -> (hash, tokens)
+        ### END SOLUTION
+
+    @property
+    def num_free(self) -> int:
+        ### BEGIN SOLUTION
+        return len(self.plain) + len(self.stale)
+        ### END SOLUTION
+
+    def ref_count(self, block: int) -> int:
+        ### BEGIN SOLUTION
+        return self.owners[block]
+        ### END SOLUTION
+
+    def allocate(self) -> int:
+        ### BEGIN SOLUTION
+        if self.plain:
+            block = self.plain.pop()
+        elif self.stale:
+            block = next(iter(self.stale))  # the least recently freed
+            del self.stale[block]
+            block_hash, _ = self.entry.pop(block)
+            del self.by_hash[block_hash]
+        else:
+            raise OutOfBlocksError(f"all {self.size} blocks are in use")
+        self.owners[block] = 1
+        return block
+        ### END SOLUTION
+
+    def fork(self, block: int) -> int:
+        ### BEGIN SOLUTION
+        if not 0 <= block < self.size:
+            raise ValueError(f"no block {block}")
+        if self.owners[block] == 0:
+            if block not in self.stale:
+                raise ValueError(f"block {block} is free and caches nothing")
+            del self.stale[block]  # a hit: the cached block is in use again
+        self.owners[block] += 1
+        return block
+        ### END SOLUTION
+
+    def free(self, block: int) -> None:
+        ### BEGIN SOLUTION
+        if not 0 <= block < self.size or self.owners[block] == 0:
+            raise ValueError(f"block {block} is not allocated")
+        self.owners[block] -= 1
+        if self.owners[block] == 0:
+            if block in self.entry:
+                self.stale[block] = None  # free, still cached, evicted last
+            else:
+                self.plain.append(block)
+        ### END SOLUTION
+
+    def register(self, block: int, block_hash: int, tokens: list[int]) -> None:
+        ### BEGIN SOLUTION
+        if not 0 <= block < self.size or self.owners[block] == 0:
+            raise ValueError(f"block {block} is not allocated")
+        if block_hash in self.by_hash or block in self.entry:
+            return
+        self.by_hash[block_hash] = block
+        self.entry[block] = (block_hash, tuple(tokens))
+        ### END SOLUTION
+
+    def lookup(self, block_hash: int, tokens: list[int]) -> int | None:
+        ### BEGIN SOLUTION
+        block = self.by_hash.get(block_hash)
+        if block is not None and self.entry[block][1] == tuple(tokens):
+            return block
+        return None  # not cached, or a collision
+        ### END SOLUTION
+""")
+nb.test("test_PrefixCache", "check_PrefixCache(PrefixCache)", points=3)
+nb.md("""
 The engine with and without prefix caching on 8 requests that share a system prompt (128 tokens here,
 512 with `FULL`), each with its own question, all arriving at once:
 """)
@@ -560,7 +696,7 @@ chat = [SYSTEM + p for p in PROMPTS[10:18]]
 
 
 def serve(prompts, new, **kwargs):
-    eng = LLMEngine(model, num_blocks=256, block_size=16, max_num_seqs=4, **kwargs)
+    eng = LLMEngine(model, num_blocks=256, block_size=16, max_num_seqs=4, block_pool=PrefixCache, **kwargs)
     result = run_load(eng, prompts, [new] * len(prompts), [0.0] * len(prompts))
     return eng, result
 
@@ -582,7 +718,8 @@ a pool too small to keep the system prompt cached while unrelated requests run, 
 (oldest first) and the next round has to recompute it.
 """)
 nb.code("""
-small = LLMEngine(model, num_blocks=16, block_size=16, max_num_seqs=2, enable_prefix_caching=True)
+small = LLMEngine(model, num_blocks=16, block_size=16, max_num_seqs=2, enable_prefix_caching=True,
+                  block_pool=PrefixCache)
 small.generate(chat[:2], 1)
 hits_before = small.prefix_hit_tokens
 unrelated = [tok(" ".join(lines[600 + 10 * i:610 + 10 * i])).input_ids[:120] for i in range(2)]
@@ -591,24 +728,140 @@ small.generate(chat[2:4], 1)
 print(f"evictions: {small.blocks.num_evictions}; system-prompt tokens reused: round 1 {hits_before}, "
       f"round 2 {small.prefix_hit_tokens - hits_before} (of {2 * len(SYSTEM) // 16 * 16} possible)")
 """)
-nb.md("Check: `pytest weeks/19 -k ex06`")
+nb.md("Check: `pytest weeks/19 -k \"ex06 or ex07\"`")
 
 # --- 8 -----------------------------------------------------------------------------------------------
 nb.md("""
-## 8. Preemption and chunked prefill
+## 8. The scheduler: preemption and chunked prefill
 
-**Preemption.** When a running request needs a block and none is free, the engine preempts the most
-recently admitted request: frees its blocks and puts it back at the head of the queue. When it is
-admitted again it recomputes its prompt *and the tokens it had generated* in one prefill (vLLM's
-"recompute"; the alternative is swapping the blocks to CPU memory). Greedy decoding depends only on the
-tokens, so the output is unchanged. Below: section 5's prompts through a pool far too small for them.
+Everything so far is memory. What makes the batching *continuous* is the decision the engine takes
+before every forward: who runs this step, with how many tokens. `LLMEngine` asks a function for it,
+`scheduler(running, waiting, free_blocks, block_size, token_budget, max_num_seqs, chunked_prefill)`, and
+carries out the plan it returns. The function sees only plain data: each request is a dict of ints,
+
+| key | meaning |
+|---|---|
+| `id` | the request |
+| `computed` | tokens whose K and V are already in the cache (for a waiting request: found in the prefix cache) |
+| `tokens` | prompt + output so far; it needs `tokens - computed` more before it can sample its next token |
+| `blocks` | blocks it holds and can write into |
+| `freeable` | blocks that come free if it is preempted (shared ones do not) |
+| `seqs` | slots it takes (1; `n` for a request whose `n` parallel samples are not forked yet) |
+
+`running` is in admission order, oldest first; `waiting` in queue order. To compute `n` more tokens a
+request needs `max(0, blocks_needed(computed + n, block_size) - blocks)` more blocks. The plan is
+`{"preempt": [id, ...], "run": [[id, n], ...]}`. The policy (vLLM's, in the shape of nano-vllm's):
+
+1. **Running requests first, oldest first.** A decode needs 1 token; a request still prefilling needs the
+   rest of its prompt, cut to what is left of the step's token budget (**chunked prefill**, Sarathi-Serve,
+   Agrawal et al., 2024: a long prompt rides along with the decodes instead of stalling them).
+2. **Preemption.** If a running request needs more blocks than are free, preempt the **most recently
+   admitted** running request (its blocks come free), and again, until it fits — or until it is the one
+   preempted. Newest first, so that the oldest requests, which hold the most work, finish. The engine puts
+   a preempted request back at the **front** of the queue and later recomputes its prompt *and* the tokens
+   it had generated in one prefill (vLLM's "recompute"; the alternative is swapping its blocks to CPU
+   memory). Greedy decoding depends only on the tokens, so its output is unchanged.
+3. **Admission**, only in a step that preempted nobody: waiting requests **first come first served**,
+   while there are slots (`max_num_seqs`), budget and blocks; stop at the first that does not fit (never
+   skip ahead of it). With `chunked_prefill` off, a prompt is admitted only whole.
+
+**Exercise 8.** Write `schedule`. The check runs random workloads — arrivals, lengths, pools tight
+enough to preempt, budgets small enough to chunk — through your function step by step and judges every
+plan: the budget is never exceeded, no block is allocated that is not free, running requests are served
+oldest first, the newest is preempted first, waiting ones are admitted first come first served (so a
+preempted request resumes before later arrivals), a chunk is cut only by the budget, nothing that fits
+is left waiting, and every request finishes. Then `LLMEngine(..., scheduler=schedule)` must return
+exactly what `generate` returns on each request alone.
+""")
+nb.exercise("schedule", """
+def schedule(running: list[dict], waiting: list[dict], free_blocks: int, block_size: int, token_budget: int,
+             max_num_seqs: int, chunked_prefill: bool = True) -> dict:
+    \"\"\"This step's plan: {"preempt": [id, ...], "run": [[id, num_tokens], ...]}.\"\"\"
+    ### BEGIN SOLUTION
+    def more_blocks(req, n):  # blocks req needs to hold computed + n tokens, beyond those it has
+        return max(0, blocks_needed(req["computed"] + n, block_size) - req["blocks"])
+
+    plan = {"preempt": [], "run": []}
+    budget, free = token_budget, free_blocks
+    queue = list(running)  # oldest first; preemption takes from the end
+    k = 0
+    while k < len(queue) and budget > 0:
+        req = queue[k]
+        n = min(req["tokens"] - req["computed"], budget)
+        while more_blocks(req, n) > free and queue[-1] is not req:
+            victim = queue.pop()
+            plan["preempt"].append(victim["id"])
+            free += victim["freeable"]
+        if more_blocks(req, n) > free:  # it is the newest itself: it goes back to the queue too
+            queue.pop()
+            plan["preempt"].append(req["id"])
+            break
+        plan["run"].append([req["id"], n])
+        free -= more_blocks(req, n)
+        budget -= n
+        k += 1
+    if plan["preempt"]:
+        return plan  # short of blocks: admit nobody this step
+    slots = max_num_seqs - sum(r["seqs"] for r in queue)
+    for req in waiting:
+        left = req["tokens"] - req["computed"]
+        n = min(left, budget)
+        if budget == 0 or req["seqs"] > slots or (n < left and not chunked_prefill) or more_blocks(req, n) > free:
+            break
+        plan["run"].append([req["id"], n])
+        free -= more_blocks(req, n)
+        budget -= n
+        slots -= req["seqs"]
+    return plan
+    ### END SOLUTION
+""")
+nb.test("test_schedule", "check_schedule(schedule)", points=3)
+nb.md("""
+Your scheduler in the engine, on section 5's prompts through a pool far too small for them: it must
+preempt, and the output must not change.
 """)
 nb.code("""
-tight = LLMEngine(model, num_blocks=4, block_size=8, max_num_seqs=8, max_num_batched_tokens=32)
+tight = LLMEngine(model, num_blocks=4, block_size=8, max_num_seqs=8, max_num_batched_tokens=32, scheduler=schedule)
 out_tight = tight.generate(prompts, NEW)
 print(f"pool of {tight.num_blocks} blocks of 8: {tight.num_preemptions} preemptions, {len(tight.trace)} steps "
       f"(against {len(engine.trace)} with room); identical to generate alone: {out_tight == alone}")
 assert out_tight == alone
+""")
+nb.md("""
+**Recompute or swap?** The engine above recomputes a preempted request. The alternative (vLLM's "swap")
+copies its blocks to host memory and back when it resumes: no tokens computed twice, but every one of
+its tokens' K and V crosses the memory bus twice. Both, on the same workload, with your scheduler:
+""")
+nb.code("""
+kv_per_token = kv_cache_bytes(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, 1, bytes_per_element=4)
+n_params = sum(p.numel() for p in model.parameters())
+ran = {}
+for mode in ("recompute", "swap"):
+    eng = LLMEngine(model, num_blocks=4, block_size=8, max_num_seqs=8, max_num_batched_tokens=32, scheduler=schedule,
+                    preemption_mode=mode)
+    start = time.perf_counter()
+    assert eng.generate(prompts, NEW) == alone
+    ran[mode] = (eng, time.perf_counter() - start)
+    prefill = sum(s["num_prefill_tokens"] for s in eng.step_stats)
+    print(f"{mode:>9}: {eng.num_preemptions} preemptions, {len(eng.trace)} steps, {prefill} prefill tokens "
+          f"({eng.recomputed_tokens} of them recomputed), {eng.swap_bytes / 1e6:.2f} MB swapped in "
+          f"{eng.swap_seconds * 1e3:.1f} ms; {ran[mode][1]:.2f} s in all")
+swapped_tokens = ran["swap"][0].swap_bytes / (2 * kv_per_token)  # each token's K and V: out once, in once
+print(f"per token, derived: swap 2 x {kv_per_token / 1e3:.0f} KB at 25 GB/s = {2 * kv_per_token / 25e9 * 1e6:.1f} us; "
+      f"recompute 2 x {n_params / 1e6:.0f}M FLOP at 320 GFLOP/s = {2 * n_params / 320e9 * 1e3:.2f} ms")
+print(f"per token, measured: swap {ran['swap'][0].swap_seconds / swapped_tokens * 1e3:.2f} ms "
+      f"({swapped_tokens:.0f} tokens' K and V moved out and in)")
+""")
+nb.md("""
+By the arithmetic (the `derived` line: bytes over this machine's copy bandwidth, FLOPs over its best
+matmul rate) swapping a token costs microseconds and recomputing it about a millisecond: on a CPU, where
+"host memory" is the memory the cache already lives in, swap should win by orders of magnitude. The
+`measured` line shows what the copies actually cost in this run: each swap is 2 × 30 separate copies
+(K and V of every layer), and on a shared, loaded CPU the per-operation overhead, not the bandwidth, sets
+their time — compare the two totals on your machine. On a GPU the copy crosses PCIe (32 GB/s theoretical
+for PCIe 4.0 x16, far below the GPU's own memory) while a prefill runs at hundreds of TFLOP/s, and
+swapped-out blocks take pinned host memory: the two come much closer, and recompute needs no host memory
+and no bookkeeping of the copies — vLLM's v1 engine preempts by recompute only.
 """)
 nb.md("""
 **Chunked prefill.** A long prompt's prefill is one big forward. If it runs in one step, every request
@@ -622,7 +875,7 @@ LONG_PROMPT = tok(" ".join(lines[700:900])).input_ids[:1024 if FULL else 256]
 
 
 def decode_with_long_arrival(**kwargs):
-    eng = LLMEngine(model, num_blocks=256, block_size=16, max_num_seqs=8, **kwargs)
+    eng = LLMEngine(model, num_blocks=256, block_size=16, max_num_seqs=8, scheduler=schedule, **kwargs)
     short = [eng.add_request(p, 12) for p in PROMPTS[20:23]]
     for _ in range(3):
         eng.step()
@@ -645,7 +898,7 @@ Chunking caps the stall a long prompt causes: the decoders' worst gap drops to a
 compute, and the long prompt's own first token comes a little later (its prefill is spread over several
 steps, each also carrying the decodes). That is the trade a serving system tunes with the token budget.
 
-Check: preemption and chunked prefill are tested against `generate` in `tests/test_week19_lib.py`.
+Check: `pytest weeks/19 -k ex08`
 """)
 
 # --- 9 -----------------------------------------------------------------------------------------------
