@@ -755,7 +755,17 @@ def check_expected_rejections(expected_rejections) -> None:
     assert not obs.inputs_written, "expected_rejections wrote into its arguments: compute in new tensors"
     used = sorted(c for c in obs.lib_calls if c.startswith("lib."))
     assert not used, f"expected_rejections must be your own derivation; it called {used}"
-    check_on_meta(expected_rejections, (p.float(), q.float()), "expected_rejections")
+    # device: all of it in tensors on the inputs' device. On `meta` tensors (shapes, no data, like tensors on a
+    # GPU seen from here) it must run and return a `meta` tensor: a CPU tensor, .numpy() or .item() fails there.
+    try:
+        out = expected_rejections(p.float().to("meta"), q.float().to("meta"))
+    except Exception as e:  # noqa: BLE001
+        raise AssertionError(
+            f"expected_rejections failed on inputs on another device ('meta', as they would be on 'cuda'): "
+            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} — keep every step in tensors on the "
+            f"inputs' device (no CPU tensor made without device=, no .numpy(), .cpu() or .item())") from None
+    assert isinstance(out, torch.Tensor) and out.device.type == "meta", (
+        f"expected_rejections on 'meta' inputs returned {out!r}: the result must stay on the inputs' device")
 
 
 # --- 6: the best K ---------------------------------------------------------------------------------------------
