@@ -19,6 +19,7 @@ from grader.checks import call_many, check_on_meta, generator, observe, run_seed
 from grader.harness import Week
 from lib import speculative as ref
 from lib.generate import generate as ref_generate
+from lib.speculative import _History  # the token-history "cache" of the test models
 from lib.model import ModelConfig, tiny_model
 
 WEEK = Week(18, "week18_speculative.ipynb")
@@ -28,25 +29,6 @@ SMOLLM2_NEW_TOKENS = 64
 SMOLLM2_KS = (2, 8)
 
 # --- test models ----------------------------------------------------------------------------------------
-
-class _History:
-    # The same as lib.speculative's token-history cache, written again on purpose: the student's code truncates
-    # this cache, and a call into lib.speculative during the student's run is what ex01's route check rejects.
-    def __init__(self, max_len: int):
-        self.tokens: list[int] = []
-        self.max_len = max_len
-
-    @property
-    def length(self) -> int:
-        return len(self.tokens)
-
-    def truncate(self, n: int) -> None:
-        if not 0 <= n <= len(self.tokens):
-            raise ValueError(f"truncate({n}): the cache holds {len(self.tokens)} positions")
-        del self.tokens[n:]
-
-    crop = truncate
-
 
 class MarkovLM:
     """logits(next | ..., a, b) = A[b] + B[a]: a second-order Markov chain with a language model's call shape.
@@ -186,6 +168,12 @@ def work_failures(log: list, output: list, k: int) -> list[str]:
     return bad[:2]
 
 
+def _loop_lib_calls(obs) -> list:
+    """The lib.speculative / lib.generate functions a loop ran, other than the test models' own cache."""
+    return sorted(c for c in obs.lib_calls if c.startswith(("lib.speculative.", "lib.generate."))
+                  and not c.startswith("lib.speculative._History."))
+
+
 def _check_one_generation(speculative_generate, target, draft, ids, n, k, what, temperature=0.0, generator=None):
     """One run through spies: its shape, tokens (greedy: the target's greedy ids), work and rollback."""
     log = []
@@ -303,7 +291,7 @@ def check_speculative_generate(speculative_generate, smollm2: bool = True) -> No
     target = MarkovLM(vocab, 7)
     _, obs = observe(speculative_generate, target, MarkovLM(vocab, 8, like=target, noise=1.0),
                      torch.tensor([[1, 2, 3]]), 12, k=3)
-    used = sorted(c for c in obs.lib_calls if c.startswith(("lib.speculative.", "lib.generate.")))
+    used = _loop_lib_calls(obs)
     assert not used, f"speculative_generate must be your own loop; it called {used}"
     if smollm2:
         _check_smollm2(speculative_generate)
@@ -605,9 +593,10 @@ def check_verify(verify) -> None:
                          f"a fresh uniform from `generator`; at the first rejection sample normalize(max(p_i - q_i, "
                          f"0)); after K acceptances sample p_K. {seed_note()}")
         if case.name == "one row for all positions":  # equal generator states, equal outputs
-            again = [((case.p, case.q, case.x), {"generator": torch.Generator().manual_seed(seed + t)})
-                     for t in range(REPEATS)]
-            first, second = call_many(verify, again), call_many(verify, again)
+            def again():  # fresh generators each time (in-process, a call advances the one it is given)
+                return [((case.p, case.q, case.x), {"generator": torch.Generator().manual_seed(seed + t)})
+                        for t in range(REPEATS)]
+            first, second = call_many(verify, again()), call_many(verify, again())
             differ = sum(a != b for a, b in zip(first, second))
             assert not differ, (
                 f"{differ} of {REPEATS} calls with generators in equal states gave different outputs: draw every "
@@ -638,7 +627,7 @@ def check_speculative_sample(speculative_sample) -> None:
     target = MarkovLM(24, 7)
     _, obs = observe(speculative_sample, target, MarkovLM(24, 8, like=target, noise=1.0), torch.tensor([[1, 2, 3]]),
                      12, k=3, temperature=1.0, generator=torch.Generator().manual_seed(0))
-    used = sorted(c for c in obs.lib_calls if c.startswith(("lib.speculative.", "lib.generate.")))
+    used = _loop_lib_calls(obs)
     assert not used, f"speculative_sample must be your own loop (with your verify); it called {used}"
 
 
