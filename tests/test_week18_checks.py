@@ -1,158 +1,585 @@
-"""Week 18's checks accept the reference and reject each wrong route (listed in solutions/18/README.md)."""
+"""Week 18's checks accept an honest solution and reject each wrong route, graded the way `pytest weeks/18` and
+autograde grade a student: the wrong routes are written into a copy of the solution notebook and run in the
+isolated child (grader/isolation.py); the checks see them through proxies."""
+import json
+import math
+from pathlib import Path
+
 import pytest
 import torch
 
 from grader.checks import week18 as checks
+from grader.harness import load_exercises, with_cell_source
 from lib import speculative as spec
-from lib.generate import generate
+
+ROOT = Path(__file__).resolve().parent.parent
+SOLUTION = ROOT / "solutions" / "18" / checks.WEEK.notebook
 
 
-def _rejects(check, fn, match=None, errors=AssertionError, **kwargs):
-    with pytest.raises(errors, match=match):
-        check(fn, **kwargs)
+def _isolated(tmp_path_factory, edits: dict[str, str]):
+    """The solution notebook with `edits` (grade_id -> source added after the cell's own), loaded isolated."""
+    nb = json.loads(SOLUTION.read_text())
+    for grade_id, source in edits.items():
+        nb = _append(nb, grade_id, source)
+    path = tmp_path_factory.mktemp("w18") / SOLUTION.name
+    path.write_text(json.dumps(nb))
+    return load_exercises(path, isolated=True)
 
 
-# --- 1: speculative_generate --------------------------------------------------------------------------------
-
-def _greedy_spec(target, draft, ids, n, k=4, rollback_draft=True, rollback_target=True):
-    """A correct greedy speculative loop (its own), with switches that break the rollback."""
-    out = ids[0].tolist()
-    t0 = len(out)
-    tc, dc = target.new_cache(1, t0 + n + k + 1), draft.new_cache(1, t0 + n + k + 1)
-    while len(out) - t0 < n:
-        kk = min(k, n - (len(out) - t0) - 1)
-        drafted = []
-        for _ in range(kk):
-            drafted.append(int(draft(torch.tensor([(out + drafted)[dc.length:]]), cache=dc)[0, -1].argmax()))
-        best = target(torch.tensor([(out + drafted)[tc.length:]]), cache=tc)[0, -(kk + 1):].argmax(-1).tolist()
-        m = 0
-        while m < kk and drafted[m] == best[m]:
-            m += 1
-        out += drafted[:m] + [best[m]]
-        if rollback_target:
-            tc.truncate(min(tc.length, len(out) - 1))
-        if rollback_draft:
-            dc.truncate(min(dc.length, len(out) - 1))
-    return torch.tensor([out])
+def _append(nb, grade_id, source):
+    for cell in nb["cells"]:
+        if cell["metadata"].get("nbgrader", {}).get("grade_id") == grade_id:
+            old = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+            return with_cell_source(nb, grade_id, old + "\n\n" + source)
+    raise KeyError(grade_id)
 
 
-def test_speculative_generate_accepts_an_own_loop():
-    # (lib's own speculative_generate is rejected by design: the check forbids calling lib.speculative)
-    checks.check_speculative_generate(_greedy_spec, smollm2=False)
+# --- 2: verify -------------------------------------------------------------------------------------------------
+
+WRONG_VERIFY = '''
+import torch as _t
 
 
-def test_speculative_generate_rejects_target_alone():
-    _rejects(checks.check_speculative_generate, lambda t, d, ids, n, k=4: generate(t, ids, n), smollm2=False)
+def _fine(p, q, x, generator, i):
+    return float(p[i, x]), float(q[i, x])
 
 
-def test_speculative_generate_rejects_token_by_token_with_an_idle_draft():
-    def one_by_one(t, d, ids, n, k=4):
-        d(ids)  # touch the draft, then decode with the target alone, one call per token
-        return generate(t, ids, n)
-    _rejects(checks.check_speculative_generate, one_by_one, smollm2=False)
+def _residual(p, q, i, generator):
+    res = (p[i] - q[i]).clamp(min=0)
+    if float(res.sum()) <= 0:
+        res = p[i]
+    return int(_t.multinomial(res, 1, generator=generator))
 
 
-def test_speculative_generate_rejects_lib_under_another_name():
-    _rejects(checks.check_speculative_generate, lambda t, d, ids, n, k=4: spec.speculative_generate(t, d, ids, n, k=k),
-             match="own loop", smollm2=False)
+def verify_sequence_ratio(target_probs, draft_probs, draft_tokens, generator=None):
+    # one uniform against the running product min(1, Π p/q): a sequence-level ratio
+    k = draft_tokens.shape[0]
+    u = float(_t.rand((), generator=generator))
+    ratio = 1.0
+    for i in range(k):
+        px, qx = _fine(target_probs, draft_probs, int(draft_tokens[i]), generator, i)
+        ratio *= px / qx
+        if u >= min(1.0, ratio):
+            return i, _residual(target_probs, draft_probs, i, generator)
+    return k, int(_t.multinomial(target_probs[k], 1, generator=generator))
 
 
-def test_speculative_generate_rejects_missing_rollbacks():
-    _rejects(checks.check_speculative_generate,
-             lambda t, d, ids, n, k=4: _greedy_spec(t, d, ids, n, k, rollback_target=False), smollm2=False,
-             errors=(AssertionError, IndexError))  # the loop itself breaks: the target returns too few logits
-    _rejects(checks.check_speculative_generate,
-             lambda t, d, ids, n, k=4: _greedy_spec(t, d, ids, n, k, rollback_draft=False), smollm2=False,
-             errors=(AssertionError, IndexError))
+def verify_all_or_nothing(target_probs, draft_probs, draft_tokens, generator=None):
+    k = draft_tokens.shape[0]
+    ratio = 1.0
+    for i in range(k):
+        px, qx = _fine(target_probs, draft_probs, int(draft_tokens[i]), generator, i)
+        ratio *= px / qx
+    if float(_t.rand((), generator=generator)) < min(1.0, ratio):
+        return k, int(_t.multinomial(target_probs[k], 1, generator=generator))
+    return 0, _residual(target_probs, draft_probs, 0, generator)
 
 
-def test_speculative_generate_rejects_wrong_length():
-    _rejects(checks.check_speculative_generate,
-             lambda t, d, ids, n, k=4: _greedy_spec(t, d, ids, n + 1, k)[:, :ids.shape[1] + n + (n % 2)],
-             smollm2=False)
-
-
-# --- 2: verify ------------------------------------------------------------------------------------------------
-
-def _verify(target_probs, draft_probs, draft_tokens, generator=None, residual="p_minus_q", ratio="p_over_q"):
+def _per_token(target_probs, draft_probs, draft_tokens, generator, accept, fix=None):
     k = draft_tokens.shape[0]
     for i in range(k):
-        x = int(draft_tokens[i])
-        p, q = float(target_probs[i, x]), float(draft_probs[i, x])
-        r = (p / q if q > 0 else 1.0) if ratio == "p_over_q" else (q / p if p > 0 else float("inf"))
-        if torch.rand((), generator=generator).item() < min(1.0, r):
+        px, qx = _fine(target_probs, draft_probs, int(draft_tokens[i]), generator, i)
+        if accept(i, px, qx):
             continue
-        res = (target_probs[i] - draft_probs[i]).clamp(min=0) if residual == "p_minus_q" else target_probs[i]
-        if res.sum() <= 0:
-            res = target_probs[i]
-        return i, int(torch.multinomial(res, 1, generator=generator))
-    return k, int(torch.multinomial(target_probs[k], 1, generator=generator))
+        if fix is not None:
+            return i, fix(i)
+        return i, _residual(target_probs, draft_probs, i, generator)
+    return k, int(_t.multinomial(target_probs[k], 1, generator=generator))
 
 
-def test_verify_accepts_an_own_version():
-    checks.check_verify(_verify)
+def verify_argmax_correction(target_probs, draft_probs, draft_tokens, generator=None):
+    return _per_token(target_probs, draft_probs, draft_tokens, generator,
+                      lambda i, px, qx: float(_t.rand((), generator=generator)) * qx < px,
+                      fix=lambda i: int((target_probs[i] - draft_probs[i]).clamp(min=0).argmax()))
 
 
-def test_verify_rejects_residual_from_p():
-    _rejects(checks.check_verify, lambda *a, generator=None: _verify(*a, generator=generator, residual="p"),
-             match="law")
+def verify_lenient(target_probs, draft_probs, draft_tokens, generator=None):
+    return _per_token(target_probs, draft_probs, draft_tokens, generator,
+                      lambda i, px, qx: float(_t.rand((), generator=generator)) < px / qx + 0.08)
 
 
-def test_verify_rejects_flipped_ratio_that_accepts_p_zero_tokens():
-    _rejects(checks.check_verify, lambda *a, generator=None: _verify(*a, generator=generator, ratio="q_over_p"))
+def verify_two_points_generous(target_probs, draft_probs, draft_tokens, generator=None):
+    return _per_token(target_probs, draft_probs, draft_tokens, generator,
+                      lambda i, px, qx: float(_t.rand((), generator=generator)) < px / qx + 0.02 * (0 < px < qx))
 
 
-def test_verify_rejects_always_accept():
-    def always(tp, dp, tok, generator=None):
-        k = tok.shape[0]
-        return k, int(torch.multinomial(tp[k], 1, generator=generator))
-    _rejects(checks.check_verify, always)
+def verify_two_points_strict_at_third(target_probs, draft_probs, draft_tokens, generator=None):
+    return _per_token(target_probs, draft_probs, draft_tokens, generator,
+                      lambda i, px, qx: float(_t.rand((), generator=generator)) < px / qx - 0.02 * (i == 2 and px < qx))
 
 
-def test_verify_rejects_lib_under_another_name():
-    _rejects(checks.check_verify, lambda *a, generator=None: spec.verify(*a, generator=generator), match="your own")
+def verify_one_uniform(target_probs, draft_probs, draft_tokens, generator=None):
+    u = float(_t.rand((), generator=generator))  # drawn once, reused by every test
+    return _per_token(target_probs, draft_probs, draft_tokens, generator, lambda i, px, qx: u * qx < px)
 
 
-def test_chi_square_statistic_of_the_wrong_residual_is_far_above_the_bound():
-    counts = checks.joint_law_counts(lambda *a, generator=None: _verify(*a, generator=generator, residual="p"),
-                                     2, checks.VERIFY_TRIALS, 1)
-    stat, df, bound, _ = checks.chi_square(counts)
-    assert stat > 2 * bound, (stat, bound)
+def verify_one_uniform_for_everything(target_probs, draft_probs, draft_tokens, generator=None):
+    # one uniform for the tests, the residual and the bonus (inverse CDF)
+    u = float(_t.rand((), generator=generator))
+    k = draft_tokens.shape[0]
+
+    def inv(row):
+        row = row / row.sum()
+        return min(int((_t.cumsum(row, 0) <= u).sum()), row.shape[0] - 1)
+    for i in range(k):
+        px, qx = _fine(target_probs, draft_probs, int(draft_tokens[i]), generator, i)
+        if u * qx < px:
+            continue
+        res = (target_probs[i] - draft_probs[i]).clamp(min=0)
+        return i, inv(res if float(res.sum()) > 0 else target_probs[i])
+    return k, inv(target_probs[k])
 
 
-# --- 3, 4: theory -------------------------------------------------------------------------------------------
-
-def test_acceptance_rate_check():
-    checks.check_acceptance_rate(spec.acceptance_rate)
-    _rejects(checks.check_acceptance_rate, lambda p, q: (p * q).sum(-1))
-    _rejects(checks.check_acceptance_rate, lambda p, q: torch.clamp(p / q, max=1).mean(-1))
-    _rejects(checks.check_acceptance_rate, lambda p, q: torch.minimum(p, q).sum())  # not per distribution
+def verify_ignores_generator(target_probs, draft_probs, draft_tokens, generator=None):
+    return verify(target_probs, draft_probs, draft_tokens, generator=None)  # torch's global generator
 
 
-def test_expected_tokens_per_call_check():
-    checks.check_expected_tokens_per_call(spec.expected_tokens_per_call)
-    _rejects(checks.check_expected_tokens_per_call, lambda a, k: 3.6 if (a, k) == (0.7, 4) else
-             spec.expected_tokens_per_call(a, k))
-    _rejects(checks.check_expected_tokens_per_call, lambda a, k: 1 + a * k)  # every token accepted independently
-    _rejects(checks.check_expected_tokens_per_call, lambda a, k: (1 - a ** k) / (1 - a) if a < 1 else k)  # no bonus
+def verify_deterministic_from_third(target_probs, draft_probs, draft_tokens, generator=None):
+    return _per_token(target_probs, draft_probs, draft_tokens, generator,
+                      lambda i, px, qx: px / qx >= 0.5 if i >= 2 else float(_t.rand((), generator=generator)) * qx < px)
 
 
-# --- 5, 6: speedup model, quiz ------------------------------------------------------------------------------
-
-def test_predicted_speedup_check():
-    def own(alpha, k, c, verify_cost):
-        tokens = (1 - alpha ** (k + 1)) / (1 - alpha) if alpha < 1 else k + 1
-        return tokens / (k * c + verify_cost[k + 1])
-    checks.check_predicted_speedup(own)
-    _rejects(checks.check_predicted_speedup, spec.predicted_speedup, match="own formula")
-    _rejects(checks.check_predicted_speedup, lambda a, k, c, v: own(a, k, 0.0, v))  # the draft costs nothing
-    _rejects(checks.check_predicted_speedup, lambda a, k, c, v: own(a, k, c, {**v, k + 1: v[k]}))  # verifies K, not K + 1
-    _rejects(checks.check_predicted_speedup, lambda a, k, c, v: own(a, k, c, {m: 1.0 for m in v}))  # assumes a flat curve
+def verify_residual_from_p(target_probs, draft_probs, draft_tokens, generator=None):
+    return _per_token(target_probs, draft_probs, draft_tokens, generator,
+                      lambda i, px, qx: float(_t.rand((), generator=generator)) * qx < px,
+                      fix=lambda i: int(_t.multinomial(target_probs[i], 1, generator=generator)))
 
 
-def test_quiz_checks():
-    checks.check_answer_q5(lambda: 0.5)
-    _rejects(checks.check_answer_q5, lambda: 2.0, match="upside down")
-    _rejects(checks.check_answer_q5, lambda: 0.3)
-    checks.check_answer_q6(lambda: spec.expected_tokens_per_call(0.8, 4) / 1.2)
-    _rejects(checks.check_answer_q6, lambda: spec.expected_tokens_per_call(0.8, 4))
+def verify_flipped_ratio(target_probs, draft_probs, draft_tokens, generator=None):
+    return _per_token(target_probs, draft_probs, draft_tokens, generator,
+                      lambda i, px, qx: float(_t.rand((), generator=generator)) * px < qx)
+
+
+def verify_writes_into_p(target_probs, draft_probs, draft_tokens, generator=None):
+    k = draft_tokens.shape[0]
+    for i in range(k):
+        px, qx = _fine(target_probs, draft_probs, int(draft_tokens[i]), generator, i)
+        if float(_t.rand((), generator=generator)) * qx < px:
+            continue
+        res = target_probs[i].sub_(draft_probs[i]).clamp_(min=0)  # the caller's p is overwritten
+        if float(res.sum()) <= 0:
+            res = draft_probs[i]
+        return i, int(_t.multinomial(res, 1, generator=generator))
+    return k, int(_t.multinomial(target_probs[k], 1, generator=generator))
+
+
+def verify_cpu_uniforms(target_probs, draft_probs, draft_tokens, generator=None):
+    # all K uniforms at once, made on the CPU whatever the inputs' device (fails on CUDA)
+    k = draft_tokens.shape[0]
+    idx = _t.arange(k, device=target_probs.device)
+    p_at, q_at = target_probs[:k][idx, draft_tokens], draft_probs[idx, draft_tokens]
+    u = _t.rand(k, generator=generator, dtype=p_at.dtype)
+    ok = (u * q_at < p_at).tolist()
+    n = ok.index(False) if False in ok else k
+    if n == k:
+        return k, int(_t.multinomial(target_probs[k], 1, generator=generator))
+    return n, _residual(target_probs, draft_probs, n, generator)
+
+
+def verify_lib_renamed(target_probs, draft_probs, draft_tokens, generator=None):
+    return _lib_verify(target_probs, draft_probs, draft_tokens, generator)
+
+
+import sys as _sys
+import types as _types
+
+_mine = _types.ModuleType("mine")
+_sys.modules["mine"] = _mine
+exec(compile(open(__import__("lib.speculative", fromlist=["x"]).__file__).read(), "/tmp/mine.py", "exec"),
+     _mine.__dict__)
+_lib_verify = _mine.verify
+'''
+
+# name -> what the check's message must say
+VERIFY_ROUTES = {
+    "verify_sequence_ratio": "law",
+    "verify_all_or_nothing": "law",
+    "verify_argmax_correction": "law",
+    "verify_lenient": "law",
+    "verify_two_points_generous": "law",
+    "verify_two_points_strict_at_third": "law",
+    "verify_one_uniform": "law",
+    "verify_one_uniform_for_everything": "law",
+    "verify_ignores_generator": "equal states",
+    "verify_deterministic_from_third": "law",
+    "verify_residual_from_p": "law",
+    "verify_flipped_ratio": "law",
+    "verify_writes_into_p": "wrote into its arguments",
+    "verify_cpu_uniforms": "CPU tensor",
+    "verify_lib_renamed": "your own|lib",
+}
+
+
+@pytest.fixture(scope="module")
+def wrong_verify(tmp_path_factory):
+    return _isolated(tmp_path_factory, {"verify": WRONG_VERIFY})
+
+
+def test_verify_accepts_the_solution_isolated(wrong_verify):
+    checks.check_verify(wrong_verify.verify)
+
+
+@pytest.mark.parametrize("name", sorted(VERIFY_ROUTES))
+def test_verify_rejects(wrong_verify, name):
+    with pytest.raises(AssertionError, match=VERIFY_ROUTES[name]) as err:
+        checks.check_verify(getattr(wrong_verify, name))
+    print(name, "->", str(err.value)[:300])
+
+
+def test_law_test_power_and_false_failure_rate():
+    """The design of check_verify's statistics, computed exactly: an acceptance probability off by 2 points at
+    any position of the main case is caught with probability >= 0.999 from the runs that reach it, and the
+    number reaching position 2 is below that only with probability < 1e-9; false failures < 1e-6 by
+    construction (Chernoff + union bound, law_level)."""
+    g = torch.Generator().manual_seed(0)
+    cases = checks.law_cases(g)
+    level = checks.law_level(sum(len(checks.law_tests(c)) for c in cases))
+    assert math.isclose(2 * math.exp(-level) * sum(len(checks.law_tests(c)) for c in cases), checks.FALSE_FAILURE)
+    lo, hi = checks.MAIN_RATIOS
+    reach = lo ** (checks.LAW_K - 1)  # the least probability of reaching the last position
+    n = checks.MAIN_TRIALS
+    m_min = 29_500
+    sd = math.sqrt(n * reach * (1 - reach))
+    assert n * reach - 6.1 * sd >= m_min  # P[Binomial(n, reach) < m_min] < 1e-9 (normal tail, 6.1 sd)
+    for a in (lo, (lo + hi) / 2, hi):
+        for delta in (0.02, -0.02):
+            assert checks.law_power(m_min, a, delta, level) >= 0.999, (a, delta)
+    # and it is not over-powered into flagging rounding: 0.2 points is not detectable
+    assert checks.law_power(m_min, lo, 0.002, level) < 0.01
+
+
+# --- 1, 3: speculative_generate, speculative_sample -----------------------------------------------------------
+
+WRONG_LOOPS = '''
+import sys as _sys
+import types as _types
+
+import torch as _t
+
+
+def _loop(target, draft, input_ids, max_new_tokens, k=4, temperature=0.0, generator=None, cache=True,
+          roll_target=True, roll_draft=True, keep=None, call=None, scale=True, overtrim=False):
+    """One speculative loop with switches that break it."""
+    out = input_ids[0].tolist()
+    t0 = len(out)
+    max_len = t0 + max_new_tokens + k + 1
+    tc = target.new_cache(batch=1, max_len=max_len) if cache else None
+    dc = draft.new_cache(batch=1, max_len=max_len) if cache else None
+    run = call or (lambda m, ids, c: m(ids, cache=c))
+    t_seen = d_seen = 0  # what the loop believes each cache holds (the truth when it rolls back)
+    while len(out) - t0 < max_new_tokens:
+        kk = min(k, max_new_tokens - (len(out) - t0) - 1)
+        drafted, q_rows = [], []
+        for _ in range(kk):
+            seen = d_seen if dc is not None else 0
+            logits = run(draft, _t.tensor([(out + drafted)[seen:]]), dc)[0, -1]
+            d_seen = len(out) + len(drafted)
+            if temperature == 0:
+                drafted.append(int(logits.argmax()))
+            else:
+                q = _t.softmax(logits / (temperature if scale else 1.0), -1)
+                q_rows.append(q)
+                drafted.append(int(_t.multinomial(q, 1, generator=generator)))
+        seen = t_seen if tc is not None else 0
+        logits = run(target, _t.tensor([(out + drafted)[seen:]]), tc)[0, -(kk + 1):]
+        t_seen = len(out) + len(drafted)
+        if temperature == 0:
+            best = logits.argmax(-1).tolist()
+            n = 0
+            while n < kk and drafted[n] == best[n]:
+                n += 1
+            nxt = best[n]
+        elif keep is not None:
+            n, nxt = keep(logits, drafted, generator)
+        else:
+            p = _t.softmax(logits / (temperature if scale else 1.0), -1)
+            q = _t.stack(q_rows) if q_rows else p.new_zeros(0, p.shape[-1])
+            n, nxt = verify(p, q, _t.tensor(drafted, dtype=_t.int64), generator=generator)
+        out += drafted[:n] + [nxt]
+        t_seen, d_seen = min(t_seen, len(out) - 1), min(d_seen, len(out) - 1)
+        if overtrim:
+            t_seen = d_seen = t0 - 1
+        if tc is not None and roll_target:
+            tc.truncate(t_seen)
+        if dc is not None and roll_draft:
+            dc.truncate(d_seen)
+    return _t.tensor([out])
+
+
+def generate_cacheless(target, draft, input_ids, max_new_tokens, k=4):
+    return _loop(target, draft, input_ids, max_new_tokens, k, cache=False)
+
+
+def generate_no_draft_rollback(target, draft, input_ids, max_new_tokens, k=4):
+    return _loop(target, draft, input_ids, max_new_tokens, k, roll_draft=False)
+
+
+def generate_no_target_rollback(target, draft, input_ids, max_new_tokens, k=4):
+    return _loop(target, draft, input_ids, max_new_tokens, k, roll_target=False)
+
+
+def generate_refeeds_everything(target, draft, input_ids, max_new_tokens, k=4):
+    # caches, rolled back to the prompt every round: each round re-reads everything generated so far
+    return _loop(target, draft, input_ids, max_new_tokens, k, overtrim=True)
+
+
+def generate_target_by_forward(target, draft, input_ids, max_new_tokens, k=4):
+    # greedy decoding with target.forward (once a counter's blind spot), the draft only touched
+    draft(input_ids, cache=draft.new_cache(batch=1, max_len=input_ids.shape[1] + 1))
+    out = input_ids
+    cache = target.new_cache(batch=1, max_len=input_ids.shape[1] + max_new_tokens)
+    nxt = input_ids
+    for _ in range(max_new_tokens):
+        tok = target.forward(nxt, cache=cache)[:, -1].argmax(-1, keepdim=True)
+        out = _t.cat([out, tok], 1)
+        nxt = tok
+    return out
+
+
+_mine = _types.ModuleType("mine_spec")
+_sys.modules["mine_spec"] = _mine
+exec(compile(open(__import__("lib.speculative", fromlist=["x"]).__file__).read(), "/tmp/my_spec.py", "exec"),
+     _mine.__dict__)
+
+
+def generate_lib_renamed(target, draft, input_ids, max_new_tokens, k=4):
+    return _mine.speculative_generate(target, draft, input_ids, max_new_tokens, k=k)
+
+
+def sample_lib_renamed(target, draft, input_ids, max_new_tokens, k=4, temperature=1.0, generator=None):
+    return _mine.speculative_generate(target, draft, input_ids, max_new_tokens, k=k, temperature=temperature,
+                                      generator=generator)
+
+
+def sample_greedy_acceptance(target, draft, input_ids, max_new_tokens, k=4, temperature=1.0, generator=None):
+    # keep sampled draft tokens while they are the target's argmax, then a sample from p
+    def keep(logits, drafted, generator):
+        best = logits.argmax(-1).tolist()
+        n = 0
+        while n < len(drafted) and drafted[n] == best[n]:
+            n += 1
+        return n, int(_t.multinomial(_t.softmax(logits[n] / temperature, -1), 1, generator=generator))
+    return _loop(target, draft, input_ids, max_new_tokens, k, temperature, generator, keep=keep)
+
+
+def sample_ignores_temperature(target, draft, input_ids, max_new_tokens, k=4, temperature=1.0, generator=None):
+    return _loop(target, draft, input_ids, max_new_tokens, k, temperature, generator, scale=False)
+
+
+def sample_no_draft_rollback(target, draft, input_ids, max_new_tokens, k=4, temperature=1.0, generator=None):
+    return _loop(target, draft, input_ids, max_new_tokens, k, temperature, generator, roll_draft=False)
+
+
+def sample_cacheless(target, draft, input_ids, max_new_tokens, k=4, temperature=1.0, generator=None):
+    return _loop(target, draft, input_ids, max_new_tokens, k, temperature, generator, cache=False)
+'''
+
+GENERATE_ROUTES = {
+    "generate_cacheless": "without a cache",
+    "generate_no_draft_rollback": "roll the draft's cache back",
+    "generate_no_target_rollback": "differs from greedy|rejected draft tokens were left",
+    "generate_refeeds_everything": "target call 1 was fed",
+    "generate_target_by_forward": "target ran .* forwards|fed",
+    "generate_lib_renamed": "own loop",
+}
+SAMPLE_ROUTES = {
+    "sample_lib_renamed": "own loop",
+    "sample_greedy_acceptance": "target's law",
+    "sample_ignores_temperature": "target's law",
+    "sample_no_draft_rollback": "roll the draft's cache back",
+    "sample_cacheless": "without a cache",
+}
+
+
+@pytest.fixture(scope="module")
+def wrong_loops(tmp_path_factory):
+    return _isolated(tmp_path_factory, {"speculative_sample": WRONG_LOOPS})
+
+
+def test_speculative_generate_accepts_the_solution_isolated(wrong_loops):
+    checks.check_speculative_generate(wrong_loops.speculative_generate, smollm2=False)
+
+
+@pytest.mark.parametrize("name", sorted(GENERATE_ROUTES))
+def test_speculative_generate_rejects(wrong_loops, name):
+    with pytest.raises(AssertionError, match=GENERATE_ROUTES[name]) as err:
+        checks.check_speculative_generate(getattr(wrong_loops, name), smollm2=False)
+    print(name, "->", str(err.value)[:300])
+
+
+def test_speculative_sample_accepts_the_solution_isolated(wrong_loops):
+    checks.check_speculative_sample(wrong_loops.speculative_sample)
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLE_ROUTES))
+def test_speculative_sample_rejects(wrong_loops, name):
+    with pytest.raises(AssertionError, match=SAMPLE_ROUTES[name]) as err:
+        checks.check_speculative_sample(getattr(wrong_loops, name))
+    print(name, "->", str(err.value)[:300])
+
+
+# --- 4, 5, 6: expected_rejections, lookup_draft, best_k ---------------------------------------------------------
+
+WRONG_THEORY = '''
+import numpy as _np
+import torch as _t
+
+
+def rejections_acceptances(p, q):
+    return _t.minimum(p, q).sum()  # the acceptance rate, transcribed, not the rejections
+
+
+def rejections_mean(p, q):
+    return (1 - _t.minimum(p, q).sum(-1)).mean()  # per position, not summed
+
+
+def rejections_over_p(p, q):
+    return (p * (1 - _t.clamp(p / q, max=1))).sum()  # averaged over p instead of the draft's q
+
+
+def rejections_in_place(p, q):
+    if p.shape != q.shape:
+        raise ValueError("shapes")
+    return (1 - _t.minimum(p, q, out=p).sum(-1)).sum()  # writes into the caller's p
+
+
+def rejections_numpy(p, q):
+    if p.shape != q.shape:
+        raise ValueError("shapes")
+    a = _np.minimum(p.detach().cpu().numpy(), q.detach().cpu().numpy())  # a round trip through the CPU
+    return _t.tensor((1 - a.sum(-1)).sum(), dtype=p.dtype)
+
+
+def rejections_cpu_weights(p, q):
+    if p.shape != q.shape:
+        raise ValueError("shapes")
+    weights = _t.ones(p.shape[0], dtype=p.dtype)  # on the CPU whatever p's device
+    return (weights * (1 - _t.minimum(p, q).sum(-1))).sum()
+
+
+def rejections_no_shape_check(p, q):
+    return (1 - _t.minimum(p, q[..., :p.shape[-1]]).sum(-1)).sum()
+
+
+def rejections_lib(p, q):
+    from lib.speculative import acceptance_rate
+    if p.shape != q.shape:
+        raise ValueError("shapes")
+    return (1 - acceptance_rate(p, q)).sum()
+
+
+def lookup_earliest(tokens, k, max_ngram=3, min_ngram=1):
+    if k < 0 or not 1 <= min_ngram <= max_ngram:
+        raise ValueError("bad")
+    for n in range(min(max_ngram, len(tokens) - 1), min_ngram - 1, -1):
+        for start in range(len(tokens) - n):  # the earliest occurrence, not the latest
+            if start + n < len(tokens) and tokens[start:start + n] == tokens[len(tokens) - n:] and start + n <= len(tokens) - 1:
+                if start + n < len(tokens) - 0 and start != len(tokens) - n:
+                    return tokens[start + n:start + n + k]
+    return []
+
+
+def lookup_shortest_first(tokens, k, max_ngram=3, min_ngram=1):
+    if k < 0 or not 1 <= min_ngram <= max_ngram:
+        raise ValueError("bad")
+    for n in range(min_ngram, min(max_ngram, len(tokens) - 1) + 1):  # shortest n-gram first
+        for start in range(len(tokens) - n - 1, -1, -1):
+            if tokens[start:start + n] == tokens[len(tokens) - n:]:
+                return tokens[start + n:start + n + k]
+    return []
+
+
+def lookup_one_token(tokens, k, max_ngram=3, min_ngram=1):
+    out = lookup_draft(tokens, k, max_ngram, min_ngram)
+    return out[:1]  # ignores k
+
+
+def lookup_ignores_min(tokens, k, max_ngram=3, min_ngram=1):
+    return lookup_draft(tokens, k, max_ngram, 1)
+
+
+def lookup_no_errors(tokens, k, max_ngram=3, min_ngram=1):
+    return lookup_draft(tokens, max(k, 0), max(max_ngram, 1), max(1, min(min_ngram, max_ngram)))
+
+
+def best_k_independent(alpha, c, verify_cost):
+    ks = range(1, max(verify_cost))
+    speed = {k: (1 + alpha * k) / (k * c + verify_cost[k + 1]) for k in ks}  # every token tested, independently
+    k = max(speed, key=speed.get)
+    return k, speed[k]
+
+
+def best_k_no_bonus(alpha, c, verify_cost):
+    ks = range(1, max(verify_cost))
+    speed = {k: sum(alpha ** i for i in range(k)) / (k * c + verify_cost[k + 1]) for k in ks}
+    k = max(speed, key=speed.get)
+    return k, speed[k]
+
+
+def best_k_closed_form(alpha, c, verify_cost):
+    ks = range(1, max(verify_cost))
+    speed = {k: (1 - alpha ** (k + 1)) / (1 - alpha) / (k * c + verify_cost[k + 1]) for k in ks}  # alpha = 1: 0/0
+    k = max(speed, key=speed.get)
+    return k, speed[k]
+
+
+def best_k_verifies_k(alpha, c, verify_cost):
+    ks = range(1, max(verify_cost))
+    speed = {k: sum(alpha ** i for i in range(k + 1)) / (k * c + verify_cost[k]) for k in ks}
+    k = max(speed, key=speed.get)
+    return k, speed[k]
+
+
+def best_k_free_draft(alpha, c, verify_cost):
+    ks = range(1, max(verify_cost))
+    speed = {k: sum(alpha ** i for i in range(k + 1)) / verify_cost[k + 1] for k in ks}
+    k = max(speed, key=speed.get)
+    return k, speed[k]
+
+
+def best_k_lib(alpha, c, verify_cost):
+    from lib.speculative import predicted_speedup
+    ks = range(1, max(verify_cost))
+    speed = {k: predicted_speedup(alpha, k, c, verify_cost) for k in ks}
+    k = max(speed, key=speed.get)
+    return k, speed[k]
+'''
+
+THEORY_ROUTES = {
+    ("expected_rejections", "rejections_acceptances"): "expected",
+    ("expected_rejections", "rejections_mean"): "expected",
+    ("expected_rejections", "rejections_over_p"): "expected",
+    ("expected_rejections", "rejections_in_place"): "wrote into its arguments",
+    ("expected_rejections", "rejections_numpy"): "another device",
+    ("expected_rejections", "rejections_cpu_weights"): "another device",
+    ("expected_rejections", "rejections_no_shape_check"): "ValueError",
+    ("expected_rejections", "rejections_lib"): "lib",
+    ("lookup_draft", "lookup_earliest"): "expected",
+    ("lookup_draft", "lookup_shortest_first"): "expected",
+    ("lookup_draft", "lookup_one_token"): "expected",
+    ("lookup_draft", "lookup_ignores_min"): "expected",
+    ("lookup_draft", "lookup_no_errors"): "ValueError",
+    ("best_k", "best_k_independent"): "the best is",
+    ("best_k", "best_k_no_bonus"): "the best is",
+    ("best_k", "best_k_closed_form"): "ZeroDivisionError",
+    ("best_k", "best_k_verifies_k"): "the best is",
+    ("best_k", "best_k_free_draft"): "the best is",
+    ("best_k", "best_k_lib"): "lib",
+}
+
+
+@pytest.fixture(scope="module")
+def wrong_theory(tmp_path_factory):
+    return _isolated(tmp_path_factory, {"best_k": WRONG_THEORY})
+
+
+@pytest.mark.parametrize("exercise", ["expected_rejections", "lookup_draft", "best_k"])
+def test_theory_accepts_the_solution_isolated(wrong_theory, exercise):
+    getattr(checks, f"check_{exercise}")(getattr(wrong_theory, exercise))
+
+
+@pytest.mark.parametrize("exercise,name", sorted(THEORY_ROUTES))
+def test_theory_rejects(wrong_theory, exercise, name):
+    with pytest.raises(AssertionError, match=THEORY_ROUTES[exercise, name]) as err:
+        getattr(checks, f"check_{exercise}")(getattr(wrong_theory, name))
+    print(name, "->", str(err.value)[:300])

@@ -106,6 +106,12 @@ class Observation:
         output element: a chunked softmax keeps it <= the chunk size, a full-row softmax makes it the row length."""
         return max((extent for _, _, extent in self.reductions), default=0)
 
+    @property
+    def inputs_written(self) -> int:
+        """How many ops wrote into the storage of a tensor argument of the observed call (in place, `out=`, or
+        through a view of it). Kept among `ops` under a name no aten op has, so it crosses the isolation as data."""
+        return self.ops.get(INPUTS_WRITTEN, 0)
+
     def lib_calls_except(self, *allowed: str) -> list[str]:
         """The `lib` functions that ran, other than those whose qualified names start with any of `allowed`."""
         return sorted(c for c in self.lib_calls if not c.startswith(allowed)) if allowed else sorted(self.lib_calls)
@@ -135,15 +141,30 @@ def _reduced_extent(args, kwargs) -> int | None:
     return extent
 
 
+INPUTS_WRITTEN = "<write into an argument>"  # the key of Observation.inputs_written in Observation.ops
+
+
 class _OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
-    def __init__(self, obs: Observation):
+    def __init__(self, obs: Observation, inputs: set[int] = frozenset()):
         super().__init__()
         self.obs = obs
+        self.inputs = inputs  # data pointers of the observed call's tensor arguments' storages
+
+    def _writes_input(self, func, args, kwargs) -> bool:
+        schema = getattr(func, "_schema", None)
+        if not self.inputs or schema is None or not schema.is_mutable:
+            return False
+        values = list(zip(schema.arguments, args)) + [(a, (kwargs or {}).get(a.name)) for a in schema.arguments
+                                                        if a.kwarg_only]
+        return any(a.alias_info is not None and a.alias_info.is_write and isinstance(v, torch.Tensor)
+                   and v.untyped_storage().data_ptr() in self.inputs for a, v in values)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = str(func.overloadpacket) if hasattr(func, "overloadpacket") else str(func)
         name = name if name.startswith("aten.") else f"aten.{name}"
         self.obs.ops[name] += 1
+        if self._writes_input(func, args, kwargs):
+            self.obs.ops[INPUTS_WRITTEN] += 1
         if name in ("aten.mm", "aten.bmm"):
             self.obs.matmuls.append((tuple(args[0].shape), tuple(args[1].shape)))
         elif name in ("aten.addmm", "aten.baddbmm"):
@@ -190,6 +211,16 @@ def call_many(fn, calls):
     return [fn(*a, **k) for a, k in calls]
 
 
+def _storages(args, kwargs) -> set[int]:
+    """Data pointers of the storages of the tensors among `args` and `kwargs` (one level into lists/tuples)."""
+    found = set()
+    for a in list(args) + list(kwargs.values()):
+        for t in (a if isinstance(a, (list, tuple)) else [a]):
+            if isinstance(t, torch.Tensor) and t.device.type != "meta" and t.untyped_storage().data_ptr():
+                found.add(t.untyped_storage().data_ptr())
+    return found
+
+
 def observe(fn, *args, **kwargs):
     """Call `fn(*args, **kwargs)` and return `(result, Observation)`.
 
@@ -220,7 +251,7 @@ def observe(fn, *args, **kwargs):
     previous = sys.getprofile()
     sys.setprofile(profile)
     try:
-        with flops, meter, _OpRecorder(obs):
+        with flops, meter, _OpRecorder(obs, _storages(args, kwargs)):
             result = fn(*args, **kwargs)
     finally:
         sys.setprofile(previous)

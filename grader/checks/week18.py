@@ -11,43 +11,24 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 
-from grader.checks import CountingModel, call_many, generator, observe, seed_note
+from grader.checks import call_many, check_on_meta, generator, observe, run_seed, seed_note
 from grader.harness import Week
 from lib import speculative as ref
 from lib.generate import generate as ref_generate
+from lib.speculative import _History  # the token-history "cache" of the test models
 from lib.model import ModelConfig, tiny_model
 
 WEEK = Week(18, "week18_speculative.ipynb")
 
 SMOLLM2_PROMPT = "To be, or not to be, that is the question:"
 SMOLLM2_NEW_TOKENS = 64
-SMOLLM2_KS = (1, 2, 4, 8)
-FALSE_FAILURE = 1e-6  # statistical checks: a correct implementation fails less often than this
-
+SMOLLM2_KS = (2, 8)
 
 # --- test models ----------------------------------------------------------------------------------------
-
-class _History:
-    # The same as lib.speculative's token-history cache, written again on purpose: the student's code truncates
-    # this cache, and a call into lib.speculative during the student's run is what ex01's route check rejects.
-    def __init__(self, max_len: int):
-        self.tokens: list[int] = []
-        self.max_len = max_len
-
-    @property
-    def length(self) -> int:
-        return len(self.tokens)
-
-    def truncate(self, n: int) -> None:
-        if not 0 <= n <= len(self.tokens):
-            raise ValueError(f"truncate({n}): the cache holds {len(self.tokens)} positions")
-        del self.tokens[n:]
-
-    crop = truncate
-
 
 class MarkovLM:
     """logits(next | ..., a, b) = A[b] + B[a]: a second-order Markov chain with a language model's call shape.
@@ -96,42 +77,193 @@ def _spicy_tiny(seed: int, scale: float = 10.0):
 
 
 # --- 1 ------------------------------------------------------------------------------------------------
+# The student's loop gets spies, not the models: objects with the models' call shape (`config`, `device`,
+# `new_cache`, `__call__` and `forward`) and no way to the model except through a counted forward. Every
+# forward is logged with the tokens fed, the cache it ran on and that cache's contents before the call (a
+# shadow of the tokens each cache holds, rebuilt from cache.length, so a truncate is seen as it happened).
 
-def _check_one_generation(speculative_generate, target, draft, ids, n, k, what):
-    spy_t, spy_d = CountingModel(target), CountingModel(draft)
-    got = speculative_generate(spy_t, spy_d, ids, n, k=k)
-    want = ref_generate(target, ids, n)
-    stats = ref.SpecStats()
-    ref.speculative_generate(target, draft, ids, n, k=k, stats=stats)
+@dataclass
+class Forward:
+    """One forward the student's loop ran: which model ("target" or "draft"), the tokens fed, the cache's index
+    (None: no cache) and the tokens that cache held before the call."""
+    who: str
+    fed: list
+    cache: int | None
+    held: list
+
+
+def spy(model, log: list, who: str):
+    """`model` behind a counted door: every call, as `spy(ids, cache=c)` or `spy.forward(ids, cache=c)`, is
+    appended to `log` as a `Forward(who, ...)`. Caches must come from `spy.new_cache`."""
+    shadows = []  # (cache, tokens it holds): the cache object is kept so its id is never reused
+
+    def run(input_ids, cache=None):
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[0] != 1:
+            raise ValueError(f"the model takes input_ids [1, t]; got {getattr(input_ids, 'shape', input_ids)!r}")
+        fed = input_ids[0].tolist()
+        index, held = None, []
+        if cache is not None:
+            index = next((i for i, (c, _) in enumerate(shadows) if c is cache), None)
+            if index is None:
+                raise ValueError("pass a cache made by this model's new_cache(batch=1, max_len=...)")
+            tokens = shadows[index][1]
+            del tokens[cache.length:]  # what a truncate left
+            held = list(tokens)
+            tokens.extend(fed)
+        log.append(Forward(who, fed, index, held))
+        return model(input_ids, cache=cache)
+
+    class Model:
+        __slots__ = ()
+        config = model.config
+        device = model.device
+
+        def __call__(self, input_ids, cache=None):
+            return run(input_ids, cache)
+
+        def forward(self, input_ids, cache=None):
+            return run(input_ids, cache)
+
+        def new_cache(self, batch: int = 1, max_len: int | None = None):
+            cache = model.new_cache(batch=batch, max_len=max_len)
+            shadows.append((cache, []))
+            return cache
+
+    return Model()
+
+
+def work_failures(log: list, output: list, k: int) -> list[str]:
+    """What the logs show wrong with a speculative loop that wrote `output` (the prompt and the new tokens):
+    a target call after the prefill without a cache or fed more than K + 1 tokens; a cache holding a token
+    that is not the output's at the start of a round (no rollback); a draft call after its prefill fed more
+    than 2 tokens (the last draft token and the target's, after a round that kept all K)."""
+    target_log = [f for f in log if f.who == "target"]
+    bad = []
+    for j, f in enumerate(target_log[1:], 1):
+        if f.cache is None:
+            bad.append(f"target call {j} ran without a cache (fed {len(f.fed)} tokens): keep a KV cache per model")
+        elif len(f.fed) > k + 1:
+            bad.append(f"target call {j} was fed {len(f.fed)} tokens; a round feeds the last token kept and at most "
+                       f"K = {k} draft tokens (K + 1), the rest is in the cache")
+    for j, f in enumerate(target_log):
+        if f.cache is not None and f.held != output[:len(f.held)]:
+            bad.append(f"before target call {j} its cache held {len(f.held)} positions, not all of them tokens "
+                       f"of the output: rejected draft tokens were left in it (truncate to the tokens kept)")
+    # the draft: its first call is its prefill; after that, at most 2 tokens per call, and at the start of
+    # each round (its first call after a target call) its cache holds only tokens of the output
+    j = -1
+    for i, f in enumerate(log):
+        if f.who != "draft":
+            continue
+        j += 1
+        if j > 0 and (f.cache is None or len(f.fed) > 2):
+            bad.append(f"draft call {j} was fed {len(f.fed)} tokens" + (" without a cache" if f.cache is None else "")
+                       + ": after its prefill the draft needs at most the 2 tokens its cache has not seen")
+        round_start = i == 0 or log[i - 1].who == "target"
+        if round_start and f.cache is not None and f.held != output[:len(f.held)]:
+            bad.append(f"before draft call {j} its cache held {len(f.held)} positions, not all of them tokens of "
+                       f"the output: roll the draft's cache back to the tokens kept too")
+        if bad:
+            break
+    return bad[:2]
+
+
+def _loop_lib_calls(obs) -> list:
+    """The lib.speculative / lib.generate functions a loop ran, other than the test models' own cache."""
+    return sorted(c for c in obs.lib_calls if c.startswith(("lib.speculative.", "lib.generate."))
+                  and not c.startswith("lib.speculative._History."))
+
+
+def _check_one_generation(speculative_generate, target, draft, ids, n, k, what, temperature=0.0, generator=None):
+    """One run through spies: its shape, tokens (greedy: the target's greedy ids), work and rollback."""
+    log = []
+    kwargs = {"k": k} if temperature == 0.0 else {"k": k, "temperature": temperature, "generator": generator}
+    got = speculative_generate(spy(target, log, "target"), spy(draft, log, "draft"), ids, n, **kwargs)
+    t_log = [f for f in log if f.who == "target"]
     assert isinstance(got, torch.Tensor), f"{what}: returned {type(got).__name__}, expected a tensor of ids"
-    assert tuple(got.shape) == tuple(want.shape), (
-        f"{what}: returned ids of shape {tuple(got.shape)}; expected [1, prompt + max_new_tokens] = "
-        f"{tuple(want.shape)} (exactly max_new_tokens new tokens: draft fewer near the end)")
-    if not torch.equal(got.cpu(), want.cpu()):
-        bad = (got.cpu() != want.cpu()).nonzero()[0, 1].item()
-        raise AssertionError(
-            f"{what}: token {bad - ids.shape[1]} differs from greedy decoding with the target alone "
-            f"(got {got[0, bad].item()}, target greedy {want[0, bad].item()}). Keep draft tokens only while they "
-            f"equal the target's argmax, then add the target's own token; after each round, truncate both caches "
-            f"to the tokens kept. {seed_note()}")
-    assert spy_d.calls, f"{what}: the draft model was never called: draft tokens with it, then verify with the target"
-    calls = len(spy_t.calls)
-    assert calls <= stats.target_calls + 1, (
-        f"{what}: the target was called {calls} times; speculative decoding needs {stats.target_calls} here (one "
-        f"call per round, each round scoring all K draft tokens at once). Too many calls usually means a cache that "
-        f"was not rolled back, so the draft (or the target) sees rejected tokens. {seed_note()}")
-    return spy_t.calls
+    shape = (1, ids.shape[1] + n)
+    assert tuple(got.shape) == shape and got.dtype == ids.dtype and got.device == ids.device, (
+        f"{what}: returned ids of shape {tuple(got.shape)}, {got.dtype} on {got.device}; expected [1, prompt + "
+        f"max_new_tokens] = {shape}, {ids.dtype} on {ids.device} (exactly max_new_tokens new tokens: draft fewer "
+        f"near the end)")
+    assert torch.equal(got[:, :ids.shape[1]], ids), f"{what}: the returned ids do not start with the prompt"
+    output = got[0].tolist()
+    if temperature == 0.0:
+        want = ref_generate(target, ids, n)
+        if not torch.equal(got, want):
+            bad = (got != want).nonzero()[0, 1].item()
+            raise AssertionError(
+                f"{what}: token {bad - ids.shape[1]} differs from greedy decoding with the target alone "
+                f"(got {got[0, bad].item()}, target greedy {want[0, bad].item()}). Keep draft tokens only while they "
+                f"equal the target's argmax, then add the target's own token; after each round, truncate both caches "
+                f"to the tokens kept. {seed_note()}")
+    assert len(t_log) < len(log), f"{what}: the draft model was never called: draft with it, then verify with the target"
+    bad = work_failures(log, output, k)
+    assert not bad, f"{what}: {'; '.join(bad)} {seed_note()}"
+    if temperature == 0.0:
+        stats = ref.SpecStats()
+        ref.speculative_generate(target, draft, ids, n, k=k, stats=stats)
+        assert len(t_log) <= stats.target_calls + 1, (
+            f"{what}: the target ran {len(t_log)} forwards (every call counts, `target(...)` or "
+            f"`target.forward(...)`); speculative decoding needs {stats.target_calls} here (one per round, each "
+            f"scoring all K draft tokens at once) {seed_note()}")
+    return t_log
+
+
+SAMPLED_TRIALS = 1_500
+SAMPLED_VOCAB = 4
+SAMPLED_SCALE = 0.6
+SAMPLED_SHARPEN = 3.0
+SAMPLED_TEMPERATURES = (1.0, 0.5)
+
+
+def sampled_law_failures(speculative_generate, g, temperature: float) -> list[str]:
+    """Speculative sampling on a 4-token Markov chain: the first two new tokens of SAMPLED_TRIALS runs (one
+    generator each, in one batch) against the target's own law at `temperature`, per cell (binomial tests as in
+    check_verify, < FALSE_FAILURE / 2 false failures); and the work accounting of one run."""
+    # a flat target and a draft that is the same chain, sharpened: q piles onto the target's argmax, so a loop
+    # that keeps a sampled token because it is the target's argmax (or samples without the temperature) is far off
+    target = MarkovLM(SAMPLED_VOCAB, int(torch.randint(0, 2**30, (), generator=g)), scale=SAMPLED_SCALE)
+    draft = MarkovLM(SAMPLED_VOCAB, 0, like=target)
+    draft.A, draft.B = SAMPLED_SHARPEN * draft.A, SAMPLED_SHARPEN * draft.B
+    ids = torch.randint(0, SAMPLED_VOCAB, (1, 3), generator=g)
+    with torch.no_grad():
+        first = torch.softmax(target(ids)[0, -1].double() / temperature, -1)  # [V]
+        law = torch.stack([first[a] * torch.softmax(target(torch.cat([ids, torch.tensor([[a]])], 1))[0, -1].double()
+                                                    / temperature, -1) for a in range(SAMPLED_VOCAB)])  # [V, V]
+    base = int(torch.randint(0, 2**40, (), generator=g))
+    calls = [((target, draft, ids, 2), {"k": 2, "temperature": temperature,
+                                         "generator": torch.Generator().manual_seed(base + t)})
+             for t in range(SAMPLED_TRIALS)]
+    counts = torch.zeros(SAMPLED_VOCAB, SAMPLED_VOCAB, dtype=torch.int64)
+    for out in call_many(speculative_generate, calls):
+        assert isinstance(out, torch.Tensor) and tuple(out.shape) == (1, 5), (
+            f"T={temperature}: returned {getattr(out, 'shape', out)!r}, expected ids [1, 3 + 2]")
+        counts[int(out[0, 3]), int(out[0, 4])] += 1
+    tests = [(a, b) for a in range(SAMPLED_VOCAB) for b in range(SAMPLED_VOCAB) if 0 < law[a, b] < 1]
+    level = law_level(2 * len(tests))  # two temperatures
+    bad = []
+    for a, b in tests:
+        x, pi = int(counts[a, b]), float(law[a, b])
+        if SAMPLED_TRIALS * _kl(x / SAMPLED_TRIALS, pi) > level:
+            lo, hi = _band(SAMPLED_TRIALS, pi, level)
+            bad.append(f"the new tokens ({a}, {b}) came {x}/{SAMPLED_TRIALS} = {x / SAMPLED_TRIALS:.4f} of the runs; "
+                       f"the target's law at T={temperature} gives {pi:.4f} (allowed [{lo:.4f}, {hi:.4f}])")
+    return bad
 
 
 @WEEK.exercise(1, "speculative_generate", section="2 (Greedy speculation and rollback)")
 def check_speculative_generate(speculative_generate, smollm2: bool = True) -> None:
-    """Greedy speculative decoding == greedy decoding with the target alone, with fewer target calls.
+    """Greedy speculative decoding == greedy decoding with the target alone, with real work savings.
 
-    Markov chains (drafts from perfect to poor) and tiny Llamas with real KV caches, K in {1, 2, 4, 8};
-    then SmolLM2 (64 tokens) with prompt lookup as the draft (no weights: cheap, and it agrees about half the time)."""
+    The models are spies (`spy`): every forward counts however it is called. Judged: the tokens; target calls
+    <= the reference's + 1; after the prefill, every target call has a cache and is fed <= K + 1 tokens, every
+    draft call <= 2; at each call the cache holds only tokens of the output (the rollback is real).
+    Markov chains (drafts from perfect to poor) and tiny Llamas with real KV caches, K in {1, 2, 3, 4, 8};
+    then SmolLM2 (64 tokens) with prompt lookup as the draft."""
     g = generator(0)
     vocab = 24
-    for case in range(4):
+    for case in range(3):
         seed = int(torch.randint(0, 2**30, (1,), generator=g))
         target = MarkovLM(vocab, seed)
         ids = torch.randint(0, vocab, (1, 3 + case), generator=g)
@@ -144,8 +276,9 @@ def check_speculative_generate(speculative_generate, smollm2: bool = True) -> No
                 most = math.ceil(n / (k + 1)) + 1
                 assert len(calls) <= most, (
                     f"with a draft identical to the target and K={k}, every draft token is accepted, so {n} tokens "
-                    f"need at most {most} target calls; yours made {len(calls)} (tokens per call: {calls[:8]}...). "
-                    f"Running the target once per token is not speculative decoding.")
+                    f"need at most {most} target calls; yours made {len(calls)} (tokens per call: "
+                    f"{[len(c.fed) for c in calls[:8]]}...). Running the target once per token is not speculative "
+                    f"decoding.")
     for seed in (3, 4):
         target, draft = _spicy_tiny(seed), _spicy_tiny(seed + 10, scale=6.0)
         ids = torch.randint(0, target.config.vocab_size, (1, 4), generator=g)
@@ -154,11 +287,11 @@ def check_speculative_generate(speculative_generate, smollm2: bool = True) -> No
                                   f"tiny Llama (seed {seed}) with a random draft, K={k}")
         _check_one_generation(speculative_generate, target, ref.early_exit_draft(target, 1), ids, 24, 2,
                               f"tiny Llama (seed {seed}) with its first layer as the draft, K=2")
-    # The route: no lib.speculative, no lib.generate inside.
+    # the route: no lib.speculative, no lib.generate inside
     target = MarkovLM(vocab, 7)
     _, obs = observe(speculative_generate, target, MarkovLM(vocab, 8, like=target, noise=1.0),
                      torch.tensor([[1, 2, 3]]), 12, k=3)
-    used = sorted(c for c in obs.lib_calls if c.startswith(("lib.speculative.", "lib.generate.")))
+    used = _loop_lib_calls(obs)
     assert not used, f"speculative_generate must be your own loop; it called {used}"
     if smollm2:
         _check_smollm2(speculative_generate)
@@ -166,230 +299,500 @@ def check_speculative_generate(speculative_generate, smollm2: bool = True) -> No
 
 @functools.lru_cache(maxsize=1)
 def smollm2_case():
-    """SmolLM2, the prompt's ids, its greedy continuation and a prompt-lookup draft (built once per process)."""
+    """SmolLM2, the prompt's ids and its greedy continuation (built once per process)."""
     from lib.model import shared_smollm2
 
     model, tok = shared_smollm2()
     ids = tok(SMOLLM2_PROMPT, return_tensors="pt").input_ids.to(model.device)
-    return model, ids, ref_generate(model, ids, SMOLLM2_NEW_TOKENS), ref.PromptLookupDraft(model.config.vocab_size, device=model.device)
+    return model, ids, ref_generate(model, ids, SMOLLM2_NEW_TOKENS)
 
 
 def _check_smollm2(speculative_generate):
-    model, ids, want, draft = smollm2_case()
+    model, ids, want = smollm2_case()
+    draft = ref.PromptLookupDraft(model.config.vocab_size, device=model.device)
     for k in SMOLLM2_KS:
-        spy = CountingModel(model)
-        got = speculative_generate(spy, draft, ids, SMOLLM2_NEW_TOKENS, k=k)
+        log = []
+        got = speculative_generate(spy(model, log, "target"), spy(draft, log, "draft"), ids, SMOLLM2_NEW_TOKENS, k=k)
+        t_log = [f for f in log if f.who == "target"]
         assert tuple(got.shape) == tuple(want.shape), f"SmolLM2, K={k}: ids of shape {tuple(got.shape)}, expected {tuple(want.shape)}"
-        if not torch.equal(got.cpu(), want.cpu()):
-            bad = (got.cpu() != want.cpu()).nonzero()[0, 1].item()
+        if not torch.equal(got, want):
+            bad = (got != want).nonzero()[0, 1].item()
             raise AssertionError(f"SmolLM2, K={k}, prompt-lookup draft: token {bad - ids.shape[1]} differs from the target's "
                                  f"greedy decoding")
-        assert len(spy.calls) < SMOLLM2_NEW_TOKENS, (
-            f"SmolLM2, K={k}: {len(spy.calls)} target calls for {SMOLLM2_NEW_TOKENS} tokens; the prompt-lookup draft "
+        bad = work_failures(log, got[0].tolist(), k)
+        assert not bad, f"SmolLM2, K={k}, prompt-lookup draft: {'; '.join(bad)}"
+        assert len(t_log) < SMOLLM2_NEW_TOKENS, (
+            f"SmolLM2, K={k}: {len(t_log)} target forwards for {SMOLLM2_NEW_TOKENS} tokens; the prompt-lookup draft "
             f"agrees with the target about half the time here, so speculation needs fewer calls than tokens")
 
 
 # --- 2 ------------------------------------------------------------------------------------------------
+# verify is checked against the exact law of its output. For fixed inputs p [K+1, V], q [K, V] and draft tokens
+# x [K], with a_i = min(1, p_i(x_i) / q_i(x_i)) and r_i = normalize(max(p_i - q_i, 0)):
+#     P(n_accepted = j, next = y) = a_0 ··· a_{j-1} · (1 - a_j) · r_j(y)    (j < K)
+#     P(n_accepted = K, next = y) = a_0 ··· a_{K-1} · p_K(y)
+# (Summed over the x_i drawn from q this is the one-position identity P(emit y) = p(y); the law conditional on
+# the draft tokens is what a wrong rule changes, so that is what is tested, cell by cell.)
 
-def chi2_sf(x: float, df: int) -> float:
-    """P[χ²_df > x] (the regularized upper incomplete gamma function)."""
-    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
-                                         torch.tensor(x / 2, dtype=torch.float64)))
-
-
-def chi2_bound(df: int, tail: float) -> float:
-    """The x with P[χ²_df > x] = tail, by bisection."""
-    lo, hi = 0.0, 10.0 * df + 200.0
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if chi2_sf(mid, df) > tail else (lo, mid)
-    return hi
-
-
-# Conditional tables of a two-token law on a 4-token vocabulary: p (target) and q (draft), p(x2 | x1) per row.
-# q puts mass where p has none (token 3 first, token 0 second): accepting such a token is a hard failure.
-_P1 = [0.50, 0.30, 0.20, 0.00]
-_Q1 = [0.10, 0.30, 0.20, 0.40]
-_P2 = [[0.00, 0.60, 0.10, 0.30], [0.00, 0.10, 0.10, 0.80], [0.00, 0.50, 0.50, 0.00], [0.00, 0.25, 0.25, 0.50]]
-_Q2 = [[0.70, 0.10, 0.10, 0.10], [0.25, 0.25, 0.25, 0.25], [0.20, 0.10, 0.60, 0.10], [0.10, 0.20, 0.30, 0.40]]
-VERIFY_TRIALS = 6000
-VERIFY_KS = (1, 2, 3)
-VERIFY_SEED = 18_000  # fixed seed family of the statistical test (bound sized for it)
+FALSE_FAILURE = 1e-6  # statistical checks: a correct implementation fails less often than this
+LAW_VOCAB = 5
+LAW_K = 3
+MAIN_RATIOS = (0.85, 0.90)  # case "main": every p_i(x_i)/q_i(x_i) drawn in this range, strictly inside (0, 1)
+MAIN_TRIALS = 42_000  # the power case: see law_power() and tests/test_week18_checks.py
+SMALL_TRIALS = 4_000  # each edge case
+REPEATS = 300  # calls run twice with equal generator states
 
 
-def joint_law_counts(verify, k: int, trials: int, seed: int) -> torch.Tensor:
-    """Counts [4, 4] of the first two tokens emitted by speculative sampling with `verify` (K draft tokens
-    from q, verified against p; after a rejection at the first token, the second comes from p directly)."""
-    p1, q1 = torch.tensor(_P1, dtype=torch.float64), torch.tensor(_Q1, dtype=torch.float64)
-    p2, q2 = torch.tensor(_P2, dtype=torch.float64), torch.tensor(_Q2, dtype=torch.float64)
-    uniform = torch.full((4,), 0.25, dtype=torch.float64)
-    gen = torch.Generator().manual_seed(seed)
-    counts = torch.zeros(4, 4, dtype=torch.int64)
-    trial_drafts, calls = [], []
-    for t in range(trials):
-        drafts, q_rows, p_rows = [], [], [p1]
-        for i in range(k):  # the draft's chain: token 1 from q1, token 2 from q2(. | token 1), later ones uniform
-            q = q1 if i == 0 else q2[drafts[0]] if i == 1 else uniform
-            drafts.append(int(torch.multinomial(q, 1, generator=gen)))
-            q_rows.append(q)
-            p_rows.append(p2[drafts[0]] if i == 0 else uniform)  # p after the draft tokens so far
-        trial_drafts.append(drafts)
-        # each trial verifies with its own generator, so all trials go to verify in one batch (call_many)
-        calls.append(((torch.stack(p_rows), torch.stack(q_rows), torch.tensor(drafts, dtype=torch.int64)),
-                      {"generator": torch.Generator().manual_seed(seed * 100_003 + t)}))
-    results = call_many(verify, calls)
-    for drafts, out in zip(trial_drafts, results):
-        n, nxt = int(out[0]), int(out[1])
-        emitted = drafts[:n] + [nxt]
-        if len(emitted) < 2:  # rejected at the first token: the next round samples the second from p
-            emitted.append(int(torch.multinomial(p2[emitted[0]], 1, generator=gen)))
-        counts[emitted[0], emitted[1]] += 1
+@dataclass
+class LawCase:
+    """One input of the law test: verify(p, q, x) is called `trials` times, each with its own generator."""
+    name: str
+    p: torch.Tensor  # [K+1, V] float64
+    q: torch.Tensor  # [K, V]
+    x: torch.Tensor  # [K] int64
+    trials: int
+    why: str  # what the case is for, shown when it fails
+
+    def law(self) -> torch.Tensor:
+        """[K+1, V]: P(n_accepted = j, next_token = y), exactly."""
+        return verify_law(self.p, self.q, self.x)
+
+
+def verify_law(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The exact law [K+1, V] of (n_accepted, next_token) of speculative sampling's verify on these inputs."""
+    k = x.shape[0]
+    p, q = p.double(), q.double()
+    law = torch.zeros(k + 1, p.shape[1], dtype=torch.float64)
+    reach = 1.0
+    for i in range(k):
+        px, qx = float(p[i, x[i]]), float(q[i, x[i]])
+        a = 1.0 if px >= qx else px / qx
+        if a < 1.0:
+            res = (p[i] - q[i]).clamp(min=0)
+            law[i] = reach * (1.0 - a) * res / res.sum()
+        reach *= a
+    law[k] = reach * p[k]
+    return law
+
+
+def _row(g, v, fixed: dict[int, float]) -> torch.Tensor:
+    """A distribution over v tokens with the given entries fixed and the rest of the mass spread at random
+    over the other tokens (each > 0)."""
+    free = [t for t in range(v) if t not in fixed]
+    w = 0.2 + torch.rand(len(free), generator=g, dtype=torch.float64)
+    row = torch.zeros(v, dtype=torch.float64)
+    row[free] = (1.0 - sum(fixed.values())) * w / w.sum()
+    for t, val in fixed.items():
+        row[t] = val
+    return row
+
+
+def _positions(g, ratios):
+    """p [K+1, V], q [K, V], x [K] with p_i(x_i) / q_i(x_i) = ratios[i], q_i zero at a token where p_i has mass,
+    and p_K zero at one token."""
+    v, k = LAW_VOCAB, len(ratios)
+    ps, qs, xs = [], [], []
+    for r in ratios:
+        x, z = (int(t) for t in torch.randperm(v, generator=g)[:2])
+        qx = 0.25 + 0.2 * float(torch.rand((), generator=g)) if r <= 1 else 0.2 + 0.15 * float(torch.rand((), generator=g))
+        qs.append(_row(g, v, {x: qx, z: 0.0}))
+        ps.append(_row(g, v, {x: r * qx}))
+        xs.append(x)
+    ps.append(_row(g, v, {int(torch.randint(v, (), generator=g)): 0.0}))
+    return torch.stack(ps), torch.stack(qs), torch.tensor(xs, dtype=torch.int64)
+
+
+def law_cases(g: torch.Generator) -> list[LawCase]:
+    """The inputs of the law test, drawn from `g` (so, per run)."""
+    def u(lo, hi):
+        return lo + (hi - lo) * float(torch.rand((), generator=g))
+
+    v, k = LAW_VOCAB, LAW_K
+    cases = []
+    p, q, x = _positions(g, [u(*MAIN_RATIOS) for _ in range(k)])
+    cases.append(LawCase("main", p, q, x, MAIN_TRIALS, "every acceptance ratio strictly between 0 and 1"))
+    p, q, x = _positions(g, [u(1.5, 2.0), u(0.2, 0.5), u(0.5, 0.8)])
+    cases.append(LawCase("ratio above 1 first", p, q, x, SMALL_TRIALS,
+                         "p_0(x_0) > q_0(x_0): token 0 is always accepted, and does not raise the later ones' odds"))
+    # rows shared by every position (broadcast views, stride 0): a verify that writes into its arguments fails
+    pi = _row(g, v, {int(torch.randint(v, (), generator=g)): 0.0})
+    tok = int(torch.multinomial(pi, 1, generator=g))
+    cases.append(LawCase("p = q", pi.expand(k + 1, v), pi.expand(k, v), torch.tensor(tok).expand(k), SMALL_TRIALS,
+                         "the draft is the target (α = 1): every token accepted, then the bonus from p_K"))
+    perm = torch.randperm(v, generator=g)
+    pd = torch.zeros(v, dtype=torch.float64)
+    qd = torch.zeros(v, dtype=torch.float64)
+    pd[perm[:2]] = torch.tensor([0.3, 0.7], dtype=torch.float64)
+    qd[perm[2:]] = _row(g, v - 2, {})
+    cases.append(LawCase("disjoint supports", pd.expand(k + 1, v), qd.expand(k, v), perm[2:3].expand(k),
+                         SMALL_TRIALS, "p and q disjoint: the first token is always rejected, the next comes from p"))
+    x = int(torch.randint(v, (), generator=g))
+    z = (x + 1 + int(torch.randint(v - 1, (), generator=g))) % v
+    qx = u(0.3, 0.5)
+    qs, ps = _row(g, v, {x: qx, z: 0.0}), _row(g, v, {x: u(0.3, 0.7) * qx})
+    cases.append(LawCase("one row for all positions", ps.expand(k + 1, v), qs.expand(k, v),
+                         torch.tensor(x).expand(k), SMALL_TRIALS,
+                         "the same p and q at every position, q zero where p has mass"))
+    return cases
+
+
+def _kl(x: float, a: float) -> float:
+    """KL(Bernoulli(x) || Bernoulli(a)), 0 < a < 1."""
+    out = 0.0
+    if x > 0:
+        out += x * math.log(x / a)
+    if x < 1:
+        out += (1 - x) * math.log((1 - x) / (1 - a))
+    return out
+
+
+def law_level(n_tests: int) -> float:
+    """The bound on m·KL(X/m || a) for one of `n_tests` binomial tests.
+
+    Chernoff: for X ~ Binomial(m, a), P[X/m >= a + t] <= exp(-m·KL(a + t || a)) and the same below, so
+    P[m·KL(X/m || a) > L] <= 2·exp(-L). With L = ln(2·n_tests / FALSE_FAILURE) and a union bound over the
+    n_tests tests, a correct verify fails the whole check with probability < FALSE_FAILURE."""
+    return math.log(2 * n_tests / FALSE_FAILURE)
+
+
+def _band(m: int, a: float, level: float) -> tuple[float, float]:
+    """The frequencies x with m·KL(x || a) <= level: the interval a correct implementation stays in."""
+    def edge(lo, hi):  # bisect between a (inside) and an end (outside)
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            if m * _kl(mid, a) <= level:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+    return edge(a, 0.0), edge(a, 1.0)
+
+
+def law_power(m: int, a: float, delta: float, level: float) -> float:
+    """P[the binomial test at `level` rejects] when X ~ Binomial(m, a + delta) is tested against a: the
+    probability that an acceptance probability off by `delta` is caught from m runs that reach it."""
+    lo, hi = _band(m, a, level)
+    x = torch.arange(m + 1, dtype=torch.float64)
+    b = a + delta
+    logpmf = (torch.lgamma(torch.tensor(m + 1.0, dtype=torch.float64)) - torch.lgamma(x + 1) - torch.lgamma(m - x + 1)
+              + x * math.log(b) + (m - x) * math.log(1 - b))
+    inside = (x / m >= lo) & (x / m <= hi)
+    return float(1.0 - logpmf[inside].exp().sum())
+
+
+def law_tests(case: LawCase) -> list[tuple[str, int, int, float]]:
+    """The binomial tests of one case as (what, X, m, a) — set up from the law alone (the data only fills in
+    X and m, by `_fill`); events of probability 0 or 1 are checked exactly, not counted here."""
+    law = case.law()
+    k = case.x.shape[0]
+    tests = []
+    for i in range(k):
+        reach, go = float(law[i:].sum()), float(law[i + 1:].sum())
+        if reach > 0 and 0 < go / reach < 1:
+            tests.append((f"acc{i}", i, -1, go / reach))
+    for j in range(k + 1):
+        total = float(law[j].sum())
+        for y in range(law.shape[1]):
+            if total > 0 and 0 < float(law[j, y]) / total < 1:
+                tests.append((f"next{j},{y}", j, y, float(law[j, y]) / total))
+    return tests
+
+
+def law_counts(verify, case: LawCase, seed: int) -> torch.Tensor:
+    """Counts [K+1, V] of (n_accepted, next_token) over case.trials calls, call t with generator seed + t."""
+    k, v = case.x.shape[0], case.p.shape[1]
+    calls = [((case.p, case.q, case.x), {"generator": torch.Generator().manual_seed(seed + t)})
+             for t in range(case.trials)]
+    counts = torch.zeros(k + 1, v, dtype=torch.int64)
+    for out in call_many(verify, calls):
+        n, y = _result(out, k, v, case.name)
+        counts[n, y] += 1
     return counts
 
 
-def chi_square(counts: torch.Tensor) -> tuple[float, int, float, list]:
-    """(statistic, degrees of freedom, bound, impossible cells hit) for counts against p(x1) p(x2 | x1)."""
-    law = torch.tensor(_P1, dtype=torch.float64)[:, None] * torch.tensor(_P2, dtype=torch.float64)  # [4, 4]
-    n = counts.sum().item()
-    possible = law > 0
-    impossible = [tuple(ix) for ix in (counts.gt(0) & ~possible).nonzero().tolist()]
-    expected = n * law[possible]
-    stat = float(((counts[possible].double() - expected) ** 2 / expected).sum())
-    df = int(possible.sum()) - 1
-    return stat, df, chi2_bound(df, FALSE_FAILURE / len(VERIFY_KS)), impossible
+def _result(out, k: int, v: int, what: str) -> tuple[int, int]:
+    assert isinstance(out, tuple) and len(out) == 2 and all(isinstance(o, int) for o in out), (
+        f"verify must return a tuple of two ints (n_accepted, next_token); got {out!r} ({what})")
+    n, y = out
+    assert 0 <= n <= k and 0 <= y < v, (f"verify returned ({n}, {y}) for K={k} draft tokens over {v} tokens: "
+                                        f"n_accepted must be in 0..K, next_token in 0..V-1 ({what})")
+    return n, y
+
+
+def law_failures(case: LawCase, counts: torch.Tensor, level: float) -> list[str]:
+    """What is wrong with `counts` for `case` (empty when nothing is): impossible cells hit, then the binomial
+    tests of acceptance at each position and of the next token after each n_accepted."""
+    law = case.law()
+    bad = []
+    for j, y in ((counts > 0) & (law == 0)).nonzero().tolist():
+        what = (f"all {j} accepted, then the bonus token {y}, which p_K gives probability 0" if j == case.x.shape[0]
+                else f"{j} accepted, then token {y}" + (", which the residual max(p - q, 0) gives probability 0"
+                                                       if float(law[j].sum()) > 0 else
+                                                       f": n_accepted = {j} has probability 0 here"))
+        bad.append(f"{int(counts[j, y])} runs emitted {what}")
+    for name, j, y, a in law_tests(case):
+        if y < 0:
+            m, x = int(counts[j:].sum()), int(counts[j + 1:].sum())
+            label = f"draft token {j} accepted (of the runs that reached it)"
+        else:
+            m, x = int(counts[j].sum()), int(counts[j, y])
+            label = (f"next token {y} after all {j} accepted (p_K)" if j == case.x.shape[0] else
+                     f"next token {y} after a rejection at position {j} (residual)")
+        if m and m * _kl(x / m, a) > level:
+            lo, hi = _band(m, a, level)
+            bad.append(f"{label}: {x}/{m} = {x / m:.4f}; the law gives {a:.4f} (a correct verify stays in "
+                       f"[{lo:.4f}, {hi:.4f}] here)")
+    return bad
+
+
+def _describe(case: LawCase) -> str:
+    k = case.x.shape[0]
+    ratios = [float(case.p[i, case.x[i]] / case.q[i, case.x[i]]) for i in range(k)]
+    return (f"case '{case.name}' ({case.why}; K={k}, V={case.p.shape[1]}, draft tokens {case.x.tolist()}, "
+            f"p_i(x_i)/q_i(x_i) = {[round(r, 3) for r in ratios]}, {case.trials} runs)")
 
 
 @WEEK.exercise(2, "verify", section="3 (Speculative sampling)")
 def check_verify(verify) -> None:
-    """Exact cases (perfect draft, impossible draft tokens, shapes), then the law: the first two emitted tokens
-    must follow p(x1) p(x2 | x1), by a chi-square test sized so a correct verify fails < 1e-6 of runs."""
+    """verify's output has the exact law of speculative sampling, cell by cell, in every case of `law_cases`.
+
+    Per run, fresh inputs (seeded by the run's seed). Each case's calls go to verify in one batch, call t with
+    its own generator; the counts of (n_accepted, next_token) are tested against the closed-form law: cells of
+    probability 0 must never appear; each acceptance probability (per position, among the runs that reached
+    it) and each next-token probability (per n_accepted) gets a binomial test at `law_level`, so a correct
+    verify fails the check with probability < FALSE_FAILURE = 1e-6 (Chernoff bound and union bound, exact
+    for any counts). Power (`law_power`, tested in tests/test_week18_checks.py): the main case runs
+    MAIN_TRIALS = 42,000 times with ratios in [0.85, 0.90]; position 2 is reached by >= 0.85²·42,000 - 6 sd
+    > 29,500 runs except with probability < 1e-9, and an acceptance probability off by 2 points at any
+    position is then caught with probability > 0.999. Then: equal generator states give equal outputs,
+    the arguments are left unchanged, a CPU tensor never meets the inputs' device (`meta`), and verify is
+    the student's own code."""
     g = generator(1)
-    for case in range(30):
-        k, v = 1 + case % 5, 3 + case % 7
-        q = torch.softmax(2 * torch.randn(k, v, generator=g), -1)
-        tokens = torch.multinomial(q, 1, generator=g)[:, 0]
-        p = torch.softmax(2 * torch.randn(k + 1, v, generator=g), -1)
-        p[:k] = q  # the draft is the target: every token is accepted, then a bonus token from p_K
-        p[k, case % v] = 0.0
-        p[k] /= p[k].sum()
-        out = verify(p, q, tokens, generator=g)
-        assert isinstance(out, tuple) and len(out) == 2, f"verify must return (n_accepted, next_token); got {out!r}"
-        n, nxt = int(out[0]), int(out[1])
-        assert n == k, (f"draft == target (q_i = p_i at every position), K={k}: every token must be accepted "
-                        f"(min(1, p/q) = 1), but verify returned n_accepted={n} {seed_note()}")
-        assert nxt != case % v and 0 <= nxt < v, (
-            f"all K={k} accepted: the bonus token is sampled from p_K (target_probs[K]), which gives token "
-            f"{case % v} probability 0, but verify returned {nxt} {seed_note()}")
-        # the same, with the target giving probability 0 to draft token j: reject there, never emit it
-        j = case % k
-        p2 = p.clone()
-        p2[j, tokens[j]] = 0.0
-        p2[j] /= p2[j].sum()
-        n, nxt = (int(x) for x in verify(p2, q, tokens, generator=g))
-        assert n == j, (f"K={k}: p_{j}(draft token {j}) = 0 (the target never writes it), so verify must stop at "
-                        f"position {j}; it returned n_accepted={n} (accept with probability min(1, p/q), not "
-                        f"min(1, q/p)) {seed_note()}")
-        assert nxt != int(tokens[j]), (
-            f"K={k}: after rejecting draft token {j}, the next token comes from normalize(max(p - q, 0)), which "
-            f"gives the rejected token (p = 0) probability 0; verify returned it {seed_note()}")
-    for k in VERIFY_KS:
-        counts = joint_law_counts(verify, k, VERIFY_TRIALS, VERIFY_SEED + k)
-        stat, df, bound, impossible = chi_square(counts)
-        assert not impossible, (
-            f"K={k}: speculative sampling emitted token pairs the target gives probability 0: {impossible}. "
-            f"A token with p(x) = 0 must never be accepted (accept with probability min(1, p/q)), nor resampled "
-            f"(the residual is max(p - q, 0)).")
-        assert stat <= bound, (
-            f"K={k}: the first two emitted tokens do not follow the target's law: chi-square {stat:.1f} with {df} "
-            f"degrees of freedom over {VERIFY_TRIALS} runs, bound {bound:.1f} (a correct verify exceeds it with "
-            f"probability < {FALSE_FAILURE:g}). Observed counts {counts.tolist()}. Check the residual: after a "
-            f"rejection sample from normalize(max(p_i - q_i, 0)), not from p_i.")
-    # The route: not lib's verify under another name.
-    p = torch.softmax(torch.randn(3, 5, generator=g), -1)
-    q = torch.softmax(torch.randn(2, 5, generator=g), -1)
-    _, obs = observe(verify, p, q, torch.tensor([1, 2]), generator=torch.Generator().manual_seed(0))
-    used = sorted(c for c in obs.lib_calls if c.startswith("lib.speculative."))
-    assert not used, f"verify must be your own; it called {used}"
+    cases = law_cases(g)
+    # first the cheap checks: the arguments are read, never written (the caller still needs p and q)
+    for case in (cases[0], cases[3]):
+        p, q, x = case.p.clone(), case.q.clone(), case.x.clone()
+        _, obs = observe(verify, p, q, x, generator=torch.Generator().manual_seed(run_seed()))
+        assert not obs.inputs_written, (
+            f"verify wrote into its arguments ({obs.inputs_written} in-place writes into target_probs, draft_probs "
+            f"or draft_tokens, {_describe(case)}): the caller's p and q would be changed. Compute the residual in "
+            f"a new tensor: (target_probs[i] - draft_probs[i]).clamp(min=0)")
+        used = sorted(c for c in obs.lib_calls if c.startswith("lib.speculative."))
+        assert not used, f"verify must be your own; it called {used}"
+    # device: every tensor verify creates is on its inputs' device (a CUDA run with CPU tensors fails)
+    for case in (cases[0], cases[3]):
+        check_on_meta(verify, (case.p.float(), case.q.float(), case.x.clone()), "verify")
+    level = law_level(sum(len(law_tests(c)) for c in cases))
+    base = run_seed() * 1_000 % (2**62)
+    for index, case in sorted(enumerate(cases), key=lambda ic: ic[1].trials):  # the cheap cases first
+        seed = base + index * 10_000_000
+        counts = law_counts(verify, case, seed)
+        bad = law_failures(case, counts, level)
+        assert not bad, (f"{_describe(case)}: verify's output does not follow the law of speculative sampling: "
+                         f"{'; '.join(bad[:3])}. Accept draft token i with probability min(1, p_i/q_i), each with "
+                         f"a fresh uniform from `generator`; at the first rejection sample normalize(max(p_i - q_i, "
+                         f"0)); after K acceptances sample p_K. {seed_note()}")
+        if case.name == "one row for all positions":  # equal generator states, equal outputs
+            def again():  # fresh generators each time (in-process, a call advances the one it is given)
+                return [((case.p, case.q, case.x), {"generator": torch.Generator().manual_seed(seed + t)})
+                        for t in range(REPEATS)]
+            first, second = call_many(verify, again()), call_many(verify, again())
+            differ = sum(a != b for a, b in zip(first, second))
+            assert not differ, (
+                f"{differ} of {REPEATS} calls with generators in equal states gave different outputs: draw every "
+                f"random number from `generator` (torch.rand(..., generator=generator), torch.multinomial(..., "
+                f"generator=generator)), never from torch's global generator {seed_note()}")
 
 
-# --- 3 ------------------------------------------------------------------------------------------------
-
-@WEEK.exercise(3, "acceptance_rate", section="4 (Acceptance: theory and measurement)")
-def check_acceptance_rate(acceptance_rate) -> None:
-    g = generator(2)
-    for shape in [(5,), (3, 7), (2, 4, 49)]:
-        p = torch.softmax(3 * torch.randn(shape, generator=g, dtype=torch.float64), -1)
-        q = torch.softmax(3 * torch.randn(shape, generator=g, dtype=torch.float64), -1)
-        got = acceptance_rate(p, q)
-        want = ref.acceptance_rate(p, q)
-        assert isinstance(got, torch.Tensor) and tuple(got.shape) == tuple(want.shape), (
-            f"acceptance_rate(p, q) for p, q of shape {shape}: expected a tensor of shape {tuple(want.shape)} "
-            f"(one α per distribution, summed over the last axis), got {getattr(got, 'shape', got)}")
-        err = (got.double() - want).abs().max().item()
-        assert err < 1e-9, (f"acceptance_rate differs from Σ_x min(p(x), q(x)) by {err:.3g}: a token x drawn from q "
-                            f"is accepted with probability min(1, p(x)/q(x)); average that over q {seed_note()}")
-    p = torch.tensor([0.2, 0.8], dtype=torch.float64)
-    assert abs(float(acceptance_rate(p, p)) - 1.0) < 1e-12, "a draft equal to the target is always accepted: α = 1"
-    assert abs(float(acceptance_rate(p, p.flip(0))) - 0.4) < 1e-12, "p = (0.2, 0.8), q = (0.8, 0.2) gives α = 0.4"
-
-
-@WEEK.exercise(4, "expected_tokens_per_call", section="4 (Acceptance: theory and measurement)")
-def check_expected_tokens_per_call(expected_tokens_per_call) -> None:
-    got = float(expected_tokens_per_call(0.7, 4))
-    assert abs(got - 2.7731) < 1e-3, (
-        f"expected_tokens_per_call(0.7, 4) = {got:.4f}; expected 1 + 0.7 + 0.7² + 0.7³ + 0.7⁴ = 2.7731 (the seed's "
-        f"3.6 is wrong: it would need α ≈ 0.83)")
-    g = generator(3)
-    cases = [(0.0, 3), (1.0, 4), (0.5, 1), (0.999999, 8)] + [
-        (float(torch.rand((), generator=g)), int(torch.randint(1, 12, (), generator=g))) for _ in range(20)]
-    for alpha, k in cases:
-        got, want = float(expected_tokens_per_call(alpha, k)), ref.expected_tokens_per_call(alpha, k)
-        assert abs(got - want) < 1e-6 * max(1.0, want), (
-            f"expected_tokens_per_call({alpha:.6g}, {k}) = {got:.6g}; expected (1 - α^(K+1)) / (1 - α) = {want:.6g} "
-            f"(K + 1 when α = 1): token i of the round is kept when the i draft tokens before it were all accepted "
-            f"{seed_note()}")
+@WEEK.exercise(3, "speculative_sample", section="3 (Speculative sampling)")
+def check_speculative_sample(speculative_sample) -> None:
+    """Speculative sampling end to end: the work accounting of `check_speculative_generate` on runs at T = 1 and
+    0.5 (Markov chain, 24 tokens, K = 3; tiny Llama, K = 2), then the law of the first two new tokens on a
+    4-token Markov chain, per cell (SAMPLED_TRIALS runs, binomial tests, < 1e-6 false failures in all)."""
+    g = generator(5)
+    target = MarkovLM(24, int(torch.randint(0, 2**30, (), generator=g)))
+    tiny = _spicy_tiny(5)
+    for temperature in SAMPLED_TEMPERATURES:
+        _check_one_generation(speculative_sample, target, MarkovLM(24, 12, like=target, noise=1.0),
+                              torch.tensor([[1, 2, 3]]), 30, 3, f"Markov target, T={temperature}, K=3",
+                              temperature=temperature, generator=torch.Generator().manual_seed(run_seed()))
+        _check_one_generation(speculative_sample, tiny, ref.early_exit_draft(tiny, 1), torch.tensor([[5, 6, 7]]),
+                              20, 2, f"tiny Llama, its first layer as the draft, T={temperature}, K=2",
+                              temperature=temperature, generator=torch.Generator().manual_seed(run_seed() + 1))
+        bad = sampled_law_failures(speculative_sample, g, temperature)
+        assert not bad, (f"T={temperature} (K=2, a 4-token Markov chain, {SAMPLED_TRIALS} runs): the new tokens do "
+                         f"not have the target's law: {'; '.join(bad[:3])}. Draft from q = softmax(draft logits / T), "
+                         f"verify against p = softmax(target logits / T) with your `verify`, and pass `generator` to "
+                         f"every draw {seed_note()}")
+    target = MarkovLM(24, 7)
+    _, obs = observe(speculative_sample, target, MarkovLM(24, 8, like=target, noise=1.0), torch.tensor([[1, 2, 3]]),
+                     12, k=3, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    used = _loop_lib_calls(obs)
+    assert not used, f"speculative_sample must be your own loop (with your verify); it called {used}"
 
 
-# --- 5 ------------------------------------------------------------------------------------------------
+# --- 4: the prompt-lookup draft ------------------------------------------------------------------------------
 
-@WEEK.exercise(5, "predicted_speedup", section="6 (The speedup model)")
-def check_predicted_speedup(predicted_speedup) -> None:
-    g = generator(4)
-    for case in range(25):
-        alpha = float(torch.rand((), generator=g))
-        k = int(torch.randint(1, 12, (), generator=g))
-        c = float(torch.rand((), generator=g)) * 0.8
-        curve = torch.cumsum(0.3 * torch.rand(16, generator=g), 0)
-        verify_cost = {m: 1.0 + float(curve[m - 2]) if m > 1 else 1.0 for m in range(1, 17)}
-        got = float(predicted_speedup(alpha, k, c, verify_cost))
-        want = ref.predicted_speedup(alpha, k, c, verify_cost)
-        assert abs(got - want) <= 1e-6 * want, (
-            f"predicted_speedup(alpha={alpha:.4f}, k={k}, c={c:.4f}, verify_cost) = {got:.5g}; expected {want:.5g}: "
-            f"a round yields (1 - α^(K+1))/(1 - α) tokens and costs K draft steps (K·c target steps) plus one target "
-            f"forward of K + 1 tokens (verify_cost[K + 1] steps) {seed_note()}")
-    flat = {m: 1.0 for m in range(1, 17)}
-    got = float(predicted_speedup(0.8, 4, 0.05, flat))
-    assert abs(got - 2.8013) < 1e-3, f"GPU-like regime (flat verify, c = 0.05), α = 0.8, K = 4: expected 2.80, got {got:.3f}"
-    _, obs = observe(predicted_speedup, 0.5, 2, 0.1, flat)
-    used = sorted(c for c in obs.lib_calls if c.startswith("lib.speculative."))
-    assert not used, f"predicted_speedup must be your own formula; it called {used}"
+def _lookup(tokens: list, k: int, max_ngram: int, min_ngram: int) -> list:
+    """The check's statement of prompt lookup, as a search over every earlier position (see check_lookup_draft)."""
+    for n in range(min(max_ngram, len(tokens) - 1), min_ngram - 1, -1):
+        for start in range(len(tokens) - n - 1, -1, -1):
+            if tokens[start:start + n] == tokens[len(tokens) - n:]:
+                return tokens[start + n:start + n + k]
+    return []
 
 
-# --- 6 ------------------------------------------------------------------------------------------------
+def _planted(g, length: int, vocab: int) -> list:
+    """Random tokens with copied stretches (what prompt lookup is for): a piece of the text so far repeated."""
+    out = torch.randint(0, vocab, (4,), generator=g).tolist()
+    while len(out) < length:
+        if float(torch.rand((), generator=g)) < 0.5 and len(out) > 4:
+            start = int(torch.randint(0, len(out) - 2, (), generator=g))
+            out += out[start:start + int(torch.randint(2, 8, (), generator=g))]
+        else:
+            out += torch.randint(0, vocab, (int(torch.randint(1, 4, (), generator=g)),), generator=g).tolist()
+    return out[:length]
 
-@WEEK.exercise(6, "answer_q5", section="8 (Check your understanding)")
-def check_answer_q5(answer_q5) -> None:
-    got = float(answer_q5())
-    if abs(got - 2.0) < 1e-6 or abs(got - 1.0) < 1e-6:
-        raise AssertionError(f"answer_q5() = {got}: that is min(1, q/p), the ratio upside down. Accept with "
-                             f"min(1, p(x)/q(x)), p the target (0.3), q the draft (0.6)")
-    assert abs(got - 0.5) < 1e-9, f"answer_q5() = {got}: accept with probability min(1, p(x)/q(x))"
+
+@WEEK.exercise(5, "lookup_draft", section="5 (Drafts compared on SmolLM2)")
+def check_lookup_draft(lookup_draft) -> None:
+    """Prompt lookup on texts with copied stretches: the longest n-gram (max_ngram >= n >= min_ngram) that ends
+    the text and occurred before, its latest earlier occurrence, and up to k tokens that followed it; [] when
+    no such n-gram occurred; a clear ValueError for k < 0 or 1 <= min_ngram <= max_ngram violated."""
+    g = generator(6)
+    cases = [([], 3, 3, 1), ([7], 3, 3, 1), ([5, 5], 4, 3, 1), ([1, 2, 3, 1, 2], 0, 3, 1), ([1, 2, 3, 4], 3, 2, 1),
+             ([1, 2, 9, 1, 2, 8, 1, 2], 2, 2, 1), ([3, 1, 2, 4, 1, 2], 3, 3, 3)]
+    for _ in range(300):
+        vocab = int(torch.randint(3, 12, (), generator=g))
+        tokens = _planted(g, int(torch.randint(2, 60, (), generator=g)), vocab)
+        hi = int(torch.randint(1, 6, (), generator=g))
+        cases.append((tokens, int(torch.randint(0, 9, (), generator=g)), hi, int(torch.randint(1, hi + 1, (), generator=g))))
+    for tokens, k, hi, lo in cases:
+        want = _lookup(tokens, k, hi, lo)
+        got = lookup_draft(list(tokens), k, max_ngram=hi, min_ngram=lo)
+        assert isinstance(got, list) and all(type(t) is int for t in got), (
+            f"lookup_draft must return a list of ints; got {got!r}")
+        assert got == want, (
+            f"lookup_draft({tokens if len(tokens) <= 24 else '[...' + str(tokens[-24:])[1:]}, k={k}, max_ngram={hi}, "
+            f"min_ngram={lo}) = {got}; expected {want}: take the longest n-gram ending the text (n from max_ngram "
+            f"down to min_ngram) that also occurs earlier, its latest earlier occurrence, and the (up to) k tokens "
+            f"after it {seed_note()}")
+    for bad in [dict(k=-1), dict(min_ngram=0), dict(max_ngram=2, min_ngram=3)]:
+        kwargs = {"k": 2, "max_ngram": 3, "min_ngram": 1, **bad}
+        try:
+            lookup_draft([1, 2, 1, 2], kwargs.pop("k"), **kwargs)
+        except ValueError:
+            continue
+        except Exception as e:  # noqa: BLE001
+            raise AssertionError(f"lookup_draft with {bad} raised {type(e).__name__}; raise a ValueError that says "
+                                 f"what is wrong") from None
+        raise AssertionError(f"lookup_draft with {bad} returned an answer; bad arguments must raise a ValueError")
+    _, obs = observe(lookup_draft, [1, 2, 3, 1, 2], 2, max_ngram=3, min_ngram=1)
+    used = sorted(c for c in obs.lib_calls if c.startswith("lib."))
+    assert not used, f"lookup_draft must be your own; it called {used}"
 
 
-@WEEK.exercise(6, "answer_q6", section="8 (Check your understanding)")
-def check_answer_q6(answer_q6) -> None:
-    got = float(answer_q6())
-    want = ref.expected_tokens_per_call(0.8, 4) / (4 * 0.05 + 1.0)
-    assert abs(got - want) < 5e-3, (
-        f"answer_q6() = {got:.3f}: tokens per round (1 - α^(K+1))/(1 - α) with α = 0.8, K = 4, over the cost of a "
-        f"round in target steps, K·c + 1 with c = 0.05 and a flat verify curve")
+# --- 5: expected rejections ----------------------------------------------------------------------------------
+
+def _own_tensor(got, want_like: torch.Tensor, what: str):
+    assert isinstance(got, torch.Tensor) and got.dim() == 0, f"{what}: expected a 0-dim tensor, got {got!r}"
+    assert got.dtype == want_like.dtype and got.device == want_like.device, (
+        f"{what}: {got.dtype} on {got.device}; expected the inputs' {want_like.dtype} on {want_like.device}")
+
+
+@WEEK.exercise(4, "expected_rejections", section="4 (Acceptance: theory and measurement)")
+def check_expected_rejections(expected_rejections) -> None:
+    """E[rejections] when at each of n positions a token is drawn from q_i and tested against p_i: derived from
+    the one-position law, Σ_i (1 - Σ_x min(p_i(x), q_i(x))) = Σ_i TV(p_i, q_i). Random p, q in float64 and
+    float32, edge cases (p = q: 0; disjoint: n; q zero where p has mass), the result's dtype/device, arguments
+    unchanged, a clear error for mismatched shapes, `meta`, and the student's own code."""
+    g = generator(7)
+    for case in range(12):
+        n, v = int(torch.randint(1, 9, (), generator=g)), int(torch.randint(2, 60, (), generator=g))
+        dtype = torch.float64 if case % 2 == 0 else torch.float32
+        p = torch.softmax(3 * torch.randn(n, v, generator=g, dtype=torch.float64), -1)
+        q = torch.softmax(3 * torch.randn(n, v, generator=g, dtype=torch.float64), -1)
+        if case % 3 == 0:  # q zero where p has mass
+            q[:, : v // 2] = 0
+            q = q / q.sum(-1, keepdim=True)
+        want = float((1 - torch.minimum(p, q).sum(-1)).sum())
+        got = expected_rejections(p.to(dtype), q.to(dtype))
+        _own_tensor(got, p.to(dtype), f"expected_rejections(p, q) for {dtype} inputs")
+        tol = 1e-9 if dtype == torch.float64 else 1e-4 * n
+        assert abs(float(got) - want) <= tol, (
+            f"expected_rejections(p, q) for n={n} positions over V={v} tokens = {float(got):.6g}; expected "
+            f"{want:.6g}. At one position a token x ~ q is accepted with probability min(1, p(x)/q(x)): average that "
+            f"over q, and add up the rejections over the positions {seed_note()}")
+    p = torch.softmax(torch.randn(5, 7, generator=g, dtype=torch.float64), -1)
+    assert abs(float(expected_rejections(p, p.clone()))) < 1e-12, "p = q: a draft equal to the target is never rejected"
+    pd = torch.zeros(4, 6, dtype=torch.float64)
+    qd = torch.zeros(4, 6, dtype=torch.float64)
+    pd[:, :3], qd[:, 3:] = 1 / 3, 1 / 3
+    assert abs(float(expected_rejections(pd, qd)) - 4.0) < 1e-12, (
+        "p and q with disjoint supports at 4 positions: every token is rejected, so E[rejections] = 4")
+    try:
+        expected_rejections(p, p[:, :5])
+    except ValueError:
+        pass
+    except Exception as e:  # noqa: BLE001
+        raise AssertionError(f"p [5, 7] with q [5, 5] raised {type(e).__name__}: raise a ValueError that names the "
+                             f"shapes") from None
+    else:
+        raise AssertionError("p [5, 7] with q [5, 5] gave an answer: mismatched shapes must raise a ValueError")
+    q = torch.softmax(torch.randn(5, 7, generator=g, dtype=torch.float64), -1)
+    _, obs = observe(expected_rejections, p.clone(), q.clone())
+    assert not obs.inputs_written, "expected_rejections wrote into its arguments: compute in new tensors"
+    used = sorted(c for c in obs.lib_calls if c.startswith("lib."))
+    assert not used, f"expected_rejections must be your own derivation; it called {used}"
+    # device: all of it in tensors on the inputs' device. On `meta` tensors (shapes, no data, like tensors on a
+    # GPU seen from here) it must run and return a `meta` tensor: a CPU tensor, .numpy() or .item() fails there.
+    try:
+        out = expected_rejections(p.float().to("meta"), q.float().to("meta"))
+    except Exception as e:  # noqa: BLE001
+        raise AssertionError(
+            f"expected_rejections failed on inputs on another device ('meta', as they would be on 'cuda'): "
+            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} — keep every step in tensors on the "
+            f"inputs' device (no CPU tensor made without device=, no .numpy(), .cpu() or .item())") from None
+    assert isinstance(out, torch.Tensor) and out.device.type == "meta", (
+        f"expected_rejections on 'meta' inputs returned {out!r}: the result must stay on the inputs' device")
+
+
+# --- 6: the best K ---------------------------------------------------------------------------------------------
+
+def _speedup(alpha: float, k: int, c: float, verify_cost: dict) -> float:
+    tokens = sum(alpha ** i for i in range(k + 1))  # token i of a round is written iff draft tokens 0..i-1 were kept
+    return tokens / (k * c + verify_cost[k + 1])
+
+
+@WEEK.exercise(6, "best_k", section="6 (The speedup model)")
+def check_best_k(best_k) -> None:
+    """The K that maximizes the predicted speedup for acceptance α, draft cost c and a verify-cost curve
+    (verify_cost[m] for m = 1..M; K = 1..M-1), and that speedup. Random α in [0, 1] (α = 0 and α = 1 included),
+    c, rising curves; ties (within 1e-9) accept either K."""
+    g = generator(8)
+    cases = [(1.0, 0.0, 16), (1.0, 0.3, 9), (0.0, 0.1, 12), (0.999999, 0.05, 16), (0.5, 0.0, 3)]
+    for _ in range(40):
+        cases.append((float(torch.rand((), generator=g)), 0.8 * float(torch.rand((), generator=g)),
+                      int(torch.randint(2, 17, (), generator=g))))
+    for j, (alpha, c, m) in enumerate(cases):
+        if j % 3 == 0:
+            curve = {i: 1.0 for i in range(1, m + 1)}  # flat: a GPU at batch 1
+        else:
+            steps = torch.cumsum(0.25 * torch.rand(m, generator=g, dtype=torch.float64), 0)
+            curve = {i: 1.0 + float(steps[i - 2]) if i > 1 else 1.0 for i in range(1, m + 1)}
+        speeds = {k: _speedup(alpha, k, c, curve) for k in range(1, m)}
+        best = max(speeds.values())
+        out = best_k(alpha, c, dict(curve))
+        assert isinstance(out, tuple) and len(out) == 2, f"best_k must return (k, predicted_speedup); got {out!r}"
+        k, s = out
+        assert isinstance(k, int) and 1 <= k < m, (
+            f"best_k(α={alpha:.4g}, c={c:.4g}, a curve for m = 1..{m}) returned K = {k!r}: K must be an int in "
+            f"1..{m - 1} (a round verifies K + 1 tokens)")
+        assert abs(float(s) - best) <= 1e-9 * best and speeds[k] >= best * (1 - 1e-9), (
+            f"best_k(α={alpha:.4g}, c={c:.4g}, verify_cost over m = 1..{m}) = ({k}, {float(s):.6g}); the best is "
+            f"K = {max(speeds, key=speeds.get)} with {best:.6g}x. Derive the expected tokens a round writes (token i "
+            f"of the round is kept only if the i draft tokens before it were) and its cost in target steps (K draft "
+            f"steps of cost c, one target forward over K + 1 tokens) {seed_note()}")
+    _, obs = observe(best_k, 0.7, 0.1, {i: 1.0 + 0.1 * i for i in range(1, 9)})
+    used = sorted(c for c in obs.lib_calls if c.startswith("lib."))
+    assert not used, f"best_k must be your own derivation; it called {used}"
