@@ -1,6 +1,7 @@
 """Week 20's checks accept the solution notebook's exercises and reject each wrong route: calling gguf-py (the
 oracle) or lib.quant (the reference), rounding halves to even, packing neighbours into one byte, dropping the
-scale bits, ignoring the scales' cost."""
+scale bits, misplacing Q5_0's fifth bits, a Q4_K without the scale search; and, graded in an isolated process as
+`pytest weeks/20` grades a student, the wrong routes of issue 21 (ISOLATED_CASES)."""
 from pathlib import Path
 
 import numpy as np
@@ -95,10 +96,6 @@ def dq4_1_neighbour_nibbles(data):
     return (d * q + m).reshape(data.shape[0], -1)
 
 
-def bits_without_scales(qtype):
-    return {"Q8_0": 8.0, "Q4_0": 4.0, "Q4_1": 4.0, "Q5_0": 5.0, "Q5_1": 5.0, "Q4_K": 4.0, "Q5_K": 5.0, "Q6_K": 6.0}[qtype]
-
-
 def q4_k_symmetric_ignoring_mins(x):
     """Writes scale d·sc but leaves every min at 0: negative weights clip to 0."""
     rows, n = x.shape
@@ -147,12 +144,42 @@ def test_dequantize_q4_1(ex):
     _rejects(checks.check_dequantize_q4_1, dq4_1_neighbour_nibbles, "differ")
 
 
-def test_bits_per_weight(ex):
-    checks.check_bits_per_weight(ex.bits_per_weight)
-    _rejects(checks.check_bits_per_weight, bits_without_scales, "count the scales")
-    from lib.quant import bits_per_weight as hidden
+def q5_0_high_bits_reversed(own):  # the student's own quantizer, but bit 31 - i for code i
+    return lambda x: _reverse_qh(own(x), x.shape[0])
 
-    _rejects(checks.check_bits_per_weight, lambda t: hidden(t), "calls the lab's reference")
+
+def _reverse_qh(data, rows):
+    out = data.reshape(-1, 22).copy()
+    word = np.ascontiguousarray(out[:, 2:6]).view("<u4")[:, 0]
+    rev = np.zeros_like(word)
+    for i in range(32):
+        rev |= ((word >> i) & 1) << (31 - i)
+    out[:, 2:6] = rev.astype("<u4")[:, None].view(np.uint8)
+    return out.reshape(rows, -1)
+
+
+def q5_0_exact_half_up(own):  # exact floor(v + 16.5), not float32's trunc(v + 16.5f)
+    return lambda x: _exact_codes(own(x), x)
+
+
+def _exact_codes(data, x):
+    out = data.reshape(-1, 22).copy()
+    b = x.reshape(-1, 32)
+    d = np.ascontiguousarray(out[:, :2]).view(np.float16).astype(np.float32)
+    inv = np.where(d == 0, 0, 1 / np.where(d == 0, 1, d)).astype(np.float32)
+    q = np.floor((b * inv).astype(np.float32).astype(np.float64) + 16.5).clip(0, 31).astype(np.uint32)
+    out[:, 2:6] = ((q >> 4) << np.arange(32, dtype=np.uint32)).sum(1, dtype=np.uint32).astype("<u4")[:, None].view(np.uint8)
+    low = (q & 0x0F).astype(np.uint8)
+    out[:, 6:] = low[:, :16] | (low[:, 16:] << 4)
+    return out.reshape(x.shape[0], -1)
+
+
+def test_quantize_q5_0(ex):
+    checks.check_quantize_q5_0(ex.quantize_q5_0)
+    _rejects(checks.check_quantize_q5_0, via_gguf("Q5_0", "quantize"), "calls gguf-py")
+    _rejects(checks.check_quantize_q5_0, via_lib("Q5_0", "quantize"), "calls the lab's reference")
+    _rejects(checks.check_quantize_q5_0, q5_0_high_bits_reversed(ex.quantize_q5_0), "fifth bits")
+    _rejects(checks.check_quantize_q5_0, q5_0_exact_half_up(ex.quantize_q5_0), "differ")
 
 
 def test_dequantize_q4_k(ex):
@@ -334,9 +361,8 @@ def q4_k_min_max(x):  # the lab's former quantizer: each sub-block's min and max
     return np.concatenate([d.view(np.uint8), dmin.view(np.uint8), scales, qs], 1).reshape(rows, -1)
 
 
-def bpw_gguf_table(qtype):  # gguf's table of block sizes: gguf code, though not a function that runs
-    block, nbytes = gguf.GGML_QUANT_SIZES[T[qtype]]
-    return 8 * nbytes / block
+def q5_0_gguf_class(x):
+    return gguf.quants.Q5_0.quantize(x)
 
 
 def allocate_no_guard(delta, sizes, budget, low, high):  # spends bits on units that make perplexity worse
@@ -428,6 +454,7 @@ ISOLATED_CASES = [
     ("quantize_q4_1", "q4_1_exact_half_up", "differ"),
     ("dequantize_q8_0", "dq8_0_flush_subnormal", "differ"),
     ("quantize_q4_k", "q4_k_min_max", "Q4_1's"),
+    ("quantize_q5_0", "q5_0_gguf_class", "calls gguf-py"),
     ("allocate_bits", "allocate_no_guard", "saves ΔPPL"),
     ("gptq_quantize", "gptq_kmeans", "uniform"),
     ("gptq_quantize", "gptq_diag_search", "GPTQ's"),

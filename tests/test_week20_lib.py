@@ -309,3 +309,24 @@ def test_smoothquant_migrates_an_outlier_channel():
     naive = W8A8Linear(w)(x)
     smooth = W8A8Linear(w, smooth_scales(x.abs().amax(0), w, 0.5))(x)
     assert (smooth - want).pow(2).mean() < 0.2 * (naive - want).pow(2).mean()
+
+
+def test_smoothquant_shares_scales_where_they_fold_and_leaves_o_proj():
+    """q/k/v read one RMSNorm's output and gate/up another's: one smoothing vector each (one norm gain absorbs
+    1/s); o_proj (fed by attention, fewer v outputs than o inputs under GQA) stays unsmoothed."""
+    from lib.model import tiny_model
+    from lib.smoothquant import activation_absmax, w8a8_model
+
+    model = tiny_model(seed=8)
+    ids = torch.randint(0, model.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(9))
+    names = quant.linear_names(model)
+    with torch.no_grad():
+        act_max = activation_absmax(model, [ids], names)
+        smooth = w8a8_model(model, act_max, alpha=0.5)
+        layer = smooth.layers[0]
+        assert torch.equal(layer.attn.q_proj.inv_s, layer.attn.k_proj.inv_s)
+        assert torch.equal(layer.attn.q_proj.inv_s, layer.attn.v_proj.inv_s)
+        assert torch.equal(layer.mlp.gate_proj.inv_s, layer.mlp.up_proj.inv_s)
+        assert not torch.equal(layer.attn.q_proj.inv_s, torch.ones_like(layer.attn.q_proj.inv_s))
+        assert torch.equal(layer.attn.o_proj.inv_s, torch.ones_like(layer.attn.o_proj.inv_s))
+        assert (smooth(ids) - model(ids)).abs().max() < 0.1 * model(ids).abs().max()

@@ -138,7 +138,7 @@ def _same_bytes(got, want: np.ndarray, x: np.ndarray, block: int, what: str, qty
     raise AssertionError(
         f"{what}: byte {byte} of block {blk} in row {row} is {got[row, diff[1]]}, gguf-py writes {want[row, diff[1]]} "
         f"({int((got != want).sum())} bytes differ). The block's first values: {np.array2string(values[:6], precision=4)}. "
-        f"Byte 0-1 is d as float16; check the {qtype} formula, float32 arithmetic throughout, and the rounding rule "
+        f"Byte 0-1 is d as float16{'; bytes 2-5 the fifth bits (bit i of a little-endian uint32 for code i)' if qtype == 'Q5_0' else ''}; check the {qtype} formula, float32 arithmetic throughout, and the rounding rule "
         f"(C roundf sends halves away from zero; np.round / torch.round send them to even) {seed_note()}")
 
 
@@ -242,18 +242,24 @@ def check_dequantize_q4_1(dequantize_q4_1) -> None:
     _check_dequantizer(dequantize_q4_1, "Q4_1", "dequantize_q4_1", 400)
 
 
-@WEEK.exercise(5, "bits_per_weight", section=SECTION_LEGACY)
-def check_bits_per_weight(bits_per_weight) -> None:
-    """bits_per_weight(qtype) for every type in lib.quant.DEQUANTIZE_TYPES, from the block layout (scales included)."""
-    types = list(ref.DEQUANTIZE_TYPES)
-    order = torch.randperm(len(types), generator=generator(500)).tolist()
-    for i in order:
-        qtype = types[i]
-        got = _run(bits_per_weight, qtype, what=f"bits_per_weight({qtype!r})")
-        want = ref.bits_per_weight(qtype)
-        assert isinstance(got, (int, float)) and abs(float(got) - want) < 1e-9, (
-            f"bits_per_weight({qtype!r}) = {got!r}; expected {want} = 8 x bytes per block / weights per block "
-            f"({ref.BLOCK_SIZES[qtype][1]} bytes per {ref.BLOCK_SIZES[qtype][0]} weights: count the scales too)")
+def _q5_0_ties(rows, offset):
+    """Blocks whose signed abs-max is ±16·2^e, so |d| = 2^e and x·(1/d) is exact: the rest are (k + 0.5)·2^e and
+    near-ties (k + 0.49999997)·2^e (float32's v + 16.5 rounds those up, exact arithmetic would not), and 0;
+    subnormal float16 d in every fourth row, and one all-zero block."""
+    g = generator(offset)
+    k = torch.randint(-15, 15, (rows, 128), generator=g).double() + 0.5
+    near = torch.rand(rows, 128, generator=g) < 0.3
+    k = torch.where(near, k.floor() + float(_BELOW_HALF), k)
+    k[:, ::32] = 16.0 * torch.where(torch.rand(rows, 4, generator=g) < 0.5, -1.0, 1.0)
+    x = (k * _powers_of_two(rows, g)).numpy().astype(np.float32)
+    x[-1, :32] = 0.0
+    return x
+
+
+@WEEK.exercise(5, "quantize_q5_0", section=SECTION_LEGACY)
+def check_quantize_q5_0(quantize_q5_0) -> None:
+    """Bytes equal to gguf-py's: d, the 32 fifth bits in a little-endian uint32 (bit i for code i), the nibbles."""
+    _check_quantizer(quantize_q5_0, "Q5_0", "quantize_q5_0", 500, _q5_0_ties)
 
 
 # --- 6-7: K-quants ------------------------------------------------------------------------------------------

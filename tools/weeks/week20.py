@@ -21,8 +21,8 @@ You will write the llama.cpp block formats **byte for byte** (checked against gg
 port of ggml's C code), find out what the model we have been calling "F32" really is, decode the
 K-quants with their packed 6-bit scales, and measure what each format costs in perplexity per bit.
 
-**You will write** the Q8_0 and Q4_1 quantizers and dequantizers, bits per weight from a block layout,
-the Q4_K dequantizer and a Q4_K quantizer, a bit allocation from measured sensitivities, GPTQ and AWQ, and
+**You will write** the Q8_0 and Q4_1 quantizers and dequantizers, the Q5_0 quantizer (its fifth bits),
+the Q4_K dequantizer and a Q4_K quantizer with llama.cpp's scale search, a bit allocation from measured sensitivities, GPTQ and AWQ, and
 a quiz answer. Each is checked by the cell right after it and by
 `pytest weeks/20 -k exNN` (for example `pytest weeks/20 -k ex03`); `pytest weeks/20` checks everything.
 
@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from grader.checks.week20 import (check_quantize_q8_0, check_dequantize_q8_0, check_quantize_q4_1,
-                                  check_dequantize_q4_1, check_bits_per_weight, check_dequantize_q4_k,
+                                  check_dequantize_q4_1, check_quantize_q5_0, check_dequantize_q4_k,
                                   check_quantize_q4_k, check_allocate_bits, check_gptq_quantize, check_awq_quantize,
                                   check_answer_q9)
 """)
@@ -204,25 +204,34 @@ def dequantize_q4_1(data: np.ndarray) -> np.ndarray:
 nb.test("test_dequantize_q4_1", "check_dequantize_q4_1(dequantize_q4_1)", points=1)
 
 nb.md(r"""
-**Bits per weight** is what a format really costs: the scales count. Q4_0 is "4-bit" but stores 18
-bytes per 32 weights, 4.5 bits per weight. Write it from the layouts (the K-quants are in section 4:
-Q4_K 144 bytes per 256 weights, Q5_K 176, Q6_K 210).
+**Q5_0: the fifth bit.** Q5_0 stores 32 codes of 5 bits in 22 bytes: `d` (float16), then **4 bytes `qh`**,
+then 16 bytes of nibbles in Q4_1's order. A byte holds two nibbles but not two 5-bit codes, so each code is
+split: its low 4 bits go to the nibbles, its fifth bit (bit 4) to `qh`, which is a little-endian `uint32`
+whose **bit i is the fifth bit of code i**. The codes are symmetric like Q4_0's: `d = v/−16` where `v` is
+the block's value of largest magnitude *with its sign* (the first one if two tie), and
+`q = trunc(x·(1/d) + 16.5)` in float32 (clipped to 0…31), so a weight is `d·(q − 16)`. Write the
+quantizer; how to gather 32 bits into 4 bytes is the part to work out (numpy's shifts and a `"<u4"` view
+help). The check compares bytes with gguf-py on random, real and near-tie blocks (subnormal `d` included).
 """)
 
-nb.exercise("bits_per_weight", r'''
-def bits_per_weight(qtype: str) -> float:
-    """Bits of storage per weight of a GGUF type: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K."""
+nb.exercise("quantize_q5_0", r'''
+def quantize_q5_0(x: np.ndarray) -> np.ndarray:
+    """x float32 [rows, n], n a multiple of 32 -> uint8 [rows, n // 32 * 22]: GGUF's Q5_0 blocks."""
     ### BEGIN SOLUTION
-    layout = {  # name: (weights per block, bytes per block)
-        "Q8_0": (32, 2 + 32), "Q4_0": (32, 2 + 16), "Q4_1": (32, 2 + 2 + 16), "Q5_0": (32, 2 + 4 + 16),
-        "Q5_1": (32, 2 + 2 + 4 + 16), "Q4_K": (256, 2 + 2 + 12 + 128), "Q5_K": (256, 2 + 2 + 12 + 32 + 128),
-        "Q6_K": (256, 128 + 64 + 16 + 2),
-    }
-    weights, nbytes = layout[qtype]
-    return 8 * nbytes / weights
+    rows = x.shape[0]
+    b = x.astype(np.float32).reshape(-1, 32)
+    peak = np.take_along_axis(b, np.abs(b).argmax(axis=1)[:, None], axis=1)  # signed abs-max, first on a tie
+    d = peak / np.float32(-16)
+    inv = np.where(d == 0, np.float32(0), np.float32(1) / np.where(d == 0, np.float32(1), d)).astype(np.float32)
+    q = np.trunc(b * inv + np.float32(16.5)).clip(0, 31).astype(np.uint32)  # [blocks, 32]
+    qh = ((q >> 4) << np.arange(32, dtype=np.uint32)).sum(axis=1, dtype=np.uint32)  # bit i: the fifth bit of q[i]
+    low = (q & 0x0F).astype(np.uint8)
+    out = np.concatenate([d.astype(np.float16).view(np.uint8), qh.astype("<u4")[:, None].view(np.uint8),
+                          low[:, :16] | (low[:, 16:] << 4)], axis=1)
+    return out.reshape(rows, -1)
     ### END SOLUTION
 ''')
-nb.test("test_bits_per_weight", "check_bits_per_weight(bits_per_weight)", points=1)
+nb.test("test_quantize_q5_0", "check_quantize_q5_0(quantize_q5_0)", points=2)
 
 nb.md(r"""
 **Milestone: bit-exact with gguf-py.** Random, heavy-tailed (a log-normal scale mixture with outliers)
@@ -704,6 +713,8 @@ is not, and a middle one may be — measure, don't assume.
 Now turn the measurements into an allocation. Two formats, low (3-bit, 3.5 bits per weight) and high (4-bit,
 4.5), and a budget of 4.0 bits per weight on average. Give the high format to the tensor types that buy the
 most perplexity per extra bit, while the budget lasts (a knapsack; greedy by ratio is what we ask for).
+A measured ΔPPL can be zero or negative (noise on a short text, or rounding that happened to help): bits
+spent there buy nothing, so such a unit never gets the high format, whatever budget is left.
 """)
 
 nb.exercise("allocate_bits", r'''
@@ -827,6 +838,8 @@ print(f"{'RTN':>12}: {ref_gptq.output_error(w, ref.rtn_quantize(w, 3, CAL_GROUP)
 for damp in [0.01, 0.1, 1.0]:
     q = gptq_quantize(w, calib_x[probe], 3, CAL_GROUP, damp)
     print(f"{'GPTQ ' + str(damp):>12}: {ref_gptq.output_error(w, q, calib_x[probe]):.3e} / {ref_gptq.output_error(w, q, test_x):.3e}")
+q = ref_gptq.gptq_quantize(w, calib_x[probe], 3, CAL_GROUP, 0.1, act_order=True)  # lib's, columns by H_jj
+print(f"{'act-order .1':>12}: {ref_gptq.output_error(w, q, calib_x[probe]):.3e} / {ref_gptq.output_error(w, q, test_x):.3e}")
 """)
 
 nb.md(r"""
@@ -918,12 +931,25 @@ nb.test("test_awq_quantize", "check_awq_quantize(awq_quantize)", points=2)
 
 nb.code(r"""
 awq_rows = {}
+# one s per group of linears that read the same input (q/k/v after one RMSNorm, gate/up after the other): a single
+# norm gain must absorb 1/s. Stacking their rows makes your function search one α for all of them (the output
+# error of the stack is the sum of theirs). o_proj reads attention's output; with GQA v_proj has 192 outputs for
+# o_proj's 576 inputs, so no 1/s folds into v_proj: o_proj is rounded plainly (α = 0), as AutoAWQ does here.
+groups = [[f"layers.{l}.attn.{k}.weight" for k in ("q_proj", "k_proj", "v_proj")] for l in GPTQ_LAYERS] + \
+         [[f"layers.{l}.mlp.{k}.weight" for k in ("gate_proj", "up_proj")] for l in GPTQ_LAYERS] + \
+         [[f"layers.{l}.mlp.down_proj.weight"] for l in GPTQ_LAYERS]
 for bits in (3, 4):
-    found = {n: awq_quantize(params[n].detach(), calib_x[n][::4], bits, CAL_GROUP)  # 256 tokens fit 20 numbers
-             for n in tqdm(gptq_names, desc=f"AWQ {bits}-bit")}
-    awq_ppl = ppl(ref.quantize_model(model, found, weight_fn=lambda name, w, _: found[name][0]))
+    found, alphas = {}, []
+    for names in tqdm(groups, desc=f"AWQ {bits}-bit"):
+        stacked = torch.cat([params[n].detach() for n in names])  # [sum of outputs, in]
+        w_eff, alpha = awq_quantize(stacked, calib_x[names[0]][::4], bits, CAL_GROUP)  # 256 tokens fit 20 numbers
+        found.update(zip(names, w_eff.split([params[n].shape[0] for n in names])))
+        alphas.append(alpha)
+    for l in GPTQ_LAYERS:
+        n = f"layers.{l}.attn.o_proj.weight"
+        found[n] = ref.rtn_quantize(params[n].detach(), bits, CAL_GROUP)
+    awq_ppl = ppl(ref.quantize_model(model, found, weight_fn=lambda name, w, _: found[name]))
     awq_rows[bits] = awq_ppl
-    alphas = [a for _, a in found.values()]
     print(f"{bits}-bit, layers {GPTQ_LAYERS}: RTN {gptq_rows[bits][0]:.2f}, GPTQ {gptq_rows[bits][1]:.2f}, "
           f"AWQ {awq_ppl:.2f} (α from {min(alphas):.2f} to {max(alphas):.2f}, median {sorted(alphas)[len(alphas) // 2]:.2f})")
 """)
@@ -932,7 +958,11 @@ nb.md(r"""
 AWQ needs no Hessian and no weight updates — a scale per channel and plain rounding — and it is robust to a
 small calibration set: it fits one number per layer, not the weights themselves (GPTQ fits every weight, which
 is why it needed damping against 1024 calibration tokens). The two combine (AWQ scales, then GPTQ), as
-several toolkits do.
+several toolkits do. One caution before ranking them: the GPTQ above goes through the columns in their
+stored order. Real GPTQ usually runs **act-order** — the columns with the largest `H_jj` first, while
+the most columns remain to absorb their error (`ref_gptq.gptq_quantize(..., act_order=True)`; each column
+then keeps its group index): the `act-order` row of the probe above. Where it lowers the error, a
+GPTQ-vs-AWQ ranking without it understates GPTQ.
 """)
 
 # --- 9 ---------------------------------------------------------------------------------------------------
