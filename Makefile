@@ -9,7 +9,7 @@ export PATH := $(BIN):$(PATH)
 # Jupyter refuses to run as root unless told; containers and CI often are root.
 LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: help setup lab grade-ui test test-quick bench bench-18 bench-19 bench-20 release clean-cache
+.PHONY: help setup lab grade-ui test test-quick bench bench-18 bench-19 bench-20 serve bench-load release clean-cache
 
 help:
 	@echo "make setup        create .venv, install the lab, fetch and verify the model (idempotent)"
@@ -21,6 +21,8 @@ help:
 	@echo "make bench-18     speculative decoding: each draft's tok/s vs target greedy (identical tokens)"
 	@echo "make bench-19     serving: static vs continuous vs prefix-cached batching; batch 8 vs batch 1 decode"
 	@echo "make bench-20     quantized decode: F32 vs int8 vs int4 paths (and llama.cpp when installed)"
+	@echo "make serve        an OpenAI-compatible server on 127.0.0.1:8000 (SmolLM2, the week-19 engine); PORT=8001 to move it"
+	@echo "make bench-load   load-test the server with the openai client: throughput, TTFT/TPOT p50/p95, KV use"
 	@echo "make release WEEK=16   regenerate weeks/16 from solutions/16 (keeps a student's edited files)"
 
 $(VENV)/.installed: pyproject.toml
@@ -56,6 +58,13 @@ bench-19: setup
 
 bench-20: setup
 	$(BIN)/python benchmarks/quant.py
+
+PORT ?= 8000
+serve: setup
+	$(BIN)/python -m lib.server --port $(PORT)
+
+bench-load: setup
+	$(BIN)/python benchmarks/load.py
 
 release: $(VENV)/.installed
 	@test -n "$(WEEK)" || (echo "usage: make release WEEK=16" && exit 2)

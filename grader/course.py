@@ -19,7 +19,7 @@ from pathlib import Path
 from traitlets.config import Config
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-WEEKS = ("16", "17", "18", "19", "20")
+WEEKS = ("16", "17", "18", "19", "20", "21")
 
 
 def course_config(root: str | Path, db: str | Path | None = None) -> Config:

@@ -16,6 +16,9 @@
 - `lib.awq`       AWQ: activation-aware channel scales and their grid search; salient channels (week 20)
 - `lib.smoothquant` W8A8 with activation outliers migrated into the weights (week 20)
 - `lib.quant_linear` int8 / int4 weight-only linears on torch's CPU kernels, for a faster decode (week 20)
+- `lib.serving`   the serving loop's core without the network: `ServingLoop` (admit, cancel, one step, route), `TextStream` (streaming detokenizer with stop strings) (week 21)
+- `lib.server`    an OpenAI-compatible HTTP server on the engine (Starlette + uvicorn; `python -m lib.server`, `make serve`) (week 21)
+- `lib.loadtest`  a load test through the official `openai` client: Poisson arrivals, TTFT/TPOT p50/p95, KV use (week 21, `benchmarks/load.py`)
 - `lib.text`      the committed Gutenberg text and perplexity
 - `lib.fetch`     the set-up step that places the model where `lib` finds it (`python -m lib.fetch`)
 - `lib.paths`     where data lives, and the model file's size and sha256

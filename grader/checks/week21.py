@@ -1,0 +1,248 @@
+"""Week 21 — serve it: the milestone checks, used by solutions/21/test_week21.py and the notebook.
+
+One `check_<name>` per exercise. The references are in lib/serving.py (`TextStream`, `ServingLoop`); the
+server they plug into is lib/server.py.
+
+- `check_TextStream` pushes random byte chunks (characters of 1-4 UTF-8 bytes split anywhere, invalid bytes,
+  stop strings that span chunks, overlap themselves or only begin) into the student's class and compares every
+  piece, at every push, with what the rule gives: whole characters only, as soon as they are certain.
+- `check_ServingLoop` drives the student's loop over a real `LLMEngine` that stays in the checking process
+  (the student's code sees only its request API: add_request, step, abort, has_unfinished), with arrivals
+  while others run, cancellations, a request too big for the pool, an end-of-sequence token and a sampled
+  request, and judges each request's messages against `generate` on that request alone — and the engine's
+  own record of what was asked of it (one step per `run_once`, nothing left behind).
+"""
+from __future__ import annotations
+
+import random
+
+import torch
+
+from grader.checks import run_seed, seed_note
+from grader.harness import Week
+from lib import serving as ref
+
+WEEK = Week(21, "week21_serving.ipynb")
+
+_ALPHABET = "ab c\n" + "é€😀ü" + "😀"  # 1-, 2-, 3- and 4-byte characters
+
+
+def _chunks(rng: random.Random, data: bytes) -> list[bytes]:
+    cuts = sorted(rng.sample(range(1, len(data)), k=min(len(data) - 1, rng.randint(len(data) // 4, len(data) // 2))))
+    return [data[a:b] for a, b in zip([0] + cuts, cuts + [len(data)])]
+
+
+def _stream_cases(rng: random.Random):
+    fixed = [  # (chunks, stops): the rule's corners, then random ones
+        ([b"Hello", b" wor", b"ld"], []),
+        (["é".encode()[:1], "é".encode()[1:] + b"x"], []),
+        (["😀".encode()[:1], "😀".encode()[1:3], "😀".encode()[3:], b"!"], []),
+        ([b"ab", b"c E", b"N", b"o, E", b"ND", b" tail"], ["END"]),
+        ([b"aa", b"a", b"b"], ["aab"]),  # a stop that overlaps itself: "aa|a|b" holds "aa", then "aa" again
+        ([b"x\n", b"\n", b"y"], ["\n\n", "y"]),
+        ([b"stop", b"ping"], ["stop"]),
+        ([b"pre", b"\xff", b"post"], []),
+        ([b"ok", "é".encode()[:1]], []),  # an incomplete character at the end: U+FFFD at finish()
+        ([b"abc"], ["abcd", "bc"]),
+    ]
+    yield from fixed
+    for trial in range(30):
+        text = "".join(rng.choice(_ALPHABET) for _ in range(rng.randint(2, 30)))
+        data = text.encode()
+        if trial % 6 == 0:
+            at = rng.randrange(len(data))
+            data = data[:at] + rng.choice([b"\xff", b"\xc3", b"\xe2\x82"]) + data[at:]
+        full = data.decode("utf-8", "replace")
+        stops = []
+        for _ in range(rng.randint(0, 3)):
+            i = rng.randrange(len(full))
+            stops.append(full[i:i + rng.randint(1, 4)] + ("" if rng.random() < 0.6 else rng.choice("zq")))
+        yield _chunks(rng, data) if len(data) > 1 else [data], stops
+
+
+@WEEK.exercise(1, "TextStream", section="2 (Text that never changes)")
+def check_TextStream(TextStream) -> None:
+    rng = random.Random(run_seed() + 211)
+    for chunks, stops in _stream_cases(rng):
+        mine, want = TextStream(list(stops)), ref.TextStream(stops)
+        pushed = []
+        for c in chunks:
+            got, expect = mine.push(c), want.push(c)
+            pushed.append(c)
+            assert isinstance(got, str), f"push() returned {type(got).__name__}; expected the new text, a str"
+            assert got == expect, (
+                f"with stops {stops!r}, after pushing {pushed!r}, push() returned {got!r}; expected {expect!r}. "
+                + ("Return whole characters only (a character split across tokens waits for its last byte; invalid "
+                   "bytes become U+FFFD as bytes.decode('utf-8', 'replace') makes them), as soon as they are certain: "
+                   "hold back only the longest end of the text that could still begin a stop string, and stop at the "
+                   "first stop string, even one that spans pushes. ") + seed_note())
+            assert bool(mine.stopped) == want.stopped, (
+                f"with stops {stops!r}, after pushing {pushed!r}, stopped is {mine.stopped!r}; expected "
+                f"{want.stopped} {seed_note()}")
+        got, expect = mine.finish(), want.finish()
+        assert got == expect, (f"with stops {stops!r}, after pushing {pushed!r}, finish() returned {got!r}; expected "
+                               f"{expect!r}: at the end, release what was held back (an incomplete character "
+                               f"becomes U+FFFD), unless the stream stopped {seed_note()}")
+    for bad in ([""], ["ok", ""]):
+        try:
+            TextStream(bad)
+        except ValueError:
+            continue
+        raise AssertionError(f"TextStream({bad!r}) was accepted: an empty stop string matches everywhere; raise "
+                             f"ValueError saying so")
+
+
+# --- the serving loop ---------------------------------------------------------------------------------------
+
+class EngineView:
+    """The engine's request API and nothing else (no model, no cache), with a record of every call."""
+
+    def __init__(self, engine):
+        self._engine = engine
+        self.calls: list[tuple] = []
+
+    def add_request(self, prompt, max_new_tokens, request_id=None, temperature=0.0, seed=0):
+        self.calls.append(("add_request", request_id))
+        return self._engine.add_request(list(prompt), max_new_tokens, request_id=request_id,
+                                        temperature=temperature, seed=seed)
+
+    def step(self):
+        self.calls.append(("step",))
+        return self._engine.step()
+
+    def abort(self, request_id):
+        self.calls.append(("abort", request_id))
+        return self._engine.abort(request_id)
+
+    def has_unfinished(self):
+        return self._engine.has_unfinished()
+
+
+POOL_BLOCKS, BLOCK = 48, 4  # 192 slots: every request below fits, all at once, and the "too-big" one never does
+
+
+def _workload(rng: random.Random, model):
+    """Requests: (id, prompt, max_tokens, temperature, seed, arrives at run k, cancelled before run k or None)."""
+    from lib.generate import generate
+
+    vocab = model.config.vocab_size
+    reqs = []
+    for i in range(rng.randint(5, 7)):
+        prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(2, 10))]
+        reqs.append({"id": f"req-{i}", "prompt": prompt, "max_tokens": rng.randint(4, 9), "temperature": 0.0,
+                     "seed": 0, "arrive": 0 if i == 0 else rng.randint(0, 6), "cancel": None})
+    reqs[-1]["temperature"], reqs[-1]["seed"] = 0.9, rng.randrange(1000)  # one sampled request
+    cancel = rng.sample(reqs[1:-1], 2)
+    cancel[0]["cancel"] = cancel[0]["arrive"] + rng.randint(1, 3)  # while it runs
+    cancel[1]["cancel"] = cancel[1]["arrive"]  # in the same batch of messages as its submission
+    for r in reqs:
+        gen = torch.Generator().manual_seed(r["seed"]) if r["temperature"] else None
+        r["alone"] = generate(model, torch.tensor([r["prompt"]]), r["max_tokens"], temperature=r["temperature"],
+                              generator=gen)[0, len(r["prompt"]):].tolist()
+    # an end-of-sequence token that ends one greedy request early
+    r0 = reqs[0]
+    eos = r0["alone"][min(2, len(r0["alone"]) - 1)]
+    too_big = {"id": "too-big", "prompt": [rng.randrange(3, vocab) for _ in range(POOL_BLOCKS * BLOCK + 1)], "max_tokens": 8,
+               "temperature": 0.0, "seed": 0, "arrive": rng.randint(1, 4), "cancel": None, "alone": None}
+    return reqs + [too_big], eos
+
+
+@WEEK.exercise(2, "ServingLoop", section="3 (The loop between two steps)")
+def check_ServingLoop(ServingLoop) -> None:
+    from lib.engine import LLMEngine
+    from lib.model import tiny_model
+
+    seed = run_seed()
+    rng = random.Random(seed + 212)
+    model = tiny_model(seed=seed % 1000)
+    reqs, eos = _workload(rng, model)
+    byid = {r["id"]: r for r in reqs}
+    engine = LLMEngine(model, num_blocks=POOL_BLOCKS, block_size=BLOCK, max_num_seqs=8, max_num_batched_tokens=128)
+    view = EngineView(engine)
+    loop = ServingLoop(view, eos)
+    got: dict[str, list[int]] = {r["id"]: [] for r in reqs}
+    end: dict[str, tuple[int, str, str]] = {}  # id -> (run, kind, reason or message)
+    first_token_run: dict[str, int] = {}
+    log: list[str] = []
+    for run in range(60):
+        for r in reqs:
+            if r["arrive"] == run:
+                loop.submit(r["id"], list(r["prompt"]), r["max_tokens"], r["temperature"], r["seed"])
+                log.append(f"submit({r['id']!r}) before run {run}")
+            if r["cancel"] == run:
+                loop.cancel(r["id"])
+                log.append(f"cancel({r['id']!r}) before run {run}")
+        if run == 3:
+            loop.cancel("never-submitted")
+        # requests that must run in this step: admitted (now or before), not cancelled by now, not ended before
+        running = [r["id"] for r in reqs if r["alone"] is not None and r["arrive"] <= run and r["id"] not in end
+                   and (r["cancel"] is None or r["cancel"] > run)]
+        steps_before = sum(1 for c in view.calls if c[0] == "step")
+        messages = loop.run_once()
+        steps = sum(1 for c in view.calls if c[0] == "step") - steps_before
+        assert isinstance(messages, list), f"run_once() returned {type(messages).__name__}; expected a list of tuples"
+        assert steps <= 1, (f"run {run}: run_once() called engine.step() {steps} times; one call of run_once is one "
+                            f"step of the engine (the server streams between steps)")
+        assert steps == 1 or not running, (f"run {run}: {running} were running but run_once() did not step the "
+                                           f"engine {seed_note()}")
+        for m in messages:
+            assert isinstance(m, tuple) and len(m) == 3 and m[0] in ("token", "done", "error"), (
+                f"run {run}: message {m!r}; expected ('token', id, token), ('done', id, reason) or ('error', id, text)")
+            kind, rid, value = m
+            assert rid in byid, f"run {run}: a message for {rid!r}, which was never submitted (or cancelled only)"
+            assert rid not in end, (f"run {run}: {m!r} after {rid!r} already ended at run {end[rid][0]} with "
+                                    f"{end[rid][1:]}: nothing may follow a request's end {seed_note()}")
+            if kind == "token":
+                got[rid].append(value)
+                first_token_run.setdefault(rid, run)
+            else:
+                end[rid] = (run, kind, value)
+        if len(end) == len(reqs) and not loop.has_work():
+            break
+    else:
+        raise AssertionError(f"after 60 runs, requests still without an end: "
+                             f"{sorted(set(byid) - set(end))} (log: {log[-8:]}) {seed_note()}")
+    for r in reqs:
+        rid = r["id"]
+        if r["alone"] is None:
+            assert end[rid][1] == "error" and not got[rid], (
+                f"{rid!r} ({len(r['prompt'])} + {r['max_tokens']} tokens) can never fit the engine's pool: expected "
+                f"one ('error', {rid!r}, the engine's message) at the next run_once, got tokens {got[rid]} and end "
+                f"{end[rid][1:]}. Catch the ValueError of add_request and report it; the other requests go on.")
+            assert end[rid][0] == r["arrive"], (
+                f"{rid!r} was refused at run {end[rid][0]}; expected at run {r['arrive']}, the run_once right after "
+                f"its submission: admit every queued request at the next run_once (a refusal is reported then)")
+            assert "never fit" in str(end[rid][2]), (
+                f"{rid!r}: error message {end[rid][2]!r}; pass the engine's own message on (it says why)")
+            continue
+        stop = r["alone"].index(eos) if eos in r["alone"] else None
+        want = r["alone"] if stop is None else r["alone"][:stop]
+        last_run = r["arrive"] + (len(want) - 1 if stop is None else stop)  # its end, uncancelled: one token a run
+        if r["cancel"] is not None and r["cancel"] <= last_run:
+            assert end[rid][1:] == ("done", "abort") and end[rid][0] == r["cancel"], (
+                f"{rid!r} was cancelled before run {r['cancel']}: expected ('done', {rid!r}, 'abort') in that run's "
+                f"messages, got {end[rid]} {seed_note()}")
+            assert got[rid] == want[:len(got[rid])], (
+                f"{rid!r}: tokens {got[rid]} are not what the request alone gives ({want}) {seed_note()}")
+            continue
+        assert got[rid] == want, (
+            f"{rid!r} ({'sampled, T=%.1f, seed %d' % (r['temperature'], r['seed']) if r['temperature'] else 'greedy'}): "
+            f"its tokens were {got[rid]}; alone it gives {want}"
+            + (f" (then the end-of-sequence token {eos}, which is not sent)" if stop is not None else "")
+            + f". Route each step's tokens to the request they belong to, and pass temperature and seed on. "
+            f"{seed_note()}")
+        reason = "stop" if stop is not None else "length"
+        assert end[rid][1:] == ("done", reason), (
+            f"{rid!r} ended with {end[rid][1:]}; expected ('done', '{reason}')"
+            + (" — it produced the end-of-sequence token" if stop is not None else " — it reached max_tokens"))
+        if want:
+            assert first_token_run.get(rid) == r["arrive"], (
+                f"{rid!r} was submitted before run {r['arrive']} but its first token came at run "
+                f"{first_token_run.get(rid)}: admit every queued request at the next run_once (continuous batching; "
+                f"the pool had room) {seed_note()}")
+    assert not engine.requests, (f"the engine still holds records of {sorted(map(str, engine.requests))} after every "
+                                 f"request ended: abort (or collect) each request when it ends, or the server leaks")
+    assert engine.blocks.num_in_use == 0, (f"{engine.blocks.num_in_use} KV blocks are still in use after every request "
+                                           f"ended: a cancelled or stopped request must give its blocks back")
+    aborted_unknown = [c for c in view.calls if c == ("abort", "never-submitted")]
+    assert not aborted_unknown, "cancel() of a request never submitted reached the engine: ignore it"

@@ -1,0 +1,217 @@
+"""Week 21's checks accept the solution and reject the wrong routes — through the isolated path, the way
+`pytest weeks/21` and autograde run a student's notebook (each submission is loaded in a confined child).
+
+Wrong routes, `TextStream`:
+  per_token_decode   decodes each push alone with errors="replace": half a character becomes U+FFFD
+  all_at_finish      returns "" until finish(): nothing streams
+  no_holdback        sends text that may start a stop string; the stop string then cannot be taken back
+  fixed_holdback     always holds back len(longest stop) - 1 characters (vLLM's simple rule), later than certain
+  stop_in_new_only   looks for a stop string only in the newly decoded text: misses one that spans pushes
+  loses_tail         finish() forgets the held-back text
+  empty_stop_ok      accepts "" as a stop string
+  lib_exec           lib/serving.py's own TextStream, exec'd from its source under another name
+Wrong routes, `ServingLoop`:
+  static             admits queued requests only when the engine is idle (static batching)
+  sends_eos          forwards the end-of-sequence token as a token and never says "stop"
+  leaks              never drops finished requests from the engine
+  ignores_cancel     cancel() does nothing
+  two_steps          steps the engine twice per run_once
+  refusal_raises     lets the engine's ValueError escape run_once
+  cancels_first      handles the queue's cancels before its submissions (not in the order queued)
+  greedy_only        drops temperature and seed
+  lib_exec           lib/serving.py's own ServingLoop, exec'd from its source under another name
+"""
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from grader.checks import week21 as checks
+from grader.harness import ReferenceUse, load_exercises, with_cell_source
+
+ROOT = Path(__file__).resolve().parent.parent
+SOLUTION = ROOT / "solutions" / "21" / "week21_serving.ipynb"
+
+LIB_EXEC = """
+import sys as _sys, types as _types
+_m = _types.ModuleType("my_serving")
+_sys.modules["my_serving"] = _m
+exec(compile(open({path!r}).read(), "my_serving.py", "exec"), _m.__dict__)
+{name} = _m.{name}
+"""
+
+TEXT_ROUTES = {
+    "per_token_decode": ("""
+        class TextStream_per_token_decode(TextStream):
+            def push(self, data):
+                return "" if self.stopped else data.decode("utf-8", "replace")
+        """, "expected"),
+    "all_at_finish": ("""
+        class TextStream_all_at_finish:
+            def __init__(self, stops=()):
+                if any(s == "" for s in stops):
+                    raise ValueError("empty stop")
+                self.stops, self.buf, self.stopped = list(stops), b"", False
+            def push(self, data):
+                self.buf += data
+                return ""
+            def finish(self):
+                text = self.buf.decode("utf-8", "replace")
+                hits = [text.find(s) for s in self.stops if s in text]
+                return text[:min(hits)] if hits else text
+        """, "push\\(\\) returned"),
+    "no_holdback": ("""
+        class TextStream_no_holdback(TextStream):
+            def _take(self, final):
+                return super()._take(final=True)
+        """, "expected"),
+    "fixed_holdback": ("""
+        class TextStream_fixed_holdback(TextStream):
+            def _take(self, final):
+                hits = [h for h in (self.text.find(s, self.done) for s in self.stops) if h != -1]
+                if hits:
+                    out, self.done, self.stopped = self.text[self.done:min(hits)], min(hits), True
+                    return out
+                end = len(self.text) if final else max(self.done, len(self.text) - max(0, self.longest - 1))
+                out, self.done = self.text[self.done:end], end
+                return out
+        """, "expected"),
+    "stop_in_new_only": ("""
+        class TextStream_stop_in_new_only(TextStream):
+            def push(self, data):
+                if self.stopped:
+                    return ""
+                new = self.decoder.decode(data)
+                self.text += new
+                hits = [h for h in (new.find(s) for s in self.stops) if h != -1]
+                if hits:
+                    cut = len(self.text) - len(new) + min(hits)
+                    out, self.done, self.stopped = self.text[self.done:cut], cut, True
+                    return out
+                out, self.done = self.text[self.done:], len(self.text)
+                return out
+        """, "expected"),
+    "loses_tail": ("""
+        class TextStream_loses_tail(TextStream):
+            def finish(self):
+                return ""
+        """, "finish\\(\\) returned"),
+    "empty_stop_ok": ("""
+        class TextStream_empty_stop_ok(TextStream):
+            def __init__(self, stops=()):
+                super().__init__([s for s in stops if s])
+        """, "empty stop string"),
+}
+
+LOOP_ROUTES = {
+    "static": ("""
+        class ServingLoop_static(ServingLoop):
+            def run_once(self):
+                if not self.engine.has_unfinished():
+                    return super().run_once()
+                waiting = deque(item for item in self.queue if item[1] is not None)  # new requests wait
+                self.queue = deque(item for item in self.queue if item[1] is None)
+                out = super().run_once()
+                self.queue.extend(waiting)
+                return out
+        """, "at the next run_once"),
+    "sends_eos": ("""
+        class ServingLoop_sends_eos(ServingLoop):
+            def __init__(self, engine, eos_token_id=None):
+                super().__init__(engine, None)
+        """, "its tokens were"),
+    "leaks": ("""
+        class ServingLoop_leaks(ServingLoop):
+            def run_once(self):
+                real = self.engine
+                class NoAbort:
+                    def __getattr__(self, name):
+                        return getattr(real, name)
+                    def abort(self, rid):
+                        pass
+                self.engine = NoAbort()
+                try:
+                    return super().run_once()
+                finally:
+                    self.engine = real
+        """, "still holds records|still in use|abort"),
+    "ignores_cancel": ("""
+        class ServingLoop_ignores_cancel(ServingLoop):
+            def cancel(self, request_id):
+                pass
+        """, "cancelled"),
+    "two_steps": ("""
+        class ServingLoop_two_steps(ServingLoop):
+            def run_once(self):
+                out = super().run_once()
+                if self.engine.has_unfinished():
+                    out += super().run_once()
+                return out
+        """, "times"),
+    "refusal_raises": ("""
+        class ServingLoop_refusal_raises(ServingLoop):
+            def run_once(self):
+                for rid, prompt, *_ in list(self.queue):
+                    if prompt is not None and len(prompt) > 150:
+                        raise ValueError(f"request {rid} can never fit")
+                return super().run_once()
+        """, "ValueError|never fit"),
+    "cancels_first": ("""
+        class ServingLoop_cancels_first(ServingLoop):
+            def run_once(self):
+                self.queue = deque(sorted(self.queue, key=lambda item: item[1] is not None))
+                return super().run_once()
+        """, "cancelled"),
+    "greedy_only": ("""
+        class ServingLoop_greedy_only(ServingLoop):
+            def submit(self, request_id, prompt, max_tokens, temperature=0.0, seed=0):
+                super().submit(request_id, prompt, max_tokens)
+        """, "sampled"),
+}
+
+
+@pytest.fixture(scope="module")
+def solution_nb():
+    return json.loads(SOLUTION.read_text())
+
+
+@pytest.fixture(scope="module")
+def wrong(solution_nb, tmp_path_factory):
+    """One submission holding every wrong route as its own class, after the honest solution in each cell."""
+    nb = solution_nb
+    for grade_id, routes in (("TextStream", TEXT_ROUTES), ("ServingLoop", LOOP_ROUTES)):
+        cell = next(c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == grade_id)
+        extra = "\n".join(textwrap.dedent(src) for src, _ in routes.values())
+        nb = with_cell_source(nb, grade_id, "".join(cell["source"]) + "\n" + extra)
+    path = tmp_path_factory.mktemp("w21") / SOLUTION.name
+    path.write_text(json.dumps(nb))
+    return load_exercises(path)
+
+
+def test_the_solution_passes_isolated(wrong):
+    checks.check_TextStream(wrong.TextStream)
+    checks.check_ServingLoop(wrong.ServingLoop)
+
+
+@pytest.mark.parametrize("route", list(TEXT_ROUTES))
+def test_text_stream_wrong_routes_fail(wrong, route):
+    with pytest.raises(AssertionError, match=TEXT_ROUTES[route][1]):
+        checks.check_TextStream(getattr(wrong, f"TextStream_{route}"))
+
+
+@pytest.mark.parametrize("route", list(LOOP_ROUTES))
+def test_serving_loop_wrong_routes_fail(wrong, route):
+    with pytest.raises(AssertionError, match=LOOP_ROUTES[route][1]):
+        checks.check_ServingLoop(getattr(wrong, f"ServingLoop_{route}"))
+
+
+@pytest.mark.parametrize("name", ["TextStream", "ServingLoop"])
+def test_lib_code_under_another_name_is_reference_use(solution_nb, tmp_path, name):
+    src = LIB_EXEC.format(path=str(ROOT / "lib" / "serving.py"), name=name)
+    nb = with_cell_source(solution_nb, name, src)
+    path = tmp_path / SOLUTION.name
+    path.write_text(json.dumps(nb))
+    ex = load_exercises(path)
+    with pytest.raises(ReferenceUse, match="lib's own"):
+        getattr(checks, f"check_{name}")(getattr(ex, name))

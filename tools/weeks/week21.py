@@ -1,0 +1,565 @@
+"""Build solutions/21/week21_serving.ipynb (no outputs): `python tools/weeks/week21.py`."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tools.nbbuild import Notebook  # noqa: E402
+
+nb = Notebook()
+
+nb.md("""
+# Week 21 — Serve it: one OpenAI-compatible server on everything so far
+
+Weeks 16–20 each built one technique and measured it alone: the KV cache, tiled attention, speculative
+decoding, the paged engine with continuous batching and prefix caching, quantized weights. A user meets
+none of them alone. They meet a **server**: an HTTP endpoint that many clients hit at once, that streams
+each answer as it is generated, and that must keep serving when a client sends nonsense or hangs up.
+
+This week you put the lab's engine behind the API every client library speaks — OpenAI's
+`/v1/completions` and `/v1/chat/completions` — and measure, with the official `openai` client and a real
+load, what each technique buys in the numbers users feel: **time to first token** (TTFT), **time per
+output token** (TPOT) and **throughput**.
+
+The HTTP front end (Starlette on uvicorn, `lib/server.py`) is given. **You write the two pieces where
+serving is decided:**
+
+1. `TextStream` — token bytes in, text out: what may be sent to a client *now*, so that nothing sent ever
+   has to change (a character split across tokens, a stop string that may be starting);
+2. `ServingLoop` — what the engine thread does between two steps: admit new requests, cancel the ones
+   whose client left, run **one** engine step, and route each token to the request it belongs to.
+
+Then you plug both into the server, check it against `generate`, and run the ablation: the same load with
+one technique after another switched on. The last section answers seed 002's deployment scenarios with
+your own numbers.
+
+**Time.** About 4 hours. The notebook runs top to bottom in about 2 minutes on a 2-core CPU.
+`pytest weeks/21 -k ex01` checks one exercise from a terminal.
+""")
+
+nb.setup("""
+import codecs
+from collections import deque
+
+from grader.checks.week21 import check_ServingLoop, check_TextStream
+""")
+
+nb.code("""
+import os
+import threading
+import time
+
+import httpx
+import matplotlib.pyplot as plt
+import torch
+from openai import OpenAI
+from tqdm.auto import tqdm
+
+from lib.generate import generate
+from lib.loadtest import QUESTIONS, SYSTEM, run_load_test
+from lib.model import load_smollm2
+from lib.server import ServerThread, make_server
+from lib.serving import token_bytes
+
+torch.manual_seed(0)
+model, tok = load_smollm2()
+MODEL = "SmolLM2-135M-Instruct"
+BYTES = token_bytes(tok)  # BYTES[token_id]: the bytes that token stands for (b"" for special tokens)
+print(f"{MODEL} on {model.device}; {len(BYTES)} tokens; {torch.get_num_threads()} torch threads")
+""")
+
+nb.md("""
+## 1. A server in five boxes
+
+```
+ client ──HTTP──►  front end (asyncio)  ──submit/cancel──►  inbox  ──►  engine thread: ServingLoop.run_once()
+   ▲                    │ one asyncio.Queue per request                       │  admit · cancel · engine.step()
+   └──── SSE chunks ◄───┴────────────── tokens (call_soon_threadsafe) ◄──────┘  route each token to its request
+```
+
+* The **front end** parses and validates each request (a bad one gets OpenAI's error object and never
+  reaches the engine), tokenizes it, and awaits its tokens. With `"stream": true` it sends each new piece
+  of text as a server-sent event (`data: {...}`), then `data: [DONE]`.
+* **One engine thread** owns the engine — nothing else touches it, so it needs no locks. Between two steps
+  it takes what the front end queued, then steps the engine once: every open request advances together
+  (continuous batching, week 19), and a request that arrived a moment ago joins at the next step.
+* A client that hangs up is **cancelled**: its request leaves the engine and its KV blocks return to the
+  pool at once, not when its `max_tokens` would have run out.
+
+Here is lib's server on a free loopback port, asked once through the `openai` client and once in raw HTTP
+so you can see the events on the wire.
+""")
+
+nb.code("""
+with ServerThread(make_server(model, tok, num_blocks=256, max_num_seqs=4)) as base_url:
+    client = OpenAI(base_url=base_url, api_key="none")
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "What is 2 + 2?"}],
+                                       max_tokens=16, temperature=0)
+    print("answer:", repr(r.choices[0].message.content), "| finish:", r.choices[0].finish_reason, "|", r.usage)
+    body = {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 5, "temperature": 0, "stream": True}
+    with httpx.stream("POST", base_url + "/completions", json=body, timeout=60) as resp:
+        for line in resp.iter_lines():
+            if line:
+                print(line[:110])
+    bad = httpx.post(base_url + "/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 0}, timeout=60)
+    print(bad.status_code, bad.json())
+""")
+
+nb.md("""
+## 2. Text that never changes
+
+A streamed chunk, once sent, is on the user's screen: it cannot be taken back. Two things make the obvious
+`tok.decode([token])` per token wrong.
+
+**Tokens are bytes, not characters.** SmolLM2's tokenizer, like GPT-2's and Llama 3's, is *byte-level*:
+every token stands for a few bytes of UTF-8, and a character of 2–4 bytes (é, €, 😀) may be split across
+two tokens. Decoding the first half alone gives the replacement character `�`, and the client shows
+garbage that the next token cannot repair.
+""")
+
+nb.code("""
+ids = tok("Café 😀 ok", add_special_tokens=False).input_ids
+print("token bytes:      ", [BYTES[i] for i in ids])
+print("decode each alone:", [tok.decode([i]) for i in ids])
+print("decode together:  ", repr(tok.decode(ids)))
+""")
+
+nb.md("""
+**Stop strings.** OpenAI's API lets a client pass `stop=["\\n\\n", "User:"]`: the answer ends *before* the
+first occurrence of any of them, and the stop string itself is never returned. But a stop string can be
+split across tokens too: after `"Use"` you cannot know yet whether `"r:"` follows. So text that might be
+the beginning of a stop string has to wait.
+
+**The rule you implement.** A `TextStream(stops)` receives each token's bytes with `push(data) -> str`
+and returns the text that became *certain* with them:
+
+* only whole characters: the bytes of an incomplete character at the end wait for the next push; bytes
+  that can never be valid UTF-8 become `"\\ufffd"`, exactly as `bytes.decode("utf-8", "replace")` does
+  (the standard library's `codecs.getincrementaldecoder("utf-8")(errors="replace")` handles both);
+* as soon as a stop string appears anywhere in the text so far (it may span pushes), return the text
+  before it that has not been returned yet, set `self.stopped = True`, and from then on return `""`;
+* otherwise hold back the **longest** end of the text that is a proper beginning of some stop string
+  (and nothing more — a client should see text as soon as it is certain), and return the rest;
+* `finish()` returns whatever is still held (an incomplete character becomes `"\\ufffd"`), or `""` if
+  the stream stopped. An empty stop string matches everywhere: refuse it with `ValueError`.
+
+So the pieces always concatenate to exactly the full decoded text, cut before the first stop string —
+streamed and non-streamed answers agree. Think about this case before you write: `stops=["aab"]`, pushes
+`b"aa"`, `b"a"`, `b"b"`. What does each push return?
+""")
+
+nb.exercise("TextStream", '''
+class TextStream:
+    """Token bytes in, certain text out (see the rule above)."""
+
+    def __init__(self, stops=()):
+        ### BEGIN SOLUTION
+        stops = list(stops)
+        for s in stops:
+            if not isinstance(s, str) or s == "":
+                raise ValueError(f"stop strings must be non-empty strings; got {s!r}")
+        self.stops = stops
+        self.longest = max((len(s) for s in stops), default=0)
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.text = ""
+        self.done = 0  # characters already returned
+        self.stopped = False
+        ### END SOLUTION
+
+    def _take(self, final):
+        ### BEGIN SOLUTION
+        hits = [self.text.find(s, self.done) for s in self.stops]
+        hits = [h for h in hits if h != -1]
+        if hits:
+            first = min(hits)
+            out = self.text[self.done:first]
+            self.done, self.stopped = first, True
+            return out
+        keep = 0
+        if not final:
+            tail = self.text[self.done:]
+            for n in range(min(len(tail), self.longest - 1), 0, -1):
+                if any(s[:n] == tail[-n:] for s in self.stops):
+                    keep = n
+                    break
+        end = len(self.text) - keep
+        out = self.text[self.done:end]
+        self.done = end
+        return out
+        ### END SOLUTION
+
+    def push(self, data):
+        ### BEGIN SOLUTION
+        if self.stopped:
+            return ""
+        self.text = self.text + self.decoder.decode(data)
+        return self._take(final=False)
+        ### END SOLUTION
+
+    def finish(self):
+        ### BEGIN SOLUTION
+        if self.stopped:
+            return ""
+        self.text = self.text + self.decoder.decode(b"", True)
+        return self._take(final=True)
+        ### END SOLUTION
+''')
+
+nb.test("test_TextStream", "check_TextStream(TextStream)", points=3)
+
+nb.md("""
+Your stream on a real answer, with the stop string `"\\n"` (the first line only): each push's piece between
+bars. Where two bars meet, a token made nothing certain — half a character, or text that may begin the stop
+string — or came after the stop.
+""")
+
+nb.code("""
+prompt = tok.apply_chat_template([{"role": "user", "content": "Write two short lines about the sea, with an emoji."}],
+                                 tokenize=False, add_generation_prompt=True)
+ids = tok(prompt, return_tensors="pt", add_special_tokens=False).input_ids.to(model.device)
+answer = generate(model, ids, 48, eos_token_id=tok.eos_token_id)[0, ids.shape[1]:].tolist()
+answer = answer[:answer.index(tok.eos_token_id)] if tok.eos_token_id in answer else answer
+stream = TextStream(["\\n"])  # stop at the end of the first line
+pieces = [stream.push(BYTES[t]) for t in answer]
+pieces.append(stream.finish())
+print("|".join(pieces))
+full = tok.decode(answer, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+print("\\nthe whole answer:", repr(full))
+print("pieces add up to the answer cut before its first newline:", "".join(pieces) == full.split("\\n")[0])
+""")
+
+nb.md("""
+## 3. The loop between two steps
+
+The engine thread runs one loop forever: take what the front end queued, step the engine, hand out the
+tokens. Everything else in the server is plumbing around it. Your `ServingLoop(engine, eos_token_id)`
+is that loop's body, with no threads and no network, so it can be tested exactly:
+
+* `submit(request_id, prompt, max_tokens, temperature=0.0, seed=0)` and `cancel(request_id)` are called
+  by the front end; they only **queue** (they must not touch the engine: in the server they run on another
+  thread).
+* `run_once()` does the work and returns a list of messages:
+  1. every queued item **in the order it was queued**: a submission goes into the engine with
+     `engine.add_request(prompt, max_tokens, request_id=..., temperature=..., seed=...)`; if the engine
+     refuses it (`ValueError`: it can never fit) the message is `("error", request_id, str(error))` and
+     nothing else happens for it. A cancel of a request still running aborts it in the engine
+     (`engine.abort(request_id)`, which frees its blocks) and says `("done", request_id, "abort")`; a cancel
+     of anything else (unknown, finished) is ignored.
+  2. then, if the engine has anything to run (`engine.has_unfinished()`), **one** `engine.step()`. Each
+     of its outputs (`.request_id`, `.token`, `.finished`) becomes `("token", request_id, token)` — except
+     the end-of-sequence token, which is not sent: the request ends with `("done", request_id, "stop")`.
+     A request whose last token this was (`.finished`) ends with `("done", request_id, "length")`.
+  3. a request that ended is dropped from the engine (`engine.abort` forgets a finished request too),
+     so a server that runs for days does not leak; nothing is ever sent for it again.
+* `has_work()` is true while anything is queued or the engine has unfinished requests.
+
+The engine you get in the check is week 19's `LLMEngine`, behind a view that offers just these four
+methods. Why is admitting at the *next* `run_once` — not when a batch finishes — what makes this
+continuous batching?
+""")
+
+nb.exercise("ServingLoop", '''
+class ServingLoop:
+    """The body of the engine thread's loop: queue in, one engine step, messages out."""
+
+    def __init__(self, engine, eos_token_id=None):
+        ### BEGIN SOLUTION
+        self.engine = engine
+        self.eos = eos_token_id
+        self.queue = deque()
+        self.running = set()
+        ### END SOLUTION
+
+    def submit(self, request_id, prompt, max_tokens, temperature=0.0, seed=0):
+        ### BEGIN SOLUTION
+        self.queue.append((request_id, list(prompt), max_tokens, temperature, seed))
+        ### END SOLUTION
+
+    def cancel(self, request_id):
+        ### BEGIN SOLUTION
+        self.queue.append((request_id, None, None, None, None))
+        ### END SOLUTION
+
+    def has_work(self):
+        ### BEGIN SOLUTION
+        return len(self.queue) > 0 or self.engine.has_unfinished()
+        ### END SOLUTION
+
+    def run_once(self):
+        ### BEGIN SOLUTION
+        messages = []
+
+        def end(rid, kind, value):
+            self.running.discard(rid)
+            self.engine.abort(rid)
+            messages.append((kind, rid, value))
+
+        while self.queue:
+            rid, prompt, max_tokens, temperature, seed = self.queue.popleft()
+            if prompt is None:  # a cancel
+                if rid in self.running:
+                    end(rid, "done", "abort")
+                continue
+            try:
+                self.engine.add_request(prompt, max_tokens, request_id=rid, temperature=temperature, seed=seed)
+            except ValueError as e:
+                messages.append(("error", rid, str(e)))
+                continue
+            self.running.add(rid)
+        if self.engine.has_unfinished():
+            for out in self.engine.step():
+                rid = out.request_id
+                if rid not in self.running:
+                    continue
+                if self.eos is not None and out.token == self.eos:
+                    end(rid, "done", "stop")
+                    continue
+                messages.append(("token", rid, out.token))
+                if out.finished:
+                    end(rid, "done", "length")
+        return messages
+        ### END SOLUTION
+''')
+
+nb.test("test_ServingLoop", "check_ServingLoop(ServingLoop)", points=4)
+
+nb.md("""
+### Your loop in the server
+
+`make_server(..., loop_cls=ServingLoop, text_stream_cls=TextStream)` runs your classes inside lib's HTTP
+front end. Four clients ask at once, streamed; each answer must be what `generate` gives on that request
+alone — the server batched them, but no request may notice.
+""")
+
+nb.code("""
+mine = make_server(model, tok, num_blocks=256, max_num_seqs=4, loop_cls=ServingLoop, text_stream_cls=TextStream)
+prompts = ["The capital of France is", "Once upon a time", "def fibonacci(n):", "The three primary colors are"]
+answers = {}
+with ServerThread(mine) as base_url:
+    client = OpenAI(base_url=base_url, api_key="none")
+
+    def ask(p):
+        chunks = client.completions.create(model=MODEL, prompt=p, max_tokens=16, temperature=0, stream=True)
+        answers[p] = "".join(c.choices[0].text for c in chunks if c.choices)
+
+    threads = [threading.Thread(target=ask, args=(p,)) for p in prompts]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print(f"4 concurrent streamed requests in {time.perf_counter() - t0:.1f} s, "
+          f"{mine.loop.stats['steps_total']} engine steps for {mine.loop.stats['generation_tokens_total']} tokens")
+
+    # a client that hangs up after the first chunk
+    body = {"model": MODEL, "prompt": "Count to one hundred:", "max_tokens": 200, "temperature": 0, "stream": True}
+    with httpx.stream("POST", base_url + "/completions", json=body, timeout=60) as resp:
+        next(line for line in resp.iter_lines() if line.startswith("data: {"))
+    deadline = time.monotonic() + 20
+    while mine.loop.stats["requests_aborted"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    print("after a disconnect: aborted", mine.loop.stats["requests_aborted"], "| KV blocks in use",
+          mine.engine.blocks.num_in_use)
+
+eos = tok.eos_token_id
+for p in prompts:
+    ids = tok(p, return_tensors="pt").input_ids.to(model.device)
+    out = generate(model, ids, 16)[0, ids.shape[1]:].tolist()
+    out = out[:out.index(eos)] if eos in out else out
+    alone = tok.decode(out, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    print(f"{answers[p] == alone!s:>5}  {p!r} -> {answers[p]!r}")
+""")
+
+nb.md("""
+## 4. What each technique buys under load
+
+Now the measurement a user would make before choosing a configuration. `run_load_test` (lib/loadtest.py,
+also `python benchmarks/load.py`) sends chat requests through the `openai` client with **Poisson
+arrivals** — independent users, exponential gaps — all sharing one system prompt (a help desk's
+instructions, about 60 tokens) and each asking a short question, streamed; per request it records TTFT
+(submission to first streamed token) and TPOT (the time per token after the first), and it samples the
+server's KV-cache use from `/metrics`.
+
+The same load runs on four configurations of *your* server, one technique switched on at a time:
+
+| configuration | what changes |
+|---|---|
+| one at a time | `max_num_seqs=1`: requests queue and run alone (a server without batching) |
+| continuous batching | up to 8 requests per step, admitted at the next step (week 19) |
+| + prefix caching | the shared system prompt's KV blocks are computed once and reused (week 19) |
+| + packed weights | `lib.fast`'s oneDNN-packed fp32 matmuls, same numbers (week 18's engine work) |
+
+**Predict before you run.** A decode step's cost barely grows from 1 to 8 rows (week 19 measured it), so
+what should batching do to throughput, and to TPOT? The system prompt is most of each prompt: what should
+the prefix cache change — TTFT, TPOT, or both?
+""")
+
+nb.code("""
+RATE, N_REQUESTS, MAX_TOKENS = 2.0, 8, 16  # arrivals per second, requests per run, tokens per answer
+configs = {
+    "one at a time": dict(max_num_seqs=1),
+    "continuous batching": dict(max_num_seqs=8),
+    "+ prefix caching": dict(max_num_seqs=8, prefix_caching=True),
+    "+ packed weights": dict(max_num_seqs=8, prefix_caching=True, weights="packed"),  # last: packs in place
+}
+rows = {}
+for name, kw in tqdm(configs.items(), desc="configurations"):
+    srv = make_server(model, tok, num_blocks=256, loop_cls=ServingLoop, text_stream_cls=TextStream, **kw)
+    with ServerThread(srv) as base_url:
+        rows[name] = run_load_test(base_url, MODEL, RATE, N_REQUESTS, MAX_TOKENS, seed=0, max_seconds=120)
+        rows[name]["hit"] = srv.engine.prefix_hit_tokens / max(1, srv.loop.stats["prompt_tokens_total"])
+print(f"{N_REQUESTS} requests at {RATE}/s, {MAX_TOKENS} tokens each; load average {os.getloadavg()[0]:.1f}")
+print(f"{'configuration':>20} {'ok':>3} {'tok/s':>6} {'TTFT p50':>9} {'p95':>6} {'TPOT p50':>9} {'p95':>7} "
+      f"{'KV use':>7} {'prefix hits':>11}")
+for name, r in rows.items():
+    print(f"{name:>20} {r['ok']:>3} {r['throughput']:>6.1f} {r['ttft50']:>8.2f}s {r['ttft95']:>5.2f}s "
+          f"{1e3 * r['tpot50']:>7.0f}ms {1e3 * r['tpot95']:>5.0f}ms {100 * (r['kv'] or 0):>6.1f}% {100 * r['hit']:>10.0f}%")
+""")
+
+nb.code("""
+names = list(rows)
+fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.6))
+a.barh(names, [rows[n]["throughput"] for n in names], color="tab:blue")
+a.set(xlabel="completion tokens per second", title="throughput (higher is better)")
+a.invert_yaxis()
+y = range(len(names))
+b.barh([i - 0.2 for i in y], [rows[n]["ttft50"] for n in names], height=0.4, label="TTFT p50")
+b.barh([i + 0.2 for i in y], [rows[n]["ttft95"] for n in names], height=0.4, label="TTFT p95")
+b.set(yticks=list(y), yticklabels=names, xlabel="seconds", xscale="log", title="time to first token (lower is better)")
+b.invert_yaxis()
+b.legend()
+fig.tight_layout()
+plt.show()
+""")
+
+nb.md("""
+Read your table against your prediction; the numbers are this run's, on this machine, with whatever else it
+was doing (the load average is printed), so compare rows, not runs. What to look for:
+
+* **one at a time**: if requests arrive faster than one server finishes them, the queue only grows and TTFT
+  with it (p95 far above p50) — the server is *unstable* at that rate, whatever its hardware.
+* **continuous batching**: one step serves every running request, so throughput rises and the queue drains;
+  TTFT falls. TPOT may *rise*: a step now also carries other requests' prefills (they share its token
+  budget), the TTFT/TPOT trade that chunked-prefill schedulers (Sarathi-Serve) tune.
+* **prefix caching**: the shared system prompt is most of each prompt, so most of each prefill disappears
+  (the hit rate) — that shows in TTFT, and in TPOT through lighter steps.
+* **packed weights** make each matmul cheaper (week 19's benchmark measured +18–27 % at batch 8 on a quiet
+  machine); with only a few requests and a busy machine the gain can sit inside the noise — say which.
+
+On a 2-core CPU one step of SmolLM2 costs tens of milliseconds, so absolute numbers are far from a GPU's; the
+*shape* — which technique moves which metric — is what carries over, and `python benchmarks/load.py
+--base-url ...` runs this same load against vLLM or any other OpenAI-compatible server when you have one.
+""")
+
+nb.md("""
+## 5. Deployment scenarios (written, graded by hand)
+
+Seed 002 (Day 63) closes its inference phase with four scenarios. Answer each in 4–8 sentences: which
+techniques of weeks 16–21 you would turn on, in what order, and **why, citing what you measured** in this
+notebook or earlier weeks (name the number and the week). Where our CPU numbers cannot be carried over to
+the scenario's hardware, say what would change and what you would measure first. The seed's own "expected"
+figures are not given here on purpose: derive what you claim.
+""")
+
+nb.md("""
+**Scenario A.** A customer-facing chatbot: LLaMA-3 8B, p95 TTFT under 200 ms, 500 requests per second,
+4×A100 GPUs.
+""")
+
+nb.answer("answer_scenario_a", """
+**Model answer.** The constraint is TTFT at high load, so: **continuous batching** with a paged KV cache
+(the ablation here: throughput rose and the TTFT tail collapsed once requests stopped queueing behind each
+other), **prefix caching** for the chatbot's shared system prompt (prefix hits cut the prefill, which is
+what TTFT is made of), and **chunked prefill** so long prompts do not stall the decodes of others. An 8B
+model in fp16 fits one A100; run data-parallel replicas (4× one GPU) rather than tensor parallelism, since
+each replica then batches independently and TTFT is not paid in all-reduces. Weight-only 4-bit (AWQ/GPTQ,
+week 20) frees KV memory for bigger batches. Speculative decoding helps TPOT, not TTFT, and costs batch
+capacity at this load — leave it off. Measure: the load test at rising Poisson rates to find each replica's
+stable rate, p95 TTFT per rate.
+
+**Mark scheme (2 points).** 1 point: continuous batching + paged KV + prefix caching justified by TTFT under
+load, citing a measured effect. 1 point: a sensible parallelism/quantization choice for an 8B model with
+reasoning (replicas, KV memory) and why speculative decoding is not the lever here.
+""", points=2)
+
+nb.md("""
+**Scenario B.** An internal document summarizer: LLaMA-3 70B, a batch of 10,000 documents a day,
+cost-sensitive, 2×A100.
+""")
+
+nb.answer("answer_scenario_b", """
+**Model answer.** Throughput per dollar, not latency: a 70B model in fp16 (140 GB) does not fit 2×80 GB with
+room for KV, so **4-bit weights** (AWQ/GPTQ, or Q4_K-class; week 20's perplexity table shows the cost of each
+bit width) and **tensor parallelism over the 2 GPUs**. Run offline with the **largest batch** the KV pool
+allows (continuous batching keeps every slot busy as documents of different lengths finish — week 19's
+step-count model), **chunked prefill** for long documents. Prefix caching helps only if the documents share
+an instruction prefix (they do: the summarization prompt). No speculative decoding: at large batch the
+verify step is compute-bound and the gain vanishes (week 18's verify curve). 10,000 documents a day is about
+0.12 per second: check that one replica's measured throughput covers it with margin before buying more.
+
+**Mark scheme (2 points).** 1 point: quantization + tensor parallelism justified by memory arithmetic. 1 point:
+batch/throughput-oriented scheduling (large batch, continuous batching) with the daily-rate arithmetic or a
+measured throughput cited.
+""", points=2)
+
+nb.md("""
+**Scenario C.** On-device code completion: CodeLlama 7B on a MacBook M2 Pro (16 GB), TTFT under 100 ms,
+one user.
+""")
+
+nb.answer("answer_scenario_c", """
+**Model answer.** One user: batching buys nothing (the "one at a time" row is the whole story), and decode is
+bound by reading the weights (week 16/19: one token reads every weight once). So **GGUF 4-bit K-quants**
+(Q4_K_M ≈ 4.5 bits/weight: about 3.9 GB for 7B, week 20's bits-per-weight table) in **llama.cpp** with Metal;
+the **KV cache** (week 16) of course. TTFT under 100 ms for completion prompts of hundreds of tokens needs the
+editor's context to be cached: **prefix caching** of the file's unchanged beginning between keystrokes.
+**Speculative decoding with prompt lookup** (week 18) is made for code: completions copy identifiers and
+lines from the file, and week 18 measured prompt lookup's largest speedups on copying workloads.
+
+**Mark scheme (2 points).** 1 point: memory-bound single-stream reasoning → 4-bit GGUF/llama.cpp with the
+memory arithmetic. 1 point: a latency technique that fits code (prefix caching of the editor context and/or
+prompt-lookup speculation), citing week 18's measurement.
+""", points=2)
+
+nb.md("""
+**Scenario D.** A multi-tenant SaaS: one LLaMA-3 8B base with 50 customer LoRA adapters, 8×A100.
+""")
+
+nb.answer("answer_scenario_d", """
+**Model answer.** The base model is shared, so serve **one base with batched LoRA** (S-LoRA / Punica style:
+requests for different adapters in the same continuous batch, each token's low-rank update applied per
+request), not 50 deployments. **Continuous batching + paged KV** keep the 8 GPUs busy across tenants (the
+ablation: batching is where throughput comes from); adapters live in a paged pool too, loaded on demand.
+**Prefix caching** per tenant for each customer's system prompt (keyed by adapter *and* tokens, since the same
+text under two adapters has different KV). Replicas of the 8B base rather than tensor parallelism, with a
+router that keeps a tenant on the replica holding its adapter and its cached prefix. Measure per-tenant
+TTFT/TPOT with the load test, with fairness: one tenant's burst must not starve the others (FCFS admission,
+week 19's scheduler invariants).
+
+**Mark scheme (2 points).** 1 point: shared base with batched multi-adapter serving, not one model per
+customer. 1 point: how batching, paged KV and prefix caching interact with adapters (prefix keyed by adapter,
+adapter-aware routing or fairness), citing a measured effect.
+""", points=2)
+
+nb.md("""
+## Check yourself
+
+```
+pytest weeks/21            # both exercises
+pytest weeks/21 -k ex02    # the serving loop alone
+```
+
+And serve it for real: `make serve` starts lib's server on 127.0.0.1:8000; `python benchmarks/load.py`
+loads it at several arrival rates; `python benchmarks/load.py --ablation` runs section 4's ablation with
+int8 weights as a fifth row.
+""")
+
+
+if __name__ == "__main__":
+    out = ROOT / "solutions" / "21" / "week21_serving.ipynb"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    nb.write(str(out))
+    print(f"wrote {out}")
