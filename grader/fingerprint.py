@@ -29,8 +29,15 @@ MIN_CODE_BYTES = 64
 # that no solution's exercise code matches lib's otherwise.
 NOT_FINGERPRINTED = {"lib.attention.FlashAttention.forward", "lib.attention.FlashAttention.backward"}
 
+# Besides lib: modules a check compares against (an oracle), recognised the same way. Week 20 forbids gguf-py's
+# quantizers, so calling them — or exec'ing their source under another name — is seen in the student's process.
+ORACLE_MODULES = ("gguf.quants",)
+
 _TABLE: dict[bytes, str] | None = None
 _CACHE: dict[types.CodeType, str | None] = {}
+_ORACLE_TABLE: dict[bytes, str] | None = None
+_ORACLE_FILES: dict[str, str] = {}  # file of an oracle module -> its name
+_ORACLE_CACHE: dict[types.CodeType, str | None] = {}
 
 
 def fingerprint(code: types.CodeType) -> bytes:
@@ -116,6 +123,45 @@ def lib_name(code: types.CodeType) -> str | None:
     return name
 
 
+def _oracle_table() -> dict[bytes, str]:
+    global _ORACLE_TABLE
+    if _ORACLE_TABLE is None:
+        table: dict[bytes, str] = {}
+        for modname in ORACLE_MODULES:
+            try:
+                mod = importlib.import_module(modname)
+            except Exception:  # not installed: its code cannot run either
+                continue
+            path = getattr(mod, "__file__", None)
+            if path:
+                _ORACLE_FILES[str(Path(path))] = modname
+                _ORACLE_FILES[str(Path(path).resolve())] = modname
+            for code, name in _module_codes(mod):
+                if len(code.co_code) >= MIN_CODE_BYTES:
+                    table.setdefault(fingerprint(code), f"{name}.{getattr(code, 'co_qualname', code.co_name)}")
+        _ORACLE_TABLE = table
+    return _ORACLE_TABLE
+
+
+def oracle_name(code: types.CodeType) -> str | None:
+    """`"gguf.quants.<qualname>"` if `code` is an `ORACLE_MODULES` function (by file, or by fingerprint)."""
+    try:
+        return _ORACLE_CACHE[code]
+    except KeyError:
+        pass
+    table = _oracle_table()
+    modname = _ORACLE_FILES.get(code.co_filename)
+    if modname is not None:
+        name = f"{modname}.{getattr(code, 'co_qualname', code.co_name)}"
+    elif len(code.co_code) >= MIN_CODE_BYTES:
+        name = table.get(fingerprint(code))
+    else:
+        name = None
+    _ORACLE_CACHE[code] = name
+    return name
+
+
 def warm() -> None:
-    """Build the table now (imports every lib module): call before the code being judged runs."""
+    """Build the tables now (imports every lib module and the oracles): call before the code being judged runs."""
     _table()
+    _oracle_table()

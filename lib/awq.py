@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from lib.gptq import output_error
-from lib.quant import rtn_quantize
+from lib.quant import input_column_means, rtn_quantize
 
 
 def awq_scales(x_abs_mean: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -61,26 +61,6 @@ def rtn_keep_channels(w: torch.Tensor, keep: torch.Tensor, bits: int, group_size
     return out
 
 
-@torch.no_grad()
 def activation_means(model, windows: list[torch.Tensor], names: list[str]) -> dict[str, torch.Tensor]:
-    """E|x| per input channel `[in]` of every linear in `names` over the token windows `[1, T]` (kept as
-    running sums, so all 210 linears of SmolLM2 fit in a few MB)."""
-    sums: dict[str, torch.Tensor] = {}
-    count = 0
-    hooks = []
-    for name in names:
-        module = model.get_submodule(name.rsplit(".", 1)[0])
-
-        def hook(mod, args, out, name=name):
-            x = args[0].detach().reshape(-1, args[0].shape[-1]).abs().sum(0)
-            sums[name] = sums[name] + x if name in sums else x
-
-        hooks.append(module.register_forward_hook(hook))
-    try:
-        for ids in windows:
-            model(ids.to(model.device))
-            count += ids.numel()
-    finally:
-        for h in hooks:
-            h.remove()
-    return {name: s / count for name, s in sums.items()}
+    """E|x| per input channel `[in]` of every linear in `names` over the token windows `[1, T]`."""
+    return input_column_means(model, windows, names, torch.abs)

@@ -27,9 +27,13 @@ def hessian(x: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def gptq_quantize(w: torch.Tensor, x: torch.Tensor, bits: int = 4, group_size: int = 64, damp: float = 0.01,
-                  block_size: int | None = None) -> torch.Tensor:
-    """GPTQ of `w [out, in]` on calibration inputs `x [n, in]`: returns the dequantized weights (float32, `w`'s
-    shape and device), each group of `group_size` columns on a `bits`-bit min/max grid per row."""
+                  block_size: int | None = None, act_order: bool = False) -> torch.Tensor:
+    """GPTQ of `w [out, in]` on calibration inputs `x [n, in]`: returns the dequantized weights (`w`'s dtype,
+    shape and device), each group of `group_size` columns on a `bits`-bit min/max grid per row.
+
+    `act_order`: quantize the columns in order of decreasing H_jj (the inputs with the most energy first, while
+    the most later columns remain to absorb their error; GPTQ's "act-order"). The groups are then consecutive
+    columns *in that order* (a stored model keeps each column's group index, `g_idx`)."""
     out_f, in_f = w.shape
     if block_size is None:  # 128 columns, or whole groups when a group is larger
         block_size = group_size * max(1, 128 // group_size)
@@ -40,8 +44,12 @@ def gptq_quantize(w: torch.Tensor, x: torch.Tensor, bits: int = 4, group_size: i
     W = w.detach().float().clone()
     H = hessian(x.to(W.device))
     dead = torch.diag(H) == 0  # inputs that are always 0: their weights do not matter
-    H[dead, dead] = 1.0
-    W[:, dead] = 0.0
+    H = H + torch.diag(dead.to(H.dtype))
+    W = W * ~dead
+    perm = None
+    if act_order:
+        perm = torch.argsort(torch.diag(H), descending=True)
+        W, H = W[:, perm], H[perm][:, perm]
     H += damp * torch.diag(H).mean() * torch.eye(in_f, device=W.device)
     U = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)  # H⁻¹ = UᵀU
     Q = torch.zeros_like(W)
@@ -57,6 +65,8 @@ def gptq_quantize(w: torch.Tensor, x: torch.Tensor, bits: int = 4, group_size: i
             W1[:, j:] -= err[:, None] * U1[j, j:][None, :]  # compensate inside the block
             E1[:, j] = err
         W[:, b1:] -= E1 @ U[b0:b1, b1:]  # and, once per block, in every later column
+    if perm is not None:
+        Q = Q[:, torch.argsort(perm)]
     return Q.to(w.dtype)
 
 

@@ -23,9 +23,17 @@ Rounding is where a port goes wrong. ggml's Q8_0 uses C `roundf`: halves go *awa
 The 4- and 5-bit legacy formats do not round at all: they add 8.5 (or 16.5, or 0.5) in float32 and
 truncate, so the float32 addition itself decides a tie.
 
-`Q4_K` and `Q6_K` quantizers are the lab's own (gguf-py has none): a plain min/max (Q4_K) or signed
-abs-max (Q6_K) quantizer per sub-block, whose sub-block scales are then quantized to 6 or 8 bits. llama.cpp
-searches scales a little more cleverly; gguf-py's dequantizer reads our blocks all the same.
+The K-quant quantizers (Q4_K, Q5_K, Q6_K) are the lab's own (gguf-py has none), built on llama.cpp's idea:
+per sub-block, try a grid of candidate scales around the min/max one, round with each, refit scale and
+minimum by *weighted* least squares on the codes it gave, and keep the candidate whose weighted squared
+error is smallest (`search_affine`, `search_symmetric`). The weights are `sqrt(mean x²) + |x|` of the
+sub-block, or an importance matrix (`importance=`: per input column, the mean squared activation that
+column meets, `collect_imatrix`). The sub-block scales are then quantized to 6 or 8 bits. K-quant codes
+round half to even (ggml's `nearest_int`), a third rounding rule beside Q8_0's `roundf` and Q4_x's
+`trunc(x + 0.5)`. gguf-py's dequantizer reads our blocks (tested).
+
+With `importance=`, the legacy types (not Q8_0) use the same weighted search, as llama.cpp does with an
+imatrix; without it they stay bit-identical to gguf-py.
 
 Inputs are numpy arrays or torch tensors; outputs are numpy arrays (use `fake_quantize` for a torch round trip).
 """
@@ -38,7 +46,7 @@ BLOCK_SIZES: dict[str, tuple[int, int]] = {
     "Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24),
     "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210),
 }
-QUANTIZE_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K")
+QUANTIZE_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 DEQUANTIZE_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 QK_K = 256  # weights per K-quant super-block
 
@@ -58,8 +66,9 @@ def bits_per_weight(qtype: str) -> float:
 
 
 def _as_numpy(x, dtype) -> np.ndarray:
-    if hasattr(x, "detach"):  # a torch tensor
-        x = x.detach().cpu().numpy()
+    if hasattr(x, "detach"):  # a torch tensor (bfloat16 has no numpy dtype: widen it first)
+        x = x.detach().cpu()
+        x = (x.float() if x.is_floating_point() else x).numpy()
     return np.ascontiguousarray(np.asarray(x), dtype=dtype)
 
 
@@ -177,37 +186,145 @@ def _unpack_k_scales(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sc, mn
 
 
-def _q4_k(x):
-    """The lab's Q4_K: per sub-block of 32, min/max (min clamped to <= 0) -> scale and min; those 8 scales
-    and 8 mins quantized to 6 bits against the super-block's d and dmin (f16); then q = round((x + min)/scale)."""
+# --- the K-quants' scale search --------------------------------------------------------------------------------
+
+# Candidate inverse scales tried per sub-block: (nmax + offset) / (max − min) for each offset (affine), or
+# −(nmax + offset) / (signed abs-max) (symmetric). The offset 0 is the plain min/max (abs-max) choice.
+AFFINE_OFFSETS = np.round(np.arange(-1.0, 1.0001, 0.1), 1)   # 21 candidates
+SYMMETRIC_OFFSETS = np.round(np.arange(-0.9, 0.9001, 0.1), 1)  # 19 candidates
+
+
+def default_weights(x: np.ndarray) -> np.ndarray:
+    """The search's weights without an importance matrix: `sqrt(mean x²) + |x|` per sub-block `x [..., B]`
+    (the error on a large weight counts more, but no weight counts for nothing)."""
+    return np.sqrt(np.mean(x * x, axis=-1, keepdims=True)) + np.abs(x)
+
+
+def nearest_int(v: np.ndarray) -> np.ndarray:
+    """ggml's K-quant rounding (`nearest_int`): the nearest integer, halves to even (2.5 -> 2, 3.5 -> 4)."""
+    return np.rint(v)
+
+
+def weighted_affine_fit(x, w, q):
+    """Least squares for x ≈ scale·q + offset with weights w, along the last axis: returns (scale, offset),
+    each [...]. From ∂/∂scale = ∂/∂offset = 0 of Σ w (scale·q + offset − x)² (a 2×2 linear system).
+    Where the codes are all equal (no unique fit), scale = 0 and offset the weighted mean."""
+    sw, sq, sx = w.sum(-1), (w * q).sum(-1), (w * x).sum(-1)
+    sqq, sqx = (w * q * q).sum(-1), (w * q * x).sum(-1)
+    det = sw * sqq - sq * sq
+    ok = det > 1e-12 * np.maximum(sw * sqq, 1e-300)
+    safe = np.where(ok, det, 1.0)
+    scale = np.where(ok, (sw * sqx - sq * sx) / safe, 0.0)
+    offset = np.where(ok, (sqq * sx - sq * sqx) / safe, sx / np.maximum(sw, 1e-300))
+    return scale, offset
+
+
+def search_affine(x: np.ndarray, w: np.ndarray, nmax: int, offsets=AFFINE_OFFSETS):
+    """Per sub-block `x [..., B]` (weights `w`, same shape): the scale ≥ 0 and min ≥ 0 minimizing
+    Σ w (scale·q − min − x)², q = nearest code in 0..nmax, over the candidate grid `offsets`; returns
+    (scale, min), each [...], float32. For each candidate inverse scale (nmax + offset)/(max − min'), with
+    min' = min(x.min(), 0): round, then refit scale and min by weighted least squares on those codes (the
+    min clamped at 0 — K-quants store x ≈ scale·q − min with min ≥ 0 — and scale refit alone if so)."""
+    x, w = x.astype(np.float64), w.astype(np.float64)
+    lo = np.minimum(x.min(-1), 0.0)  # [...]
+    span = x.max(-1) - lo
+    flat = span <= 0
+    span = np.where(flat, 1.0, span)
+    best_scale, best_min = span / nmax, -lo  # the min/max choice
+    q = np.clip(nearest_int((x - lo[..., None]) / best_scale[..., None]), 0, nmax)
+    best_err = (w * (best_scale[..., None] * q - best_min[..., None] - x) ** 2).sum(-1)
+    for off in offsets:
+        q = np.clip(nearest_int((x - lo[..., None]) * ((nmax + off) / span)[..., None]), 0, nmax)
+        scale, offset = weighted_affine_fit(x, w, q)
+        clamp = offset > 0  # a positive offset is a negative min: not storable, so min = 0, refit the scale
+        scale = np.where(clamp, (w * q * x).sum(-1) / np.maximum((w * q * q).sum(-1), 1e-300), scale)
+        offset = np.where(clamp, 0.0, offset)
+        err = (w * (scale[..., None] * q + offset[..., None] - x) ** 2).sum(-1)
+        better = (err < best_err) & (scale > 0)
+        best_scale, best_min, best_err = (np.where(better, scale, best_scale), np.where(better, -offset, best_min),
+                                          np.where(better, err, best_err))
+    best_scale = np.where(flat, 0.0, best_scale)
+    return best_scale.astype(np.float32), best_min.astype(np.float32)
+
+
+def search_symmetric(x: np.ndarray, w: np.ndarray, nmax: int, offsets=SYMMETRIC_OFFSETS):
+    """Per sub-block `x [..., B]`: the signed scale minimizing Σ w (scale·q − x)², q the nearest code in
+    −nmax..nmax−1, over candidate inverse scales −(nmax + offset)/(signed abs-max); each candidate's scale
+    refit by weighted least squares (scale = Σ w q x / Σ w q²). Returns scale [...], float32."""
+    x, w = x.astype(np.float64), w.astype(np.float64)
+    peak = _signed_absmax(x)[..., 0]
+    zero = peak == 0
+    peak = np.where(zero, 1.0, peak)
+    best = peak / -nmax
+    q = np.clip(nearest_int(x / best[..., None]), -nmax, nmax - 1)
+    best_err = (w * (best[..., None] * q - x) ** 2).sum(-1)
+    for off in offsets:
+        q = np.clip(nearest_int(x * (-(nmax + off) / peak)[..., None]), -nmax, nmax - 1)
+        sqq = (w * q * q).sum(-1)
+        scale = (w * q * x).sum(-1) / np.maximum(sqq, 1e-300)
+        err = (w * (scale[..., None] * q - x) ** 2).sum(-1)
+        better = (err < best_err) & (sqq > 0)
+        best, best_err = np.where(better, scale, best), np.where(better, err, best_err)
+    return np.where(zero, 0.0, best).astype(np.float32)
+
+
+def _sub_weights(sub, importance):
+    """The search's weights for sub-blocks `sub [n, S, B]`: `importance` (per column, cut into sub-blocks the
+    same way, [n, S, B]) if given, else `default_weights`."""
+    if importance is None:
+        return default_weights(sub)
+    return importance + 1e-9 * importance.mean(axis=(-1, -2), keepdims=True) + 1e-30  # never all zero
+
+
+def _k_affine(x, nmax: int, importance=None, search=True):
+    """Q4_K / Q5_K's numbers for super-blocks `x [n, 256]`: (d, dmin [n, 1] float16-exact float32, sc, mn [n, 8]
+    six-bit, q [n, 8, 32] codes 0..nmax)."""
     n = x.shape[0]
     sub = x.reshape(n, 8, 32)
-    lo = np.minimum(sub.min(axis=-1), 0)  # [n, 8]
-    hi = sub.max(axis=-1)
-    scale, neg_min = (hi - lo) / np.float32(15), -lo  # x ≈ scale·q − neg_min
+    imp = None if importance is None else importance.reshape(n, 8, 32)
+    scale, mins = search_affine(sub, _sub_weights(sub, imp), nmax, AFFINE_OFFSETS if search else ())  # [n, 8]
     d = (scale.max(axis=-1, keepdims=True) / np.float32(63)).astype(np.float16).astype(np.float32)
-    dmin = (neg_min.max(axis=-1, keepdims=True) / np.float32(63)).astype(np.float16).astype(np.float32)
+    dmin = (mins.max(axis=-1, keepdims=True) / np.float32(63)).astype(np.float16).astype(np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):
-        sc = np.where(d > 0, roundf(scale / d), 0).clip(0, 63)
-        mn = np.where(dmin > 0, roundf(neg_min / dmin), 0).clip(0, 63)
-        step = (d * sc)[..., None]  # [n, 8, 1], as the dequantizer forms it
-        q = np.where(step > 0, roundf((sub + (dmin * mn)[..., None]) / step), 0).clip(0, 15).astype(np.uint8)
+        sc = np.where(d > 0, nearest_int(scale / d), 0).clip(0, 63).astype(np.uint8)
+        mn = np.where(dmin > 0, nearest_int(mins / dmin), 0).clip(0, 63).astype(np.uint8)
+        step = (d * sc)[..., None]  # [n, 8, 1], as the dequantizer forms it: the codes fit the stored scales
+        q = np.where(step > 0, nearest_int((sub + (dmin * mn)[..., None]) / step), 0).clip(0, nmax).astype(np.uint8)
+    return d, dmin, sc, mn, q
+
+
+def _q4_k(x, importance=None, search=True):
+    """Q4_K: per sub-block of 32, the searched scale and min; those 8 scales and 8 mins quantized to 6 bits
+    against the super-block's d and dmin (float16); then the codes against the stored scales."""
+    n = x.shape[0]
+    d, dmin, sc, mn, q = _k_affine(x, 15, importance, search)
     q = q.reshape(n, 4, 2, 32)  # sub-blocks (2j, 2j+1) share 32 bytes: low and high nibbles
     qs = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(n, 128)
     return np.concatenate([_f16_bytes(d), _f16_bytes(dmin), _pack_k_scales(sc, mn), qs], axis=-1)
 
 
-def _q6_k(x):
-    """The lab's Q6_K: per sub-block of 16, scale = signed abs-max / -32 (so q spans -32..31); the 16 scales
-    quantized to int8 against the super-block's d (f16); then q = round(x / (d·sc))."""
+def _q5_k(x, importance=None, search=True):
+    """Q5_K: Q4_K with 32 levels; bit 4 of sub-block j's code at position l is bit j of byte l of qh[32]."""
+    n = x.shape[0]
+    d, dmin, sc, mn, q = _k_affine(x, 31, importance, search)
+    qh = ((q >> 4) << np.arange(8, dtype=np.uint8).reshape(1, 8, 1)).sum(axis=1, dtype=np.uint8)  # [n, 32]
+    low = (q & 0x0F).reshape(n, 4, 2, 32)
+    qs = (low[:, :, 0] | (low[:, :, 1] << 4)).reshape(n, 128)
+    return np.concatenate([_f16_bytes(d), _f16_bytes(dmin), _pack_k_scales(sc, mn), qh, qs], axis=-1)
+
+
+def _q6_k(x, importance=None, search=True):
+    """Q6_K: per sub-block of 16, the searched signed scale (q in −32..31); the 16 scales quantized to int8
+    against the super-block's d (float16); then q = nearest_int(x / (d·sc))."""
     n = x.shape[0]
     sub = x.reshape(n, 16, 16)
-    scale = _signed_absmax(sub)[..., 0] / np.float32(-32)  # [n, 16]
+    imp = None if importance is None else importance.reshape(n, 16, 16)
+    scale = search_symmetric(sub, _sub_weights(sub, imp), 32, SYMMETRIC_OFFSETS if search else ())  # [n, 16]
     d = (np.abs(scale).max(axis=-1, keepdims=True) / np.float32(127)).astype(np.float16).astype(np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):
-        sc = np.where(d > 0, roundf(scale / d), 0).clip(-128, 127)
+        sc = np.where(d > 0, nearest_int(scale / d), 0).clip(-128, 127)
         step = (d * sc)[..., None]
-        q = np.where(step != 0, roundf(sub / step), 0).clip(-32, 31)
+        q = np.where(step != 0, nearest_int(sub / step), 0).clip(-32, 31)
     q = (q + 32).astype(np.uint8).reshape(n, 256)
     # weight v sits in half v // 128, quarter (v % 128) // 32: low nibbles of quarters 0/1 share ql bytes with 2/3
     halves = q.reshape(n, 2, 4, 32)  # [n, half, quarter, 32]
@@ -215,6 +332,27 @@ def _q6_k(x):
     ql = (low[:, :, 0:2] | (low[:, :, 2:4] << 4)).reshape(n, 128)  # per half: 64 bytes
     qh = (high[:, :, 0] | (high[:, :, 1] << 2) | (high[:, :, 2] << 4) | (high[:, :, 3] << 6)).reshape(n, 64)
     return np.concatenate([ql, qh, sc.astype(np.int8).view(np.uint8), _f16_bytes(d)], axis=-1)
+
+
+def _weighted_legacy(x, importance, qtype):
+    """Q4_0 / Q4_1 / Q5_0 / Q5_1 with an importance matrix: the weighted search per block of 32, its scale
+    (and min) stored as float16, the codes against the stored values (llama.cpp does the same with an imatrix)."""
+    levels = 16 if qtype.startswith("Q4") else 32
+    w = _sub_weights(x[:, None, :], importance[:, None, :])[:, 0]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if qtype.endswith("_0"):
+            d = search_symmetric(x, w, levels // 2)[:, None].astype(np.float16).astype(np.float32)
+            q = np.where(d != 0, nearest_int(x / d), 0).clip(-(levels // 2), levels // 2 - 1) + levels // 2
+            q, fields = q.astype(np.uint8), [_f16_bytes(d)]
+        else:
+            scale, mins = search_affine(x[:, None, :], w[:, None, :], levels - 1)
+            d = scale.astype(np.float16).astype(np.float32)  # [n, 1]
+            m = (-mins).astype(np.float16).astype(np.float32)
+            q = np.where(d > 0, nearest_int((x - m) / d), 0).clip(0, levels - 1).astype(np.uint8)
+            fields = [_f16_bytes(d), _f16_bytes(m)]
+    if levels == 32:
+        fields.append(_high_bits(q))
+    return np.concatenate(fields + [_pack_nibbles(q & 0x0F)], axis=-1)
 
 
 # --- dequantizers: bytes uint8 [n, type_size] -> float32 [n, block] -----------------------------------------
@@ -279,23 +417,37 @@ def _dq6_k(b):
 
 
 _QUANTIZERS = {"Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q5_1": _q5_1,
-               "Q4_K": _q4_k, "Q6_K": _q6_k}
+               "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k}
 _DEQUANTIZERS = {"Q8_0": _dq8_0, "Q4_0": _dq4_0, "Q4_1": _dq4_1, "Q5_0": _dq5_0, "Q5_1": _dq5_1,
                  "Q4_K": _dq4_k, "Q5_K": _dq5_k, "Q6_K": _dq6_k}
 
 
-def quantize(x, qtype: str) -> np.ndarray:
+def quantize(x, qtype: str, importance=None, search: bool = True) -> np.ndarray:
     """`x [..., n]` (float, numpy or torch) -> uint8 `[..., n // block * type_size]` in the GGUF layout of `qtype`.
 
-    Bit-identical to `gguf.quants.quantize` for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1; Q4_K and Q6_K are the lab's
-    own quantizers. `n` must be a multiple of the block size (32, or 256 for K-quants)."""
+    Bit-identical to `gguf.quants.quantize` for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1; the K-quants are the lab's own
+    search. `n` must be a multiple of the block size (32, or 256 for K-quants). `importance [n]` (≥ 0, e.g.
+    from `collect_imatrix`): per column, how much its error counts — the search's weights; Q8_0 ignores it.
+    `search=False` (K-quants): the plain min/max (abs-max) scale per sub-block, the baseline of the search."""
     name = _check_type(qtype, QUANTIZE_TYPES, "quantize to")
     x = _as_numpy(x, np.float32)
     block, nbytes = BLOCK_SIZES[name]
     if x.ndim == 0 or x.shape[-1] % block:
         raise ValueError(f"{name} quantizes blocks of {block} weights along the last dimension, but x has shape "
                          f"{x.shape}: its last dimension must be a multiple of {block} (pad or pick another type)")
-    out = _QUANTIZERS[name](x.reshape(-1, block))
+    if importance is not None:
+        importance = _as_numpy(importance, np.float32)
+        if importance.shape != x.shape[-1:] or not (np.isfinite(importance).all() and (importance >= 0).all()):
+            raise ValueError(f"importance must be finite, >= 0 and of shape {x.shape[-1:]} (one per column); got "
+                             f"shape {importance.shape}")
+        rows = int(np.prod(x.shape[:-1]))
+        imp = np.broadcast_to(importance, (rows, x.shape[-1])).reshape(-1, block)
+    if name.endswith("_K"):
+        out = _QUANTIZERS[name](x.reshape(-1, block), None if importance is None else imp, search)
+    elif importance is None or name == "Q8_0":
+        out = _QUANTIZERS[name](x.reshape(-1, block))
+    else:
+        out = _weighted_legacy(x.reshape(-1, block), imp, name)
     return out.reshape(*x.shape[:-1], x.shape[-1] // block * nbytes)
 
 
@@ -313,13 +465,13 @@ def dequantize(data, qtype: str) -> np.ndarray:
     return out.reshape(*data.shape[:-1], data.shape[-1] // nbytes * block)
 
 
-def fake_quantize(w, qtype: str):
-    """`dequantize(quantize(w, qtype), qtype)` as a float32 torch tensor on `w`'s device (weights as the
-    quantized model would see them)."""
+def fake_quantize(w, qtype: str, importance=None):
+    """`dequantize(quantize(w, qtype, importance), qtype)` as a float32 torch tensor on `w`'s device (weights
+    as the quantized model would see them)."""
     import torch
 
     device = w.device if hasattr(w, "device") else "cpu"
-    return torch.from_numpy(dequantize(quantize(w, qtype), qtype)).to(device)
+    return torch.from_numpy(dequantize(quantize(w, qtype, importance), qtype)).to(device)
 
 
 # --- whole models: which type each tensor gets, fake-quantized copies, size ----------------------------------
@@ -381,21 +533,65 @@ def plan_bits_per_weight(model, plan: dict[str, str]) -> float:
     return bits / sum(params[n].numel() for n in stored)
 
 
-def quantize_model(model, plan: dict[str, str], weight_fn=None):
+def quantize_model(model, plan: dict[str, str], weight_fn=None, importance: dict | None = None):
     """A copy of `model` whose tensors named in `plan` hold `fake_quantize(w, type)` (as stored: see
     `resolve_plan`); every other tensor is shared with `model`, which is left unchanged. `weight_fn(name, w,
-    qtype) -> w'` replaces the GGUF round trip (e.g. a 3-bit round-to-nearest)."""
+    qtype) -> w'` replaces the GGUF round trip (e.g. a 3-bit round-to-nearest). `importance` ({name: [in]},
+    e.g. `collect_imatrix`'s) weights each tensor's scale search."""
     import copy
 
     import torch
 
     stored = resolve_plan(model, plan) if weight_fn is None else dict(plan)
+    importance = importance or {}
     memo = {id(p): p for p in model.parameters()}  # deepcopy shares what the memo names ...
     for name, qtype in stored.items():  # ... and puts the quantized weights in place of the originals
         w = model.get_parameter(name).detach()
-        new_w = fake_quantize(w, qtype) if weight_fn is None else weight_fn(name, w, qtype)
+        new_w = fake_quantize(w, qtype, importance.get(name)) if weight_fn is None else weight_fn(name, w, qtype)
         memo[id(model.get_parameter(name))] = torch.nn.Parameter(new_w.to(w.device, w.dtype), requires_grad=False)
     return copy.deepcopy(model, memo)
+
+
+def input_column_means(model, windows, names: list[str], of) -> dict:
+    """For each linear weight in `names`, the mean over the tokens of `windows` (token ids `[1, T]` or `[T]`, one
+    forward each) of `of(x)` per input column, `[in]` float32 on the model's device (kept as running sums, so all 210
+    linears of SmolLM2 fit in a few MB)."""
+    import torch
+
+    sums: dict[str, torch.Tensor] = {}
+    count = 0
+    hooks = []
+    for name in names:
+        module = model.get_submodule(name.rsplit(".", 1)[0])
+
+        def hook(mod, args, out, name=name):
+            x = of(args[0].detach().float().reshape(-1, args[0].shape[-1])).sum(0)
+            sums[name] = sums[name] + x if name in sums else x
+
+        hooks.append(module.register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            for ids in windows:
+                ids = ids.reshape(1, -1)
+                model(ids.to(getattr(model, "device", ids.device)))
+                count += ids.shape[-1]
+    finally:
+        for h in hooks:
+            h.remove()
+    if count == 0:
+        raise ValueError("need at least one window of calibration tokens")
+    return {name: s / count for name, s in sums.items()}
+
+
+def collect_imatrix(model, windows, names: list[str] | None = None) -> dict:
+    """The importance matrix (llama.cpp's `imatrix`): for each linear weight in `names` (default: every linear
+    of the blocks), each input column's mean squared activation over the calibration `windows`, `[in]`.
+
+    Why that: an error Δw_i in column i changes the row's output by Δw_i·x_i, so the expected squared output
+    error of a row is Σ_i Δw_i² E[x_i²] (cross terms left out) — the weights of the scale search."""
+    import torch
+
+    return input_column_means(model, windows, linear_names(model) if names is None else names, torch.square)
 
 
 def minmax_grid(w, bits: int):
@@ -424,6 +620,31 @@ def rtn_quantize(w, bits: int, group_size: int = 64):
     return snap(g, scale, lo, bits).reshape(rows, cols).to(w.dtype)
 
 
+def search_quantize(w, bits: int, group_size: int = 32, importance=None):
+    """Like `rtn_quantize` (asymmetric `bits`-bit codes per group of `group_size` along each row, float16 scale
+    and minimum per group), but each group's scale and minimum found by the K-quants' weighted search
+    (`search_affine`), weighted by `importance [cols]` (e.g. `collect_imatrix`'s) or `default_weights`.
+    `w [rows, cols]` torch; returns the dequantized tensor (same shape, dtype, device)."""
+    import torch
+
+    rows, cols = w.shape
+    if cols % group_size:
+        raise ValueError(f"cols ({cols}) must be a multiple of group_size ({group_size})")
+    x = _as_numpy(w, np.float32).reshape(rows, cols // group_size, group_size)
+    if importance is None:
+        weights = default_weights(x)
+    else:
+        imp = _as_numpy(importance, np.float32).reshape(1, cols // group_size, group_size)
+        weights = np.broadcast_to(_sub_weights(imp, imp), x.shape)
+    scale, mins = search_affine(x, weights, 2**bits - 1)
+    d = scale.astype(np.float16).astype(np.float32)[..., None]
+    m = mins.astype(np.float16).astype(np.float32)[..., None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(d > 0, nearest_int((x + m) / d), 0).clip(0, 2**bits - 1)
+    out = (d * q - m).reshape(rows, cols)
+    return torch.from_numpy(out).to(device=w.device, dtype=w.dtype)
+
+
 def rtn_bits_per_weight(bits: int, group_size: int) -> float:
     """`bits` per weight plus a float16 scale and a float16 minimum per group."""
     return bits + 32 / group_size
@@ -447,12 +668,14 @@ def gguf_tensor_name(param_name: str) -> str:
     raise ValueError(f"{param_name!r} has no GGUF tensor name")
 
 
-def write_gguf(path, plan: dict[str, str], source=None):
+def write_gguf(path, plan: dict[str, str], source=None, file_type: str | None = None):
     """Write a copy of the GGUF file `source` (default: the lab's SmolLM2) to `path`, with every tensor named in
     `plan` (our parameter names, or GGUF tensor names) re-quantized to its type as stored (`storable_type`):
     metadata, tokenizer and every other tensor are copied byte for byte. The weights are taken from the source
     file itself (dequantized, in its own row order), so llama.cpp's Q/K row permutation is kept as it was.
-    Returns the path. `lib.model.read_gguf_llama(path)` and transformers load the result."""
+    `general.file_type` says what the file is: `file_type` (a `gguf.LlamaFileType` name, e.g. "MOSTLY_Q4_K_M" for
+    that mix), by default the type that holds the most rewritten weights ("MOSTLY_Q4_K_S" for Q4_K, whose
+    uniform variant that is). Returns the path. `lib.model.read_gguf_llama(path)` and transformers load it."""
     from pathlib import Path
 
     import gguf
@@ -467,9 +690,23 @@ def write_gguf(path, plan: dict[str, str], source=None):
     if unknown:
         raise ValueError(f"{source.name} has no tensors {unknown[:5]}")
     writer = gguf.GGUFWriter(path, reader.fields["general.architecture"].contents())
+    stored_types = {t.name: storable_type(getattr(wanted[t.name], "name", wanted[t.name]), int(t.shape[0]))
+                    for t in reader.tensors if t.name in wanted}  # GGUF shapes list the row length first
+    if file_type is None:
+        weight = {}
+        for t in reader.tensors:
+            if t.name in stored_types:
+                weight[stored_types[t.name]] = weight.get(stored_types[t.name], 0) + int(t.n_elements)
+        top = max(weight, key=weight.get)
+        file_type = "MOSTLY_" + {"Q4_K": "Q4_K_S", "Q5_K": "Q5_K_S"}.get(top, top)
+    if file_type not in gguf.LlamaFileType.__members__:
+        raise ValueError(f"unknown file_type {file_type!r}: a gguf.LlamaFileType name such as 'MOSTLY_Q4_K_M'")
     for field in reader.fields.values():
         if field.name == "general.architecture" or field.name.startswith("GGUF."):
             continue  # written by GGUFWriter itself
+        if field.name == "general.file_type":
+            writer.add_file_type(int(gguf.LlamaFileType[file_type]))
+            continue
         vtype = field.types[0]
         sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(field.name, field.contents(), vtype, sub_type=sub)

@@ -64,15 +64,26 @@ def activation_absmax(model, windows: list[torch.Tensor], names: list[str]) -> d
     return seen
 
 
+# Linears whose smoothing factors must be one vector: 1/s is folded into the operation that feeds them, and q, k, v
+# read one RMSNorm's output (as gate and up read another's). o_proj's input is attention's output: with GQA, v_proj
+# has fewer outputs than o_proj has inputs, so no 1/s folds into v_proj for it — left unsmoothed, as AutoAWQ does.
+SHARED = {"attn": [("q_proj", "k_proj", "v_proj"), ("o_proj",)], "mlp": [("gate_proj", "up_proj"), ("down_proj",)]}
+UNSMOOTHED = {"o_proj"}
+
+
 def w8a8_model(model, act_max: dict[str, torch.Tensor] | None = None, alpha: float = 0.5):
-    """A copy of `model` whose block linears are `W8A8Linear` (smoothed with `act_max` and `alpha` when given)."""
+    """A copy of `model` whose block linears are `W8A8Linear`; smoothed, with `act_max` and `alpha` given, by one
+    vector s per group of `SHARED` (from the group's joint weight max), o_proj unsmoothed (`UNSMOOTHED`)."""
     memo = {id(p): p for p in model.parameters()}
     other = copy.deepcopy(model, memo)
     for i, layer in enumerate(other.layers):
         for part, parent in (("attn", layer.attn), ("mlp", layer.mlp)):
-            for name, child in list(parent.named_children()):
-                if isinstance(child, nn.Linear):
-                    key = f"layers.{i}.{part}.{name}.weight"
-                    s = None if act_max is None else smooth_scales(act_max[key], child.weight, alpha)
-                    setattr(parent, name, W8A8Linear(child.weight, s))
+            for group in SHARED[part]:
+                linears = [getattr(parent, name) for name in group]
+                s = None
+                if act_max is not None and group[0] not in UNSMOOTHED:
+                    joint = torch.cat([lin.weight.detach() for lin in linears])  # rows of all: one max per column
+                    s = smooth_scales(act_max[f"layers.{i}.{part}.{group[0]}.weight"], joint, alpha)
+                for name, lin in zip(group, linears):
+                    setattr(parent, name, W8A8Linear(lin.weight, s))
     return other.eval()

@@ -3,6 +3,7 @@
     text = load_text("hamlet")                       # data/text/hamlet.txt, Project Gutenberg
     ids = tokenizer(text, return_tensors="pt").input_ids[0, :4096]
     ppl = perplexity(model, ids, window=256, stride=128, progress=True)
+    ppl, se = perplexity_se(token_nlls(model, ids), chunk=256)   # with a standard error across chunks
 
 Perplexity is exp(mean negative log-likelihood) of every token after the first, each predicted from
 the tokens before it. A model sees at most `window` tokens at once, so long texts are read in windows
@@ -72,3 +73,27 @@ def perplexity(model, ids: torch.Tensor, window: int = 256, stride: int | None =
                progress: bool = False, desc: str = "perplexity") -> float:
     """exp(mean NLL) of `ids` under `model`, read in windows (see `token_nlls`)."""
     return math.exp(token_nlls(model, ids, window, stride, progress, desc).mean().item())
+
+
+def perplexity_se(nll: torch.Tensor, chunk: int = 256, baseline: torch.Tensor | None = None) -> tuple[float, float]:
+    """(perplexity, standard error) from token NLLs (`token_nlls`), or with `baseline` (the NLLs of another model
+    on the same tokens) (perplexity − baseline's perplexity, its standard error), paired chunk by chunk.
+
+    The tokens are cut into consecutive chunks of `chunk` (a partial last chunk is dropped from the spread
+    only); neighbouring tokens are correlated, chunks much less, so the standard error of the mean NLL is
+    the spread of the chunk means / sqrt(chunks), and perplexity's is exp(mean)·that (first order)."""
+    nll = nll.double().reshape(-1)
+    k = nll.numel() // chunk
+    if k < 2:
+        raise ValueError(f"need at least 2 chunks of {chunk} tokens for a standard error; got {nll.numel()} tokens")
+    ppl = math.exp(nll.mean().item())
+    if baseline is None:
+        means = nll[:k * chunk].reshape(k, chunk).mean(1)
+        return ppl, ppl * means.std().item() / math.sqrt(k)
+    base = baseline.double().reshape(-1)
+    if base.shape != nll.shape:
+        raise ValueError(f"baseline has {base.numel()} NLLs, nll has {nll.numel()}: score the same tokens")
+    base_ppl = math.exp(base.mean().item())
+    # Δppl ≈ ppl·Δ(mean nll) to first order; the chunks' differences carry the paired spread
+    diff = (nll[:k * chunk] - base[:k * chunk]).reshape(k, chunk).mean(1)
+    return ppl - base_ppl, math.sqrt(ppl * base_ppl) * diff.std().item() / math.sqrt(k)

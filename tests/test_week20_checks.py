@@ -1,6 +1,7 @@
 """Week 20's checks accept the solution notebook's exercises and reject each wrong route: calling gguf-py (the
 oracle) or lib.quant (the reference), rounding halves to even, packing neighbours into one byte, dropping the
-scale bits, ignoring the scales' cost."""
+scale bits, misplacing Q5_0's fifth bits, a Q4_K without the scale search; and, graded in an isolated process as
+`pytest weeks/20` grades a student, the wrong routes of issue 21 (ISOLATED_CASES)."""
 from pathlib import Path
 
 import numpy as np
@@ -95,10 +96,6 @@ def dq4_1_neighbour_nibbles(data):
     return (d * q + m).reshape(data.shape[0], -1)
 
 
-def bits_without_scales(qtype):
-    return {"Q8_0": 8.0, "Q4_0": 4.0, "Q4_1": 4.0, "Q5_0": 5.0, "Q5_1": 5.0, "Q4_K": 4.0, "Q5_K": 5.0, "Q6_K": 6.0}[qtype]
-
-
 def q4_k_symmetric_ignoring_mins(x):
     """Writes scale d·sc but leaves every min at 0: negative weights clip to 0."""
     rows, n = x.shape
@@ -147,12 +144,42 @@ def test_dequantize_q4_1(ex):
     _rejects(checks.check_dequantize_q4_1, dq4_1_neighbour_nibbles, "differ")
 
 
-def test_bits_per_weight(ex):
-    checks.check_bits_per_weight(ex.bits_per_weight)
-    _rejects(checks.check_bits_per_weight, bits_without_scales, "count the scales")
-    from lib.quant import bits_per_weight as hidden
+def q5_0_high_bits_reversed(own):  # the student's own quantizer, but bit 31 - i for code i
+    return lambda x: _reverse_qh(own(x), x.shape[0])
 
-    _rejects(checks.check_bits_per_weight, lambda t: hidden(t), "calls the lab's reference")
+
+def _reverse_qh(data, rows):
+    out = data.reshape(-1, 22).copy()
+    word = np.ascontiguousarray(out[:, 2:6]).view("<u4")[:, 0]
+    rev = np.zeros_like(word)
+    for i in range(32):
+        rev |= ((word >> i) & 1) << (31 - i)
+    out[:, 2:6] = rev.astype("<u4")[:, None].view(np.uint8)
+    return out.reshape(rows, -1)
+
+
+def q5_0_exact_half_up(own):  # exact floor(v + 16.5), not float32's trunc(v + 16.5f)
+    return lambda x: _exact_codes(own(x), x)
+
+
+def _exact_codes(data, x):
+    out = data.reshape(-1, 22).copy()
+    b = x.reshape(-1, 32)
+    d = np.ascontiguousarray(out[:, :2]).view(np.float16).astype(np.float32)
+    inv = np.where(d == 0, 0, 1 / np.where(d == 0, 1, d)).astype(np.float32)
+    q = np.floor((b * inv).astype(np.float32).astype(np.float64) + 16.5).clip(0, 31).astype(np.uint32)
+    out[:, 2:6] = ((q >> 4) << np.arange(32, dtype=np.uint32)).sum(1, dtype=np.uint32).astype("<u4")[:, None].view(np.uint8)
+    low = (q & 0x0F).astype(np.uint8)
+    out[:, 6:] = low[:, :16] | (low[:, 16:] << 4)
+    return out.reshape(x.shape[0], -1)
+
+
+def test_quantize_q5_0(ex):
+    checks.check_quantize_q5_0(ex.quantize_q5_0)
+    _rejects(checks.check_quantize_q5_0, via_gguf("Q5_0", "quantize"), "calls gguf-py")
+    _rejects(checks.check_quantize_q5_0, via_lib("Q5_0", "quantize"), "calls the lab's reference")
+    _rejects(checks.check_quantize_q5_0, q5_0_high_bits_reversed(ex.quantize_q5_0), "fifth bits")
+    _rejects(checks.check_quantize_q5_0, q5_0_exact_half_up(ex.quantize_q5_0), "differ")
 
 
 def test_dequantize_q4_k(ex):
@@ -217,8 +244,8 @@ def test_gptq_quantize(ex):
         scale = ((g.amax(-1, keepdim=True) - lo) / (2**bits - 1)).clamp_min(1e-12)
         return (torch.clamp(torch.round((g - lo) / scale), 0, 2**bits - 1) * scale + lo).reshape(w.shape)
 
-    _rejects(checks.check_gptq_quantize, rtn_own, "output error")
-    _rejects(checks.check_gptq_quantize, lambda w, x, bits, group, damp: w.clone(), "not quantized")
+    _rejects(checks.check_gptq_quantize, rtn_own, "GPTQ's")
+    _rejects(checks.check_gptq_quantize, lambda w, x, bits, group, damp: w.clone(), "uniform")
     from lib.gptq import gptq_quantize as hidden
 
     _rejects(checks.check_gptq_quantize, lambda *a: hidden(*a), "calls the lab's reference")
@@ -231,9 +258,228 @@ def test_awq_quantize(ex):
     _rejects(checks.check_awq_quantize, lambda *a: hidden(*a), "calls the lab's reference")
     _rejects(checks.check_awq_quantize, lambda w, x, bits, group, n: (ex.awq_quantize(w, x, bits, group, 1)[0], 0.0),
              "grid search finds")  # alpha = 0 only: plain RTN
-    _rejects(checks.check_awq_quantize, lambda w, x, bits, group, n: (w.clone(), 0.5), "not quantized")
+    _rejects(checks.check_awq_quantize, lambda w, x, bits, group, n: (w.clone(), 0.5), "uniform")
 
 
 def test_answer_q9(ex):
     checks.check_answer_q9(ex.answer_q9)
     _rejects(checks.check_answer_q9, lambda: {"attn_q", "attn_k"}, "Q6_K")
+
+
+# --- the same wrong routes and more, graded as `pytest weeks/20` grades a student: in an isolated process ---------
+
+WRONG_ROUTES = r'''
+import numpy as np
+import torch
+import gguf
+from gguf import GGMLQuantizationType as T
+
+
+def dq8_0_gguf_class(data):  # gguf's Q8_0 class, not its quantize()/dequantize() helpers
+    return gguf.quants.Q8_0.dequantize(data)
+
+
+def dq4_k_gguf_class(data):
+    return gguf.quants.Q4_K.dequantize(data)
+
+
+def q8_0_gguf(x):
+    return gguf.quants.quantize(x, T.Q8_0)
+
+
+def q8_0_gguf_source(x):  # gguf's quants.py exec'd under another file name
+    src = open(gguf.quants.__file__).read()
+    ns = {"__name__": "my_quants", "__package__": "gguf"}
+    exec(compile(src, "my_quants.py", "exec"), ns)
+    return ns["quantize"](x, T.Q8_0)
+
+
+def q8_0_lib_source(x):  # lib/quant.py exec'd under another file name
+    import lib
+    src = open(lib.__path__[0] + "/quant.py").read()
+    ns = {"__name__": "mine"}
+    exec(compile(src, "mine.py", "exec"), ns)
+    return ns["quantize"](x, "Q8_0")
+
+
+def _q8_0_with(x, rounding):
+    b = x.reshape(-1, 32)
+    d = np.abs(b).max(1, keepdims=True) / np.float32(127)
+    inv = np.where(d == 0, 0, 1 / np.where(d == 0, 1, d)).astype(np.float32)
+    q = rounding((b * inv).astype(np.float32)).astype(np.int8)
+    return np.concatenate([d.astype(np.float16).view(np.uint8), q.view(np.uint8)], 1).reshape(x.shape[0], -1)
+
+
+def q8_0_trunc_in_float32(x):  # roundf as float32 trunc(v ± 0.5): 0.49999997 -> 1
+    return _q8_0_with(x, lambda v: np.trunc(v + np.where(v >= 0, np.float32(0.5), np.float32(-0.5))))
+
+
+def q8_0_flush_subnormal(x):  # a float16 scale below 2^-14 written as 0
+    out = _q8_0_with(x, lambda v: np.sign(v) * np.floor(np.abs(v.astype(np.float64)) + 0.5))
+    d = out.reshape(-1, 34)[:, :2].copy().view(np.float16)
+    flushed = np.where(np.abs(d) < np.float16(2.0**-14), np.float16(0), d)
+    blocks = out.reshape(-1, 34).copy()
+    blocks[:, :2] = flushed.view(np.uint8)
+    return blocks.reshape(out.shape)
+
+
+def q4_1_exact_half_up(x):  # floor(v + 0.5) exactly (float64), not ggml's float32 trunc(v + 0.5f)
+    b = x.reshape(-1, 32)
+    lo, hi = b.min(1, keepdims=True), b.max(1, keepdims=True)
+    d = (hi - lo) / np.float32(15)
+    inv = np.where(d == 0, 0, 1 / np.where(d == 0, 1, d)).astype(np.float32)
+    v = ((b - lo) * inv).astype(np.float32).astype(np.float64)
+    q = np.floor(v + 0.5).clip(0, 15).astype(np.uint8)
+    out = [d.astype(np.float16).view(np.uint8), lo.astype(np.float16).view(np.uint8), q[:, :16] | (q[:, 16:] << 4)]
+    return np.concatenate(out, 1).reshape(x.shape[0], -1)
+
+
+def dq8_0_flush_subnormal(data):
+    b = data.reshape(-1, 34)
+    d = np.ascontiguousarray(b[:, :2]).view(np.float16).astype(np.float32)
+    d = np.where(np.abs(d) < 2.0**-14, np.float32(0), d)
+    return (d * b[:, 2:].view(np.int8).astype(np.float32)).reshape(data.shape[0], -1)
+
+
+def q4_k_min_max(x):  # the lab's former quantizer: each sub-block's min and max, no search
+    rows, n_cols = x.shape
+    sub = x.reshape(-1, 8, 32)
+    n = sub.shape[0]
+    lo = np.minimum(sub.min(2), 0)
+    scale, mn = (sub.max(2) - lo) / np.float32(15), -lo
+    d = (scale.max(1, keepdims=True) / np.float32(63)).astype(np.float16)
+    dmin = (mn.max(1, keepdims=True) / np.float32(63)).astype(np.float16)
+    d32, dmin32 = d.astype(np.float32), dmin.astype(np.float32)
+    sc = np.rint(scale / np.where(d32 > 0, d32, 1)).clip(0, 63).astype(np.uint8)
+    m = np.rint(mn / np.where(dmin32 > 0, dmin32, 1)).clip(0, 63).astype(np.uint8)
+    step = np.where(d32 * sc > 0, d32 * sc, 1)[..., None]
+    q = np.rint((sub + (dmin32 * m)[..., None]) / step).clip(0, 15).astype(np.uint8)
+    scales = np.concatenate([sc[:, :4] | ((sc[:, 4:] >> 4) << 6), m[:, :4] | ((m[:, 4:] >> 4) << 6),
+                             (sc[:, 4:] & 0x0F) | ((m[:, 4:] & 0x0F) << 4)], 1)
+    q = q.reshape(n, 4, 2, 32)
+    qs = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(n, 128)
+    return np.concatenate([d.view(np.uint8), dmin.view(np.uint8), scales, qs], 1).reshape(rows, -1)
+
+
+def q5_0_gguf_class(x):
+    return gguf.quants.Q5_0.quantize(x)
+
+
+def allocate_no_guard(delta, sizes, budget, low, high):  # spends bits on units that make perplexity worse
+    spare, chosen = (budget - low) * sum(sizes.values()), set()
+    for u in sorted(delta, key=lambda u: delta[u] / sizes[u], reverse=True):
+        if sizes[u] * (high - low) <= spare + 1e-9:
+            chosen.add(u)
+            spare -= sizes[u] * (high - low)
+    return chosen
+
+
+def _kmeans(v, wt, k, iters=15):  # weighted 1-D k-means per row of v [n, g]
+    c = torch.quantile(v, torch.linspace(0, 1, k, device=v.device), dim=1).T.contiguous()  # [n, k]
+    for _ in range(iters):
+        a = (v[:, :, None] - c[:, None, :]).abs().argmin(-1)
+        oh = torch.nn.functional.one_hot(a, k).to(v.dtype) * wt[None, :, None]
+        c = torch.where(oh.sum(1) > 0, (oh * v[:, :, None]).sum(1) / oh.sum(1).clamp_min(1e-30), c)
+    return c.gather(1, (v[:, :, None] - c[:, None, :]).abs().argmin(-1))
+
+
+def gptq_kmeans(w, x, bits, group, damp):  # an activation-weighted codebook per group: 2^bits values, not a grid
+    wt = x.pow(2).mean(0)
+    out = w.clone().float()
+    for g0 in range(0, w.shape[1], group):
+        out[:, g0:g0 + group] = _kmeans(out[:, g0:g0 + group], wt[g0:g0 + group], 2**bits)
+    return out
+
+
+def gptq_diag_search(w, x, bits, group, damp):  # plain rounding, grid clipped by a diagonal-Hessian search
+    h = x.pow(2).mean(0)
+    g = w.float().reshape(w.shape[0], -1, group)
+    hg = h.reshape(1, -1, group)
+    best, best_err = None, None
+    for shrink in torch.linspace(0.5, 1.0, 11):
+        lo, hi = g.amin(-1, keepdim=True) * shrink, g.amax(-1, keepdim=True) * shrink
+        scale = ((hi - lo) / (2**bits - 1)).clamp_min(1e-12)
+        q = torch.clamp(torch.round((g - lo) / scale), 0, 2**bits - 1) * scale + lo
+        err = ((q - g) ** 2 * hg).sum(-1, keepdim=True)
+        best = q if best is None else torch.where(err < best_err, q, best)
+        best_err = err if best_err is None else torch.minimum(err, best_err)
+    return best.reshape(w.shape)
+
+
+def gptq_in_place(w, x, bits, group, damp):  # the solution's GPTQ without .clone(): the caller's w is overwritten
+    W = w
+    H = 2 * x.T @ x / x.shape[0]
+    H += damp * torch.diag(H).mean() * torch.eye(H.shape[0], device=H.device)
+    U = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
+    Q = torch.zeros_like(W)
+    levels = 2**bits - 1
+    for j in range(W.shape[1]):
+        if j % group == 0:
+            lo = W[:, j:j + group].amin(1)
+            scale = ((W[:, j:j + group].amax(1) - lo) / levels).clamp_min(1e-12)
+        Q[:, j] = torch.clamp(torch.round((W[:, j] - lo) / scale), 0, levels) * scale + lo
+        W[:, j:] -= ((W[:, j] - Q[:, j]) / U[j, j])[:, None] * U[j, j:][None, :]
+    return Q
+
+
+def gptq_cpu_eye(w, x, bits, group, damp):  # torch.eye without device=: breaks on any other device
+    W = w.clone()
+    H = 2 * x.T @ x / x.shape[0]
+    H = H + damp * torch.diag(H).mean() * torch.eye(H.shape[0])
+    U = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
+    Q = torch.zeros_like(W)
+    levels = 2**bits - 1
+    for j in range(W.shape[1]):
+        if j % group == 0:
+            lo = W[:, j:j + group].amin(1)
+            scale = ((W[:, j:j + group].amax(1) - lo) / levels).clamp_min(1e-12)
+        Q[:, j] = torch.clamp(torch.round((W[:, j] - lo) / scale), 0, levels) * scale + lo
+        W[:, j:] -= ((W[:, j] - Q[:, j]) / U[j, j])[:, None] * U[j, j:][None, :]
+    return Q
+
+
+def awq_zero_kmeans(w, x, bits, group, n_grid):  # α = 0 (searching nothing) and a k-means codebook
+    return gptq_kmeans(w, x, bits, group, 0.0), 0.0
+'''
+
+# (check, wrong route, what its one-line reason must say)
+ISOLATED_CASES = [
+    ("dequantize_q8_0", "dq8_0_gguf_class", "calls gguf-py"),
+    ("dequantize_q4_k", "dq4_k_gguf_class", "calls gguf-py"),
+    ("quantize_q8_0", "q8_0_gguf", "calls gguf-py"),
+    ("quantize_q8_0", "q8_0_gguf_source", "calls gguf-py"),
+    ("quantize_q8_0", "q8_0_lib_source", "calls the lab's reference"),
+    ("quantize_q8_0", "q8_0_trunc_in_float32", "differ"),
+    ("quantize_q8_0", "q8_0_flush_subnormal", "differ"),
+    ("quantize_q4_1", "q4_1_exact_half_up", "differ"),
+    ("dequantize_q8_0", "dq8_0_flush_subnormal", "differ"),
+    ("quantize_q4_k", "q4_k_min_max", "Q4_1's"),
+    ("quantize_q5_0", "q5_0_gguf_class", "calls gguf-py"),
+    ("allocate_bits", "allocate_no_guard", "saves ΔPPL"),
+    ("gptq_quantize", "gptq_kmeans", "uniform"),
+    ("gptq_quantize", "gptq_diag_search", "GPTQ's"),
+    ("gptq_quantize", "gptq_in_place", "in place"),
+    ("gptq_quantize", "gptq_cpu_eye", "device"),
+    ("awq_quantize", "awq_zero_kmeans", "uniform"),
+]
+
+
+@pytest.fixture(scope="module")
+def wrong(tmp_path_factory):
+    nb = {"cells": [{"cell_type": "code", "metadata": {"tags": ["setup"]}, "source": WRONG_ROUTES, "outputs": [],
+                     "execution_count": None}],
+          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    path = tmp_path_factory.mktemp("wrong") / checks.WEEK.notebook
+    path.write_text(__import__("json").dumps(nb))
+    ex = load_exercises(path, isolated=True)
+    yield ex
+    ex.close()
+
+
+@pytest.mark.parametrize("check, route, reason", ISOLATED_CASES, ids=[c[1] for c in ISOLATED_CASES])
+def test_wrong_route_fails_in_the_isolated_process(wrong, check, route, reason):
+    with pytest.raises(AssertionError) as info:
+        getattr(checks, f"check_{check}")(getattr(wrong, route))
+    msg = str(info.value)
+    assert reason in msg, msg
+    print(f"{route}: {msg.splitlines()[0][:200]}")

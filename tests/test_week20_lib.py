@@ -61,7 +61,7 @@ def test_dequantize_random_bytes_is_bit_exact(qtype):
     assert np.array_equal(_bits(got), _bits(want))
 
 
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
 def test_lab_k_quantizers_decode_with_gguf(qtype):
     for case, x in _inputs().items():
         if x.shape[-1] % 256:
@@ -74,10 +74,85 @@ def test_lab_k_quantizers_decode_with_gguf(qtype):
             rmse = np.sqrt(np.mean((ours - x) ** 2))
             q41 = np.sqrt(np.mean((quant.dequantize(quant.quantize(x, "Q4_1"), "Q4_1") - x) ** 2))
             q51 = np.sqrt(np.mean((quant.dequantize(quant.quantize(x, "Q5_1"), "Q5_1") - x) ** 2))
-            if qtype == "Q4_K":  # 4.5 bpw within 1 % of Q4_1's 5.0 bpw on Gaussian weights, 3 % on heavy tails
-                assert rmse <= (1.01 if case == "normal" else 1.03) * q41
-            else:  # 6.56 bpw beats Q5_1's 6.0 bpw
-                assert rmse < q51
+            if qtype == "Q4_K":  # the search: 4.5 bpw below Q4_1's 5.0 bpw (0.92x on Gaussian weights)
+                assert rmse <= 0.95 * q41
+            elif qtype == "Q5_K":  # 5.5 bpw vs Q5_1's 6.0 (0.95x)
+                assert rmse <= 0.97 * q51
+            else:  # 6.56 bpw: about half Q5_1's error (0.46x Gaussian, 0.57x heavy tails), as one more bit should
+                assert rmse < 0.6 * q51
+
+
+def _rmse(a, b):
+    return float(np.sqrt(np.mean((np.asarray(a, np.float64) - b) ** 2)))
+
+
+def test_searched_q4_k_beats_q4_1_and_min_max_on_gaussian_and_t3():
+    """The issue's table: Q4_K with the search 0.920x Q4_1's RMSE on Gaussian data, 0.939x on Student-t(3)
+    (bounds 0.93 / 0.95); the min/max Q4_K (about 1.00x) is worse than the search by 7 % or more."""
+    seed = int(np.random.SeedSequence().entropy % 2**31)
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    for x, bound in [(rng.standard_normal((64, 1024)).astype(np.float32), 0.93),
+                     (rng.standard_t(3, (64, 1024)).astype(np.float32), 0.95)]:
+        q41 = _rmse(quant.dequantize(quant.quantize(x, "Q4_1"), "Q4_1"), x)
+        searched = _rmse(quant.dequantize(quant.quantize(x, "Q4_K"), "Q4_K"), x)
+        assert searched <= bound * q41, (seed, searched / q41)
+        assert searched * 1.07 <= _rmse(quant.dequantize(quant.quantize(x, "Q4_K", search=False), "Q4_K"), x), seed
+
+
+def test_the_least_squares_fit_is_the_minimum():
+    """weighted_affine_fit: no small step in (scale, offset) lowers the weighted error it minimizes."""
+    rng = np.random.default_rng(3)
+    x, w = rng.standard_normal((50, 32)), rng.random((50, 32))
+    q = rng.integers(0, 16, (50, 32)).astype(np.float64)
+    s, m = quant.weighted_affine_fit(x, w, q)
+
+    def err(s, m):
+        return (w * (s[:, None] * q + m[:, None] - x) ** 2).sum(-1)
+
+    for ds, dm in [(1e-3, 0), (-1e-3, 0), (0, 1e-3), (0, -1e-3)]:
+        assert (err(s + ds, m + dm) > err(s, m)).all()
+
+
+def test_importance_lowers_the_weighted_error_and_zero_importance_is_harmless():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((32, 512)).astype(np.float32)
+    imp = (rng.random(512) ** 6).astype(np.float32)
+    for qtype in ["Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]:
+        plain = quant.dequantize(quant.quantize(x, qtype), qtype)
+        data = quant.quantize(x, qtype, importance=imp)
+        weighted = quant.dequantize(data, qtype)
+        assert np.array_equal(weighted.view(np.uint32),
+                              gguf_dequantize(data, gguf.GGMLQuantizationType[qtype]).view(np.uint32))
+        assert (imp * (weighted - x) ** 2).sum() < 0.9 * (imp * (plain - x) ** 2).sum(), qtype
+    zero = quant.quantize(x, "Q4_K", importance=np.zeros(512, np.float32))
+    assert np.isfinite(quant.dequantize(zero, "Q4_K")).all()
+    assert np.array_equal(quant.quantize(x, "Q8_0", importance=imp), quant.quantize(x, "Q8_0"))  # Q8_0: no search
+
+
+def test_k_quant_codes_round_half_to_even():
+    assert quant.nearest_int(np.array([0.5, 1.5, 2.5, -0.5, -2.5])).tolist() == [0, 2, 2, -0, -2]
+
+
+def test_bfloat16_is_accepted():
+    w = torch.randn(4, 256).to(torch.bfloat16)
+    for qtype in ["Q8_0", "Q4_K", "Q6_K"]:
+        assert np.array_equal(quant.quantize(w, qtype), quant.quantize(w.float(), qtype))
+    assert quant.fake_quantize(w, "Q4_K").dtype == torch.float32
+
+
+def test_perplexity_se_from_chunks():
+    from lib.text import perplexity_se
+
+    nll = torch.tensor([1.0, 3.0] * 256)  # chunks of 2: every chunk mean is 2, no spread
+    assert perplexity_se(nll, chunk=2) == pytest.approx((np.exp(2.0), 0.0))
+    nll = torch.cat([torch.full((4,), 1.0), torch.full((4,), 3.0)]).double()  # chunks of 4: means 1 and 3
+    ppl, se = perplexity_se(nll, chunk=4)
+    assert ppl == pytest.approx(np.exp(2.0)) and se == pytest.approx(np.exp(2.0) * np.sqrt(2.0) / np.sqrt(2))
+    d, se_d = perplexity_se(nll + 0.1, chunk=4, baseline=nll)  # a constant shift: no paired spread
+    assert d == pytest.approx(np.exp(2.1) - np.exp(2.0)) and se_d == pytest.approx(0.0, abs=1e-9)
+    with pytest.raises(ValueError, match="2 chunks"):
+        perplexity_se(nll, chunk=8)
 
 
 def test_block_sizes_and_bits_per_weight_match_gguf():
@@ -106,8 +181,10 @@ def test_bad_input_is_refused_with_a_message():
         quant.quantize(np.zeros(32, np.float32), "Q3_K")
     with pytest.raises(ValueError, match="Q5_K"):
         quant.dequantize(np.zeros(32, np.uint8), "IQ4_NL")
-    with pytest.raises(ValueError, match="supported"):
-        quant.quantize(np.zeros(32, np.float32), "Q5_K")  # dequantize only
+    with pytest.raises(ValueError, match="importance must be"):
+        quant.quantize(np.zeros((2, 256), np.float32), "Q4_K", importance=np.ones(255, np.float32))
+    with pytest.raises(ValueError, match="importance must be"):
+        quant.quantize(np.zeros((2, 256), np.float32), "Q4_K", importance=-np.ones(256, np.float32))
 
 
 @pytest.mark.model
@@ -121,6 +198,12 @@ def test_write_gguf_loads_back_in_lib_model(tmp_path, smollm2):
     types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
     assert [types[quant.gguf_tensor_name(n)] for n in plan] == ["Q4_K", "Q8_0", "Q4_0", "Q5_1"]
     assert types["blk.0.ffn_up.weight"] == "Q4_1" and types["token_embd.weight"] == "Q8_0"  # the rest as stored
+    # the file says what it is: Q4_K holds the most rewritten weights (ffn_down is 576 x 1536), not the source's Q4_1
+    assert gguf.GGUFReader(path).fields["general.file_type"].contents() == gguf.LlamaFileType.MOSTLY_Q4_K_S
+    mix = quant.write_gguf(tmp_path / "mix.gguf", {"layers.0.mlp.down_proj.weight": "Q4_K"}, file_type="MOSTLY_Q4_K_M")
+    assert gguf.GGUFReader(mix).fields["general.file_type"].contents() == gguf.LlamaFileType.MOSTLY_Q4_K_M
+    with pytest.raises(ValueError, match="file_type"):
+        quant.write_gguf(tmp_path / "bad.gguf", plan, file_type="Q4_K")
     cfg, state = read_gguf_llama(path)
     assert cfg == model.config
     want = quant.quantize_model(model, plan).state_dict()
@@ -226,3 +309,24 @@ def test_smoothquant_migrates_an_outlier_channel():
     naive = W8A8Linear(w)(x)
     smooth = W8A8Linear(w, smooth_scales(x.abs().amax(0), w, 0.5))(x)
     assert (smooth - want).pow(2).mean() < 0.2 * (naive - want).pow(2).mean()
+
+
+def test_smoothquant_shares_scales_where_they_fold_and_leaves_o_proj():
+    """q/k/v read one RMSNorm's output and gate/up another's: one smoothing vector each (one norm gain absorbs
+    1/s); o_proj (fed by attention, fewer v outputs than o inputs under GQA) stays unsmoothed."""
+    from lib.model import tiny_model
+    from lib.smoothquant import activation_absmax, w8a8_model
+
+    model = tiny_model(seed=8)
+    ids = torch.randint(0, model.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(9))
+    names = quant.linear_names(model)
+    with torch.no_grad():
+        act_max = activation_absmax(model, [ids], names)
+        smooth = w8a8_model(model, act_max, alpha=0.5)
+        layer = smooth.layers[0]
+        assert torch.equal(layer.attn.q_proj.inv_s, layer.attn.k_proj.inv_s)
+        assert torch.equal(layer.attn.q_proj.inv_s, layer.attn.v_proj.inv_s)
+        assert torch.equal(layer.mlp.gate_proj.inv_s, layer.mlp.up_proj.inv_s)
+        assert not torch.equal(layer.attn.q_proj.inv_s, torch.ones_like(layer.attn.q_proj.inv_s))
+        assert torch.equal(layer.attn.o_proj.inv_s, torch.ones_like(layer.attn.o_proj.inv_s))
+        assert (smooth(ids) - model(ids)).abs().max() < 0.1 * model(ids).abs().max()

@@ -76,7 +76,8 @@ class Observation:
     """What one call did. `ops`: aten op name -> count; `matmuls`: (shape of a, shape of b) of every mm/bmm/
     matmul-like op; `flops`: FLOPs counted by torch's FlopCounterMode; `peak_bytes`: peak tensor bytes
     allocated during the call (inputs excluded); `lib_calls`: qualified names of `lib` functions that ran
-    (recognised by `grader.fingerprint`: lib's bytecode counts wherever it was loaded from)."""
+    (recognised by `grader.fingerprint`: lib's bytecode counts wherever it was loaded from), and of the
+    oracles' (`grader.fingerprint.ORACLE_MODULES`, e.g. "gguf.quants.dequantize"), recognised the same way."""
     ops: Counter = field(default_factory=Counter)
     matmuls: list = field(default_factory=list)
     flops: int = 0
@@ -114,7 +115,7 @@ class Observation:
 
     def lib_calls_except(self, *allowed: str) -> list[str]:
         """The `lib` functions that ran, other than those whose qualified names start with any of `allowed`."""
-        return sorted(c for c in self.lib_calls if not c.startswith(allowed)) if allowed else sorted(self.lib_calls)
+        return sorted(c for c in self.lib_calls if c.startswith("lib.") and not (allowed and c.startswith(allowed)))
 
 
 
@@ -236,13 +237,13 @@ def observe(fn, *args, **kwargs):
     obs = Observation()
     seen: set[str] = set()
 
-    from grader.fingerprint import lib_name
+    from grader.fingerprint import lib_name, oracle_name, warm
 
-    lib_name(observe.__code__)  # builds the table of lib's code before the code observed runs
+    warm()  # builds the tables of lib's (and the oracles') code before the code observed runs
 
     def profile(frame, event, arg):
-        if event == "call":
-            name = lib_name(frame.f_code)  # lib's code by file, or by fingerprint wherever it was loaded from
+        if event == "call":  # lib's (or an oracle's) code by file, or by fingerprint wherever it was loaded from
+            name = lib_name(frame.f_code) or oracle_name(frame.f_code)
             if name is not None and not name.startswith("lib.io_model.TensorMemoryMeter"):  # the meter observing
                 seen.add(name)
 

@@ -5,19 +5,17 @@ message that says what is wrong. The oracle is gguf-py (`gguf.quants`, a numpy p
 the lab's reference is lib/quant.py. Every byte must match: inputs include random, heavy-tailed and real
 SmolLM2 tensors and blocks built so that x/d lands exactly on a half (a rounding tie).
 
-A student's function may call neither `gguf` (the oracle) nor `lib.quant` (the reference): the check runs
-it under `observe` and a watcher of gguf-py's Python frames.
+A student's function may call neither `gguf.quants` (the oracle) nor `lib.quant` (the reference): the check runs
+it under `observe`, which recognises both by their code (grader.fingerprint), in the student's process.
 """
 from __future__ import annotations
 
 import functools
-import sys
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from grader.checks import generator, observe, seed_note
+from grader.checks import call_many, check_on_meta, generator, observe, seed_note
 from grader.harness import Week
 from lib import quant as ref
 
@@ -64,20 +62,45 @@ def _real(rows, block, offset):
     return name, w[pick, :n].numpy().astype(np.float32)
 
 
+_BELOW_HALF = np.nextafter(np.float32(0.5), np.float32(0))  # 0.49999997: rounds to 0, but 0.49999997 + 0.5 -> 1.0
+
+
+def _powers_of_two(rows, g):
+    """Per row a power of two 2^e: normal float16 scales (e in -12..0) and, in every fourth row, subnormal ones
+    (e in -20..-16: float16 stores them exactly, a port that flushes them to zero writes 0)."""
+    e = torch.randint(-12, 1, (rows, 1), generator=g)
+    e[::4] = torch.randint(-20, -15, (len(e[::4]), 1), generator=g)
+    return torch.pow(2.0, e.double())
+
+
 def _q8_ties(rows, offset):
-    """Blocks whose abs-max is 127, so d = 1 and x/d = x: every other value is k + 0.5 — an exact tie."""
+    """Blocks whose abs-max is 127·2^e, so d = 2^e exactly and x·(1/d) is exact: the other values are
+    (k + 0.5)·2^e (ties), ±0.49999997·2^e (near-ties) and 0; and one all-zero block (d = 0)."""
     g = generator(offset)
-    k = torch.randint(-126, 126, (rows, 128), generator=g).float() + 0.5
+    k = torch.randint(-126, 126, (rows, 128), generator=g).double() + 0.5
+    near = torch.rand(rows, 128, generator=g) < 0.2
+    k = torch.where(near, torch.where(torch.rand(rows, 128, generator=g) < 0.5, -1.0, 1.0) * float(_BELOW_HALF), k)
+    k[torch.rand(rows, 128, generator=g) < 0.05] = 0.0
     k[:, ::32] = 127.0 * torch.where(torch.rand(rows, 4, generator=g) < 0.5, -1.0, 1.0)
-    return k.numpy().astype(np.float32)
+    x = (k * _powers_of_two(rows, g)).numpy().astype(np.float32)
+    x[-1, :32] = 0.0
+    return x
 
 
 def _q4_1_ties(rows, offset):
-    """Blocks with min 0 and max 15, so d = 1 and (x - min)/d = x: the rest are k + 0.5 — ties."""
+    """Blocks with min −c·2^e and max (15 − c)·2^e, so d = 2^e and (x − min)·(1/d) is exact: the rest are ties
+    (k + 0.5), near-ties (0.49999997: ggml's float32 trunc(v + 0.5) gives 1, exact rounding 0) and exact
+    codes; subnormal float16 scales in every fourth row, and one all-zero block."""
     g = generator(offset)
-    k = torch.randint(0, 15, (rows, 128), generator=g).float() + 0.5
+    k = torch.randint(0, 15, (rows, 128), generator=g).double() + 0.5
+    near = torch.rand(rows, 128, generator=g) < 0.2
+    k = torch.where(near, torch.full_like(k, float(_BELOW_HALF)), k)
     k[:, ::32], k[:, 1::32] = 0.0, 15.0
-    return k.numpy().astype(np.float32)
+    c = torch.randint(0, 8, (rows, 1), generator=g).double()
+    c[::2] = 0  # min 0 in every other row: there x − min is exactly the near-tie 0.49999997·2^e
+    x = ((k - c) * _powers_of_two(rows, g)).numpy().astype(np.float32)
+    x[-1, :32] = 0.0
+    return x
 
 
 def _cases(block, offset, ties=None):
@@ -88,7 +111,8 @@ def _cases(block, offset, ties=None):
         name, w = _real(24, block, offset + 2 + i)
         yield f"SmolLM2 {name}, 24 random rows", w
     if ties is not None:
-        yield "tie blocks (x/d is exactly k + 0.5)", ties(8, offset + 4)
+        yield "tie blocks (x/d is exactly k + 0.5 or 0.49999997; d a power of two, subnormal in float16 in some)", \
+            ties(8, offset + 4)
 
 
 # --- comparing ----------------------------------------------------------------------------------------------
@@ -114,7 +138,7 @@ def _same_bytes(got, want: np.ndarray, x: np.ndarray, block: int, what: str, qty
     raise AssertionError(
         f"{what}: byte {byte} of block {blk} in row {row} is {got[row, diff[1]]}, gguf-py writes {want[row, diff[1]]} "
         f"({int((got != want).sum())} bytes differ). The block's first values: {np.array2string(values[:6], precision=4)}. "
-        f"Byte 0-1 is d as float16; check the {qtype} formula, float32 arithmetic throughout, and the rounding rule "
+        f"Byte 0-1 is d as float16{'; bytes 2-5 the fifth bits (bit i of a little-endian uint32 for code i)' if qtype == 'Q5_0' else ''}; check the {qtype} formula, float32 arithmetic throughout, and the rounding rule "
         f"(C roundf sends halves away from zero; np.round / torch.round send them to even) {seed_note()}")
 
 
@@ -131,37 +155,15 @@ def _same_floats(got, want: np.ndarray, what: str) -> None:
         f"(e.g. d * q + m, with d and m converted from float16 to float32 first) {seed_note()}")
 
 
-_GGUF_FILE = Path(__import__("gguf").__file__)
-_GGUF_DIRS = tuple({str(_GGUF_FILE.parent), str(_GGUF_FILE.resolve().parent)})  # as imported, and behind symlinks
-
-
 def _run(fn, *args, what: str):
-    """Call the student's `fn` under `observe`, also watching for gguf-py frames; refuse either route."""
-    gguf_calls: set[str] = set()
-
-    def watched(*a):
-        previous = sys.getprofile()
-
-        def profile(frame, event, arg):
-            if event == "call" and frame.f_code.co_filename.startswith(_GGUF_DIRS):
-                gguf_calls.add(f"gguf.{Path(frame.f_code.co_filename).stem}.{frame.f_code.co_name}")
-            if previous is not None:
-                previous(frame, event, arg)
-
-        sys.setprofile(profile)
-        try:
-            return fn(*a)
-        finally:
-            sys.setprofile(previous)
-
-    if getattr(fn, "__observe__", None) is not None:  # student code in another process: only lib calls are seen
-        result, obs = observe(fn, *args)
-    else:
-        result, obs = observe(watched, *args)
+    """Call the student's `fn` under `observe` (in the student's process when it is isolated); refuse lib's
+    reference and gguf-py's quantizers (the oracle), recognised by their code wherever it was loaded from."""
+    result, obs = observe(fn, *args)
     used = sorted(c for c in obs.lib_calls if c.startswith(("lib.quant.", "lib.gptq.", "lib.awq.")))
     assert not used, f"{what}: calls the lab's reference ({', '.join(used)}); write the block arithmetic yourself"
-    assert not gguf_calls, (f"{what}: calls gguf-py ({', '.join(sorted(gguf_calls))}), the oracle this check compares "
-                            f"against; write the block arithmetic yourself")
+    oracle = sorted(c for c in obs.lib_calls if c.startswith("gguf."))
+    assert not oracle, (f"{what}: calls gguf-py ({', '.join(oracle)}), the oracle this check compares against; "
+                        f"write the block arithmetic yourself")
     return result
 
 
@@ -187,7 +189,8 @@ def _check_quantizer(fn, qtype, name, offset, ties):
 
 
 def _random_blocks(qtype, rows, blocks, offset):
-    """Random bytes in `qtype`'s layout whose float16 fields are finite, positive and of weight-like size."""
+    """Random bytes in `qtype`'s layout whose float16 fields are finite, of weight-like size, subnormal (20 %)
+    or zero (10 %)."""
     g = generator(offset)
     nbytes = ref.BLOCK_SIZES[qtype][1]
     data = torch.randint(0, 256, (rows, blocks, nbytes), generator=g, dtype=torch.uint8).numpy()
@@ -195,6 +198,9 @@ def _random_blocks(qtype, rows, blocks, offset):
                   "Q5_K": [0, 2], "Q6_K": [208]}[qtype]
     for at in f16_fields:
         scale = (torch.rand(rows, blocks, generator=g) * 0.01).numpy().astype(np.float16)
+        tiny = (torch.randint(1, 1024, (rows, blocks), generator=g) * 2.0**-24).numpy().astype(np.float16)
+        pick = torch.rand(rows, blocks, generator=g).numpy()
+        scale = np.where(pick < 0.2, tiny, np.where(pick < 0.3, np.float16(0), scale))  # subnormal and zero scales
         if qtype in ("Q4_1", "Q5_1") and at == 2:
             scale = -scale  # m is the block's minimum, usually negative
         data[..., at:at + 2] = scale.reshape(rows, blocks, 1).view(np.uint8)
@@ -236,18 +242,24 @@ def check_dequantize_q4_1(dequantize_q4_1) -> None:
     _check_dequantizer(dequantize_q4_1, "Q4_1", "dequantize_q4_1", 400)
 
 
-@WEEK.exercise(5, "bits_per_weight", section=SECTION_LEGACY)
-def check_bits_per_weight(bits_per_weight) -> None:
-    """bits_per_weight(qtype) for every type in lib.quant.DEQUANTIZE_TYPES, from the block layout (scales included)."""
-    types = list(ref.DEQUANTIZE_TYPES)
-    order = torch.randperm(len(types), generator=generator(500)).tolist()
-    for i in order:
-        qtype = types[i]
-        got = _run(bits_per_weight, qtype, what=f"bits_per_weight({qtype!r})")
-        want = ref.bits_per_weight(qtype)
-        assert isinstance(got, (int, float)) and abs(float(got) - want) < 1e-9, (
-            f"bits_per_weight({qtype!r}) = {got!r}; expected {want} = 8 x bytes per block / weights per block "
-            f"({ref.BLOCK_SIZES[qtype][1]} bytes per {ref.BLOCK_SIZES[qtype][0]} weights: count the scales too)")
+def _q5_0_ties(rows, offset):
+    """Blocks whose signed abs-max is ±16·2^e, so |d| = 2^e and x·(1/d) is exact: the rest are (k + 0.5)·2^e and
+    near-ties (k + 0.49999997)·2^e (float32's v + 16.5 rounds those up, exact arithmetic would not), and 0;
+    subnormal float16 d in every fourth row, and one all-zero block."""
+    g = generator(offset)
+    k = torch.randint(-15, 15, (rows, 128), generator=g).double() + 0.5
+    near = torch.rand(rows, 128, generator=g) < 0.3
+    k = torch.where(near, k.floor() + float(_BELOW_HALF), k)
+    k[:, ::32] = 16.0 * torch.where(torch.rand(rows, 4, generator=g) < 0.5, -1.0, 1.0)
+    x = (k * _powers_of_two(rows, g)).numpy().astype(np.float32)
+    x[-1, :32] = 0.0
+    return x
+
+
+@WEEK.exercise(5, "quantize_q5_0", section=SECTION_LEGACY)
+def check_quantize_q5_0(quantize_q5_0) -> None:
+    """Bytes equal to gguf-py's: d, the 32 fifth bits in a little-endian uint32 (bit i for code i), the nibbles."""
+    _check_quantizer(quantize_q5_0, "Q5_0", "quantize_q5_0", 500, _q5_0_ties)
 
 
 # --- 6-7: K-quants ------------------------------------------------------------------------------------------
@@ -258,38 +270,46 @@ def check_dequantize_q4_k(dequantize_q4_k) -> None:
     _check_dequantizer(dequantize_q4_k, "Q4_K", "dequantize_q4_k", 600)
 
 
-# A plain min/max Q4_K quantizer lands within 1 % of Q4_1's RMSE (4.5 vs 5.0 bits per weight) on Gaussian
-# tensors (ratio 1.002 ± 0.0015 over 300 seeds of [16, 1024]); allow 3 %. On heavy-tailed tensors and SmolLM2's
-# weights (decoded Q4_1 already), within 5 % of the lab's min/max Q4_K.
-Q4_K_RMSE_VS_Q4_1 = 1.03
-Q4_K_RMSE_VS_LAB = 1.05
+# lib.quant's searched Q4_K has RMSE 0.920x Q4_1's on Gaussian tensors (a plain min/max Q4_K: 1.002x). The
+# solution's search (float64, its own code) vs lib's over 200 seeds: Gaussian [16, 1024] 1.0000 (identical);
+# heavy-tailed [16, 2048] 1.0001 ± 0.0014, max 1.008 — there a float detail can flip a sub-block's choice
+# and with it the super-block's d. Allowed: 1 % of lib's, 3 % on the heavy-tailed case; and 0.95x Q4_1 on
+# Gaussian data.
+Q4_K_RMSE_VS_LIB = 1.01
+Q4_K_RMSE_VS_LIB_HEAVY = 1.03
+Q4_K_RMSE_VS_Q4_1 = 0.95
+
+
+def _rmse(a, b):
+    return float(np.sqrt(np.mean((np.asarray(a, np.float64) - b) ** 2)))
 
 
 @WEEK.exercise(7, "quantize_q4_k", section=SECTION_K)
 def check_quantize_q4_k(quantize_q4_k) -> None:
-    """Any Q4_K quantizer whose bytes gguf-py decodes to weights as close as Q4_1's on Gaussian ones (RMSE within
-    3 %), and within 5 % of the lab's min/max Q4_K on heavy-tailed and real SmolLM2 rows."""
+    """Bytes that gguf-py decodes as Q4_K to weights within 1 % of lib.quant's searched Q4_K (RMSE) on random,
+    heavy-tailed and real SmolLM2 rows, and below 0.95x Q4_1's RMSE on Gaussian ones (min/max gets 1.00x)."""
     for desc, x in _cases(256, 700):
         what = f"quantize_q4_k on {desc}"
         got = _np(_run(quantize_q4_k, x.copy(), what=what), what)
         want_shape = (x.shape[0], x.shape[1] // 256 * 144)
         assert got.dtype == np.uint8 and got.shape == want_shape, (
             f"{what}: returned {got.dtype} {got.shape}; expected uint8 {want_shape} (144 bytes per 256 weights)")
-        decoded = _oracle_dequantize(got, "Q4_K")
+        with np.errstate(all="ignore"):
+            decoded = _oracle_dequantize(got, "Q4_K")
         assert np.isfinite(decoded).all(), f"{what}: gguf-py decodes NaN or inf from your blocks (d or dmin?) {seed_note()}"
-        rmse = float(np.sqrt(np.mean((decoded.astype(np.float64) - x) ** 2)))
+        rmse = _rmse(decoded, x)
+        lib_rmse = _rmse(ref.dequantize(ref.quantize(x, "Q4_K"), "Q4_K"), x)
         if desc.startswith("random normal"):
-            base_name, base = "Q4_1", _oracle_dequantize(_oracle_quantize(x, "Q4_1"), "Q4_1")
-            bound = Q4_K_RMSE_VS_Q4_1
-        else:  # outliers spoil the 6-bit sub-block scales; real weights are decoded Q4_1, which Q4_1 gets for free
-            base_name, base = "the lab's min/max Q4_K", ref.dequantize(ref.quantize(x, "Q4_K"), "Q4_K")
-            bound = Q4_K_RMSE_VS_LAB
-        rmse_base = float(np.sqrt(np.mean((base.astype(np.float64) - x) ** 2)))
-        assert rmse <= bound * rmse_base + 1e-12, (
-            f"{what}: gguf-py decodes your blocks with RMSE {rmse:.4g}, {base_name} gets {rmse_base:.4g} (allowed "
-            f"{bound}x); a per-sub-block min/max quantizer gets within 1 % of Q4_1. Are the scales and mins packed in "
-            f"the 12-byte layout, sub-block 2j in the low nibbles and 2j+1 in the high nibbles of the same 32 bytes? "
-            f"{seed_note()}")
+            q4_1 = _rmse(_oracle_dequantize(_oracle_quantize(x, "Q4_1"), "Q4_1"), x)
+            assert rmse <= Q4_K_RMSE_VS_Q4_1 * q4_1, (
+                f"{what}: RMSE {rmse:.4g} is {rmse / q4_1:.3f}x Q4_1's ({q4_1:.4g}); the scale search gets "
+                f"{lib_rmse / q4_1:.3f}x and a per-sub-block min/max about 1.00x. Search the 21 candidate scales, refit "
+                f"(s, m) by weighted least squares on each one's codes, keep the smallest weighted error {seed_note()}")
+        bound = Q4_K_RMSE_VS_LIB_HEAVY if desc.startswith("heavy") else Q4_K_RMSE_VS_LIB
+        assert rmse <= bound * lib_rmse + 1e-12, (
+            f"{what}: gguf-py decodes your blocks with RMSE {rmse:.4g}; lib.quant's search gets {lib_rmse:.4g} (allowed "
+            f"{bound}x). Check the weights sqrt(mean x²) + |x|, the least-squares refit (with m clamped at "
+            f"0), the 6-bit packing (sub-block 2j in the low nibbles, 2j+1 in the high nibbles) {seed_note()}")
 
 
 # --- 8: sensitivity -> bits -----------------------------------------------------------------------------------
@@ -304,13 +324,16 @@ def check_allocate_bits(allocate_bits) -> None:
     g = generator(800)
     cases = [  # a big unit that is sensitive in total but cheap per bit loses to two small ones
         ({"big": 10.0, "a": 6.0, "b": 6.0, "c": 0.5}, {"big": 1000, "a": 300, "b": 300, "c": 400}, 4.0, 3.5, 4.5)]
-    for _ in range(6):
+    for case in range(8):
         n = int(torch.randint(5, 14, (1,), generator=g))
         names = [f"blk.{i}.{k}" for i, k in enumerate(torch.randint(0, 7, (n,), generator=g).tolist())]
         delta = {u: float(v) for u, v in zip(names, torch.rand(n, generator=g).pow(3) * 20)}
+        if case >= 6:  # measured noise: some units' ΔPPL is negative (quantizing them low *helped*)
+            for u in names[::3]:
+                delta[u] = -float(torch.rand(1, generator=g)) * 2
         sizes = {u: int(v) for u, v in zip(names, torch.randint(1, 9, (n,), generator=g) * 110_592)}
         low, high = 3.5, [4.5, 5.0, 8.5][int(torch.randint(3, (1,), generator=g))]
-        budget = low + float(torch.rand(1, generator=g)) * (high - low)
+        budget = low + float(torch.rand(1, generator=g) if case < 6 else 0.9 + 0.1 * torch.rand(1, generator=g)) * (high - low)
         cases.append((delta, sizes, budget, low, high))
     for delta, sizes, budget, low, high in cases:
         what = f"allocate_bits(budget {budget:.3f} bits/weight, low {low}, high {high}, {len(delta)} units)"
@@ -330,61 +353,104 @@ def check_allocate_bits(allocate_bits) -> None:
 # --- 9-10: GPTQ and AWQ --------------------------------------------------------------------------------------
 
 def _calibration(rows, cols, n, offset):
-    """Weights `[rows, cols]` and correlated inputs `[n, cols]` with a few outlier channels, like LLM activations."""
+    """Weights `[rows, cols]`, correlated inputs `[n, cols]` with a few outlier channels (like LLM activations),
+    and held-out inputs `[n, cols]` from the same distribution (the error is judged there, not on the data
+    the method fitted)."""
     g = generator(offset)
     w = 0.05 * torch.randn(rows, cols, generator=g)
-    x = torch.randn(n, cols, generator=g) @ (torch.randn(cols, cols, generator=g) / cols**0.5)
+    mix = torch.randn(cols, cols, generator=g) / cols**0.5
     outliers = torch.randperm(cols, generator=g)[:4]
-    x[:, outliers] *= 20
-    return w, x
+    xs = []
+    for _ in range(2):
+        x = torch.randn(n, cols, generator=g) @ mix
+        x[:, outliers] *= 20
+        xs.append(x)
+    return w, xs[0], xs[1]
 
 
-def _on_grid(w_q, bits, group_size, what, col_scale=None):
-    """Every (row, group) of `w_q` (times `col_scale` per input channel) takes at most 2^bits distinct values
-    (values closer than 1e-4 of the group's range count as one: float rounding of a rescaled grid)."""
+def _uniform_grid(w_q, bits, group_size, what, col_scale=None):
+    """Every (row, group) of `w_q` (times `col_scale` per input channel) lies on a uniform grid lo + step·k,
+    k integer in 0 … 2^bits − 1 (within 1e-3 of a step: float rounding of a rescaled grid). A codebook of
+    2^bits arbitrary values (k-means) is not one."""
     v = w_q.double() * (col_scale.double() if col_scale is not None else 1.0)
     rows, cols = v.shape
-    g = v.reshape(rows, cols // group_size, group_size).sort(-1).values
-    span = (g[..., -1:] - g[..., :1]).clamp_min(1e-30)
-    distinct = 1 + ((g[..., 1:] - g[..., :-1]) > 1e-4 * span).sum(-1)
-    worst = int(distinct.max())
-    assert worst <= 2**bits, (
-        f"{what}: the weights are not quantized — a group of {group_size} columns in a row holds {worst} distinct "
-        f"values, more than the {2 ** bits} levels of {bits} bits. Return the dequantized weights {seed_note()}")
+    g = v.reshape(rows, cols // group_size, group_size)
+    lo = g.amin(-1, keepdim=True)
+    span = g.amax(-1, keepdim=True) - lo
+    levels = 2**bits - 1
+    ok = span[..., 0] <= 1e-12 * g.abs().amax(-1).clamp_min(1e-30)
+    for k in range(1, levels + 1):  # the top level used is k steps above the lowest
+        r = (g - lo) / (span / k).clamp_min(1e-300)
+        ok |= (r - r.round()).abs().amax(-1) <= 1e-3
+    bad = (~ok).nonzero()
+    assert len(bad) == 0, (
+        f"{what}: row {int(bad[0, 0])}, group {int(bad[0, 1])} is not on a uniform {bits}-bit grid (lo + step·k, k an "
+        f"integer 0…{levels}): {len(bad)} groups are not. Quantize to integer codes and return scale·q + lo "
+        f"{seed_note()}")
 
 
 def _mse(w, w_q, x):
     return float(((x.double() @ (w.double() - w_q.double()).T) ** 2).mean())
 
 
+def _pure(fn, args, what):
+    """Two calls with the very same argument objects (in the student's process too) give the same result, and
+    (here) leave the arguments unchanged: a function that overwrites its input fails."""
+    before = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    first, second = call_many(fn, [(args, {}), (args, {})])
+    for a, b in zip(args, before):
+        if isinstance(a, torch.Tensor):
+            assert torch.equal(a, b), f"{what}: changed its input tensor in place; work on a copy (.clone())"
+    r1 = first[0] if isinstance(first, tuple) else first
+    r2 = second[0] if isinstance(second, tuple) else second
+    assert isinstance(r1, torch.Tensor) and isinstance(r2, torch.Tensor) and torch.equal(r1, r2), (
+        f"{what}: a second call with the same arguments returned something else — the first call changed its "
+        f"inputs in place; work on a copy (.clone())")
+
+
+# GPTQ is deterministic: a correct implementation (same grid, damping, order and lazy-batch arithmetic up to float
+# rounding) reproduces lib.gptq's weights nearly everywhere — the solution matches 100 % on these inputs; a
+# rounding error fed back differently drifts the codes apart column by column.
+GPTQ_SAME_CODES = 0.9
+
+
 @WEEK.exercise(9, "gptq_quantize", section="7 (GPTQ)")
 def check_gptq_quantize(gptq_quantize) -> None:
-    """On its calibration inputs, output error within 5 % of lib.gptq's and well below round-to-nearest's."""
+    """On a uniform grid; the weights lib.gptq finds (≥ 90 % of them); output error on held-out inputs within 5 %
+    of lib.gptq's; inputs unchanged; tensors made on the inputs' device (a meta run)."""
     from lib.gptq import gptq_quantize as ref_gptq
 
     for i, (bits, group, cols) in enumerate([(4, 64, 128), (3, 32, 96)]):
-        w, x = _calibration(24, cols, 384, 900 + i)
+        w, x, x_test = _calibration(24, cols, 384, 900 + i)
         what = f"gptq_quantize(w {tuple(w.shape)}, x {tuple(x.shape)}, bits={bits}, group_size={group}, damp=0.01)"
         got = _run(gptq_quantize, w.clone(), x.clone(), bits, group, 0.01, what=what)
-        assert isinstance(got, torch.Tensor) and got.shape == w.shape, (
-            f"{what}: returned {type(got).__name__} {tuple(getattr(got, 'shape', ()))}; expected a tensor {tuple(w.shape)}")
-        _on_grid(got, bits, group, what)
-        err, want = _mse(w, got, x), _mse(w, ref_gptq(w, x, bits, group, 0.01), x)
-        rtn = _mse(w, ref.rtn_quantize(w, bits, group), x)
-        assert err <= 1.05 * want, (
-            f"{what}: output error {err:.4g} on the calibration inputs; GPTQ gets {want:.4g} (round-to-nearest "
-            f"{rtn:.4g}). After rounding column j, spread its error over the later columns with row j of the "
+        assert isinstance(got, torch.Tensor) and got.shape == w.shape and got.dtype == w.dtype, (
+            f"{what}: returned {type(got).__name__} {tuple(getattr(got, 'shape', ()))} {getattr(got, 'dtype', '')}; "
+            f"expected a {w.dtype} tensor {tuple(w.shape)}")
+        _uniform_grid(got, bits, group, what)
+        want_w = ref_gptq(w, x, bits, group, 0.01)
+        step = (want_w.reshape(24, -1, group).amax(-1) - want_w.reshape(24, -1, group).amin(-1)) / (2**bits - 1)
+        same = float(((got - want_w).abs().reshape(24, -1, group) <= 1e-3 * step[..., None] + 1e-12).double().mean())
+        err, want = _mse(w, got, x_test), _mse(w, want_w, x_test)
+        rtn = _mse(w, ref.rtn_quantize(w, bits, group), x_test)
+        assert same >= GPTQ_SAME_CODES and err <= 1.05 * want, (
+            f"{what}: {same:.0%} of your weights are GPTQ's, output error {err:.4g} on held-out inputs; GPTQ gets "
+            f"{want:.4g} (round-to-nearest {rtn:.4g}). Go column by column: the group's min/max grid from the weights "
+            f"as updated when the group starts, round, and spread the error over the later columns with row j of the "
             f"Cholesky factor of H⁻¹ (H = 2XᵀX/n, damped by 1 % of its mean diagonal) {seed_note()}")
+        _pure(gptq_quantize, (w, x, bits, group, 0.01), what)
+        check_on_meta(gptq_quantize, (w, x, bits, group, 0.01), what)
 
 
 @WEEK.exercise(10, "awq_quantize", section="8 (AWQ)")
 def check_awq_quantize(awq_quantize) -> None:
-    """The α found is as good as lib.awq's grid search; the weights are RTN of W·diag(s) scaled back."""
+    """The α found is as good as lib.awq's grid search on held-out inputs; the weights are on a uniform grid
+    after W·diag(s); inputs unchanged."""
     from lib.awq import awq_quantize as ref_awq
     from lib.awq import awq_scales
 
     for i, (bits, group, cols) in enumerate([(3, 64, 192), (4, 32, 128)]):
-        w, x = _calibration(24, cols, 384, 1000 + i)
+        w, x, x_test = _calibration(24, cols, 384, 1000 + i)
         what = f"awq_quantize(w {tuple(w.shape)}, x {tuple(x.shape)}, bits={bits}, group_size={group}, n_grid=20)"
         got = _run(awq_quantize, w.clone(), x.clone(), bits, group, 20, what=what)
         assert isinstance(got, tuple) and len(got) == 2, f"{what}: return (w_eff, alpha), a pair"
@@ -392,14 +458,16 @@ def check_awq_quantize(awq_quantize) -> None:
         assert isinstance(w_eff, torch.Tensor) and w_eff.shape == w.shape, f"{what}: w_eff must be a tensor {tuple(w.shape)}"
         alpha = float(alpha)
         assert any(abs(alpha - k / 20) < 1e-9 for k in range(20)), f"{what}: α = {alpha} is not on the grid 0, 0.05, … 0.95"
-        _on_grid(w_eff, bits, group, what + " (times s)", awq_scales(x.abs().mean(0), alpha))
-        err = _mse(w, w_eff, x)
+        _uniform_grid(w_eff, bits, group, what + " (times s)", awq_scales(x.abs().mean(0), alpha))
         want_w, want_alpha = ref_awq(w, x, bits, group, 20)
-        want = _mse(w, want_w, x)
-        assert err <= 1.001 * want, (
-            f"{what}: output error {err:.4g} at α = {alpha}; the grid search finds {want:.4g} at α = {want_alpha}. "
-            f"Try every α, scale the columns by s = (E|x|)^α, round, scale back, and keep the α with the smallest "
-            f"error on x {seed_note()}")
+        assert _mse(w, w_eff, x) <= 1.001 * _mse(w, want_w, x), (
+            f"{what}: output error {_mse(w, w_eff, x):.4g} at α = {alpha} on the calibration inputs; the grid search "
+            f"finds {_mse(w, want_w, x):.4g} at α = {want_alpha}. Try every α, scale the columns by s = (E|x|)^α, round "
+            f"to nearest on the min/max grid, scale back, and keep the α with the smallest error on x {seed_note()}")
+        err, want = _mse(w, w_eff, x_test), _mse(w, want_w, x_test)
+        assert err <= 1.02 * want, (
+            f"{what}: output error {err:.4g} on held-out inputs; AWQ's α = {want_alpha} gets {want:.4g} {seed_note()}")
+        _pure(awq_quantize, (w, x, bits, group, 20), what)
 
 
 # --- 11: quiz ---------------------------------------------------------------------------------------------

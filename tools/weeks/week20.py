@@ -21,13 +21,13 @@ You will write the llama.cpp block formats **byte for byte** (checked against gg
 port of ggml's C code), find out what the model we have been calling "F32" really is, decode the
 K-quants with their packed 6-bit scales, and measure what each format costs in perplexity per bit.
 
-**You will write** the Q8_0 and Q4_1 quantizers and dequantizers, bits per weight from a block layout,
-the Q4_K dequantizer and a Q4_K quantizer, a bit allocation from measured sensitivities, GPTQ and AWQ, and
+**You will write** the Q8_0 and Q4_1 quantizers and dequantizers, the Q5_0 quantizer (its fifth bits),
+the Q4_K dequantizer and a Q4_K quantizer with llama.cpp's scale search, a bit allocation from measured sensitivities, GPTQ and AWQ, and
 a quiz answer. Each is checked by the cell right after it and by
 `pytest weeks/20 -k exNN` (for example `pytest weeks/20 -k ex03`); `pytest weeks/20` checks everything.
 
-Set `FULL = True` in the next cell for the long measurements (more text for perplexity, every tensor
-instead of a sample); the default run takes about two minutes.
+Set `FULL = True` in the next cell for the long measurements (4,335 held-out tokens for the perplexity
+table instead of 1,020, every tensor and layer instead of a sample); the default run takes a few minutes.
 """)
 
 nb.setup(r"""
@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from grader.checks.week20 import (check_quantize_q8_0, check_dequantize_q8_0, check_quantize_q4_1,
-                                  check_dequantize_q4_1, check_bits_per_weight, check_dequantize_q4_k,
+                                  check_dequantize_q4_1, check_quantize_q5_0, check_dequantize_q4_k,
                                   check_quantize_q4_k, check_allocate_bits, check_gptq_quantize, check_awq_quantize,
                                   check_answer_q9)
 """)
@@ -50,9 +50,9 @@ from tqdm.auto import tqdm
 from lib import paths, roofline
 from lib import awq as ref_awq, gptq as ref_gptq, quant as ref  # the lab's reference: compare after writing your own
 from lib.model import shared_smollm2
-from lib.text import load_text, perplexity
+from lib.text import load_text, perplexity, perplexity_se, token_nlls
 
-FULL = False  # True: perplexity on 4096 tokens instead of 512, every tensor instead of a sample (many minutes)
+FULL = False  # True: perplexity on 4,335 tokens instead of 1,020, every tensor instead of a sample (many minutes)
 
 model, tok = shared_smollm2()  # SmolLM2-135M-Instruct, fp32, dequantized from the Q4_1 GGUF file; do not modify it
 cfg = model.config
@@ -204,25 +204,34 @@ def dequantize_q4_1(data: np.ndarray) -> np.ndarray:
 nb.test("test_dequantize_q4_1", "check_dequantize_q4_1(dequantize_q4_1)", points=1)
 
 nb.md(r"""
-**Bits per weight** is what a format really costs: the scales count. Q4_0 is "4-bit" but stores 18
-bytes per 32 weights, 4.5 bits per weight. Write it from the layouts (the K-quants are in section 4:
-Q4_K 144 bytes per 256 weights, Q5_K 176, Q6_K 210).
+**Q5_0: the fifth bit.** Q5_0 stores 32 codes of 5 bits in 22 bytes: `d` (float16), then **4 bytes `qh`**,
+then 16 bytes of nibbles in Q4_1's order. A byte holds two nibbles but not two 5-bit codes, so each code is
+split: its low 4 bits go to the nibbles, its fifth bit (bit 4) to `qh`, which is a little-endian `uint32`
+whose **bit i is the fifth bit of code i**. The codes are symmetric like Q4_0's: `d = v/−16` where `v` is
+the block's value of largest magnitude *with its sign* (the first one if two tie), and
+`q = trunc(x·(1/d) + 16.5)` in float32 (clipped to 0…31), so a weight is `d·(q − 16)`. Write the
+quantizer; how to gather 32 bits into 4 bytes is the part to work out (numpy's shifts and a `"<u4"` view
+help). The check compares bytes with gguf-py on random, real and near-tie blocks (subnormal `d` included).
 """)
 
-nb.exercise("bits_per_weight", r'''
-def bits_per_weight(qtype: str) -> float:
-    """Bits of storage per weight of a GGUF type: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K."""
+nb.exercise("quantize_q5_0", r'''
+def quantize_q5_0(x: np.ndarray) -> np.ndarray:
+    """x float32 [rows, n], n a multiple of 32 -> uint8 [rows, n // 32 * 22]: GGUF's Q5_0 blocks."""
     ### BEGIN SOLUTION
-    layout = {  # name: (weights per block, bytes per block)
-        "Q8_0": (32, 2 + 32), "Q4_0": (32, 2 + 16), "Q4_1": (32, 2 + 2 + 16), "Q5_0": (32, 2 + 4 + 16),
-        "Q5_1": (32, 2 + 2 + 4 + 16), "Q4_K": (256, 2 + 2 + 12 + 128), "Q5_K": (256, 2 + 2 + 12 + 32 + 128),
-        "Q6_K": (256, 128 + 64 + 16 + 2),
-    }
-    weights, nbytes = layout[qtype]
-    return 8 * nbytes / weights
+    rows = x.shape[0]
+    b = x.astype(np.float32).reshape(-1, 32)
+    peak = np.take_along_axis(b, np.abs(b).argmax(axis=1)[:, None], axis=1)  # signed abs-max, first on a tie
+    d = peak / np.float32(-16)
+    inv = np.where(d == 0, np.float32(0), np.float32(1) / np.where(d == 0, np.float32(1), d)).astype(np.float32)
+    q = np.trunc(b * inv + np.float32(16.5)).clip(0, 31).astype(np.uint32)  # [blocks, 32]
+    qh = ((q >> 4) << np.arange(32, dtype=np.uint32)).sum(axis=1, dtype=np.uint32)  # bit i: the fifth bit of q[i]
+    low = (q & 0x0F).astype(np.uint8)
+    out = np.concatenate([d.astype(np.float16).view(np.uint8), qh.astype("<u4")[:, None].view(np.uint8),
+                          low[:, :16] | (low[:, 16:] << 4)], axis=1)
+    return out.reshape(rows, -1)
     ### END SOLUTION
 ''')
-nb.test("test_bits_per_weight", "check_bits_per_weight(bits_per_weight)", points=1)
+nb.test("test_quantize_q5_0", "check_quantize_q5_0(quantize_q5_0)", points=2)
 
 nb.md(r"""
 **Milestone: bit-exact with gguf-py.** Random, heavy-tailed (a log-normal scale mixture with outliers)
@@ -315,7 +324,10 @@ Weight `i` of sub-block `j` (32 weights each) is `(d·sc[j]) · q − (dmin·m[j
 
 So the scales cost (2 + 2 + 12)·8 / 256 = 0.5 bits per weight — Q4_0's price — but every 32 weights get
 their own scale *and* minimum, like Q4_1 at 5.0. (Q6_K: 16 sub-blocks of 16 with int8 scales and 6-bit
-codes, 6.5625 bits.) Bit-exact again means float32 in gguf's order: form `d·sc` and `dmin·m` first.
+codes, 6.5625 bits.) Bit-exact needs float32, but here not a particular order: a float16 `d` has an 11-bit
+significand and `sc` 6 bits, so `d·sc` (17 bits) and then `(d·sc)·q` (21 bits) are exact in float32's 24
+whichever way you group them; only the final subtraction rounds. (Q6_K is different: `d·sc` with an int8
+`sc` and a 6-bit `q` needs 25 bits, so there gguf's order — `d·sc` first — matters.)
 """)
 
 nb.exercise("dequantize_q4_k", r'''
@@ -340,12 +352,37 @@ def dequantize_q4_k(data: np.ndarray) -> np.ndarray:
 nb.test("test_dequantize_q4_k", "check_dequantize_q4_k(dequantize_q4_k)", points=2)
 
 nb.md(r"""
-gguf-py has no K-quant *quantizer*; write one. A plain one is enough: per sub-block, `lo = min(0, min x)`,
-`hi = max x`, `scale = (hi − lo)/15`, `mn = −lo`; then `d = max(scale)/63`, `dmin = max(mn)/63` (store
-as float16 and use the float16 values from here on), `sc = round(scale/d)`, `m = round(mn/dmin)` (6 bits),
-and finally the codes against the *quantized* scales: `q = round((x + dmin·m)/(d·sc))` clipped to 0…15.
-(llama.cpp searches a few candidate scales per sub-block to lower the error a little more.) The check
-decodes your bytes with gguf-py and wants an error within 3 % of Q4_1's on Gaussian weights — at 4.5 instead of 5 bits.
+gguf-py has no K-quant *quantizer*; write one — the way llama.cpp does, because the obvious one is not
+good enough. The obvious one takes each sub-block's min and max: `scale = (max − min)/15`. On Gaussian
+weights it lands within 1 % of Q4_1 — Q4_K's extra structure buys nothing. What llama.cpp does instead
+is a **search per sub-block** for the scale `s ≥ 0` and min `m ≥ 0` (weights `s·q − m`) that minimize a
+*weighted* squared error
+
+$$E(s, m) = \sum_i w_i\,(s\,q_i - m - x_i)^2, \qquad w_i = \sqrt{\tfrac{1}{32}\textstyle\sum_k x_k^2} + |x_i|,$$
+
+(an error on a large weight counts more, but none counts for nothing; in section 5 the weights will
+come from activations instead). Min/max is rarely the minimizer: stretching the grid a little so that
+the two extreme weights clip can put every other weight nearer a level. The search:
+
+* Let `lo = min(0, min x)`, `hi = max x`. The **candidates** are the inverse scales
+  `(15 + δ)/(hi − lo)` for δ = −1.0, −0.9, …, +1.0 (21 of them), plus min/max itself
+  (`s = (hi − lo)/15`, `m = −lo`).
+* For a candidate, the **codes** are `q_i = clip(nearest_int((x_i − lo)·iscale), 0, 15)`.
+* With the codes fixed, `E` is a quadratic in `(s, m)`: **solve for the `(s, m)` that minimize it**
+  (set both partial derivatives to zero; you get two linear equations — derive them). If the `m` you get
+  is negative, Q4_K cannot store it (mins are 6-bit *unsigned*): set `m = 0` and minimize over `s` alone.
+* Keep the candidate with the smallest `E` (the min/max one if none is smaller, or if a fit gives `s ≤ 0`).
+
+Then the 8 scales and 8 mins of a super-block are quantized to 6 bits: `d = max(s)/63`,
+`dmin = max(m)/63` (stored as float16; use the float16 values from here on), `sc = nearest_int(s/d)`,
+`mn = nearest_int(m/dmin)`, and the codes are recomputed against the *stored* scales:
+`q = clip(nearest_int((x + dmin·mn)/(d·sc)), 0, 15)`. ggml's K-quants round with `nearest_int`, which
+sends halves to the **even** neighbour (`np.rint`): a third rule beside Q8_0's `roundf` (halves away
+from zero) and Q4_1's `trunc(v + 0.5)`.
+
+The check decodes your bytes with gguf-py and wants the RMSE on random, heavy-tailed and real tensors
+within 1 % of `lib.quant`'s search, and below 0.95× Q4_1's on Gaussian weights (a min/max quantizer
+gets about 1.00×).
 """)
 
 nb.exercise("quantize_q4_k", r'''
@@ -353,20 +390,46 @@ def quantize_q4_k(x: np.ndarray) -> np.ndarray:
     """x float32 [rows, n], n a multiple of 256 -> uint8 [rows, n // 256 * 144] that gguf-py decodes as Q4_K."""
     ### BEGIN SOLUTION
     rows, n_cols = x.shape
-    sub = x.astype(np.float32).reshape(-1, 8, 32)  # [super-blocks, 8 sub-blocks, 32]
+    sub = x.astype(np.float64).reshape(-1, 8, 32)  # [super-blocks, 8 sub-blocks, 32]
     n = sub.shape[0]
+    w = np.sqrt((sub ** 2).mean(axis=2, keepdims=True)) + np.abs(sub)
     lo = np.minimum(sub.min(axis=2), 0)
-    scale, mn = (sub.max(axis=2) - lo) / np.float32(15), -lo  # [n, 8]: x ≈ scale·q − mn
-    d = (scale.max(axis=1, keepdims=True) / np.float32(63)).astype(np.float16)
-    dmin = (mn.max(axis=1, keepdims=True) / np.float32(63)).astype(np.float16)
+    width = sub.max(axis=2) - lo
+    width = np.where(width > 0, width, 1.0)
+
+    def error(s, m, q):
+        return (w * (s[..., None] * q - m[..., None] - sub) ** 2).sum(axis=2)
+
+    best_s, best_m = width / 15, -lo
+    best_e = error(best_s, best_m, np.clip(np.rint((sub - lo[..., None]) / best_s[..., None]), 0, 15))
+    for delta in np.arange(-10, 11) / 10:
+        q = np.clip(np.rint((sub - lo[..., None]) * ((15 + delta) / width)[..., None]), 0, 15)
+        # dE/ds = 0 and dE/dm = 0:  s·Σwq² − m·Σwq = Σwqx  and  s·Σwq − m·Σw = Σwx
+        a, b, c = (w * q * q).sum(2), (w * q).sum(2), w.sum(2)
+        u, v = (w * q * sub).sum(2), (w * sub).sum(2)
+        det = b * b - a * c
+        safe = np.where(det != 0, det, 1.0)
+        s = np.where(det != 0, (b * v - c * u) / safe, 0.0)
+        m = np.where(det != 0, (a * v - b * u) / safe, 0.0)
+        neg = m < 0  # not storable: m = 0, and s alone from dE/ds = 0
+        s = np.where(neg, u / np.where(a > 0, a, 1.0), s)
+        m = np.where(neg, 0.0, m)
+        e = error(s, m, q)
+        better = (e < best_e) & (s > 0)
+        best_s, best_m, best_e = np.where(better, s, best_s), np.where(better, m, best_m), np.where(better, e, best_e)
+    best_s = np.where(sub.max(axis=2) - lo > 0, best_s, 0.0).astype(np.float32)
+    best_m = best_m.astype(np.float32)
+
+    d = (best_s.max(axis=1, keepdims=True) / np.float32(63)).astype(np.float16)
+    dmin = (best_m.max(axis=1, keepdims=True) / np.float32(63)).astype(np.float16)
     d32, dmin32 = d.astype(np.float32), dmin.astype(np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):
-        sc = np.where(d32 > 0, np.round(scale / d32), 0).clip(0, 63).astype(np.uint8)
-        m = np.where(dmin32 > 0, np.round(mn / dmin32), 0).clip(0, 63).astype(np.uint8)
+        sc = np.where(d32 > 0, np.rint(best_s / d32), 0).clip(0, 63).astype(np.uint8)
+        mn = np.where(dmin32 > 0, np.rint(best_m / dmin32), 0).clip(0, 63).astype(np.uint8)
         step = (d32 * sc)[..., None]
-        q = np.where(step > 0, np.round((sub + (dmin32 * m)[..., None]) / step), 0).clip(0, 15).astype(np.uint8)
-    scales = np.concatenate([sc[:, :4] | ((sc[:, 4:] >> 4) << 6), m[:, :4] | ((m[:, 4:] >> 4) << 6),
-                             (sc[:, 4:] & 0x0F) | ((m[:, 4:] & 0x0F) << 4)], axis=1)
+        q = np.where(step > 0, np.rint((sub + (dmin32 * mn)[..., None]) / step), 0).clip(0, 15).astype(np.uint8)
+    scales = np.concatenate([sc[:, :4] | ((sc[:, 4:] >> 4) << 6), mn[:, :4] | ((mn[:, 4:] >> 4) << 6),
+                             (sc[:, 4:] & 0x0F) | ((mn[:, 4:] & 0x0F) << 4)], axis=1)
     q = q.reshape(n, 4, 2, 32)
     qs = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(n, 128)
     out = np.concatenate([d.view(np.uint8), dmin.view(np.uint8), scales, qs], axis=1)
@@ -376,36 +439,46 @@ def quantize_q4_k(x: np.ndarray) -> np.ndarray:
 nb.test("test_quantize_q4_k", "check_quantize_q4_k(quantize_q4_k)", points=2)
 
 nb.md(r"""
-**Error per bit.** RMSE of each format on a Gaussian tensor, a heavy-tailed one, and SmolLM2's
-`ffn_down` (rows of 1536 = 6 × 256, the one linear whose rows fit whole super-blocks). On the real
-tensor, Q4_1 is (nearly) free: section 3.
+**What the search buys.** RMSE relative to Q4_1's (5.0 bits) on a Gaussian tensor, a Student-t(3) one
+(heavier tails), and SmolLM2's `ffn_down` (rows of 1536 = 6 × 256, the one linear whose rows fit whole
+super-blocks) jittered off its Q4_1 grid by noise of a tenth of the weights' spread (as stored it *is*
+decoded Q4_1, which Q4_1 reproduces exactly: section 3). "min/max" is `ref.quantize(x, "Q4_K", search=False)`.
 """)
 
 nb.code(r"""
 g = np.random.default_rng(1)
+down = model.layers[5].mlp.down_proj.weight.detach().numpy()
 tensors = {
-    "Gaussian": g.standard_normal((256, 1536)).astype(np.float32) * 0.02,
-    "heavy-tailed": (0.02 * g.standard_normal((256, 1536)) * np.exp(1.5 * g.standard_normal((256, 1536)))).astype(np.float32),
-    "SmolLM2 blk.5 ffn_down": model.layers[5].mlp.down_proj.weight.detach().numpy(),
+    "Gaussian [64, 1024]": g.standard_normal((64, 1024)).astype(np.float32),
+    "Student-t(3) [64, 1024]": g.standard_t(3, (64, 1024)).astype(np.float32),
+    "SmolLM2 ffn_down, jittered": (down + 0.1 * down.std() * g.standard_normal(down.shape)).astype(np.float32),
 }
-types = ["Q4_0", "Q4_K", "Q4_1", "Q5_0", "Q5_1", "Q6_K", "Q8_0"]
-fig, axes = plt.subplots(1, 3, figsize=(12, 3.3))
-for ax, (name, x) in zip(axes, tensors.items()):
-    rmse = {t: float(np.sqrt(np.mean((ref.dequantize(ref.quantize(x, t), t) - x) ** 2))) for t in types}
-    mine = float(np.sqrt(np.mean((dequantize_q4_k(quantize_q4_k(x)) - x) ** 2)))
-    print(f"{name:>24}: " + ", ".join(f"{t} {rmse[t]:.2e}" for t in types) + f"; yours Q4_K {mine:.2e}")
-    for t in types:
-        ax.scatter(ref.bits_per_weight(t), rmse[t], color="C1" if t.endswith("K") else "C0")
-        ax.annotate(t, (ref.bits_per_weight(t), rmse[t]), fontsize=8)
-    ax.set_yscale("log"); ax.set_xlabel("bits per weight"); ax.set_title(name, fontsize=9)
-axes[0].set_ylabel("RMSE")
-plt.tight_layout(); plt.show()
+
+
+def rmse(x, y):
+    return float(np.sqrt(np.mean((x.astype(np.float64) - y) ** 2)))
+
+
+def roundtrip(x, qtype, **kw):
+    return ref.dequantize(ref.quantize(x, qtype, **kw), qtype)
+
+
+print(f"SmolLM2 blk.5 ffn_down as stored: Q4_1 RMSE {rmse(roundtrip(down, 'Q4_1'), down):.2g} (its own grid), "
+      f"Q4_K min/max {rmse(roundtrip(down, 'Q4_K', search=False), down):.3g}, search {rmse(roundtrip(down, 'Q4_K'), down):.3g}")
+print(f"{'RMSE / Q4_1':>24} {'Q4_1':>6} {'Q4_K min/max':>13} {'Q4_K search':>12} {'yours':>6} {'Q5_K':>6} {'Q6_K':>6}")
+for name, x in tensors.items():
+    q41 = rmse(roundtrip(x, "Q4_1"), x)
+    row = [rmse(roundtrip(x, "Q4_K", search=False), x), rmse(roundtrip(x, "Q4_K"), x),
+           rmse(dequantize_q4_k(quantize_q4_k(x)), x), rmse(roundtrip(x, "Q5_K"), x), rmse(roundtrip(x, "Q6_K"), x)]
+    print(f"{name:>24} {1:>6.3f} {row[0] / q41:>13.3f} {row[1] / q41:>12.3f} {row[2] / q41:>6.3f} "
+          f"{row[3] / q41:>6.3f} {row[4] / q41:>6.3f}")
 """)
 
 nb.md(r"""
-On Gaussian weights, Q4_K at 4.5 bits lands within about 1 % of Q4_1 at 5.0 bits, and well below Q4_0 at
-the same 4.5: the bits moved from a per-block float16 scale into a minimum per sub-block. Q6_K at 6.56 bits
-beats Q5_1 at 6.0 by about 2×, as one more bit should (error ∝ step, step halves per bit).
+With the search, Q4_K at 4.5 bits has about 8 % less error than Q4_1 at 5.0 on Gaussian weights and on
+Student-t; min/max alone only matches Q4_1: the search is what makes K-quants good. On the stored
+SmolLM2 tensor Q4_1 is exact, so every other format can only lose to it; jittered, the search wins again.
+Q5_K and Q6_K follow: each extra bit halves the step, and so roughly the error.
 
 **SmolLM2 has a catch:** `d_model = 576` is not a multiple of 256, so only `ffn_down` (1536 columns) can
 be stored as a K-quant at all. llama.cpp's quantizer (`llama-quant.cpp`) falls back for such rows:
@@ -426,12 +499,17 @@ no GGUF type, the baseline of section 7).
 
 nb.code(r"""
 text_ids = tok(load_text("hamlet"), return_tensors="pt").input_ids[0]
-EVAL_TOKENS = 4096 if FULL else 256  # the short run: one window of 256 tokens, one forward per measurement
-eval_ids = text_ids[2000:2000 + EVAL_TOKENS]  # past the Gutenberg header
+EVAL_WINDOWS = 17 if FULL else 4  # windows of 255 scored tokens: 4,335 with FULL, 1,020 in the short run
+eval_ids = text_ids[10000:10000 + 255 * EVAL_WINDOWS + 1]  # held out: calibration (below) reads 5000-6023
+calibration = [text_ids[s:s + 256].unsqueeze(0) for s in range(5000, 5000 + 1024, 256)]
 
 
-def ppl(m):  # the same tokens for every measurement, so differences between formats are real
-    return perplexity(m, eval_ids, window=256, stride=128 if FULL else 255)
+def ppl(m):  # quick, for the many measurements of sections 6-10: one window (noisy: compare within a section)
+    return perplexity(m, text_ids[2000:2256], window=256, stride=255)
+
+
+def nlls(m):  # every eval token's NLL; perplexity_se turns them into PPL ± a standard error across windows
+    return token_nlls(m, eval_ids, window=256, stride=255)
 
 
 def rtn_fn(bits, group):
@@ -443,6 +521,7 @@ variants = {  # name: (type of each linear, weight_fn replacing the GGUF round t
     "Q8_0": (ref.uniform_plan(model, "Q8_0"), None),
     "Q6_K": (ref.uniform_plan(model, "Q6_K"), None),
     "Q5_1": (ref.uniform_plan(model, "Q5_1"), None),
+    "Q5_0": (ref.uniform_plan(model, "Q5_0"), None),
     "Q4_1": (ref.uniform_plan(model, "Q4_1"), None),
     "Q4_K_M-like": (ref.q4_k_m_plan(model), None),
     "Q4_K": (ref.uniform_plan(model, "Q4_K"), None),
@@ -451,20 +530,22 @@ variants = {  # name: (type of each linear, weight_fn replacing the GGUF round t
     "3-bit g64 (RTN)": ({n: "rtn" for n in linears}, rtn_fn(3, 64)),
 }
 if not FULL:  # the short run skips the formats that repeat a neighbour's story
-    for name in ["Q6_K", "3-bit g32 (RTN)"]:
+    for name in ["Q6_K", "Q5_0", "3-bit g32 (RTN)"]:
         del variants[name]
-results = {"F32 (decoded Q4_1)": (32.0, ppl(model))}
+base_nll = nlls(model)
+results = {"F32 (decoded Q4_1)": (32.0, *perplexity_se(base_nll, chunk=255), 0.0, 0.0)}
 for name, (plan, fn) in tqdm(variants.items(), desc="formats"):
     if fn is None:
         bpw = ref.plan_bits_per_weight(model, plan)
     else:
         bpw = ref.rtn_bits_per_weight(3, 32 if "g32" in name else 64)
-    results[name] = (bpw, ppl(ref.quantize_model(model, plan, weight_fn=fn)))
-print(f"perplexity on {len(eval_ids)} tokens of Hamlet (window 256)")
-print(f"{'format':>20} {'bits/weight':>12} {'PPL':>8} {'ΔPPL':>7}")
-base = results["F32 (decoded Q4_1)"][1]
-for name, (bpw, p) in results.items():
-    print(f"{name:>20} {bpw:>12.3f} {p:>8.3f} {p - base:>+7.3f}")
+    nll = nlls(ref.quantize_model(model, plan, weight_fn=fn))
+    results[name] = (bpw, *perplexity_se(nll, chunk=255), *perplexity_se(nll, chunk=255, baseline=base_nll))
+print(f"perplexity on {base_nll.numel()} held-out tokens of Hamlet, {EVAL_WINDOWS} windows of 255 (± one standard "
+      f"error across windows; ΔPPL paired window by window)")
+print(f"{'format':>20} {'bits/weight':>12} {'PPL':>14} {'ΔPPL':>14}")
+for name, (bpw, p, se, d, d_se) in results.items():
+    print(f"{name:>20} {bpw:>12.3f} {p:>8.2f} ± {se:<4.2f} {d:>+8.2f} ± {d_se:<4.2f}")
 """)
 
 nb.md(r"""
@@ -478,18 +559,20 @@ seed004 = {"F16": (0.0, 7.32), "Q5_0": (65.19, 7.43), "Q4_K_S": (70.83, 7.62), "
 
 
 def pareto(points):
-    return {n for n, (b, p) in points.items() if not any(b2 <= b and p2 <= p and (b2, p2) != (b, p) for b2, p2 in points.values())}
+    pts = {n: v[:2] for n, v in points.items()}
+    return {n for n, (b, p) in pts.items() if not any(b2 <= b and p2 <= p and (b2, p2) != (b, p) for b2, p2 in pts.values())}
 
 
 fig, axes = plt.subplots(1, 2, figsize=(12, 4))
 front = pareto(results)
-for name, (bpw, p) in results.items():
-    axes[0].scatter(min(bpw, 9.5), p, color="C2" if name in front else "C0")
+for name, (bpw, p, se, *_) in results.items():
+    axes[0].errorbar(min(bpw, 9.5), p, yerr=se, fmt="o", ms=4, color="C2" if name in front else "C0")
     axes[0].annotate(name + (" →32" if bpw > 9.5 else ""), (min(bpw, 9.5), p), fontsize=7)
-pts = sorted((min(b, 9.5), p) for n, (b, p) in results.items() if n in front)
+pts = sorted((min(v[0], 9.5), v[1]) for n, v in results.items() if n in front)
 axes[0].plot(*zip(*pts), color="C2", lw=1, label="Pareto front")
 axes[0].set_xlabel("bits per weight (linears)"); axes[0].set_ylabel("perplexity"); axes[0].legend()
-axes[0].set_title(f"SmolLM2-135M, {len(eval_ids)} tokens of Hamlet", fontsize=9)
+axes[0].set_yscale("log")  # the 3-bit point would flatten the rest on a linear axis
+axes[0].set_title(f"SmolLM2-135M, {base_nll.numel()} tokens of Hamlet (± 1 s.e.)", fontsize=9)
 for name, (red, p) in seed004.items():
     bpw = 16 * (1 - red / 100)
     axes[1].scatter(bpw, p, color="C1"); axes[1].annotate(name, (bpw, p), fontsize=8)
@@ -505,17 +588,81 @@ not monotone, and section 3 says why — the reference is Q4_1:
 
 * **Q4_1 costs exactly nothing**, and Q8_0 (and Q6_K, stored as Q8_0 on 576-wide rows) add almost nothing:
   their steps are many times finer than Q4_1's.
-* **Q5_0 and Q5_1 are not free**, although they have twice Q4_1's levels: their grid does not contain
-  Q4_1's, so every weight is rounded a second time, by up to half a Q5 step. On an original model a 5-bit
-  format beats every 4-bit one; here it can lose to a 4.5-bit mix (the mostly-Q5_0 "Q4_K" and the
-  Q4_K_M-like mix beat Q5_1 in the table). Measuring a quantizer on already-quantized weights measures
-  the *interaction* of two grids.
+* **Q5_0 and Q5_1 are not free**, although they have twice Q4_1's levels: their grids do not contain
+  Q4_1's, so every weight is rounded a second time, by up to half a Q5 step. And Q5_1 does worse than that
+  suggests, for a reason of its own (next cell): it keeps each block's min and max, which *are* Q4_1's
+  levels 0 and 15, and divides their distance into 31 steps instead of 15 — so Q4_1's level i lands at
+  31/15·i = 2.067·i Q5_1 steps, and rounding moves it by −0.067·i steps (mod 1): an error that grows with
+  the weight's position in its block, a *gain* error, where Q5_0's grid (centred on zero, its step from
+  the abs-max) re-rounds each level by an amount unrelated to its value. Measuring a quantizer on
+  already-quantized weights measures the *interaction* of two grids.
 * **Below 4 bits both models fall off a cliff**, and the 135M model far harder: plain 3-bit rounding
   multiplies its perplexity several times, where Q3_K_S costs the 8B model 22 %. A small model has little
   redundancy to absorb the noise — and 3-bit round-to-nearest is cruder than llama.cpp's Q3_K.
 
 The Q4_K_M-like mix buys back part of Q4_K's loss for 0.3 bits: where the extra bits go matters. Section 6
 asks that question directly; sections 7 and 8 spend the same bits more cleverly.
+
+The gain error, measured: the slope of the re-rounding error against the weight (least squares,
+error ≈ slope·w, per tensor of a few layers). A slope of +0.02 makes every weight 2 % too large.
+""")
+
+nb.code(r"""
+for qtype in ["Q5_0", "Q5_1"]:
+    slopes = []
+    for layer in [0, 15, 29]:
+        w = model.layers[layer].mlp.down_proj.weight.detach().numpy()
+        err = ref.dequantize(ref.quantize(w, qtype), qtype) - w
+        slopes.append(float((err * w).sum() / (w * w).sum()))
+    print(f"{qtype}: error-on-weight slope (ffn_down of layers 0, 15, 29): " + ", ".join(f"{v:+.4f}" for v in slopes))
+""")
+
+nb.md(r"""
+### The importance matrix
+
+The search of section 4 weighted each weight's error by its own size. What the model cares about is the
+*output* of each linear: an error Δw_i on input column i changes the output by Δw_i·x_i, so over the
+inputs the model really sees, the expected squared output error of a row is
+
+$$\mathbb{E}\Big[\big(\textstyle\sum_i \Delta w_i\, x_i\big)^2\Big] \approx \sum_i \Delta w_i^2\; \mathbb{E}[x_i^2]$$
+
+(the cross terms dropped). So the right weights for the search are each input column's **mean squared
+activation**, measured on calibration text: llama.cpp's `imatrix` (`llama-imatrix` writes it,
+`llama-quantize --imatrix` uses it; every modern low-bit GGUF is made that way). `ref.collect_imatrix`
+hooks every linear and averages x² per column over 1,024 tokens of Hamlet that the evaluation never reads;
+`quantize_model(..., importance=imatrix)` hands each tensor its row to the search (the legacy fallbacks
+search too, as llama.cpp's do with an imatrix). At 3 bits, `ref.search_quantize` is the same search on
+3-bit groups of 32 with a float16 scale and min (RTN's format: 4.0 bits per weight).
+
+The short run quantizes the linears of `IMATRIX_LAYERS` only (the search over all 30 layers takes minutes);
+`FULL` does all of them.
+""")
+
+nb.code(r"""
+IMATRIX_LAYERS = list(range(cfg.n_layers)) if FULL else [0, 15, 29]
+some = [n for n in linears if int(n.split(".")[1]) in IMATRIX_LAYERS]
+imatrix = ref.collect_imatrix(model, calibration, some)  # {name: E[x²] per input column}
+im_rows = {
+    "Q4_K": ref.quantize_model(model, {n: "Q4_K" for n in some}),
+    "Q4_K + imatrix": ref.quantize_model(model, {n: "Q4_K" for n in some}, importance=imatrix),
+    "3-bit g32 RTN": ref.quantize_model(model, {n: 3 for n in some},
+                                        weight_fn=lambda n, w, b: ref.rtn_quantize(w, 3, 32)),
+    "3-bit g32 search": ref.quantize_model(model, {n: 3 for n in some},
+                                           weight_fn=lambda n, w, b: ref.search_quantize(w, 3, 32)),
+    "3-bit g32 search + imatrix": ref.quantize_model(model, {n: 3 for n in some},
+                                                     weight_fn=lambda n, w, b: ref.search_quantize(w, 3, 32, imatrix[n])),
+}
+im_nll = {name: nlls(m) for name, m in tqdm(im_rows.items(), desc="imatrix")}
+del im_rows
+print(f"layers {IMATRIX_LAYERS}; {base_nll.numel()} held-out tokens; ΔPPL paired window by window (± 1 s.e.)")
+for name, nll in im_nll.items():
+    p, se = perplexity_se(nll, chunk=255)
+    d, d_se = perplexity_se(nll, chunk=255, baseline=base_nll)
+    print(f"{name:>28}: PPL {p:7.2f} ± {se:.2f}   vs unquantized {d:+6.2f} ± {d_se:.2f}")
+for a, b in [("Q4_K + imatrix", "Q4_K"), ("3-bit g32 search", "3-bit g32 RTN"),
+             ("3-bit g32 search + imatrix", "3-bit g32 search")]:
+    d, d_se = perplexity_se(im_nll[a], chunk=255, baseline=im_nll[b])
+    print(f"{a} vs {b}: {d:+.2f} ± {d_se:.2f}")
 """)
 
 # --- 6 ---------------------------------------------------------------------------------------------------
@@ -537,7 +684,7 @@ def rtn_model(bits_of):  # {parameter name: bits}; other tensors untouched
 params = dict(model.named_parameters())
 kinds = ["attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
 probe_layers = list(range(cfg.n_layers)) if FULL else [0, 11, 18, 29]
-base_quick = results["F32 (decoded Q4_1)"][1]
+base_quick = ppl(model)
 kind_delta, layer_delta = {}, {}
 for kind in tqdm(kinds, desc="one tensor type at a time"):
     kind_delta[kind] = ppl(rtn_model({n: LOW_BITS for n in linears if kind in n})) - base_quick
@@ -566,6 +713,8 @@ is not, and a middle one may be — measure, don't assume.
 Now turn the measurements into an allocation. Two formats, low (3-bit, 3.5 bits per weight) and high (4-bit,
 4.5), and a budget of 4.0 bits per weight on average. Give the high format to the tensor types that buy the
 most perplexity per extra bit, while the budget lasts (a knapsack; greedy by ratio is what we ask for).
+A measured ΔPPL can be zero or negative (noise on a short text, or rounding that happened to help): bits
+spent there buy nothing, so such a unit never gets the high format, whatever budget is left.
 """)
 
 nb.exercise("allocate_bits", r'''
@@ -597,13 +746,13 @@ mixed_bits = {n: HIGH_BITS if any(k in n for k in high_kinds) else LOW_BITS for 
 mixed_bpw = sum(params[n].numel() * ref.rtn_bits_per_weight(b, GROUP) for n, b in mixed_bits.items()) / sum(params[n].numel() for n in linears)
 mixed_ppl = ppl(rtn_model(mixed_bits))
 uniform_ppl = ppl(ref.quantize_model(model, {n: 3 for n in linears}, weight_fn=lambda n, w, b: ref.rtn_quantize(w, 3, 32)))
-low_ppl = results["3-bit g64 (RTN)"][1]  # measured in section 5
+low_ppl = ppl(rtn_model({n: LOW_BITS for n in linears}))
 print(f"high format for: {sorted(k.split('.')[1] for k in high_kinds)}")
 print(f"{'allocation':>34} {'bits/weight':>12} {'PPL':>8}")
 print(f"{'all 3-bit g64':>34} {low_bpw:>12.3f} {low_ppl:>8.2f}")
 print(f"{'uniform: all 3-bit g32':>34} {ref.rtn_bits_per_weight(3, 32):>12.3f} {uniform_ppl:>8.2f}")
 print(f"{'by sensitivity: 4-bit / 3-bit g64':>34} {mixed_bpw:>12.3f} {mixed_ppl:>8.2f}")
-print(f"(reference, unquantized: {results['F32 (decoded Q4_1)'][1]:.2f}) -> sensitivity-guided "
+print(f"(reference, unquantized: {base_quick:.2f}; one window) -> sensitivity-guided "
       f"{'beats' if mixed_ppl < uniform_ppl else 'does NOT beat'} uniform at the same size")
 """)
 
@@ -635,9 +784,9 @@ def gptq_quantize(w: torch.Tensor, x: torch.Tensor, bits: int, group_size: int, 
     W = w.detach().float().clone()
     x = x.reshape(-1, x.shape[-1]).float()
     H = 2 * x.T @ x / x.shape[0]  # [in, in]
-    dead = torch.diag(H) == 0
-    H[dead, dead] = 1.0
-    W[:, dead] = 0.0
+    dead = torch.diag(H) == 0  # inputs that are always 0: their weights do not matter
+    H = H + torch.diag(dead.to(H.dtype))
+    W = W * ~dead
     H += damp * torch.diag(H).mean() * torch.eye(H.shape[0], device=H.device)
     U = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)  # H⁻¹ = UᵀU
     Q = torch.zeros_like(W)
@@ -670,8 +819,7 @@ nb.code(r"""
 GPTQ_LAYERS = list(range(cfg.n_layers)) if FULL else [0, 6, 12, 18, 24]
 CAL_GROUP = 192  # the paper's groups are 128, which does not divide 576; 192 divides 576 and 1536
 gptq_names = [n for n in linears if int(n.split(".")[1]) in GPTQ_LAYERS]
-calibration = [text_ids[s:s + 256].unsqueeze(0) for s in range(5000, 5000 + 1024, 256)]
-held_out = [text_ids[8000:8256].unsqueeze(0)]
+held_out = [text_ids[8000:8256].unsqueeze(0)]  # calibration: section 5
 
 
 def inputs_of(names, windows):
@@ -690,6 +838,8 @@ print(f"{'RTN':>12}: {ref_gptq.output_error(w, ref.rtn_quantize(w, 3, CAL_GROUP)
 for damp in [0.01, 0.1, 1.0]:
     q = gptq_quantize(w, calib_x[probe], 3, CAL_GROUP, damp)
     print(f"{'GPTQ ' + str(damp):>12}: {ref_gptq.output_error(w, q, calib_x[probe]):.3e} / {ref_gptq.output_error(w, q, test_x):.3e}")
+q = ref_gptq.gptq_quantize(w, calib_x[probe], 3, CAL_GROUP, 0.1, act_order=True)  # lib's, columns by H_jj
+print(f"{'act-order .1':>12}: {ref_gptq.output_error(w, q, calib_x[probe]):.3e} / {ref_gptq.output_error(w, q, test_x):.3e}")
 """)
 
 nb.md(r"""
@@ -711,7 +861,7 @@ for bits in (3, 4):
     q = {n: gptq_quantize(params[n].detach(), calib_x[n], bits, CAL_GROUP, GPTQ_DAMP) for n in tqdm(gptq_names, desc=f"GPTQ {bits}-bit")}
     gptq_ppl = ppl(ref.quantize_model(model, q, weight_fn=lambda name, w, _: q[name]))
     gptq_rows[bits] = (rtn_ppl, gptq_ppl)
-print(f"layers {GPTQ_LAYERS}, group {CAL_GROUP}, damping {GPTQ_DAMP}; unquantized {results['F32 (decoded Q4_1)'][1]:.2f}")
+print(f"layers {GPTQ_LAYERS}, group {CAL_GROUP}, damping {GPTQ_DAMP}; unquantized {base_quick:.2f} (one window)")
 for bits, (r, g_) in gptq_rows.items():
     print(f"{bits}-bit: RTN {r:.2f}, GPTQ {g_:.2f} -> GPTQ {'better' if g_ < r else 'NOT better'}")
 """)
@@ -781,12 +931,25 @@ nb.test("test_awq_quantize", "check_awq_quantize(awq_quantize)", points=2)
 
 nb.code(r"""
 awq_rows = {}
+# one s per group of linears that read the same input (q/k/v after one RMSNorm, gate/up after the other): a single
+# norm gain must absorb 1/s. Stacking their rows makes your function search one α for all of them (the output
+# error of the stack is the sum of theirs). o_proj reads attention's output; with GQA v_proj has 192 outputs for
+# o_proj's 576 inputs, so no 1/s folds into v_proj: o_proj is rounded plainly (α = 0), as AutoAWQ does here.
+groups = [[f"layers.{l}.attn.{k}.weight" for k in ("q_proj", "k_proj", "v_proj")] for l in GPTQ_LAYERS] + \
+         [[f"layers.{l}.mlp.{k}.weight" for k in ("gate_proj", "up_proj")] for l in GPTQ_LAYERS] + \
+         [[f"layers.{l}.mlp.down_proj.weight"] for l in GPTQ_LAYERS]
 for bits in (3, 4):
-    found = {n: awq_quantize(params[n].detach(), calib_x[n][::4], bits, CAL_GROUP)  # 256 tokens fit 20 numbers
-             for n in tqdm(gptq_names, desc=f"AWQ {bits}-bit")}
-    awq_ppl = ppl(ref.quantize_model(model, found, weight_fn=lambda name, w, _: found[name][0]))
+    found, alphas = {}, []
+    for names in tqdm(groups, desc=f"AWQ {bits}-bit"):
+        stacked = torch.cat([params[n].detach() for n in names])  # [sum of outputs, in]
+        w_eff, alpha = awq_quantize(stacked, calib_x[names[0]][::4], bits, CAL_GROUP)  # 256 tokens fit 20 numbers
+        found.update(zip(names, w_eff.split([params[n].shape[0] for n in names])))
+        alphas.append(alpha)
+    for l in GPTQ_LAYERS:
+        n = f"layers.{l}.attn.o_proj.weight"
+        found[n] = ref.rtn_quantize(params[n].detach(), bits, CAL_GROUP)
+    awq_ppl = ppl(ref.quantize_model(model, found, weight_fn=lambda name, w, _: found[name]))
     awq_rows[bits] = awq_ppl
-    alphas = [a for _, a in found.values()]
     print(f"{bits}-bit, layers {GPTQ_LAYERS}: RTN {gptq_rows[bits][0]:.2f}, GPTQ {gptq_rows[bits][1]:.2f}, "
           f"AWQ {awq_ppl:.2f} (α from {min(alphas):.2f} to {max(alphas):.2f}, median {sorted(alphas)[len(alphas) // 2]:.2f})")
 """)
@@ -795,7 +958,11 @@ nb.md(r"""
 AWQ needs no Hessian and no weight updates — a scale per channel and plain rounding — and it is robust to a
 small calibration set: it fits one number per layer, not the weights themselves (GPTQ fits every weight, which
 is why it needed damping against 1024 calibration tokens). The two combine (AWQ scales, then GPTQ), as
-several toolkits do.
+several toolkits do. One caution before ranking them: the GPTQ above goes through the columns in their
+stored order. Real GPTQ usually runs **act-order** — the columns with the largest `H_jj` first, while
+the most columns remain to absorb their error (`ref_gptq.gptq_quantize(..., act_order=True)`; each column
+then keeps its group index): the `act-order` row of the probe above. Where it lowers the error, a
+GPTQ-vs-AWQ ranking without it understates GPTQ.
 """)
 
 # --- 9 ---------------------------------------------------------------------------------------------------
@@ -834,7 +1001,7 @@ nb.code(r"""
 sq_rows = {"naive W8A8": ppl(ref_sq.w8a8_model(model))}
 for alpha in [0.5, 0.8]:
     sq_rows[f"SmoothQuant α = {alpha}"] = ppl(ref_sq.w8a8_model(model, act_max, alpha))
-print(f"unquantized: {results['F32 (decoded Q4_1)'][1]:.2f}")
+print(f"unquantized: {base_quick:.2f} (one window)")
 for name, p in sq_rows.items():
     print(f"{name:>22}: PPL {p:.2f}")
 """)
