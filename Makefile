@@ -46,7 +46,7 @@ grade-ui: $(VENV)/.installed
 	cd $(CURDIR) && $(BIN)/jupyter lab --notebook-dir=. --ServerApp.default_url=/formgrader $(LAB_ARGS) $(ARGS)
 
 test: setup
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=30
 
 test-quick: setup
 	$(BIN)/python -m pytest -m "not notebook and not commands"

@@ -131,7 +131,15 @@ def _workload(rng: random.Random, model):
         prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(2, 10))]
         reqs.append({"id": f"req-{i}", "prompt": prompt, "max_tokens": rng.randint(4, 9), "temperature": 0.0,
                      "seed": 0, "arrive": 0 if i == 0 else rng.randint(0, 6), "cancel": None})
-    reqs[-1]["temperature"], reqs[-1]["seed"] = 0.9, rng.randrange(1000)  # one sampled request
+    sampled = reqs[-1]  # one sampled request, with a seed whose sample is not the greedy answer (else dropping
+    greedy = generate(model, torch.tensor([sampled["prompt"]]), sampled["max_tokens"])[0].tolist()  # T is invisible)
+    sampled["temperature"] = 1.5
+    for _ in range(100):
+        sampled["seed"] = rng.randrange(10**6)
+        gen = torch.Generator().manual_seed(sampled["seed"])
+        if generate(model, torch.tensor([sampled["prompt"]]), sampled["max_tokens"], temperature=1.5,
+                    generator=gen)[0].tolist() != greedy:
+            break
     cancel = rng.sample(reqs[1:-1], 2)
     cancel[0]["cancel"] = cancel[0]["arrive"] + rng.randint(1, 3)  # while it runs
     cancel[1]["cancel"] = cancel[1]["arrive"]  # in the same batch of messages as its submission
@@ -197,6 +205,13 @@ def check_ServingLoop(ServingLoop) -> None:
                 first_token_run.setdefault(rid, run)
             else:
                 end[rid] = (run, kind, value)
+        for r in reqs:  # what was submitted before this run must show in this run: continuous batching
+            rid = r["id"]
+            if r["arrive"] == run and (r["cancel"] is None or r["cancel"] > run):
+                seen = first_token_run.get(rid) == run or (rid in end and end[rid][0] == run)
+                assert seen, (f"{rid!r} was submitted before run {run}, but run {run} gave it neither a token nor an "
+                              f"end: admit every queued request at the next run_once (continuous batching; the pool "
+                              f"had room for all) and report a refusal then {seed_note()}")
         if len(end) == len(reqs) and not loop.has_work():
             break
     else:
