@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from lib.loadtest import run_load_test  # noqa: E402
+from lib.server import free_port  # noqa: E402
 
 # (name, server flags): the ablation turns the engine's techniques on one at a time.
 CONFIGS = {
@@ -34,12 +34,6 @@ CONFIGS = {
     "+ packed fp32 weights": ["--prefix-caching", "--weights", "packed"],
     "+ int8 weights": ["--prefix-caching", "--weights", "int8"],
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_lab_server(flags: list[str], timeout: float = 180.0):

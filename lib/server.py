@@ -464,6 +464,15 @@ def build_app(server: Server):
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_found})
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on now (the OS picks it)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
 class ServerThread:
     """`server` on a free loopback port, in a background thread of this process (tests, the notebook):
 
@@ -473,14 +482,9 @@ class ServerThread:
     On exit the server stops accepting, the engine thread ends, and nothing is left listening."""
 
     def __init__(self, server: Server, host: str = "127.0.0.1", port: int = 0):
-        import socket
-
         import uvicorn
 
-        if port == 0:
-            with socket.socket() as s:
-                s.bind((host, 0))
-                port = s.getsockname()[1]
+        port = port or free_port(host)
         self.server, self.host, self.port = server, host, port
         self.base_url = f"http://{host}:{port}/v1"
         self._uv = uvicorn.Server(uvicorn.Config(build_app(server), host=host, port=port, log_level="warning"))

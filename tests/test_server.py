@@ -17,7 +17,7 @@ pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 
 from lib.generate import generate  # noqa: E402
-from lib.server import RequestError, ServerThread, Submission, make_server  # noqa: E402
+from lib.server import RequestError, ServerThread, Submission, free_port, make_server  # noqa: E402
 
 pytestmark = pytest.mark.model
 MODEL = "SmolLM2-135M-Instruct"
@@ -191,12 +191,6 @@ def test_request_error_body_is_openais_shape():
     assert Submission([1], 1).request_id == -1
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_make_serve_as_typed_then_nothing_left_listening():
     """`make serve PORT=...` as the README says: it answers /health and a completion, and stops on SIGTERM."""
     import os
@@ -205,7 +199,7 @@ def test_make_serve_as_typed_then_nothing_left_listening():
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(["make", "serve", f"PORT={port}"], cwd=root, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
