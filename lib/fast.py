@@ -206,6 +206,11 @@ class FastLlama:
         return x + self._linear(F.silu(gate) * up, lw["w_down"])
 
     def __call__(self, input_ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        return self.forward_hidden(input_ids, cache)[0]
+
+    def forward_hidden(self, input_ids: torch.Tensor, cache: KVCache | None = None):
+        """`(logits [B, T, vocab] float32, hidden [B, T, d_model])`: the logits and the final-normed hidden state
+        the LM head reads (what an EAGLE-style draft head, `lib.draft_head`, is fed)."""
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [batch, seq_len], got shape {tuple(input_ids.shape)}")
         b, t = input_ids.shape
@@ -218,4 +223,5 @@ class FastLlama:
             x = self.embed[input_ids.to(self.device)]  # [B, T, D]
             for i, lw in enumerate(self.layers):
                 x = self._layer(x, lw, cos, sin, cache[i] if cache is not None else None, start)
-            return self._linear(self._rms(x, self.norm), self.lm_head).float()  # [B, T, vocab]
+            h = self._rms(x, self.norm)  # [B, T, D]
+            return self._linear(h, self.lm_head).float(), h  # [B, T, vocab], [B, T, D]

@@ -370,3 +370,148 @@ def test_smollm2_fr_spec_int8_draft_is_exact_and_cheaper(smollm2):
     stats = spec.SpecStats()
     assert torch.equal(spec.speculative_generate(model, draft, ids, 32, k=3, stats=stats), generate(model, ids, 32))
     assert stats.acceptance_rate > 0.6
+
+
+# --- a draft head reading the target's hidden state (lib.draft_head, EAGLE-style + FR-Spec) -----------------------
+
+def _repeat_head(target, keep):
+    """A head built by hand: fc copies h_j, the block is the identity (all its matrices zero), so the predicted
+    feature is h_j itself and the head drafts the target's greedy token after position j — it proposes to repeat
+    the newest token. Right exactly where the target repeats itself, so rounds both accept and reject."""
+    from lib.draft_head import DraftHead
+
+    d = target.config.d_model
+    head = DraftHead(target.config, target.embed.weight, keep, d_ff=32)
+    with torch.no_grad():
+        head.fc.weight.copy_(torch.cat([torch.zeros(d, d), torch.eye(d)], dim=1))
+        for name, p in head.block.named_parameters():
+            if "norm" not in name:
+                p.zero_()
+    return head.eval()
+
+
+def _looping_target():
+    """A tiny target whose greedy continuation sometimes repeats its newest token and sometimes does not."""
+    return _spicy(3)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_draft_head_greedy_equals_target_greedy_and_counts_alpha(k):
+    from lib.draft_head import head_speculative_generate
+    from lib.fast import FastLlama
+
+    seed = int(torch.randint(0, 2**31, ()).item())
+    print("seed", seed)
+    model = _looping_target()
+    keep = torch.randperm(128, generator=torch.Generator().manual_seed(seed))[:96]
+    total = spec.SpecStats()
+    for target in (model, FastLlama(model)):
+        for prompt_seed in (0, 1, 2, seed):  # fixed prompts make sure rounds both accept and reject
+            head = _repeat_head(model, keep)
+            drafts = []  # (position of the drafted token, token), recorded from the head's own output
+            real_forward = head.forward
+
+            def logged(tokens, hidden, cache=None, real_forward=real_forward, head=head, drafts=drafts):
+                logits, feat = real_forward(tokens, hidden, cache)
+                drafts.append((cache.length + 1, int(head.keep_ids[logits[0, -1].argmax()])))
+                return logits, feat
+
+            head.forward = logged
+            ids = torch.randint(0, 128, (1, 6), generator=torch.Generator().manual_seed(prompt_seed))
+            stats = spec.SpecStats()
+            got = head_speculative_generate(target, head, ids, 40, k=k, stats=stats)
+            want = generate(target, ids, 40)
+            assert torch.equal(got, want)
+            # α accounting, recomputed from the recorded drafts: a round is a run of consecutive positions; its
+            # accepted tokens are the leading drafts equal to the target's greedy tokens
+            rounds, accepted = [], 0
+            for pos, tok in drafts:
+                if rounds and pos == rounds[-1][-1][0] + 1 and len(rounds[-1]) < k:
+                    rounds[-1].append((pos, tok))
+                else:
+                    rounds.append([(pos, tok)])
+            for r in rounds:
+                for pos, tok in r:
+                    if tok != int(want[0, pos]):
+                        break
+                    accepted += 1
+            assert stats.drafted == len(drafts) == stats.draft_calls and stats.accepted == accepted
+            assert stats.tokens == 40 == 1 + stats.accepted + stats.rounds and stats.target_calls == 1 + stats.rounds
+            assert all(tok in keep.tolist() for _, tok in drafts)  # FR-Spec: only kept tokens are drafted
+            total.accepted += stats.accepted
+            total.drafted += stats.drafted
+    assert 0 < total.accepted < total.drafted  # the case exercises acceptance and rejection
+
+
+def test_draft_head_sampling_keeps_the_target_law():
+    """Temperature 1: the second new token (the first one drafted) has the target's marginal law, with a head
+    that can only draft 6 of the 8 tokens (chi-square, 7 degrees of freedom, per-run seed)."""
+    from lib.draft_head import DraftHead, head_speculative_generate
+
+    seed = int(torch.randint(0, 2**31, ()).item())
+    print("seed", seed)
+    target = tiny_model(seed=5, vocab_size=8)
+    head = DraftHead(target.config, target.embed.weight, torch.arange(6), d_ff=32).eval()
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        p1 = torch.softmax(target(ids)[0, -1].double(), -1)  # [8]
+        seconds = torch.cat([ids.repeat(8, 1), torch.arange(8)[:, None]], dim=1)
+        p2 = (p1[:, None] * torch.softmax(target(seconds)[:, -1].double(), -1)).sum(0)  # law of the 2nd token
+    g = torch.Generator().manual_seed(seed)
+    n = 400
+    counts = torch.zeros(8, dtype=torch.float64)
+    stats = spec.SpecStats()
+    for _ in range(n):
+        counts[head_speculative_generate(target, head, ids, 3, k=2, temperature=1.0, generator=g, stats=stats)[0, 4]] += 1
+    stat = float(((counts - n * p2) ** 2 / (n * p2)).sum())
+    assert 0 < stats.accepted < stats.drafted
+    assert stat < 42.0, (stat, counts, n * p2)  # chi-square, 7 degrees of freedom: P[> 42] < 1e-6
+
+
+def test_draft_head_loss_top1_is_the_heads_agreement():
+    from lib.draft_head import head_loss, target_forward
+
+    target = _looping_target()
+    head = _repeat_head(target, torch.arange(128))
+    ids = torch.randint(0, 128, (4, 5), generator=torch.Generator().manual_seed(0))
+    seqs = generate(target, ids, 20)
+    with torch.no_grad():
+        logits, hidden = target_forward(target, seqs)
+        labels = logits.argmax(-1)
+        mask = torch.zeros_like(seqs, dtype=torch.bool)
+        mask[:, 4:-1] = True
+        loss, top1 = head_loss(head, seqs, hidden, labels, mask)
+    # the repeat head drafts, after position j + 1, the target's greedy token after position j
+    m = mask[:, 1:]
+    assert top1 == pytest.approx((labels[:, :-1] == labels[:, 1:])[m].float().mean().item())
+    assert torch.isfinite(loss) and loss > 0
+
+
+def test_draft_head_save_load_roundtrip_and_errors(tmp_path):
+    from lib.draft_head import DraftHead, head_speculative_generate, load_draft_head, save_draft_head
+
+    target = tiny_model(seed=2)
+    with pytest.raises(FileNotFoundError, match="tools/train_draft_head.py"):
+        load_draft_head(target, tmp_path / "missing.pt")
+    with pytest.raises(ValueError):
+        DraftHead(target.config, target.embed.weight, torch.tensor([1, 1]))
+    with pytest.raises(ValueError):
+        DraftHead(target.config, target.embed.weight, torch.tensor([128]))
+    torch.manual_seed(0)
+    head = DraftHead(target.config, target.embed.weight, torch.tensor([5, 3, 9]), d_ff=48).eval()
+    save_draft_head(head, tmp_path / "h.pt", steps=7)
+    loaded = load_draft_head(target, tmp_path / "h.pt")
+    assert loaded.keep_ids.tolist() == [5, 3, 9] and loaded.config.d_ff == 48 and loaded.meta["steps"] == 7
+    tokens = torch.randint(0, 128, (1, 6), generator=torch.Generator().manual_seed(0))
+    hidden = torch.randn(1, 6, 64, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want, got = head(tokens, hidden)[0], loaded(tokens, hidden)[0]
+    assert (got - want).abs().max() < 0.02 * want.abs().max()  # int8 per-row storage
+    with pytest.raises(ValueError):
+        loaded(tokens, hidden[:, :5])
+    with pytest.raises(ValueError):
+        head_speculative_generate(target, loaded, torch.zeros(2, 3, dtype=torch.long), 4)
+    with pytest.raises(ValueError):
+        head_speculative_generate(target, loaded, torch.zeros(1, 3, dtype=torch.long), 4, k=0)
+    with pytest.raises(ValueError):
+        head_speculative_generate(tiny_model(seed=0, vocab_size=64), loaded, torch.zeros(1, 3, dtype=torch.long), 4)
