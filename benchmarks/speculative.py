@@ -10,8 +10,12 @@ lib.model's too); `--plain-target` uses lib.model itself. Workloads:
   quote  a plain-text prompt that quotes a paragraph (`lib.speculative.QUOTE_TEXT`).
 Drafts: prompt lookup (adaptive: drafts only where an n-gram matches), the int8 copy of the target, the int8 copy
 with an FR-Spec head (the --fr most frequent tokens of the first 80 % of Hamlet; 0 leaves it out), the distilled
-2-layer draft (plain and FR-Spec) when `tools/distill_draft.py` has built its checkpoint, an early exit (first
-8 layers) and a random 2-layer model. Each draft runs at every K in --ks; the table shows the best K. All
+2-layer draft (plain and FR-Spec) when `tools/distill_draft.py` has built its checkpoint, the **draft head**
+(`lib.draft_head`: one layer reading the target's last hidden state + an FR-Spec output layer, trained by
+`tools/train_draft_head.py`, committed in data/draft_head/), an early exit (first 8 layers) and a random 2-layer
+model. Before the workloads it prints the target's verify curve (one forward of m tokens / one decode step,
+after 128 tokens) and each draft's cost c (one draft step / one target step); each row of the table shows the
+speedup predicted from that run's α, c and verify curve next to the measured one, and the load average. Each draft runs at every K in --ks; the table shows the best K. All
 figures come from this one run; ratios are what to compare across machines (a busy machine slows everything).
 Every draft at every K on every workload takes about 15 minutes on a quiet 2-core CPU (5 drafts x 3 K x 3
 workloads measured 11 min); --drafts, --workloads and --ks narrow it. Not a test.
@@ -19,6 +23,8 @@ workloads measured 11 min); --drafts, --workloads and --ks narrow it. Not a test
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import time
 
 import torch
@@ -50,6 +56,7 @@ def main() -> None:
         args.new_tokens, args.ks, args.workloads = 8, "2", "chat"
     ks = [int(k) for k in args.ks.split(",")]
 
+    from lib import draft_head as dh
     from lib import speculative as spec
     from lib.generate import generate
     from lib.model import load_smollm2
@@ -62,9 +69,10 @@ def main() -> None:
 
         target = FastLlama(model)
     print(f"torch {torch.__version__} | threads: {torch.get_num_threads()} | {args.new_tokens} new tokens, greedy | "
-          f"target: {type(target).__name__}")
+          f"target: {type(target).__name__} | {platform.processor() or platform.machine()} | load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     int8 = spec.quantized_draft(model)
-    drafts = {
+    drafts = {  # name -> (draft, min_draft_prob); the draft head is run by its own loop (below)
         "prompt lookup": (spec.PromptLookupDraft(model.config.vocab_size), 0.5),
         "int8 copy": (int8, 0.0),
     }
@@ -83,6 +91,10 @@ def main() -> None:
             drafts[f"distilled + FR {args.fr}"] = (spec.fr_spec_draft(distilled, keep), 0.0)
     except FileNotFoundError as err:
         print(f"(no distilled draft: {err})")
+    try:
+        drafts["draft head"] = (dh.load_draft_head(model), None)
+    except FileNotFoundError as err:
+        print(f"(no draft head: {err})")
     drafts["early exit 8"] = (spec.early_exit_draft(model, 8), 0.0)
     drafts["random 2-layer"] = (spec.random_draft(model.config), 0.0)
     if args.drafts:
@@ -97,6 +109,26 @@ def main() -> None:
     workloads = {w: workloads[w] for w in args.workloads.split(",")}
     n = args.new_tokens
     generate(target, next(iter(workloads.values()))[0], 4)  # warm-up
+
+    def run(draft, min_prob, ids, k, stats):
+        if min_prob is None:  # the draft head reads the target's hidden states: its own loop
+            return dh.head_speculative_generate(target, draft, ids, n, k=k, stats=stats)
+        return spec.speculative_generate(target, draft, ids, n, k=k, stats=stats, min_draft_prob=min_prob)
+
+    # the verify curve and each draft's c, on a text none of the workloads uses (Hamlet), after 128 tokens
+    from lib.text import load_text
+
+    text_ids = tok(load_text("hamlet"), return_tensors="pt").input_ids[:, :160].to(model.device)
+    sizes = list(range(1, max(ks) + 2))
+    curve = spec.verify_curve(target, text_ids, sizes, repeats=3 if args.quick else 7)
+    print("verify curve (one target forward of m tokens / one decode step, after 128 tokens): "
+          + ", ".join(f"m={m}: {v:.2f}" for m, v in curve.items()))
+    costs = {}
+    for dname, (draft, min_prob) in drafts.items():
+        step = dh.head_step(draft, target, text_ids) if min_prob is None else spec.draft_step(draft, text_ids)
+        costs[dname] = spec.relative_cost(step, target, text_ids, repeats=3 if args.quick else 7)
+    print("draft cost c (one draft step / one target step): "
+          + ", ".join(f"{d}: {c:.3f}" for d, c in costs.items()))
     rows = []
     for wname, prompts in workloads.items():
         base_time, refs = 0.0, []
@@ -114,21 +146,27 @@ def main() -> None:
             for k in ks:
                 total, same, st = 0.0, True, spec.SpecStats()
                 for ids, ref in zip(prompts, refs):
-                    out, dt = timed(lambda: spec.speculative_generate(target, draft, ids, n, k=k, stats=st,
-                                                                      min_draft_prob=min_prob))
+                    out, dt = timed(lambda: run(draft, min_prob, ids, k, st))
                     total += dt
                     same &= torch.equal(out, ref)
                 rate = len(prompts) * n / total
-                print(f"  {dname:15s} K={k}: {rate:6.1f} tok/s ({rate / base:.2f}x) identical={same} "
-                      f"accept={st.acceptance_rate:.2f} tokens/call={st.tokens_per_call:.2f}")
+                a = st.acceptance_rate if st.drafted else 0.0
+                # predicted: tokens per round (α from this run) / (K c + verify_cost[K + 1]); prompt lookup drafts
+                # fewer than K per round (adaptive), so its prediction uses the K it drafted on average
+                k_eff = max(1, round(st.drafted / st.rounds)) if st.rounds else k
+                pred = spec.predicted_speedup(min(a, 1.0), min(k_eff, max(sizes) - 1), costs[dname], curve)
+                print(f"  {dname:15s} K={k}: {rate:6.1f} tok/s ({rate / base:.2f}x, predicted {pred:.2f}x) "
+                      f"identical={same} accept={a:.2f} tokens/call={st.tokens_per_call:.2f}")
                 if best is None or rate > best[1]:
-                    best = (k, rate, same, st.acceptance_rate, st.tokens_per_call)
-            rows.append((wname, dname, best[0], base, best[1], best[1] / base, best[2], best[3], best[4]))
-    print("\n| workload | draft | best K | target tok/s | speculative tok/s | speedup | identical | acceptance (T=0) "
-          "| tokens per target call |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for w, d, k, b, r, s, same, a, tpc in rows:
-        print(f"| {w} | {d} | {k} | {b:.1f} | {r:.1f} | {s:.2f}x | {same} | {a:.2f} | {tpc:.2f} |")
+                    best = (k, rate, same, a, st.tokens_per_call, pred)
+            rows.append((wname, dname, best[0], base, best[1], best[1] / base, best[5], best[2], best[3], best[4],
+                         costs[dname]))
+    print("\n| workload | draft | best K | target tok/s | speculative tok/s | speedup | predicted | identical "
+          "| acceptance α (T=0) | c | tokens per target call |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for w, d, k, b, r, s, p, same, a, tpc, c in rows:
+        print(f"| {w} | {d} | {k} | {b:.1f} | {r:.1f} | {s:.2f}x | {p:.2f}x | {same} | {a:.2f} | {c:.3f} | {tpc:.2f} |")
+    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

@@ -595,6 +595,64 @@ def load_distilled_draft(target, n_layers: int = 2, path=None):
     return m.to(target.device).eval()
 
 
+@torch.no_grad()
+def verify_curve(target, ids: torch.Tensor, sizes, context: int = 128, repeats: int = 5) -> dict:
+    """`{m: cost of one target forward of m new tokens after `context` cached ones, in one-token steps}` — the
+    median of `repeats` side-by-side ratios (each m-token forward next to a one-token one, so that a busy
+    machine slows both). `ids [1, >= context + max(sizes)]` is any text."""
+    import time
+
+    cache = target.new_cache(1, context + max(sizes))
+    target(ids[:, :context], cache=cache)
+
+    def seconds(m):
+        cache.truncate(context)
+        start = time.perf_counter()
+        target(ids[:, context:context + m], cache=cache)
+        return time.perf_counter() - start
+
+    seconds(1)  # warm-up
+    return {m: float(torch.tensor([seconds(m) / seconds(1) for _ in range(repeats)]).median()) for m in sizes}
+
+
+@torch.no_grad()
+def relative_cost(step, target, ids: torch.Tensor, context: int = 128, repeats: int = 7) -> float:
+    """c: seconds of `step()` (one draft step; it resets its own state) over one target decode step after
+    `context` tokens of `ids [1, > context]`, the median of `repeats` side-by-side ratios."""
+    import time
+
+    cache = target.new_cache(1, context + 1)
+    target(ids[:, :context], cache=cache)
+
+    def target_step():
+        cache.truncate(context)
+        start = time.perf_counter()
+        target(ids[:, context:context + 1], cache=cache)
+        return time.perf_counter() - start
+
+    def draft_step():
+        start = time.perf_counter()
+        step()
+        return time.perf_counter() - start
+
+    draft_step(), target_step()  # warm-up
+    return float(torch.tensor([draft_step() / target_step() for _ in range(repeats)]).median())
+
+
+def draft_step(draft, ids: torch.Tensor, context: int = 128):
+    """A `relative_cost` step for a draft with a model's call shape: one token after `context` cached ones."""
+    cache = draft.new_cache(batch=1, max_len=context + 1)
+    with torch.no_grad():
+        draft(ids[:, :context], cache=cache)
+
+    def step():
+        cache.truncate(context)
+        with torch.no_grad():
+            draft(ids[:, context:context + 1], cache=cache)
+
+    return step
+
+
 def wall_time(fn, repeats: int = 3) -> float:
     """Best of `repeats` wall-clock seconds of `fn()` (the least disturbed run on a shared machine)."""
     import time
