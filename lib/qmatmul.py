@@ -158,6 +158,7 @@ def _load():
                 i64, ptr = ctypes.c_int64, ctypes.c_void_p
                 lib.qmatmul_f32.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, i64, ptr, ctypes.c_int]
                 lib.dequantize_f32.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, ctypes.c_int]
+                lib.decode_step.argtypes = [ptr, ctypes.c_int, ptr, ptr, i64, i64, ptr, ptr, ptr, ptr, ctypes.c_int]
             except (RuntimeError, OSError) as e:
                 lib, why = None, str(e)
         if lib is None:
@@ -167,6 +168,41 @@ def _load():
             print(msg, file=sys.stderr)
         _state["lib"] = lib
         return lib
+
+
+class QWeight(ctypes.Structure):
+    """One matmul weight for `decode_step` (lib/csrc/qmatmul.cpp): up to 3 parts of GGUF blocks stacked along
+    the output, each of one type."""
+    _fields_ = [("nparts", ctypes.c_int32), ("qtype", ctypes.c_int32 * 3), ("rows", ctypes.c_int64 * 3),
+                ("blocks", ctypes.c_void_p * 3)]
+
+
+class DecodeLayer(ctypes.Structure):
+    _fields_ = [("attn_norm", ctypes.c_void_p), ("mlp_norm", ctypes.c_void_p), ("wqkv", QWeight), ("wo", QWeight),
+                ("w_gate_up", QWeight), ("w_down", QWeight)]
+
+
+class DecodeDims(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int64) for n in ("d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff", "max_len")] + [
+        ("eps", ctypes.c_float)]
+
+
+def qweight(parts: list[tuple[str, torch.Tensor]]) -> QWeight:
+    """A `QWeight` over `[(type, blocks)]` (contiguous CPU blocks, kept alive by the caller)."""
+    if not 1 <= len(parts) <= 3:
+        raise ValueError(f"a decode-step weight has 1 to 3 parts, got {len(parts)}")
+    w = QWeight(nparts=len(parts))
+    for i, (qtype, b) in enumerate(parts):
+        if not b.is_contiguous() or b.device.type != "cpu":
+            raise ValueError("decode-step blocks must be contiguous CPU tensors")
+        w.qtype[i], w.rows[i], w.blocks[i] = _CODES[qtype], b.shape[0], b.data_ptr()
+    return w
+
+
+def kernel():
+    """The loaded C++ library (its `decode_step` is called by lib.quant_linear.GGUFFastLlama), or None where
+    the PyTorch fallback is in use."""
+    return _load()
 
 
 def backend() -> str:

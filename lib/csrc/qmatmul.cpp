@@ -10,8 +10,10 @@
 //
 // Built with -march=native: AVX-512 or AVX2 (+F16C, FMA) when this CPU has them, plain C++ otherwise. The
 // portable loops below are the kernel; the AVX-512 path does the same arithmetic 16 lanes at a time.
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 #include <omp.h>
 #if defined(__AVX512F__) || defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
@@ -282,9 +284,9 @@ const char* qmatmul_isa() {
 }
 
 // y[m, n] = sum_k x[m, k] · W[n, k]; x float32 [m, k] (rows ldx apart), w the n rows of GGUF blocks
-// (k / block blocks each, contiguous), y float32 [m, n]. Returns 0, or -1 for an unknown type.
-int qmatmul_f32(int qtype, const uint8_t* w, int64_t n, int64_t k, const float* x, int64_t m, int64_t ldx,
-                float* y, int threads) {
+// (k / block blocks each, contiguous), y float32 [m, n] (rows ldy apart). Returns 0, or -1 for an unknown type.
+int qmatmul_f32_ld(int qtype, const uint8_t* w, int64_t n, int64_t k, const float* x, int64_t m, int64_t ldx,
+                   float* y, int64_t ldy, int threads) {
     Format f;
     if (!format_of(qtype, &f)) return -1;
     const int64_t nblocks = k / f.block, row_bytes = nblocks * f.bytes;
@@ -292,10 +294,15 @@ int qmatmul_f32(int qtype, const uint8_t* w, int64_t n, int64_t k, const float* 
     for (int64_t j = 0; j < n; ++j) {
         for (int64_t r0 = 0; r0 < m; r0 += kMaxRows) {
             const int64_t rows = m - r0 < kMaxRows ? m - r0 : kMaxRows;
-            kRowDots[rows](qtype, w + j * row_bytes, nblocks, x + r0 * ldx, ldx, y + r0 * n + j, n);
+            kRowDots[rows](qtype, w + j * row_bytes, nblocks, x + r0 * ldx, ldx, y + r0 * ldy + j, ldy);
         }
     }
     return 0;
+}
+
+int qmatmul_f32(int qtype, const uint8_t* w, int64_t n, int64_t k, const float* x, int64_t m, int64_t ldx,
+                float* y, int threads) {
+    return qmatmul_f32_ld(qtype, w, n, k, x, m, ldx, y, n, threads);
 }
 
 // out[n, k] = the weights, decoded (for many rows of x at once, where a float32 matmul wins).
@@ -306,6 +313,140 @@ int dequantize_f32(int qtype, const uint8_t* w, int64_t n, int64_t k, float* out
 #pragma omp parallel for schedule(static) num_threads(threads) if (n * k >= kMinParallelWeights)
     for (int64_t j = 0; j < n; ++j)
         for (int64_t blk = 0; blk < nblocks; ++blk) f.decode(w + j * row_bytes + blk * f.bytes, out + j * k + blk * f.block);
+    return 0;
+}
+
+}  // extern "C"
+
+// --- one decode step of a llama model on GGUF blocks: every layer in one call ---------------------------------
+//
+// lib.quant_linear.GGUFFastLlama calls this for a one-token step (batch rows >= 1, one new position each) on
+// lib.kv_cache's preallocated cache: the same computation as lib.fast.FastLlama._layer_step, layer after layer,
+// without returning to Python between operations (which, at SmolLM2's size, cost as much as the matmuls).
+// Float32 throughout; the results equal the Python step's up to the order of float32 sums.
+
+struct QWeight {  // one matmul weight: up to 3 parts stacked along the output (Q, K, V may differ in type)
+    int32_t nparts;
+    int32_t qtype[3];
+    int64_t rows[3];
+    const uint8_t* blocks[3];
+};
+
+struct DecodeLayer {
+    const float* attn_norm;
+    const float* mlp_norm;
+    QWeight wqkv, wo, w_gate_up, w_down;
+};
+
+struct DecodeDims {
+    int64_t d_model, n_heads, n_kv_heads, head_dim, d_ff, max_len;
+    float eps;
+};
+
+namespace {
+
+int weight_matmul(const QWeight& w, int64_t k, const float* x, int64_t m, float* y, int64_t ldy, int threads) {
+    int64_t col = 0;
+    for (int p = 0; p < w.nparts; ++p) {
+        if (qmatmul_f32_ld(w.qtype[p], w.blocks[p], w.rows[p], k, x, m, k, y + col, ldy, threads) != 0) return -1;
+        col += w.rows[p];
+    }
+    return 0;
+}
+
+// out = x / sqrt(mean(x²) + eps) · w  (lib.fast's _rms: normalise, then scale)
+void rms_norm(const float* x, const float* w, int64_t d, float eps, float* out) {
+    float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t i = 0; i < d; ++i) ss += x[i] * x[i];
+    const float r = 1.0f / std::sqrt(ss / (float)d + eps);
+    for (int64_t i = 0; i < d; ++i) out[i] = (x[i] * r) * w[i];
+}
+
+// RoPE, "rotate half" (lib.model.apply_rope): pairs (i, i + d/2) turned by the position's angles
+void rope(float* v, const float* cos, const float* sin, int64_t d) {
+    const int64_t h = d / 2;
+    for (int64_t i = 0; i < h; ++i) {
+        const float a = v[i], b = v[i + h];
+        v[i] = a * cos[i] + (-b) * sin[i];
+        v[i + h] = b * cos[i + h] + a * sin[i + h];
+    }
+}
+
+}  // namespace
+
+extern "C" {
+
+// x [batch, d_model] (the embedded tokens) becomes the last layer's output, in place. pos: the position of the
+// new token (the cache's length before the step); k_caches[l], v_caches[l]: layer l's buffers [batch,
+// n_kv_heads, max_len, head_dim], written at pos. cos, sin: the RoPE row of pos [head_dim]. Returns 0, or -1.
+int decode_step(const DecodeLayer* layers, int n_layers, const DecodeDims* dims, float* x, int64_t batch,
+                int64_t pos, const float* cos, const float* sin, float* const* k_caches, float* const* v_caches,
+                int threads) {
+    const int64_t D = dims->d_model, H = dims->n_heads, Hkv = dims->n_kv_heads, hd = dims->head_dim;
+    const int64_t F = dims->d_ff, L = dims->max_len, S = pos + 1, g = H / Hkv, nqkv = (H + 2 * Hkv) * hd;
+    if (pos < 0 || pos >= L || H % Hkv) return -1;
+    std::vector<float> xn(batch * D), qkv(batch * nqkv), att(batch * H * hd), tmp(batch * D);
+    std::vector<float> gu(batch * 2 * F), act(batch * F);
+    const float scale = 1.0f / std::sqrt((float)hd);
+    for (int l = 0; l < n_layers; ++l) {
+        const DecodeLayer& lw = layers[l];
+        float *kc = k_caches[l], *vc = v_caches[l];
+        for (int64_t r = 0; r < batch; ++r) rms_norm(x + r * D, lw.attn_norm, D, dims->eps, xn.data() + r * D);
+        if (weight_matmul(lw.wqkv, D, xn.data(), batch, qkv.data(), nqkv, threads)) return -1;
+        for (int64_t r = 0; r < batch; ++r) {  // RoPE on q and k; k and v into the cache at pos
+            float* q = qkv.data() + r * nqkv;
+            for (int64_t h = 0; h < H + Hkv; ++h) rope(q + h * hd, cos, sin, hd);
+            for (int64_t h = 0; h < Hkv; ++h) {
+                const int64_t at = ((r * Hkv + h) * L + pos) * hd;
+                std::memcpy(kc + at, q + (H + h) * hd, hd * sizeof(float));
+                std::memcpy(vc + at, q + (H + Hkv + h) * hd, hd * sizeof(float));
+            }
+        }
+        // attention of the one new query per head over positions 0..pos (no mask needed); GQA: query head h
+        // reads KV head h / g
+#pragma omp parallel num_threads(threads) if (batch * H * S * hd >= kMinParallelWeights)
+        {
+            std::vector<float> p(S);
+#pragma omp for schedule(static)
+            for (int64_t rh = 0; rh < batch * H; ++rh) {
+                const int64_t r = rh / H, h = rh % H;
+                const float* q = qkv.data() + r * nqkv + h * hd;
+                const float* K = kc + (r * Hkv + h / g) * L * hd;
+                const float* V = vc + (r * Hkv + h / g) * L * hd;
+                float mx = -INFINITY;
+                for (int64_t s = 0; s < S; ++s) {
+                    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+                    for (int64_t i = 0; i < hd; ++i) dot += q[i] * K[s * hd + i];
+                    p[s] = dot * scale;
+                    mx = p[s] > mx ? p[s] : mx;
+                }
+                float sum = 0.0f;
+                for (int64_t s = 0; s < S; ++s) {
+                    p[s] = std::exp(p[s] - mx);
+                    sum += p[s];
+                }
+                float* o = att.data() + r * H * hd + h * hd;
+                for (int64_t i = 0; i < hd; ++i) o[i] = 0.0f;
+                for (int64_t s = 0; s < S; ++s) {
+                    const float w = p[s] / sum;
+#pragma omp simd
+                    for (int64_t i = 0; i < hd; ++i) o[i] += w * V[s * hd + i];
+                }
+            }
+        }
+        if (weight_matmul(lw.wo, H * hd, att.data(), batch, tmp.data(), D, threads)) return -1;
+        for (int64_t i = 0; i < batch * D; ++i) x[i] += tmp[i];
+        for (int64_t r = 0; r < batch; ++r) rms_norm(x + r * D, lw.mlp_norm, D, dims->eps, xn.data() + r * D);
+        if (weight_matmul(lw.w_gate_up, D, xn.data(), batch, gu.data(), 2 * F, threads)) return -1;
+        for (int64_t r = 0; r < batch; ++r) {  // silu(gate) · up
+            const float *gate = gu.data() + r * 2 * F, *up = gate + F;
+            for (int64_t i = 0; i < F; ++i) act[r * F + i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+        }
+        if (weight_matmul(lw.w_down, F, act.data(), batch, tmp.data(), D, threads)) return -1;
+        for (int64_t i = 0; i < batch * D; ++i) x[i] += tmp[i];
+    }
     return 0;
 }
 
