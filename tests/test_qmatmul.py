@@ -164,6 +164,27 @@ def _weights_from_blocks(model, blocks):
     return other
 
 
+def test_a_non_editable_install_carries_the_kernel_source(tmp_path):
+    """lib/csrc/qmatmul.cpp is package data: a wheel of the project (what a plain `pip install .` installs)
+    holds it beside lib/qmatmul.py, where lib.qmatmul.SOURCE looks for it."""
+    import shutil
+    import zipfile
+
+    src = tmp_path / "src"  # a copy of what the build reads, so no build/ folder of the checkout is reused
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, src / name)
+    for pkg in ("lib", "grader"):
+        shutil.copytree(REPO / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                          "-w", str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (wheel,) = (tmp_path / "dist").glob("inference_lab-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert "lib/qmatmul.py" in names and "lib/csrc/qmatmul.cpp" in names, sorted(n for n in names if "lib/" in n)
+    assert Q.SOURCE == Path(Q.__file__).parent / "csrc" / "qmatmul.cpp" and Q.SOURCE.is_file()
+
+
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0", "Q5_0", "Q4_K", "Q6_K", "Q4_K_M"])
 def test_a_tiny_model_on_blocks_is_the_fp32_model_of_those_blocks(qtype):
     from lib.generate import generate
