@@ -73,6 +73,32 @@ def test_kernel_equals_the_reference_on_random_blocks(qtype):
     assert torch.equal(got, torch.from_numpy(dequantize(blocks, qtype))), f"{qtype} decode {seed_note()}"
 
 
+@pytest.mark.parametrize("isa, flags", [("avx2", ("-mno-avx512f",)), ("generic", ("-mno-avx512f", "-mno-avx2"))])
+def test_the_avx2_and_portable_loops_equal_the_reference(isa, flags, tmp_path):
+    """This CPU's build takes the widest loops it has; the narrower ones (for CPUs without AVX-512 or AVX2) are
+    built here with those instructions switched off and held to the same reference."""
+    import ctypes
+
+    if Q._compiler() is None:
+        pytest.skip("no C++ compiler")
+    if isa == "avx2" and "avx2" not in Q._cpu_flags().split():
+        pytest.skip("this CPU has no AVX2")
+    lib = ctypes.CDLL(str(Q.build(tmp_path, extra_flags=flags)))
+    lib.qmatmul_isa.restype = ctypes.c_char_p
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.qmatmul_f32.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, i64, ptr, ctypes.c_int]
+    assert lib.qmatmul_isa().decode() == isa
+    for i, qtype in enumerate(("Q4_1", "Q8_0", "Q4_K")):
+        block, _ = BLOCK_SIZES[qtype]
+        for n, nblocks, rows in [(37, 3, 1), (9, 2, 3), (64, 1, 8), (5, 2, 11)]:
+            blocks = random_blocks(qtype, n, nblocks, offset=300 + 10 * i + rows)
+            x = torch.randn(rows, nblocks * block, generator=generator(400 + 10 * i + rows))
+            y = torch.empty(rows, n)
+            assert lib.qmatmul_f32(Q._CODES[qtype], blocks.data_ptr(), n, nblocks * block, x.data_ptr(), rows,
+                                   nblocks * block, y.data_ptr(), 2) == 0
+            assert_matches_reference(y, x, blocks, qtype, f"{isa} {qtype} out={n} rows={rows}")
+
+
 def test_leading_dimensions_a_strided_x_and_unchanged_arguments():
     blocks = random_blocks("Q4_1", 40, 3, offset=11)
     x = torch.randn(2, 3, 4 * 96, generator=generator(12))[..., ::4]  # [2, 3, 96], not contiguous

@@ -202,46 +202,125 @@ void row_dots_generic(const uint8_t* wrow, int64_t nblocks, const float* x, int6
 }
 
 #if defined(__AVX512F__)
-// The hot types, 16 lanes at a time: the nibbles (or bytes) of one block widened to int32, converted to float,
-// scaled as the decoder does (multiply, then add: two roundings, like lib/quant.py), then one FMA per row.
+// The hot types, 16 lanes at a time. Q4_1: a block has only 16 distinct weights, d·j + m for j = 0..15, so the
+// kernel computes those 16 (one lane each: d·j is exact in float32 — 11 bits of d times 4 of j — so one fused
+// multiply-add rounds exactly as the decoder's multiply-then-add) and looks each weight up by its nibble
+// (vpermps reads the low 4 bits of each index). Then one FMA per 16 weights per row of x.
+// Independent accumulators: an FMA waits ~4 cycles for the previous one into the same register, so one row of x
+// (a decode step) keeps NB blocks x 2 halves of chains in flight; with more rows, the rows are the chains.
+template <int R>
+constexpr int chains_per_row() { return R == 1 ? 4 : 2; }
+
 template <int R>
 void row_dots_q4_1_avx512(const uint8_t* wrow, int64_t nblocks, const float* x, int64_t ldx, float* y, int64_t ldy) {
-    __m512 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-    const __m512i low4 = _mm512_set1_epi32(0x0F);
-    for (int64_t blk = 0; blk < nblocks; ++blk) {
-        const uint8_t* b = wrow + blk * 20;
-        const __m512 d = _mm512_set1_ps(half_to_float(b)), m = _mm512_set1_ps(half_to_float(b + 2));
+    constexpr int C = chains_per_row<R>(), NB = C / 2;  // NB blocks per step, each half of a block its own chain
+    __m512 acc[R][C];
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    int64_t blk = 0;
+    auto one_block = [&](int64_t i, int c) {
+        const uint8_t* b = wrow + i * 20;
+        int32_t dm_bits;
+        std::memcpy(&dm_bits, b, 4);
+        const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(dm_bits));  // d, m
+        const __m512 d = _mm512_broadcastss_ps(dm), m = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));
+        const __m512 table = _mm512_fmadd_ps(d, iota, m);  // the block's 16 possible weights
         const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 4)));
-        const __m512 w0 = _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(q, low4))), m);
-        const __m512 w1 = _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4))), m);
+        const __m512 w0 = _mm512_permutexvar_ps(q, table);                         // low nibbles: weights 0-15
+        const __m512 w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table);  // high nibbles: 16-31
         for (int r = 0; r < R; ++r) {
-            const float* xr = x + r * ldx + blk * 32;
-            acc[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xr), acc[r]);
-            acc[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xr + 16), acc[r]);
+            const float* xr = x + r * ldx + i * 32;
+            acc[r][c] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xr), acc[r][c]);
+            acc[r][c + 1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xr + 16), acc[r][c + 1]);
         }
+    };
+    for (; blk + NB <= nblocks; blk += NB)
+        for (int u = 0; u < NB; ++u) one_block(blk + u, 2 * u);
+    for (; blk < nblocks; ++blk) one_block(blk, 0);
+    for (int r = 0; r < R; ++r) {
+        __m512 sum = acc[r][0];
+        for (int c = 1; c < C; ++c) sum = _mm512_add_ps(sum, acc[r][c]);
+        y[r * ldy] = _mm512_reduce_add_ps(sum);
     }
-    for (int r = 0; r < R; ++r) y[r * ldy] = _mm512_reduce_add_ps(acc[r]);
 }
 
 template <int R>
 void row_dots_q8_0_avx512(const uint8_t* wrow, int64_t nblocks, const float* x, int64_t ldx, float* y, int64_t ldy) {
-    __m512 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-    for (int64_t blk = 0; blk < nblocks; ++blk) {
-        const uint8_t* b = wrow + blk * 34;
+    constexpr int C = chains_per_row<R>(), NB = C / 2;
+    __m512 acc[R][C];
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+    int64_t blk = 0;
+    auto one_block = [&](int64_t i, int c) {
+        const uint8_t* b = wrow + i * 34;
         const __m512 d = _mm512_set1_ps(half_to_float(b));
         const __m512i q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2)));
         const __m512i q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 18)));
         const __m512 w0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(q0));
         const __m512 w1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(q1));
         for (int r = 0; r < R; ++r) {
-            const float* xr = x + r * ldx + blk * 32;
-            acc[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xr), acc[r]);
-            acc[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xr + 16), acc[r]);
+            const float* xr = x + r * ldx + i * 32;
+            acc[r][c] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xr), acc[r][c]);
+            acc[r][c + 1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xr + 16), acc[r][c + 1]);
+        }
+    };
+    for (; blk + NB <= nblocks; blk += NB)
+        for (int u = 0; u < NB; ++u) one_block(blk + u, 2 * u);
+    for (; blk < nblocks; ++blk) one_block(blk, 0);
+    for (int r = 0; r < R; ++r) {
+        __m512 sum = acc[r][0];
+        for (int c = 1; c < C; ++c) sum = _mm512_add_ps(sum, acc[r][c]);
+        y[r * ldy] = _mm512_reduce_add_ps(sum);
+    }
+}
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+// The same two types 8 lanes at a time (AVX2 CPUs): weights decoded as the decoder does (Q4_1: d·q is exact,
+// so one FMA d·q + m rounds as multiply-then-add), one FMA per 8 weights per row of x.
+inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+template <int R>
+void row_dots_q4_1_avx2(const uint8_t* wrow, int64_t nblocks, const float* x, int64_t ldx, float* y, int64_t ldy) {
+    __m256 acc[R], acc_hi[R];  // two chains per row (low and high nibbles): an FMA waits for the one before
+    for (int r = 0; r < R; ++r) acc[r] = acc_hi[r] = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi32(0x0F);
+    for (int64_t blk = 0; blk < nblocks; ++blk) {
+        const uint8_t* b = wrow + blk * 20;
+        const __m256 d = _mm256_set1_ps(half_to_float(b)), m = _mm256_set1_ps(half_to_float(b + 2));
+        for (int half = 0; half < 2; ++half) {  // nibble bytes 0-7, then 8-15
+            const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 4 + 8 * half)));
+            const __m256 w_lo = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(q, low4)), m);
+            const __m256 w_hi = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_srli_epi32(q, 4)), m);
+            for (int r = 0; r < R; ++r) {
+                const float* xr = x + r * ldx + blk * 32 + 8 * half;
+                acc[r] = _mm256_fmadd_ps(w_lo, _mm256_loadu_ps(xr), acc[r]);
+                acc_hi[r] = _mm256_fmadd_ps(w_hi, _mm256_loadu_ps(xr + 16), acc_hi[r]);
+            }
         }
     }
-    for (int r = 0; r < R; ++r) y[r * ldy] = _mm512_reduce_add_ps(acc[r]);
+    for (int r = 0; r < R; ++r) y[r * ldy] = hsum256(_mm256_add_ps(acc[r], acc_hi[r]));
+}
+
+template <int R>
+void row_dots_q8_0_avx2(const uint8_t* wrow, int64_t nblocks, const float* x, int64_t ldx, float* y, int64_t ldy) {
+    __m256 acc[R][2];  // two chains per row: an FMA waits for the one before into the same register
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t blk = 0; blk < nblocks; ++blk) {
+        const uint8_t* b = wrow + blk * 34;
+        const __m256 d = _mm256_set1_ps(half_to_float(b));
+        for (int part = 0; part < 4; ++part) {
+            const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + 8 * part)));
+            const __m256 w = _mm256_mul_ps(d, _mm256_cvtepi32_ps(q));
+            for (int r = 0; r < R; ++r)
+                acc[r][part & 1] = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + r * ldx + blk * 32 + 8 * part), acc[r][part & 1]);
+        }
+    }
+    for (int r = 0; r < R; ++r) y[r * ldy] = hsum256(_mm256_add_ps(acc[r][0], acc[r][1]));
 }
 #endif
 
@@ -251,6 +330,9 @@ void row_dots(int qtype, const uint8_t* wrow, int64_t nblocks, const float* x, i
 #if defined(__AVX512F__)
         case Q4_1: return row_dots_q4_1_avx512<R>(wrow, nblocks, x, ldx, y, ldy);
         case Q8_0: return row_dots_q8_0_avx512<R>(wrow, nblocks, x, ldx, y, ldy);
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+        case Q4_1: return row_dots_q4_1_avx2<R>(wrow, nblocks, x, ldx, y, ldy);
+        case Q8_0: return row_dots_q8_0_avx2<R>(wrow, nblocks, x, ldx, y, ldy);
 #else
         case Q4_1: return row_dots_generic<R, 32, 20, decode_q4_1>(wrow, nblocks, x, ldx, y, ldy);
         case Q8_0: return row_dots_generic<R, 32, 34, decode_q8_0>(wrow, nblocks, x, ldx, y, ldy);
@@ -276,7 +358,7 @@ extern "C" {
 const char* qmatmul_isa() {
 #if defined(__AVX512F__)
     return "avx512";
-#elif defined(__AVX2__)
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
     return "avx2";
 #else
     return "generic";
