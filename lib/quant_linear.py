@@ -306,11 +306,10 @@ class GGUFFastLlama(FastLlama):
         if kv is None or pos + 1 > min(cache.max_len, self.config.max_seq_len) or any(
                 layer.length != pos for layer in cache.layers):
             return super().__call__(input_ids, cache)  # raises the overflow / length errors
-        lib, layers, dims = self._step
+        lib, layers, _ = self._step
         with torch.inference_mode():
             x = self.embed[input_ids[:, 0].to(self.device)]  # [B, D], a new tensor: written in place
-            dims.max_len = cache.max_len
-            rc = lib.decode_step(ctypes.addressof(layers), len(self.layers), ctypes.addressof(dims), x.data_ptr(),
+            rc = lib.decode_step(ctypes.addressof(layers), len(self.layers), kv[2], x.data_ptr(),
                                  x.shape[0], pos, self.cos[pos].data_ptr(), self.sin[pos].data_ptr(), kv[0], kv[1],
                                  torch.get_num_threads())
             if rc != 0:
@@ -320,20 +319,23 @@ class GGUFFastLlama(FastLlama):
             return self._linear(self._rms(x, self.norm), self.lm_head)[:, None, :]  # [B, 1, vocab]
 
     def _cache_pointers(self, cache):
-        """Pointer arrays to every layer's K and V buffers (kept while the same cache is used), or None when a
-        layer is not a float32, contiguous `LayerKVCache` on the CPU."""
+        """Pointers to every layer's K and V buffers and to the step's dimensions for this cache (kept while the
+        same cache is used), or None when a layer is not a float32, contiguous `LayerKVCache` on the CPU."""
         ref, ptrs = self._kv_ptrs
-        if ref is not None and ref() is cache and ptrs[2] is cache[0].k and ptrs[3] is cache[-1].v:
+        if ref is not None and ref() is cache and ptrs[3] is cache[0].k and ptrs[4] is cache[-1].v:
             return ptrs
         n = len(self.layers)
-        if len(cache) != n or any(type(lay) is not LayerKVCache or lay.k.dtype != torch.float32
-                                  or lay.k.device.type != "cpu" or not lay.k.is_contiguous()
-                                  or not lay.v.is_contiguous() or lay.k.shape[1:] != (
-                                      self.n_kv_heads, cache.max_len, self.head_dim) for lay in cache.layers):
+        want = (cache[0].k.shape[0], self.n_kv_heads, cache.max_len, self.head_dim)
+        if len(cache) != n or any(type(lay) is not LayerKVCache or any(
+                t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() or t.shape != want
+                for t in (lay.k, lay.v)) for lay in cache.layers):
             return None
         ks = (ctypes.c_void_p * n)(*[lay.k.data_ptr() for lay in cache.layers])
         vs = (ctypes.c_void_p * n)(*[lay.v.data_ptr() for lay in cache.layers])
-        ptrs = (ctypes.addressof(ks), ctypes.addressof(vs), cache[0].k, cache[-1].v, ks, vs)
+        dims = Q.DecodeDims.from_buffer_copy(self._step[2])  # this cache's length of buffer
+        dims.max_len = cache.max_len
+        ptrs = (ctypes.addressof(ks), ctypes.addressof(vs), ctypes.addressof(dims), cache[0].k, cache[-1].v, ks, vs,
+                dims)
         self._kv_ptrs = (weakref.ref(cache), ptrs)
         return ptrs
 
