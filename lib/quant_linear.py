@@ -20,6 +20,7 @@ The file's own blocks (lib.qmatmul), with no requantization: the model is exactl
 
 - `GGUFLinear`: holds a weight as GGUF blocks (uint8 `[out, bytes per row]`) and multiplies through
   `lib.qmatmul.qmatmul` (float32 activations, the weights decoded in registers).
+- `GGUFFastLlama`: lib.fast's fused decoder on the blocks; its one-token steps run every layer in one C++ call.
 - `read_gguf_blocks(path)`: every matmul weight of a llama GGUF file as `(type, blocks)` under the lab's
   parameter names (Q and K rows put in the lab's RoPE order, as `lib.model.read_gguf_llama` does; a row of
   blocks moves as a whole, so this reorders bytes and changes no value). The LM head of a tied model is
@@ -249,7 +250,12 @@ def gguf_linears(model, blocks: dict[str, tuple[str, torch.Tensor]] | None = Non
 class GGUFFastLlama(FastLlama):
     """`lib.fast.FastLlama` (one QKV and one gate-up matmul per layer, no per-step setup) multiplying GGUF
     blocks: the fused matrices are the blocks' rows stacked (a row of blocks is self-contained), the LM head is
-    the token embedding's blocks. Same call contract as the model; float32 activations."""
+    the token embedding's blocks. Same call contract as the model; float32 activations.
+
+    A one-token step (any batch) on a `lib.kv_cache.KVCache` of plain layers runs all layers in one call of the
+    C++ `decode_step` (lib/csrc/qmatmul.cpp): the same arithmetic as `_layer_step`, which serves every other
+    call (prefill, verify steps, other caches, no compiler). At SmolLM2's size the ~300 small tensor operations
+    and the Python between them cost as much per token as the matmuls; in C++ they cost a fraction of that."""
 
     def __init__(self, model, blocks: dict[str, tuple[str, torch.Tensor]] | None = None):
         blocks = read_gguf_blocks() if blocks is None else blocks
