@@ -240,7 +240,7 @@ def test_a_tiny_model_on_blocks_is_the_fp32_model_of_those_blocks(qtype):
 
 
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q4_K_M"])
-def test_the_cpp_decode_step_is_the_python_step(qtype):
+def test_the_cpp_decode_step_is_the_python_step(qtype, monkeypatch):
     """GGUFFastLlama runs a one-token step on a KVCache as one C++ call (decode_step); the same model with that
     call switched off runs lib.fast's Python step. Both must give the same logits, step after step, for every
     row of a batch, and leave the same keys and values in the cache; other caches take the Python path."""
@@ -251,15 +251,20 @@ def test_the_cpp_decode_step_is_the_python_step(qtype):
 
     if Q._compiler() is None:
         pytest.skip("no C++ compiler: the decode step is C++ only")
-    cfg = dict(d_model=256, d_ff=512, n_heads=8, n_kv_heads=2) if "_K" in qtype else dict(n_heads=8, n_kv_heads=2)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # the step's thread count: its split paths run
+    # Q4_1: heads of 64 and a 90-token prompt, so batch · heads · positions · head_dim passes the C++ step's
+    # threshold for splitting attention over threads (its parallel branch); the mix: heads of 32, serial
+    cfg = dict(d_model=256, d_ff=512, n_heads=8, n_kv_heads=2) if "_K" in qtype else dict(
+        d_model=256, d_ff=256, n_heads=4, n_kv_heads=2)
+    prompt_len = 9 if "_K" in qtype else 90
     base = tiny_model(seed=run_seed() % 1000, **cfg)
     blocks = quantize_blocks(base, q4_k_m_plan(base) if qtype == "Q4_K_M" else qtype)
     model = _weights_from_blocks(base, blocks)
     fast, slow = GGUFFastLlama(model, blocks), GGUFFastLlama(model, blocks)
     slow._step = None
     assert fast._step is not None, "the C++ decode step is not in use though the kernel built"
-    prompt = torch.randint(0, model.config.vocab_size, (3, 9), generator=generator(71))
-    caches = [m.new_cache(3, 40) for m in (fast, slow)]
+    prompt = torch.randint(0, model.config.vocab_size, (3, prompt_len), generator=generator(71))
+    caches = [m.new_cache(3, prompt_len + 31) for m in (fast, slow)]
     logits = [m(prompt, c) for m, c in zip((fast, slow), caches)]
     for step in range(12):
         nxt = logits[1][:, -1:].argmax(-1)
@@ -267,20 +272,20 @@ def test_the_cpp_decode_step_is_the_python_step(qtype):
         assert logits[0].shape == logits[1].shape == (3, 1, model.config.vocab_size)
         err = (logits[0] - logits[1]).abs().max().item()
         assert err < 1e-4, f"step {step}: logits differ by {err:.3g} {seed_note()}"
-        assert caches[0].length == caches[1].length == 10 + step
+        assert caches[0].length == caches[1].length == prompt_len + 1 + step
     for a, b in zip(caches[0].layers, caches[1].layers):
         assert (a.k[:, :, :a.length] - b.k[:, :, :b.length]).abs().max() < 1e-4
         assert (a.v[:, :, :a.length] - b.v[:, :, :b.length]).abs().max() < 1e-4
     # a rolling cache is not lib.kv_cache's plain buffer: the Python step serves it, with the same results
-    rolling = KVCache.rolling(model.config, 64, batch=3)
+    rolling = KVCache.rolling(model.config, prompt_len + 31, batch=3)  # a window that drops nothing yet
     fast(prompt, rolling)
     assert fast._cache_pointers(rolling) is None
-    full = fast.new_cache(3, 40)
+    full = fast.new_cache(3, prompt_len + 31)
     fast(prompt, full)
     nxt = prompt[:, -1:]
     assert (fast(nxt, rolling) - fast(nxt, full)).abs().max().item() < 1e-4
     with pytest.raises(ValueError, match="overflow"):  # a full cache is refused as lib.kv_cache refuses it
-        small = fast.new_cache(3, 9)
+        small = fast.new_cache(3, prompt_len)
         fast(prompt, small)
         fast(nxt, small)
 
