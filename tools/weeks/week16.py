@@ -784,7 +784,7 @@ positions, whatever the sequence length: a **rolling buffer** of *W* slots where
 *p mod W*, overwriting the position that just left the window.
 
 `lib.kv_cache.sliding_window_attention(W)` is the matching attention: the causal mask, minus every key more
-than *W − 1* positions behind its query (`lib.kv_cache.sliding_window_mask`, bottom-right aligned like yours).
+than *W − 1* positions behind its query (`lib.masks.sliding_window_mask`, bottom-right aligned like yours).
 
 **Exercise 9.** Write `RollingKVCache(batch, n_kv_heads, window, head_dim, dtype, device)` with:
 * `k`, `v` buffers `[batch, n_kv_heads, window, head_dim]` allocated once, and `nbytes` (their bytes);

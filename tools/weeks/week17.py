@@ -54,7 +54,7 @@ import math
 import torch
 
 from lib.attention import check_attention_shapes  # raises ValueError naming the shapes, for impossible inputs
-from lib.kv_cache import causal_mask  # week 16: bottom-right aligned boolean mask [q_len, kv_len]
+from lib.masks import causal_mask  # week 16: bottom-right aligned boolean mask [q_len, kv_len]
 from grader.checks.week17 import (check_naive_attention, check_score_bytes, check_online_softmax,
                                   check_flash_attention_forward, check_standard_io, check_flash_io,
                                   check_flash_attention_backward, check_FlashAttention, check_merge_partials,
