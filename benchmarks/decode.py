@@ -18,41 +18,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
 
 import torch
 
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def time_decode(step, new_tokens: int, repeats: int) -> float:
-    """Median seconds per decoded token: time(prefill + 1 + n) - time(prefill + 1), over n."""
-    step(1)  # warm-up
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        step(1)
-        t1 = time.perf_counter()
-        step(1 + new_tokens)
-        t2 = time.perf_counter()
-        samples.append(((t2 - t1) - (t1 - t0)) / new_tokens)
-    return statistics.median(samples)
-
-
-def time_call(fn, repeats: int, device) -> float:
-    fn()
-    _sync(device)
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
+from timing import sync, time_call, time_decode  # benchmarks/timing.py
 
 
 def profile_step(name: str, model, prompt, steps: int = 8) -> None:
@@ -199,13 +169,13 @@ def main() -> None:
     print(header)
     rows = {}
     for name, m in engines.items():
-        rows[name] = [time_decode(lambda k, m=m: (generate(m, prompt, k), _sync(device)), n, args.repeats)
+        rows[name] = [time_decode(lambda k, m=m: (generate(m, prompt, k), sync(device)), n, args.repeats)
                       for n in args.new_tokens]
     if hf is not None:
         @torch.no_grad()
         def hf_step(k):
             hf.generate(prompt, max_new_tokens=k, min_new_tokens=k, do_sample=False, pad_token_id=tok.eos_token_id)
-            _sync(device)
+            sync(device)
         rows["transformers generate"] = [time_decode(hf_step, n, args.repeats) for n in args.new_tokens]
     for name, secs in rows.items():
         print(f"  {name:40s}" + "".join(f"{1 / s:16.1f}{1 / s / roof:8.0%}" for s in secs))

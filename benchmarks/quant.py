@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from decode import time_call  # noqa: E402  (benchmarks/decode.py)
+from timing import time_call  # noqa: E402  (benchmarks/timing.py)
 
 PROMPTS = ["The history of the printing press begins",
            "def fibonacci(n):",
