@@ -33,6 +33,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from lib.kv_cache import KVCache
+from lib.masks import causal_mask
 from lib.model import Block, rope_cos_sin
 from lib.speculative import SpecStats, _sample, verify
 
@@ -110,8 +111,6 @@ def _attention(q, k, v, causal=True):
         return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
     if t == s:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    from lib.kv_cache import causal_mask
-
     return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(t, s, device=q.device), enable_gqa=True)
 
 
