@@ -181,8 +181,8 @@ _SAFE_EXC["StopIteration"] = StopIteration
 
 
 def _rebuild_exc(info) -> BaseException:
-    """An exception from (MRO names, message), using only built-in classes (and the harness's two)."""
-    from grader.harness import ExerciseMissing, NotImplementedYet
+    """An exception from (MRO names, message), using only built-in classes (and grader.notebook's two)."""
+    from grader.notebook import ExerciseMissing, NotImplementedYet
 
     names, msg = info
     if not (isinstance(names, list) and all(type(n) is str for n in names) and type(msg) is str):
@@ -1597,13 +1597,9 @@ class _Child:
         return _Watch()
 
     def load(self, notebook, cells):
-        from grader.harness import ExerciseModule, _run_cells
+        from grader.notebook import exercise_module
 
-        self.module = ExerciseModule(Path(notebook).stem)
-        self.module.__file__ = notebook
-        self.module._stubbed_cells = []
-        self.module._broken_cells = {}
-        _run_cells(self.module, Path(notebook), cells)
+        self.module = exercise_module(notebook, cells)
         self._apply_memory_limit()
         return {"stubbed": list(self.module._stubbed_cells), "broken": dict(self.module._broken_cells)}
 
@@ -1680,7 +1676,7 @@ def _child_main(rfd, wfd, memory, sandbox):
     import torch  # noqa: F401  (imported before the student's code, and before the memory limit)
 
     import lib  # noqa: F401
-    from grader import harness  # noqa: F401
+    from grader import notebook  # noqa: F401
 
     from grader.fingerprint import warm
 
