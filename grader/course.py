@@ -315,8 +315,8 @@ def grading_worker() -> None:
     """Set up a process that grades submissions (each `--jobs` worker, and `python -m grader autograde` itself with
     `--jobs 1`): it becomes the subreaper of what it starts, so a process a submission leaves behind (double fork,
     `setsid`) is handed to it rather than to init, and is killed when that submission's child is stopped
-    (`grader.isolation.kill_tree`)."""
-    from grader.isolation import become_subreaper
+    (`grader.processes.kill_tree`)."""
+    from grader.processes import become_subreaper
 
     become_subreaper()
 
