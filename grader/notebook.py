@@ -3,7 +3,7 @@
 - `read_notebook(path)` and `validate_notebook(path)`: a notebook's JSON, and whether nbgrader can grade it;
 - `exercise_cells(nb)`: the cells a week's checks need (nbgrader solution cells and `setup`-tagged cells);
 - `exercise_module(path, cells)`: those cells run, in order, into a fresh `ExerciseModule` (in the trusted
-  process when isolation is off, in the child otherwise: `grader.isolation` and `grader.harness` share this);
+  process when isolation is off, in the child otherwise: `grader.child` and `grader.harness` share this);
 - the exercise failures both sides raise and recognise: `NotImplementedYet`, `ExerciseMissing`, `ReferenceUse`.
 
 It imports nothing of the grader's but `grader.status`.
