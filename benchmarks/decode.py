@@ -180,12 +180,13 @@ def main() -> None:
     for name, secs in rows.items():
         print(f"  {name:40s}" + "".join(f"{1 / s:16.1f}{1 / s / roof:8.0%}" for s in secs))
     if device.type == "cpu":  # the optional peer: pip install -e '.[llamacpp]' (builds llama.cpp, minutes)
-        from quant import llama_cpp_tok_s  # benchmarks/quant.py
-        text = "The history of the printing press begins"
-        cpp = [llama_cpp_tok_s(str(paths.MODELS_DIR / paths.SMOLLM2_FILE), text, n) for n in args.new_tokens]
-        if cpp[0] is None:
+        from quant import llama_cpp_model, llama_cpp_step  # benchmarks/quant.py
+        llm = llama_cpp_model(str(paths.MODELS_DIR / paths.SMOLLM2_FILE))
+        if llm is None:
             print(f"  {'llama.cpp (Q4_1 file)':40s}  not installed: pip install -e '.[llamacpp]' adds this row")
         else:  # it reads the Q4_1 weights (~4.5x fewer bytes than fp32), so its roofline is higher than ours
+            step = llama_cpp_step(llm, "The history of the printing press begins")
+            cpp = [1 / time_decode(step, n, args.repeats) for n in args.new_tokens]
             print(f"  {'llama.cpp (Q4_1 weights, not fp32)':40s}" + "".join(f"{t:16.1f}{'':8s}" for t in cpp))
     print(f"  {'roofline (bandwidth / bytes per token)':40s}" + "".join(f"{roof:16.1f}{'100%':>8s}" for _ in args.new_tokens))
     if hf is not None:
