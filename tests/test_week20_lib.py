@@ -264,6 +264,31 @@ def test_awq_alpha_zero_is_rtn_and_search_never_loses_to_it():
         salient_channels(w, x.abs().mean(0), 0.01, "size")
 
 
+def test_awq_clip_search_beats_min_max_per_group_and_on_held_out_inputs():
+    from lib.awq import awq_quantize, clip_search
+    from lib.gptq import output_error
+
+    w = torch.randn(48, 256, generator=torch.Generator().manual_seed(8)) * 0.05
+    x_all = _correlated_inputs(1024, 256, 10)  # one distribution: the first half calibrates, the second judges
+    x, x_test = x_all[:512], x_all[512:]
+    for bits in (3, 4):
+        rtn, clipped = quant.rtn_quantize(w, bits, 64), clip_search(w, x, bits, 64)
+        assert clipped.shape == w.shape and clipped.dtype == w.dtype
+        # per (row, group): the group's share of the output on x is never worse than min/max's (r = 1 is a candidate)
+        xg = x.reshape(-1, 4, 64)
+        share = lambda q: ((xg[:, None] * (w - q).reshape(1, 48, 4, 64)).sum(-1) ** 2).mean(0)  # [48, 4]
+        assert (share(clipped) <= share(rtn) * (1 + 1e-5) + 1e-12).all()
+        assert (share(clipped) < 0.99 * share(rtn)).float().mean() > 0.5  # and it clips most groups
+        levels = clipped.reshape(48, 4, 64)  # still 2^bits levels per group
+        assert max(len(torch.unique(g)) for row in levels for g in row) <= 2**bits
+        assert output_error(w, clipped, x_test) < 0.8 * output_error(w, rtn, x_test)
+        plain, alpha = awq_quantize(w, x, bits, 64)
+        both, alpha_c = awq_quantize(w, x, bits, 64, clip=True)
+        assert alpha_c == alpha and output_error(w, both, x_test) < output_error(w, plain, x_test)
+    with pytest.raises(ValueError, match="group_size"):
+        clip_search(w, x, 3, 48)
+
+
 def test_int8_and_int4_linears_match_their_dequantized_weights():
     from lib.quant_linear import Int4Linear, Int8Linear
 
