@@ -26,7 +26,7 @@ tokens that `generate` returns on each request alone.
 
 **You will write** `blocks_needed`, `slots_wasted`, `BlockAllocator`, `slot_mapping`, `paged_attention`,
 `block_hashes`, the block pool with its prefix cache `PrefixCache`, the engine's scheduler `schedule` and two
-quiz answers. Each is followed by a graded cell; `pytest weeks/19 -k ex04` checks
+quiz answers — and then run the engine on your parts alone (exercise 9). Each is followed by a graded cell; `pytest weeks/19 -k ex04` checks
 one exercise from a terminal.
 
 **Time.** About 5 hours. The notebook runs top to bottom in 2–3 minutes on a 2-core CPU with the fast
@@ -41,7 +41,8 @@ import torch
 
 from grader.checks.week19 import (check_blocks_needed, check_slots_wasted, check_BlockAllocator,
                                   check_slot_mapping, check_paged_attention, check_block_hashes,
-                                  check_schedule, check_PrefixCache, check_answer_q1, check_answer_q3)
+                                  check_schedule, check_PrefixCache, check_engine, check_answer_q1,
+                                  check_answer_q3)
 """)
 
 nb.code("""
@@ -263,8 +264,8 @@ prompt (section 6), or every request that starts with the same system prompt (se
 block carries a **reference count**. `fork(block)` adds an owner; `free(block)` removes one, and the
 block returns to the pool only when the last owner lets go.
 
-**Exercise 3.** `BlockAllocator(num_blocks)` with `allocate() -> int`, `free(block)`, `fork(block)` and
-`num_free`. `allocate()` on an empty pool raises `OutOfBlocksError` (below) with a message that says how
+**Exercise 3.** `BlockAllocator(num_blocks)` with `allocate() -> int`, `free(block)`, `fork(block)`,
+`ref_count(block)` (its owners; 0 for a free block) and `num_free`. `allocate()` on an empty pool raises `OutOfBlocksError` (below) with a message that says how
 many blocks exist and how many are in use; freeing a block that is not allocated raises `ValueError`.
 The check runs long random sequences of allocate / fork / free against a model of the pool.
 """)
@@ -285,6 +286,13 @@ class BlockAllocator:
     def num_free(self) -> int:
         ### BEGIN SOLUTION
         return len(self.free_list)
+        ### END SOLUTION
+
+    def ref_count(self, block: int) -> int:
+        ### BEGIN SOLUTION
+        if not 0 <= block < self.num_blocks:
+            raise ValueError(f"block {block} is not in 0..{self.num_blocks - 1}")
+        return self.ref_counts[block]
         ### END SOLUTION
 
     def allocate(self) -> int:
@@ -899,7 +907,38 @@ compute, and the long prompt's own first token comes a little later (its prefill
 steps, each also carrying the decodes). That is the trade a serving system tunes with the token budget.
 
 Check: `pytest weeks/19 -k ex08`
+
+**Your engine.** So far only the scheduler (and, in section 7, the pool) was yours; the engine took the rest
+from `lib`. `LLMEngine` takes every part you wrote: `block_pool=` (your `BlockAllocator`, or your
+`PrefixCache` when prefix caching is on), `slot_mapping=`, `paged_attention=` (the decodes' attention in
+every layer), `block_hashes=` (the prefix cache's keys) and `scheduler=`. `lib` then only runs the model,
+the prefills' attention and the bookkeeping between your parts.
+
+**Exercise 9** (a milestone: nothing new to write). The check builds an engine from your parts alone and
+compares it with `generate` on each request alone, on random workloads (a tiny model) that preempt, cut
+prompts into chunks and, the second, hit the prefix cache.
 """)
+nb.test("test_engine", "check_engine(BlockAllocator, slot_mapping, paged_attention, block_hashes, PrefixCache, schedule)",
+        points=2)
+nb.md("""
+The same on SmolLM2: section 5's prompts through a pool too small for them, then with prefix caching on
+(the first prompt asked twice), every part yours:
+""")
+nb.code("""
+mine = dict(scheduler=schedule, slot_mapping=slot_mapping, paged_attention=paged_attention, block_hashes=block_hashes)
+yours = LLMEngine(model, num_blocks=5, block_size=8, max_num_seqs=8, max_num_batched_tokens=16,
+                  block_pool=BlockAllocator, **mine)
+out_yours = yours.generate(prompts, NEW)
+print(f"your parts, {yours.num_blocks} blocks of 8: {yours.num_preemptions} preemptions, {len(yours.trace)} steps; "
+      f"identical to generate alone: {out_yours == alone}")
+cached_yours = LLMEngine(model, num_blocks=8, block_size=8, max_num_seqs=8, max_num_batched_tokens=16,
+                         block_pool=PrefixCache, enable_prefix_caching=True, **mine)
+out_cached = cached_yours.generate(prompts + prompts[:1], NEW)
+print(f"with your prefix cache: {cached_yours.prefix_hit_tokens} prompt tokens found cached, "
+      f"{cached_yours.num_preemptions} preemptions; identical: {out_cached == alone + alone[:1]}")
+assert out_yours == alone and out_cached == alone + alone[:1]
+""")
+nb.md("Check: `pytest weeks/19 -k ex09`")
 
 # --- 9 -----------------------------------------------------------------------------------------------
 nb.md("""
