@@ -23,8 +23,10 @@ Emulated so that checks written for one process keep working: in-place changes t
 copied back (`visited=[]` out-parameters); a tensor view of a buffer the student keeps (a KV cache's
 `k[:, :, :length]`) keeps the same `data_ptr()` between calls; a `TensorMemoryMeter` active around a call
 sees the peak bytes allocated in the child; a student `torch.autograd.Function` subclass arrives as a local
-`Function` whose forward/backward run in the child (the `ctx` stays here). In-place changes to tensor
-arguments are *not* copied back.
+`Function` whose forward/backward run in the child (the `ctx` stays here). A tensor argument the call
+changes in place (`k_pool.mul_(2)`, `x.data[0] = 1`, a resize) is *not* copied back — the caller's tensor
+may be a worker's cached input, shared with the next submission — the call raises `ArgumentChanged` (an
+AssertionError: the exercise fails with that reason), as a check comparing its arguments after the call would.
 
 Limits of one child: RLIMIT_AS (address space), RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_CORE=0, a wall-clock
 timeout for each call (`INFERENCE_LAB_CALL_TIMEOUT`, default 60 s of silence from the child) and a budget for
@@ -1163,6 +1165,7 @@ def _plain_pickle(obj) -> bytes:
 
 
 _GENERATOR_STATE = "__torch_generator_state__"
+_TENSOR_CHANGED = "__tensor_changed_in_place__"
 
 
 def _is_generator(obj) -> bool:
@@ -1171,10 +1174,21 @@ def _is_generator(obj) -> bool:
     return type(obj) is torch.Generator
 
 
+class ArgumentChanged(IsolationError):
+    """The student's function changed a tensor it was given (in place, through `.data`, or by resizing it)."""
+
+
+def _describe_arg(key) -> str:
+    return f"argument {key + 1}" if type(key) is int else f"argument `{key}`"
+
+
 def _copy_back(args: tuple, kwargs: dict, copied) -> None:
-    """The child's final state of list/dict arguments, written into the caller's objects (out-parameters)."""
+    """The child's final state of list/dict arguments (out-parameters) and generators, written into the
+    caller's objects. A tensor argument the call changed is not written back — the caller's tensor may be
+    shared with the next submission a worker grades — the call fails with `ArgumentChanged` instead."""
     if type(copied) is not dict:
         return
+    changed: list[str] = []
     for key, value in copied.items():
         target = args[key] if type(key) is int and 0 <= key < len(args) else kwargs.get(key) if type(key) is str else None
         if (type(value) is tuple and len(value) == 2 and value[0] == _GENERATOR_STATE and type(value[1]) is bytes
@@ -1182,11 +1196,17 @@ def _copy_back(args: tuple, kwargs: dict, copied) -> None:
             import torch
 
             target.set_state(torch.frombuffer(bytearray(value[1]), dtype=torch.uint8).clone())
+        elif type(value) is tuple and len(value) == 2 and value[0] == _TENSOR_CHANGED:
+            changed.append(f"{_describe_arg(key)} ({value[1]})")
         elif type(target) is list and type(value) is list:
             target[:] = value
         elif type(target) is dict and type(value) is dict:
             target.clear()
             target.update(value)
+    if changed:
+        raise ArgumentChanged(
+            "the function changed " + ", ".join(changed) + " in place: a graded function must leave the tensors "
+            "it is given unchanged (the caller still needs them) — work on a copy or write into a new tensor")
 
 
 def one_line(e: BaseException, limit: int = 300) -> str:
@@ -1469,9 +1489,10 @@ class _Child:
             return self.references(args[0])
         if op == "callback":
             call_args, kwargs = args
+            before = self._snapshot(call_args, kwargs)
             with self.watch():
                 result = target(*call_args, **kwargs)
-            return (result, self._copied(call_args, kwargs))
+            return (result, self._copied(call_args, kwargs, before))
         if op == "map":
             calls = args[0]
             with self.watch():
@@ -1480,13 +1501,15 @@ class _Child:
             from lib.io_model import TensorMemoryMeter
 
             call_args, kwargs = args
+            before = self._snapshot(call_args, kwargs)
             with self.watch(profile=False), TensorMemoryMeter() as meter:
                 result = target(*call_args, **kwargs)
-            return (result, int(meter.peak), self._copied(call_args, kwargs))
+            return (result, int(meter.peak), self._copied(call_args, kwargs, before))
         if op == "observe":
             from grader.checks import observe
 
             call_args, kwargs = args
+            before = self._snapshot(call_args, kwargs)
             with self.watch(profile=False):
                 result, obs = observe(target, *call_args, **kwargs)
             self.lib_seen.setdefault(self.current_root, set()).update(obs.lib_calls)
@@ -1494,20 +1517,57 @@ class _Child:
                                      "flops": int(obs.flops), "peak_bytes": int(obs.peak_bytes),
                                      "lib_calls": sorted(obs.lib_calls),
                                      "reductions": [(str(n), tuple(map(int, sh)), int(e)) for n, sh, e in obs.reductions]}),
-                    self._copied(call_args, kwargs))
+                    self._copied(call_args, kwargs, before))
         with self.watch():
             return _apply(op, target, args)
 
     @staticmethod
-    def _copied(args, kwargs):
+    def _snapshot(args, kwargs) -> dict:
+        """A copy of every tensor argument with data, taken before the call (see `_copied`)."""
+        import torch
+
+        def copy(v):
+            if isinstance(v, torch.Tensor) and v.device.type != "meta" and v.layout == torch.strided:
+                with torch.no_grad():
+                    return v.detach().clone()
+            return None
+        out = {i: copy(a) for i, a in enumerate(args)}
+        out.update({k: copy(v) for k, v in kwargs.items()})
+        return {k: v for k, v in out.items() if v is not None}
+
+    @staticmethod
+    def _copied(args, kwargs, before: dict | None = None):
+        """What the caller's arguments became: list/dict arguments and generators always; for a tensor argument
+        whose shape, dtype or any bit the call changed (compared with `before`), a description of the change."""
         import torch
 
         def state(v):
             if type(v) is torch.Generator:
                 return (_GENERATOR_STATE, bytes(v.get_state().numpy().tobytes()))
             return v
+
+        def changed(old, new) -> bool:
+            if not isinstance(new, torch.Tensor) or old.shape != new.shape or old.dtype != new.dtype:
+                return True
+            with torch.no_grad():
+                new = new.detach().contiguous().reshape(-1)
+                old = old.reshape(-1)
+                if old.dtype == torch.bool:
+                    return not torch.equal(old, new)
+                return not torch.equal(old.view(torch.uint8), new.view(torch.uint8))
         out = {i: state(a) for i, a in enumerate(args) if type(a) in (list, dict, torch.Generator)}
         out.update({k: state(v) for k, v in kwargs.items() if type(v) in (list, dict, torch.Generator)})
+        for key, old in (before or {}).items():
+            new = args[key] if type(key) is int else kwargs[key]
+            if changed(old, new):
+                def kind(t):
+                    return f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}"
+                what = f"a {kind(old)} tensor"
+                if not isinstance(new, torch.Tensor):
+                    what += f", now a {type(new).__name__}"
+                elif kind(new) != kind(old):
+                    what += f", now {kind(new)}"
+                out[key] = (_TENSOR_CHANGED, what)
         return out
 
     def watch(self, profile=True):

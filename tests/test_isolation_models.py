@@ -58,3 +58,52 @@ def test_models_run_and_read_but_never_change(session):
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
     assert model.embed.weight.dtype == torch.float32 and not model._forward_hooks and model.norm is not None
     torch.testing.assert_close(model(ids), expected, atol=0, rtol=0)
+
+
+CHANGERS = '''
+import torch
+
+def scale(k):
+    k.mul_(2)
+    return k.sum()
+
+def through_data(k):
+    k.data[0] = 7.0
+    return 1
+
+def keyword(k, *, v):
+    v.zero_()
+    return k.sum()
+
+def grow(k):
+    k.resize_(k.numel() + 1)
+    return 0
+
+def pure(k):
+    return (k * 2).sum()
+'''
+
+
+def test_a_tensor_argument_changed_in_place_fails_the_call_and_the_callers_tensor_is_kept(tmp_path):
+    """In one process a check sees its argument changed by comparing with a clone; across the boundary the
+    child compares bits before and after and the call fails with ArgumentChanged — the caller's tensor (maybe a
+    worker's cached input, shared with the next submission) is never written."""
+    from grader.isolation import ArgumentChanged
+
+    s = Session(tmp_path / "changers.ipynb")
+    s.load([(0, None, CHANGERS)])
+    try:
+        k = torch.tensor([1.0, float("nan"), -0.0, 3.0])
+        kept = k.clone()
+        for name, call, what in [("scale", lambda f: f(k), "argument 1 (a (4,) float32 tensor)"),
+                                 ("through_data", lambda f: f(k), "argument 1"),
+                                 ("keyword", lambda f: f(k, v=k.clone()), "argument `v`"),
+                                 ("grow", lambda f: f(k), "now (5,) float32")]:
+            with pytest.raises(ArgumentChanged, match="in place") as e:
+                call(s.get(name))
+            assert what in str(e.value), (name, str(e.value))
+            assert torch.equal(k.view(torch.int32), kept.view(torch.int32)), name  # NaN and -0.0 bit for bit
+        assert float(s.get("pure")(torch.arange(3.0))) == 6.0  # unchanged arguments (NaN included) pass
+        assert torch.isnan(s.get("pure")(k))
+    finally:
+        s.close()
