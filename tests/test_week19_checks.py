@@ -641,6 +641,7 @@ def test_paged_attention_accepts_the_solution(ex):
     ("per_sequence_all_heads", "contiguous copy of the longest"),  # deterministic: the longest is >= 1500 keys
     ("scale_quarter", "differs"),  # head_dim varies: 0.25 is right for 16 only
     ("no_device", "mixed in a CPU tensor"),
+    ("scales_pool_in_place", "changed argument|changed its arguments"),  # k_pool scaled: later steps read it
     ("numpy_route", "no exponential"),
     ("sdpa_popped", "no exponential"),
 ])
@@ -649,9 +650,9 @@ def test_paged_attention_wrong_routes(child, name, match):
 
 
 def test_paged_attention_in_place_scaling_rejected_in_process():
-    """Tensor arguments changed in place are seen where the check and the code share a process (the notebook's
-    graded cell). Across the isolation a tensor is copied and its changes are not sent back, so this route is
-    only caught there — see the report of issue 20."""
+    """Tensor arguments changed in place, where the check and the code share a process (the notebook's graded
+    cell): the check compares every argument with its clone. Through the isolation the child makes the same
+    comparison (grader.isolation's ArgumentChanged): test_paged_attention_wrong_routes[scales_pool_in_place]."""
     with pytest.raises(AssertionError, match="changed its arguments"):
         checks.check_paged_attention(scales_pool_in_place)
 
@@ -708,6 +709,7 @@ def test_engine_accepts_the_solution(ex):
     ("paged_attention", "ignores_lengths", "not what generate gives"),  # attends to empty slots of the last block
     ("BlockAllocator", "NeverReuses", "ref_count|not what generate gives|Error"),  # no ref_count; blocks past the pool
     ("schedule", "never_preempts", "more blocks than|not what generate gives"),
+    ("paged_attention", "scales_pool_in_place", "changed argument"),  # the engine's pool, scaled at every decode
 ])
 def test_engine_wrong_parts(ex, child, part, name, match):
     """One part of the solution's engine replaced by a wrong route (through the isolated path): the engine's
