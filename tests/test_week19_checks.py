@@ -539,6 +539,34 @@ def calls_lib_schedule(*args):
     return ref_engine.schedule(*args)
 
 
+# --- predicting the step count --------------------------------------------------------------------------
+
+def decode_steps_only(prompt_lens, new_tokens, max_num_seqs, token_budget, chunked_prefill=True):
+    """Section 1's model as it stands: one step per token on `max_num_seqs` slots, prefill left out."""
+    queue, running, steps = list(new_tokens), [], 0
+    while queue or running:
+        while queue and len(running) < max_num_seqs:
+            running.append(queue.pop(0))
+        running = [n - 1 for n in running if n > 1]
+        steps += 1
+    return steps
+
+
+def runs_the_engine(prompt_lens, new_tokens, max_num_seqs, token_budget, chunked_prefill=True):
+    """Measures instead of predicting: lib's engine on a tiny model."""
+    from lib.engine import LLMEngine
+    from lib.model import tiny_model
+
+    engine = LLMEngine(tiny_model(), num_blocks=sum(prompt_lens) + sum(new_tokens), block_size=1,
+                       max_num_seqs=max_num_seqs, max_num_batched_tokens=token_budget,
+                       enable_chunked_prefill=chunked_prefill)
+    for p, n in zip(prompt_lens, new_tokens):
+        engine.add_request([1] * p, n)
+    while engine.has_unfinished():
+        engine.step()
+    return len(engine.trace)
+
+
 WRONG = [rounds_down, one_too_many, full_block_wasted, seed_constant, NoRefCounts, NeverReuses, SilentDoubleFree,
          VagueError, ForksFreeBlocks, NegativeIds, Int8Counts, contiguous_slots, int32_slots, _gather_all,
          gather_then_attend, sdpa_on_materialized, calls_lib_attention, ignores_lengths, workspace_gather,
@@ -546,7 +574,7 @@ WRONG = [rounds_down, one_too_many, full_block_wasted, seed_constant, NoRefCount
          per_head_full_row, per_sequence_all_heads, _solution_like, scale_quarter, no_device, scales_pool_in_place,
          numpy_route, sdpa_popped, unchained, with_partial, chained_sum, additive_chain, twenty_bits,
          _flawed_schedule, ignores_budget, last_come_first, preempts_oldest, never_chunks, never_preempts,
-         fixed_chunk, calls_lib_schedule]
+         fixed_chunk, calls_lib_schedule, decode_steps_only, runs_the_engine]
 
 HEADER = """
 import math
@@ -649,6 +677,35 @@ def test_paged_attention_wrong_routes(child, name, match):
     _rejects(child, checks.check_paged_attention, name, match)
 
 
+def test_observe_counts_writes_into_premade_buffers():
+    """Observation.premade_bytes: the high-water mark of what a call wrote into buffers made before it (not its
+    arguments, not what it allocated, not torch.tensor's data)."""
+    from grader.checks import observe
+
+    buffer = torch.zeros(1000)
+    x = torch.randn(10, 8)
+
+    def out_into_buffer(x):
+        torch.mul(x, 2, out=buffer[40:120].view(10, 8))  # elements 40..119: 480 bytes from the buffer's start
+        return buffer[40:120].sum()
+
+    def fresh_only(x):
+        y = torch.empty(10, 8)
+        y.copy_(x)
+        z = torch.tensor([0.0])
+        z.add_(1)
+        return y.sum() + z
+
+    def into_argument(x):
+        x.mul_(1)
+        return x
+
+    assert observe(out_into_buffer, x)[1].premade_bytes == 120 * 4
+    assert observe(fresh_only, x)[1].premade_bytes == 0
+    _, obs = observe(into_argument, x)
+    assert obs.premade_bytes == 0 and obs.inputs_written == 1
+
+
 def test_paged_attention_in_place_scaling_rejected_in_process():
     """Tensor arguments changed in place, where the check and the code share a process (the notebook's graded
     cell): the check compares every argument with its clone. Through the isolation the child makes the same
@@ -717,6 +774,18 @@ def test_engine_wrong_parts(ex, child, part, name, match):
     parts = [child.get(name) if p == part else getattr(ex, p) for p in checks._PARTS]
     with pytest.raises(AssertionError, match=match):
         checks.check_engine(*parts)
+
+
+def test_predict_steps_accepts_the_solution(ex):
+    checks.check_predict_steps(ex.predict_steps)
+
+
+@pytest.mark.parametrize("name, match", [
+    ("decode_steps_only", "LLMEngine took"),
+    ("runs_the_engine", "without running the engine"),
+])
+def test_predict_steps_wrong_routes(child, name, match):
+    _rejects(child, checks.check_predict_steps, name, match)
 
 
 def test_lib_reference_is_reported(tmp_path, ex):

@@ -804,3 +804,47 @@ def check_engine(BlockAllocator, slot_mapping, paged_attention, block_hashes, Pr
         if prefix_caching and lib_engine.prefix_hit_tokens:
             assert engine.prefix_hit_tokens, (f"{what}: no prompt token was found in your prefix cache, where lib's "
                                               f"finds {lib_engine.prefix_hit_tokens} {seed_note()}")
+
+
+# --- 11: predicting the step count -------------------------------------------------------------------
+
+def _step_workload(rng: random.Random) -> dict:
+    """Requests queued at once, slots and a budget (chunked prefill on or off), blocks to spare."""
+    k = rng.randint(1, 8)
+    prompts = [rng.randint(1, 40) for _ in range(k)]
+    new = [rng.randint(1, 8) for _ in range(k)]
+    seqs = rng.randint(1, 4)
+    chunked = rng.random() < 0.7
+    budget = (rng.randint(max(seqs, 4), 24) if chunked
+              else max(p + n - 1 for p, n in zip(prompts, new)) + rng.randint(0, 8))  # a recompute fits (engine rule)
+    return dict(prompt_lens=prompts, new_tokens=new, max_num_seqs=seqs, token_budget=budget, chunked_prefill=chunked)
+
+
+@WEEK.exercise(11, "predict_steps", section="8 (The scheduler: preemption and chunked prefill; Predicting the step count)")
+def check_predict_steps(predict_steps) -> None:
+    """Random workloads (lengths, slots, budgets, chunking on and off): the prediction equals the steps LLMEngine
+    takes on them (a tiny model, blocks to spare); predicted without lib's engine or a model."""
+    from lib.engine import LLMEngine
+    from lib.model import tiny_model
+
+    rng = random.Random(run_seed() + 11)
+    model = tiny_model(seed=rng.randrange(1000))
+    for case in range(12):
+        w = _step_workload(rng)
+        if case == 0:
+            got, obs = observe(predict_steps, **w)
+            used = sorted(c for c in obs.lib_calls if c.startswith(("lib.engine", "lib.model", "lib.generate")))
+            assert not used, f"predict_steps runs {used[:4]}: predict the steps from the rules, without running the engine"
+        else:
+            got = predict_steps(**w)
+        engine = LLMEngine(model, num_blocks=sum(w["prompt_lens"]) + sum(w["new_tokens"]), block_size=rng.choice([1, 4, 16]),
+                           max_num_seqs=w["max_num_seqs"], max_num_batched_tokens=w["token_budget"],
+                           enable_chunked_prefill=w["chunked_prefill"])
+        for p, n in zip(w["prompt_lens"], w["new_tokens"]):
+            engine.add_request([rng.randrange(model.config.vocab_size) for _ in range(p)], n)
+        while engine.has_unfinished():
+            engine.step()
+        steps = len(engine.trace)
+        assert isinstance(got, int) and got == steps, (
+            f"predict_steps({', '.join(f'{k}={v}' for k, v in w.items())}) = {got!r}; LLMEngine took {steps} steps "
+            f"(tokens per step: {[sum(n for _, n in s) for s in engine.trace]}) {seed_note()}")

@@ -26,7 +26,8 @@ tokens that `generate` returns on each request alone.
 
 **You will write** `blocks_needed`, `slots_wasted`, `BlockAllocator`, `slot_mapping`, `paged_attention`,
 `block_hashes`, the block pool with its prefix cache `PrefixCache`, the engine's scheduler `schedule` and two
-quiz answers — and then run the engine on your parts alone (exercise 9). Each is followed by a graded cell; `pytest weeks/19 -k ex04` checks
+quiz answers — then run the engine on your parts alone (exercise 9) and predict its step count
+(`predict_steps`). Each is followed by a graded cell; `pytest weeks/19 -k ex04` checks
 one exercise from a terminal.
 
 **Time.** About 5 hours. The notebook runs top to bottom in 2–3 minutes on a 2-core CPU with the fast
@@ -41,8 +42,8 @@ import torch
 
 from grader.checks.week19 import (check_blocks_needed, check_slots_wasted, check_BlockAllocator,
                                   check_slot_mapping, check_paged_attention, check_block_hashes,
-                                  check_schedule, check_PrefixCache, check_engine, check_answer_q1,
-                                  check_answer_q3)
+                                  check_schedule, check_PrefixCache, check_engine, check_predict_steps,
+                                  check_answer_q1, check_answer_q3)
 """)
 
 nb.code("""
@@ -939,6 +940,74 @@ print(f"with your prefix cache: {cached_yours.prefix_hit_tokens} prompt tokens f
 assert out_yours == alone and out_cached == alone + alone[:1]
 """)
 nb.md("Check: `pytest weeks/19 -k ex09`")
+nb.md("""
+**Predicting the step count.** Section 1's step-count model counted decode steps only. With the scheduler
+you wrote, the steps of a whole workload follow from the same rules, token by token: in each step the
+running requests take their tokens first, oldest first (1 for a decode; the rest of its prompt, cut to
+the budget left, for one still prefilling), then waiting requests are admitted first come first served
+while slots (`max_num_seqs`) and budget last (a prompt only whole, with chunked prefill off). A request
+whose tokens are all computed samples one token in that step, and leaves once it has its
+`max_new_tokens`. With a pool large enough that nobody is preempted nothing else matters: not the model,
+not the tokens, not the block size. One request alone, a 20-token prompt and 4 new tokens with a budget of
+8: ⌈20 / 8⌉ = 3 steps of prefill (the third samples the first token), then 3 decodes — 6 steps.
+
+**Exercise 11.** `predict_steps(prompt_lens, new_tokens, max_num_seqs, token_budget, chunked_prefill)`: the
+number of engine steps for requests queued at once, in this order, with blocks to spare — predicted from the
+rules, without running the engine or a model. The check compares it with the steps `LLMEngine` takes on
+random workloads.
+""")
+nb.exercise("predict_steps", """
+def predict_steps(prompt_lens: list[int], new_tokens: list[int], max_num_seqs: int, token_budget: int,
+                  chunked_prefill: bool = True) -> int:
+    \"\"\"Engine steps to serve requests queued at once (prompt_lens[i] tokens, new_tokens[i] to generate), no preemption.\"\"\"
+    ### BEGIN SOLUTION
+    waiting = [dict(tokens=p, computed=0, out=0, new=n) for p, n in zip(prompt_lens, new_tokens)]
+    running, steps = [], 0
+    while waiting or running:
+        budget, ran = token_budget, []
+        for r in running:  # oldest first: a decode takes 1 token, a prefill the rest of its prompt (cut)
+            if budget == 0:
+                break
+            n = min(r["tokens"] - r["computed"], budget)
+            ran.append((r, n))
+            budget -= n
+        while waiting and budget > 0 and len(running) < max_num_seqs:  # first come first served
+            r = waiting[0]
+            n = min(r["tokens"] - r["computed"], budget)
+            if n < r["tokens"] - r["computed"] and not chunked_prefill:
+                break
+            running.append(waiting.pop(0))
+            ran.append((r, n))
+            budget -= n
+        for r, n in ran:
+            r["computed"] += n
+            if r["computed"] == r["tokens"]:  # all its tokens computed: it samples one more
+                r["out"] += 1
+                if r["out"] == r["new"]:
+                    running.remove(r)
+                else:
+                    r["tokens"] += 1
+        steps += 1
+    return steps
+    ### END SOLUTION
+""")
+nb.test("test_predict_steps", "check_predict_steps(predict_steps)", points=2)
+nb.md("""
+Predict first, then run: six of the prompts, a budget of 16 tokens per step, 3 slots.
+""")
+nb.code("""
+demo_prompts, demo_new = PROMPTS[30:36], [2, 6, 3, 5, 2, 4]
+predicted = predict_steps([len(p) for p in demo_prompts], demo_new, max_num_seqs=3, token_budget=16)
+print(f"prompts of {[len(p) for p in demo_prompts]} tokens, {demo_new} new tokens: predicted {predicted} steps")
+eng = LLMEngine(model, num_blocks=64, block_size=16, max_num_seqs=3, max_num_batched_tokens=16, scheduler=schedule)
+for p, n in zip(demo_prompts, demo_new):
+    eng.add_request(p, n)
+while eng.has_unfinished():
+    eng.step()
+print(f"measured: {len(eng.trace)} steps, tokens per step {[sum(n for _, n in s) for s in eng.trace]}")
+assert len(eng.trace) == predicted
+""")
+nb.md("Check: `pytest weeks/19 -k ex11`")
 
 # --- 9 -----------------------------------------------------------------------------------------------
 nb.md("""

@@ -69,3 +69,8 @@ def test_ex10_answer_q1(ex):
 
 def test_ex10_answer_q3(ex):
     checks.check_answer_q3(ex.answer_q3)
+
+
+def test_ex11_predict_steps(ex):
+    """The predicted step count of random workloads equals the steps LLMEngine takes."""
+    checks.check_predict_steps(ex.predict_steps)
