@@ -520,10 +520,9 @@ def check_schedule(schedule) -> None:
         _simulate(schedule, w, label)
     from lib.engine import LLMEngine
     from lib.generate import generate
-    from lib.model import tiny_model
 
     g = generator(70)
-    model = tiny_model(seed=int(torch.randint(0, 1000, (1,), generator=g)))
+    model = _context_model(int(torch.randint(0, 1000, (1,), generator=g)))
     prompts = [torch.randint(0, model.config.vocab_size, (int(k),), generator=g).tolist()
                for k in torch.randint(3, 25, (6,), generator=g)]
     want = [generate(model, torch.tensor([p]), 6)[0, len(p):].tolist() for p in prompts]
@@ -673,10 +672,9 @@ def check_PrefixCache(PrefixCache) -> None:
         _expect_error(lambda: cache.free(bad), ValueError, f"free({bad}) on a pool of 3 blocks")
     from lib.engine import LLMEngine
     from lib.generate import generate
-    from lib.model import tiny_model
 
     g = generator(80)
-    model = tiny_model(seed=int(torch.randint(0, 1000, (1,), generator=g)))
+    model = _context_model(int(torch.randint(0, 1000, (1,), generator=g)))
     system = torch.randint(0, model.config.vocab_size, (12,), generator=g).tolist()
     prompts = [system + torch.randint(0, model.config.vocab_size, (int(k),), generator=g).tolist()
                for k in torch.randint(1, 6, (5,), generator=g)]
