@@ -18,41 +18,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
 
 import torch
 
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def time_decode(step, new_tokens: int, repeats: int) -> float:
-    """Median seconds per decoded token: time(prefill + 1 + n) - time(prefill + 1), over n."""
-    step(1)  # warm-up
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        step(1)
-        t1 = time.perf_counter()
-        step(1 + new_tokens)
-        t2 = time.perf_counter()
-        samples.append(((t2 - t1) - (t1 - t0)) / new_tokens)
-    return statistics.median(samples)
-
-
-def time_call(fn, repeats: int, device) -> float:
-    fn()
-    _sync(device)
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
+from timing import sync, time_call, time_decode  # benchmarks/timing.py
 
 
 def profile_step(name: str, model, prompt, steps: int = 8) -> None:
@@ -199,23 +169,24 @@ def main() -> None:
     print(header)
     rows = {}
     for name, m in engines.items():
-        rows[name] = [time_decode(lambda k, m=m: (generate(m, prompt, k), _sync(device)), n, args.repeats)
+        rows[name] = [time_decode(lambda k, m=m: (generate(m, prompt, k), sync(device)), n, args.repeats)
                       for n in args.new_tokens]
     if hf is not None:
         @torch.no_grad()
         def hf_step(k):
             hf.generate(prompt, max_new_tokens=k, min_new_tokens=k, do_sample=False, pad_token_id=tok.eos_token_id)
-            _sync(device)
+            sync(device)
         rows["transformers generate"] = [time_decode(hf_step, n, args.repeats) for n in args.new_tokens]
     for name, secs in rows.items():
         print(f"  {name:40s}" + "".join(f"{1 / s:16.1f}{1 / s / roof:8.0%}" for s in secs))
     if device.type == "cpu":  # the optional peer: pip install -e '.[llamacpp]' (builds llama.cpp, minutes)
-        from quant import llama_cpp_tok_s  # benchmarks/quant.py
-        text = "The history of the printing press begins"
-        cpp = [llama_cpp_tok_s(str(paths.MODELS_DIR / paths.SMOLLM2_FILE), text, n) for n in args.new_tokens]
-        if cpp[0] is None:
+        from quant import llama_cpp_model, llama_cpp_step  # benchmarks/quant.py
+        llm = llama_cpp_model(str(paths.MODELS_DIR / paths.SMOLLM2_FILE))
+        if llm is None:
             print(f"  {'llama.cpp (Q4_1 file)':40s}  not installed: pip install -e '.[llamacpp]' adds this row")
         else:  # it reads the Q4_1 weights (~4.5x fewer bytes than fp32), so its roofline is higher than ours
+            step = llama_cpp_step(llm, "The history of the printing press begins")
+            cpp = [1 / time_decode(step, n, args.repeats) for n in args.new_tokens]
             print(f"  {'llama.cpp (Q4_1 weights, not fp32)':40s}" + "".join(f"{t:16.1f}{'':8s}" for t in cpp))
     print(f"  {'roofline (bandwidth / bytes per token)':40s}" + "".join(f"{roof:16.1f}{'100%':>8s}" for _ in args.new_tokens))
     if hf is not None:

@@ -3,16 +3,18 @@
 file's own blocks (lib.qmatmul: the readable model and the fused decoder), and llama.cpp on the same file when
 the optional peer `llama-cpp-python` is installed.
 
-    python benchmarks/quant.py                 # batch 1 and batch 8, 32 new tokens, best of 3 (~3 min quiet)
+    python benchmarks/quant.py                 # batch 1 and batch 8, 32 new tokens, best of 5 (~4 min quiet)
     python benchmarks/quant.py --quick         # fewer paths, tokens and repeats (~30 s): a smoke run
     python benchmarks/quant.py --matmul        # also the kernel vs float32 matmuls for 1..64 rows of x
     python benchmarks/quant.py --threads 1     # one thread (on a shared, busy machine the fairer comparison)
 
 For each path: tok/s; its roofline (the measured bandwidth over the bytes of weights it reads per token) and the
 share of it reached; the ratio to the lab's F32 model and to llama.cpp; greedy agreement with the F32 model
-(tokens equal before the first difference, summed over the prompts); perplexity on the first tokens of Hamlet
-(lib.text). Every figure comes from this run; a busy machine lowers all of them, so compare the ratios, and read
-the load average printed with them. Not a test: timing never decides pass or fail (tests/test_qmatmul.py proves
+(tokens equal before the first difference, summed over the prompts); perplexity with its standard error on 4,335
+held-out tokens of Hamlet (lib.text; the week-20 notebook's evaluation span), and its paired difference to F32.
+llama.cpp takes its turn among the paths (interleaved), so a load that comes and goes hits it alike. Every
+figure comes from this run; a busy machine lowers all of them, so compare the ratios, and read the load
+average printed with them. Not a test: timing never decides pass or fail (tests/test_qmatmul.py proves
 the kernel exact). Goal (issue 22): the Q4_1 path >= llama.cpp on the same file, and a quantized batch-8 decode
 faster than the float32 one.
 """
@@ -29,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from decode import time_call  # noqa: E402  (benchmarks/decode.py)
+from timing import time_call  # noqa: E402  (benchmarks/timing.py)
 
 PROMPTS = ["The history of the printing press begins",
            "def fibonacci(n):",
@@ -37,8 +39,8 @@ PROMPTS = ["The history of the printing press begins",
 CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile")
 
 
-def llama_cpp_tok_s(path: str, prompt: str, n: int) -> float | None:
-    """llama.cpp's decode tok/s on the GGUF file, or None when llama-cpp-python is not installed."""
+def llama_cpp_model(path: str):
+    """llama.cpp (llama-cpp-python) on the GGUF file with torch's thread count, or None when not installed."""
     try:
         import llama_cpp
     except ImportError:
@@ -52,12 +54,18 @@ def llama_cpp_tok_s(path: str, prompt: str, n: int) -> float | None:
         return p
 
     low.llama_model_default_params = without_extra_bufts
-    llm = llama_cpp.Llama(model_path=path, n_ctx=512, n_threads=torch.get_num_threads(), verbose=False)
-    llm(prompt, max_tokens=4)
-    t0 = time.perf_counter()
-    out = llm(prompt, max_tokens=n, temperature=0.0)
-    dt = time.perf_counter() - t0
-    return out["usage"]["completion_tokens"] / dt
+    threads = torch.get_num_threads()
+    return llama_cpp.Llama(model_path=path, n_ctx=512, n_threads=threads, n_threads_batch=threads, verbose=False)
+
+
+def llama_cpp_step(llm, prompt: str):
+    """`step(k)`: llama.cpp generates k greedy tokens after `prompt` (it keeps the prompt's KV between calls,
+    as the lab's paths re-prefill theirs: the difference time(1 + n) - time(1) is n decode steps either way)."""
+    def step(k: int) -> None:
+        out = llm(prompt, max_tokens=k, temperature=0.0, top_k=1)
+        if out["usage"]["completion_tokens"] != k:
+            raise RuntimeError(f"llama.cpp stopped after {out['usage']['completion_tokens']} of {k} tokens")
+    return step
 
 
 def time_decodes(steps: dict, new_tokens: int, repeats: int) -> dict[str, float]:
@@ -124,16 +132,20 @@ def matmul_table(blocks, repeats: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--new-tokens", type=int, default=None, help="default 32 (8 with --quick)")
-    parser.add_argument("--repeats", type=int, default=None, help="default 3 (1 with --quick)")
-    parser.add_argument("--ppl-tokens", type=int, default=None, help="default 1024 (128 with --quick)")
+    parser.add_argument("--repeats", type=int, default=None, help="default 5 (1 with --quick)")
+    parser.add_argument("--ppl-windows", type=int, default=None,
+                        help="held-out windows of 255 scored tokens for perplexity: default 17 = 4,335 tokens "
+                             "(2 with --quick)")
     parser.add_argument("--quick", action="store_true", help="F32 (lab, lib.fast) and the GGUF paths only, few tokens")
     parser.add_argument("--threads", type=int, default=None, help="torch's (and the kernel's) threads")
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--matmul", action="store_true", help="also the kernel vs float32 matmuls, 1..64 rows")
     args = parser.parse_args()
     new = args.new_tokens or (8 if args.quick else 32)
-    repeats = args.repeats or (1 if args.quick else 3)
-    ppl_tokens = args.ppl_tokens or (128 if args.quick else 1024)
+    repeats = args.repeats or (1 if args.quick else 5)
+    ppl_windows = args.ppl_windows or (2 if args.quick else 17)
+    if ppl_windows < 2:
+        parser.error("--ppl-windows must be >= 2 (a standard error needs two windows)")
 
     from lib import paths
     from lib import qmatmul as Q
@@ -142,7 +154,7 @@ def main() -> None:
     from lib.model import load_smollm2
     from lib.quant_linear import GGUFFastLlama, gguf_linears, quantize_linears, read_gguf_blocks
     from lib.roofline import matmul_params, measure_bandwidth
-    from lib.text import load_text, perplexity
+    from lib.text import load_text, perplexity_se, token_nlls
 
     torch.manual_seed(0)
     if args.threads:
@@ -171,40 +183,55 @@ def main() -> None:
     if not (args.quick or args.skip_transformers):
         from transformers import AutoModelForCausalLM
         hf = AutoModelForCausalLM.from_pretrained(str(paths.MODELS_DIR), gguf_file=paths.SMOLLM2_FILE).eval()
+    llm = llama_cpp_model(str(paths.smollm2_path()))
 
     bw = measure_bandwidth(256, repeats=5)
-    ppl_ids = tok(load_text("hamlet"), return_tensors="pt").input_ids[0, :ppl_tokens]
     refs = [generate(model, p, new) for p in prompts]
     steps = {name: (lambda k, m=m: generate(m, prompts[0], k)) for name, (m, _) in paths_.items()}
     if hf is not None:
         steps["transformers fp32 generate"] = lambda k: hf.generate(
             prompts[0], max_new_tokens=k, min_new_tokens=k, do_sample=False, pad_token_id=tok.eos_token_id)
+    if llm is not None:
+        steps["llama.cpp, same Q4_1 file"] = llama_cpp_step(llm, PROMPTS[0])
+    print(f"timing {len(steps)} paths in turn, best of {repeats} ...", flush=True)
     seconds = time_decodes(steps, new, repeats)
+
+    # perplexity on held-out Hamlet (the week-20 notebook's evaluation span: calibration reads 5000-6023)
+    text_ids = tok(load_text("hamlet"), return_tensors="pt").input_ids[0]
+    eval_ids = text_ids[10000:10000 + 255 * ppl_windows + 1]
+    base_nll = None
     rows = []
     for name, (m, nbytes) in paths_.items():
         agree = 0
         for p, ref in zip(prompts, refs):
             same = generate(m, p, new)[0, p.shape[1]:] == ref[0, p.shape[1]:]
             agree += int(same.int().cumprod(0).sum())
-        ppl = f"{perplexity(m, ppl_ids, window=256, stride=128):.3f}"
-        rows.append((name, 1 / seconds[name], bw / nbytes, nbytes, f"{agree}/{new * len(prompts)}", ppl))
+        nll = token_nlls(m, eval_ids, window=256, stride=255)
+        base_nll = nll if base_nll is None else base_nll
+        ppl, se = perplexity_se(nll, chunk=255)
+        d, d_se = perplexity_se(nll, chunk=255, baseline=base_nll)
+        rows.append((name, 1 / seconds[name], bw / nbytes, nbytes, f"{agree}/{new * len(prompts)}",
+                     f"{ppl:.3f} ± {se:.3f}", f"{d:+.3f} ± {d_se:.3f}"))
     if hf is not None:
         rows.append(("transformers fp32 generate", 1 / seconds["transformers fp32 generate"], bw / (n_w * 4),
-                     n_w * 4, "-", "-"))
-    peer = llama_cpp_tok_s(str(paths.smollm2_path()), PROMPTS[0], new)
-    if peer is not None:
-        rows.append(("llama.cpp, same Q4_1 file", peer, bw / gguf_bytes, gguf_bytes, "-", "-"))
+                     n_w * 4, "-", "-", "-"))
+    peer = None
+    if llm is not None:
+        peer = 1 / seconds["llama.cpp, same Q4_1 file"]
+        rows.append(("llama.cpp, same Q4_1 file", peer, bw / gguf_bytes, gguf_bytes, "-", "-", "-"))
 
     f32 = rows[0][1]
     print(f"\nSmolLM2-135M, batch 1, {new} new tokens, best of {repeats} (paths in turn); bandwidth {bw / 1e9:.1f} GB/s "
           f"(one-row fp32 F.linear, 256 MiB); GGUF blocks: {'+'.join(types)}, {gguf_bytes / 1e6:.1f} MB per token; "
-          f"perplexity: Hamlet, first {ppl_ids.numel()} tokens")
+          f"greedy: tokens equal to the lab F32 model's before the first difference, {len(prompts)} prompts; "
+          f"perplexity ± 1 s.e. (across windows) on {eval_ids.numel() - 1} held-out tokens of Hamlet, "
+          f"ΔPPL against lab F32 paired window by window")
     print(f"{'path':>28} {'tok/s':>7} {'MB/tok':>7} {'roofline':>9} {'share':>6} {'vs F32':>7} {'vs llama.cpp':>12} "
-          f"{'greedy = F32':>12} {'perplexity':>10}")
-    for name, tok_s, roof, nbytes, agree, ppl in rows:
+          f"{'greedy = F32':>12} {'perplexity':>17} {'ΔPPL':>17}")
+    for name, tok_s, roof, nbytes, agree, ppl, dppl in rows:
         vs_peer = f"{tok_s / peer:.2f}x" if peer else "-"
         print(f"{name:>28} {tok_s:>7.1f} {nbytes / 1e6:>7.1f} {roof:>9.0f} {tok_s / roof:>6.0%} {tok_s / f32:>6.2f}x "
-              f"{vs_peer:>12} {agree:>12} {ppl:>10}")
+              f"{vs_peer:>12} {agree:>12} {ppl:>17} {dppl:>17}")
     if peer is None:
         print("llama.cpp: not installed (optional: pip install -e '.[llamacpp]', several minutes; platform-facts.md)")
 

@@ -2,7 +2,8 @@
 
 - `lib.model`     a Llama-family decoder (SmolLM2 from its GGUF file, or tiny random configs)
 - `lib.generate`  the generation loop and sampling (greedy, temperature, top-k, top-p)
-- `lib.kv_cache`  the causal mask, the KV cache, the sliding-window cache, `kv_cache_bytes` (week 16); `truncate` (week 18)
+- `lib.masks`    the causal mask and the sliding-window mask (week 16)
+- `lib.kv_cache`  the KV cache, the sliding-window cache, `kv_cache_bytes` (week 16); `truncate` (week 18)
 - `lib.gqa`       pooling KV heads into fewer groups: MHA -> GQA -> MQA (week 16)
 - `lib.roofline`  FLOPs, bytes and the roofline; this machine's FLOP/s and bandwidth (week 16, benchmarks)
 - `lib.attention` GQA attention and the SDPA backend; naive and tiled (FlashAttention) attention (weeks 16-17)
@@ -22,5 +23,5 @@
 - `lib.loadtest`  a load test through the official `openai` client: Poisson arrivals, TTFT/TPOT p50/p95, KV use (week 21, `benchmarks/load.py`)
 - `lib.text`      the committed Gutenberg text and perplexity
 - `lib.fetch`     the set-up step that places the model where `lib` finds it (`python -m lib.fetch`)
-- `lib.paths`     where data lives, and the model file's size and sha256
+- `lib.paths`     where data lives, the model file's size and sha256, and `check_smollm2` that holds the file to them
 """

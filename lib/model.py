@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from lib import paths
 from lib.attention import AttentionFn, gqa_attention
 from lib.kv_cache import KVCache, LayerKVCache
+from lib.paths import check_smollm2
 
 
 @dataclass(frozen=True)
@@ -308,8 +309,6 @@ def load_tokenizer_from_gguf(path: str | Path):
 
 def build_smollm2_cache() -> None:
     """Derive fp32 weights and the tokenizer from the GGUF file once, so later loads take a second, not 15."""
-    from lib.fetch import check_smollm2
-
     gguf_path = check_smollm2()
     weights_path, tok_dir = _cache_paths()
     paths.CACHE_DIR.mkdir(parents=True, exist_ok=True)
@@ -339,8 +338,6 @@ def load_smollm2(device: str | torch.device | None = None, use_cache: bool = Tru
     `python -m lib.fetch` derives from the GGUF file (built here if missing); `use_cache=False` reads
     the GGUF file itself with gguf and transformers every time.
     """
-    from lib.fetch import check_smollm2
-
     gguf_path = check_smollm2()  # raises ModelFileError with the fixing command
     device = torch.device(device) if device is not None else default_device()
     weights_path, tok_dir = _cache_paths()

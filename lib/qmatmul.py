@@ -26,8 +26,12 @@ every call falls back to PyTorch (`lib.quant.dequantize` then `F.linear`: the sa
 warning says so once. `LAB_QMATMUL=pytorch` forces the fallback.
 
 Types: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K (the layouts are in lib/quant.py); Q4_1 and Q8_0 have
-hand-written AVX-512 loops, the others the portable loop (vectorized by the compiler). SmolLM2's file holds Q4_1
-linears and a Q8_0 token embedding, which is also its (tied) output layer.
+hand-written AVX-512 and AVX2 loops, the others the portable loop (vectorized by the compiler). SmolLM2's file
+holds Q4_1 linears and a Q8_0 token embedding, which is also its (tied) output layer.
+
+The same library holds `decode_step`: a whole one-token step of a llama model on these blocks (norms, RoPE, the
+KV-cache write, attention, SiLU between the matmuls) in one call, which `lib.quant_linear.GGUFFastLlama` uses
+(`QWeight`, `DecodeLayer`, `DecodeDims` below describe its arguments).
 """
 from __future__ import annotations
 
@@ -119,21 +123,23 @@ def _compiler() -> str | None:
     return None
 
 
-def build(cache_dir: Path | None = None, compiler: str | None = None) -> Path:
+def build(cache_dir: Path | None = None, compiler: str | None = None, extra_flags: tuple[str, ...] = ()) -> Path:
     """Compile lib/csrc/qmatmul.cpp for this CPU (or reuse the copy built before) and return the library's path.
     The file name hashes the source, the compiler, its flags and the CPU's flags, so a changed source or
-    another machine gets its own build. Raises RuntimeError (with the compiler's message) when it cannot."""
+    another machine gets its own build. `extra_flags` (tests: e.g. "-mno-avx512f" builds the AVX2 loops on an
+    AVX-512 CPU) go after CXXFLAGS. Raises RuntimeError (with the compiler's message) when it cannot."""
     cxx = compiler or _compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler found (looked for $CXX, g++, c++, clang++)")
     cache_dir = Path(cache_dir) if cache_dir is not None else paths.CACHE_DIR / "qmatmul"
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), cxx, " ".join(CXXFLAGS), _cpu_flags()]).encode())
+    flags = [*CXXFLAGS, *extra_flags]
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), cxx, " ".join(flags), _cpu_flags()]).encode())
     target = cache_dir / f"qmatmul-{key.hexdigest()[:16]}.so"
     if target.is_file():
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f"{target.name}.{os.getpid()}.part")  # two processes building at once: both rename
-    proc = subprocess.run([cxx, *CXXFLAGS, str(SOURCE), "-o", str(tmp)], capture_output=True, text=True)
+    proc = subprocess.run([cxx, *flags, str(SOURCE), "-o", str(tmp)], capture_output=True, text=True)
     if proc.returncode != 0:
         tmp.unlink(missing_ok=True)
         raise RuntimeError(f"{cxx} failed to build {SOURCE.name}:\n{proc.stderr[-2000:]}")
@@ -158,6 +164,7 @@ def _load():
                 i64, ptr = ctypes.c_int64, ctypes.c_void_p
                 lib.qmatmul_f32.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, i64, ptr, ctypes.c_int]
                 lib.dequantize_f32.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, ctypes.c_int]
+                lib.decode_step.argtypes = [ptr, ctypes.c_int, ptr, ptr, i64, i64, ptr, ptr, ptr, ptr, ctypes.c_int]
             except (RuntimeError, OSError) as e:
                 lib, why = None, str(e)
         if lib is None:
@@ -167,6 +174,41 @@ def _load():
             print(msg, file=sys.stderr)
         _state["lib"] = lib
         return lib
+
+
+class QWeight(ctypes.Structure):
+    """One matmul weight for `decode_step` (lib/csrc/qmatmul.cpp): up to 3 parts of GGUF blocks stacked along
+    the output, each of one type."""
+    _fields_ = [("nparts", ctypes.c_int32), ("qtype", ctypes.c_int32 * 3), ("rows", ctypes.c_int64 * 3),
+                ("blocks", ctypes.c_void_p * 3)]
+
+
+class DecodeLayer(ctypes.Structure):
+    _fields_ = [("attn_norm", ctypes.c_void_p), ("mlp_norm", ctypes.c_void_p), ("wqkv", QWeight), ("wo", QWeight),
+                ("w_gate_up", QWeight), ("w_down", QWeight)]
+
+
+class DecodeDims(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int64) for n in ("d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff", "max_len")] + [
+        ("eps", ctypes.c_float)]
+
+
+def qweight(parts: list[tuple[str, torch.Tensor]]) -> QWeight:
+    """A `QWeight` over `[(type, blocks)]` (contiguous CPU blocks, kept alive by the caller)."""
+    if not 1 <= len(parts) <= 3:
+        raise ValueError(f"a decode-step weight has 1 to 3 parts, got {len(parts)}")
+    w = QWeight(nparts=len(parts))
+    for i, (qtype, b) in enumerate(parts):
+        if not b.is_contiguous() or b.device.type != "cpu":
+            raise ValueError("decode-step blocks must be contiguous CPU tensors")
+        w.qtype[i], w.rows[i], w.blocks[i] = _CODES[qtype], b.shape[0], b.data_ptr()
+    return w
+
+
+def kernel():
+    """The loaded C++ library (its `decode_step` is called by lib.quant_linear.GGUFFastLlama), or None where
+    the PyTorch fallback is in use."""
+    return _load()
 
 
 def backend() -> str:

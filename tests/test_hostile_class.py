@@ -117,7 +117,7 @@ def _crafted(honest: dict, root: Path) -> dict[str, tuple[dict, set[str]]]:
                     blocks.append(bytearray(1 << 30))
             """), {"test_kv_cache_bytes", "test_answer_q3"}),  # the solution's answer_q3 calls kv_cache_bytes
         "reference_import": (_edit(_edit(honest, "causal_mask", """
-            from lib.kv_cache import causal_mask
+            from lib.masks import causal_mask
             """), "step_flops", """
             def step_flops(*args):
                 from lib import roofline

@@ -73,6 +73,32 @@ def test_kernel_equals_the_reference_on_random_blocks(qtype):
     assert torch.equal(got, torch.from_numpy(dequantize(blocks, qtype))), f"{qtype} decode {seed_note()}"
 
 
+@pytest.mark.parametrize("isa, flags", [("avx2", ("-mno-avx512f",)), ("generic", ("-mno-avx512f", "-mno-avx2"))])
+def test_the_avx2_and_portable_loops_equal_the_reference(isa, flags, tmp_path):
+    """This CPU's build takes the widest loops it has; the narrower ones (for CPUs without AVX-512 or AVX2) are
+    built here with those instructions switched off and held to the same reference."""
+    import ctypes
+
+    if Q._compiler() is None:
+        pytest.skip("no C++ compiler")
+    if isa == "avx2" and "avx2" not in Q._cpu_flags().split():
+        pytest.skip("this CPU has no AVX2")
+    lib = ctypes.CDLL(str(Q.build(tmp_path, extra_flags=flags)))
+    lib.qmatmul_isa.restype = ctypes.c_char_p
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.qmatmul_f32.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, i64, ptr, ctypes.c_int]
+    assert lib.qmatmul_isa().decode() == isa
+    for i, qtype in enumerate(("Q4_1", "Q8_0", "Q4_K")):
+        block, _ = BLOCK_SIZES[qtype]
+        for n, nblocks, rows in [(37, 3, 1), (9, 2, 3), (64, 1, 8), (5, 2, 11)]:
+            blocks = random_blocks(qtype, n, nblocks, offset=300 + 10 * i + rows)
+            x = torch.randn(rows, nblocks * block, generator=generator(400 + 10 * i + rows))
+            y = torch.empty(rows, n)
+            assert lib.qmatmul_f32(Q._CODES[qtype], blocks.data_ptr(), n, nblocks * block, x.data_ptr(), rows,
+                                   nblocks * block, y.data_ptr(), 2) == 0
+            assert_matches_reference(y, x, blocks, qtype, f"{isa} {qtype} out={n} rows={rows}")
+
+
 def test_leading_dimensions_a_strided_x_and_unchanged_arguments():
     blocks = random_blocks("Q4_1", 40, 3, offset=11)
     x = torch.randn(2, 3, 4 * 96, generator=generator(12))[..., ::4]  # [2, 3, 96], not contiguous
@@ -164,6 +190,27 @@ def _weights_from_blocks(model, blocks):
     return other
 
 
+def test_a_non_editable_install_carries_the_kernel_source(tmp_path):
+    """lib/csrc/qmatmul.cpp is package data: a wheel of the project (what a plain `pip install .` installs)
+    holds it beside lib/qmatmul.py, where lib.qmatmul.SOURCE looks for it."""
+    import shutil
+    import zipfile
+
+    src = tmp_path / "src"  # a copy of what the build reads, so no build/ folder of the checkout is reused
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, src / name)
+    for pkg in ("lib", "grader"):
+        shutil.copytree(REPO / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                          "-w", str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (wheel,) = (tmp_path / "dist").glob("inference_lab-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert "lib/qmatmul.py" in names and "lib/csrc/qmatmul.cpp" in names, sorted(n for n in names if "lib/" in n)
+    assert Q.SOURCE == Path(Q.__file__).parent / "csrc" / "qmatmul.cpp" and Q.SOURCE.is_file()
+
+
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0", "Q5_0", "Q4_K", "Q6_K", "Q4_K_M"])
 def test_a_tiny_model_on_blocks_is_the_fp32_model_of_those_blocks(qtype):
     from lib.generate import generate
@@ -190,6 +237,57 @@ def test_a_tiny_model_on_blocks_is_the_fp32_model_of_those_blocks(qtype):
     ref = generate(model, prompt, 8)
     assert torch.equal(generate(qmodel, prompt, 8), ref) and torch.equal(generate(qfast, prompt, 8), ref)
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items()), "the float model changed"
+
+
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q4_K_M"])
+def test_the_cpp_decode_step_is_the_python_step(qtype, monkeypatch):
+    """GGUFFastLlama runs a one-token step on a KVCache as one C++ call (decode_step); the same model with that
+    call switched off runs lib.fast's Python step. Both must give the same logits, step after step, for every
+    row of a batch, and leave the same keys and values in the cache; other caches take the Python path."""
+    from lib.kv_cache import KVCache
+    from lib.model import tiny_model
+    from lib.quant import q4_k_m_plan
+    from lib.quant_linear import GGUFFastLlama, quantize_blocks
+
+    if Q._compiler() is None:
+        pytest.skip("no C++ compiler: the decode step is C++ only")
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # the step's thread count: its split paths run
+    # Q4_1: heads of 64 and a 90-token prompt, so batch · heads · positions · head_dim passes the C++ step's
+    # threshold for splitting attention over threads (its parallel branch); the mix: heads of 32, serial
+    cfg = dict(d_model=256, d_ff=512, n_heads=8, n_kv_heads=2) if "_K" in qtype else dict(
+        d_model=256, d_ff=256, n_heads=4, n_kv_heads=2)
+    prompt_len = 9 if "_K" in qtype else 90
+    base = tiny_model(seed=run_seed() % 1000, **cfg)
+    blocks = quantize_blocks(base, q4_k_m_plan(base) if qtype == "Q4_K_M" else qtype)
+    model = _weights_from_blocks(base, blocks)
+    fast, slow = GGUFFastLlama(model, blocks), GGUFFastLlama(model, blocks)
+    slow._step = None
+    assert fast._step is not None, "the C++ decode step is not in use though the kernel built"
+    prompt = torch.randint(0, model.config.vocab_size, (3, prompt_len), generator=generator(71))
+    caches = [m.new_cache(3, prompt_len + 31) for m in (fast, slow)]
+    logits = [m(prompt, c) for m, c in zip((fast, slow), caches)]
+    for step in range(12):
+        nxt = logits[1][:, -1:].argmax(-1)
+        logits = [m(nxt, c) for m, c in zip((fast, slow), caches)]
+        assert logits[0].shape == logits[1].shape == (3, 1, model.config.vocab_size)
+        err = (logits[0] - logits[1]).abs().max().item()
+        assert err < 1e-4, f"step {step}: logits differ by {err:.3g} {seed_note()}"
+        assert caches[0].length == caches[1].length == prompt_len + 1 + step
+    for a, b in zip(caches[0].layers, caches[1].layers):
+        assert (a.k[:, :, :a.length] - b.k[:, :, :b.length]).abs().max() < 1e-4
+        assert (a.v[:, :, :a.length] - b.v[:, :, :b.length]).abs().max() < 1e-4
+    # a rolling cache is not lib.kv_cache's plain buffer: the Python step serves it, with the same results
+    rolling = KVCache.rolling(model.config, prompt_len + 31, batch=3)  # a window that drops nothing yet
+    fast(prompt, rolling)
+    assert fast._cache_pointers(rolling) is None
+    full = fast.new_cache(3, prompt_len + 31)
+    fast(prompt, full)
+    nxt = prompt[:, -1:]
+    assert (fast(nxt, rolling) - fast(nxt, full)).abs().max().item() < 1e-4
+    with pytest.raises(ValueError, match="overflow"):  # a full cache is refused as lib.kv_cache refuses it
+        small = fast.new_cache(3, prompt_len)
+        fast(prompt, small)
+        fast(nxt, small)
 
 
 def test_blocks_of_another_model_are_refused():

@@ -17,6 +17,7 @@ from grader.harness import load_exercises
 from lib import generate as lib_generate
 from lib import gqa as lib_gqa
 from lib import kv_cache as lib_kv
+from lib import masks as lib_masks
 from lib import roofline as lib_roofline
 from lib.attention import gqa_attention as lib_gqa_attention
 from lib.kv_cache import CacheOverflowError
@@ -84,7 +85,7 @@ def cache_on_cpu(ex):
 
 
 def gqa_via_sdpa(q, k, v, causal=True):
-    mask = lib_kv.causal_mask(q.shape[2], k.shape[2], device=q.device) if causal else None
+    mask = lib_masks.causal_mask(q.shape[2], k.shape[2], device=q.device) if causal else None
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
 
 
@@ -183,7 +184,7 @@ def rolling_on_cpu(ex):
 WRONG = {
     "step_flops": [(lambda ex: lib_roofline.step_flops, "lab's reference"), (lambda ex: step_flops_table, "expected")],
     "causal_mask": [
-        (lambda ex: lib_kv.causal_mask, "lab's reference"),
+        (lambda ex: lib_masks.causal_mask, "lab's reference"),
         (lambda ex: mask_top_left, "LAST"),
         (lambda ex: mask_ignores_device, "device"),
         (lambda ex: mask_without_device_argument, "device"),

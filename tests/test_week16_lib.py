@@ -7,7 +7,8 @@ import torch
 from lib.attention import gqa_attention
 from lib.generate import generate
 from lib.gqa import kv_group_options, mean_pool_heads, pool_kv_heads
-from lib.kv_cache import KVCache, RollingKVCache, kv_cache_bytes, sliding_window_attention, sliding_window_mask
+from lib.kv_cache import KVCache, RollingKVCache, kv_cache_bytes, sliding_window_attention
+from lib.masks import sliding_window_mask
 from lib.roofline import matmul_params, roofline_time, step_flops
 from lib.model import SMOLLM2_135M, tiny_model
 from lib.text import load_text, perplexity, token_nlls
@@ -110,7 +111,8 @@ def test_perplexity_sanity():
 def test_cache_mask_attention_and_model_run_on_meta():
     """Every tensor the week's reference creates is made on its inputs' device: run on `meta` (shapes, no data),
     a stray CPU tensor raises a device mismatch — what would fail on a GPU, caught on a CPU-only machine."""
-    from lib.kv_cache import LayerKVCache, causal_mask
+    from lib.kv_cache import LayerKVCache
+    from lib.masks import causal_mask
 
     assert causal_mask(3, 5, device="meta").device.type == "meta"
     assert sliding_window_mask(3, 5, 2, device="meta").device.type == "meta"

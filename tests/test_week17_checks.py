@@ -15,7 +15,7 @@ from grader.harness import load_exercises
 from lib import attention as lib_attention
 from lib import io_model
 from lib.attention import check_attention_shapes
-from lib.kv_cache import causal_mask
+from lib.masks import causal_mask
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "solutions" / "17" / checks.WEEK.notebook
 

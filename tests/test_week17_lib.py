@@ -7,7 +7,7 @@ import torch
 
 from lib import attention as A
 from lib import io_model as io
-from lib.kv_cache import causal_mask
+from lib.masks import causal_mask
 from lib.model import tiny_model
 
 

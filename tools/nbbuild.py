@@ -11,11 +11,38 @@
     nb.write("solutions/16/week16_kv_cache.ipynb")
 
 Cells get stable ids from their grade_id or their position, so rebuilding gives the same file.
+
+Every week's notebook is built this way, by its script `tools/weeks/weekNN.py` (docs/authoring-a-week.md); the
+script is the source. `build(script, into)` runs a script as `python tools/weeks/weekNN.py` does but writes its
+notebook under another folder, so tests/test_authoring.py can compare it with the committed one.
 """
 from __future__ import annotations
 
+import contextlib
+import io
+import runpy
+from pathlib import Path
+
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+
+REPO = Path(__file__).resolve().parents[1]
+_into: Path | None = None  # set while build() runs: where write() puts the notebook instead
+_written: list[tuple[Path, Path]] = []
+
+
+def build(script: Path, into: Path) -> list[tuple[Path, Path]]:
+    """Run a week's script as its `__main__`, writing each notebook under `into` at its path relative to the
+    repo instead of in place. Returns (the notebook's path in the repo, the path written) for each."""
+    global _into
+    _into, _written[:] = Path(into), []
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            runpy.run_path(str(script), run_name="__main__")
+        return list(_written)
+    finally:
+        _into = None
 
 
 class Notebook:
@@ -67,4 +94,10 @@ class Notebook:
         nb.metadata["kernelspec"] = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
         nb.metadata["language_info"] = {"name": "python"}
         nbformat.validate(nb)
+        if _into is not None:
+            target = Path(path).resolve()
+            built = _into / target.relative_to(REPO)
+            built.parent.mkdir(parents=True, exist_ok=True)
+            _written.append((target, built))
+            path = str(built)
         nbformat.write(nb, path)

@@ -27,7 +27,7 @@ from grader.checks import assert_route, check_on_meta, generator, observe, seed_
 from grader.harness import Week
 from lib import attention as ref
 from lib import io_model
-from lib.kv_cache import causal_mask
+from lib.masks import causal_mask
 
 WEEK = Week(17, "week17_flash_attention.ipynb")
 
@@ -36,7 +36,7 @@ WEEK = Week(17, "week17_flash_attention.ipynb")
 CASES = [(1, 1, 1, 1, 8, False), (2, 3, 37, 37, 24, True), (2, 3, 37, 37, 16, False), (1, 2, 5, 70, 40, True),
          (2, 2, 70, 33, 8, False), (1, 1, 1, 300, 64, True), (1, 2, 130, 130, 20, True), (1, 2, 64, 128, 16, True)]
 SDPA_OPS = ("aten._scaled_dot_product", "aten.scaled_dot_product", "aten._flash_attention", "aten._efficient_attention")
-SHAPES_OK = ("lib.attention.check_attention_shapes", "lib.kv_cache.causal_mask")  # the helpers the notebook imports
+SHAPES_OK = ("lib.attention.check_attention_shapes", "lib.masks.causal_mask")  # the helpers the notebook imports
 # Tolerances (absolute, relative) by input dtype; fp16/bf16 outputs are compared with attention computed in fp32.
 TOL = {torch.float32: (1e-5, 1e-5), torch.float64: (1e-9, 1e-9), torch.float16: (2e-3, 4e-3),
        torch.bfloat16: (1.6e-2, 2e-2)}

@@ -10,8 +10,10 @@
 //
 // Built with -march=native: AVX-512 or AVX2 (+F16C, FMA) when this CPU has them, plain C++ otherwise. The
 // portable loops below are the kernel; the AVX-512 path does the same arithmetic 16 lanes at a time.
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 #include <omp.h>
 #if defined(__AVX512F__) || defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
@@ -200,46 +202,125 @@ void row_dots_generic(const uint8_t* wrow, int64_t nblocks, const float* x, int6
 }
 
 #if defined(__AVX512F__)
-// The hot types, 16 lanes at a time: the nibbles (or bytes) of one block widened to int32, converted to float,
-// scaled as the decoder does (multiply, then add: two roundings, like lib/quant.py), then one FMA per row.
+// The hot types, 16 lanes at a time. Q4_1: a block has only 16 distinct weights, d·j + m for j = 0..15, so the
+// kernel computes those 16 (one lane each: d·j is exact in float32 — 11 bits of d times 4 of j — so one fused
+// multiply-add rounds exactly as the decoder's multiply-then-add) and looks each weight up by its nibble
+// (vpermps reads the low 4 bits of each index). Then one FMA per 16 weights per row of x.
+// Independent accumulators: an FMA waits ~4 cycles for the previous one into the same register, so one row of x
+// (a decode step) keeps NB blocks x 2 halves of chains in flight; with more rows, the rows are the chains.
+template <int R>
+constexpr int chains_per_row() { return R == 1 ? 4 : 2; }
+
 template <int R>
 void row_dots_q4_1_avx512(const uint8_t* wrow, int64_t nblocks, const float* x, int64_t ldx, float* y, int64_t ldy) {
-    __m512 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-    const __m512i low4 = _mm512_set1_epi32(0x0F);
-    for (int64_t blk = 0; blk < nblocks; ++blk) {
-        const uint8_t* b = wrow + blk * 20;
-        const __m512 d = _mm512_set1_ps(half_to_float(b)), m = _mm512_set1_ps(half_to_float(b + 2));
+    constexpr int C = chains_per_row<R>(), NB = C / 2;  // NB blocks per step, each half of a block its own chain
+    __m512 acc[R][C];
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    int64_t blk = 0;
+    auto one_block = [&](int64_t i, int c) {
+        const uint8_t* b = wrow + i * 20;
+        int32_t dm_bits;
+        std::memcpy(&dm_bits, b, 4);
+        const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(dm_bits));  // d, m
+        const __m512 d = _mm512_broadcastss_ps(dm), m = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));
+        const __m512 table = _mm512_fmadd_ps(d, iota, m);  // the block's 16 possible weights
         const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 4)));
-        const __m512 w0 = _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(q, low4))), m);
-        const __m512 w1 = _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4))), m);
+        const __m512 w0 = _mm512_permutexvar_ps(q, table);                         // low nibbles: weights 0-15
+        const __m512 w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table);  // high nibbles: 16-31
         for (int r = 0; r < R; ++r) {
-            const float* xr = x + r * ldx + blk * 32;
-            acc[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xr), acc[r]);
-            acc[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xr + 16), acc[r]);
+            const float* xr = x + r * ldx + i * 32;
+            acc[r][c] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xr), acc[r][c]);
+            acc[r][c + 1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xr + 16), acc[r][c + 1]);
         }
+    };
+    for (; blk + NB <= nblocks; blk += NB)
+        for (int u = 0; u < NB; ++u) one_block(blk + u, 2 * u);
+    for (; blk < nblocks; ++blk) one_block(blk, 0);
+    for (int r = 0; r < R; ++r) {
+        __m512 sum = acc[r][0];
+        for (int c = 1; c < C; ++c) sum = _mm512_add_ps(sum, acc[r][c]);
+        y[r * ldy] = _mm512_reduce_add_ps(sum);
     }
-    for (int r = 0; r < R; ++r) y[r * ldy] = _mm512_reduce_add_ps(acc[r]);
 }
 
 template <int R>
 void row_dots_q8_0_avx512(const uint8_t* wrow, int64_t nblocks, const float* x, int64_t ldx, float* y, int64_t ldy) {
-    __m512 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-    for (int64_t blk = 0; blk < nblocks; ++blk) {
-        const uint8_t* b = wrow + blk * 34;
+    constexpr int C = chains_per_row<R>(), NB = C / 2;
+    __m512 acc[R][C];
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+    int64_t blk = 0;
+    auto one_block = [&](int64_t i, int c) {
+        const uint8_t* b = wrow + i * 34;
         const __m512 d = _mm512_set1_ps(half_to_float(b));
         const __m512i q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2)));
         const __m512i q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 18)));
         const __m512 w0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(q0));
         const __m512 w1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(q1));
         for (int r = 0; r < R; ++r) {
-            const float* xr = x + r * ldx + blk * 32;
-            acc[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xr), acc[r]);
-            acc[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xr + 16), acc[r]);
+            const float* xr = x + r * ldx + i * 32;
+            acc[r][c] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xr), acc[r][c]);
+            acc[r][c + 1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xr + 16), acc[r][c + 1]);
+        }
+    };
+    for (; blk + NB <= nblocks; blk += NB)
+        for (int u = 0; u < NB; ++u) one_block(blk + u, 2 * u);
+    for (; blk < nblocks; ++blk) one_block(blk, 0);
+    for (int r = 0; r < R; ++r) {
+        __m512 sum = acc[r][0];
+        for (int c = 1; c < C; ++c) sum = _mm512_add_ps(sum, acc[r][c]);
+        y[r * ldy] = _mm512_reduce_add_ps(sum);
+    }
+}
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+// The same two types 8 lanes at a time (AVX2 CPUs): weights decoded as the decoder does (Q4_1: d·q is exact,
+// so one FMA d·q + m rounds as multiply-then-add), one FMA per 8 weights per row of x.
+inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+template <int R>
+void row_dots_q4_1_avx2(const uint8_t* wrow, int64_t nblocks, const float* x, int64_t ldx, float* y, int64_t ldy) {
+    __m256 acc[R], acc_hi[R];  // two chains per row (low and high nibbles): an FMA waits for the one before
+    for (int r = 0; r < R; ++r) acc[r] = acc_hi[r] = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi32(0x0F);
+    for (int64_t blk = 0; blk < nblocks; ++blk) {
+        const uint8_t* b = wrow + blk * 20;
+        const __m256 d = _mm256_set1_ps(half_to_float(b)), m = _mm256_set1_ps(half_to_float(b + 2));
+        for (int half = 0; half < 2; ++half) {  // nibble bytes 0-7, then 8-15
+            const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 4 + 8 * half)));
+            const __m256 w_lo = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(q, low4)), m);
+            const __m256 w_hi = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_srli_epi32(q, 4)), m);
+            for (int r = 0; r < R; ++r) {
+                const float* xr = x + r * ldx + blk * 32 + 8 * half;
+                acc[r] = _mm256_fmadd_ps(w_lo, _mm256_loadu_ps(xr), acc[r]);
+                acc_hi[r] = _mm256_fmadd_ps(w_hi, _mm256_loadu_ps(xr + 16), acc_hi[r]);
+            }
         }
     }
-    for (int r = 0; r < R; ++r) y[r * ldy] = _mm512_reduce_add_ps(acc[r]);
+    for (int r = 0; r < R; ++r) y[r * ldy] = hsum256(_mm256_add_ps(acc[r], acc_hi[r]));
+}
+
+template <int R>
+void row_dots_q8_0_avx2(const uint8_t* wrow, int64_t nblocks, const float* x, int64_t ldx, float* y, int64_t ldy) {
+    __m256 acc[R][2];  // two chains per row: an FMA waits for the one before into the same register
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t blk = 0; blk < nblocks; ++blk) {
+        const uint8_t* b = wrow + blk * 34;
+        const __m256 d = _mm256_set1_ps(half_to_float(b));
+        for (int part = 0; part < 4; ++part) {
+            const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + 8 * part)));
+            const __m256 w = _mm256_mul_ps(d, _mm256_cvtepi32_ps(q));
+            for (int r = 0; r < R; ++r)
+                acc[r][part & 1] = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + r * ldx + blk * 32 + 8 * part), acc[r][part & 1]);
+        }
+    }
+    for (int r = 0; r < R; ++r) y[r * ldy] = hsum256(_mm256_add_ps(acc[r][0], acc[r][1]));
 }
 #endif
 
@@ -249,6 +330,9 @@ void row_dots(int qtype, const uint8_t* wrow, int64_t nblocks, const float* x, i
 #if defined(__AVX512F__)
         case Q4_1: return row_dots_q4_1_avx512<R>(wrow, nblocks, x, ldx, y, ldy);
         case Q8_0: return row_dots_q8_0_avx512<R>(wrow, nblocks, x, ldx, y, ldy);
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+        case Q4_1: return row_dots_q4_1_avx2<R>(wrow, nblocks, x, ldx, y, ldy);
+        case Q8_0: return row_dots_q8_0_avx2<R>(wrow, nblocks, x, ldx, y, ldy);
 #else
         case Q4_1: return row_dots_generic<R, 32, 20, decode_q4_1>(wrow, nblocks, x, ldx, y, ldy);
         case Q8_0: return row_dots_generic<R, 32, 34, decode_q8_0>(wrow, nblocks, x, ldx, y, ldy);
@@ -274,7 +358,7 @@ extern "C" {
 const char* qmatmul_isa() {
 #if defined(__AVX512F__)
     return "avx512";
-#elif defined(__AVX2__)
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
     return "avx2";
 #else
     return "generic";
@@ -282,9 +366,9 @@ const char* qmatmul_isa() {
 }
 
 // y[m, n] = sum_k x[m, k] · W[n, k]; x float32 [m, k] (rows ldx apart), w the n rows of GGUF blocks
-// (k / block blocks each, contiguous), y float32 [m, n]. Returns 0, or -1 for an unknown type.
-int qmatmul_f32(int qtype, const uint8_t* w, int64_t n, int64_t k, const float* x, int64_t m, int64_t ldx,
-                float* y, int threads) {
+// (k / block blocks each, contiguous), y float32 [m, n] (rows ldy apart). Returns 0, or -1 for an unknown type.
+int qmatmul_f32_ld(int qtype, const uint8_t* w, int64_t n, int64_t k, const float* x, int64_t m, int64_t ldx,
+                   float* y, int64_t ldy, int threads) {
     Format f;
     if (!format_of(qtype, &f)) return -1;
     const int64_t nblocks = k / f.block, row_bytes = nblocks * f.bytes;
@@ -292,10 +376,15 @@ int qmatmul_f32(int qtype, const uint8_t* w, int64_t n, int64_t k, const float* 
     for (int64_t j = 0; j < n; ++j) {
         for (int64_t r0 = 0; r0 < m; r0 += kMaxRows) {
             const int64_t rows = m - r0 < kMaxRows ? m - r0 : kMaxRows;
-            kRowDots[rows](qtype, w + j * row_bytes, nblocks, x + r0 * ldx, ldx, y + r0 * n + j, n);
+            kRowDots[rows](qtype, w + j * row_bytes, nblocks, x + r0 * ldx, ldx, y + r0 * ldy + j, ldy);
         }
     }
     return 0;
+}
+
+int qmatmul_f32(int qtype, const uint8_t* w, int64_t n, int64_t k, const float* x, int64_t m, int64_t ldx,
+                float* y, int threads) {
+    return qmatmul_f32_ld(qtype, w, n, k, x, m, ldx, y, n, threads);
 }
 
 // out[n, k] = the weights, decoded (for many rows of x at once, where a float32 matmul wins).
@@ -306,6 +395,140 @@ int dequantize_f32(int qtype, const uint8_t* w, int64_t n, int64_t k, float* out
 #pragma omp parallel for schedule(static) num_threads(threads) if (n * k >= kMinParallelWeights)
     for (int64_t j = 0; j < n; ++j)
         for (int64_t blk = 0; blk < nblocks; ++blk) f.decode(w + j * row_bytes + blk * f.bytes, out + j * k + blk * f.block);
+    return 0;
+}
+
+}  // extern "C"
+
+// --- one decode step of a llama model on GGUF blocks: every layer in one call ---------------------------------
+//
+// lib.quant_linear.GGUFFastLlama calls this for a one-token step (batch rows >= 1, one new position each) on
+// lib.kv_cache's preallocated cache: the same computation as lib.fast.FastLlama._layer_step, layer after layer,
+// without returning to Python between operations (which, at SmolLM2's size, cost as much as the matmuls).
+// Float32 throughout; the results equal the Python step's up to the order of float32 sums.
+
+struct QWeight {  // one matmul weight: up to 3 parts stacked along the output (Q, K, V may differ in type)
+    int32_t nparts;
+    int32_t qtype[3];
+    int64_t rows[3];
+    const uint8_t* blocks[3];
+};
+
+struct DecodeLayer {
+    const float* attn_norm;
+    const float* mlp_norm;
+    QWeight wqkv, wo, w_gate_up, w_down;
+};
+
+struct DecodeDims {
+    int64_t d_model, n_heads, n_kv_heads, head_dim, d_ff, max_len;
+    float eps;
+};
+
+namespace {
+
+int weight_matmul(const QWeight& w, int64_t k, const float* x, int64_t m, float* y, int64_t ldy, int threads) {
+    int64_t col = 0;
+    for (int p = 0; p < w.nparts; ++p) {
+        if (qmatmul_f32_ld(w.qtype[p], w.blocks[p], w.rows[p], k, x, m, k, y + col, ldy, threads) != 0) return -1;
+        col += w.rows[p];
+    }
+    return 0;
+}
+
+// out = x / sqrt(mean(x²) + eps) · w  (lib.fast's _rms: normalise, then scale)
+void rms_norm(const float* x, const float* w, int64_t d, float eps, float* out) {
+    float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t i = 0; i < d; ++i) ss += x[i] * x[i];
+    const float r = 1.0f / std::sqrt(ss / (float)d + eps);
+    for (int64_t i = 0; i < d; ++i) out[i] = (x[i] * r) * w[i];
+}
+
+// RoPE, "rotate half" (lib.model.apply_rope): pairs (i, i + d/2) turned by the position's angles
+void rope(float* v, const float* cos, const float* sin, int64_t d) {
+    const int64_t h = d / 2;
+    for (int64_t i = 0; i < h; ++i) {
+        const float a = v[i], b = v[i + h];
+        v[i] = a * cos[i] + (-b) * sin[i];
+        v[i + h] = b * cos[i + h] + a * sin[i + h];
+    }
+}
+
+}  // namespace
+
+extern "C" {
+
+// x [batch, d_model] (the embedded tokens) becomes the last layer's output, in place. pos: the position of the
+// new token (the cache's length before the step); k_caches[l], v_caches[l]: layer l's buffers [batch,
+// n_kv_heads, max_len, head_dim], written at pos. cos, sin: the RoPE row of pos [head_dim]. Returns 0, or -1.
+int decode_step(const DecodeLayer* layers, int n_layers, const DecodeDims* dims, float* x, int64_t batch,
+                int64_t pos, const float* cos, const float* sin, float* const* k_caches, float* const* v_caches,
+                int threads) {
+    const int64_t D = dims->d_model, H = dims->n_heads, Hkv = dims->n_kv_heads, hd = dims->head_dim;
+    const int64_t F = dims->d_ff, L = dims->max_len, S = pos + 1, g = H / Hkv, nqkv = (H + 2 * Hkv) * hd;
+    if (pos < 0 || pos >= L || H % Hkv) return -1;
+    std::vector<float> xn(batch * D), qkv(batch * nqkv), att(batch * H * hd), tmp(batch * D);
+    std::vector<float> gu(batch * 2 * F), act(batch * F);
+    const float scale = 1.0f / std::sqrt((float)hd);
+    for (int l = 0; l < n_layers; ++l) {
+        const DecodeLayer& lw = layers[l];
+        float *kc = k_caches[l], *vc = v_caches[l];
+        for (int64_t r = 0; r < batch; ++r) rms_norm(x + r * D, lw.attn_norm, D, dims->eps, xn.data() + r * D);
+        if (weight_matmul(lw.wqkv, D, xn.data(), batch, qkv.data(), nqkv, threads)) return -1;
+        for (int64_t r = 0; r < batch; ++r) {  // RoPE on q and k; k and v into the cache at pos
+            float* q = qkv.data() + r * nqkv;
+            for (int64_t h = 0; h < H + Hkv; ++h) rope(q + h * hd, cos, sin, hd);
+            for (int64_t h = 0; h < Hkv; ++h) {
+                const int64_t at = ((r * Hkv + h) * L + pos) * hd;
+                std::memcpy(kc + at, q + (H + h) * hd, hd * sizeof(float));
+                std::memcpy(vc + at, q + (H + Hkv + h) * hd, hd * sizeof(float));
+            }
+        }
+        // attention of the one new query per head over positions 0..pos (no mask needed); GQA: query head h
+        // reads KV head h / g
+#pragma omp parallel num_threads(threads) if (batch * H * S * hd >= kMinParallelWeights)
+        {
+            std::vector<float> p(S);
+#pragma omp for schedule(static)
+            for (int64_t rh = 0; rh < batch * H; ++rh) {
+                const int64_t r = rh / H, h = rh % H;
+                const float* q = qkv.data() + r * nqkv + h * hd;
+                const float* K = kc + (r * Hkv + h / g) * L * hd;
+                const float* V = vc + (r * Hkv + h / g) * L * hd;
+                float mx = -INFINITY;
+                for (int64_t s = 0; s < S; ++s) {
+                    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+                    for (int64_t i = 0; i < hd; ++i) dot += q[i] * K[s * hd + i];
+                    p[s] = dot * scale;
+                    mx = p[s] > mx ? p[s] : mx;
+                }
+                float sum = 0.0f;
+                for (int64_t s = 0; s < S; ++s) {
+                    p[s] = std::exp(p[s] - mx);
+                    sum += p[s];
+                }
+                float* o = att.data() + r * H * hd + h * hd;
+                for (int64_t i = 0; i < hd; ++i) o[i] = 0.0f;
+                for (int64_t s = 0; s < S; ++s) {
+                    const float w = p[s] / sum;
+#pragma omp simd
+                    for (int64_t i = 0; i < hd; ++i) o[i] += w * V[s * hd + i];
+                }
+            }
+        }
+        if (weight_matmul(lw.wo, H * hd, att.data(), batch, tmp.data(), D, threads)) return -1;
+        for (int64_t i = 0; i < batch * D; ++i) x[i] += tmp[i];
+        for (int64_t r = 0; r < batch; ++r) rms_norm(x + r * D, lw.mlp_norm, D, dims->eps, xn.data() + r * D);
+        if (weight_matmul(lw.w_gate_up, D, xn.data(), batch, gu.data(), 2 * F, threads)) return -1;
+        for (int64_t r = 0; r < batch; ++r) {  // silu(gate) · up
+            const float *gate = gu.data() + r * 2 * F, *up = gate + F;
+            for (int64_t i = 0; i < F; ++i) act[r * F + i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+        }
+        if (weight_matmul(lw.w_down, F, act.data(), batch, tmp.data(), D, threads)) return -1;
+        for (int64_t i = 0; i < batch * D; ++i) x[i] += tmp[i];
+    }
     return 0;
 }
 

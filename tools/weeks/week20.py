@@ -1014,7 +1014,7 @@ whose activations are harder, for the same reason.
 
 # --- 10 ---------------------------------------------------------------------------------------------------
 nb.md(r"""
-## 10. Quantized decode is faster
+## 10. Quantized decode
 
 Everything so far *simulated* quantization: weights rounded, then stored as float32 again. To get the speed
 the bytes must stay small in memory and be expanded inside the matrix product. torch has CPU kernels for
@@ -1056,6 +1056,121 @@ The quantized paths are faster because each step reads 4–6× fewer bytes, but 
 Greedy tokens stay identical to the F32 model for a while and then drift: bfloat16 activations and rounded
 scales nudge a near-tie between two tokens — while the perplexity barely moves, which is the right measure.
 `python benchmarks/quant.py` measures decode alone, with repeats, and llama.cpp when it is installed.
+""")
+
+nb.md(r"""
+### The file's own blocks, multiplied as they lie
+
+The int4 path above *requantizes*: it decodes the file's Q4_1 weights and packs them again in torch's layout,
+with bfloat16 scales and activations — a slightly different model. `lib.qmatmul` instead multiplies the GGUF
+blocks exactly as the file stores them (20 bytes per 32 weights for Q4_1, 34 for Q8_0), decoding each block
+in registers inside the dot product. Its readable reference, `block_dot_q4_1`, is the whole idea for one
+block: the two float16 numbers `d` and `m`, the 32 four-bit codes `q`, and
+
+$$\sum_{i=0}^{31} x_i\,(d\,q_i + m).$$
+
+Each weight `d·q + m` is formed in float32 exactly as section 2's dequantizer forms it, so the product is
+`x · dequantize(W)ᵀ` up to the order of the float32 sum: the model *is* the file's model, with 6.4× fewer bytes
+read than float32. (llama.cpp goes one step further and rounds the activations `x` to 8 bits per block, so it
+can form `Σ xᵢ qᵢ` in integer SIMD and apply `d` and `m` once per block — faster arithmetic, a slightly
+different model.) The C++ kernel in `lib/csrc/qmatmul.cpp` does the same sum 16 lanes at a time, one weight row
+for up to 8 rows of `x`, with one trick worth knowing: a Q4_1 block has only 16 distinct weights, `d·j + m` for
+j = 0…15, so the AVX-512 loop computes those 16 once per block and looks each of the 32 weights up by its nibble
+(one `vpermps` per 16 weights) instead of converting and scaling every code. `backend()` says which code runs
+here.
+""")
+
+nb.code(r"""
+import inspect
+
+from lib import qmatmul
+from lib.quant_linear import GGUFFastLlama, quantize_blocks, read_gguf_blocks
+
+print(inspect.getsource(qmatmul.block_dot_q4_1))
+gguf_blocks = read_gguf_blocks()  # every matmul weight of the file as (type, uint8 blocks [out, bytes per row])
+qtype, w_blocks = gguf_blocks["layers.0.mlp.gate_proj.weight"]
+x = torch.randn(w_blocks.shape[1] // 20 * 32, generator=torch.Generator().manual_seed(0))
+row = w_blocks[0].numpy()
+by_block = sum(float(qmatmul.block_dot_q4_1(x[32 * b:32 * b + 32].numpy(), row[20 * b:20 * b + 20]))
+               for b in range(len(row) // 20))
+print(f"{qtype}, {w_blocks.shape[0]} rows of {w_blocks.shape[1]} bytes; backend: {qmatmul.backend()}")
+print(f"row 0 · x, block by block (block_dot_q4_1): {by_block:.6f}")
+print(f"row 0 · x, float64 reference (row_dot_reference): {qmatmul.row_dot_reference(x.numpy(), row, qtype):.6f}")
+print(f"row 0 · x, the kernel (qmatmul): {qmatmul.qmatmul(x[None], w_blocks, qtype)[0, 0].item():.6f}")
+print(f"row 0 · x, the F32 model's weight: {(model.layers[0].mlp.gate_proj.weight[0] @ x).item():.6f}")
+""")
+
+nb.md(r"""
+Four routes, one number (up to float32 rounding in the last digits): the blocks hold the model's weights.
+Now the speed of each format next to its roofline, side by side in one cell: lib.fast's fused decoder on
+float32 weights, on torch's int4 layout (via `quantize_linears`), and on GGUF blocks (`GGUFFastLlama`) — the
+file's Q4_1, and Q8_0 blocks quantized from the same weights by `quantize_blocks` (a requantization: a
+slightly different model, timed only for its speed). The paths take turns, so a busy machine slows all of
+them alike; each time is the best of a few runs of decode steps alone (prefill subtracted).
+""")
+
+nb.code(r"""
+import copy
+
+from lib.fast import FastLlama
+
+
+def model_of_blocks(blocks):  # the float32 model whose weights are exactly these blocks' values
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, (t, b) in blocks.items():
+            other.get_parameter(name).copy_(qmatmul.dequantize_blocks(b, t))
+    return other
+
+
+q8_blocks = quantize_blocks(model, "Q8_0")
+head_bytes = gguf_blocks["embed.weight"][1].numel()  # the tied LM head stays Q8_0 in every GGUF path
+decoders = {  # name: (decoder, bytes of weights read per token)
+    "F32 (lib.fast)": (FastLlama(model), n_weights * 4),
+    "int4 g32 (torch)": (quantize_linears(model, "int4", 32), n_weights * 5 / 8),
+    "Q8_0 blocks": (GGUFFastLlama(model_of_blocks(q8_blocks), q8_blocks), sum(b.numel() for _, b in q8_blocks.values())),
+    "Q4_1 blocks (the file)": (GGUFFastLlama(model, gguf_blocks), sum(b.numel() for _, b in gguf_blocks.values())),
+}
+N_STEPS, REPEATS = (32, 5) if FULL else (16, 3)
+best = {name: float("inf") for name in decoders}
+with torch.no_grad():
+    for name, (m, _) in decoders.items():
+        generate(m, prompt, 2)  # warm-up
+    for _ in tqdm(range(REPEATS * len(decoders)), desc="decode timing"):
+        name = list(decoders)[_ % len(decoders)]  # the paths take turns
+        m = decoders[name][0]
+        t0 = time.perf_counter(); generate(m, prompt, 1); t1 = time.perf_counter()
+        generate(m, prompt, 1 + N_STEPS); t2 = time.perf_counter()
+        best[name] = min(best[name], ((t2 - t1) - (t1 - t0)) / N_STEPS)
+    same = torch.equal(generate(decoders["Q4_1 blocks (the file)"][0], prompt, N_NEW), reference_ids)
+print(f"greedy tokens of the Q4_1 blocks equal to the F32 model's ({N_NEW} tokens): {same}")
+print(f"{'format':>24} {'MB/token':>9} {'roofline tok/s':>15} {'measured tok/s':>15} {'share':>6}")
+speed = {}
+for name, (m, nbytes) in decoders.items():
+    speed[name] = (bandwidth / nbytes, 1 / best[name])
+    print(f"{name:>24} {nbytes / 1e6:>9.1f} {speed[name][0]:>15.0f} {speed[name][1]:>15.1f} "
+          f"{speed[name][1] / speed[name][0]:>6.0%}")
+
+fig, ax = plt.subplots(figsize=(7, 3.2))
+pos = np.arange(len(speed))
+ax.bar(pos - 0.2, [r for r, _ in speed.values()], 0.4, label="roofline (bandwidth / bytes per token)", color="0.8")
+ax.bar(pos + 0.2, [t for _, t in speed.values()], 0.4, label="measured decode", color="C0")
+ax.set_xticks(pos, list(speed), fontsize=8)
+ax.set_ylabel("tokens / s")
+ax.set_title(f"SmolLM2-135M decode, batch 1, {torch.get_num_threads()} threads, {bandwidth / 1e9:.0f} GB/s")
+ax.legend(fontsize=8)
+plt.show()
+""")
+
+nb.md(r"""
+Read the shares, not the absolute speeds (a shared machine lowers all of them). Fewer bytes raise the ceiling
+in proportion; how much of it a path reaches depends on everything else a step does. (The ceiling is only as
+good as the bandwidth probe, one float32 `F.linear`: a path that streams its weights faster than that probe —
+possible with one thread, or on a busy machine — shows a share above 100 %.) The GGUF decoder runs a
+one-token step of all 30 layers in one C++ call (`decode_step`, the same arithmetic as lib.fast's Python
+step), because at 135M parameters the Python and tensor bookkeeping between ~300 small operations cost as
+much as the matmuls themselves. `python benchmarks/quant.py` repeats this measurement with more paths,
+perplexity with its standard error, batch 8, and llama.cpp on the same file when it is installed.
 """)
 
 # --- 11 ---------------------------------------------------------------------------------------------------
