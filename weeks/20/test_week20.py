@@ -53,5 +53,10 @@ def test_ex10_awq_quantize(ex):
     checks.check_awq_quantize(ex.awq_quantize)
 
 
-def test_ex11_answer_q9(ex):
+def test_ex11_gguf_bytes(ex):
+    """A GGUF v3 file's bytes that gguf-py reads back: names, types, dims innermost first, data at aligned offsets."""
+    checks.check_gguf_bytes(ex.gguf_bytes)
+
+
+def test_ex12_answer_q9(ex):
     checks.check_answer_q9(ex.answer_q9)
