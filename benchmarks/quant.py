@@ -41,21 +41,13 @@ CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx_v
 
 def llama_cpp_model(path: str):
     """llama.cpp (llama-cpp-python) on the GGUF file with torch's thread count, or None when not installed."""
+    from lib.quant import llama_cpp_model as load
+
+    threads = torch.get_num_threads()
     try:
-        import llama_cpp
+        return load(path, n_ctx=512, n_threads_batch=threads)
     except ImportError:
         return None
-    low = llama_cpp.llama_cpp  # Llama() takes its defaults from here
-    default_params = low.llama_model_default_params
-
-    def without_extra_bufts():  # the AMX workaround (platform-facts.md): no extra buffer types
-        p = default_params()
-        p.use_extra_bufts = False
-        return p
-
-    low.llama_model_default_params = without_extra_bufts
-    threads = torch.get_num_threads()
-    return llama_cpp.Llama(model_path=path, n_ctx=512, n_threads=threads, n_threads_batch=threads, verbose=False)
 
 
 def llama_cpp_step(llm, prompt: str):
@@ -69,12 +61,15 @@ def llama_cpp_step(llm, prompt: str):
 
 
 def time_decodes(steps: dict, new_tokens: int, repeats: int) -> dict[str, float]:
-    """Seconds per decoded token of each `steps[name](k)` (generate k tokens): time(1 + n) - time(1), over n,
-    the best of `repeats`. The paths take turns within each repeat, so a load that comes and goes (other
-    processes on a shared machine) falls on all of them alike; the best sample is the least disturbed one."""
+    """Seconds per decoded token of each `steps[name](k)` (generate k tokens): (time(1 + n) - time(1)) / n, each
+    time the best of `repeats`. The paths take turns within each repeat, so a load that comes and goes (other
+    processes on a shared machine) falls on all of them alike; the best sample of each is the least disturbed
+    one. (The best of per-repeat differences would not do: one slow time(1) makes a difference too small —
+    even negative — and the best picks exactly that one.)"""
     for step in steps.values():
         step(1)  # warm-up
-    best = {name: float("inf") for name in steps}
+    short = {name: float("inf") for name in steps}
+    long = dict(short)
     for _ in range(repeats):
         for name, step in steps.items():
             t0 = time.perf_counter()
@@ -82,8 +77,9 @@ def time_decodes(steps: dict, new_tokens: int, repeats: int) -> dict[str, float]
             t1 = time.perf_counter()
             step(1 + new_tokens)
             t2 = time.perf_counter()
-            best[name] = min(best[name], ((t2 - t1) - (t1 - t0)) / new_tokens)
-    return best
+            short[name] = min(short[name], t1 - t0)
+            long[name] = min(long[name], t2 - t1)
+    return {name: max(long[name] - short[name], 1e-9) / new_tokens for name in steps}
 
 
 def cpu_flags() -> str:

@@ -12,7 +12,6 @@ the command ends with the list of failures and exit status 1.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import subprocess
 import sys
@@ -21,8 +20,10 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from grader.course import REPO_ROOT, Course, grade_one, grading_worker, one_line, status_path
-from grader.course import threads_per_worker as _threads_per_worker
+from grader.course import REPO_ROOT, Course, grade_one, grading_worker
+from grader.harness import threads_per_worker as _threads_per_worker
+from grader.notebook import validate_notebook
+from grader.status import one_line, status_path
 
 
 def _committed_bytes(path: Path, repo: Path) -> bytes | None:
@@ -69,41 +70,6 @@ def release(week: str, repo: Path = REPO_ROOT) -> list[Path]:
             dest.write_bytes(data)
             print(f"wrote {dest.relative_to(repo)}")
     return backups
-
-
-def validate_notebook(path: Path) -> str | None:
-    """None if `path` is a notebook nbgrader can grade, else one line saying why not."""
-    import nbformat
-
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as e:
-        return f"not a text file ({e.reason} at byte {e.start})"
-    except json.JSONDecodeError as e:
-        return f"not valid notebook JSON ({e.msg} at line {e.lineno}, column {e.colno})"
-    if not isinstance(raw, dict) or not isinstance(raw.get("cells"), list):
-        return "not a notebook (no list of cells)"
-    try:
-        nb = nbformat.reads(json.dumps(raw), as_version=4)
-        nbformat.validate(nb)
-    except Exception as e:  # nbformat.ValidationError and friends
-        return f"not a valid notebook: {one_line(e)}"
-    ids = {}
-    for i, cell in enumerate(nb.cells):
-        meta = cell.get("metadata", {}).get("nbgrader")
-        if meta is None:
-            continue
-        if not isinstance(meta, dict):
-            return f"cell {i}: its nbgrader metadata is {type(meta).__name__}, not a dict (restore the cell from the release)"
-        grade_id = meta.get("grade_id")
-        if (meta.get("grade") or meta.get("solution") or meta.get("locked")) and not isinstance(grade_id, str):
-            return f"cell {i}: nbgrader metadata without a grade_id (restore the cell from the release)"
-        if grade_id in ids and (meta.get("grade") or meta.get("solution")):
-            return f"cells {ids[grade_id]} and {i} share grade_id {grade_id!r} (a copied cell: delete the copy)"
-        ids[grade_id] = i
-        if meta.get("grade") and not isinstance(meta.get("points", 0), (int, float)):
-            return f"cell {i} ({grade_id}): points is {meta.get('points')!r}, not a number"
-    return None
 
 
 def _release_name(week: str, root: Path = REPO_ROOT) -> str:

@@ -11,7 +11,7 @@
   its process tree, where the grader finds and kills it) and dies with the process that started it. A
   process-count limit: `RLIMIT_NPROC` when not root (it counts all of the user's tasks, so it is set to their
   number now plus `MAX_PROCESSES`); the kernel never applies `RLIMIT_NPROC` to uid 0, so as root the grader
-  puts the child in a pids cgroup of its own instead, where one is writable (`grader.isolation`).
+  puts the child in a pids cgroup of its own instead, where one is writable (`grader.processes`).
 - Without Landlock, when running as root, the process drops to user `nobody` instead (then the repo, owned by
   root and not world-writable, cannot be written either); otherwise nothing stops it writing where the
   instructor can — `confine` says which of these applied, and the grader prints it.

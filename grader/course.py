@@ -19,6 +19,9 @@ from pathlib import Path
 
 from traitlets.config import Config
 
+from grader.notebook import validate_notebook
+from grader.status import GradingError, one_line, status_path
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WEEKS = ("16", "17", "18", "19", "20", "21")
 
@@ -54,23 +57,6 @@ def course_config(root: str | Path, db: str | Path | None = None) -> Config:
     c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
     c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
     return c
-
-
-def threads_per_worker(jobs: int = 1) -> int:
-    """torch threads for each grading or checking process: the cores the machine's other work leaves idle (cores
-    minus the 1-minute load average, rounded), shared out among `jobs` workers, at least one. Threads beyond
-    the idle cores wait on each other: on 2 cores at load 3, week 16's checks took ~115 s with 2 threads and
-    8 s with 1 (tests/test_week16_checks.py). `INFERENCE_LAB_THREADS` overrides."""
-    try:
-        return max(1, int(os.environ["INFERENCE_LAB_THREADS"]))
-    except (KeyError, ValueError):
-        pass
-    cores = os.cpu_count() or 1
-    try:
-        idle = int(cores - os.getloadavg()[0] + 0.5)
-    except OSError:
-        idle = cores
-    return max(1, min(cores // max(1, jobs), idle))
 
 
 def _venv_on_path() -> None:
@@ -198,8 +184,6 @@ class Course:
 
     def autograde_safely(self, week: str, student: str, fast: bool = True) -> str:
         """Validate, autograde and score one submission; a one-line summary, or GradingError with the cause."""
-        from grader.__main__ import validate_notebook
-
         week = str(week)
         nbs = self.submitted_notebooks(week, student)
         if not nbs:
@@ -331,8 +315,8 @@ def grading_worker() -> None:
     """Set up a process that grades submissions (each `--jobs` worker, and `python -m grader autograde` itself with
     `--jobs 1`): it becomes the subreaper of what it starts, so a process a submission leaves behind (double fork,
     `setsid`) is handed to it rather than to init, and is killed when that submission's child is stopped
-    (`grader.isolation.kill_tree`)."""
-    from grader.isolation import become_subreaper
+    (`grader.processes.kill_tree`)."""
+    from grader.processes import become_subreaper
 
     become_subreaper()
 
@@ -361,24 +345,6 @@ def grade_one(week: str, student: str, root: str, timeout: float | None, fast: b
                 os.environ.pop("INFERENCE_LAB_CALL_TIMEOUT", None)
             else:
                 os.environ["INFERENCE_LAB_CALL_TIMEOUT"] = previous
-
-
-class GradingError(RuntimeError):
-    """One submission could not be graded; the message is one line with the real cause."""
-
-
-def status_path(root: str | Path, week: str, student: str) -> Path:
-    return Path(root) / "grader" / "grading_status" / str(week) / f"{student}.json"
-
-
-def one_line(e: BaseException | str, limit: int = 400) -> str:
-    """An exception as one line: `Type: message`, whitespace collapsed, cut at `limit` characters."""
-    if isinstance(e, BaseException):
-        text = str(e) if isinstance(e, (GradingError, SystemExit)) else f"{type(e).__name__}: {e}"
-    else:
-        text = e
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def nbgrader_cause(result: dict) -> str:

@@ -30,8 +30,9 @@ MIN_CODE_BYTES = 64
 NOT_FINGERPRINTED = {"lib.attention.FlashAttention.forward", "lib.attention.FlashAttention.backward"}
 
 # Besides lib: modules a check compares against (an oracle), recognised the same way. Week 20 forbids gguf-py's
-# quantizers, so calling them — or exec'ing their source under another name — is seen in the student's process.
-ORACLE_MODULES = ("gguf.quants",)
+# quantizers and its file writer, so calling them — or exec'ing their source under another name — is seen in the
+# student's process.
+ORACLE_MODULES = ("gguf.quants", "gguf.gguf_writer")
 
 _TABLE: dict[bytes, str] | None = None
 _CACHE: dict[types.CodeType, str | None] = {}

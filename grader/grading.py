@@ -29,8 +29,8 @@ from traitlets import Unicode
 
 from nbgrader.preprocessors import NbGraderPreprocessor
 
-from grader.course import one_line, status_path
-from grader.harness import exercise_cells
+from grader.notebook import exercise_cells
+from grader.status import one_line, status_path
 
 
 class _Names(dict):

@@ -22,27 +22,12 @@ import functools
 import json
 import os
 import sys
-import types
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
-class NotImplementedYet(AssertionError):
-    """An exercise still holds the release's stub."""
-
-
-class ExerciseMissing(AssertionError):
-    """The notebook does not define a name the checks need."""
-
-
-class ReferenceUse(AssertionError):
-    """The exercise is, or runs, lib's own implementation of itself."""
-
-
-# Shown as `NotImplementedYet: exercise 2, ...` in pytest's one-line summary (not `grader.harness.NotImpl...`).
-for _cls in (NotImplementedYet, ExerciseMissing, ReferenceUse):
-    _cls.__module__ = "builtins"
+from grader.notebook import (ExerciseMissing, NotImplementedYet, ReferenceUse, exercise_cells, exercise_module,
+                             read_notebook)
 
 
 def _reference_use(name: str, args, kwargs) -> str | None:
@@ -106,24 +91,6 @@ class Week:
         return decorate
 
 
-def exercise_cells(nb: dict) -> list[tuple[int, str | None, str]]:
-    """(index, grade_id, source) of each nbgrader solution cell and each `setup`-tagged cell, in order."""
-    found = []
-    for index, cell in enumerate(nb.get("cells", [])):
-        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
-            continue
-        meta = cell.get("metadata", {})
-        meta = meta if isinstance(meta, dict) else {}
-        nbg = meta.get("nbgrader", {}) if isinstance(meta.get("nbgrader", {}), dict) else {}
-        tags = meta.get("tags", []) if isinstance(meta.get("tags", []), list) else []
-        if nbg.get("solution") or "setup" in tags:
-            source = cell.get("source", "")
-            source = "".join(source) if isinstance(source, list) else str(source)
-            grade_id = nbg.get("grade_id") if isinstance(nbg.get("grade_id"), str) else None
-            found.append((index, grade_id, source))
-    return found
-
-
 def with_cell_source(nb: dict, grade_id: str, source: str, prepend: bool = False) -> dict:
     """A copy of notebook `nb` whose cell `grade_id` holds `source` (dedented), or `source` followed by its old
     source (`prepend=True`). For crafting submissions in tests; raises KeyError for an unknown grade_id."""
@@ -136,59 +103,6 @@ def with_cell_source(nb: dict, grade_id: str, source: str, prepend: bool = False
             cell["source"] = (textwrap.dedent(source) + "\n" + old) if prepend else textwrap.dedent(source)
             return nb
     raise KeyError(grade_id)
-
-
-class ExerciseModule(types.ModuleType):
-    """A module of a notebook's exercise cells; a missing name fails with a message, not an AttributeError."""
-
-    def __getattr__(self, name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        broken = self.__dict__.get("_broken_cells", {})
-        stubbed = self.__dict__.get("_stubbed_cells", [])
-        if broken:
-            raise ExerciseMissing(
-                f"`{name}` is not defined in {self.__file__}: " + "; ".join(
-                    f"{cell} raised {why}" for cell, why in broken.items()) +
-                ". Exercise cells must only define functions and classes: fix that cell (run it in Jupyter to see "
-                "the full traceback).")
-        if stubbed:
-            raise NotImplementedYet(
-                f"`{name}` is not defined in {self.__file__}: its exercise cell still raises NotImplementedError "
-                f"(unfinished cells: {', '.join(stubbed)}). Finish that cell, then run the check again."
-            )
-        raise ExerciseMissing(
-            f"{self.__file__} defines no `{name}`. Its exercise cell may have been deleted or renamed: "
-            f"restore the cell that defines `{name}` (git diff shows what changed)."
-        )
-
-
-def _run_cells(module: ExerciseModule, path: Path, cells) -> None:
-    """Execute `cells` into `module`; a cell that raises is noted (its name then fails with the reason)."""
-    for index, grade_id, source in cells:
-        # IPython magics and shell escapes mean nothing outside Jupyter; skip those lines.
-        lines = [ln for ln in source.splitlines() if not ln.lstrip().startswith(("%", "!"))]
-        label = grade_id or f"cell {index}"
-        try:
-            code = compile("\n".join(lines), f"{path.name}[cell {index}]", "exec")
-            exec(code, module.__dict__)
-        except NotImplementedError:  # a stub at the top level of a cell (e.g. `answer = ...` left undone)
-            module._stubbed_cells.append(label)
-        except BaseException as e:  # noqa: BLE001  (SystemExit too: a cell must not end the grading)
-            if isinstance(e, KeyboardInterrupt):
-                raise
-            msg = " ".join(str(e).split())[:300]
-            module._broken_cells[f"cell {index} ({label})"] = f"{type(e).__name__}: {msg}" if msg else type(e).__name__
-
-
-def _read_notebook(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"notebook not found: {path}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is not valid notebook JSON ({e}); restore it with `git checkout {path}` "
-                         f"(your work is in the broken file: copy it out first)") from None
 
 
 def _warn_other_notebooks(path: Path) -> None:
@@ -216,13 +130,28 @@ class IsolatedExercises:
         self._session.close()
 
 
+def threads_per_worker(jobs: int = 1) -> int:
+    """torch threads for each grading or checking process: the cores the machine's other work leaves idle (cores
+    minus the 1-minute load average, rounded), shared out among `jobs` workers, at least one. Threads beyond
+    the idle cores wait on each other: on 2 cores at load 3, week 16's checks took ~115 s with 2 threads and
+    8 s with 1 (tests/test_week16_checks.py). `INFERENCE_LAB_THREADS` overrides."""
+    try:
+        return max(1, int(os.environ["INFERENCE_LAB_THREADS"]))
+    except (KeyError, ValueError):
+        pass
+    cores = os.cpu_count() or 1
+    try:
+        idle = int(cores - os.getloadavg()[0] + 0.5)
+    except OSError:
+        idle = cores
+    return max(1, min(cores // max(1, jobs), idle))
+
+
 def _fewer_threads_when_busy() -> None:
     """The checks run in this process (pytest's): on a machine whose other work keeps its cores busy, torch's
     threads wait on each other (week 16's checks: 8 s with 1 thread, ~115 s with 2, 2 cores at load 3), so use
     no more threads than there are idle cores. Never more threads than torch already uses."""
     import torch
-
-    from grader.course import threads_per_worker
 
     torch.set_num_threads(min(torch.get_num_threads(), threads_per_worker(1)))
 
@@ -233,7 +162,7 @@ def load_exercises(notebook: str | Path, isolated: bool | None = None):
     Isolated (the default): in a child process, returning proxies; `isolated=False` or
     `INFERENCE_LAB_ISOLATION=0`: in this process, returning the module itself."""
     path = Path(notebook)
-    nb = _read_notebook(path)
+    nb = read_notebook(path)
     _warn_other_notebooks(path)
     _fewer_threads_when_busy()
     cells = exercise_cells(nb)
@@ -245,9 +174,4 @@ def load_exercises(notebook: str | Path, isolated: bool | None = None):
         session = Session(path)
         session.load(cells)
         return IsolatedExercises(path, session)
-    module = ExerciseModule(path.stem)
-    module.__file__ = str(path)
-    module._stubbed_cells = []
-    module._broken_cells = {}
-    _run_cells(module, path, cells)
-    return module
+    return exercise_module(path, cells)

@@ -28,7 +28,8 @@ over the token ids (the tokens compared on a hit) and shared instead of recomput
 stays cached until evicted, least recently freed first.
 
 All scheduled tokens of all requests go through the model in **one forward** (`[1, N]`, flattened),
-the decodes' attention through `lib.paged.paged_attention`, the LM head only on each sequence's last token. Greedy output of every request is what
+the decodes' attention through `lib.paged.paged_attention` (or the one given as `paged_attention=`), the LM head
+only on each sequence's last token. Greedy output of every request is what
 `lib.generate.generate` gives on it alone.
 
 Also here: parallel sampling with copy-on-write (`add_request(..., n=4, temperature=0.8)`, `sample`): the
@@ -230,11 +231,15 @@ class PrefixCache:
 
 
 class BlockManager:
-    """Gives requests blocks from a pool (`PrefixCache`, or the class given as `pool`) and, with prefix caching,
-    registers their full blocks and looks up the longest cached prefix of a new request."""
+    """Gives requests blocks from a pool (`PrefixCache`, or the class given as `pool`: `allocate`, `fork`, `free`,
+    `ref_count`, `num_free`, and `register`, `lookup` for prefix caching) and, with prefix caching, registers
+    their full blocks (hashed by `hashes`, `block_hashes`'s signature) and looks up the longest cached prefix of a
+    new request."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False, pool=PrefixCache):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False, pool=PrefixCache,
+                 hashes=None):
         self.pool = pool(num_blocks)
+        self.block_hashes = block_hashes if hashes is None else hashes  # (token_ids, block_size) -> a hash per full block
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -304,7 +309,7 @@ class BlockManager:
         usable = (req.num_tokens - 1) // bs
         tokens = req.tokens
         hits = []
-        for i, h in enumerate(block_hashes(tokens[:usable * bs], bs)):
+        for i, h in enumerate(self.block_hashes(tokens[:usable * bs], bs)):
             block = self.pool.lookup(h, tokens[i * bs:(i + 1) * bs])
             if block is None:
                 break
@@ -340,13 +345,12 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         full = req.num_computed // self.block_size
+        if len(req.block_hashes) >= full:
+            return
         bs = self.block_size
         tokens = req.tokens
-        while len(req.block_hashes) < full:
-            i = len(req.block_hashes)
-            parent = req.block_hashes[-1] if req.block_hashes else None
+        for i, h in enumerate(self.block_hashes(tokens[:full * bs], bs)[len(req.block_hashes):], len(req.block_hashes)):
             block_tokens = tokens[i * bs:(i + 1) * bs]
-            h = chain_hash(parent, block_tokens)
             req.block_hashes.append(h)
             block = req.blocks[i]
             if block not in self.registered and self.pool.lookup(h, block_tokens) is None:
@@ -419,8 +423,11 @@ class LLMEngine:
     at most `max_num_batched_tokens` tokens go through one forward. `policy="static"` admits a new batch
     only when the whole previous one has finished, and a finished request keeps decoding (its tokens
     thrown away) until then, as a padded row of a static batch does: static batching, for comparison.
-    `scheduler` is the function that plans each step (`schedule`'s signature) and `block_pool` the class of the
-    block pool with its prefix cache (`PrefixCache`'s interface): the notebook plugs its own in. A preempted
+    The parts can be replaced by the notebook's own (same signatures): `scheduler`, the function that plans each
+    step (`schedule`); `block_pool`, the class of the block pool (`PrefixCache`, or without prefix caching any
+    pool with `BlockAllocator`'s `allocate`, `fork`, `free`, `ref_count`, `num_free`); `block_hashes`, the
+    chained hash of a sequence's full blocks; `slot_mapping` and `paged_attention` (`lib.paged`'s, without their
+    `device` and `chunk_tokens` arguments; None: lib's). A preempted
     request is recomputed (`preemption_mode="recompute"`) or its blocks are copied to host memory and back
     (`"swap"`).
     """
@@ -429,7 +436,8 @@ class LLMEngine:
                  max_num_batched_tokens: int = 256, enable_chunked_prefill: bool = True,
                  enable_prefix_caching: bool = False, policy: str = "continuous",
                  eos_token_id: int | None = None, clock=time.perf_counter, scheduler=schedule,
-                 block_pool=PrefixCache, preemption_mode: str = "recompute"):
+                 block_pool=PrefixCache, preemption_mode: str = "recompute", block_hashes=None, slot_mapping=None,
+                 paged_attention=None):
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError(f"need max_num_seqs >= 1 and max_num_batched_tokens >= 1; got {max_num_seqs}, "
                              f"{max_num_batched_tokens}")
@@ -445,9 +453,9 @@ class LLMEngine:
         self.block_size = block_size
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.enable_chunked_prefill, self.policy, self.eos_token_id = enable_chunked_prefill, policy, eos_token_id
-        self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching, pool=block_pool)
+        self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching, pool=block_pool, hashes=block_hashes)
         self.cache = PagedKVCache(self.config, num_blocks, block_size, dtype=model.embed.weight.dtype,
-                                  device=model.device)
+                                  device=model.device, slot_mapping=slot_mapping, paged_attention=paged_attention)
         self.clock = clock
         self.scheduler = scheduler
         self._serials = itertools.count()

@@ -59,7 +59,8 @@ class BlockAllocator:
     """A pool of `num_blocks` physical blocks with reference counts.
 
     `allocate()` hands out a free block with one owner; `fork(block)` adds an owner (a second sequence
-    sharing it); `free(block)` removes one owner and returns the block to the pool when none is left.
+    sharing it); `free(block)` removes one owner and returns the block to the pool when none is left;
+    `ref_count(block)` is its number of owners (0: free).
     """
 
     def __init__(self, num_blocks: int):
@@ -76,6 +77,11 @@ class BlockAllocator:
     @property
     def num_used(self) -> int:
         return self.num_blocks - len(self._free)
+
+    def ref_count(self, block: int) -> int:
+        if not isinstance(block, int) or not 0 <= block < self.num_blocks:
+            raise ValueError(f"cannot read block {block!r}: blocks are ints in 0..{self.num_blocks - 1}")
+        return self.ref_counts[block]
 
     def allocate(self) -> int:
         if not self._free:
@@ -197,10 +203,13 @@ class PagedKVCache:
     flattened as `[1, sum(num_tokens)]`. Each layer then writes the new keys and values into their
     slots and attends: sequences with one new token (decode) together through `paged_attention`,
     longer ones (prefill, or a prefill chunk) with the model's attention over their gathered blocks.
+
+    `slot_mapping` and `paged_attention` replace this module's (same signatures, without `device` and
+    `chunk_tokens`): the engine runs on the notebook's own when it is given them.
     """
 
     def __init__(self, config, num_blocks: int, block_size: int = 16, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str | None = None):
+                 device: torch.device | str | None = None, slot_mapping=None, paged_attention=None):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need num_blocks >= 1 and block_size >= 1; got {num_blocks}, {block_size}")
         self.num_blocks, self.block_size = num_blocks, block_size
@@ -213,6 +222,7 @@ class PagedKVCache:
         # Keys read per online-softmax step in decode. On a CPU each step costs Python time that a GPU kernel
         # does not pay, so the engine reads more at once than paged_attention's default.
         self.chunk_tokens = 256
+        self.slot_mapping_fn, self.paged_attention_fn = slot_mapping, paged_attention  # None: this module's
 
     @property
     def nbytes(self) -> int:
@@ -242,7 +252,17 @@ class PagedKVCache:
             raise ValueError("prepare needs one block table, start and token count per sequence (at least one)")
         dev, bs = self.device, self.block_size
         self.positions = torch.cat([torch.arange(s, s + n, device=dev) for s, n in zip(starts, num_tokens)])
-        self.slots = torch.cat([slot_mapping(t, s, n, bs, dev) for t, s, n in zip(block_tables, starts, num_tokens)])
+        if self.slot_mapping_fn is None:
+            self.slots = torch.cat([slot_mapping(t, s, n, bs, dev) for t, s, n in zip(block_tables, starts, num_tokens)])
+        else:  # the notebook's: [n] slots per sequence, on any device, in any integer dtype
+            slots = []
+            for t, s, n in zip(block_tables, starts, num_tokens):
+                got = torch.as_tensor(self.slot_mapping_fn(list(t), s, n, bs)).to(dev, torch.int64)
+                if tuple(got.shape) != (n,) or (n and not 0 <= int(got.min()) <= int(got.max()) < self.num_blocks * bs):
+                    raise ValueError(f"slot_mapping({list(t)}, {s}, {n}, {bs}) returned {got.tolist()}: expected {n} "
+                                     f"slots in 0..{self.num_blocks * bs - 1} (the pool has {self.num_blocks} blocks)")
+                slots.append(got)
+            self.slots = torch.cat(slots)
         offsets = [0]
         for n in num_tokens:
             offsets.append(offsets[-1] + n)
@@ -282,8 +302,14 @@ class PagedLayer:
         out = torch.empty_like(q)  # [1, H, N, d]
         if c.decode_rows.numel():
             qd = q[0, :, c.decode_rows].transpose(0, 1)  # [B, H, d]
-            out[0, :, c.decode_rows] = paged_attention(qd, kp, vp, c.decode_tables, c.decode_lens,
-                                                       chunk_tokens=c.chunk_tokens).transpose(0, 1)
+            if c.paged_attention_fn is None:
+                od = paged_attention(qd, kp, vp, c.decode_tables, c.decode_lens, chunk_tokens=c.chunk_tokens)
+            else:
+                od = c.paged_attention_fn(qd, kp, vp, c.decode_tables, c.decode_lens)
+                if not isinstance(od, torch.Tensor) or od.shape != qd.shape:
+                    raise ValueError(f"paged_attention returned {tuple(getattr(od, 'shape', ())) or type(od).__name__} "
+                                     f"for queries {tuple(qd.shape)}: expected [B, n_heads, head_dim], like q")
+            out[0, :, c.decode_rows] = od.transpose(0, 1)  # [B, H, d] -> [H, B, d]
         hkv, d = kp.shape[1], kp.shape[3]
         for row, n, ctx, table in c.prefills:
             kc = kp[table].transpose(0, 1).reshape(hkv, -1, d)[None, :, :ctx]  # [1, Hkv, ctx, d]

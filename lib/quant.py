@@ -727,6 +727,29 @@ def write_gguf(path, plan: dict[str, str], source=None, file_type: str | None = 
     return Path(path)
 
 
+def llama_cpp_model(path, n_ctx: int = 512, **kwargs):
+    """llama.cpp (the optional `llama-cpp-python`, `pip install -e '.[llamacpp]'`) on the GGUF file `path`, as a
+    `llama_cpp.Llama`; raises ImportError when it is not installed. On CPUs with AMX, llama.cpp's extra buffer
+    types crash at the first decode (llama.cpp issue #20824, notes in platform-facts.md): they are turned off."""
+    import llama_cpp
+    import torch
+
+    low = llama_cpp.llama_cpp
+    defaults = low.llama_model_default_params
+
+    def without_extra_bufts():
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    low.llama_model_default_params = without_extra_bufts  # Llama() reads its defaults from here
+    try:
+        return llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_threads=torch.get_num_threads(), verbose=False,
+                               **kwargs)
+    finally:
+        low.llama_model_default_params = defaults
+
+
 def allocate_bits(delta_ppl: dict[str, float], n_weights: dict[str, int], budget_bpw: float, low_bpw: float,
                   high_bpw: float) -> set[str]:
     """Which units get the high-bit format under a size budget: greedy by perplexity saved per extra bit.

@@ -210,6 +210,72 @@ def workspace_gather(q, k_pool, v_pool, block_tables, context_lens):
     return torch.stack(outs)
 
 
+def _online_over(q, k, v, n, chunk=32):
+    """Online softmax of q [H, d] over contiguous k, v [Hkv, >= n, d], `chunk` keys at a time (GQA by grouping)."""
+    h, d = q.shape
+    hkv = k.shape[0]
+    qg = q.reshape(hkv, h // hkv, d) / math.sqrt(d)
+    m = torch.full((hkv, h // hkv), float("-inf"))
+    l, acc = torch.zeros(hkv, h // hkv), torch.zeros(hkv, h // hkv, d)
+    for s0 in range(0, n, chunk):
+        s = qg @ k[:, s0:min(n, s0 + chunk)].transpose(-1, -2)  # [Hkv, group, c]
+        m_new = torch.maximum(m, s.amax(-1))
+        p, a = torch.exp(s - m_new[..., None]), torch.exp(m - m_new)
+        l, acc, m = l * a + p.sum(-1), acc * a[..., None] + p @ v[:, s0:min(n, s0 + chunk)], m_new
+    return (acc / l[..., None]).reshape(h, d)
+
+
+def workspace_online(q, k_pool, v_pool, block_tables, context_lens):
+    """Each sequence's K and V gathered (out=) into a workspace made when the cell ran, then an online softmax in
+    chunks of 32 over it: no allocation, no long reduction — but the contiguous copy paging avoids."""
+    b, h, d = q.shape
+    _, hkv, bs, _ = k_pool.shape
+    out = torch.empty_like(q)
+    for i, n in enumerate(context_lens.tolist()):
+        nb = -(-n // bs)
+        size = hkv * nb * bs * d
+        k, v = WORKSPACE[:size].view(hkv, nb, bs, d), WORKSPACE[size:2 * size].view(hkv, nb, bs, d)
+        torch.index_select(k_pool.transpose(0, 1), 1, block_tables[i, :nb], out=k)
+        torch.index_select(v_pool.transpose(0, 1), 1, block_tables[i, :nb], out=v)
+        out[i] = _online_over(q[i], k.view(hkv, nb * bs, d), v.view(hkv, nb * bs, d), n)
+    return out
+
+
+def workspace_by_block(q, k_pool, v_pool, block_tables, context_lens):
+    """The same workspace filled one block at a time (every write is one block, as in the kernel), then read in
+    chunks: the copy is still made, just in small pieces."""
+    b, h, d = q.shape
+    _, hkv, bs, _ = k_pool.shape
+    out = torch.empty_like(q)
+    for i, n in enumerate(context_lens.tolist()):
+        nb = -(-n // bs)
+        size = hkv * nb * bs * d
+        k, v = WORKSPACE[:size].view(hkv, nb * bs, d), WORKSPACE[size:2 * size].view(hkv, nb * bs, d)
+        for j in range(nb):
+            k[:, j * bs:(j + 1) * bs].copy_(k_pool[int(block_tables[i, j])])
+            v[:, j * bs:(j + 1) * bs].copy_(v_pool[int(block_tables[i, j])])
+        out[i] = _online_over(q[i], k, v, n)
+    return out
+
+
+def chunked_gather_full_row(q, k_pool, v_pool, block_tables, context_lens):
+    """Blocks read a chunk at a time (nothing big allocated), the scores of the whole row kept, one softmax."""
+    b, h, d = q.shape
+    _, hkv, bs, _ = k_pool.shape
+    out = torch.empty_like(q)
+    for i, n in enumerate(context_lens.tolist()):
+        qg = q[i].reshape(hkv, h // hkv, d) / math.sqrt(d)
+        nb = -(-n // bs)
+        scores = torch.cat([qg @ k_pool[int(block_tables[i, j])].transpose(-1, -2) for j in range(nb)], -1)[..., :n]
+        p = torch.softmax(scores, -1)  # [Hkv, group, n]
+        acc = torch.zeros(hkv, h // hkv, d)
+        for j in range(nb):
+            pj = p[..., j * bs:min(n, (j + 1) * bs)]
+            acc += pj @ v_pool[int(block_tables[i, j])][:, :pj.shape[-1]]
+        out[i] = acc.reshape(h, d)
+    return out
+
+
 def per_head_full_row(q, k_pool, v_pool, block_tables, context_lens):
     """Per sequence and head: the head's keys gathered, a softmax over the full row."""
     b, h, d = q.shape
@@ -473,13 +539,42 @@ def calls_lib_schedule(*args):
     return ref_engine.schedule(*args)
 
 
+# --- predicting the step count --------------------------------------------------------------------------
+
+def decode_steps_only(prompt_lens, new_tokens, max_num_seqs, token_budget, chunked_prefill=True):
+    """Section 1's model as it stands: one step per token on `max_num_seqs` slots, prefill left out."""
+    queue, running, steps = list(new_tokens), [], 0
+    while queue or running:
+        while queue and len(running) < max_num_seqs:
+            running.append(queue.pop(0))
+        running = [n - 1 for n in running if n > 1]
+        steps += 1
+    return steps
+
+
+def runs_the_engine(prompt_lens, new_tokens, max_num_seqs, token_budget, chunked_prefill=True):
+    """Measures instead of predicting: lib's engine on a tiny model."""
+    from lib.engine import LLMEngine
+    from lib.model import tiny_model
+
+    engine = LLMEngine(tiny_model(), num_blocks=sum(prompt_lens) + sum(new_tokens), block_size=1,
+                       max_num_seqs=max_num_seqs, max_num_batched_tokens=token_budget,
+                       enable_chunked_prefill=chunked_prefill)
+    for p, n in zip(prompt_lens, new_tokens):
+        engine.add_request([1] * p, n)
+    while engine.has_unfinished():
+        engine.step()
+    return len(engine.trace)
+
+
 WRONG = [rounds_down, one_too_many, full_block_wasted, seed_constant, NoRefCounts, NeverReuses, SilentDoubleFree,
          VagueError, ForksFreeBlocks, NegativeIds, Int8Counts, contiguous_slots, int32_slots, _gather_all,
          gather_then_attend, sdpa_on_materialized, calls_lib_attention, ignores_lengths, workspace_gather,
+         _online_over, workspace_online, workspace_by_block, chunked_gather_full_row,
          per_head_full_row, per_sequence_all_heads, _solution_like, scale_quarter, no_device, scales_pool_in_place,
          numpy_route, sdpa_popped, unchained, with_partial, chained_sum, additive_chain, twenty_bits,
          _flawed_schedule, ignores_budget, last_come_first, preempts_oldest, never_chunks, never_preempts,
-         fixed_chunk, calls_lib_schedule]
+         fixed_chunk, calls_lib_schedule, decode_steps_only, runs_the_engine]
 
 HEADER = """
 import math
@@ -535,8 +630,8 @@ def test_slots_wasted(ex, child):
 
 
 @pytest.mark.parametrize("name, match", [
-    ("NoRefCounts", "num_free"),
-    ("NeverReuses", "returned|KeyError|did not raise"),  # hands out numbers past the pool, never runs out, trips on bad ids
+    ("NoRefCounts", "num_free|ref_count"),
+    ("NeverReuses", "returned|KeyError|did not raise|ref_count"),  # numbers past the pool, never runs out, no ref_count
     ("SilentDoubleFree", "did not raise"),
     ("VagueError", "OutOfBlocksError"),
     ("ForksFreeBlocks", r"fork\(\d+\) of a free block"),
@@ -566,11 +661,15 @@ def test_paged_attention_accepts_the_solution(ex):
     ("sdpa_on_materialized", "_scaled_dot_product"),
     ("calls_lib_attention", "lib.paged"),
     ("ignores_lengths", "differs"),
-    ("workspace_gather", "combined .* elements"),  # no allocation seen (out=), but a softmax over the whole row
+    ("workspace_gather", "combined .* elements|buffers made before the call"),  # out= into a pre-made buffer
+    ("workspace_online", "buffers made before the call"),  # the same, then an online softmax: only the writes show
+    ("workspace_by_block", "buffers made before the call"),  # filled block by block: still the whole sequence
+    ("chunked_gather_full_row", "combined .* elements"),  # small reads, one softmax over the whole row
     ("per_head_full_row", "combined .* elements|contiguous copy of the longest"),
     ("per_sequence_all_heads", "contiguous copy of the longest"),  # deterministic: the longest is >= 1500 keys
     ("scale_quarter", "differs"),  # head_dim varies: 0.25 is right for 16 only
     ("no_device", "mixed in a CPU tensor"),
+    ("scales_pool_in_place", "changed argument|changed its arguments"),  # k_pool scaled: later steps read it
     ("numpy_route", "no exponential"),
     ("sdpa_popped", "no exponential"),
 ])
@@ -578,10 +677,39 @@ def test_paged_attention_wrong_routes(child, name, match):
     _rejects(child, checks.check_paged_attention, name, match)
 
 
+def test_observe_counts_writes_into_premade_buffers():
+    """Observation.premade_bytes: the high-water mark of what a call wrote into buffers made before it (not its
+    arguments, not what it allocated, not torch.tensor's data)."""
+    from grader.checks import observe
+
+    buffer = torch.zeros(1000)
+    x = torch.randn(10, 8)
+
+    def out_into_buffer(x):
+        torch.mul(x, 2, out=buffer[40:120].view(10, 8))  # elements 40..119: 480 bytes from the buffer's start
+        return buffer[40:120].sum()
+
+    def fresh_only(x):
+        y = torch.empty(10, 8)
+        y.copy_(x)
+        z = torch.tensor([0.0])
+        z.add_(1)
+        return y.sum() + z
+
+    def into_argument(x):
+        x.mul_(1)
+        return x
+
+    assert observe(out_into_buffer, x)[1].premade_bytes == 120 * 4
+    assert observe(fresh_only, x)[1].premade_bytes == 0
+    _, obs = observe(into_argument, x)
+    assert obs.premade_bytes == 0 and obs.inputs_written == 1
+
+
 def test_paged_attention_in_place_scaling_rejected_in_process():
-    """Tensor arguments changed in place are seen where the check and the code share a process (the notebook's
-    graded cell). Across the isolation a tensor is copied and its changes are not sent back, so this route is
-    only caught there — see the report of issue 20."""
+    """Tensor arguments changed in place, where the check and the code share a process (the notebook's graded
+    cell): the check compares every argument with its clone. Through the isolation the child makes the same
+    comparison (grader.isolation's ArgumentChanged): test_paged_attention_wrong_routes[scales_pool_in_place]."""
     with pytest.raises(AssertionError, match="changed its arguments"):
         checks.check_paged_attention(scales_pool_in_place)
 
@@ -629,9 +757,41 @@ def test_schedule_wrong_routes(child, name, match):
     _rejects(child, checks.check_schedule, name, match)
 
 
-def test_lib_reference_is_reported(tmp_path):
+def test_engine_accepts_the_solution(ex):
+    checks.check_engine(*(getattr(ex, name) for name in checks._PARTS))
+
+
+@pytest.mark.parametrize("part, name, match", [
+    ("slot_mapping", "contiguous_slots", "not what generate gives|slot_mapping.* expected"),  # keys land elsewhere
+    ("paged_attention", "ignores_lengths", "not what generate gives"),  # attends to empty slots of the last block
+    ("BlockAllocator", "NeverReuses", "ref_count|not what generate gives|Error"),  # no ref_count; blocks past the pool
+    ("schedule", "never_preempts", "more blocks than|not what generate gives"),
+    ("paged_attention", "scales_pool_in_place", "changed argument"),  # the engine's pool, scaled at every decode
+])
+def test_engine_wrong_parts(ex, child, part, name, match):
+    """One part of the solution's engine replaced by a wrong route (through the isolated path): the engine's
+    output differs from generate's, or the engine trips over the part."""
+    parts = [child.get(name) if p == part else getattr(ex, p) for p in checks._PARTS]
+    with pytest.raises(AssertionError, match=match):
+        checks.check_engine(*parts)
+
+
+def test_predict_steps_accepts_the_solution(ex):
+    checks.check_predict_steps(ex.predict_steps)
+
+
+@pytest.mark.parametrize("name, match", [
+    ("decode_steps_only", "LLMEngine took"),
+    ("runs_the_engine", "without running the engine"),
+])
+def test_predict_steps_wrong_routes(child, name, match):
+    _rejects(child, checks.check_predict_steps, name, match)
+
+
+def test_lib_reference_is_reported(tmp_path, ex):
     """lib's code under the exercise's own name, exec'd from lib's source (another file name): ReferenceUse for
-    ex03 (a class) and ex05 (a function); lib's PrefixCache subclassed for ex07; through the isolated path."""
+    ex03 (a class) and ex05 (a function); lib's PrefixCache subclassed for ex07; the engine of ex09 on those parts;
+    through the isolated path."""
     source = HEADER + """
 import inspect as _inspect
 from lib.paged import blocks_needed, OutOfBlocksError
@@ -648,6 +808,10 @@ PrefixCache = type("PrefixCache", (ref_engine.PrefixCache,), {})  # lib's, under
             checks.check_paged_attention(session.get("paged_attention"))
         with pytest.raises(AssertionError, match="lib.engine.PrefixCache"):
             checks.check_PrefixCache(session.get("PrefixCache"))
+        parts = [session.get(p) if p in ("BlockAllocator", "paged_attention", "PrefixCache") else getattr(ex, p)
+                 for p in checks._PARTS]
+        with pytest.raises(AssertionError, match="runs on lib's parts: `BlockAllocator`.*PrefixCache"):
+            checks.check_engine(*parts)
     finally:
         session.close()
 

@@ -261,6 +261,10 @@ def test_awq_quantize(ex):
     _rejects(checks.check_awq_quantize, lambda w, x, bits, group, n: (w.clone(), 0.5), "uniform")
 
 
+def test_gguf_bytes(ex):
+    checks.check_gguf_bytes(ex.gguf_bytes)
+
+
 def test_answer_q9(ex):
     checks.check_answer_q9(ex.answer_q9)
     _rejects(checks.check_answer_q9, lambda: {"attn_q", "attn_k"}, "Q6_K")
@@ -440,6 +444,70 @@ def gptq_cpu_eye(w, x, bits, group, damp):  # torch.eye without device=: breaks 
 
 def awq_zero_kmeans(w, x, bits, group, n_grid):  # α = 0 (searching nothing) and a k-means codebook
     return gptq_kmeans(w, x, bits, group, 0.0), 0.0
+
+
+def _gguf(tensors, alignment=32, innermost_first=True, pad_each=True, char_length=False, key=True, pad_head=True,
+          tail=b""):  # a GGUF writer with one thing wrong at a time
+    import struct
+
+    def string(text):
+        raw = text.encode("utf-8")
+        return struct.pack("<Q", len(text) if char_length else len(raw)) + raw
+
+    head = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), int(key))
+    if key:
+        head += string("general.alignment") + struct.pack("<II", 4, alignment)
+    blobs, offset = [], 0
+    for name, (data, qtype, shape) in tensors.items():
+        raw = np.ascontiguousarray(data).tobytes()
+        dims = [int(d) for d in (reversed(shape) if innermost_first else shape)]
+        head += string(name) + struct.pack(f"<I{len(dims)}QIQ", len(dims), *dims, int(T[qtype]), offset)
+        if pad_each:
+            raw += bytes(-len(raw) % alignment)
+        blobs.append(raw)
+        offset += len(raw)
+    return head + (bytes(-len(head) % alignment) if pad_head else b"") + b"".join(blobs) + tail
+
+
+def gguf_via_writer(tensors, alignment=32):  # gguf-py's GGUFWriter, the bytes read back from its file
+    import os
+    import tempfile
+
+    fd, path = tempfile.mkstemp(suffix=".gguf")
+    os.close(fd)
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_custom_alignment(alignment)
+    for name, (data, qtype, shape) in tensors.items():
+        w.add_tensor(name, data, raw_dtype=None if qtype == "F32" else T[qtype])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return open(path, "rb").read()
+
+
+def gguf_dims_as_torch(tensors, alignment=32):  # (rows, cols), not innermost first
+    return _gguf(tensors, alignment, innermost_first=False)
+
+
+def gguf_back_to_back(tensors, alignment=32):  # offsets without padding between tensors
+    return _gguf(tensors, alignment, pad_each=False)
+
+
+def gguf_characters(tensors, alignment=32):  # a string's length in characters, not UTF-8 bytes
+    return _gguf(tensors, alignment, char_length=True)
+
+
+def gguf_silent_alignment(tensors, alignment=32):  # pads to the alignment, never says which (no general.alignment)
+    return _gguf(tensors, alignment, key=False)
+
+
+def gguf_unpadded_infos(tensors, alignment=32):  # the data section right after the infos
+    return _gguf(tensors, alignment, pad_head=False)
+
+
+def gguf_trailing_bytes(tensors, alignment=32):  # something appended after the last tensor
+    return _gguf(tensors, alignment, tail=b"lab")
 '''
 
 # (check, wrong route, what its one-line reason must say)
@@ -461,6 +529,13 @@ ISOLATED_CASES = [
     ("gptq_quantize", "gptq_in_place", "in place"),
     ("gptq_quantize", "gptq_cpu_eye", "device"),
     ("awq_quantize", "awq_zero_kmeans", "uniform"),
+    ("gguf_bytes", "gguf_via_writer", "calls gguf-py"),
+    ("gguf_bytes", "gguf_dims_as_torch", "innermost first"),
+    ("gguf_bytes", "gguf_back_to_back", "multiple of the alignment"),
+    ("gguf_bytes", "gguf_characters", "UTF-8"),
+    ("gguf_bytes", "gguf_silent_alignment", "general.alignment"),
+    ("gguf_bytes", "gguf_unpadded_infos", "first multiple of the alignment"),
+    ("gguf_bytes", "gguf_trailing_bytes", "nothing else"),
 ]
 
 

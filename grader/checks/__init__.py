@@ -113,6 +113,14 @@ class Observation:
         through a view of it). Kept among `ops` under a name no aten op has, so it crosses the isolation as data."""
         return self.ops.get(INPUTS_WRITTEN, 0)
 
+    @property
+    def premade_bytes(self) -> int:
+        """Bytes of buffers made before the call (neither arguments nor allocated during it: a workspace made when
+        the cell ran, a global) that the call wrote into — by `out=`, in place, or through a view — counted as
+        each buffer's high-water mark. Allocation that `peak_bytes` cannot see. Kept among `ops` like
+        `inputs_written`."""
+        return self.ops.get(PREMADE_WRITTEN, 0)
+
     def lib_calls_except(self, *allowed: str) -> list[str]:
         """The `lib` functions that ran, other than those whose qualified names start with any of `allowed`."""
         return sorted(c for c in self.lib_calls if c.startswith("lib.") and not (allowed and c.startswith(allowed)))
@@ -143,6 +151,27 @@ def _reduced_extent(args, kwargs) -> int | None:
 
 
 INPUTS_WRITTEN = "<write into an argument>"  # the key of Observation.inputs_written in Observation.ops
+PREMADE_WRITTEN = "<bytes written into buffers made before the call>"  # Observation.premade_bytes
+
+
+def _tensors(values) -> list:
+    """The tensors among `values` (one level into lists and tuples)."""
+    out = []
+    for v in values:
+        out += [t for t in (v if isinstance(v, (list, tuple)) else [v]) if isinstance(t, torch.Tensor)]
+    return out
+
+
+def _ptr(t: torch.Tensor) -> int:
+    return 0 if t.device.type == "meta" else t.untyped_storage().data_ptr()
+
+
+def _span_end(t: torch.Tensor) -> int:
+    """Bytes from the start of `t`'s storage to the end of the last element `t` covers."""
+    if t.numel() == 0:
+        return 0
+    last = t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 0)
+    return (last + 1) * t.element_size()
 
 
 class _OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
@@ -150,6 +179,27 @@ class _OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
         super().__init__()
         self.obs = obs
         self.inputs = inputs  # data pointers of the observed call's tensor arguments' storages
+        self.fresh: set[int] = set()  # storages that ops made during the call
+        self.premade: dict[int, int] = {}  # storage made before the call -> high-water mark of the bytes written
+
+    def _note_storages(self, func, args, kwargs, result) -> None:
+        """Remember the storages this op made; note writes into storages made before the call."""
+        seen = {_ptr(t) for t in _tensors(list(args) + list((kwargs or {}).values()))}
+        lifted = func.overloadpacket is torch.ops.aten.lift_fresh if hasattr(func, "overloadpacket") else False
+        for t in _tensors(result if isinstance(result, (list, tuple)) else [result]):
+            p = _ptr(t)
+            if p and (p not in seen or lifted):
+                self.fresh.add(p)
+        schema = getattr(func, "_schema", None)
+        if schema is None or not schema.is_mutable:
+            return
+        values = list(zip(schema.arguments, args)) + [(a, (kwargs or {}).get(a.name)) for a in schema.arguments
+                                                        if a.kwarg_only]
+        for a, v in values:
+            if a.alias_info is not None and a.alias_info.is_write and isinstance(v, torch.Tensor):
+                p = _ptr(v)
+                if p and p not in self.inputs and p not in self.fresh:
+                    self.premade[p] = max(self.premade.get(p, 0), _span_end(v))
 
     def _writes_input(self, func, args, kwargs) -> bool:
         schema = getattr(func, "_schema", None)
@@ -178,7 +228,9 @@ class _OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
             extent = _reduced_extent(args, kwargs)
             if extent is not None:
                 self.obs.reductions.append((name, tuple(args[0].shape), extent))
-        return func(*args, **(kwargs or {}))
+        result = func(*args, **(kwargs or {}))
+        self._note_storages(func, args, kwargs, result)
+        return result
 
 
 class CountingModel:
@@ -251,11 +303,14 @@ def observe(fn, *args, **kwargs):
     meter = TensorMemoryMeter()
     previous = sys.getprofile()
     sys.setprofile(profile)
+    recorder = _OpRecorder(obs, _storages(args, kwargs))
     try:
-        with flops, meter, _OpRecorder(obs, _storages(args, kwargs)):
+        with flops, meter, recorder:
             result = fn(*args, **kwargs)
     finally:
         sys.setprofile(previous)
+    if recorder.premade:
+        obs.ops[PREMADE_WRITTEN] = sum(recorder.premade.values())
     obs.flops = int(flops.get_total_flops())
     obs.peak_bytes = int(meter.peak)
     obs.lib_calls = seen

@@ -470,13 +470,109 @@ def check_awq_quantize(awq_quantize) -> None:
         _pure(awq_quantize, (w, x, bits, group, 20), what)
 
 
-# --- 11: quiz ---------------------------------------------------------------------------------------------
+# --- 11: a GGUF file ----------------------------------------------------------------------------------------
 
-@WEEK.exercise(11, "answer_q9", section="11 (Check your understanding)")
+_GGUF_TYPES = ["F32", "Q8_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K"]
+
+
+def _gguf_tensors(offset):
+    """{name: (data as stored, qtype, (rows, cols))}: 3-5 tensors of random types and sizes, so that their byte
+    sizes are not multiples of the alignment; one name is not ASCII (its UTF-8 length is not its length)."""
+    g = generator(offset)
+    tensors = {}
+    n = int(torch.randint(3, 6, (1,), generator=g))
+    for i in range(n):
+        qtype = _GGUF_TYPES[int(torch.randint(len(_GGUF_TYPES), (1,), generator=g))]
+        block = 1 if qtype == "F32" else ref.BLOCK_SIZES[qtype][0]
+        rows = int(torch.randint(1, 5, (1,), generator=g))
+        cols = block * int(torch.randint(1, 4, (1,), generator=g)) * (32 if qtype == "F32" else 1) + (3 if qtype == "F32" else 0)
+        x = torch.randn(rows, cols, generator=g).numpy().astype(np.float32)
+        data = x if qtype == "F32" else ref.quantize(x, qtype)
+        kind = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"][int(torch.randint(7, (1,), generator=g))]
+        name = f"blk.{int(torch.randint(100, (1,), generator=g))}.{kind}.{'poids_réels' if i == 1 else 'weight'}"
+        tensors[name] = (data, qtype, (rows, cols))
+    return tensors
+
+
+def _read_gguf(data: bytes, names, what: str):
+    import struct
+    import tempfile
+    from pathlib import Path
+
+    import gguf
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "student.gguf"
+        path.write_bytes(data)
+        try:
+            reader = gguf.GGUFReader(path)
+            tensors = [(t.name, t.tensor_type.name, [int(d) for d in t.shape], int(t.data_offset),
+                        np.asarray(t.data).tobytes()) for t in reader.tensors]
+            said = reader.fields.get("general.alignment")
+            return tensors, int(reader.data_offset), None if said is None else said.contents()
+        except Exception as e:  # noqa: BLE001 — any failure to parse is the student's file's
+            error = f"{type(e).__name__}: {str(e)[:160]}"
+    if not data.startswith(b"GGUF" + struct.pack("<I", 3)):
+        hint = "the header: the 4 bytes GGUF, then the version 3 as a uint32, then the two uint64 counts"
+    elif any(struct.pack("<Q", len(n.encode())) + n.encode() not in data for n in names):
+        hint = "the strings: each is its length in UTF-8 bytes (not characters) as a uint64, then those bytes"
+    elif "block size" in error:
+        hint = ("the dims: a quantized tensor's first dim must be its row length (whole blocks): GGUF lists dims "
+                "innermost first, so a [rows, cols] tensor is (cols, rows)")
+    else:
+        hint = ("where the data is: the reader ran off the file. The data section starts at the first multiple of the "
+                "alignment after the tensor infos (zeros in between); each offset counts from there")
+    raise AssertionError(f"{what}: gguf-py cannot read your file ({error}). Check {hint} {seed_note()}")
+
+
+@WEEK.exercise(11, "gguf_bytes", section="11 (A GGUF file of your own)")
+def check_gguf_bytes(gguf_bytes) -> None:
+    """gguf-py reads the file back: every tensor's name, type, dims (innermost first) and bytes, each at an offset
+    that is a multiple of the alignment (32, or another one announced in general.alignment); no stray bytes."""
+    for case, alignment in enumerate([32, 64, 128, None]):
+        tensors = _gguf_tensors(1100 + case)
+        args = (tensors,) if alignment is None else (tensors, alignment)
+        alignment = alignment or 32
+        what = (f"gguf_bytes({len(tensors)} tensors of types {[t[1] for t in tensors.values()]}"
+                f"{'' if len(args) == 1 else f', alignment={alignment}'})")
+        got = _run(gguf_bytes, *args, what=what)
+        if isinstance(got, np.ndarray) and got.dtype == np.uint8 and got.ndim == 1:
+            got = got.tobytes()
+        assert isinstance(got, (bytes, bytearray)), f"{what}: returned {type(got).__name__}; expected bytes"
+        got = bytes(got)
+        read, data_start, said = _read_gguf(got, list(tensors), what)
+        assert alignment == 32 or said == alignment, (
+            f"{what}: your file is laid out for alignment {alignment} but its general.alignment is {said}: a reader "
+            f"assumes 32 unless the key general.alignment (a uint32) says otherwise {seed_note()}")
+        assert [r[0] for r in read] == list(tensors), (
+            f"{what}: gguf-py reads tensors named {[r[0] for r in read]}; expected {list(tensors)}, in that order. A "
+            f"string is its length in bytes of UTF-8 (not in characters) as a uint64, then those bytes {seed_note()}")
+        for (name, qtype, dims, start, raw), (data, want_type, (rows, cols)) in zip(read, tensors.values()):
+            assert qtype == want_type, f"{what}: tensor {name!r} reads as {qtype}; expected {want_type} (its ggml type number)"
+            assert dims == [cols, rows], (
+                f"{what}: tensor {name!r} has dims {dims}; expected {[cols, rows]}: GGUF lists a tensor's dims innermost "
+                f"first (ggml's ne[0] is the row length), so a [rows, cols] tensor is stored as (cols, rows) {seed_note()}")
+            assert start % alignment == 0 and raw == np.ascontiguousarray(data).tobytes(), (
+                f"{what}: tensor {name!r}'s data, read at byte {start} of the file, "
+                f"{'is not at a multiple of the alignment ' + str(alignment) if start % alignment else 'is not the data you were given'}."
+                f" The data section starts at the first multiple of the alignment after the tensor infos (zeros in "
+                f"between); each tensor's offset counts from there and is a multiple of the alignment; an alignment "
+                f"other than 32 is announced in the key general.alignment (uint32), or the reader assumes 32 {seed_note()}")
+        sizes = [np.ascontiguousarray(d).nbytes for d, _, _ in tensors.values()]
+        padded = sum(n + (-n % alignment) for n in sizes)
+        full, tight = data_start + padded, data_start + padded - (-sizes[-1] % alignment)
+        assert len(got) in (full, tight), (
+            f"{what}: the file is {len(got)} bytes; the header and infos padded to {alignment} ({data_start} bytes) "
+            f"plus each tensor's data padded to {alignment} make {full}: nothing else belongs in it {seed_note()}")
+
+
+# --- 12: quiz ---------------------------------------------------------------------------------------------
+
+@WEEK.exercise(12, "answer_q9", section="12 (Check your understanding)")
 def check_answer_q9(answer_q9) -> None:
     got = answer_q9()
     assert isinstance(got, (set, frozenset, list, tuple)), f"answer_q9() returned {type(got).__name__}; expected a set"
     got = {str(t) for t in got}
     assert got == {"attn_v", "ffn_down"}, (
         f"answer_q9() = {sorted(got)}: which per-layer tensors (GGUF names such as 'attn_q', 'ffn_up') does llama.cpp's "
-        f"Q4_K_M store as Q6_K in some layers? See lib.quant.q4_k_m_plan")
+        f"Q4_K_M store as Q6_K in some layers? Section 6 measures which cost the most perplexity per weight")

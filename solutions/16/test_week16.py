@@ -3,19 +3,8 @@
 Only the notebook's exercise cells are run (no demos, no plots); the checks live in grader/checks/week16.py
 and are the same ones the notebook's graded cells call.
 """
-from pathlib import Path
-
-import pytest
-
 from grader.checks import week16 as checks
-from grader.harness import load_exercises
-
-NOTEBOOK = Path(__file__).with_name(checks.WEEK.notebook)
-
-
-@pytest.fixture(scope="module")
-def ex():
-    return load_exercises(NOTEBOOK)
+from grader.fixtures import ex  # noqa: F401  (the fixture: the exercises of the notebook beside this file)
 
 
 def test_ex01_step_flops(ex):

@@ -3,19 +3,8 @@
 Only the notebook's exercise cells are run (no demos, no plots); the checks live in grader/checks/week19.py
 and are the same ones the notebook's graded cells call.
 """
-from pathlib import Path
-
-import pytest
-
 from grader.checks import week19 as checks
-from grader.harness import load_exercises
-
-NOTEBOOK = Path(__file__).with_name(checks.WEEK.notebook)
-
-
-@pytest.fixture(scope="module")
-def ex():
-    return load_exercises(NOTEBOOK)
+from grader.fixtures import ex  # noqa: F401  (the fixture: the exercises of the notebook beside this file)
 
 
 def test_ex01_blocks_needed(ex):
@@ -56,9 +45,21 @@ def test_ex08_schedule(ex):
     checks.check_schedule(ex.schedule)
 
 
+def test_ex09_engine(ex):
+    """Milestone: LLMEngine on your parts alone (pool, slot mapping, paged attention, hashes, scheduler) equals
+    generate alone on random workloads that preempt, chunk and hit the prefix cache."""
+    checks.check_engine(ex.BlockAllocator, ex.slot_mapping, ex.paged_attention, ex.block_hashes, ex.PrefixCache,
+                        ex.schedule)
+
+
 def test_ex10_answer_q1(ex):
     checks.check_answer_q1(ex.answer_q1)
 
 
 def test_ex10_answer_q3(ex):
     checks.check_answer_q3(ex.answer_q3)
+
+
+def test_ex11_predict_steps(ex):
+    """The predicted step count of random workloads equals the steps LLMEngine takes."""
+    checks.check_predict_steps(ex.predict_steps)

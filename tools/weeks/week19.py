@@ -26,7 +26,8 @@ tokens that `generate` returns on each request alone.
 
 **You will write** `blocks_needed`, `slots_wasted`, `BlockAllocator`, `slot_mapping`, `paged_attention`,
 `block_hashes`, the block pool with its prefix cache `PrefixCache`, the engine's scheduler `schedule` and two
-quiz answers. Each is followed by a graded cell; `pytest weeks/19 -k ex04` checks
+quiz answers — then run the engine on your parts alone (exercise 9) and predict its step count
+(`predict_steps`). Each is followed by a graded cell; `pytest weeks/19 -k ex04` checks
 one exercise from a terminal.
 
 **Time.** About 5 hours. The notebook runs top to bottom in 2–3 minutes on a 2-core CPU with the fast
@@ -41,7 +42,8 @@ import torch
 
 from grader.checks.week19 import (check_blocks_needed, check_slots_wasted, check_BlockAllocator,
                                   check_slot_mapping, check_paged_attention, check_block_hashes,
-                                  check_schedule, check_PrefixCache, check_answer_q1, check_answer_q3)
+                                  check_schedule, check_PrefixCache, check_engine, check_predict_steps,
+                                  check_answer_q1, check_answer_q3)
 """)
 
 nb.code("""
@@ -263,8 +265,8 @@ prompt (section 6), or every request that starts with the same system prompt (se
 block carries a **reference count**. `fork(block)` adds an owner; `free(block)` removes one, and the
 block returns to the pool only when the last owner lets go.
 
-**Exercise 3.** `BlockAllocator(num_blocks)` with `allocate() -> int`, `free(block)`, `fork(block)` and
-`num_free`. `allocate()` on an empty pool raises `OutOfBlocksError` (below) with a message that says how
+**Exercise 3.** `BlockAllocator(num_blocks)` with `allocate() -> int`, `free(block)`, `fork(block)`,
+`ref_count(block)` (its owners; 0 for a free block) and `num_free`. `allocate()` on an empty pool raises `OutOfBlocksError` (below) with a message that says how
 many blocks exist and how many are in use; freeing a block that is not allocated raises `ValueError`.
 The check runs long random sequences of allocate / fork / free against a model of the pool.
 """)
@@ -285,6 +287,13 @@ class BlockAllocator:
     def num_free(self) -> int:
         ### BEGIN SOLUTION
         return len(self.free_list)
+        ### END SOLUTION
+
+    def ref_count(self, block: int) -> int:
+        ### BEGIN SOLUTION
+        if not 0 <= block < self.num_blocks:
+            raise ValueError(f"block {block} is not in 0..{self.num_blocks - 1}")
+        return self.ref_counts[block]
         ### END SOLUTION
 
     def allocate(self) -> int:
@@ -899,7 +908,106 @@ compute, and the long prompt's own first token comes a little later (its prefill
 steps, each also carrying the decodes). That is the trade a serving system tunes with the token budget.
 
 Check: `pytest weeks/19 -k ex08`
+
+**Your engine.** So far only the scheduler (and, in section 7, the pool) was yours; the engine took the rest
+from `lib`. `LLMEngine` takes every part you wrote: `block_pool=` (your `BlockAllocator`, or your
+`PrefixCache` when prefix caching is on), `slot_mapping=`, `paged_attention=` (the decodes' attention in
+every layer), `block_hashes=` (the prefix cache's keys) and `scheduler=`. `lib` then only runs the model,
+the prefills' attention and the bookkeeping between your parts.
+
+**Exercise 9** (a milestone: nothing new to write). The check builds an engine from your parts alone and
+compares it with `generate` on each request alone, on random workloads (a tiny model) that preempt, cut
+prompts into chunks and, the second, hit the prefix cache.
 """)
+nb.test("test_engine", "check_engine(BlockAllocator, slot_mapping, paged_attention, block_hashes, PrefixCache, schedule)",
+        points=2)
+nb.md("""
+The same on SmolLM2: section 5's prompts through a pool too small for them, then with prefix caching on
+(the first prompt asked twice), every part yours:
+""")
+nb.code("""
+mine = dict(scheduler=schedule, slot_mapping=slot_mapping, paged_attention=paged_attention, block_hashes=block_hashes)
+yours = LLMEngine(model, num_blocks=5, block_size=8, max_num_seqs=8, max_num_batched_tokens=16,
+                  block_pool=BlockAllocator, **mine)
+out_yours = yours.generate(prompts, NEW)
+print(f"your parts, {yours.num_blocks} blocks of 8: {yours.num_preemptions} preemptions, {len(yours.trace)} steps; "
+      f"identical to generate alone: {out_yours == alone}")
+cached_yours = LLMEngine(model, num_blocks=8, block_size=8, max_num_seqs=8, max_num_batched_tokens=16,
+                         block_pool=PrefixCache, enable_prefix_caching=True, **mine)
+out_cached = cached_yours.generate(prompts + prompts[:1], NEW)
+print(f"with your prefix cache: {cached_yours.prefix_hit_tokens} prompt tokens found cached, "
+      f"{cached_yours.num_preemptions} preemptions; identical: {out_cached == alone + alone[:1]}")
+assert out_yours == alone and out_cached == alone + alone[:1]
+""")
+nb.md("Check: `pytest weeks/19 -k ex09`")
+nb.md("""
+**Predicting the step count.** Section 1's step-count model counted decode steps only. With the scheduler
+you wrote, the steps of a whole workload follow from the same rules, token by token: in each step the
+running requests take their tokens first, oldest first (1 for a decode; the rest of its prompt, cut to
+the budget left, for one still prefilling), then waiting requests are admitted first come first served
+while slots (`max_num_seqs`) and budget last (a prompt only whole, with chunked prefill off). A request
+whose tokens are all computed samples one token in that step, and leaves once it has its
+`max_new_tokens`. With a pool large enough that nobody is preempted nothing else matters: not the model,
+not the tokens, not the block size. One request alone, a 20-token prompt and 4 new tokens with a budget of
+8: ⌈20 / 8⌉ = 3 steps of prefill (the third samples the first token), then 3 decodes — 6 steps.
+
+**Exercise 11.** `predict_steps(prompt_lens, new_tokens, max_num_seqs, token_budget, chunked_prefill)`: the
+number of engine steps for requests queued at once, in this order, with blocks to spare — predicted from the
+rules, without running the engine or a model. The check compares it with the steps `LLMEngine` takes on
+random workloads.
+""")
+nb.exercise("predict_steps", """
+def predict_steps(prompt_lens: list[int], new_tokens: list[int], max_num_seqs: int, token_budget: int,
+                  chunked_prefill: bool = True) -> int:
+    \"\"\"Engine steps to serve requests queued at once (prompt_lens[i] tokens, new_tokens[i] to generate), no preemption.\"\"\"
+    ### BEGIN SOLUTION
+    waiting = [dict(tokens=p, computed=0, out=0, new=n) for p, n in zip(prompt_lens, new_tokens)]
+    running, steps = [], 0
+    while waiting or running:
+        budget, ran = token_budget, []
+        for r in running:  # oldest first: a decode takes 1 token, a prefill the rest of its prompt (cut)
+            if budget == 0:
+                break
+            n = min(r["tokens"] - r["computed"], budget)
+            ran.append((r, n))
+            budget -= n
+        while waiting and budget > 0 and len(running) < max_num_seqs:  # first come first served
+            r = waiting[0]
+            n = min(r["tokens"] - r["computed"], budget)
+            if n < r["tokens"] - r["computed"] and not chunked_prefill:
+                break
+            running.append(waiting.pop(0))
+            ran.append((r, n))
+            budget -= n
+        for r, n in ran:
+            r["computed"] += n
+            if r["computed"] == r["tokens"]:  # all its tokens computed: it samples one more
+                r["out"] += 1
+                if r["out"] == r["new"]:
+                    running.remove(r)
+                else:
+                    r["tokens"] += 1
+        steps += 1
+    return steps
+    ### END SOLUTION
+""")
+nb.test("test_predict_steps", "check_predict_steps(predict_steps)", points=2)
+nb.md("""
+Predict first, then run: six of the prompts, a budget of 16 tokens per step, 3 slots.
+""")
+nb.code("""
+demo_prompts, demo_new = PROMPTS[30:36], [2, 6, 3, 5, 2, 4]
+predicted = predict_steps([len(p) for p in demo_prompts], demo_new, max_num_seqs=3, token_budget=16)
+print(f"prompts of {[len(p) for p in demo_prompts]} tokens, {demo_new} new tokens: predicted {predicted} steps")
+eng = LLMEngine(model, num_blocks=64, block_size=16, max_num_seqs=3, max_num_batched_tokens=16, scheduler=schedule)
+for p, n in zip(demo_prompts, demo_new):
+    eng.add_request(p, n)
+while eng.has_unfinished():
+    eng.step()
+print(f"measured: {len(eng.trace)} steps, tokens per step {[sum(n for _, n in s) for s in eng.trace]}")
+assert len(eng.trace) == predicted
+""")
+nb.md("Check: `pytest weeks/19 -k ex11`")
 
 # --- 9 -----------------------------------------------------------------------------------------------
 nb.md("""

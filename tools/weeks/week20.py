@@ -22,8 +22,8 @@ port of ggml's C code), find out what the model we have been calling "F32" reall
 K-quants with their packed 6-bit scales, and measure what each format costs in perplexity per bit.
 
 **You will write** the Q8_0 and Q4_1 quantizers and dequantizers, the Q5_0 quantizer (its fifth bits),
-the Q4_K dequantizer and a Q4_K quantizer with llama.cpp's scale search, a bit allocation from measured sensitivities, GPTQ and AWQ, and
-a quiz answer. Each is checked by the cell right after it and by
+the Q4_K dequantizer and a Q4_K quantizer with llama.cpp's scale search, a bit allocation from measured sensitivities,
+GPTQ and AWQ, a GGUF file's container (header, offsets, alignment), and a quiz answer. Each is checked by the cell right after it and by
 `pytest weeks/20 -k exNN` (for example `pytest weeks/20 -k ex03`); `pytest weeks/20` checks everything.
 
 Set `FULL = True` in the next cell for the long measurements (4,335 held-out tokens for the perplexity
@@ -31,19 +31,19 @@ table instead of 1,020, every tensor and layer instead of a sample); the default
 """)
 
 nb.setup(r"""
+import gguf  # its constants (gguf.GGMLQuantizationType); its quantizers and writer are what the checks compare with
 import numpy as np
 import torch
 
 from grader.checks.week20 import (check_quantize_q8_0, check_dequantize_q8_0, check_quantize_q4_1,
                                   check_dequantize_q4_1, check_quantize_q5_0, check_dequantize_q4_k,
                                   check_quantize_q4_k, check_allocate_bits, check_gptq_quantize, check_awq_quantize,
-                                  check_answer_q9)
+                                  check_gguf_bytes, check_answer_q9)
 """)
 
 nb.code(r"""
 import time
 
-import gguf
 import matplotlib.pyplot as plt
 from tqdm.auto import tqdm
 
@@ -102,17 +102,19 @@ GGUF stores a quantized tensor row by row, each row cut into **blocks of 32 weig
 bytes of scale (a float16) followed by the packed integers. No per-tensor header, no padding: a row of
 `n` weights is `n / 32` blocks back to back, so the file is `uint8 [rows, n / 32 · bytes per block]`.
 
-**Q8_0** (34 bytes): `d` as float16, then 32 × int8. The value is `d · q`.
+**Q8_0** (34 bytes): a float16 scale `d`, then 32 int8 codes `q`; weight `i` is `d · q[i]`. The scale is
+the one that puts the block's largest *magnitude* exactly on the edge of the symmetric code range
+±127 — derive it from that. ggml works in float32: it computes `d`, then its reciprocal **once** (0 for an
+all-zero block), multiplies every value by that reciprocal (a multiply, not a divide: they round
+differently), rounds, and only then stores `d` as float16 — the codes are computed with the float32 `d`,
+not the stored one.
 
-    d  = max(|x|) / 127                 # float32
-    id = 1 / d   (0 when d == 0)        # float32
-    q  = roundf(x * id)                 # int8; C roundf: halves go AWAY from zero
-    bytes = d as float16 (2 bytes, little-endian)  +  q as int8 (32 bytes)
-
-**Rounding is where ports go wrong.** C's `roundf(2.5)` is 3 and `roundf(-2.5)` is −3; `np.round` and
-`torch.round` round half to even (2.5 → 2). Ties are not rare: real weights are themselves quantized
-(section 3), so `x * id` often lands on exactly `k + 0.5`. Do the arithmetic in **float32**, in this
-order: gguf-py (and the checks) compare every byte.
+**Rounding is where ports go wrong.** ggml rounds Q8_0's codes with C's `roundf`: `roundf(2.5)` is 3 and
+`roundf(-2.5)` is −3. numpy has no such function — `np.round` and `torch.round` send halves to the even
+neighbour (2.5 → 2) — so build it, and make sure it is exact: a value a hair below a half
+(0.49999997) must round *down*, which some "obvious" float32 formulas get wrong. Ties are not rare: real
+weights are themselves quantized (section 3), so the scaled value often lands on exactly `k + 0.5`.
+gguf-py (and the checks) compare every byte, subnormal float16 scales included.
 """)
 
 nb.exercise("quantize_q8_0", r'''
@@ -133,7 +135,8 @@ def quantize_q8_0(x: np.ndarray) -> np.ndarray:
 nb.test("test_quantize_q8_0", "check_quantize_q8_0(quantize_q8_0)", points=2)
 
 nb.md(r"""
-Dequantizing reads the float16 `d`, turns it into float32, and multiplies: `float32(d) * float32(q)`.
+Dequantizing is the definition read backwards. The check compares float32 *bit patterns* with gguf-py, so
+the one choice that matters is the precision of the arithmetic: a product taken in float16 rounds.
 """)
 
 nb.exercise("dequantize_q8_0", r'''
@@ -150,19 +153,17 @@ def dequantize_q8_0(data: np.ndarray) -> np.ndarray:
 nb.test("test_dequantize_q8_0", "check_dequantize_q8_0(dequantize_q8_0)", points=1)
 
 nb.md(r"""
-**Q4_1** (20 bytes) is *affine*: a scale `d` and a minimum `m` (both float16), then 32 four-bit codes.
-The value is `d · q + m`, so a block whose weights are all positive loses no codes to the sign.
+**Q4_1** (20 bytes) is *affine*: a scale `d` and an offset `m` (both float16), then 32 four-bit codes; weight
+`i` is `d · q[i] + m`, so a block whose weights are all positive loses no codes to the sign. `m` is the
+block's minimum, and `d` spreads the block's range over the 16 codes so that the maximum lands on the top
+one — derive `d` from that. As in Q8_0, ggml takes the reciprocal of the float32 `d` once (0 if `d` is 0)
+and multiplies by it, and stores `d` and `m` as float16 afterwards.
 
-    lo, hi = min(x), max(x)
-    d  = (hi - lo) / 15
-    id = 1 / d   (0 when d == 0)
-    q  = min(15, trunc((x - lo) * id + 0.5))      # float32 throughout: the + 0.5 is itself rounded
-    bytes = d f16, m = lo as f16, then 16 bytes: byte j = q[j] | q[j + 16] << 4
-
-Note the packing: the low nibbles hold the first 16 codes, the high nibbles the last 16 — not
-neighbours. And note that this is *not* roundf: ggml adds 0.5 in float32 and truncates, so a value a hair
-below a half that rounds up in the float32 addition goes up. Bit-exact means doing exactly that.
-Dequantizing: `float32(d) * q + float32(m)`, a multiply then an add.
+Two things differ from Q8_0. **The rounding:** not `roundf`, but "add 0.5 in float32, then truncate"
+(and clamp at 15). The addition is itself rounded to float32, so a value a hair below a half can go *up*
+— bit-exact means reproducing that, not rounding correctly. **The packing:** the 16 code bytes do not hold
+neighbours; byte `j` holds code `j` in its low nibble and code `j + 16` in its high nibble.
+Dequantizing: a multiply, then an add, in float32.
 
 (**Q4_0**, 18 bytes, is the symmetric sibling: `d = x_max / -8` where `x_max` is the value of largest
 magnitude *with its sign*, and `q = min(15, trunc(x * id + 8.5))`, value `d · (q − 8)`. Using the signed
@@ -491,9 +492,9 @@ nb.md(r"""
 
 Now the whole model: quantize every linear of the 30 blocks (the tied embedding / LM head stays as it is
 stored, Q8_0), and measure perplexity on the committed Hamlet text. Bits per weight are averaged over the
-linears *as stored* (with the fallbacks). Besides the GGUF types: a **Q4_K_M-like mix** — llama.cpp gives
-`attn_v` and `ffn_down` Q6_K in the first and last eighth of the layers and every third layer between
-(`lib.quant.use_more_bits`), Q4_K elsewhere — and a 3-bit level (round-to-nearest, min/max per group:
+linears *as stored* (with the fallbacks). Besides the GGUF types: a **Q4_K_M-like mix** — Q4_K, except that two
+of the seven per-layer tensor types get Q6_K in some of the layers, as llama.cpp's `_M` mixes do (which
+two, and why, is section 12's question; section 6 measures the answer) — and a 3-bit level (round-to-nearest, min/max per group:
 no GGUF type, the baseline of section 7).
 """)
 
@@ -704,11 +705,11 @@ plt.tight_layout(); plt.show()
 """)
 
 nb.md(r"""
-Two things stand out. `ffn_down` costs the most in total, and `attn_v` costs nearly as much with **8× fewer
-weights**: per bit spent, it is by far the best place for extra precision. That is exactly the choice
-llama.cpp's `_M` mixes hard-code (Q6_K for `attn_v` and `ffn_down`). Its choice of layers (the first and last
-eighth, every third between) is a rule of thumb: here the last layer is among the most sensitive, the first
-is not, and a middle one may be — measure, don't assume.
+Read the two panels. Which tensor type costs the most in total, and which the most *per weight* — where
+would an extra bit buy the most? (Section 12 asks which types llama.cpp's `_M` mixes give Q6_K; compare
+your reading of this plot with it.) llama.cpp's choice of *layers* for the extra bits (the first and last
+eighth, every third between: `lib.quant.use_more_bits`) is a rule of thumb; look at the right panel for
+whether the first and last layers are really the sensitive ones here — measure, don't assume.
 
 Now turn the measurements into an allocation. Two formats, low (3-bit, 3.5 bits per weight) and high (4-bit,
 4.5), and a budget of 4.0 bits per weight on average. Give the high format to the tensor types that buy the
@@ -761,19 +762,38 @@ nb.md(r"""
 ## 7. GPTQ
 
 Round-to-nearest treats every weight alone. GPTQ (Frantar et al., 2023) quantizes a layer to keep its
-*output* on calibration inputs `X` unchanged: minimize ‖XWᵀ − XŴᵀ‖², row by row. With `H = 2XᵀX/n` the
-Hessian of that error, quantizing column `j` leaves an error that the columns not yet quantized can absorb:
+*output* on calibration inputs `X [n, in]` unchanged. For one row `w` of the weight matrix the error
+‖Xwᵀ − Xŵᵀ‖²/n is a quadratic in `ŵ − w` with Hessian `H = 2XᵀX/n` — the same `H` for every row.
 
-    for each column j (left to right):
-        if j starts a group: the group's min/max grid, from the weights as they are *now*
-        q_j   = round w_j to the grid
-        e_j   = (w_j − q_j) / U[j, j]
-        w_{j+1:} −= e_j · U[j, j+1:]          # every row at once
+The idea is Optimal Brain Surgeon's. Fix weight `j` of a row at its rounded value `q_j`; the weights not
+yet fixed (the set `F`) are free to move and cancel part of the damage. Minimizing the quadratic under
+the constraint "weight j is now q_j" has a closed form (a Lagrange multiplier: derive it, it is three
+lines):
 
-where `U` is the upper Cholesky factor of `H⁻¹` (`H⁻¹ = UᵀU`): its row `j` is exactly the update the
-remaining columns need after column `j` — one factorization serves all steps. Add `damp · mean(diag H)` to
-the diagonal of `H` first (1 %); columns whose input is always zero get `H_jj = 1` and weight 0. (The paper's
-"lazy batch" applies the updates to later columns once per block of 128; the result is the same.)
+$$\delta w_F = -\frac{w_j - q_j}{[H_F^{-1}]_{jj}}\,[H_F^{-1}]_{F,j}, \qquad
+\text{cost} = \frac{(w_j - q_j)^2}{2\,[H_F^{-1}]_{jj}},$$
+
+where `H_F⁻¹` is the inverse of `H` restricted to `F` (not the restriction of `H⁻¹`). GPTQ fixes the
+columns in one order for all rows at once — left to right — so `F = {j, …, in−1}` shrinks by one column
+per step, and each step would seem to need a new inverse. It does not: let `U` be the **upper Cholesky
+factor of `H⁻¹`** (`H⁻¹ = UᵀU`). Removing the first row and column of a matrix from its inverse is one
+step of Gaussian elimination, which is what a Cholesky factorization does row by row, so for
+`F = {j, …}`:
+
+$$[H_F^{-1}]_{jj} = U_{jj}^2, \qquad [H_F^{-1}]_{j,k} = U_{jj}\,U_{jk} \quad (k \ge j).$$
+
+One factorization serves every step. Put the two together and the whole algorithm is a loop over the
+columns; writing it is the exercise. What the check (and the paper's code) expects besides:
+
+* **groups**: each row's columns are cut into groups of `group_size`, each on its own `bits`-bit min/max
+  grid (levels `lo + scale·k`, k = 0 … 2^bits − 1). The grid is taken from the weights **as they stand
+  when the group's first column is reached** — already moved by the earlier columns' corrections.
+* **damping**: add `damp · mean(diag H)` to the diagonal of `H` before inverting (1 % by default).
+* **dead inputs**: a column whose input is always zero has `H_jj = 0`; set `H_jj = 1` and its weight to 0.
+* `w` is the caller's: do not change it. Every tensor you create lives on `w`'s device.
+
+(The paper's "lazy batch" applies the corrections to far-away columns once per block of 128 columns
+instead of once per column — faster, the same result up to float rounding.)
 """)
 
 nb.exercise("gptq_quantize", r'''
@@ -891,17 +911,22 @@ for name, p in table1.items():
 """)
 
 nb.md(r"""
-Mixed precision inside a matrix is awkward for kernels, so AWQ protects the salient channels differently:
-scale their weight columns **up** by `s` before rounding (and the activations down by `s` — folded into the
-RMSNorm gain or the previous linear, free at run time). Rounding error per weight stays about the same, so
-the *relative* error of the scaled-up columns shrinks by `s`. With `s = (E|x|)^α` per input channel, search
-`α ∈ {0, 0.05, …, 0.95}` for the smallest output error on the calibration inputs, then round to nearest:
+Mixed precision inside a matrix is awkward for kernels, so AWQ protects the salient channels another way.
+For any positive vector `s` (one number per input channel), `x·Wᵀ = (x / s)·(W·diag(s))ᵀ`: scale weight
+column `j` up by `s_j` and input channel `j` down by the same factor (folded into the RMSNorm gain or the
+previous linear: free at run time), and the layer computes the same thing. Now quantize `W·diag(s)` instead
+of `W`. Think about what that does to column `j`'s error *as the layer sees it*: the grid's step is set by
+the group's range, which one scaled column barely changes, so the rounding error of the scaled weight is
+about the same — and it reaches the output divided by `s_j`. Large `s_j` on the channels with large
+activations shrinks exactly the errors that matter; but push it too far and those columns take over the
+group's range, and everyone else's step grows.
 
-    for α in the grid:
-        s     = mean(|x|, over tokens) ** α          # [in]; normalize, e.g. s / sqrt(max(s)·min(s))
-        w_eff = RTN(w · s) / s                        # columns scaled, rounded, scaled back
-        err   = mean((x @ (w − w_eff)ᵀ)²)
-    return the best w_eff and its α                  # α = 0 is plain RTN
+So `s` is searched, with one parameter: `s = (E|x|)^α` per input channel (mean absolute activation over
+the calibration tokens), normalized so that `sqrt(max(s)·min(s)) = 1` as the AWQ code does (the check
+reconstructs your grid with that `s`). Try `α = 0, 1/n_grid, …, (n_grid−1)/n_grid`; for each, the
+effective weights are the min/max round-to-nearest of `W·diag(s)` (groups of `group_size`) mapped back
+to the original scale; keep the `α` whose effective weights give the smallest mean squared **output**
+error on the calibration inputs. `α = 0` is plain RTN, so the search never loses to it on those inputs.
 """)
 
 nb.exercise("awq_quantize", r'''
@@ -963,6 +988,86 @@ stored order. Real GPTQ usually runs **act-order** — the columns with the larg
 the most columns remain to absorb their error (`ref_gptq.gptq_quantize(..., act_order=True)`; each column
 then keeps its group index): the `act-order` row of the probe above. Where it lowers the error, a
 GPTQ-vs-AWQ ranking without it understates GPTQ.
+""")
+
+nb.md(r"""
+**AWQ's second search: clipping.** A min/max grid spends its two end levels on each group's two most extreme
+weights. Shrink the group's range (toward zero, by a factor r ≤ 1) and those few weights clip, but every other
+weight gets a finer step. AWQ's code searches r per row and group (here r = 1, 0.95, …, 0.55), keeping the one
+whose rounded group changes *its share of the layer's output* least on the calibration inputs
+(`ref_awq.clip_search`, run after the α search on the scaled weights: `awq_quantize(..., clip=True)`). A search
+fitted to the calibration tokens must be judged on others: below, the output error on the held-out window of
+section 7, for layer 12's three input-sharing groups.
+""")
+
+nb.code(r"""
+CLIP_LAYER = 12
+clip_groups = {"q/k/v": [f"layers.{CLIP_LAYER}.attn.{k}.weight" for k in ("q_proj", "k_proj", "v_proj")],
+               "gate/up": [f"layers.{CLIP_LAYER}.mlp.{k}.weight" for k in ("gate_proj", "up_proj")],
+               "down": [f"layers.{CLIP_LAYER}.mlp.down_proj.weight"]}
+with torch.no_grad():
+    held_x = inputs_of([names[0] for names in clip_groups.values()], held_out)
+print(f"layer {CLIP_LAYER}, group {CAL_GROUP}: output error on {held_x[clip_groups['down'][0]].shape[0]} held-out tokens "
+      f"(mean squared, relative to RTN's)")
+print(f"{'':>14} {'RTN':>10} {'RTN + clip':>11} {'AWQ':>7} {'AWQ + clip':>11}")
+clip_ratio = {}
+for bits in (3, 4):
+    for label, names in clip_groups.items():
+        stacked = torch.cat([params[n].detach() for n in names])  # [sum of outputs, in]
+        cal, test = calib_x[names[0]][::4], held_x[names[0]]
+        w_awq, alpha = ref_awq.awq_quantize(stacked, cal, bits, CAL_GROUP)
+        s = ref_awq.awq_scales(cal.abs().mean(0), alpha)  # the same α, then each group's range searched
+        candidates = [ref.rtn_quantize(stacked, bits, CAL_GROUP), ref_awq.clip_search(stacked, cal, bits, CAL_GROUP),
+                      w_awq, ref_awq.clip_search(stacked * s, cal / s, bits, CAL_GROUP) / s]
+        err = [ref_gptq.output_error(stacked, q, test) for q in candidates]
+        clip_ratio[bits, label] = err[3] / err[2]
+        print(f"{f'{bits}-bit {label}':>14} {err[0]:>10.3e} " + " ".join(f"{e / err[0]:>{w}.3f}" for e, w in zip(err[1:], (11, 7, 11))))
+print(f"AWQ + clip / AWQ on held-out tokens: {min(clip_ratio.values()):.2f} to {max(clip_ratio.values()):.2f}")
+""")
+
+nb.md(r"""
+Read the columns against each other. On held-out tokens the clipping search lowers AWQ's output error again (the
+last line). On its own, in layer 12, it does better than the α search for gate/up and down and worse for q/k/v:
+the two fix different things — the scales protect the salient input channels, the clipping spends each group's
+levels where its weights are — and they add up. It is
+cheap — a handful of candidate ranges per group, no weights refitted — and AutoAWQ runs it by default.
+
+### Three claims from the seeds, checked
+
+* **Seed 002: "FP16 → INT4: expect +0.1 to +0.3 PPL".** An absolute ΔPPL depends on the base perplexity; the
+  relative change is what transfers between models. Seed 004's table: Q4_K_S costs Llama-3.1-8B 7.32 → 7.62,
+  **+0.30, +4.1 %**. Ours is printed below, from section 5's table (on a model that is already Q4_1, so a lower
+  bound on what 4 bits cost the original bf16 weights).
+* **Seed 000: "Q4_K_M and AutoGPTQ INT4 may produce different perplexity despite the same nominal bit depth"**,
+  because K-quants mix precisions. True, but "the same nominal bit depth" hides different *real* sizes: count
+  the bits. AutoGPTQ's INT4 stores a float16 scale and a 4-bit zero per group of 128: 4 + 20/128 = 4.16 bits per
+  weight (here groups of 192: 4.10). Q4_K_M spends 4.5 bits on its Q4_K tensors and 6.5625 on its Q6_K ones — and on
+  SmolLM2, whose 576-wide rows fall back to Q5_0 (5.5 bits), more. Below, both on the linears of `GPTQ_LAYERS`:
+""")
+
+nb.code(r"""
+q4_rows = {n: b for n, b in results.items() if n in ("Q4_0", "Q4_K", "Q4_K_M-like")}
+for name, (bpw, p, se, d, d_se) in q4_rows.items():
+    base = results["F32 (decoded Q4_1)"][1]
+    print(f"seed 002 — {name:>12} ({bpw:.2f} bits/weight): ΔPPL {d:+.2f} ± {d_se:.2f} on a base of {base:.2f}, "
+          f"{100 * d / base:+.1f} %  (seed 004, Llama-3.1-8B Q4_K_S: +0.30, {100 * 0.30 / 7.32:+.1f} %)")
+k_m = ref.q4_k_m_plan(model)
+k_m_some = {n: k_m[n] for n in gptq_names}
+k_m_ppl = ppl(ref.quantize_model(model, k_m_some))
+sizes = {n: params[n].numel() for n in gptq_names}
+gptq_bpw = 4 + (16 + 4) / CAL_GROUP
+print(f"seed 000 — layers {GPTQ_LAYERS}: Q4_K_M-like {ref.plan_bits_per_weight(model, k_m_some):.2f} bits/weight, "
+      f"PPL {k_m_ppl:.2f}; GPTQ INT4 g{CAL_GROUP} {gptq_bpw:.2f} bits/weight, PPL {gptq_rows[4][1]:.2f}; "
+      f"RTN INT4 g{CAL_GROUP} PPL {gptq_rows[4][0]:.2f} (unquantized {base_quick:.2f}; one window)")
+""")
+
+nb.md(r"""
+Seed 002's "+0.1 to +0.3" is an absolute figure for a 7–8B model whose perplexity is about 7; SmolLM2's is several
+times higher, and its 4-bit ΔPPL is points, not tenths. In *relative* terms the K-quants cost it a few per cent
+— about what Q4_K_S costs the 8B model, on a reference that already carries Q4_1's rounding — while Q4_0 costs
+several times more: the format matters more than the "INT4" label. And the Q4_K_M-vs-GPTQ comparison is not one
+of "the same bit depth": the K-quant mix spends more than a bit per weight extra here, GPTQ spends its effort on
+error feedback instead. Compare formats at equal *measured* bits per weight, as section 5's Pareto plot does.
 """)
 
 # --- 9 ---------------------------------------------------------------------------------------------------
@@ -1173,9 +1278,118 @@ much as the matmuls themselves. `python benchmarks/quant.py` repeats this measur
 perplexity with its standard error, batch 8, and llama.cpp on the same file when it is installed.
 """)
 
+nb.md(r"""
+**Seed 001: "Quantization: +10–30 % speed".** At batch 1 the step time is bytes ÷ bandwidth (section 1), so the
+gain to expect is the ratio of bytes: FP16 → INT8 halves them, FP16 → INT4 (with group scales) cuts them by
+about 3.5×; from our F32, 4× to 6×. Against that, the decode speed-ups just measured (decode steps alone, best
+of a few runs, the paths taking turns):
+""")
+
+nb.code(r"""
+f32_bytes = decoders["F32 (lib.fast)"][1]
+for name, (roof, tok_s) in list(speed.items())[1:]:
+    ratio = tok_s / speed["F32 (lib.fast)"][1]
+    print(f"seed 001 — {name:>24}: {ratio:.2f}x the F32 decode, {100 * (ratio - 1):+.0f} % "
+          f"({f32_bytes / decoders[name][1]:.1f}x fewer bytes per token)")
+""")
+
+nb.md(r"""
+Batch-1 decoding waits for weight bytes, so every path here should beat +10–30 %, and the fused GGUF ones by
+far; how much of the byte ratio turns into speed depends on what else a step does (the shares above). The seed's figure fits a step that
+is not waiting for weight bytes — large batches, compute-bound — where dequantizing costs arithmetic and saves
+no time.
+""")
+
 # --- 11 ---------------------------------------------------------------------------------------------------
 nb.md(r"""
-## 11. Check your understanding (seed 002, Q6–Q9)
+## 11. A GGUF file of your own
+
+Blocks are half of a GGUF file; the other half is the container that tells a reader where each tensor is, what
+type it is and what shape. llama.cpp memory-maps the file and points its tensors straight into it, so the
+container is mostly about **offsets and alignment**. The layout (GGUF version 3; everything little-endian):
+
+| part | what |
+|---|---|
+| header | the 4 bytes `GGUF`; the version, uint32 (3); the number of tensors, uint64; the number of metadata pairs, uint64 |
+| metadata | each pair: its key (a string), the value's type (uint32; 4 means uint32), the value |
+| tensor infos | each tensor: its name (a string), its number of dims (uint32), the dims (uint64 each), its ggml type (uint32), its offset (uint64) |
+| padding | zero bytes |
+| data | the tensors' bytes, as stored (section 2's blocks) |
+
+A *string* is its length in **bytes** (uint64) followed by its UTF-8 bytes, no terminator. The ggml type numbers are
+`gguf.GGMLQuantizationType` (a table of constants: use it). Three things to work out from how a reader uses the file:
+
+* **dims**: ggml numbers a tensor's dimensions from the innermost, `ne[0]` being the length of a row; which order
+  does a `[rows, cols]` weight matrix go in?
+* **offsets**: a reader maps the data section and finds tensor `i` at `start of data + offset_i`. The data section
+  starts at the first multiple of the **alignment** after the infos, and every offset is a multiple of it too
+  (so a tensor can be used in place by vector loads). Blocks of 34 or 210 bytes rarely end on such a multiple.
+* **alignment**: 32, unless the file says otherwise in the metadata key `general.alignment` (a uint32) — a file
+  with another alignment that does not say so is read wrongly.
+
+Write the bytes of a file holding the tensors you are given (and whatever metadata the alignment needs) without
+gguf-py's writer (`gguf.GGUFWriter`, which the check recognises); its reader is the oracle: the check reads your
+bytes with `gguf.GGUFReader` and compares every name, type, dim and byte.
+""")
+
+nb.exercise("gguf_bytes", r'''
+def gguf_bytes(tensors: dict, alignment: int = 32) -> bytes:
+    """{name: (data, qtype, (rows, cols))} -> the bytes of a GGUF v3 file holding those tensors in that order.
+    `data` is a tensor as stored: uint8 [rows, row bytes] for a quantized type, float32 [rows, cols] for "F32";
+    `qtype` a gguf.GGMLQuantizationType name. Every tensor's data starts at a multiple of `alignment`."""
+    ### BEGIN SOLUTION
+    import struct
+
+    def string(text):  # uint64 byte length, then the UTF-8 bytes
+        raw = text.encode("utf-8")
+        return struct.pack("<Q", len(raw)) + raw
+
+    head = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), 1)
+    head += string("general.alignment") + struct.pack("<II", 4, alignment)  # value type 4: uint32
+    blobs, offset = [], 0
+    for name, (data, qtype, shape) in tensors.items():
+        raw = np.ascontiguousarray(data).tobytes()
+        dims = [int(d) for d in reversed(shape)]  # innermost first: (cols, rows)
+        head += string(name) + struct.pack(f"<I{len(dims)}QIQ", len(dims), *dims,
+                                           int(gguf.GGMLQuantizationType[qtype]), offset)
+        raw += bytes(-len(raw) % alignment)  # the next tensor starts aligned
+        blobs.append(raw)
+        offset += len(raw)
+    return head + bytes(-len(head) % alignment) + b"".join(blobs)
+    ### END SOLUTION
+''')
+nb.test("test_gguf_bytes", "check_gguf_bytes(gguf_bytes)", points=2)
+
+nb.md(r"""
+Your blocks in your container: two SmolLM2 tensors quantized with your own functions (`ffn_down` of layer 5 as
+Q4_K with your search, the first 64 rows of the embedding as Q8_0), written with your writer, read back by
+gguf-py and decoded by it. (`lib.quant.write_gguf` writes a whole model this way, metadata and tokenizer
+included; `tests/test_llama_cpp.py` loads such a file — the Q4_K_M-like mix — in llama.cpp and compares its
+greedy tokens with the lab's model.)
+""")
+
+nb.code(r"""
+import tempfile
+from pathlib import Path
+
+mine = {"blk.5.ffn_down.weight": (quantize_q4_k(down), "Q4_K", down.shape),
+        "token_embd.weight": (quantize_q8_0(model.embed.weight.detach()[:64].numpy()), "Q8_0", (64, cfg.d_model))}
+with tempfile.TemporaryDirectory() as tmp:
+    file = Path(tmp) / "mine.gguf"
+    file.write_bytes(gguf_bytes(mine, alignment=64))
+    back = gguf.GGUFReader(file)
+    print(f"{file.stat().st_size:,} bytes; general.alignment = {back.fields['general.alignment'].contents()}")
+    for t in back.tensors:
+        data, qtype, shape = mine[t.name]
+        decoded = gguf_dequantize(np.asarray(t.data), t.tensor_type)
+        print(f"{t.name:>22}: {t.tensor_type.name}, dims {[int(d) for d in t.shape]}, data at byte {t.data_offset} "
+              f"(= {t.data_offset // 64} x 64), decodes like your dequantizer: "
+              f"{np.array_equal(decoded, dequantize_q4_k(data) if qtype == 'Q4_K' else dequantize_q8_0(data))}")
+""")
+
+# --- 12 ---------------------------------------------------------------------------------------------------
+nb.md(r"""
+## 12. Check your understanding (seed 002, Q6–Q9)
 
 **Q6.** Why can't you apply standard per-tensor INT8 quantization to LLMs without significant accuracy loss?
 """)

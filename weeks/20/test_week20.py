@@ -3,19 +3,8 @@
 Only the notebook's exercise cells are run (no demos, no plots); the checks live in grader/checks/week20.py
 and are the same ones the notebook's graded cells call. gguf-py is the oracle: every byte must match it.
 """
-from pathlib import Path
-
-import pytest
-
 from grader.checks import week20 as checks
-from grader.harness import load_exercises
-
-NOTEBOOK = Path(__file__).with_name(checks.WEEK.notebook)
-
-
-@pytest.fixture(scope="module")
-def ex():
-    return load_exercises(NOTEBOOK)
+from grader.fixtures import ex  # noqa: F401  (the fixture: the exercises of the notebook beside this file)
 
 
 def test_ex01_quantize_q8_0(ex):
@@ -64,5 +53,10 @@ def test_ex10_awq_quantize(ex):
     checks.check_awq_quantize(ex.awq_quantize)
 
 
-def test_ex11_answer_q9(ex):
+def test_ex11_gguf_bytes(ex):
+    """A GGUF v3 file's bytes that gguf-py reads back: names, types, dims innermost first, data at aligned offsets."""
+    checks.check_gguf_bytes(ex.gguf_bytes)
+
+
+def test_ex12_answer_q9(ex):
     checks.check_answer_q9(ex.answer_q9)
