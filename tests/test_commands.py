@@ -4,7 +4,7 @@
 The documented commands are read from README.md, grader/README.md, each week's solutions/NN/README.md and
 `make help`; `test_every_documented_command_is_run_here` fails on one this module does not run (or list, with
 the reason, in NOT_RUN). Long runs go in their quick mode: a benchmark with `--quick` (make: `ARGS=--quick`),
-`tools/distill_draft.py` for a few seconds; the grader commands on a class of two; `make lab` / `make grade-ui`
+`tools/distill_draft.py` and `tools/train_draft_head.py` for a few seconds; the grader commands on a class of two; `make lab` / `make grade-ui`
 until the server answers on a free loopback port, then stopped (nothing left listening). Each command's time is
 printed (`pytest -s`). About 5 minutes on 2 quiet cores.
 """
@@ -45,6 +45,9 @@ QUICK = [
     (r"^make (bench(-\d\d)?)$", lambda m: f"make {m[1]} ARGS=--quick"),
     (r"^(\.venv/bin/)?python tools/distill_draft\.py --minutes \S+(.*)$",
      lambda m: f".venv/bin/python tools/distill_draft.py --minutes 0.05{m[2]} --out distilled-test.pt"),
+    (r"^(\.venv/bin/)?python tools/train_draft_head\.py --minutes \S+(.*)$",
+     lambda m: f".venv/bin/python tools/train_draft_head.py --minutes 0.05{m[2]} --prompts 18 --length 64 "
+               f"--gen-batch 18 --out head-test.pt"),
     (r"^(INFERENCE_LAB_SEED=\d+ )?(\.venv/bin/)?pytest (weeks/\d\d)(.*)$", lambda m: f".venv/bin/pytest {m[3]}{m[4]}"),
 ]
 
@@ -274,6 +277,14 @@ def test_notebook_builders(scratch, repo):
         week = re.search(r"week(\d\d)\.py", cmd)[1]
         for nb in sorted((REPO / "solutions" / week).glob("*.ipynb")):
             assert (repo / "solutions" / week / nb.name).read_bytes() == nb.read_bytes(), f"{cmd} changed {nb.name}"
+
+
+def test_train_draft_head_for_a_few_seconds(scratch, repo):
+    cmds = sorted({quick_form(c) for c in to_run() if "train_draft_head" in c})
+    assert cmds, "no documented tools/train_draft_head.py command found"
+    for cmd in cmds:
+        run(scratch, repo, cmd, timeout=600)
+        assert (repo / "head-test.pt").is_file()
 
 
 def test_distill_draft_for_a_few_seconds(scratch, repo):

@@ -204,7 +204,7 @@ VERIFY_ROUTES = {
     "verify_deterministic_from_third": "law",
     "verify_residual_from_p": "law",
     "verify_flipped_ratio": "law",
-    "verify_writes_into_p": "wrote into its arguments",
+    "verify_writes_into_p": "wrote into its arguments|changed argument 1 .* in place",
     "verify_cpu_uniforms": "CPU tensor",
     "verify_lib_renamed": "your own|lib",
 }

@@ -113,6 +113,10 @@ def main() -> None:
         print(f"answers reused from {data_path}")
     else:
         ids = [spec.chat_ids(tok, p)[0] for p in chosen]
+        longest = max(i.numel() for i in ids)
+        if longest >= args.length:
+            parser.error(f"--length {args.length} leaves no room to answer: the longest chosen prompt is {longest} "
+                         f"tokens (give --length more than {longest})")
         parts = []
         for s in range(0, len(ids), args.gen_batch):
             parts.append(answer(target, ids[s:s + args.gen_batch], args.length, tok.eos_token_id))
