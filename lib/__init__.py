@@ -10,7 +10,9 @@
 - `lib.io_model`  counting slow-memory traffic of standard and tiled attention (week 17)
 - `lib.fast`      the same model fused for speed (QKV and gate/up matmuls, oneDNN-packed weights, no per-step setup), for serving and benchmarks; `pack_linears(model)` gives the readable model the packed weights alone
 - `lib.paged`     the block allocator, slot mapping, paged attention and the paged KV cache (week 19)
+- `lib.blocks`    the engine's blocks: chained block hashes, the prefix cache (`PrefixCache`), `BlockManager` (week 19)
 - `lib.engine`    a serving engine: continuous batching, preemption, chunked prefill, prefix caching (week 19)
+- `lib.engine_load` a load test of the engine in-process: arrivals, TTFT, TBT, throughput, KV utilization (week 19)
 - `lib.speculative` speculative decoding: `verify`, `speculative_generate` with KV-cache rollback, drafts (incl. FR-Spec `fr_spec_draft`, distilled `load_distilled_draft`), acceptance theory (week 18)
 - `lib.quant`     GGUF block formats byte for byte (Q8_0 ... Q6_K), per-tensor type plans, RTN, writing a GGUF (week 20)
 - `lib.gptq`      GPTQ: Hessian-based column-by-column error compensation; calibration inputs (week 20)

@@ -22,8 +22,8 @@ nano-vllm's size):
 2. then, if nobody was preempted, *waiting* requests, first come first served, while there are slots
    (`max_num_seqs`; `n` parallel samples take `n`), budget (`max_num_batched_tokens`) and free blocks.
 
-The blocks come from a `PrefixCache` (`block_pool=` replaces it): reference-counted blocks and, with
-prefix caching, a request's leading full blocks that an earlier request computed, found by a sha256 chained
+The blocks come from a `PrefixCache` (in `lib.blocks`, with the `BlockManager` that hands them to requests;
+`block_pool=` replaces it): reference-counted blocks and, with prefix caching, a request's leading full blocks that an earlier request computed, found by a sha256 chained
 over the token ids (the tokens compared on a hit) and shared instead of recomputed; a freed cached block
 stays cached until evicted, least recently freed first.
 
@@ -34,22 +34,24 @@ only on each sequence's last token. Greedy output of every request is what
 
 Also here: parallel sampling with copy-on-write (`add_request(..., n=4, temperature=0.8)`, `sample`): the
 samples share the prompt's blocks and copy a shared block only when they write into it; static batching
-for comparison (`policy="static"`); the step-count model of batching (`simulate_steps`); and a load test
-with arrival times (`run_load`: TTFT, TBT, throughput, KV utilization).
+for comparison (`policy="static"`); the step-count model of batching (`simulate_steps`). A load test with
+arrival times (`run_load`: TTFT, TBT, throughput, KV utilization) is in `lib.engine_load`. Both other modules'
+names are importable from here too (`from lib.engine import PrefixCache, run_load`).
 """
 from __future__ import annotations
 
-import hashlib
 import itertools
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
+from lib.blocks import BlockManager, PrefixCache, block_hashes, chain_hash  # noqa: F401  (re-exported)
+from lib.engine_load import SkipClock, percentile, run_load  # noqa: F401  (re-exported)
 from lib.generate import sample_next
-from lib.paged import OutOfBlocksError, PagedKVCache, blocks_needed
+from lib.paged import PagedKVCache, blocks_needed
 
 
 # --- requests ----------------------------------------------------------------------------------------
@@ -101,29 +103,6 @@ class StepOutput:
     finished: bool
 
 
-def chain_hash(parent: int | None, tokens: Sequence[int]) -> int:
-    """The hash of one full block: sha256 over the previous block's hash and this block's token ids.
-
-    A content hash, the same in every process and run (Python's `hash()` is neither for strings, and its
-    64 bits invite collisions that an attacker can aim for: vLLM moved to sha256 for that reason)."""
-    digest = hashlib.sha256(repr((parent, [int(t) for t in tokens])).encode()).digest()
-    return int.from_bytes(digest[:16], "little")
-
-
-def block_hashes(token_ids: Sequence[int], block_size: int, parent: int | None = None) -> list[int]:
-    """One hash per *full* block of `token_ids`, each chained over the previous block's hash:
-    h_i = chain_hash(h_{i-1}, tokens of block i). Two sequences share h_i only if they share every token up
-    to the end of block i, so a hit on h_i means blocks 0..i can all be reused."""
-    if block_size < 1:
-        raise ValueError(f"block_size must be >= 1, got {block_size}")
-    out = []
-    h = parent
-    for i in range(len(token_ids) // block_size):
-        h = chain_hash(h, token_ids[i * block_size:(i + 1) * block_size])
-        out.append(h)
-    return out
-
-
 def simulate_steps(lengths: Sequence[int], slots: int, policy: str = "continuous") -> int:
     """Decode steps to serve requests that generate `lengths[i]` tokens each, in order, on `slots` slots.
 
@@ -143,219 +122,6 @@ def simulate_steps(lengths: Sequence[int], slots: int, policy: str = "continuous
         running = [n - 1 for n in running if n > 1]
         steps += 1
     return steps
-
-
-# --- blocks: allocation, sharing and the prefix cache ---------------------------------------------
-
-class PrefixCache:
-    """A pool of `num_blocks` reference-counted blocks with a prefix cache over them.
-
-    `allocate`, `fork`, `free` as `lib.paged.BlockAllocator`; `ref_count(block)` its owners. A full block can be
-    `register`ed under its hash (with its tokens); `lookup(hash, tokens)` finds it again while it stays
-    cached — also after its last owner has freed it: a freed cached block stays *free but cached*, and a
-    hit takes it back (`fork`). `allocate()` prefers a block that caches nothing; when only free cached
-    blocks are left it evicts the least recently freed one (LRU), forgetting its hash.
-    """
-
-    def __init__(self, num_blocks: int):
-        if num_blocks < 1:
-            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
-        self.num_blocks = num_blocks
-        self.ref_counts = [0] * num_blocks
-        self._uncached = list(range(num_blocks - 1, -1, -1))  # free blocks that cache nothing (a stack)
-        self._lru: OrderedDict[int, None] = OrderedDict()  # free cached blocks, least recently freed first
-        self._block_of: dict[int, int] = {}  # hash -> block
-        self._key_of: dict[int, tuple[int, tuple[int, ...]]] = {}  # block -> (hash, tokens)
-
-    @property
-    def num_free(self) -> int:
-        """Blocks no request owns (cached or not): what `allocate` can hand out."""
-        return len(self._uncached) + len(self._lru)
-
-    def _check(self, block: int, what: str) -> None:
-        if not isinstance(block, int) or not 0 <= block < self.num_blocks:
-            raise ValueError(f"cannot {what} block {block!r}: blocks are ints in 0..{self.num_blocks - 1}")
-
-    def ref_count(self, block: int) -> int:
-        self._check(block, "read")
-        return self.ref_counts[block]
-
-    def allocate(self) -> int:
-        if self._uncached:
-            block = self._uncached.pop()
-        elif self._lru:
-            block, _ = self._lru.popitem(last=False)  # evict the least recently freed cached block
-            del self._block_of[self._key_of.pop(block)[0]]
-        else:
-            raise OutOfBlocksError(f"out of KV blocks: all {self.num_blocks} blocks are in use")
-        self.ref_counts[block] = 1
-        return block
-
-    def fork(self, block: int) -> int:
-        """One more owner; a free cached block (a prefix-cache hit) is taken back from the free ones."""
-        self._check(block, "fork")
-        if self.ref_counts[block] == 0:
-            if block not in self._lru:
-                raise ValueError(f"cannot fork block {block}: it is free and caches nothing")
-            del self._lru[block]
-        self.ref_counts[block] += 1
-        return block
-
-    def free(self, block: int) -> None:
-        self._check(block, "free")
-        if self.ref_counts[block] == 0:
-            raise ValueError(f"cannot free block {block}: it is not allocated (double free?)")
-        self.ref_counts[block] -= 1
-        if self.ref_counts[block] == 0:
-            if block in self._key_of:
-                self._lru[block] = None  # the most recently freed: evicted last
-            else:
-                self._uncached.append(block)
-
-    def register(self, block: int, block_hash: int, tokens: Sequence[int]) -> None:
-        """Cache an allocated full `block` under `block_hash`; nothing if the hash or the block is cached already."""
-        self._check(block, "register")
-        if self.ref_counts[block] == 0:
-            raise ValueError(f"cannot register block {block}: it is not allocated")
-        if block_hash not in self._block_of and block not in self._key_of:
-            self._block_of[block_hash] = block
-            self._key_of[block] = (block_hash, tuple(int(t) for t in tokens))
-
-    def lookup(self, block_hash: int, tokens: Sequence[int]) -> int | None:
-        """The cached block of `block_hash` if it holds exactly `tokens` (a hash collision is a miss), else None.
-        Changes nothing: `fork` the block to use it."""
-        block = self._block_of.get(block_hash)
-        if block is None or self._key_of[block][1] != tuple(int(t) for t in tokens):
-            return None
-        return block
-
-
-class BlockManager:
-    """Gives requests blocks from a pool (`PrefixCache`, or the class given as `pool`: `allocate`, `fork`, `free`,
-    `ref_count`, `num_free`, and `register`, `lookup` for prefix caching) and, with prefix caching, registers
-    their full blocks (hashed by `hashes`, `block_hashes`'s signature) and looks up the longest cached prefix of a
-    new request."""
-
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False, pool=PrefixCache,
-                 hashes=None):
-        self.pool = pool(num_blocks)
-        self.block_hashes = block_hashes if hashes is None else hashes  # (token_ids, block_size) -> a hash per full block
-        self.num_blocks = num_blocks
-        self.block_size = block_size
-        self.enable_prefix_caching = enable_prefix_caching
-        self.registered: dict[int, int] = {}  # block -> hash, for the blocks this manager had the pool cache
-        self.num_evictions = 0
-
-    @property
-    def num_available(self) -> int:
-        return self.pool.num_free
-
-    @property
-    def num_in_use(self) -> int:
-        """Blocks some request holds (free cached blocks excluded)."""
-        return self.num_blocks - self.pool.num_free
-
-    def _allocate(self) -> int:
-        block = self.pool.allocate()
-        if self.registered.pop(block, None) is not None:  # a cached block handed out again: evicted
-            self.num_evictions += 1
-        return block
-
-    def _shared_write_block(self, req: Request) -> int | None:
-        """Index in `req.blocks` of the block its next token is written to, if another owner shares it."""
-        j = req.num_computed // self.block_size
-        if j < len(req.blocks) and self.pool.ref_count(req.blocks[j]) > 1:
-            return j
-        return None
-
-    def _need(self, req: Request, num_tokens: int) -> int:
-        new = blocks_needed(num_tokens, self.block_size) - len(req.blocks)
-        return max(new, 0) + (self._shared_write_block(req) is not None)
-
-    def can_grow(self, req: Request, num_tokens: int) -> bool:
-        return self._need(req, num_tokens) <= self.num_available
-
-    def grow(self, req: Request, num_tokens: int) -> list[tuple[int, int]]:
-        """Give `req` blocks for `num_tokens` tokens; returns the (source, destination) blocks to copy.
-
-        Copy-on-write: a block that another owner shares is replaced by a private copy before `req`
-        writes into it. Raises OutOfBlocksError when there are not enough blocks."""
-        need = self._need(req, num_tokens)
-        if need > self.num_available:
-            raise OutOfBlocksError(f"request {req.request_id!r} needs {need} more blocks; {self.num_available} of "
-                                   f"{self.num_blocks} are free")
-        copies = []
-        j = self._shared_write_block(req)
-        if j is not None:
-            src, dst = req.blocks[j], self._allocate()
-            self.pool.free(src)  # one owner fewer; the others keep it
-            req.blocks[j] = dst
-            copies.append((src, dst))
-        while len(req.blocks) < blocks_needed(num_tokens, self.block_size):
-            req.blocks.append(self._allocate())
-        return copies
-
-    def release(self, req: Request) -> None:
-        """Free every block of `req` (shared ones stay with their other owners, cached ones stay cached)."""
-        for block in reversed(req.blocks):  # the tail first: later blocks are the least likely to be hit again
-            self.pool.free(block)
-        req.blocks, req.block_hashes, req.num_computed = [], [], 0
-
-    def _hits(self, req: Request) -> list[tuple[int, int]]:
-        """(hash, block) of `req`'s longest cached prefix of full blocks, at least one token left to compute."""
-        if not self.enable_prefix_caching or req.blocks:
-            return []
-        bs = self.block_size
-        usable = (req.num_tokens - 1) // bs
-        tokens = req.tokens
-        hits = []
-        for i, h in enumerate(self.block_hashes(tokens[:usable * bs], bs)):
-            block = self.pool.lookup(h, tokens[i * bs:(i + 1) * bs])
-            if block is None:
-                break
-            hits.append((h, block))
-        return hits
-
-    def peek(self, req: Request) -> tuple[int, int]:
-        """What `lookup(req)` would find, changing nothing: (tokens covered, hit blocks that are free: sharing
-        those takes them out of the free pool, sharing one that another request holds does not)."""
-        hits = self._hits(req)
-        return len(hits) * self.block_size, sum(self.pool.ref_count(block) == 0 for _, block in hits)
-
-    def lookup(self, req: Request) -> int:
-        """Share the cached blocks of `req`'s longest cached prefix; return how many tokens that covers.
-
-        At least one token is always left to compute (its logits give the next token)."""
-        for h, block in self._hits(req):
-            self.pool.fork(block)
-            req.blocks.append(block)
-            req.block_hashes.append(h)
-        return len(req.blocks) * self.block_size
-
-    def writable(self, req: Request) -> int:
-        """Blocks of `req` it can write into (a shared block it is about to write is copied first: not counted)."""
-        return len(req.blocks) - (self._shared_write_block(req) is not None)
-
-    def freeable(self, req: Request) -> int:
-        """Blocks that become free if `req` is released (those no other request holds)."""
-        return sum(self.pool.ref_count(b) == 1 for b in req.blocks)
-
-    def register(self, req: Request) -> None:
-        """Have the pool cache `req`'s newly completed full blocks."""
-        if not self.enable_prefix_caching:
-            return
-        full = req.num_computed // self.block_size
-        if len(req.block_hashes) >= full:
-            return
-        bs = self.block_size
-        tokens = req.tokens
-        for i, h in enumerate(self.block_hashes(tokens[:full * bs], bs)[len(req.block_hashes):], len(req.block_hashes)):
-            block_tokens = tokens[i * bs:(i + 1) * bs]
-            req.block_hashes.append(h)
-            block = req.blocks[i]
-            if block not in self.registered and self.pool.lookup(h, block_tokens) is None:
-                self.pool.register(block, h, block_tokens)
-                self.registered[block] = h
 
 
 # --- the scheduler ------------------------------------------------------------------------------------
@@ -791,75 +557,3 @@ class LLMEngine:
             num_running=len(self.running),
         ))
         return events
-
-
-# --- a load test ------------------------------------------------------------------------------------
-
-class SkipClock:
-    """Wall-clock time that skips idle gaps: `advance_to(t)` jumps forward when nothing is running.
-
-    A load test on a slow machine then measures every step for real without sleeping between arrivals."""
-
-    def __init__(self):
-        self.offset = time.perf_counter()
-
-    def __call__(self) -> float:
-        return time.perf_counter() - self.offset
-
-    def advance_to(self, t: float) -> None:
-        now = self()
-        if t > now:
-            self.offset -= t - now
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0..100), linear interpolation; nan for no values."""
-    if not len(values):
-        return float("nan")
-    return float(torch.quantile(torch.tensor(values, dtype=torch.float64), q / 100))
-
-
-def run_load(engine: LLMEngine, prompts: Sequence[Sequence[int]], max_new_tokens: Sequence[int],
-             arrivals: Sequence[float], progress=None, prealloc_len: int = 2048) -> dict:
-    """Serve requests arriving at `arrivals` (seconds from 0) on `engine`; returns latency and throughput.
-
-    TTFT: arrival to first token. TBT: gaps between a request's tokens. Throughput: generated tokens per
-    second from the first arrival to the last token. KV utilization: slots holding a token / slots in the
-    running requests' blocks, averaged over steps, against two contiguous caches: one that reserves exactly
-    prompt + max_new_tokens per request (lengths known in advance), one that reserves `prealloc_len`
-    (the usual case: the answer's length is unknown). Idle time between arrivals is skipped (`SkipClock`), busy time is measured."""
-    if not (len(prompts) == len(max_new_tokens) == len(arrivals)):
-        raise ValueError("one prompt, max_new_tokens and arrival time per request")
-    clock = SkipClock()
-    engine.clock = clock
-    order = sorted(range(len(prompts)), key=lambda i: arrivals[i])
-    first_step = len(engine.step_stats)
-    i = 0
-    while i < len(order) or engine.has_unfinished():
-        while i < len(order) and arrivals[order[i]] <= clock():
-            r = order[i]
-            engine.add_request(prompts[r], max_new_tokens[r], request_id=("load", r), arrival=arrivals[r])
-            i += 1
-        if not engine.has_unfinished():
-            clock.advance_to(arrivals[order[i]])
-            continue
-        produced = engine.step()
-        if progress is not None:
-            progress.update(len(produced))
-    reqs = [engine.requests[("load", r)] for r in range(len(prompts))]
-    engine.finished_outputs()
-    ttft = [r.first_token_time - r.arrival for r in reqs]
-    tbt = [b - a for r in reqs for a, b in zip(r.token_times, r.token_times[1:])]
-    end = max(r.token_times[-1] for r in reqs)
-    stats = engine.step_stats[first_step:]
-    used = sum(s["slots_used"] for s in stats)
-    return dict(
-        ttft=ttft, tbt=tbt, duration=end - min(arrivals),
-        tokens_per_s=sum(len(r.output) for r in reqs) / (end - min(arrivals)),
-        requests_per_s=len(reqs) / (end - min(arrivals)),
-        kv_utilization=used / max(1, sum(s["slots_allocated"] for s in stats)),
-        kv_utilization_preallocated=used / max(1, sum(s["slots_preallocated"] for s in stats)),
-        kv_utilization_max_len=used / max(1, prealloc_len * sum(s["num_running"] for s in stats)),
-        mean_batch=sum(s["num_seqs"] for s in stats) / max(1, len(stats)),
-        preemptions=sum(r.num_preemptions for r in reqs),
-    )

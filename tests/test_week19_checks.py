@@ -806,7 +806,7 @@ PrefixCache = type("PrefixCache", (ref_engine.PrefixCache,), {})  # lib's, under
             checks.check_BlockAllocator(session.get("BlockAllocator"))
         with pytest.raises(AssertionError, match="lib.paged"):
             checks.check_paged_attention(session.get("paged_attention"))
-        with pytest.raises(AssertionError, match="lib.engine.PrefixCache"):
+        with pytest.raises(AssertionError, match="lib.blocks.PrefixCache"):
             checks.check_PrefixCache(session.get("PrefixCache"))
         parts = [session.get(p) if p in ("BlockAllocator", "paged_attention", "PrefixCache") else getattr(ex, p)
                  for p in checks._PARTS]

@@ -266,9 +266,9 @@ def test_prefix_cache_compares_tokens_on_a_hit(monkeypatch):
     """A hash collision must be a miss. With every block hashing alike, prompts that differ must still get their
     own keys and values. Before: keyed by Python's hash() and never compared, a collision reused another
     prompt's blocks (and chain_hash did not exist: blocks were keyed by hash(), not a content hash)."""
-    import lib.engine as engine_module
+    import lib.blocks as blocks_module
 
-    monkeypatch.setattr(engine_module, "chain_hash", lambda parent, tokens: 42)  # every block collides
+    monkeypatch.setattr(blocks_module, "chain_hash", lambda parent, tokens: 42)  # every block collides
     model = tiny_model(seed=4)
     prompts = _prompts(5, seed=12, lo=17, hi=30)
     engine = LLMEngine(model, num_blocks=40, block_size=4, max_num_seqs=1, enable_prefix_caching=True)

@@ -2,7 +2,7 @@
 and the notebook.
 
 One `check_<name>` per exercise; each takes the student's function or class and raises AssertionError with
-a message that says what is wrong. The references are in lib/paged.py and lib/engine.py.
+a message that says what is wrong. The references are in lib/paged.py, lib/blocks.py and lib/engine.py.
 """
 from __future__ import annotations
 
@@ -17,6 +17,9 @@ from lib import paged as ref
 from lib.attention import gqa_attention
 
 WEEK = Week(19, "week19_paged_batching.ipynb")
+# lib's engine as the fingerprints name it: lib.engine (which also prefixes lib.engine_load, its load test) and
+# lib.blocks (the block hashes, PrefixCache and BlockManager that lib.engine re-exports)
+ENGINE_MODULES = ("lib.engine", "lib.blocks")
 
 
 # --- 1, 2: counting blocks ---------------------------------------------------------------------------
@@ -237,7 +240,7 @@ def check_paged_attention(paged_attention) -> None:
                    if not torch.equal(a, a0)]
         assert not changed, (f"{what}: changed its arguments {changed} in place; the pool belongs to the cache (every "
                              f"later step reads it): scale the query or the scores, never the caller's tensors")
-        lib_used = sorted(c for c in obs.lib_calls if c.startswith(("lib.paged", "lib.attention", "lib.engine")))
+        lib_used = sorted(c for c in obs.lib_calls if c.startswith(("lib.paged", "lib.attention", *ENGINE_MODULES)))
         assert not lib_used, f"{what}: calls {lib_used}; write the attention yourself"
         sdpa = obs.called("aten._scaled_dot_product")
         assert not sdpa, f"{what}: calls {sdpa}; compute the scores and the softmax yourself, block by block"
@@ -515,7 +518,7 @@ def check_schedule(schedule) -> None:
         if case == 0:
             _, obs = observe(schedule, [], [dict(id=0, computed=0, tokens=5, blocks=0, freeable=0, seqs=1)], 4, 4, 8, 2,
                              True)
-            used = sorted(c for c in obs.lib_calls if c.startswith("lib.engine"))
+            used = sorted(c for c in obs.lib_calls if c.startswith(ENGINE_MODULES))
             assert not used, f"schedule calls {used}; write the scheduling decision yourself"
         _simulate(schedule, w, label)
     from lib.engine import LLMEngine
@@ -638,7 +641,7 @@ def check_PrefixCache(PrefixCache) -> None:
     """Random allocate / fork / free / register / lookup against a model of the cache (which block is evicted,
     hits, a collision, reuse of a free cached block), errors; then LLMEngine with it equals generate alone."""
     _, obs = observe(PrefixCache, 4)
-    used = sorted(c for c in obs.lib_calls if c.startswith(("lib.engine", "lib.paged.BlockAllocator")))
+    used = sorted(c for c in obs.lib_calls if c.startswith((*ENGINE_MODULES, "lib.paged.BlockAllocator")))
     assert not used, f"PrefixCache(4) runs {used}; write the pool and its cache yourself"
     rng = random.Random(run_seed() + 8)
     hits = sum(_cache_trial(PrefixCache, rng, rng.randint(1, 8), 400, trial) for trial in range(5))
@@ -831,7 +834,7 @@ def check_predict_steps(predict_steps) -> None:
         w = _step_workload(rng)
         if case == 0:
             got, obs = observe(predict_steps, **w)
-            used = sorted(c for c in obs.lib_calls if c.startswith(("lib.engine", "lib.model", "lib.generate")))
+            used = sorted(c for c in obs.lib_calls if c.startswith((*ENGINE_MODULES, "lib.model", "lib.generate")))
             assert not used, f"predict_steps runs {used[:4]}: predict the steps from the rules, without running the engine"
         else:
             got = predict_steps(**w)

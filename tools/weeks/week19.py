@@ -21,8 +21,8 @@ the KV cache in fixed-size **blocks** handed out on demand, like pages of virtua
 (**PagedAttention**), and a scheduler that decides again at every step who runs (**continuous
 batching**). You build the pieces — block arithmetic, a reference-counted allocator, block tables and
 slot mapping, attention that reads keys and values straight from the block pool — and then run them
-inside a small real engine (`lib/engine.py`, about 800 lines with its docstrings) on SmolLM2, which returns exactly the
-tokens that `generate` returns on each request alone.
+inside a small real engine (`lib/engine.py` and its block pool `lib/blocks.py`, about 800 lines with their
+docstrings) on SmolLM2, which returns exactly the tokens that `generate` returns on each request alone.
 
 **You will write** `blocks_needed`, `slots_wasted`, `BlockAllocator`, `slot_mapping`, `paged_attention`,
 `block_hashes`, the block pool with its prefix cache `PrefixCache`, the engine's scheduler `schedule` and two
