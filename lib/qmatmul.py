@@ -1,7 +1,7 @@
 """Matmuls straight from a GGUF file's quantized blocks: the weights stay as the file stores them (week 20).
 
     y = qmatmul(x, blocks, "Q4_1")          # x float32 [..., in]; blocks uint8 [out, in / 32 * 20] -> [..., out]
-    y64 = matmul_reference(x, blocks, "Q4_1")   # the same product in float64 from lib.quant's dequantizer
+    y64 = matmul_reference(x, blocks, "Q4_1")   # the same product in float64 from lib.qformats' dequantizer
     block_dot_q4_1(x32, block20)            # one block's dot product, written to be read
     backend()                               # "C++ avx512" / "C++ avx2" / "C++ generic" / "PyTorch fallback"
 
@@ -14,7 +14,7 @@ order of the float32 sum.
 
 The block dot product, for Q4_1 (d and m are float16, q are 32 four-bit integers):
 
-    sum_i x_i · (d·q_i + m)        — each weight decoded as lib.quant does: d·q_i, rounded, plus m, rounded
+    sum_i x_i · (d·q_i + m)        — each weight decoded as lib.qformats does: d·q_i, rounded, plus m, rounded
 
 `block_dot_q4_1` below is that line for one block; the C++ kernel (lib/csrc/qmatmul.cpp) does the same 16
 lanes at a time, decoding each weight row once for up to 8 rows of `x` (a decode step, a verify step of week 18,
@@ -22,10 +22,10 @@ a batch of week 19), with the output rows split over threads.
 
 The kernel is compiled on first use with the machine's C++ compiler (`-march=native`: AVX-512 or AVX2 where the
 CPU has them; about 3 s) and cached under `data/cache/qmatmul/`. Without a compiler, or if the build fails,
-every call falls back to PyTorch (`lib.quant.dequantize` then `F.linear`: the same numbers, much slower) and a
+every call falls back to PyTorch (`lib.qformats.dequantize` then `F.linear`: the same numbers, much slower) and a
 warning says so once. `LAB_QMATMUL=pytorch` forces the fallback.
 
-Types: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K (the layouts are in lib/quant.py); Q4_1 and Q8_0 have
+Types: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K (the layouts are in lib/qformats.py); Q4_1 and Q8_0 have
 hand-written AVX-512 and AVX2 loops, the others the portable loop (vectorized by the compiler). SmolLM2's file
 holds Q4_1 linears and a Q8_0 token embedding, which is also its (tied) output layer.
 
@@ -51,9 +51,9 @@ import torch
 import torch.nn.functional as F
 
 from lib import paths
-from lib.quant import BLOCK_SIZES, dequantize
+from lib.qformats import BLOCK_SIZES, dequantize
 
-QTYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")  # every type lib.quant decodes
+QTYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")  # every type lib.qformats decodes
 _CODES = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2, "Q4_K": 3, "Q6_K": 4, "Q5_0": 5, "Q5_1": 6, "Q5_K": 7}  # the C++ enum
 SOURCE = Path(__file__).resolve().parent / "csrc" / "qmatmul.cpp"
 CXXFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
@@ -76,7 +76,7 @@ def block_dot_q4_1(x: np.ndarray, block: np.ndarray) -> np.float32:
     d, m = np.float32(_f16(block[0:2])), np.float32(_f16(block[2:4]))
     nibbles = np.asarray(block[4:20], dtype=np.uint8)
     q = np.concatenate([nibbles & 0x0F, nibbles >> 4]).astype(np.float32)  # [32]
-    w = d * q + m  # the weights, as lib.quant.dequantize writes them
+    w = d * q + m  # the weights, as lib.qformats.dequantize writes them
     acc = np.float32(0)
     for xi, wi in zip(np.asarray(x, dtype=np.float32), w):
         acc = np.float32(acc + xi * wi)
@@ -85,7 +85,7 @@ def block_dot_q4_1(x: np.ndarray, block: np.ndarray) -> np.float32:
 
 def row_dot_reference(x: np.ndarray, row: np.ndarray, qtype: str) -> float:
     """One output: activations `x [in]` with one weight row of GGUF blocks, block by block (any type): each
-    block decoded by lib.quant, its dot product added in float64."""
+    block decoded by lib.qformats, its dot product added in float64."""
     block, nbytes = BLOCK_SIZES[qtype]
     total = 0.0
     for b in range(len(row) // nbytes):

@@ -16,7 +16,7 @@ The file's own blocks (lib.qmatmul), with no requantization: the model is exactl
 
     qmodel = gguf_linears(model)                   # a copy: linears and the tied LM head multiply the GGUF blocks
     qfast = GGUFFastLlama(model)                   # lib.fast's fused decoder on the same blocks (fastest)
-    qmodel = gguf_linears(model, quantize_blocks(model, "Q4_K"))   # any float model, quantized by lib.quant
+    qmodel = gguf_linears(model, quantize_blocks(model, "Q4_K"))   # any float model, quantized by lib.qformats
 
 - `GGUFLinear`: holds a weight as GGUF blocks (uint8 `[out, bytes per row]`) and multiplies through
   `lib.qmatmul.qmatmul` (float32 activations, the weights decoded in registers).
@@ -194,12 +194,12 @@ def read_gguf_blocks(path=None) -> dict[str, tuple[str, torch.Tensor]]:
 
 
 def quantize_blocks(model, qtype: str | dict[str, str], head_type: str = "Q8_0") -> dict[str, tuple[str, torch.Tensor]]:
-    """A float model's linears and LM head quantized by `lib.quant.quantize` to GGUF blocks, in
+    """A float model's linears and LM head quantized by `lib.qformats.quantize` to GGUF blocks, in
     `read_gguf_blocks`'s form: one `qtype` for all, or a plan `name -> type` (as `lib.quant.q4_k_m_plan` makes,
-    the LM head then `head_type`), each stored as llama.cpp would (`lib.quant.storable_type`: a K-quant on rows
+    the LM head then `head_type`), each stored as llama.cpp would (`lib.qformats.storable_type`: a K-quant on rows
     that are not a multiple of 256 falls back to Q5_0 / Q5_1 / Q8_0). This *is* a requantization: use it for a
     model that has no file, not for SmolLM2's file."""
-    from lib.quant import quantize, storable_type
+    from lib.qformats import quantize, storable_type
 
     head = "embed.weight" if model.lm_head is None else "lm_head.weight"
     if isinstance(qtype, dict):

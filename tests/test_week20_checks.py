@@ -298,9 +298,9 @@ def q8_0_gguf_source(x):  # gguf's quants.py exec'd under another file name
     return ns["quantize"](x, T.Q8_0)
 
 
-def q8_0_lib_source(x):  # lib/quant.py exec'd under another file name
+def q8_0_lib_source(x):  # lib/qformats.py (quantize's home) exec'd under another file name
     import lib
-    src = open(lib.__path__[0] + "/quant.py").read()
+    src = open(lib.__path__[0] + "/qformats.py").read()
     ns = {"__name__": "mine"}
     exec(compile(src, "mine.py", "exec"), ns)
     return ns["quantize"](x, "Q8_0")

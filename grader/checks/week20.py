@@ -2,10 +2,10 @@
 
 One `check_<name>` per exercise; each takes the student's function and raises AssertionError with a
 message that says what is wrong. The oracle is gguf-py (`gguf.quants`, a numpy port of ggml-quants.c);
-the lab's reference is lib/quant.py. Every byte must match: inputs include random, heavy-tailed and real
+the lab's reference is lib/qformats.py (the block formats; lib/quant.py re-exports them). Every byte must match: inputs include random, heavy-tailed and real
 SmolLM2 tensors and blocks built so that x/d lands exactly on a half (a rounding tie).
 
-A student's function may call neither `gguf.quants` (the oracle) nor `lib.quant` (the reference): the check runs
+A student's function may call neither `gguf.quants` (the oracle) nor `lib.qformats` / `lib.quant` (the reference): the check runs
 it under `observe`, which recognises both by their code (grader.fingerprint), in the student's process.
 """
 from __future__ import annotations
@@ -159,7 +159,7 @@ def _run(fn, *args, what: str):
     """Call the student's `fn` under `observe` (in the student's process when it is isolated); refuse lib's
     reference and gguf-py's quantizers (the oracle), recognised by their code wherever it was loaded from."""
     result, obs = observe(fn, *args)
-    used = sorted(c for c in obs.lib_calls if c.startswith(("lib.quant.", "lib.gptq.", "lib.awq.")))
+    used = sorted(c for c in obs.lib_calls if c.startswith(("lib.qformats.", "lib.quant.", "lib.gptq.", "lib.awq.")))
     assert not used, f"{what}: calls the lab's reference ({', '.join(used)}); write the block arithmetic yourself"
     oracle = sorted(c for c in obs.lib_calls if c.startswith("gguf."))
     assert not oracle, (f"{what}: calls gguf-py ({', '.join(oracle)}), the oracle this check compares against; "

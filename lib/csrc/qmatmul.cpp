@@ -1,6 +1,6 @@
 // y = x · Wᵀ with W stored in GGUF blocks, read as they lie in the file (lib/qmatmul.py builds and loads this).
 //
-// Each weight is decoded to float32 exactly as the dequantizer writes it (lib/quant.py: d·q + m for Q4_1, one
+// Each weight is decoded to float32 exactly as the dequantizer writes it (lib/qformats.py: d·q + m for Q4_1, one
 // rounding per operation, no fused multiply-add), in registers, and multiplied with float32 activations: the
 // result is x · dequantize(W)ᵀ up to the order of the float32 sum. Activations are never quantized.
 //
@@ -51,7 +51,7 @@ inline float half_to_float(const uint8_t* p) {
 #endif
 }
 
-// --- one block -> float32 weights, as lib/quant.py's dequantizers compute them ------------------------------
+// --- one block -> float32 weights, as lib/qformats.py's dequantizers compute them ---------------------------
 
 inline void decode_q8_0(const uint8_t* b, float* w) {  // 34 bytes: d f16, 32 x int8
     const float d = half_to_float(b);
@@ -99,7 +99,7 @@ inline void decode_q5_1(const uint8_t* b, float* w) {  // 24 bytes: d f16, m f16
     }
 }
 
-// Q4_K and Q5_K: 8 six-bit scales and 8 six-bit mins packed in 12 bytes (lib/quant.py, _unpack_k_scales)
+// Q4_K and Q5_K: 8 six-bit scales and 8 six-bit mins packed in 12 bytes (lib/qformats.py, _unpack_k_scales)
 inline void k_scale_min(const uint8_t* s, int j, int* sc, int* mn) {
     if (j < 4) {
         *sc = s[j] & 0x3F;

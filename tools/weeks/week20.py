@@ -168,7 +168,7 @@ Dequantizing: a multiply, then an add, in float32.
 (**Q4_0**, 18 bytes, is the symmetric sibling: `d = x_max / -8` where `x_max` is the value of largest
 magnitude *with its sign*, and `q = min(15, trunc(x * id + 8.5))`, value `d · (q − 8)`. Using the signed
 maximum puts it exactly on the code −8 … so the asymmetric range [−8, 7] loses nothing on the big side.
-Q5_0 and Q5_1 add a 32-bit word holding the fifth bit of each code. `lib/quant.py` has all five.)
+Q5_0 and Q5_1 add a 32-bit word holding the fifth bit of each code. `lib/qformats.py` has all five.)
 """)
 
 nb.exercise("quantize_q4_1", r'''
