@@ -522,7 +522,7 @@ nb.md("Check: `pytest weeks/18 -k ex04`")
 nb.md(r"""
 ## 5. Drafts compared on SmolLM2
 
-Four kinds of draft, all with a model's call shape (`lib/speculative.py`):
+Four kinds of draft, all with a model's call shape (`lib/drafts.py`):
 
 * **random 2-layer** model with SmolLM2's vocabulary: the α ≈ 0 baseline (the seed says "≈ 1/vocab"; it is
   Σ min(p, q), which two broad distributions make a few percent);
