@@ -2,7 +2,9 @@
 and the notebook.
 
 One `check_<name>` per exercise; each takes the student's function or class and raises AssertionError with
-a message that says what is wrong. The references are in lib/paged.py, lib/blocks.py and lib/engine.py.
+a message that says what is wrong. The references are in lib/paged.py, lib/blocks.py and lib/engine.py. What
+the checks run the student's code through (the scheduler's invariants and a serving simulation, a model of the
+prefix cache, the workloads, the context model) is in grader/checks/week19_sim.py.
 """
 from __future__ import annotations
 
@@ -12,9 +14,10 @@ import random
 import torch
 
 from grader.checks import assert_close, check_on_meta, generator, observe, run_seed, seed_note
+from grader.checks.week19_sim import (cache_trial, context_model, contiguous_reference, engine_workload, expect_error,
+                                      lib_parts, simulate, step_workload, workload)
 from grader.harness import Week
 from lib import paged as ref
-from lib.attention import gqa_attention
 
 WEEK = Week(19, "week19_paged_batching.ipynb")
 # lib's engine as the fingerprints name it: lib.engine (which also prefixes lib.engine_load, its load test) and
@@ -56,18 +59,6 @@ def check_slots_wasted(slots_wasted) -> None:
 
 # --- 3: the block allocator --------------------------------------------------------------------------
 
-def _expect_error(fn, kind, what: str) -> Exception:
-    try:
-        fn()
-    except NotImplementedError:
-        raise
-    except kind as e:
-        return e
-    except Exception as e:
-        raise AssertionError(f"{what} raised {type(e).__name__}: {e}; expected a {kind.__name__}") from None
-    raise AssertionError(f"{what} did not raise; expected a {kind.__name__}")
-
-
 @WEEK.exercise(3, "BlockAllocator", section="3 (The block allocator)")
 def check_BlockAllocator(BlockAllocator) -> None:
     """Random allocate / fork / free sequences against a model of the pool (a dict of owners per block)."""
@@ -84,7 +75,7 @@ def check_BlockAllocator(BlockAllocator) -> None:
             if op == "allocate":
                 if len(owners) == n:
                     log.append("allocate() on a full pool")
-                    e = _expect_error(alloc.allocate, Exception, f"after {log[-6:]}, allocate() with all {n} blocks in use")
+                    e = expect_error(alloc.allocate, Exception, f"after {log[-6:]}, allocate() with all {n} blocks in use")
                     assert type(e).__name__ == "OutOfBlocksError", (
                         f"allocate() on a full pool raised {type(e).__name__}; raise OutOfBlocksError")
                     assert str(n) in str(e), (f"the OutOfBlocksError message ({e!s}) should say how many blocks exist "
@@ -127,9 +118,9 @@ def check_BlockAllocator(BlockAllocator) -> None:
         assert alloc.num_free == n, (f"after every owner freed its blocks, num_free = {alloc.num_free}; expected "
                                      f"all {n} {seed_note()}")
         freed = rng.randrange(n)
-        _expect_error(lambda: alloc.free(freed), ValueError, f"free({freed}) of a block that is not allocated")
+        expect_error(lambda: alloc.free(freed), ValueError, f"free({freed}) of a block that is not allocated")
         assert alloc.num_free == n, "a refused free must leave the pool as it was"
-        _expect_error(lambda: alloc.fork(freed), ValueError, f"fork({freed}) of a free block (it would be handed "
+        expect_error(lambda: alloc.fork(freed), ValueError, f"fork({freed}) of a free block (it would be handed "
                       f"out again while owned)")
         assert alloc.num_free == n, "a refused fork must leave the pool as it was"
     # adversarial sequences: bad ids on a full pool, a block with hundreds of owners
@@ -139,7 +130,7 @@ def check_BlockAllocator(BlockAllocator) -> None:
     assert sorted(blocks) == list(range(n)), f"{n} allocate() calls on a new pool of {n} returned {blocks}"
     for bad in (-1, -n, n, n + 3):
         for op in ("free", "fork"):
-            _expect_error(lambda: getattr(alloc, op)(bad), ValueError,
+            expect_error(lambda: getattr(alloc, op)(bad), ValueError,
                           f"{op}({bad}) on a pool of {n} blocks (ids are 0..{n - 1}; -1 is not the last block)")
             assert alloc.num_free == 0, f"after a refused {op}({bad}) num_free = {alloc.num_free}; expected 0"
     block = blocks[rng.randrange(n)]
@@ -183,20 +174,6 @@ def check_slot_mapping(slot_mapping) -> None:
 
 # --- 5: paged attention ------------------------------------------------------------------------------
 
-def _contiguous_reference(q, k_pool, v_pool, tables, lens):
-    """What contiguous attention gives, one sequence at a time (the check's reference, outside the observation)."""
-    _, hkv, bs, d = k_pool.shape
-    flat_k = k_pool.permute(0, 2, 1, 3).reshape(-1, hkv, d)  # [slots, Hkv, d]
-    flat_v = v_pool.permute(0, 2, 1, 3).reshape(-1, hkv, d)
-    outs = []
-    for i, n in enumerate(lens):
-        slots = ref.slot_mapping(tables[i], 0, n, bs)
-        k = flat_k[slots].transpose(0, 1)[None]  # [1, Hkv, n, d]
-        v = flat_v[slots].transpose(0, 1)[None]
-        outs.append(gqa_attention(q[i][None, :, None], k, v)[0, :, 0])
-    return torch.stack(outs)  # [B, H, d]
-
-
 @WEEK.exercise(5, "paged_attention", section="4 (Block tables and paged attention)")
 def check_paged_attention(paged_attention) -> None:
     """Ragged lengths, random block sizes, head_dim, batch and GQA/MHA/MQA, against contiguous attention (<= 1e-5,
@@ -235,7 +212,7 @@ def check_paged_attention(paged_attention) -> None:
         got, obs = observe(paged_attention, *args)
         what = (f"paged_attention case {case}: block_size={bs}, n_heads={h}, n_kv_heads={hkv}, head_dim={d}, "
                 f"context_lens={lens}")
-        assert_close(got, _contiguous_reference(*before[:3], tables, lens), what, atol=1e-5)
+        assert_close(got, contiguous_reference(*before[:3], tables, lens), what, atol=1e-5)
         changed = [name for name, a, a0 in zip(("q", "k_pool", "v_pool", "block_tables", "context_lens"), args, before)
                    if not torch.equal(a, a0)]
         assert not changed, (f"{what}: changed its arguments {changed} in place; the pool belongs to the cache (every "
@@ -357,161 +334,13 @@ def check_answer_q3(answer_q3) -> None:
 
 # --- 8: the scheduler -------------------------------------------------------------------------------
 
-def _need(view: dict, n: int, block_size: int) -> int:
-    return max(0, ref.blocks_needed(view["computed"] + n, block_size) - view["blocks"])
-
-
-def _judge_plan(plan, running: list[dict], waiting: list[dict], free: int, bs: int, budget: int, max_seqs: int,
-                chunked: bool, where: str) -> tuple[list[int], list[tuple[int, int]]]:
-    """The invariants one step's plan must keep; returns (preempted ids, [(id, n)])."""
-    assert isinstance(plan, dict) and set(plan) >= {"preempt", "run"}, (
-        f"{where}: schedule returned {plan!r}; expected a dict {{'preempt': [id, ...], 'run': [[id, n], ...]}}")
-    try:
-        preempt = [int(i) for i in plan["preempt"]]
-        run = [(int(i), int(n)) for i, n in plan["run"]]
-    except (TypeError, ValueError):
-        raise AssertionError(f"{where}: schedule returned {plan!r}; 'preempt' must be a list of request ids and "
-                             f"'run' a list of [id, num_tokens] pairs") from None
-    views = {r["id"]: r for r in running + waiting}
-    run_ids = [i for i, _ in run]
-    assert len(set(run_ids)) == len(run_ids), f"{where}: the plan runs a request twice: {run}"
-    unknown = [i for i in run_ids + preempt if i not in views]
-    assert not unknown, f"{where}: the plan names request ids {unknown} that are neither running nor waiting"
-    for i, n in run:
-        left = views[i]["tokens"] - views[i]["computed"]
-        assert 1 <= n <= left, f"{where}: the plan runs {n} tokens of request {i}, which has {left} left to compute"
-    total = sum(n for _, n in run)
-    assert total <= budget, (f"{where}: the plan runs {total} tokens; the token budget is {budget} "
-                             f"(max_num_batched_tokens): cut the prefills to what is left of it")
-    # preemption: the newest running requests, newest first, and only requests that are running
-    running_ids = [r["id"] for r in running]
-    assert all(i in running_ids for i in preempt), f"{where}: the plan preempts {preempt}, not all of them running"
-    newest = running_ids[::-1][:len(preempt)]
-    assert preempt == newest, (
-        f"{where}: the plan preempts {preempt}; running (oldest first) is {running_ids}: preempt the most recently "
-        f"admitted request first ({newest}), so the oldest requests keep their blocks and finish")
-    assert not set(preempt) & set(run_ids), f"{where}: the plan both preempts and runs {set(preempt) & set(run_ids)}"
-    # blocks: never more than are free (plus what the preempted requests give back)
-    need = sum(_need(views[i], n, bs) for i, n in run)
-    have = free + sum(views[i]["freeable"] for i in preempt)
-    assert need <= have, (f"{where}: the plan needs {need} new blocks; {free} are free"
-                          f"{f' and the preempted give back {have - free}' if preempt else ''}: a request that needs a "
-                          f"block when none is free must preempt (the newest running request) or wait")
-    # running requests first, oldest first; waiting ones first come first served
-    kept = [i for i in running_ids if i not in preempt]
-    ran = [i for i in run_ids if i in kept]
-    assert ran == kept[:len(ran)], (f"{where}: of the running requests {kept} (oldest first) the plan runs {ran}: "
-                                    f"serve the running requests oldest first, skipping none")
-    if len(ran) < len(kept):
-        assert total == budget or preempt, (
-            f"{where}: running requests {kept[len(ran):]} got no tokens although the plan leaves "
-            f"{budget - total} of the budget unused and preempts nobody")
-    waiting_ids = [r["id"] for r in waiting]
-    admitted = [i for i in run_ids if i in waiting_ids]
-    assert admitted == waiting_ids[:len(admitted)], (
-        f"{where}: the plan admits {admitted} from the waiting queue {waiting_ids}: admit first come first served "
-        f"(the queue's front first; a preempted request is at the front and resumes before later arrivals)")
-    seqs = sum(views[i]["seqs"] for i in kept) + sum(views[i]["seqs"] for i in admitted)
-    assert seqs <= max_seqs, f"{where}: the plan runs {seqs} sequences; max_num_seqs is {max_seqs}"
-    for i, n in run:
-        left = views[i]["tokens"] - views[i]["computed"]
-        if n < left:
-            assert chunked, (f"{where}: the plan runs {n} of the {left} tokens request {i} has left, with chunked "
-                             f"prefill off: a prompt runs whole or waits")
-            assert total == budget, (f"{where}: the plan cuts request {i} to {n} of its {left} tokens while "
-                                     f"{budget - total} of the budget is unused: a chunk is cut by the budget only")
-    if not preempt and waiting_ids[len(admitted):] and seqs < max_seqs and total < budget:
-        nxt = views[waiting_ids[len(admitted)]]
-        left = nxt["tokens"] - nxt["computed"]
-        n = min(left, budget - total)
-        fits = nxt["seqs"] + seqs <= max_seqs and _need(nxt, n, bs) <= free - need and (chunked or n == left)
-        assert not fits, (f"{where}: waiting request {nxt['id']} could run {n} tokens (slots, {budget - total} of the "
-                          f"budget and {free - need} free blocks are left) but the plan leaves it waiting"
-                          f"{'; with chunked prefill on, admit a chunk of a prompt longer than the budget left' if n < left else ''}")
-    return preempt, run
-
-
-def _workload(rng: random.Random, crowded: bool = False) -> dict:
-    """A random workload; `crowded`: everyone arrives at once, decodes long, in a pool that makes several running
-    requests preempt one another."""
-    if crowded:
-        bs, k = rng.choice([1, 2]), rng.randint(5, 8)
-        prompts = [rng.randint(2, 10) for _ in range(k)]
-        new = [rng.randint(8, 20) for _ in range(k)]
-        longest = max(ref.blocks_needed(p + m - 1, bs) for p, m in zip(prompts, new))
-        return dict(bs=bs, prompts=prompts, new=new, arrivals=[0] * k, num_blocks=longest + rng.randint(0, 3),
-                    max_seqs=rng.randint(4, 6), budget=rng.randint(16, 32), chunked=True)
-    bs = rng.choice([1, 2, 4, 8])
-    k = rng.randint(3, 9)
-    prompts = [rng.randint(1, 30) for _ in range(k)]
-    new = [rng.randint(1, 10) for _ in range(k)]
-    longest = max(ref.blocks_needed(p + m - 1, bs) for p, m in zip(prompts, new))
-    chunked = rng.random() < 0.75
-    max_seqs = rng.randint(1, 5)
-    budget = rng.randint(max(max_seqs, 4), 24) if chunked else max(p + m - 1 for p, m in zip(prompts, new)) + rng.randint(0, 8)
-    return dict(bs=bs, prompts=prompts, new=new, arrivals=sorted(rng.randint(0, 12) for _ in range(k)),
-                num_blocks=longest + rng.randint(0, 2 * longest), max_seqs=max_seqs, budget=max(budget, max_seqs),
-                chunked=chunked)
-
-
-def _simulate(schedule, w: dict, label: str) -> int:
-    """Serve workload `w` with `schedule`, judging every plan; returns the steps taken. Plain data, no model:
-    a request whose cache holds all its tokens produces one more, until it has its max_new_tokens."""
-    reqs = [dict(id=i, computed=0, tokens=p, blocks=0, out=0) for i, p in enumerate(w["prompts"])]
-    waiting, running, free, step = [], [], w["num_blocks"], 0
-    arrived = 0
-    limit = 20 * sum(p + m for p, m in zip(w["prompts"], w["new"])) + 20
-    while arrived < len(reqs) or waiting or running:
-        while arrived < len(reqs) and w["arrivals"][arrived] <= step:
-            waiting.append(reqs[arrived])
-            arrived += 1
-        if not (waiting or running):
-            step += 1
-            continue
-        where = f"{label}, step {step}"
-        view = lambda r: dict(id=r["id"], computed=r["computed"], tokens=r["tokens"], blocks=r["blocks"],  # noqa: E731
-                              freeable=r["blocks"], seqs=1)
-        rv, wv = [view(r) for r in running], [view(r) for r in waiting[:w["max_seqs"]]]
-        plan = schedule(rv, wv, free, w["bs"], w["budget"], w["max_seqs"], w["chunked"])
-        preempt, run = _judge_plan(plan, rv, wv, free, w["bs"], w["budget"], w["max_seqs"], w["chunked"], where)
-        assert run, (f"{where}: the plan runs nothing although {len(running)} request(s) run and {len(waiting)} wait; "
-                     f"the engine would stall")
-        for i in preempt:  # back to the queue's front (the oldest preempted first), blocks freed, to be recomputed
-            r = reqs[i]
-            running.remove(r)
-            free += r["blocks"]
-            r["computed"] = r["blocks"] = 0
-            waiting.insert(0, r)
-        for i, n in run:
-            r = reqs[i]
-            if r in waiting:
-                waiting.remove(r)
-                running.append(r)
-            grow = _need(view(r), n, w["bs"])
-            free -= grow
-            r["blocks"] += grow
-            r["computed"] += n
-            if r["computed"] == r["tokens"]:
-                r["out"] += 1
-                if r["out"] == w["new"][i]:
-                    running.remove(r)
-                    free += r["blocks"]
-                else:
-                    r["tokens"] += 1
-        step += 1
-        assert step <= limit, (f"{label}: not finished after {limit} steps ({[r['id'] for r in running]} running, "
-                               f"{[r['id'] for r in waiting]} waiting): a request is starved {seed_note()}")
-    assert free == w["num_blocks"], f"{label}: blocks leaked: {free} of {w['num_blocks']} free at the end"
-    return step
-
-
 @WEEK.exercise(8, "schedule", section="8 (The scheduler: preemption and chunked prefill)")
 def check_schedule(schedule) -> None:
     """Random workloads (arrivals, lengths, pools tight enough to preempt, budgets small enough to chunk), every
     plan judged by the invariants; then LLMEngine with this scheduler equals generate on each request alone."""
     rng = random.Random(run_seed() + 7)
     for case in range(30):
-        w = _workload(rng, crowded=case % 3 == 0)
+        w = workload(rng, crowded=case % 3 == 0)
         label = (f"workload {case} (block_size {w['bs']}, {w['num_blocks']} blocks, budget {w['budget']}, "
                  f"max_num_seqs {w['max_seqs']}, chunked prefill {'on' if w['chunked'] else 'off'}, prompts "
                  f"{w['prompts']}, new tokens {w['new']}, arrival steps {w['arrivals']}) {seed_note()}")
@@ -520,12 +349,12 @@ def check_schedule(schedule) -> None:
                              True)
             used = sorted(c for c in obs.lib_calls if c.startswith(ENGINE_MODULES))
             assert not used, f"schedule calls {used}; write the scheduling decision yourself"
-        _simulate(schedule, w, label)
+        simulate(schedule, w, label)
     from lib.engine import LLMEngine
     from lib.generate import generate
 
     g = generator(70)
-    model = _context_model(int(torch.randint(0, 1000, (1,), generator=g)))
+    model = context_model(int(torch.randint(0, 1000, (1,), generator=g)))
     prompts = [torch.randint(0, model.config.vocab_size, (int(k),), generator=g).tolist()
                for k in torch.randint(3, 25, (6,), generator=g)]
     want = [generate(model, torch.tensor([p]), 6)[0, len(p):].tolist() for p in prompts]
@@ -540,102 +369,6 @@ def check_schedule(schedule) -> None:
 
 # --- 7: the prefix cache ----------------------------------------------------------------------------
 
-class _CacheModel:
-    """What a PrefixCache must do, as sets and lists: free blocks that cache nothing (any order), free cached
-    blocks (least recently freed first), owners per block, hash -> (block, tokens)."""
-
-    def __init__(self, n: int):
-        self.uncached, self.lru, self.owners, self.cached = set(range(n)), [], {}, {}
-
-    def key_of(self, block):
-        return next((h for h, (b, _) in self.cached.items() if b == block), None)
-
-
-def _cache_trial(PrefixCache, rng: random.Random, n: int, steps: int, trial: int) -> int:
-    cache, model, log, hits = PrefixCache(n), _CacheModel(n), [], 0
-    hashes = [rng.getrandbits(62) for _ in range(6)]  # few hashes: registering one twice and colliding happen
-
-    def where():
-        return f"PrefixCache({n}), trial {trial}, after {log[-8:]} {seed_note()}"
-
-    for _ in range(steps):
-        op = rng.choice(["allocate", "allocate", "free", "free", "fork", "register", "register", "lookup", "lookup",
-                         "reuse"])
-        if op == "allocate":
-            if not model.uncached and not model.lru:
-                e = _expect_error(cache.allocate, Exception, f"{where()}: allocate() with every block owned (a block "
-                                  f"in use is never evicted)")
-                assert type(e).__name__ == "OutOfBlocksError", f"allocate() on a full pool raised {type(e).__name__}"
-                continue
-            block = cache.allocate()
-            log.append(f"allocate() -> {block}")
-            if model.uncached:
-                assert block in model.uncached, (
-                    f"{where()}: allocate() returned {block}; a free block that caches nothing ({sorted(model.uncached)}) "
-                    f"must go first: evict a cached block only when no other is free"
-                    + (f" (block {block} is owned)" if block in model.owners else ""))
-                model.uncached.discard(block)
-            else:
-                want = model.lru[0]
-                assert block == want, (
-                    f"{where()}: allocate() returned {block}; with no uncached block free it must evict the least "
-                    f"recently freed cached block, {want} (free cached blocks, oldest first: {model.lru})"
-                    + (f"; block {block} is in use by {model.owners[block]} owner(s)" if block in model.owners else ""))
-                model.lru.pop(0)
-                del model.cached[model.key_of(block)]
-            model.owners[block] = 1
-        elif op == "free" and model.owners:
-            block = rng.choice(sorted(model.owners))
-            cache.free(block)
-            log.append(f"free({block})")
-            model.owners[block] -= 1
-            if not model.owners[block]:
-                del model.owners[block]
-                (model.lru.append if model.key_of(block) is not None else model.uncached.add)(block)
-        elif op == "fork" and model.owners:
-            block = rng.choice(sorted(model.owners))
-            cache.fork(block)
-            log.append(f"fork({block})")
-            model.owners[block] += 1
-        elif op == "register" and model.owners:
-            block, h = rng.choice(sorted(model.owners)), rng.choice(hashes)
-            tokens = [rng.randrange(4) for _ in range(3)]
-            cache.register(block, h, tokens)
-            log.append(f"register({block}, {h:#x}, {tokens})")
-            if h not in model.cached and model.key_of(block) is None:
-                model.cached[h] = (block, tuple(tokens))
-        elif op in ("lookup", "reuse"):
-            if op == "reuse" and model.lru:  # a cached block sitting among the free ones: a hit takes it back
-                block = rng.choice(model.lru)
-                h = model.key_of(block)
-                tokens = list(model.cached[h][1])
-            else:
-                h = rng.choice(hashes)
-                tokens = list(model.cached[h][1]) if h in model.cached and rng.random() < 0.6 else \
-                    [rng.randrange(4) for _ in range(3)]
-            got = cache.lookup(h, tokens)
-            log.append(f"lookup({h:#x}, {tokens}) -> {got}")
-            want = model.cached[h][0] if h in model.cached and model.cached[h][1] == tuple(tokens) else None
-            assert got == want, (
-                f"{where()}: lookup returned {got}; expected {want}" +
-                (" (the hash is cached but for other tokens: a collision is a miss)" if want is None and h in model.cached
-                 else " (the block was registered and has not been evicted, even if no request owns it now)"
-                 if want is not None else " (nothing is cached under this hash)"))
-            if got is not None:
-                hits += 1
-                if op == "reuse" or rng.random() < 0.5:
-                    cache.fork(got)
-                    log.append(f"fork({got})")
-                    if got in model.lru:
-                        model.lru.remove(got)
-                    model.owners[got] = model.owners.get(got, 0) + 1
-        want_free = len(model.uncached) + len(model.lru)
-        assert cache.num_free == want_free, (
-            f"{where()}: num_free = {cache.num_free}; expected {want_free} (free blocks, cached or not: a hit on a "
-            f"free cached block takes it back)")
-    return hits
-
-
 @WEEK.exercise(7, "PrefixCache", section="7 (Prefix caching)")
 def check_PrefixCache(PrefixCache) -> None:
     """Random allocate / fork / free / register / lookup against a model of the cache (which block is evicted,
@@ -644,7 +377,7 @@ def check_PrefixCache(PrefixCache) -> None:
     used = sorted(c for c in obs.lib_calls if c.startswith((*ENGINE_MODULES, "lib.paged.BlockAllocator")))
     assert not used, f"PrefixCache(4) runs {used}; write the pool and its cache yourself"
     rng = random.Random(run_seed() + 8)
-    hits = sum(_cache_trial(PrefixCache, rng, rng.randint(1, 8), 400, trial) for trial in range(5))
+    hits = sum(cache_trial(PrefixCache, rng, rng.randint(1, 8), 400, trial) for trial in range(5))
     assert hits > 0, f"no lookup hit in 2000 operations {seed_note()}"
     n = rng.randint(3, 8)  # LRU order, spelled out: every block cached, freed in a random order, one reused
     cache = PrefixCache(n)
@@ -669,15 +402,15 @@ def check_PrefixCache(PrefixCache) -> None:
     cache = PrefixCache(3)
     b = cache.allocate()
     cache.free(b)
-    _expect_error(lambda: cache.free(b), ValueError, "free() of a free block")
-    _expect_error(lambda: cache.fork(b), ValueError, "fork() of a free block that caches nothing")
+    expect_error(lambda: cache.free(b), ValueError, "free() of a free block")
+    expect_error(lambda: cache.fork(b), ValueError, "fork() of a free block that caches nothing")
     for bad in (-1, 3):
-        _expect_error(lambda: cache.free(bad), ValueError, f"free({bad}) on a pool of 3 blocks")
+        expect_error(lambda: cache.free(bad), ValueError, f"free({bad}) on a pool of 3 blocks")
     from lib.engine import LLMEngine
     from lib.generate import generate
 
     g = generator(80)
-    model = _context_model(int(torch.randint(0, 1000, (1,), generator=g)))
+    model = context_model(int(torch.randint(0, 1000, (1,), generator=g)))
     system = torch.randint(0, model.config.vocab_size, (12,), generator=g).tolist()
     prompts = [system + torch.randint(0, model.config.vocab_size, (int(k),), generator=g).tolist()
                for k in torch.randint(1, 6, (5,), generator=g)]
@@ -697,64 +430,6 @@ def check_PrefixCache(PrefixCache) -> None:
 _PARTS = ("BlockAllocator", "slot_mapping", "paged_attention", "block_hashes", "PrefixCache", "schedule")
 
 
-def _lib_parts(parts: dict) -> list[str]:
-    """How each part that is lib's own (or lib's code under another name) says so: through the isolation the
-    child answers; in the notebook's process the code is fingerprinted here."""
-    from grader.fingerprint import lib_name
-    from grader.isolation import ChildProxy
-
-    found = []
-    for name, part in parts.items():
-        proxy = getattr(part, "_remote", part)
-        if isinstance(proxy, ChildProxy):
-            found += proxy._session.reference_use([name]).values()
-            continue
-        members = [part] + (list(vars(part).values()) + list(part.__mro__[1:]) if isinstance(part, type) else [])
-        for member in members:
-            code = getattr(getattr(getattr(member, "__func__", member), "__wrapped__", member), "__code__", None)
-            module = str(getattr(member, "__module__", "") or "")
-            same = "lib" if module.startswith("lib.") else (lib_name(code) if code is not None else None)
-            if same is not None:
-                found.append(f"`{name}` is lib's own ({same if same != 'lib' else module})")
-                break
-    return found
-
-
-def _context_model(seed: int):
-    """A tiny model whose next token depends on the context. `tiny_model`'s attention is too weak for that (its
-    greedy tokens follow the last token alone: K/V written to the wrong slots would go unseen), so its attention
-    projections are scaled up 8x: a prompt whose first 8 of 12 tokens change then changes the output (20 of 20
-    random prompts, seed 3)."""
-    from lib.model import tiny_model
-
-    model = tiny_model(seed=seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.rsplit(".", 2)[-2] in ("q_proj", "k_proj", "v_proj", "o_proj"):
-                p.mul_(8.0)
-    return model
-
-
-def _engine_workload(rng: random.Random, vocab: int, prefix_caching: bool) -> dict:
-    """Prompts, new tokens and an engine configuration tight enough to preempt, with a budget small enough to
-    chunk (and, for prefix caching, prompts that share a system prompt of whole blocks, some repeated)."""
-    bs = rng.choice([2, 4])
-    k = rng.randint(5, 7)
-    if prefix_caching:
-        system = [rng.randrange(vocab) for _ in range(bs * rng.randint(2, 3))]
-        prompts = [system + [rng.randrange(vocab) for _ in range(rng.randint(1, 6))] for _ in range(k)]
-        prompts[rng.randrange(1, k)] = list(prompts[0])  # the same prompt twice: its whole prefix is cached
-    else:
-        prompts = [[rng.randrange(vocab) for _ in range(rng.randint(3, 20))] for _ in range(k)]
-    new = rng.randint(4, 8)
-    longest = max(ref.blocks_needed(len(p) + new - 1, bs) for p in prompts)
-    max_seqs = rng.randint(3, 4)
-    return dict(prompts=prompts, new=new, kwargs=dict(
-        num_blocks=longest + rng.randint(1, 3), block_size=bs, max_num_seqs=max_seqs,
-        max_num_batched_tokens=rng.randint(max(max_seqs, 6), 12), enable_chunked_prefill=True,
-        enable_prefix_caching=prefix_caching))
-
-
 @WEEK.exercise(9, "engine", section="8 (The scheduler: preemption and chunked prefill; Your engine)")
 def check_engine(BlockAllocator, slot_mapping, paged_attention, block_hashes, PrefixCache, schedule) -> None:
     """LLMEngine built from your parts only — your pool (BlockAllocator, or PrefixCache with prefix caching),
@@ -766,7 +441,7 @@ def check_engine(BlockAllocator, slot_mapping, paged_attention, block_hashes, Pr
     from lib.generate import generate
 
     parts = dict(zip(_PARTS, (BlockAllocator, slot_mapping, paged_attention, block_hashes, PrefixCache, schedule)))
-    used = _lib_parts(parts)
+    used = lib_parts(parts)
     assert not used, f"your engine runs on lib's parts: {'; '.join(used)}. Plug in your own."
     calls: Counter = Counter()
 
@@ -777,10 +452,10 @@ def check_engine(BlockAllocator, slot_mapping, paged_attention, block_hashes, Pr
         return call
 
     rng = random.Random(run_seed() + 9)
-    model = _context_model(rng.randrange(1000))
+    model = context_model(rng.randrange(1000))
     for prefix_caching in (False, True):
         for _ in range(50):  # a workload on which lib's engine preempts and chunks (and hits the prefix cache)
-            w = _engine_workload(rng, model.config.vocab_size, prefix_caching)
+            w = engine_workload(rng, model.config.vocab_size, prefix_caching)
             lib_engine = LLMEngine(model, **w["kwargs"])
             want = [generate(model, torch.tensor([p]), w["new"])[0, len(p):].tolist() for p in w["prompts"]]
             same = lib_engine.generate(w["prompts"], w["new"]) == want  # else a near-tie of two logits: not this one
@@ -809,18 +484,6 @@ def check_engine(BlockAllocator, slot_mapping, paged_attention, block_hashes, Pr
 
 # --- 11: predicting the step count -------------------------------------------------------------------
 
-def _step_workload(rng: random.Random) -> dict:
-    """Requests queued at once, slots and a budget (chunked prefill on or off), blocks to spare."""
-    k = rng.randint(1, 8)
-    prompts = [rng.randint(1, 40) for _ in range(k)]
-    new = [rng.randint(1, 8) for _ in range(k)]
-    seqs = rng.randint(1, 4)
-    chunked = rng.random() < 0.7
-    budget = (rng.randint(max(seqs, 4), 24) if chunked
-              else max(p + n - 1 for p, n in zip(prompts, new)) + rng.randint(0, 8))  # a recompute fits (engine rule)
-    return dict(prompt_lens=prompts, new_tokens=new, max_num_seqs=seqs, token_budget=budget, chunked_prefill=chunked)
-
-
 @WEEK.exercise(11, "predict_steps", section="8 (The scheduler: preemption and chunked prefill; Predicting the step count)")
 def check_predict_steps(predict_steps) -> None:
     """Random workloads (lengths, slots, budgets, chunking on and off): the prediction equals the steps LLMEngine
@@ -831,7 +494,7 @@ def check_predict_steps(predict_steps) -> None:
     rng = random.Random(run_seed() + 11)
     model = tiny_model(seed=rng.randrange(1000))
     for case in range(12):
-        w = _step_workload(rng)
+        w = step_workload(rng)
         if case == 0:
             got, obs = observe(predict_steps, **w)
             used = sorted(c for c in obs.lib_calls if c.startswith((*ENGINE_MODULES, "lib.model", "lib.generate")))
