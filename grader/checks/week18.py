@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
-from grader.checks import call_many, check_on_meta, generator, observe, run_seed, seed_note
+from grader.checks import call_many, call_on_default_device, check_on_meta, generator, observe, run_seed, seed_note
 from grader.harness import Week
+from grader.wire import IsolationError
 from lib import speculative as ref
 from lib.generate import generate as ref_generate
 from lib.speculative import _History  # the token-history "cache" of the test models
@@ -92,14 +93,22 @@ class Forward:
     held: list
 
 
-def spy(model, log: list, who: str):
+def spy(model, log: list, who: str, faults: list | None = None):
     """`model` behind a counted door: every call, as `spy(ids, cache=c)` or `spy.forward(ids, cache=c)`, is
-    appended to `log` as a `Forward(who, ...)`. Caches must come from `spy.new_cache`."""
+    appended to `log` as a `Forward(who, ...)`. Caches must come from `spy.new_cache`. Ids on another device than
+    the model's are refused, and the refusal is also appended to `faults` (a loop that catches the error is
+    still judged). The model runs under `with torch.device(its device)`, whatever default the caller set."""
     shadows = []  # (cache, tokens it holds): the cache object is kept so its id is never reused
+    home = torch.device(model.device)
 
     def run(input_ids, cache=None):
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[0] != 1:
             raise ValueError(f"the model takes input_ids [1, t]; got {getattr(input_ids, 'shape', input_ids)!r}")
+        if input_ids.device != home:
+            fault = (f"the {who} was called with ids on '{input_ids.device}', the model is on '{home}'")
+            if faults is not None:
+                faults.append(fault)
+            raise ValueError(f"{fault}: make the ids on the prompt's device")
         fed = input_ids[0].tolist()
         index, held = None, []
         if cache is not None:
@@ -111,7 +120,8 @@ def spy(model, log: list, who: str):
             held = list(tokens)
             tokens.extend(fed)
         log.append(Forward(who, fed, index, held))
-        return model(input_ids, cache=cache)
+        with torch.device(home):
+            return model(input_ids, cache=cache)
 
     class Model:
         __slots__ = ()
@@ -125,7 +135,8 @@ def spy(model, log: list, who: str):
             return run(input_ids, cache)
 
         def new_cache(self, batch: int = 1, max_len: int | None = None):
-            cache = model.new_cache(batch=batch, max_len=max_len)
+            with torch.device(home):
+                cache = model.new_cache(batch=batch, max_len=max_len)
             shadows.append((cache, []))
             return cache
 
@@ -210,6 +221,30 @@ def _check_one_generation(speculative_generate, target, draft, ids, n, k, what, 
     return t_log
 
 
+def check_default_device(loop, target, draft, ids, n, k, what, **kwargs) -> torch.Tensor:
+    """The loop once more with torch's default device set to `meta` where the student's code runs (the models,
+    the prompt and the generator keep theirs): a tensor made without `device=` lands on `meta` and meets them, as
+    it would land on the CPU beside a model on CUDA. `check_on_meta` cannot judge a loop: it reads token values."""
+    log, faults = [], []
+    try:
+        got = call_on_default_device(loop, "meta", spy(target, log, "target", faults), spy(draft, log, "draft", faults),
+                                     ids, n, k=k, **kwargs)
+        error = None
+    except IsolationError:
+        raise
+    except Exception as e:  # noqa: BLE001  (whatever the loop raised there is the verdict)
+        error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    if not faults and error is None and not (isinstance(got, torch.Tensor) and got.device == ids.device):
+        error = f"it returned {getattr(got, 'device', type(got).__name__)!s} ids, the prompt is on '{ids.device}'"
+    reason = faults[0] if faults else error
+    assert reason is None, (
+        f"{what}, run again with torch's default device set to 'meta' (the models, prompt and generator stay on the "
+        f"CPU): {reason}. A tensor made without device= lands on the default device: on the CPU while the model "
+        f"runs on CUDA. Make every tensor on the prompt's device (torch.tensor(..., device=input_ids.device)) and "
+        f"every random draw on the generator's")
+    return got
+
+
 SAMPLED_TRIALS = 1_500
 SAMPLED_VOCAB = 4
 SAMPLED_SCALE = 0.6
@@ -259,8 +294,9 @@ def check_speculative_generate(speculative_generate, smollm2: bool = True) -> No
     The models are spies (`spy`): every forward counts however it is called. Judged: the tokens; target calls
     <= the reference's + 1; after the prefill, every target call has a cache and is fed <= K + 1 tokens, every
     draft call <= 2; at each call the cache holds only tokens of the output (the rollback is real).
-    Markov chains (drafts from perfect to poor) and tiny Llamas with real KV caches, K in {1, 2, 3, 4, 8};
-    then SmolLM2 (64 tokens) with prompt lookup as the draft."""
+    Markov chains (drafts from perfect to poor) and tiny Llamas with real KV caches, K in {1, 2, 3, 4, 8}; a run
+    with torch's default device set to `meta` (`check_default_device`); then SmolLM2 (64 tokens) with prompt
+    lookup as the draft."""
     g = generator(0)
     vocab = 24
     for case in range(3):
@@ -293,6 +329,12 @@ def check_speculative_generate(speculative_generate, smollm2: bool = True) -> No
                      torch.tensor([[1, 2, 3]]), 12, k=3)
     used = _loop_lib_calls(obs)
     assert not used, f"speculative_generate must be your own loop; it called {used}"
+    target, draft = _spicy_tiny(3), _spicy_tiny(13, scale=6.0)
+    ids = torch.randint(0, target.config.vocab_size, (1, 4), generator=g)
+    got = check_default_device(speculative_generate, target, draft, ids, 12, 3, "tiny Llama, K=3")
+    assert torch.equal(got, ref_generate(target, ids, 12)), (
+        "tiny Llama, K=3: with torch's default device set to 'meta' the tokens changed (the models and prompt on the "
+        "CPU): make every tensor on the prompt's device")
     if smollm2:
         _check_smollm2(speculative_generate)
 
@@ -608,7 +650,8 @@ def check_verify(verify) -> None:
 def check_speculative_sample(speculative_sample) -> None:
     """Speculative sampling end to end: the work accounting of `check_speculative_generate` on runs at T = 1 and
     0.5 (Markov chain, 24 tokens, K = 3; tiny Llama, K = 2), then the law of the first two new tokens on a
-    4-token Markov chain, per cell (SAMPLED_TRIALS runs, binomial tests, < 1e-6 false failures in all)."""
+    4-token Markov chain, per cell (SAMPLED_TRIALS runs, binomial tests, < 1e-6 false failures in all); last a run
+    with torch's default device set to `meta` (`check_default_device`)."""
     g = generator(5)
     target = MarkovLM(24, int(torch.randint(0, 2**30, (), generator=g)))
     tiny = _spicy_tiny(5)
@@ -629,6 +672,10 @@ def check_speculative_sample(speculative_sample) -> None:
                      12, k=3, temperature=1.0, generator=torch.Generator().manual_seed(0))
     used = _loop_lib_calls(obs)
     assert not used, f"speculative_sample must be your own loop (with your verify); it called {used}"
+    got = check_default_device(speculative_sample, tiny, ref.early_exit_draft(tiny, 1), torch.tensor([[5, 6, 7]]),
+                               12, 3, "tiny Llama, T=1, K=3", temperature=1.0,
+                               generator=torch.Generator().manual_seed(run_seed() + 2))
+    assert tuple(got.shape) == (1, 15), f"tiny Llama, T=1, K=3, default device 'meta': ids of shape {tuple(got.shape)}"
 
 
 # --- 4: the prompt-lookup draft ------------------------------------------------------------------------------
