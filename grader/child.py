@@ -287,6 +287,16 @@ class _Child:
             with self.watch():
                 result = target(*call_args, **kwargs)
             return (result, self._copied(call_args, kwargs, before))
+        if op == "on_device":  # checks.call_on_default_device: torch's default device set around the call only
+            import torch
+
+            device, call_args, kwargs = args
+            if device not in ("meta", "cpu"):
+                raise ValueError(f"on_device: {device!r} is not a default device a check sets")
+            before = self._snapshot(call_args, kwargs)
+            with self.watch(), torch.device(device):
+                result = target(*call_args, **kwargs)
+            return (result, self._copied(call_args, kwargs, before))
         if op == "map":
             calls = args[0]
             with self.watch():

@@ -418,7 +418,7 @@ class Session:
 
     def _describe(self, op: str, target) -> str:
         name = target._info.get("name") if isinstance(target, ChildProxy) else None
-        if op in ("call", "callback", "metered", "observe"):
+        if op in ("call", "callback", "metered", "observe", "on_device"):
             return f"a call of `{name}`" if name else "a call into the notebook's code"
         return f"{op} on an object of the notebook's code"
 
@@ -442,8 +442,12 @@ class Session:
             return self.request(op, self.get(target._name), args)
         return self._request_raw(op, target, args)
 
-    def call(self, target: "ChildProxy", args: tuple, kwargs: dict):
-        result, copied = self.request("callback", target, (args, kwargs))
+    def call(self, target: "ChildProxy", args: tuple, kwargs: dict, device: str | None = None):
+        """`target(*args, **kwargs)` in the child; with `device`, under `with torch.device(device)` there."""
+        if device is None:
+            result, copied = self.request("callback", target, (args, kwargs))
+        else:
+            result, copied = self.request("on_device", target, (str(device), args, kwargs))
         _copy_back(args, kwargs, copied)
         return result
 

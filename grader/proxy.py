@@ -32,6 +32,8 @@ class ChildProxy(Remote):
         if name.startswith("__") and name.endswith("__") and name not in ("__name__", "__qualname__", "__doc__"):
             if name == "__observe__" and self._info.get("callable"):
                 return lambda args, kwargs: self._session.observe(self, args, kwargs)
+            if name == "__on_default_device__" and self._info.get("callable"):  # checks.call_on_default_device
+                return lambda device, args, kwargs: self._session.call(self, args, kwargs, device=device)
             if name == "__map__" and self._info.get("callable"):  # many calls, one round trip (checks.call_many)
                 return lambda calls: self._session.request("map", self, (list(calls),))
             raise AttributeError(name)

@@ -397,16 +397,18 @@ def _tensor_unobserved(storages: dict, dtype_name, shape, stride, offset, key, n
     numel = 1
     for s in shape:
         numel *= s
-    item = torch.empty((), dtype=dt).element_size()
+    # device="cpu" on every tensor made here: the decoder may run while a check has set torch's default device
+    # (grader.checks.call_on_default_device), and what arrives is CPU data whatever that default is
+    item = torch.empty((), dtype=dt, device="cpu").element_size()
     if len(data) != numel * item or len(shape) != len(stride) or any(s < 0 for s in shape):
         raise pickle.UnpicklingError("tensor data does not match its shape")
     values = (torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dt) if data else
-              torch.empty(0, dtype=dt)).reshape(shape)
+              torch.empty(0, dtype=dt, device="cpu")).reshape(shape)
     if type(key) is int and type(nbytes) is int and 0 < nbytes <= MAX_MESSAGE and nbytes % item == 0 and numel:
         # The same child buffer maps to the same local buffer: views keep their data_ptr() between calls.
         base = storages.get((key, dt))
         if base is None or base.numel() * item != nbytes:
-            base = torch.empty(nbytes // item, dtype=dt)
+            base = torch.empty(nbytes // item, dtype=dt, device="cpu")
             storages[(key, dt)] = base
         try:
             view = base.as_strided(shape, stride, int(offset))

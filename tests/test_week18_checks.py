@@ -372,6 +372,16 @@ def sample_no_draft_rollback(target, draft, input_ids, max_new_tokens, k=4, temp
 
 def sample_cacheless(target, draft, input_ids, max_new_tokens, k=4, temperature=1.0, generator=None):
     return _loop(target, draft, input_ids, max_new_tokens, k, temperature, generator, cache=False)
+
+
+# right in every way but one: the ids fed to the models are made with torch.tensor(...) without device=, which
+# puts them on the CPU beside a model on CUDA
+def generate_default_device(target, draft, input_ids, max_new_tokens, k=4):
+    return _loop(target, draft, input_ids, max_new_tokens, k)
+
+
+def sample_default_device(target, draft, input_ids, max_new_tokens, k=4, temperature=1.0, generator=None):
+    return _loop(target, draft, input_ids, max_new_tokens, k, temperature, generator)
 '''
 
 GENERATE_ROUTES = {
@@ -381,6 +391,7 @@ GENERATE_ROUTES = {
     "generate_refeeds_everything": "target call 1 was fed",
     "generate_target_by_forward": "target ran .* forwards|fed",
     "generate_lib_renamed": "own loop",
+    "generate_default_device": "default device set to 'meta'.*ids on 'meta'",
 }
 SAMPLE_ROUTES = {
     "sample_lib_renamed": "own loop",
@@ -388,6 +399,7 @@ SAMPLE_ROUTES = {
     "sample_ignores_temperature": "target's law",
     "sample_no_draft_rollback": "roll the draft's cache back",
     "sample_cacheless": "without a cache",
+    "sample_default_device": "default device set to 'meta'.*ids on 'meta'",
 }
 
 

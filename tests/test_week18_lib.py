@@ -5,7 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grader.checks.week18 import LawCase, MarkovLM, law_cases, law_counts, law_failures, law_level, law_tests
+from grader.checks.week18_law import LawCase, law_cases, law_counts, law_failures, law_level, law_tests
+from grader.checks.week18_models import MarkovLM
 from lib import speculative as spec
 from lib.generate import generate
 from lib.kv_cache import KVCache, LayerKVCache, RollingKVCache

@@ -338,6 +338,21 @@ def assert_route(obs: Observation, what: str, lib_allowed: tuple[str, ...] = (),
                                    f"keep running statistics. {why}").rstrip()
 
 
+def call_on_default_device(fn, device: str, *args, **kwargs):
+    """`fn(*args, **kwargs)` with torch's default device set to `device` ("meta") where `fn`'s code runs: in the
+    student's process when `fn` is a proxy, else around the call. The arguments keep their devices.
+
+    For code that reads its data (`.tolist()`, `.item()`), which `check_on_meta` cannot run: on real CPU inputs a
+    tensor made without `device=` lands on `meta` and meets them, as it would land on the CPU beside CUDA inputs.
+    Check-side objects the code calls (models behind spies) must make their own tensors under
+    `with torch.device(...)` of their own when this runs in-process."""
+    remote = getattr(fn, "__on_default_device__", None)
+    if remote is not None:
+        return remote(device, args, kwargs)
+    with torch.device(device):
+        return fn(*args, **kwargs)
+
+
 def check_on_meta(fn, args: tuple, what: str, kwargs: dict | None = None) -> None:
     """Run `fn` on `meta`-device copies of the tensors in `args` (shapes, no data — like tensors on a GPU seen
     from a CPU-only machine). A tensor created without `device=` lands on the CPU and meets a meta tensor: torch

@@ -3,169 +3,33 @@
 One `check_<name>` per exercise; each takes the student's function and raises AssertionError with a message
 that says what is wrong. The references are in lib/speculative.py. Notation: p = target, q = draft.
 
-Test models: besides tiny random Llamas and SmolLM2, the checks use `MarkovLM`, a second-order Markov chain
-with a model's call shape whose "cache" is the token history. It is fast, its greedy path wanders, and it
-punishes a missing rollback: a history that still holds rejected tokens gives other logits.
+The instruments live beside this file: the test models and the counted spies in `week18_models` (a Markov chain
+with a model's call shape, besides tiny random Llamas and SmolLM2), the exact law of `verify` and its binomial
+tests in `week18_law`. Their names are imported here, so `checks.MarkovLM`, `checks.law_cases` etc. work as
+before from the notebook and the tests.
 """
 from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
 
 import torch
 
-from grader.checks import call_many, check_on_meta, generator, observe, run_seed, seed_note
+from grader.checks import call_many, call_on_default_device, check_on_meta, generator, observe, run_seed, seed_note
+from grader.checks.week18_law import (FALSE_FAILURE, LAW_K, MAIN_RATIOS, MAIN_TRIALS, REPEATS, _band,  # noqa: F401
+                                      _describe, _kl, law_cases, law_counts, law_failures, law_level, law_power,
+                                      law_tests)
+from grader.checks.week18_models import MarkovLM, _spicy_tiny, spy, work_failures
 from grader.harness import Week
+from grader.wire import IsolationError
 from lib import speculative as ref
 from lib.generate import generate as ref_generate
-from lib.speculative import _History  # the token-history "cache" of the test models
-from lib.model import ModelConfig, tiny_model
 
 WEEK = Week(18, "week18_speculative.ipynb")
 
 SMOLLM2_PROMPT = "To be, or not to be, that is the question:"
 SMOLLM2_NEW_TOKENS = 64
 SMOLLM2_KS = (2, 8)
-
-# --- test models ----------------------------------------------------------------------------------------
-
-class MarkovLM:
-    """logits(next | ..., a, b) = A[b] + B[a]: a second-order Markov chain with a language model's call shape.
-
-    `model(ids [1, t], cache=model.new_cache(1, n)) -> logits [1, t, vocab]`; the cache is the token history
-    (`length`, `truncate(n)`, `crop(n)`), so the logits depend on every token the cache holds."""
-
-    def __init__(self, vocab_size: int, seed: int, scale: float = 3.0, like: "MarkovLM | None" = None,
-                 noise: float = 0.0):
-        g = torch.Generator().manual_seed(seed)
-        self.config = ModelConfig(vocab_size=vocab_size, d_model=1, n_layers=1, n_heads=1, n_kv_heads=1, d_ff=1,
-                                  max_seq_len=4096)
-        self.device = torch.device("cpu")
-        if like is None:
-            self.A = scale * torch.randn(vocab_size, vocab_size, generator=g)
-            self.B = scale * torch.randn(vocab_size, vocab_size, generator=g)
-        else:  # a draft: the target's tables plus noise
-            self.A = like.A + noise * torch.randn(vocab_size, vocab_size, generator=g)
-            self.B = like.B + noise * torch.randn(vocab_size, vocab_size, generator=g)
-
-    def new_cache(self, batch: int = 1, max_len: int | None = None) -> _History:
-        return _History(max_len or self.config.max_seq_len)
-
-    def __call__(self, input_ids: torch.Tensor, cache: _History | None = None) -> torch.Tensor:
-        if input_ids.dim() != 2 or input_ids.shape[0] != 1:
-            raise ValueError(f"MarkovLM takes input_ids [1, t]; got {tuple(input_ids.shape)}")
-        history = cache if cache is not None else _History(self.config.max_seq_len)
-        start = history.length
-        history.tokens.extend(input_ids[0].tolist())
-        seq = torch.tensor(history.tokens)
-        prev = torch.cat([seq.new_zeros(1), seq[:-1]])  # the token before each position (0 before the first)
-        rows = torch.arange(start, len(history.tokens))
-        return (self.A[seq[rows]] + self.B[prev[rows]])[None]  # [1, t, vocab]
-
-    forward = __call__
-
-
-def _spicy_tiny(seed: int, scale: float = 10.0):
-    """A tiny random Llama with weights scaled up, so that its greedy path does not repeat one token."""
-    model = tiny_model(seed=seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" not in name:
-                p.mul_(scale)
-    return model
-
-
-# --- 1 ------------------------------------------------------------------------------------------------
-# The student's loop gets spies, not the models: objects with the models' call shape (`config`, `device`,
-# `new_cache`, `__call__` and `forward`) and no way to the model except through a counted forward. Every
-# forward is logged with the tokens fed, the cache it ran on and that cache's contents before the call (a
-# shadow of the tokens each cache holds, rebuilt from cache.length, so a truncate is seen as it happened).
-
-@dataclass
-class Forward:
-    """One forward the student's loop ran: which model ("target" or "draft"), the tokens fed, the cache's index
-    (None: no cache) and the tokens that cache held before the call."""
-    who: str
-    fed: list
-    cache: int | None
-    held: list
-
-
-def spy(model, log: list, who: str):
-    """`model` behind a counted door: every call, as `spy(ids, cache=c)` or `spy.forward(ids, cache=c)`, is
-    appended to `log` as a `Forward(who, ...)`. Caches must come from `spy.new_cache`."""
-    shadows = []  # (cache, tokens it holds): the cache object is kept so its id is never reused
-
-    def run(input_ids, cache=None):
-        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[0] != 1:
-            raise ValueError(f"the model takes input_ids [1, t]; got {getattr(input_ids, 'shape', input_ids)!r}")
-        fed = input_ids[0].tolist()
-        index, held = None, []
-        if cache is not None:
-            index = next((i for i, (c, _) in enumerate(shadows) if c is cache), None)
-            if index is None:
-                raise ValueError("pass a cache made by this model's new_cache(batch=1, max_len=...)")
-            tokens = shadows[index][1]
-            del tokens[cache.length:]  # what a truncate left
-            held = list(tokens)
-            tokens.extend(fed)
-        log.append(Forward(who, fed, index, held))
-        return model(input_ids, cache=cache)
-
-    class Model:
-        __slots__ = ()
-        config = model.config
-        device = model.device
-
-        def __call__(self, input_ids, cache=None):
-            return run(input_ids, cache)
-
-        def forward(self, input_ids, cache=None):
-            return run(input_ids, cache)
-
-        def new_cache(self, batch: int = 1, max_len: int | None = None):
-            cache = model.new_cache(batch=batch, max_len=max_len)
-            shadows.append((cache, []))
-            return cache
-
-    return Model()
-
-
-def work_failures(log: list, output: list, k: int) -> list[str]:
-    """What the logs show wrong with a speculative loop that wrote `output` (the prompt and the new tokens):
-    a target call after the prefill without a cache or fed more than K + 1 tokens; a cache holding a token
-    that is not the output's at the start of a round (no rollback); a draft call after its prefill fed more
-    than 2 tokens (the last draft token and the target's, after a round that kept all K)."""
-    target_log = [f for f in log if f.who == "target"]
-    bad = []
-    for j, f in enumerate(target_log[1:], 1):
-        if f.cache is None:
-            bad.append(f"target call {j} ran without a cache (fed {len(f.fed)} tokens): keep a KV cache per model")
-        elif len(f.fed) > k + 1:
-            bad.append(f"target call {j} was fed {len(f.fed)} tokens; a round feeds the last token kept and at most "
-                       f"K = {k} draft tokens (K + 1), the rest is in the cache")
-    for j, f in enumerate(target_log):
-        if f.cache is not None and f.held != output[:len(f.held)]:
-            bad.append(f"before target call {j} its cache held {len(f.held)} positions, not all of them tokens "
-                       f"of the output: rejected draft tokens were left in it (truncate to the tokens kept)")
-    # the draft: its first call is its prefill; after that, at most 2 tokens per call, and at the start of
-    # each round (its first call after a target call) its cache holds only tokens of the output
-    j = -1
-    for i, f in enumerate(log):
-        if f.who != "draft":
-            continue
-        j += 1
-        if j > 0 and (f.cache is None or len(f.fed) > 2):
-            bad.append(f"draft call {j} was fed {len(f.fed)} tokens" + (" without a cache" if f.cache is None else "")
-                       + ": after its prefill the draft needs at most the 2 tokens its cache has not seen")
-        round_start = i == 0 or log[i - 1].who == "target"
-        if round_start and f.cache is not None and f.held != output[:len(f.held)]:
-            bad.append(f"before draft call {j} its cache held {len(f.held)} positions, not all of them tokens of "
-                       f"the output: roll the draft's cache back to the tokens kept too")
-        if bad:
-            break
-    return bad[:2]
 
 
 def _loop_lib_calls(obs) -> list:
@@ -208,6 +72,30 @@ def _check_one_generation(speculative_generate, target, draft, ids, n, k, what, 
             f"`target.forward(...)`); speculative decoding needs {stats.target_calls} here (one per round, each "
             f"scoring all K draft tokens at once) {seed_note()}")
     return t_log
+
+
+def check_default_device(loop, target, draft, ids, n, k, what, **kwargs) -> torch.Tensor:
+    """The loop once more with torch's default device set to `meta` where the student's code runs (the models,
+    the prompt and the generator keep theirs): a tensor made without `device=` lands on `meta` and meets them, as
+    it would land on the CPU beside a model on CUDA. `check_on_meta` cannot judge a loop: it reads token values."""
+    log, faults = [], []
+    try:
+        got = call_on_default_device(loop, "meta", spy(target, log, "target", faults), spy(draft, log, "draft", faults),
+                                     ids, n, k=k, **kwargs)
+        error = None
+    except IsolationError:
+        raise
+    except Exception as e:  # noqa: BLE001  (whatever the loop raised there is the verdict)
+        error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    if not faults and error is None and not (isinstance(got, torch.Tensor) and got.device == ids.device):
+        error = f"it returned {getattr(got, 'device', type(got).__name__)!s} ids, the prompt is on '{ids.device}'"
+    reason = faults[0] if faults else error
+    assert reason is None, (
+        f"{what}, run again with torch's default device set to 'meta' (the models, prompt and generator stay on the "
+        f"CPU): {reason}. A tensor made without device= lands on the default device: on the CPU while the model "
+        f"runs on CUDA. Make every tensor on the prompt's device (torch.tensor(..., device=input_ids.device)) and "
+        f"every random draw on the generator's")
+    return got
 
 
 SAMPLED_TRIALS = 1_500
@@ -259,8 +147,9 @@ def check_speculative_generate(speculative_generate, smollm2: bool = True) -> No
     The models are spies (`spy`): every forward counts however it is called. Judged: the tokens; target calls
     <= the reference's + 1; after the prefill, every target call has a cache and is fed <= K + 1 tokens, every
     draft call <= 2; at each call the cache holds only tokens of the output (the rollback is real).
-    Markov chains (drafts from perfect to poor) and tiny Llamas with real KV caches, K in {1, 2, 3, 4, 8};
-    then SmolLM2 (64 tokens) with prompt lookup as the draft."""
+    Markov chains (drafts from perfect to poor) and tiny Llamas with real KV caches, K in {1, 2, 3, 4, 8}; a run
+    with torch's default device set to `meta` (`check_default_device`); then SmolLM2 (64 tokens) with prompt
+    lookup as the draft."""
     g = generator(0)
     vocab = 24
     for case in range(3):
@@ -293,6 +182,12 @@ def check_speculative_generate(speculative_generate, smollm2: bool = True) -> No
                      torch.tensor([[1, 2, 3]]), 12, k=3)
     used = _loop_lib_calls(obs)
     assert not used, f"speculative_generate must be your own loop; it called {used}"
+    target, draft = _spicy_tiny(3), _spicy_tiny(13, scale=6.0)
+    ids = torch.randint(0, target.config.vocab_size, (1, 4), generator=g)
+    got = check_default_device(speculative_generate, target, draft, ids, 12, 3, "tiny Llama, K=3")
+    assert torch.equal(got, ref_generate(target, ids, 12)), (
+        "tiny Llama, K=3: with torch's default device set to 'meta' the tokens changed (the models and prompt on the "
+        "CPU): make every tensor on the prompt's device")
     if smollm2:
         _check_smollm2(speculative_generate)
 
@@ -325,231 +220,6 @@ def _check_smollm2(speculative_generate):
             f"SmolLM2, K={k}: {len(t_log)} target forwards for {SMOLLM2_NEW_TOKENS} tokens; the prompt-lookup draft "
             f"agrees with the target about half the time here, so speculation needs fewer calls than tokens")
 
-
-# --- 2 ------------------------------------------------------------------------------------------------
-# verify is checked against the exact law of its output. For fixed inputs p [K+1, V], q [K, V] and draft tokens
-# x [K], with a_i = min(1, p_i(x_i) / q_i(x_i)) and r_i = normalize(max(p_i - q_i, 0)):
-#     P(n_accepted = j, next = y) = a_0 ··· a_{j-1} · (1 - a_j) · r_j(y)    (j < K)
-#     P(n_accepted = K, next = y) = a_0 ··· a_{K-1} · p_K(y)
-# (Summed over the x_i drawn from q this is the one-position identity P(emit y) = p(y); the law conditional on
-# the draft tokens is what a wrong rule changes, so that is what is tested, cell by cell.)
-
-FALSE_FAILURE = 1e-6  # statistical checks: a correct implementation fails less often than this
-LAW_VOCAB = 5
-LAW_K = 3
-MAIN_RATIOS = (0.85, 0.90)  # case "main": every p_i(x_i)/q_i(x_i) drawn in this range, strictly inside (0, 1)
-MAIN_TRIALS = 42_000  # the power case: see law_power() and tests/test_week18_checks.py
-SMALL_TRIALS = 4_000  # each edge case
-REPEATS = 300  # calls run twice with equal generator states
-
-
-@dataclass
-class LawCase:
-    """One input of the law test: verify(p, q, x) is called `trials` times, each with its own generator."""
-    name: str
-    p: torch.Tensor  # [K+1, V] float64
-    q: torch.Tensor  # [K, V]
-    x: torch.Tensor  # [K] int64
-    trials: int
-    why: str  # what the case is for, shown when it fails
-
-    def law(self) -> torch.Tensor:
-        """[K+1, V]: P(n_accepted = j, next_token = y), exactly."""
-        return verify_law(self.p, self.q, self.x)
-
-
-def verify_law(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """The exact law [K+1, V] of (n_accepted, next_token) of speculative sampling's verify on these inputs."""
-    k = x.shape[0]
-    p, q = p.double(), q.double()
-    law = torch.zeros(k + 1, p.shape[1], dtype=torch.float64)
-    reach = 1.0
-    for i in range(k):
-        px, qx = float(p[i, x[i]]), float(q[i, x[i]])
-        a = 1.0 if px >= qx else px / qx
-        if a < 1.0:
-            res = (p[i] - q[i]).clamp(min=0)
-            law[i] = reach * (1.0 - a) * res / res.sum()
-        reach *= a
-    law[k] = reach * p[k]
-    return law
-
-
-def _row(g, v, fixed: dict[int, float]) -> torch.Tensor:
-    """A distribution over v tokens with the given entries fixed and the rest of the mass spread at random
-    over the other tokens (each > 0)."""
-    free = [t for t in range(v) if t not in fixed]
-    w = 0.2 + torch.rand(len(free), generator=g, dtype=torch.float64)
-    row = torch.zeros(v, dtype=torch.float64)
-    row[free] = (1.0 - sum(fixed.values())) * w / w.sum()
-    for t, val in fixed.items():
-        row[t] = val
-    return row
-
-
-def _positions(g, ratios):
-    """p [K+1, V], q [K, V], x [K] with p_i(x_i) / q_i(x_i) = ratios[i], q_i zero at a token where p_i has mass,
-    and p_K zero at one token."""
-    v, k = LAW_VOCAB, len(ratios)
-    ps, qs, xs = [], [], []
-    for r in ratios:
-        x, z = (int(t) for t in torch.randperm(v, generator=g)[:2])
-        qx = 0.25 + 0.2 * float(torch.rand((), generator=g)) if r <= 1 else 0.2 + 0.15 * float(torch.rand((), generator=g))
-        qs.append(_row(g, v, {x: qx, z: 0.0}))
-        ps.append(_row(g, v, {x: r * qx}))
-        xs.append(x)
-    ps.append(_row(g, v, {int(torch.randint(v, (), generator=g)): 0.0}))
-    return torch.stack(ps), torch.stack(qs), torch.tensor(xs, dtype=torch.int64)
-
-
-def law_cases(g: torch.Generator) -> list[LawCase]:
-    """The inputs of the law test, drawn from `g` (so, per run)."""
-    def u(lo, hi):
-        return lo + (hi - lo) * float(torch.rand((), generator=g))
-
-    v, k = LAW_VOCAB, LAW_K
-    cases = []
-    p, q, x = _positions(g, [u(*MAIN_RATIOS) for _ in range(k)])
-    cases.append(LawCase("main", p, q, x, MAIN_TRIALS, "every acceptance ratio strictly between 0 and 1"))
-    p, q, x = _positions(g, [u(1.5, 2.0), u(0.2, 0.5), u(0.5, 0.8)])
-    cases.append(LawCase("ratio above 1 first", p, q, x, SMALL_TRIALS,
-                         "p_0(x_0) > q_0(x_0): token 0 is always accepted, and does not raise the later ones' odds"))
-    # rows shared by every position (broadcast views, stride 0): a verify that writes into its arguments fails
-    pi = _row(g, v, {int(torch.randint(v, (), generator=g)): 0.0})
-    tok = int(torch.multinomial(pi, 1, generator=g))
-    cases.append(LawCase("p = q", pi.expand(k + 1, v), pi.expand(k, v), torch.tensor(tok).expand(k), SMALL_TRIALS,
-                         "the draft is the target (α = 1): every token accepted, then the bonus from p_K"))
-    perm = torch.randperm(v, generator=g)
-    pd = torch.zeros(v, dtype=torch.float64)
-    qd = torch.zeros(v, dtype=torch.float64)
-    pd[perm[:2]] = torch.tensor([0.3, 0.7], dtype=torch.float64)
-    qd[perm[2:]] = _row(g, v - 2, {})
-    cases.append(LawCase("disjoint supports", pd.expand(k + 1, v), qd.expand(k, v), perm[2:3].expand(k),
-                         SMALL_TRIALS, "p and q disjoint: the first token is always rejected, the next comes from p"))
-    x = int(torch.randint(v, (), generator=g))
-    z = (x + 1 + int(torch.randint(v - 1, (), generator=g))) % v
-    qx = u(0.3, 0.5)
-    qs, ps = _row(g, v, {x: qx, z: 0.0}), _row(g, v, {x: u(0.3, 0.7) * qx})
-    cases.append(LawCase("one row for all positions", ps.expand(k + 1, v), qs.expand(k, v),
-                         torch.tensor(x).expand(k), SMALL_TRIALS,
-                         "the same p and q at every position, q zero where p has mass"))
-    return cases
-
-
-def _kl(x: float, a: float) -> float:
-    """KL(Bernoulli(x) || Bernoulli(a)), 0 < a < 1."""
-    out = 0.0
-    if x > 0:
-        out += x * math.log(x / a)
-    if x < 1:
-        out += (1 - x) * math.log((1 - x) / (1 - a))
-    return out
-
-
-def law_level(n_tests: int) -> float:
-    """The bound on m·KL(X/m || a) for one of `n_tests` binomial tests.
-
-    Chernoff: for X ~ Binomial(m, a), P[X/m >= a + t] <= exp(-m·KL(a + t || a)) and the same below, so
-    P[m·KL(X/m || a) > L] <= 2·exp(-L). With L = ln(2·n_tests / FALSE_FAILURE) and a union bound over the
-    n_tests tests, a correct verify fails the whole check with probability < FALSE_FAILURE."""
-    return math.log(2 * n_tests / FALSE_FAILURE)
-
-
-def _band(m: int, a: float, level: float) -> tuple[float, float]:
-    """The frequencies x with m·KL(x || a) <= level: the interval a correct implementation stays in."""
-    def edge(lo, hi):  # bisect between a (inside) and an end (outside)
-        for _ in range(60):
-            mid = (lo + hi) / 2
-            if m * _kl(mid, a) <= level:
-                lo = mid
-            else:
-                hi = mid
-        return lo
-    return edge(a, 0.0), edge(a, 1.0)
-
-
-def law_power(m: int, a: float, delta: float, level: float) -> float:
-    """P[the binomial test at `level` rejects] when X ~ Binomial(m, a + delta) is tested against a: the
-    probability that an acceptance probability off by `delta` is caught from m runs that reach it."""
-    lo, hi = _band(m, a, level)
-    x = torch.arange(m + 1, dtype=torch.float64)
-    b = a + delta
-    logpmf = (torch.lgamma(torch.tensor(m + 1.0, dtype=torch.float64)) - torch.lgamma(x + 1) - torch.lgamma(m - x + 1)
-              + x * math.log(b) + (m - x) * math.log(1 - b))
-    inside = (x / m >= lo) & (x / m <= hi)
-    return float(1.0 - logpmf[inside].exp().sum())
-
-
-def law_tests(case: LawCase) -> list[tuple[str, int, int, float]]:
-    """The binomial tests of one case as (what, X, m, a) — set up from the law alone (the data only fills in
-    X and m, by `_fill`); events of probability 0 or 1 are checked exactly, not counted here."""
-    law = case.law()
-    k = case.x.shape[0]
-    tests = []
-    for i in range(k):
-        reach, go = float(law[i:].sum()), float(law[i + 1:].sum())
-        if reach > 0 and 0 < go / reach < 1:
-            tests.append((f"acc{i}", i, -1, go / reach))
-    for j in range(k + 1):
-        total = float(law[j].sum())
-        for y in range(law.shape[1]):
-            if total > 0 and 0 < float(law[j, y]) / total < 1:
-                tests.append((f"next{j},{y}", j, y, float(law[j, y]) / total))
-    return tests
-
-
-def law_counts(verify, case: LawCase, seed: int) -> torch.Tensor:
-    """Counts [K+1, V] of (n_accepted, next_token) over case.trials calls, call t with generator seed + t."""
-    k, v = case.x.shape[0], case.p.shape[1]
-    calls = [((case.p, case.q, case.x), {"generator": torch.Generator().manual_seed(seed + t)})
-             for t in range(case.trials)]
-    counts = torch.zeros(k + 1, v, dtype=torch.int64)
-    for out in call_many(verify, calls):
-        n, y = _result(out, k, v, case.name)
-        counts[n, y] += 1
-    return counts
-
-
-def _result(out, k: int, v: int, what: str) -> tuple[int, int]:
-    assert isinstance(out, tuple) and len(out) == 2 and all(isinstance(o, int) for o in out), (
-        f"verify must return a tuple of two ints (n_accepted, next_token); got {out!r} ({what})")
-    n, y = out
-    assert 0 <= n <= k and 0 <= y < v, (f"verify returned ({n}, {y}) for K={k} draft tokens over {v} tokens: "
-                                        f"n_accepted must be in 0..K, next_token in 0..V-1 ({what})")
-    return n, y
-
-
-def law_failures(case: LawCase, counts: torch.Tensor, level: float) -> list[str]:
-    """What is wrong with `counts` for `case` (empty when nothing is): impossible cells hit, then the binomial
-    tests of acceptance at each position and of the next token after each n_accepted."""
-    law = case.law()
-    bad = []
-    for j, y in ((counts > 0) & (law == 0)).nonzero().tolist():
-        what = (f"all {j} accepted, then the bonus token {y}, which p_K gives probability 0" if j == case.x.shape[0]
-                else f"{j} accepted, then token {y}" + (", which the residual max(p - q, 0) gives probability 0"
-                                                       if float(law[j].sum()) > 0 else
-                                                       f": n_accepted = {j} has probability 0 here"))
-        bad.append(f"{int(counts[j, y])} runs emitted {what}")
-    for name, j, y, a in law_tests(case):
-        if y < 0:
-            m, x = int(counts[j:].sum()), int(counts[j + 1:].sum())
-            label = f"draft token {j} accepted (of the runs that reached it)"
-        else:
-            m, x = int(counts[j].sum()), int(counts[j, y])
-            label = (f"next token {y} after all {j} accepted (p_K)" if j == case.x.shape[0] else
-                     f"next token {y} after a rejection at position {j} (residual)")
-        if m and m * _kl(x / m, a) > level:
-            lo, hi = _band(m, a, level)
-            bad.append(f"{label}: {x}/{m} = {x / m:.4f}; the law gives {a:.4f} (a correct verify stays in "
-                       f"[{lo:.4f}, {hi:.4f}] here)")
-    return bad
-
-
-def _describe(case: LawCase) -> str:
-    k = case.x.shape[0]
-    ratios = [float(case.p[i, case.x[i]] / case.q[i, case.x[i]]) for i in range(k)]
-    return (f"case '{case.name}' ({case.why}; K={k}, V={case.p.shape[1]}, draft tokens {case.x.tolist()}, "
-            f"p_i(x_i)/q_i(x_i) = {[round(r, 3) for r in ratios]}, {case.trials} runs)")
 
 
 @WEEK.exercise(2, "verify", section="3 (Speculative sampling)")
@@ -608,7 +278,8 @@ def check_verify(verify) -> None:
 def check_speculative_sample(speculative_sample) -> None:
     """Speculative sampling end to end: the work accounting of `check_speculative_generate` on runs at T = 1 and
     0.5 (Markov chain, 24 tokens, K = 3; tiny Llama, K = 2), then the law of the first two new tokens on a
-    4-token Markov chain, per cell (SAMPLED_TRIALS runs, binomial tests, < 1e-6 false failures in all)."""
+    4-token Markov chain, per cell (SAMPLED_TRIALS runs, binomial tests, < 1e-6 false failures in all); last a run
+    with torch's default device set to `meta` (`check_default_device`)."""
     g = generator(5)
     target = MarkovLM(24, int(torch.randint(0, 2**30, (), generator=g)))
     tiny = _spicy_tiny(5)
@@ -629,6 +300,10 @@ def check_speculative_sample(speculative_sample) -> None:
                      12, k=3, temperature=1.0, generator=torch.Generator().manual_seed(0))
     used = _loop_lib_calls(obs)
     assert not used, f"speculative_sample must be your own loop (with your verify); it called {used}"
+    got = check_default_device(speculative_sample, tiny, ref.early_exit_draft(tiny, 1), torch.tensor([[5, 6, 7]]),
+                               12, 3, "tiny Llama, T=1, K=3", temperature=1.0,
+                               generator=torch.Generator().manual_seed(run_seed() + 2))
+    assert tuple(got.shape) == (1, 15), f"tiny Llama, T=1, K=3, default device 'meta': ids of shape {tuple(got.shape)}"
 
 
 # --- 4: the prompt-lookup draft ------------------------------------------------------------------------------

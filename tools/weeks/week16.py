@@ -498,14 +498,15 @@ check_roofline_time(roofline_time)
 nb.md("""
 First, this machine — the device the model is on (`dev`): matmul throughput from a 2048×2048 product, and
 bandwidth from a matrix-vector product over a 256 MiB matrix (larger than any CPU cache, and the same
-operation as a decode step). On a GPU both measurements synchronize before reading the clock.
+operation as a decode step; a plain streaming read of the same bytes, the roofline's true ceiling, is faster —
+week 20 uses that one). On a GPU both measurements synchronize before reading the clock.
 Close other programs first: anything else running changes these numbers.
 """)
 
 nb.code("""
 # On the model's device, in the model's dtype; best of 10: other programs only slow it down.
 flops_per_s = roofline.measure_flops_per_s(2048, repeats=10, dtype=model.embed.weight.dtype, device=dev)
-bytes_per_s = roofline.measure_bandwidth(256, repeats=10, dtype=model.embed.weight.dtype, device=dev)
+bytes_per_s = roofline.measure_bandwidth(256, repeats=10, dtype=model.embed.weight.dtype, device=dev, how="matvec")
 print(f"{dev}: matmul: {flops_per_s / 1e9:.0f} GFLOP/s   mat-vec bandwidth: {bytes_per_s / 1e9:.1f} GB/s   "
       f"ridge point: {flops_per_s / bytes_per_s:.0f} FLOP/byte")
 """)

@@ -158,6 +158,9 @@ token does not pass), and SmolLM2 for 64 tokens with K ∈ {2, 8} (the draft the
 The models it hands you count every forward, `target(...)` or `target.forward(...)`: after the prefill a target
 call may feed at most K + 1 tokens and a draft call at most 2 (the last draft token and the target's, after a
 round that kept all K), and at the start of each round each cache must hold only tokens of the output.
+Last, it runs your loop once more with torch's default device set to `meta` (the models and the prompt stay on
+the CPU): a tensor made without `device=` lands there and is refused, as it would land on the CPU beside a model
+on CUDA — make the ids you feed with `device=input_ids.device`.
 """)
 
 nb.exercise("speculative_generate", '''
@@ -351,7 +354,7 @@ max_new_tokens, k=4, temperature=1.0, generator=None)`. It is exercise 1's loop 
 p = softmax(target logits / T), and your `verify` decides what is kept; roll both caches back as before. Pass
 `generator` to every draw. The check runs it with counted models (the work rules of exercise 1), then 1,500
 times per temperature on a 4-token Markov chain (T = 1 and 0.5) and tests the law of the first two new tokens
-against the target's, cell by cell.
+against the target's, cell by cell, and last with torch's default device set to `meta`, as in exercise 1.
 """)
 
 nb.exercise("speculative_sample", '''

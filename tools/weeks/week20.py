@@ -72,14 +72,18 @@ $$t_\text{token} \approx \frac{\text{weight bytes}}{\text{memory bandwidth}}, \q
 
 Seed 002's Q1: a 13B-parameter model in FP16 needs 13·10⁹ × 2 B = **26 GB** for its weights alone — more
 than a 24 GB GPU holds. In a 4.5-bit format it needs 7.3 GB. Below: the same arithmetic for SmolLM2 on
-this machine, with the bandwidth measured by a one-row matrix product over a large matrix (section 6 of
-week 16).
+this machine, with the bandwidth measured by reading a large matrix once, as fast as torch can (a sum over
+it: every core streams its share). Week 16 measured a one-row matrix product instead, the operation of a
+decode step; it is printed beside it: on a CPU that kernel reads well below what the memory delivers, so it
+is not the ceiling.
 """)
 
 nb.code(r"""
 n_weights = roofline.matmul_params(model)  # the linears of 30 blocks + the tied LM head: read once per token
-bandwidth = roofline.measure_bandwidth(mib=256 if FULL else 128, repeats=3)
-print(f"measured bandwidth: {bandwidth / 1e9:.1f} GB/s; {n_weights:,} weights read per token")
+bandwidth = roofline.measure_bandwidth(mib=256 if FULL else 128, repeats=3)  # how="stream": the ceiling
+matvec = roofline.measure_bandwidth(mib=256 if FULL else 128, repeats=3, how="matvec")  # week 16's probe
+print(f"measured bandwidth: {bandwidth / 1e9:.1f} GB/s streaming (a one-row F.linear over the same bytes: "
+      f"{matvec / 1e9:.1f} GB/s); {n_weights:,} weights read per token")
 print(f"13B parameters in FP16: {13e9 * 16 / 8 / 1e9:.0f} GB; in a 4.5-bit format: {13e9 * 4.5 / 8 / 1e9:.1f} GB")
 formats = {"F32": 32.0, "F16": 16.0, "Q8_0": 8.5, "Q4_1": 5.0, "Q4_0 / Q4_K": 4.5}
 print(f"{'format':>12} {'MB / token':>11} {'roofline tok/s':>15}")
@@ -1270,8 +1274,9 @@ plt.show()
 nb.md(r"""
 Read the shares, not the absolute speeds (a shared machine lowers all of them). Fewer bytes raise the ceiling
 in proportion; how much of it a path reaches depends on everything else a step does. (The ceiling is only as
-good as the bandwidth probe, one float32 `F.linear`: a path that streams its weights faster than that probe —
-possible with one thread, or on a busy machine — shows a share above 100 %.) The GGUF decoder runs a
+good as the bandwidth probe of section 1, a streaming sum: on a machine whose load changes between the probe
+and the timings a share can still come out wrong, so rerun on a quiet machine before reading much into one.)
+The GGUF decoder runs a
 one-token step of all 30 layers in one C++ call (`decode_step`, the same arithmetic as lib.fast's Python
 step), because at 135M parameters the Python and tensor bookkeeping between ~300 small operations cost as
 much as the matmuls themselves. `python benchmarks/quant.py` repeats this measurement with more paths,

@@ -1,0 +1,239 @@
+"""The exact law of `verify`'s output and the binomial tests week 18 judges it by (exercises 2 and 3).
+
+Separate from the checks because the statistics are a unit of their own: the closed-form law, the per-cell
+tests with their false-failure bound (Chernoff + union bound) and their power are used by the checks, by the
+notebook's picture of the law test and by tests/test_week18_checks.py's power test.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from grader.checks import call_many
+
+# --- 2 ------------------------------------------------------------------------------------------------
+# verify is checked against the exact law of its output. For fixed inputs p [K+1, V], q [K, V] and draft tokens
+# x [K], with a_i = min(1, p_i(x_i) / q_i(x_i)) and r_i = normalize(max(p_i - q_i, 0)):
+#     P(n_accepted = j, next = y) = a_0 ··· a_{j-1} · (1 - a_j) · r_j(y)    (j < K)
+#     P(n_accepted = K, next = y) = a_0 ··· a_{K-1} · p_K(y)
+# (Summed over the x_i drawn from q this is the one-position identity P(emit y) = p(y); the law conditional on
+# the draft tokens is what a wrong rule changes, so that is what is tested, cell by cell.)
+
+FALSE_FAILURE = 1e-6  # statistical checks: a correct implementation fails less often than this
+LAW_VOCAB = 5
+LAW_K = 3
+MAIN_RATIOS = (0.85, 0.90)  # case "main": every p_i(x_i)/q_i(x_i) drawn in this range, strictly inside (0, 1)
+MAIN_TRIALS = 42_000  # the power case: see law_power() and tests/test_week18_checks.py
+SMALL_TRIALS = 4_000  # each edge case
+REPEATS = 300  # calls run twice with equal generator states
+
+
+@dataclass
+class LawCase:
+    """One input of the law test: verify(p, q, x) is called `trials` times, each with its own generator."""
+    name: str
+    p: torch.Tensor  # [K+1, V] float64
+    q: torch.Tensor  # [K, V]
+    x: torch.Tensor  # [K] int64
+    trials: int
+    why: str  # what the case is for, shown when it fails
+
+    def law(self) -> torch.Tensor:
+        """[K+1, V]: P(n_accepted = j, next_token = y), exactly."""
+        return verify_law(self.p, self.q, self.x)
+
+
+def verify_law(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The exact law [K+1, V] of (n_accepted, next_token) of speculative sampling's verify on these inputs."""
+    k = x.shape[0]
+    p, q = p.double(), q.double()
+    law = torch.zeros(k + 1, p.shape[1], dtype=torch.float64)
+    reach = 1.0
+    for i in range(k):
+        px, qx = float(p[i, x[i]]), float(q[i, x[i]])
+        a = 1.0 if px >= qx else px / qx
+        if a < 1.0:
+            res = (p[i] - q[i]).clamp(min=0)
+            law[i] = reach * (1.0 - a) * res / res.sum()
+        reach *= a
+    law[k] = reach * p[k]
+    return law
+
+
+def _row(g, v, fixed: dict[int, float]) -> torch.Tensor:
+    """A distribution over v tokens with the given entries fixed and the rest of the mass spread at random
+    over the other tokens (each > 0)."""
+    free = [t for t in range(v) if t not in fixed]
+    w = 0.2 + torch.rand(len(free), generator=g, dtype=torch.float64)
+    row = torch.zeros(v, dtype=torch.float64)
+    row[free] = (1.0 - sum(fixed.values())) * w / w.sum()
+    for t, val in fixed.items():
+        row[t] = val
+    return row
+
+
+def _positions(g, ratios):
+    """p [K+1, V], q [K, V], x [K] with p_i(x_i) / q_i(x_i) = ratios[i], q_i zero at a token where p_i has mass,
+    and p_K zero at one token."""
+    v, k = LAW_VOCAB, len(ratios)
+    ps, qs, xs = [], [], []
+    for r in ratios:
+        x, z = (int(t) for t in torch.randperm(v, generator=g)[:2])
+        qx = 0.25 + 0.2 * float(torch.rand((), generator=g)) if r <= 1 else 0.2 + 0.15 * float(torch.rand((), generator=g))
+        qs.append(_row(g, v, {x: qx, z: 0.0}))
+        ps.append(_row(g, v, {x: r * qx}))
+        xs.append(x)
+    ps.append(_row(g, v, {int(torch.randint(v, (), generator=g)): 0.0}))
+    return torch.stack(ps), torch.stack(qs), torch.tensor(xs, dtype=torch.int64)
+
+
+def law_cases(g: torch.Generator) -> list[LawCase]:
+    """The inputs of the law test, drawn from `g` (so, per run)."""
+    def u(lo, hi):
+        return lo + (hi - lo) * float(torch.rand((), generator=g))
+
+    v, k = LAW_VOCAB, LAW_K
+    cases = []
+    p, q, x = _positions(g, [u(*MAIN_RATIOS) for _ in range(k)])
+    cases.append(LawCase("main", p, q, x, MAIN_TRIALS, "every acceptance ratio strictly between 0 and 1"))
+    p, q, x = _positions(g, [u(1.5, 2.0), u(0.2, 0.5), u(0.5, 0.8)])
+    cases.append(LawCase("ratio above 1 first", p, q, x, SMALL_TRIALS,
+                         "p_0(x_0) > q_0(x_0): token 0 is always accepted, and does not raise the later ones' odds"))
+    # rows shared by every position (broadcast views, stride 0): a verify that writes into its arguments fails
+    pi = _row(g, v, {int(torch.randint(v, (), generator=g)): 0.0})
+    tok = int(torch.multinomial(pi, 1, generator=g))
+    cases.append(LawCase("p = q", pi.expand(k + 1, v), pi.expand(k, v), torch.tensor(tok).expand(k), SMALL_TRIALS,
+                         "the draft is the target (α = 1): every token accepted, then the bonus from p_K"))
+    perm = torch.randperm(v, generator=g)
+    pd = torch.zeros(v, dtype=torch.float64)
+    qd = torch.zeros(v, dtype=torch.float64)
+    pd[perm[:2]] = torch.tensor([0.3, 0.7], dtype=torch.float64)
+    qd[perm[2:]] = _row(g, v - 2, {})
+    cases.append(LawCase("disjoint supports", pd.expand(k + 1, v), qd.expand(k, v), perm[2:3].expand(k),
+                         SMALL_TRIALS, "p and q disjoint: the first token is always rejected, the next comes from p"))
+    x = int(torch.randint(v, (), generator=g))
+    z = (x + 1 + int(torch.randint(v - 1, (), generator=g))) % v
+    qx = u(0.3, 0.5)
+    qs, ps = _row(g, v, {x: qx, z: 0.0}), _row(g, v, {x: u(0.3, 0.7) * qx})
+    cases.append(LawCase("one row for all positions", ps.expand(k + 1, v), qs.expand(k, v),
+                         torch.tensor(x).expand(k), SMALL_TRIALS,
+                         "the same p and q at every position, q zero where p has mass"))
+    return cases
+
+
+def _kl(x: float, a: float) -> float:
+    """KL(Bernoulli(x) || Bernoulli(a)), 0 < a < 1."""
+    out = 0.0
+    if x > 0:
+        out += x * math.log(x / a)
+    if x < 1:
+        out += (1 - x) * math.log((1 - x) / (1 - a))
+    return out
+
+
+def law_level(n_tests: int) -> float:
+    """The bound on m·KL(X/m || a) for one of `n_tests` binomial tests.
+
+    Chernoff: for X ~ Binomial(m, a), P[X/m >= a + t] <= exp(-m·KL(a + t || a)) and the same below, so
+    P[m·KL(X/m || a) > L] <= 2·exp(-L). With L = ln(2·n_tests / FALSE_FAILURE) and a union bound over the
+    n_tests tests, a correct verify fails the whole check with probability < FALSE_FAILURE."""
+    return math.log(2 * n_tests / FALSE_FAILURE)
+
+
+def _band(m: int, a: float, level: float) -> tuple[float, float]:
+    """The frequencies x with m·KL(x || a) <= level: the interval a correct implementation stays in."""
+    def edge(lo, hi):  # bisect between a (inside) and an end (outside)
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            if m * _kl(mid, a) <= level:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+    return edge(a, 0.0), edge(a, 1.0)
+
+
+def law_power(m: int, a: float, delta: float, level: float) -> float:
+    """P[the binomial test at `level` rejects] when X ~ Binomial(m, a + delta) is tested against a: the
+    probability that an acceptance probability off by `delta` is caught from m runs that reach it."""
+    lo, hi = _band(m, a, level)
+    x = torch.arange(m + 1, dtype=torch.float64)
+    b = a + delta
+    logpmf = (torch.lgamma(torch.tensor(m + 1.0, dtype=torch.float64)) - torch.lgamma(x + 1) - torch.lgamma(m - x + 1)
+              + x * math.log(b) + (m - x) * math.log(1 - b))
+    inside = (x / m >= lo) & (x / m <= hi)
+    return float(1.0 - logpmf[inside].exp().sum())
+
+
+def law_tests(case: LawCase) -> list[tuple[str, int, int, float]]:
+    """The binomial tests of one case as (what, X, m, a) — set up from the law alone (the data only fills in
+    X and m, by `_fill`); events of probability 0 or 1 are checked exactly, not counted here."""
+    law = case.law()
+    k = case.x.shape[0]
+    tests = []
+    for i in range(k):
+        reach, go = float(law[i:].sum()), float(law[i + 1:].sum())
+        if reach > 0 and 0 < go / reach < 1:
+            tests.append((f"acc{i}", i, -1, go / reach))
+    for j in range(k + 1):
+        total = float(law[j].sum())
+        for y in range(law.shape[1]):
+            if total > 0 and 0 < float(law[j, y]) / total < 1:
+                tests.append((f"next{j},{y}", j, y, float(law[j, y]) / total))
+    return tests
+
+
+def law_counts(verify, case: LawCase, seed: int) -> torch.Tensor:
+    """Counts [K+1, V] of (n_accepted, next_token) over case.trials calls, call t with generator seed + t."""
+    k, v = case.x.shape[0], case.p.shape[1]
+    calls = [((case.p, case.q, case.x), {"generator": torch.Generator().manual_seed(seed + t)})
+             for t in range(case.trials)]
+    counts = torch.zeros(k + 1, v, dtype=torch.int64)
+    for out in call_many(verify, calls):
+        n, y = _result(out, k, v, case.name)
+        counts[n, y] += 1
+    return counts
+
+
+def _result(out, k: int, v: int, what: str) -> tuple[int, int]:
+    assert isinstance(out, tuple) and len(out) == 2 and all(isinstance(o, int) for o in out), (
+        f"verify must return a tuple of two ints (n_accepted, next_token); got {out!r} ({what})")
+    n, y = out
+    assert 0 <= n <= k and 0 <= y < v, (f"verify returned ({n}, {y}) for K={k} draft tokens over {v} tokens: "
+                                        f"n_accepted must be in 0..K, next_token in 0..V-1 ({what})")
+    return n, y
+
+
+def law_failures(case: LawCase, counts: torch.Tensor, level: float) -> list[str]:
+    """What is wrong with `counts` for `case` (empty when nothing is): impossible cells hit, then the binomial
+    tests of acceptance at each position and of the next token after each n_accepted."""
+    law = case.law()
+    bad = []
+    for j, y in ((counts > 0) & (law == 0)).nonzero().tolist():
+        what = (f"all {j} accepted, then the bonus token {y}, which p_K gives probability 0" if j == case.x.shape[0]
+                else f"{j} accepted, then token {y}" + (", which the residual max(p - q, 0) gives probability 0"
+                                                       if float(law[j].sum()) > 0 else
+                                                       f": n_accepted = {j} has probability 0 here"))
+        bad.append(f"{int(counts[j, y])} runs emitted {what}")
+    for name, j, y, a in law_tests(case):
+        if y < 0:
+            m, x = int(counts[j:].sum()), int(counts[j + 1:].sum())
+            label = f"draft token {j} accepted (of the runs that reached it)"
+        else:
+            m, x = int(counts[j].sum()), int(counts[j, y])
+            label = (f"next token {y} after all {j} accepted (p_K)" if j == case.x.shape[0] else
+                     f"next token {y} after a rejection at position {j} (residual)")
+        if m and m * _kl(x / m, a) > level:
+            lo, hi = _band(m, a, level)
+            bad.append(f"{label}: {x}/{m} = {x / m:.4f}; the law gives {a:.4f} (a correct verify stays in "
+                       f"[{lo:.4f}, {hi:.4f}] here)")
+    return bad
+
+
+def _describe(case: LawCase) -> str:
+    k = case.x.shape[0]
+    ratios = [float(case.p[i, case.x[i]] / case.q[i, case.x[i]]) for i in range(k)]
+    return (f"case '{case.name}' ({case.why}; K={k}, V={case.p.shape[1]}, draft tokens {case.x.tolist()}, "
+            f"p_i(x_i)/q_i(x_i) = {[round(r, 3) for r in ratios]}, {case.trials} runs)")
