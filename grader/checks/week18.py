@@ -1,7 +1,7 @@
 """Week 18 — speculative decoding: the milestone checks, used by solutions/18/test_week18.py and the notebook.
 
 One `check_<name>` per exercise; each takes the student's function and raises AssertionError with a message
-that says what is wrong. The references are in lib/speculative.py. Notation: p = target, q = draft.
+that says what is wrong. The references are in lib/speculative.py and lib/drafts.py. Notation: p = target, q = draft.
 
 The instruments live beside this file: the test models and the counted spies in `week18_models` (a Markov chain
 with a model's call shape, besides tiny random Llamas and SmolLM2), the exact law of `verify` and its binomial
@@ -33,9 +33,9 @@ SMOLLM2_KS = (2, 8)
 
 
 def _loop_lib_calls(obs) -> list:
-    """The lib.speculative / lib.generate functions a loop ran, other than the test models' own cache."""
-    return sorted(c for c in obs.lib_calls if c.startswith(("lib.speculative.", "lib.generate."))
-                  and not c.startswith("lib.speculative._History."))
+    """The lib.speculative / lib.drafts / lib.generate functions a loop ran, other than the test models' own cache."""
+    return sorted(c for c in obs.lib_calls if c.startswith(("lib.speculative.", "lib.drafts.", "lib.generate."))
+                  and not c.startswith("lib.drafts._History."))
 
 
 def _check_one_generation(speculative_generate, target, draft, ids, n, k, what, temperature=0.0, generator=None):
@@ -247,7 +247,7 @@ def check_verify(verify) -> None:
             f"verify wrote into its arguments ({obs.inputs_written} in-place writes into target_probs, draft_probs "
             f"or draft_tokens, {_describe(case)}): the caller's p and q would be changed. Compute the residual in "
             f"a new tensor: (target_probs[i] - draft_probs[i]).clamp(min=0)")
-        used = sorted(c for c in obs.lib_calls if c.startswith("lib.speculative."))
+        used = sorted(c for c in obs.lib_calls if c.startswith(("lib.speculative.", "lib.drafts.")))
         assert not used, f"verify must be your own; it called {used}"
     # device: every tensor verify creates is on its inputs' device (a CUDA run with CPU tensors fails)
     for case in (cases[0], cases[3]):

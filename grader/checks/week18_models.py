@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from lib.model import ModelConfig, tiny_model
-from lib.speculative import _History  # the token-history "cache" of the test models
+from lib.drafts import _History  # the token-history "cache" of the test models
 
 # --- test models ----------------------------------------------------------------------------------------
 
