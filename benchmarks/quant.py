@@ -218,7 +218,7 @@ def main() -> None:
 
     f32 = rows[0][1]
     print(f"\nSmolLM2-135M, batch 1, {new} new tokens, best of {repeats} (paths in turn); bandwidth {bw / 1e9:.1f} GB/s "
-          f"(one-row fp32 F.linear, 256 MiB); GGUF blocks: {'+'.join(types)}, {gguf_bytes / 1e6:.1f} MB per token; "
+          f"(streaming sum over 256 MiB, best of 5); GGUF blocks: {'+'.join(types)}, {gguf_bytes / 1e6:.1f} MB per token; "
           f"greedy: tokens equal to the lab F32 model's before the first difference, {len(prompts)} prompts; "
           f"perplexity ± 1 s.e. (across windows) on {eval_ids.numel() - 1} held-out tokens of Hamlet, "
           f"ΔPPL against lab F32 paired window by window")

@@ -73,6 +73,9 @@ def measure_bandwidth(mib: int = 256, repeats: int = 5, dtype: torch.dtype = tor
     - `how="matvec"`: a one-row `F.linear` over the matrix, the operation of an eager decode step. On the
       lab's 2-core AMD EPYC it read 24.5 GB/s where the stream read 51.5 GB/s in the same run, and lib.fast's
       packed decoder 31.5 GB/s effective — so this is what one mat-vec kernel gets, not the ceiling.
+
+    On a shared or virtual machine the stream figure moves with the neighbours: 38–69 GB/s within one quiet hour
+    on the lab's VM (the mat-vec, kernel-bound, stayed at 23–25). Compare a share with a probe from the same run.
     """
     if how not in ("stream", "matvec"):
         raise ValueError(f"how must be 'stream' or 'matvec'; got {how!r}")

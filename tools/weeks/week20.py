@@ -1274,8 +1274,9 @@ plt.show()
 nb.md(r"""
 Read the shares, not the absolute speeds (a shared machine lowers all of them). Fewer bytes raise the ceiling
 in proportion; how much of it a path reaches depends on everything else a step does. (The ceiling is only as
-good as the bandwidth probe of section 1, a streaming sum: on a machine whose load changes between the probe
-and the timings a share can still come out wrong, so rerun on a quiet machine before reading much into one.)
+good as the bandwidth probe of section 1, a streaming sum, and the memory bandwidth a shared or virtual machine
+gets moves from minute to minute: on the lab's 2-core VM the same probe read 38–69 GB/s within one quiet hour.
+Compare shares measured in one run, never across runs.)
 The GGUF decoder runs a
 one-token step of all 30 layers in one C++ call (`decode_step`, the same arithmetic as lib.fast's Python
 step), because at 135M parameters the Python and tensor bookkeeping between ~300 small operations cost as
