@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from lib.kv_cache import KVCache
 from lib.masks import causal_mask
 from lib.model import Block, rope_cos_sin
-from lib.speculative import SpecStats, _sample, verify
+from lib.speculative import SpecStats, _sample, decode_args, verify
 
 HEAD_PATH = Path(__file__).resolve().parents[1] / "data" / "draft_head" / "head.pt"
 TRAIN_COMMAND = "python tools/train_draft_head.py --minutes 8 --seed 0"
@@ -218,26 +218,13 @@ def head_speculative_generate(target, head: DraftHead, input_ids: torch.Tensor, 
     ids of `lib.generate.generate(target, ...)`; temperature > 0 samples the target's law (`verify`). `stats`
     counts drafted / accepted tokens (α = accepted / drafted), rounds, target and head calls and new tokens
     (tokens = 1 + accepted + rounds)."""
-    if input_ids.dim() == 1:
-        input_ids = input_ids.unsqueeze(0)
-    if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
-        raise ValueError(f"head_speculative_generate decodes one sequence: input_ids must be [1, T >= 1]; got "
-                         f"{tuple(input_ids.shape)}")
-    if k < 1:
-        raise ValueError(f"k (draft tokens per round) must be >= 1; got {k}")
-    if max_new_tokens < 0 or temperature < 0:
-        raise ValueError(f"max_new_tokens and temperature must be >= 0; got {max_new_tokens}, {temperature}")
     if head.config.vocab_size != target.config.vocab_size or head.config.d_model != target.config.d_model:
         raise ValueError("the draft head was built for another target (vocabulary or d_model differ)")
+    ids, max_len = decode_args("head_speculative_generate", target, input_ids, max_new_tokens, k, temperature)
     device = target.device
-    ids = input_ids.to(device)
     t0 = ids.shape[1]
     if max_new_tokens == 0:
         return ids.clone()
-    max_len = t0 + max_new_tokens + k + 1
-    if max_len > target.config.max_seq_len:
-        raise ValueError(f"prompt ({t0}) + max_new_tokens ({max_new_tokens}) + k + 1 = {max_len} exceeds the "
-                         f"target's max_seq_len {target.config.max_seq_len}")
     stats = stats if stats is not None else SpecStats()
     greedy = temperature == 0.0
     keep = head.keep_ids.tolist()

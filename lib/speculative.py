@@ -176,6 +176,27 @@ def _new_cache(model, max_len: int):
     return make(batch=1, max_len=max_len) if make is not None else None
 
 
+def decode_args(who: str, target, input_ids: torch.Tensor, max_new_tokens: int, k: int,
+                temperature: float) -> tuple[torch.Tensor, int]:
+    """The argument checks every speculative decoder here shares (`speculative_generate`, lib.draft_head's
+    `head_speculative_generate`): returns the prompt as `[1, T >= 1]` ids on the target's device and the cache
+    length a run needs (T + max_new_tokens + k + 1), or raises a ValueError that says what is wrong."""
+    if input_ids.dim() == 1:
+        input_ids = input_ids.unsqueeze(0)
+    if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
+        raise ValueError(f"{who} decodes one sequence: input_ids must be [1, T >= 1]; got {tuple(input_ids.shape)}")
+    if k < 1:
+        raise ValueError(f"k (draft tokens per round) must be >= 1; got {k}")
+    if max_new_tokens < 0 or temperature < 0:
+        raise ValueError(f"max_new_tokens and temperature must be >= 0; got {max_new_tokens}, {temperature}")
+    ids = input_ids.to(target.device)
+    max_len = ids.shape[1] + max_new_tokens + k + 1
+    if max_len > target.config.max_seq_len:
+        raise ValueError(f"prompt ({ids.shape[1]}) + max_new_tokens ({max_new_tokens}) + k + 1 = {max_len} exceeds "
+                         f"the target's max_seq_len {target.config.max_seq_len}")
+    return ids, max_len
+
+
 @torch.no_grad()
 def speculative_generate(target, draft, input_ids: torch.Tensor, max_new_tokens: int, k: int = 4,
                          temperature: float = 0.0, generator: torch.Generator | None = None,
@@ -190,25 +211,12 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, max_new_tokens:
     With `min_draft_prob > 0` a round stops drafting once the draft gives its own token less than that
     probability (adaptive K: a prompt-lookup draft with no match drafts nothing); exactness is unaffected.
     """
-    if input_ids.dim() == 1:
-        input_ids = input_ids.unsqueeze(0)
-    if input_ids.dim() != 2 or input_ids.shape[0] != 1:
-        raise ValueError(f"speculative_generate decodes one sequence: input_ids must be [1, T]; got "
-                         f"{tuple(input_ids.shape)}")
-    if k < 1:
-        raise ValueError(f"k (draft tokens per round) must be >= 1; got {k}")
-    if max_new_tokens < 0 or temperature < 0:
-        raise ValueError(f"max_new_tokens and temperature must be >= 0; got {max_new_tokens}, {temperature}")
     if draft.config.vocab_size != target.config.vocab_size:
         raise ValueError(f"draft and target must share a vocabulary: {draft.config.vocab_size} vs "
                          f"{target.config.vocab_size} tokens")
+    ids, max_len = decode_args("speculative_generate", target, input_ids, max_new_tokens, k, temperature)
     device = target.device
-    ids = input_ids.to(device)
     t0 = ids.shape[1]
-    max_len = t0 + max_new_tokens + k + 1
-    if max_len > target.config.max_seq_len:
-        raise ValueError(f"prompt ({t0}) + max_new_tokens ({max_new_tokens}) + k + 1 = {max_len} exceeds the "
-                         f"target's max_seq_len {target.config.max_seq_len}")
     tcache, dcache = _new_cache(target, max_len), _new_cache(draft, max_len)
     stats = stats if stats is not None else SpecStats()
     out = ids[0].tolist()
