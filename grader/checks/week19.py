@@ -231,11 +231,11 @@ def check_paged_attention(paged_attention) -> None:
             f"{f' and wrote {obs.premade_bytes} bytes into buffers made before the call (a workspace)' if obs.premade_bytes else ''}"
             f", as much as a contiguous copy of the longest sequence's keys and values ({longest} bytes). Read the "
             f"pool a few blocks (about 32 keys) at a time for every sequence and keep a running max and sum (online "
-            f"softmax), as the kernel does.")
+            f"softmax), as the kernel does. {seed_note()}")
         red = obs.max_reduction_extent()
         assert red <= 512, (f"{what}: one reduction (softmax, max, sum) combined {red} elements: a softmax over a "
                             f"sequence's whole row of scores. Reduce a chunk of blocks at a time and keep running "
-                            f"statistics (online softmax).")
+                            f"statistics (online softmax). {seed_note()}")
     check_on_meta(paged_attention, args, "paged_attention")
 
 
