@@ -374,6 +374,16 @@ def sample_cacheless(target, draft, input_ids, max_new_tokens, k=4, temperature=
     return _loop(target, draft, input_ids, max_new_tokens, k, temperature, generator, cache=False)
 
 
+def sample_ignores_generator(target, draft, input_ids, max_new_tokens, k=4, temperature=1.0, generator=None):
+    # the right law, from torch's global generator (draft samples and verify's draws alike)
+    return _loop(target, draft, input_ids, max_new_tokens, k, temperature, None)
+
+
+def sample_fixed_seed(target, draft, input_ids, max_new_tokens, k=4, temperature=1.0, generator=None):
+    # reproducible, but from a generator of its own: every call draws the same numbers
+    return _loop(target, draft, input_ids, max_new_tokens, k, temperature, _t.Generator().manual_seed(0))
+
+
 # right in every way but one: the ids fed to the models are made with torch.tensor(...) without device=, which
 # puts them on the CPU beside a model on CUDA
 def generate_default_device(target, draft, input_ids, max_new_tokens, k=4):
@@ -400,6 +410,8 @@ SAMPLE_ROUTES = {
     "sample_no_draft_rollback": "roll the draft's cache back",
     "sample_cacheless": "without a cache",
     "sample_default_device": "default device set to 'meta'.*ids on 'meta'",
+    "sample_ignores_generator": "equal states gave different ids",
+    "sample_fixed_seed": "do not have the target's law|different states gave the same",  # 1,500 runs, one output
 }
 
 

@@ -274,12 +274,33 @@ def check_verify(verify) -> None:
                 f"generator=generator)), never from torch's global generator {seed_note()}")
 
 
+def _check_generator_decides(speculative_sample, g) -> None:
+    """`generator` decides every draw: two runs from generators in equal states give equal ids, and a run from
+    another state gives other ids. A draw from torch's global generator breaks the first; a loop that seeds its
+    own generator breaks the second. On a flat 4-token chain, 40 new tokens: a correct loop's runs from two
+    states coincide with probability below 1e-8 (each token equal w.p. <= its largest probability, < 0.6)."""
+    target = MarkovLM(SAMPLED_VOCAB, int(torch.randint(0, 2**30, (), generator=g)), scale=SAMPLED_SCALE)
+    draft = MarkovLM(SAMPLED_VOCAB, 1, like=target, noise=1.0)
+    seed = int(torch.randint(0, 2**40, (), generator=g))
+    ids = torch.tensor([[0, 1, 2]])
+    a, b, c = (speculative_sample(target, draft, ids, 40, k=3, temperature=1.0,
+                                  generator=torch.Generator().manual_seed(s)) for s in (seed, seed, seed + 1))
+    assert torch.equal(a, b), (
+        "two runs with generators in equal states gave different ids: draw every random number from `generator` "
+        "(the draft's samples, and your verify's, with generator=generator), never from torch's global generator "
+        f"{seed_note()}")
+    assert not torch.equal(a, c), (
+        "runs with generators in different states gave the same 40 sampled tokens: the loop does not draw from "
+        f"`generator` (a seed of its own, or a fixed one?) {seed_note()}")
+
+
 @WEEK.exercise(3, "speculative_sample", section="3 (Speculative sampling)")
 def check_speculative_sample(speculative_sample) -> None:
     """Speculative sampling end to end: the work accounting of `check_speculative_generate` on runs at T = 1 and
     0.5 (Markov chain, 24 tokens, K = 3; tiny Llama, K = 2), then the law of the first two new tokens on a
-    4-token Markov chain, per cell (SAMPLED_TRIALS runs, binomial tests, < 1e-6 false failures in all); last a run
-    with torch's default device set to `meta` (`check_default_device`)."""
+    4-token Markov chain, per cell (SAMPLED_TRIALS runs, binomial tests, < 1e-6 false failures in all); the
+    generator deciding every draw (`_check_generator_decides`); last a run with torch's default device set to
+    `meta` (`check_default_device`)."""
     g = generator(5)
     target = MarkovLM(24, int(torch.randint(0, 2**30, (), generator=g)))
     tiny = _spicy_tiny(5)
@@ -295,6 +316,7 @@ def check_speculative_sample(speculative_sample) -> None:
                          f"not have the target's law: {'; '.join(bad[:3])}. Draft from q = softmax(draft logits / T), "
                          f"verify against p = softmax(target logits / T) with your `verify`, and pass `generator` to "
                          f"every draw {seed_note()}")
+    _check_generator_decides(speculative_sample, g)
     target = MarkovLM(24, 7)
     _, obs = observe(speculative_sample, target, MarkovLM(24, 8, like=target, noise=1.0), torch.tensor([[1, 2, 3]]),
                      12, k=3, temperature=1.0, generator=torch.Generator().manual_seed(0))

@@ -354,7 +354,8 @@ max_new_tokens, k=4, temperature=1.0, generator=None)`. It is exercise 1's loop 
 p = softmax(target logits / T), and your `verify` decides what is kept; roll both caches back as before. Pass
 `generator` to every draw. The check runs it with counted models (the work rules of exercise 1), then 1,500
 times per temperature on a 4-token Markov chain (T = 1 and 0.5) and tests the law of the first two new tokens
-against the target's, cell by cell, and last with torch's default device set to `meta`, as in exercise 1.
+against the target's, cell by cell; it runs your loop from generators in equal states (the ids must be equal)
+and in different ones (they must differ); and last with torch's default device set to `meta`, as in exercise 1.
 """)
 
 nb.exercise("speculative_sample", '''
