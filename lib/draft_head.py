@@ -38,7 +38,7 @@ from lib.model import Block, rope_cos_sin
 from lib.speculative import SpecStats, _sample, decode_args, verify
 
 HEAD_PATH = Path(__file__).resolve().parents[1] / "data" / "draft_head" / "head.pt"
-TRAIN_COMMAND = "python tools/train_draft_head.py --minutes 8 --seed 0"
+TRAIN_COMMAND = "python tools/train_draft_head.py --minutes 8 --seed 0 --prompts 384"
 
 
 def target_forward(target, input_ids: torch.Tensor, cache=None):

@@ -1,6 +1,6 @@
 """Train the week-18 draft head (`lib.draft_head`) on SmolLM2-135M's own chat answers (self-distillation).
 
-    python tools/train_draft_head.py --minutes 8 --seed 0        # writes data/draft_head/head.pt (~3 MB)
+    python tools/train_draft_head.py --minutes 8 --seed 0 --prompts 384    # writes data/draft_head/head.pt (~3 MB)
 
 1. **Data** (no downloads): chat prompts made here from templates × topics (`prompts()`; the benchmark's three
    chat prompts are not among them), answered greedily by the target itself — all prompts in a batch decode
@@ -77,7 +77,7 @@ def answer(target, prompt_ids: list[torch.Tensor], length: int, eos: int):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=8.0, help="training wall-clock budget (data generation apart)")
-    parser.add_argument("--prompts", type=int, default=96, help="prompts answered (the last 16 are held out)")
+    parser.add_argument("--prompts", type=int, default=384, help="prompts answered (the last 16 are held out)")
     parser.add_argument("--length", type=int, default=160, help="positions per sequence (prompt + answer)")
     parser.add_argument("--gen-batch", type=int, default=32)
     parser.add_argument("--keep", type=int, default=4096, help="FR-Spec subset size")
