@@ -87,17 +87,22 @@ def _rmse(a, b):
 
 
 def test_searched_q4_k_beats_q4_1_and_min_max_on_gaussian_and_t3():
-    """The issue's table: Q4_K with the search 0.920x Q4_1's RMSE on Gaussian data, 0.939x on Student-t(3)
-    (bounds 0.93 / 0.95); the min/max Q4_K (about 1.00x) is worse than the search by 7 % or more."""
+    """The issue's table: Q4_K with the search about 0.92x Q4_1's RMSE on Gaussian data, 0.93x on Student-t(3);
+    the min/max Q4_K is worse than the search by ~9 % / ~8 %. Bounds from measured spreads (64 x 1024): Gaussian
+    (24 seeds) searched/Q4_1 0.917 ± 0.002 (bound 0.93), min-max/searched 1.092 ± 0.002 (bound 1.07); Student-t(3)
+    (600 seeds), whose rare huge values skew the ratios, searched/Q4_1 mean 0.927, worst 0.943 (bound 0.97),
+    min-max/searched mean 1.085, worst 1.065 (bound 1.04). The old t(3) bounds, 0.95 and 1.07, sat inside that
+    spread (a CI run failed at 1.068, seed 847356017)."""
     seed = int(np.random.SeedSequence().entropy % 2**31)
     print(f"seed {seed}")
     rng = np.random.default_rng(seed)
-    for x, bound in [(rng.standard_normal((64, 1024)).astype(np.float32), 0.93),
-                     (rng.standard_t(3, (64, 1024)).astype(np.float32), 0.95)]:
+    for x, bound, margin in [(rng.standard_normal((64, 1024)).astype(np.float32), 0.93, 1.07),
+                             (rng.standard_t(3, (64, 1024)).astype(np.float32), 0.97, 1.04)]:
         q41 = _rmse(quant.dequantize(quant.quantize(x, "Q4_1"), "Q4_1"), x)
         searched = _rmse(quant.dequantize(quant.quantize(x, "Q4_K"), "Q4_K"), x)
         assert searched <= bound * q41, (seed, searched / q41)
-        assert searched * 1.07 <= _rmse(quant.dequantize(quant.quantize(x, "Q4_K", search=False), "Q4_K"), x), seed
+        minmax = _rmse(quant.dequantize(quant.quantize(x, "Q4_K", search=False), "Q4_K"), x)
+        assert searched * margin <= minmax, (seed, minmax / searched)
 
 
 def test_the_least_squares_fit_is_the_minimum():
