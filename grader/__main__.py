@@ -12,11 +12,13 @@ the command ends with the list of failures and exit status 1.
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -79,6 +81,9 @@ def _release_name(week: str, root: Path = REPO_ROOT) -> str:
     return release_nbs[0].name
 
 
+STUDENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@+-]{0,99}")
+
+
 def collect(week: str, folder: Path, root: Path = REPO_ROOT) -> list[str]:
     """Copy each student's notebook into grader/submitted/<student>/<week>/; return one line per refused student.
 
@@ -103,7 +108,17 @@ def collect(week: str, folder: Path, root: Path = REPO_ROOT) -> list[str]:
         course = course or Course(root)
         course.record_status(week, student, status="refused at collect", error=why)
 
+    count = Counter(student for student, _ in candidates)
     for student, nbs in candidates:
+        if not STUDENT_ID.fullmatch(student):  # a name like `..` would be a path outside grader/submitted
+            refused.append(f"{student!r}: not a usable student id (letters, digits and _ . @ + -, starting with "
+                           f"a letter or digit): rename {folder / student}[.ipynb]")
+            print(refused[-1])
+            continue
+        if count[student] > 1:
+            if nbs is next(n for s, n in candidates if s == student):
+                refuse(student, f"both {student}.ipynb and a folder {student}/ are in {folder}: keep one of them")
+            continue
         if not nbs:
             refuse(student, f"no notebook in {folder / student}")
             continue

@@ -29,7 +29,7 @@ _PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
 MAX_PROCESSES = 256  # processes (tasks: threads count) a submission may add
 
 # LANDLOCK_ACCESS_FS_*
-_WRITE_FILE, _READ_FILE = 1 << 1, 1 << 2
+_EXECUTE, _WRITE_FILE, _READ_FILE, _READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
 _REMOVE_DIR, _REMOVE_FILE = 1 << 4, 1 << 5
 _MAKE = sum(1 << b for b in range(6, 13))  # CHAR DIR REG SOCK FIFO BLOCK SYM
 _REFER, _TRUNCATE = 1 << 13, 1 << 14
@@ -45,7 +45,7 @@ class _PathBeneath(ctypes.Structure):
     _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
-def _landlock(workdir: str) -> str | None:
+def _landlock(workdir: str, readable: list | None = None) -> str | None:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
     abi = libc.syscall(_SYS_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
@@ -56,15 +56,28 @@ def _landlock(workdir: str) -> str | None:
         fs |= _REFER
     if abi >= 3:
         fs |= _TRUNCATE
+    read = _READ_FILE | _READ_DIR | _EXECUTE
+    if readable is not None:
+        fs |= read
     attr = _RulesetAttr(handled_access_fs=fs, handled_access_net=3 if abi >= 4 else 0, scoped=3 if abi >= 6 else 0)
     size = ctypes.sizeof(_RulesetAttr) if abi >= 6 else (16 if abi >= 4 else 8)
     ruleset = libc.syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
     if ruleset < 0:
         return None
+    file_rights = _EXECUTE | _WRITE_FILE | _READ_FILE | (_TRUNCATE if abi >= 3 else 0)
+    rules = [(workdir, fs), ("/dev/null", (_WRITE_FILE | (_TRUNCATE if abi >= 3 else 0)) | (read if readable is not None else 0))]
+    rules += [(path, (read if kind == "read" else _READ_DIR) & fs) for kind, path in (readable or ())]
     try:
-        for path, access in ((workdir, fs), ("/dev/null", _WRITE_FILE | (_TRUNCATE if abi >= 3 else 0))):
-            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        for path, access in rules:
             try:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue  # gone since the list was made: nothing to allow
+            try:
+                if not os.path.isdir(path):
+                    access &= file_rights
+                if not access:
+                    continue
                 rule = _PathBeneath(allowed_access=access, parent_fd=fd)
                 if libc.syscall(_SYS_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(1), ctypes.byref(rule),
                                 ctypes.c_uint32(0)) != 0:
@@ -78,7 +91,49 @@ def _landlock(workdir: str) -> str | None:
     finally:
         os.close(ruleset)
     extras = (", no TCP" if abi >= 4 else "") + (", no signals outside" if abi >= 6 else "")
-    return f"landlock ABI {abi}: writes only under its temporary folder{extras}"
+    reads = ", reads only the week's view and the Python environment" if readable is not None else ""
+    return f"landlock ABI {abi}: writes only under its temporary folder{reads}{extras}"
+
+
+# seccomp: the child may not open sockets (UDP and unix-domain sockets are beyond Landlock's reach) or io_uring
+# rings (whose operations seccomp does not see). struct sock_filter / sock_fprog, and the BPF program below.
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+_AUDIT_ARCH_X86_64, _AUDIT_ARCH_AARCH64 = 0xC000003E, 0xC00000B7
+# syscall numbers refused: socket, io_uring_setup (x86_64: 41, 425; aarch64: 198, 425)
+_REFUSED = {_AUDIT_ARCH_X86_64: (41, 425), _AUDIT_ARCH_AARCH64: (198, 425)}
+
+
+def _seccomp() -> str | None:
+    import platform
+
+    arch = {"x86_64": _AUDIT_ARCH_X86_64, "aarch64": _AUDIT_ARCH_AARCH64}.get(platform.machine())
+    if arch is None or not sys.platform.startswith("linux"):
+        return None
+    ld_w_abs, jeq_k, jge_k, ret_k = 0x20, 0x15, 0x35, 0x06
+    allow, refuse = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+    nrs = _REFUSED[arch]
+    refuse_at = len(nrs) + 5  # the index of the last instruction; a jump's offset counts from the next one
+    prog = [(ld_w_abs, 0, 0, 4),  # the calling convention's architecture: another one (int 0x80) is refused
+            (jeq_k, 0, refuse_at - 2, arch),
+            (ld_w_abs, 0, 0, 0),  # the syscall number
+            (jge_k, refuse_at - 4, 0, 0x40000000)]  # x32 syscalls: another way to the same calls, refused
+    prog += [(jeq_k, refuse_at - (4 + i) - 1, 0, nr) for i, nr in enumerate(nrs)]
+    prog += [(ret_k, 0, 0, allow), (ret_k, 0, 0, refuse)]
+    filters = (_SockFilter * len(prog))(*[_SockFilter(*f) for f in prog])
+    fprog = _SockFprog(len(prog), filters)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        return None
+    if libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+        return None
+    return "no sockets (seccomp)"
 
 
 def _tasks_of(uid: int) -> int:
@@ -114,8 +169,9 @@ def _process_limit() -> str:
     return f"processes <= {MAX_PROCESSES} more (RLIMIT_NPROC)"
 
 
-def confine(workdir: str, cpu_seconds: int) -> str:
-    """Apply the limits; return one line saying what applied."""
+def confine(workdir: str, cpu_seconds: int, readable: list | None = None) -> str:
+    """Apply the limits; return one line saying what applied. `readable`: the only paths the process may read,
+    as ("read" or "list", path) pairs (`grader.view.readable_paths`); None leaves reading unrestricted."""
     linux = sys.platform.startswith("linux")
     if linux:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -127,7 +183,7 @@ def confine(workdir: str, cpu_seconds: int) -> str:
     if cpu_seconds > 0:
         resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 5))
     try:
-        how = _landlock(workdir)
+        how = _landlock(workdir, readable)
     except (OSError, AttributeError):
         how = None
     if how is None and os.geteuid() == 0:
@@ -135,7 +191,13 @@ def confine(workdir: str, cpu_seconds: int) -> str:
         os.setgroups([])
         os.setgid(65534)
         os.setuid(65534)
-        how = "no landlock: running as user nobody (the repo is not writable for it)"
+        how = ("no landlock: running as user nobody (the repo is not writable for it; files readable by all users "
+               "stay readable)")
     elif how is None:
-        how = "no landlock and not root: the student's code can write wherever you can (run it in a container)"
-    return how + f"; CPU {cpu_seconds} s, files <= 256 MiB, {processes}"
+        how = ("no landlock and not root: the student's code can read and write wherever you can (run it in a "
+               "container)")
+    try:
+        sockets = _seccomp()
+    except (OSError, AttributeError):
+        sockets = None
+    return how + f"; CPU {cpu_seconds} s, files <= 256 MiB, {processes}; " + (sockets or "sockets allowed (no seccomp)")

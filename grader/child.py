@@ -188,6 +188,7 @@ class _Child:
         self.roots: dict[int, str] = {}  # id of an exported object -> the exercise name it came from
         self.current_root: str | None = None
         self._next_req = 0
+        self.guard = _Guard()
 
     # encoding --------------------------------------------------------------------------------------------
     def export(self, obj):
@@ -248,6 +249,10 @@ class _Child:
         return self.loop(rid)
 
     def loop(self, waiting_for=None):
+        # The outer loop (the one `_child_main` starts, before any of the notebook's code has run) keeps its own
+        # handle on the guard's check and on `send`: after each request it sends what the guard found, at once,
+        # so that rebinding the grader's functions later cannot take a verdict back.
+        check, send = (self.guard.checker(), self.send) if waiting_for is None else (None, None)
         while True:
             try:
                 data = _recv(self.r, None)
@@ -269,6 +274,9 @@ class _Child:
             except BaseException as e:  # noqa: BLE001  (student code may raise anything, SystemExit included)
                 reply = ("err", rid, _exc_info(e))
             try:
+                if check is not None:
+                    for root, why in check():
+                        send(("flag", root, why))
                 self.send(reply)
             finally:
                 self.current_root = previous
@@ -310,33 +318,38 @@ class _Child:
                 result = target(*call_args, **kwargs)
             return (result, int(meter.peak), self._copied(call_args, kwargs, before))
         if op == "observe":
-            from grader.checks import observe
+            from grader.observe import observe, to_wire
 
             call_args, kwargs = args
             before = self._snapshot(call_args, kwargs)
-            with self.watch(profile=False):
-                result, obs = observe(target, *call_args, **kwargs)
+            again = _Rerun(target, call_args, kwargs)
+            import grader.observe
+
+            root = self.current_root
+            grader.observe.EVENT_HOOK = lambda frame, event, arg: self.guard.event(root, frame, event, arg)
+            try:
+                with self.watch(profile=False):
+                    result, obs = observe(target, *call_args, **kwargs)
+            finally:
+                grader.observe.EVENT_HOOK = None
+            if obs.ops.get(grader.observe.WATCH_REMOVED):
+                self.guard.flag(root, "switched off the grader's watch of its calls while it was observed")
             self.lib_seen.setdefault(self.current_root, set()).update(obs.lib_calls)
-            return (result, ({"ops": dict(obs.ops), "matmuls": [tuple(map(tuple, m)) for m in obs.matmuls],
-                                     "flops": int(obs.flops), "peak_bytes": int(obs.peak_bytes),
-                                     "lib_calls": sorted(obs.lib_calls),
-                                     "reductions": [(str(n), tuple(map(int, sh)), int(e)) for n, sh, e in obs.reductions]}),
-                    self._copied(call_args, kwargs, before))
+            copied = self._copied(call_args, kwargs, before)
+            with self.watch():
+                why = again.differs(result)
+            if why:
+                self.guard.flag(self.current_root, why)
+            return (result, to_wire(obs), copied)
         with self.watch():
             return _apply(op, target, args)
 
     @staticmethod
     def _snapshot(args, kwargs) -> dict:
-        """A copy of every tensor argument with data, taken before the call (see `_copied`)."""
-        import torch
-
-        def copy(v):
-            if isinstance(v, torch.Tensor) and v.device.type != "meta" and v.layout == torch.strided:
-                with torch.no_grad():
-                    return v.detach().clone()
-            return None
-        out = {i: copy(a) for i, a in enumerate(args)}
-        out.update({k: copy(v) for k, v in kwargs.items()})
+        """A copy of every array argument with data — tensors and numpy arrays, also inside lists, tuples and
+        dicts — taken before the call (see `_copied`)."""
+        out = {i: _frozen(a) for i, a in enumerate(args)}
+        out.update({k: _frozen(v) for k, v in kwargs.items()})
         return {k: v for k, v in out.items() if v is not None}
 
     @staticmethod
@@ -350,52 +363,45 @@ class _Child:
                 return (_GENERATOR_STATE, bytes(v.get_state().numpy().tobytes()))
             return v
 
-        def changed(old, new) -> bool:
-            if not isinstance(new, torch.Tensor) or old.shape != new.shape or old.dtype != new.dtype:
-                return True
-            with torch.no_grad():
-                new = new.detach().contiguous().reshape(-1)
-                old = old.reshape(-1)
-                if old.dtype == torch.bool:
-                    return not torch.equal(old, new)
-                return not torch.equal(old.view(torch.uint8), new.view(torch.uint8))
         out = {i: state(a) for i, a in enumerate(args) if type(a) in (list, dict, torch.Generator)}
         out.update({k: state(v) for k, v in kwargs.items() if type(v) in (list, dict, torch.Generator)})
         for key, old in (before or {}).items():
             new = args[key] if type(key) is int else kwargs[key]
-            if changed(old, new):
-                def kind(t):
-                    return f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}"
-                what = f"a {kind(old)} tensor"
-                if not isinstance(new, torch.Tensor):
-                    what += f", now a {type(new).__name__}"
-                elif kind(new) != kind(old):
-                    what += f", now {kind(new)}"
+            what = _changed(old, new)
+            if what:
                 out[key] = (_TENSOR_CHANGED, what)
         return out
 
     def watch(self, profile=True):
+        """Around a call into the notebook's code: note which of lib's functions ran (`profile`), and whether the
+        code switched the watching off or reached into the grader (`_Guard`): either is a verdict."""
         child = self
 
         class _Watch:
             def __enter__(self):
                 self.prev = sys.getprofile()
-                if profile:
-                    seen = child.lib_seen.setdefault(child.current_root, set())
-                    codes = child.lib_codes
+                seen = child.lib_seen.setdefault(child.current_root, set())
+                codes = child.lib_codes
+                guard = child.guard
+                root = child.current_root
 
-                    def prof(frame, event, arg):
-                        if event == "call":
-                            code = frame.f_code
-                            try:
-                                name = codes[code]
-                            except KeyError:  # lib's by file, or lib's bytecode loaded from anywhere else
-                                name = codes[code] = lib_name(code)
-                            if name is not None:
-                                seen.add(name)
-                    sys.setprofile(prof)
+                def prof(frame, event, arg):
+                    if event == "call":
+                        code = frame.f_code
+                        try:
+                            name = codes[code]
+                        except KeyError:  # lib's by file, or lib's bytecode loaded from anywhere else
+                            name = codes[code] = lib_name(code) if profile else None
+                        if name is not None:
+                            seen.add(name)
+                    guard.event(root, frame, event, arg)
+                self.prof = prof
+                sys.setprofile(prof)
 
             def __exit__(self, *exc):
+                if sys.getprofile() is not self.prof:
+                    child.guard.flag(child.current_root, "switched off the grader's watch of its calls "
+                                                         "(sys.setprofile)")
                 sys.setprofile(self.prev)
 
         return _Watch()
@@ -403,8 +409,13 @@ class _Child:
     def load(self, notebook, cells):
         from grader.notebook import exercise_module
 
-        self.module = exercise_module(notebook, cells)
-        self._apply_memory_limit()
+        self._apply_memory_limit()  # before the cells run: what they allocate counts too
+        previous, self.current_root = self.current_root, None
+        try:
+            with self.watch():
+                self.module = exercise_module(notebook, cells)
+        finally:
+            self.current_root = previous
         return {"stubbed": list(self.module._stubbed_cells), "broken": dict(self.module._broken_cells)}
 
     def _apply_memory_limit(self):
@@ -423,7 +434,12 @@ class _Child:
     def references(self, names):
         """How each exercise uses lib's own implementation, if it does: it *is* lib's, or lib's ran while it did."""
         found = {}
+        self.guard.check_intact()
         for name in names:
+            tampered = self.guard.reasons(name)
+            if tampered:
+                found[name] = f"`{name}` {tampered[0]} — the grader judges its result only when it is left alone"
+                continue
             obj = self.module.__dict__.get(name) if self.module is not None else None
             if obj is None:
                 continue
@@ -455,6 +471,372 @@ class _Child:
         return found
 
 
+# --- arguments a call must leave as they were ---------------------------------------------------------------------
+
+def _frozen(v, depth=0):
+    """A copy of the arrays in `v` (tensors, numpy arrays; inside lists, tuples and dicts), or None if none."""
+    import torch
+
+    if isinstance(v, torch.Tensor):
+        if v.device.type != "meta" and v.layout == torch.strided:
+            with torch.no_grad():
+                return ("t", v.detach().clone())
+        return None
+    if type(v).__module__ == "numpy" and hasattr(v, "dtype") and hasattr(v, "shape") and getattr(v, "ndim", 0):
+        if not v.dtype.hasobject:
+            return ("a", v.copy())
+        return None
+    if depth < 3 and type(v) in (list, tuple):
+        items = [_frozen(x, depth + 1) for x in v]
+        return ("seq", items) if any(i is not None for i in items) else None
+    if depth < 3 and type(v) is dict:
+        items = {k: _frozen(x, depth + 1) for k, x in v.items()}
+        items = {k: x for k, x in items.items() if x is not None}
+        return ("map", items) if items else None
+    return None
+
+
+def _changed(old, new) -> str:
+    """'' if `new` still holds what `old` (from `_frozen`) copied, bit for bit; else what changed."""
+    import torch
+
+    kind = old[0]
+    if kind == "t":
+        t = old[1]
+        desc = f"a {tuple(t.shape)} {str(t.dtype).removeprefix('torch.')} tensor"
+        if not isinstance(new, torch.Tensor):
+            return desc + f", now a {type(new).__name__}"
+        if new.shape != t.shape or new.dtype != t.dtype:
+            return desc + f", now {tuple(new.shape)} {str(new.dtype).removeprefix('torch.')}"
+        with torch.no_grad():
+            a, b = t.reshape(-1), new.detach().contiguous().reshape(-1)
+            same = torch.equal(a, b) if a.dtype == torch.bool else torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+        return "" if same else desc
+    if kind == "a":
+        a = old[1]
+        desc = f"a {tuple(a.shape)} {a.dtype} numpy array"
+        if type(new) is not type(a) or new.shape != a.shape or new.dtype != a.dtype:
+            return desc + f", now a {type(new).__name__}"
+        return "" if a.tobytes() == new.tobytes() else desc
+    if kind == "seq":
+        if type(new) not in (list, tuple) or len(new) < len(old[1]):
+            return f"a {type(new).__name__} whose items were replaced"
+        for i, item in enumerate(old[1]):
+            what = _changed(item, new[i]) if item is not None else ""
+            if what:
+                return f"its item {i}, {what}"
+        return ""
+    if kind == "map":
+        if type(new) is not dict:
+            return "a dict, now something else"
+        for k, item in old[1].items():
+            what = _changed(item, new[k]) if k in new else "removed"
+            if what:
+                return f"its entry {k!r}, {what}"
+        return ""
+    return ""
+
+
+class _Rerun:
+    """The unobserved second run of an observed call: a plain function of plain data must return the same bits
+    whether or not a dispatch mode and a profiler watch it (code that checks for the watching and takes
+    another route when it is off gets caught here)."""
+
+    def __init__(self, target, args, kwargs):
+        import random
+        import types
+
+        import torch
+
+        self.target = target
+        self.args = None
+        if not isinstance(target, types.FunctionType) or not all(_plain(a) for a in (*args, *kwargs.values())):
+            return  # a method (its object's state changes), a model, a spy: not called twice
+        self.args = (_rebuildable(args), _rebuildable(kwargs))
+        self.rng = (torch.get_rng_state(), random.getstate(), _numpy_state())
+
+    def differs(self, result) -> str:
+        import random
+
+        import torch
+
+        if self.args is None:
+            return ""
+        torch.set_rng_state(self.rng[0])
+        random.setstate(self.rng[1])
+        _numpy_state(self.rng[2])
+        args, kwargs = _rebuild(self.args[0]), _rebuild(self.args[1])
+        try:
+            again = self.target(*args, **kwargs)
+        except BaseException as e:  # noqa: BLE001
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            return f"raised {type(e).__name__} when called again without being observed"
+        if not _same(result, again):
+            return ("returned other values when it was not observed (the checks observe a call with a dispatch mode "
+                    "and a profiler, then call it again without them)")
+        return ""
+
+
+def _plain(v, depth=0) -> bool:
+    import torch
+
+    if v is None or type(v) in (bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Generator):
+        return True
+    if isinstance(v, torch.Tensor):
+        return type(v) is torch.Tensor
+    if type(v).__module__ == "numpy":
+        return not getattr(getattr(v, "dtype", None), "hasobject", True)
+    if depth < 3 and type(v) in (list, tuple):
+        return all(_plain(x, depth + 1) for x in v)
+    if depth < 3 and type(v) is dict:
+        return all(type(k) in (str, int) and _plain(x, depth + 1) for k, x in v.items())
+    return False
+
+
+def _rebuildable(v):
+    import torch
+
+    if isinstance(v, torch.Tensor):
+        return ("t", v.detach().clone(), v.requires_grad)
+    if type(v) is torch.Generator:
+        return ("g", str(v.device), v.get_state())
+    if type(v).__module__ == "numpy" and hasattr(v, "copy"):
+        return ("a", v.copy())
+    if type(v) in (list, tuple):
+        return ("seq", type(v), [_rebuildable(x) for x in v])
+    if type(v) is dict:
+        return ("map", {k: _rebuildable(x) for k, x in v.items()})
+    return ("v", v)
+
+
+def _rebuild(r):
+    import torch
+
+    kind = r[0]
+    if kind == "t":
+        return r[1].clone().requires_grad_(r[2])
+    if kind == "g":
+        gen = torch.Generator(device=r[1])
+        gen.set_state(r[2])
+        return gen
+    if kind == "a":
+        return r[1].copy()
+    if kind == "seq":
+        return r[1](_rebuild(x) for x in r[2])
+    if kind == "map":
+        return {k: _rebuild(x) for k, x in r[1].items()}
+    return r[1]
+
+
+def _numpy_state(state=None):
+    np = sys.modules.get("numpy")
+    if np is None:
+        return None
+    if state is None:
+        return np.random.get_state()
+    np.random.set_state(state)
+    return None
+
+
+def _same(a, b) -> bool:
+    """Bit-for-bit equality of two results (tensors, arrays, numbers, and containers of them)."""
+    import torch
+
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return False
+        if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
+            return False
+        if a.device.type == "meta":
+            return True
+        with torch.no_grad():
+            x, y = a.detach().contiguous().reshape(-1).cpu(), b.detach().contiguous().reshape(-1).cpu()
+            if x.dtype == torch.bool:
+                return torch.equal(x, y)
+            if a.device.type != "cpu" and x.is_floating_point():  # GPU kernels may use atomics: not bit-stable
+                return bool(torch.allclose(x, y, rtol=1e-5, atol=1e-6, equal_nan=True))
+            return torch.equal(x.view(torch.uint8), y.view(torch.uint8))
+    if type(a).__module__ == "numpy" and hasattr(a, "tobytes"):
+        return type(b) is type(a) and getattr(a, "shape", None) == getattr(b, "shape", None) and a.tobytes() == b.tobytes()
+    if type(a) in (list, tuple):
+        return type(b) is type(a) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if type(a) is dict:
+        return type(b) is dict and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if type(a) is float and type(b) is float:
+        return a == b or (a != a and b != b)
+    if type(a) in (bool, int, str, bytes, type(None), complex):
+        return type(b) is type(a) and a == b
+    return True  # an object of the notebook's: judged by the checks, not here
+
+
+# --- what the notebook's code may not do to the grader in its process -----------------------------------------
+
+class _Guard:
+    """Second line behind `grader.view` (which keeps the answers out of this process): the notebook's code must not
+    switch off the watching (`sys.setprofile`), pop the checks' dispatch modes, walk the garbage collector to the
+    grader's objects, call C through ctypes, or rewrite the grader's own modules here. What it did is a verdict
+    for the exercise it was running (or for every exercise, when it did it while the cells loaded)."""
+
+    def __init__(self):
+        import threading
+
+        import torch
+        from torch.utils import _python_dispatch as pd
+
+        self.flags: dict = {}
+        self.watched_c = {}
+
+        for name in ("_pop_torch_dispatch_mode", "_set_dispatch_mode", "_unset_dispatch_mode",
+                     "_push_on_torch_dispatch_stack"):
+            fn = getattr(torch._C, name, None)
+            if fn is not None:
+                self.watched_c[id(fn)] = f"called torch._C.{name} (the checks observe through a dispatch mode)"
+        self.watched_code = {}
+        for fn, label in ((threading.setprofile, "called threading.setprofile"),
+                          (threading.settrace, "called threading.settrace")):
+            self.watched_code[fn.__code__] = label
+        for name in ("_pop_mode", "_pop_mode_temporarily", "_disable_current_modes"):
+            fn = getattr(pd, name, None)
+            code = getattr(getattr(fn, "__wrapped__", fn), "__code__", None)
+            if code is not None:
+                self.watched_code[code] = f"called torch.utils._python_dispatch.{name} (the checks observe through a dispatch mode)"
+        import site
+
+        trusted = [str(Path(__file__).resolve().parent.parent), sys.prefix, sys.base_prefix, sys.exec_prefix]
+        trusted += [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+        try:
+            trusted += site.getsitepackages()
+        except AttributeError:
+            pass
+        self.trusted = tuple(os.path.realpath(p) + os.sep for p in trusted if p) + tuple(p + os.sep for p in trusted if p)
+        self.intact: dict = {}
+
+    def student(self, frame) -> bool:
+        """Whether `frame` runs the notebook's code (or code it compiled), not Python's, torch's or the grader's:
+        by the module the code runs in (a dataclass's generated `__init__` runs in its class's module)."""
+        if frame is None:
+            return True
+        g = frame.f_globals
+        where = g.get("__file__")
+        if isinstance(where, str) and where:
+            return not where.startswith(self.trusted)
+        origin = getattr(g.get("__spec__"), "origin", None)
+        return origin not in ("frozen", "built-in")
+
+    def flag(self, root, why: str) -> None:
+        found = self.flags.setdefault(root, [])
+        if why not in found:
+            found.append(why)
+
+    def event(self, root, frame, event, arg) -> None:
+        """A profiler event (`sys.setprofile`'s): note a call of a watched function by the notebook's code."""
+        if event == "call":
+            label = self.watched_code.get(frame.f_code)
+            if label is not None and self.student(frame.f_back):
+                self.flag(root, label)
+        elif event == "c_call":
+            label = self.watched_c.get(id(arg))
+            if label is not None and self.student(frame):
+                self.flag(root, label)
+
+    def reasons(self, name) -> list[str]:
+        return self.flags.get(name, []) + self.flags.get(None, []) + self.flags.get("*", [])
+
+    @staticmethod
+    def _members():
+        import grader.fingerprint
+        import grader.notebook
+        import grader.observe
+        import grader.wire
+
+        out = {}
+        for holder in (sys.modules[__name__], grader.observe, grader.fingerprint, grader.wire, grader.notebook,
+                       _Child, _ChildPickler, _ChildUnpickler, _ParentProxy, _Guard, _Rerun,
+                       grader.observe._OpRecorder, grader.observe.Observation):
+            for k, v in vars(holder).items():
+                if callable(v) or isinstance(v, (staticmethod, classmethod, property)):
+                    out[(getattr(holder, "__name__", str(holder)), k)] = id(v)
+        return out
+
+    def remember(self) -> None:
+        """What the grader's code in this process is, before the notebook's code runs."""
+        self.intact = self._members()
+
+    def check_intact(self) -> None:
+        now = self._members()
+        changed = sorted(f"{m}.{k}" for (m, k), v in self.intact.items() if now.get((m, k)) != v)
+        if changed:
+            self.flag("*", f"replaced the grader's own code in its process ({', '.join(changed[:3])})")
+
+    def audit(self, child, wfd) -> None:
+        """A `sys.addaudithook` hook — which no code in this process can remove — for what the profiler cannot see:
+        `sys.setprofile`/`sys.settrace` however they are reached (`map(sys.setprofile, [None])`, cProfile, bdb),
+        `sys._getframe`, the garbage collector's object lists, ctypes, and attributes set on the grader's classes.
+        Done by the notebook's code, each is sent to the trusted process at once, as a verdict it keeps."""
+        import pickle as _pickle
+
+        from grader.wire import _send as send
+
+        student, busy, sent = self.student, [False], set()
+        labels = {"sys.setprofile": "called sys.setprofile", "sys.settrace": "called sys.settrace",
+                  "sys._getframe": "called sys._getframe (the grader's frames are not the notebook's to read)",
+                  "gc.get_objects": "called gc.get_objects", "gc.get_referrers": "called gc.get_referrers",
+                  "gc.get_referents": "called gc.get_referents", "ctypes.dlopen": "called C code through ctypes",
+                  "ctypes.dlsym": "called C code through ctypes", "ctypes.dlsym/handle": "called C code through ctypes",
+                  "object.__setattr__": "changed a class of the grader's", "object.__delattr__": "changed a class of the grader's"}
+        reach = {"sys.setprofile": 8, "sys.settrace": 8, "ctypes.dlopen": 2, "ctypes.dlsym": 2, "ctypes.dlsym/handle": 2}
+        getframe = sys._getframe
+        grader_dir = str(Path(__file__).resolve().parent) + os.sep
+
+        def hook(event, args):
+            label = labels.get(event)
+            if label is None or busy[0]:
+                return
+            busy[0] = True
+            try:
+                if event.startswith("object.") and not str(getattr(args[0], "__module__", "")).startswith("grader."):
+                    return
+                frame = getframe(1)
+                for _ in range(reach.get(event, 1)):  # the nearest frame of the notebook's code or the grader's
+                    if frame is None or student(frame) or frame.f_code.co_filename.startswith(grader_dir):
+                        break
+                    frame = frame.f_back
+                if frame is None or not student(frame):
+                    return
+                root = child.current_root if type(child.current_root) is str else None
+                if (root, label) not in sent:
+                    sent.add((root, label))
+                    send(wfd, _pickle.dumps(("flag", root, label), protocol=_pickle.HIGHEST_PROTOCOL))
+            finally:
+                busy[0] = False
+
+        sys.addaudithook(hook)
+
+    def checker(self):
+        """A check bound now, before the notebook's code runs: it compares the grader's code with what it was and
+        returns the verdicts not yet sent. Rebinding `_Guard`'s methods or the guard's record later changes
+        nothing for it (it holds its own copies)."""
+        intact, members, flags, guard, sent = dict(self.intact), self._members, self.flags, self, set()
+
+        def check():
+            now = members()
+            changed = sorted(f"{m}.{k}" for (m, k), v in intact.items() if now.get((m, k)) != v)
+            if changed:
+                flags.setdefault("*", []).append(f"replaced the grader's own code in its process ({', '.join(changed[:3])})")
+            if guard.__dict__.get("flags") is not flags:
+                flags.setdefault("*", []).append("replaced the grader's record of what it saw")
+            out = []
+            for root, whys in list(flags.items()):
+                for why in whys:
+                    if (root, why) not in sent:
+                        sent.add((root, why))
+                        out.append((root, why))
+            return out
+
+        return check
+
+
 class _ChildUnpickler(pickle.Unpickler):
     """In the child: the trusted side's messages (trusted, so a normal unpickler) with its references resolved."""
 
@@ -482,9 +864,12 @@ def _child_main(rfd, wfd, memory, sandbox):
     import lib  # noqa: F401
     from grader import notebook  # noqa: F401
 
+    from grader import observe  # noqa: F401  (the guard remembers its code)
     from grader.fingerprint import warm
 
     warm()  # lib's fingerprints, taken before the student's code can touch lib's modules
     _CHILD = _Child(rfd, wfd, memory, sandbox)
+    _CHILD.guard.remember()
+    _CHILD.guard.audit(_CHILD, wfd)
     _CHILD.send(("ok", None, sandbox))
     _CHILD.loop()

@@ -321,6 +321,34 @@ def grading_worker() -> None:
     become_subreaper()
 
 
+def shared_models_state() -> tuple:
+    """What the worker's shared SmolLM2 is now (structure, dtypes, buffers and their in-place version counters):
+    unchanged by any submission, or the next one would be graded against another model."""
+    from lib.model import shared_smollm2
+
+    if shared_smollm2.cache_info().currsize == 0:
+        return ()
+    model, _ = shared_smollm2()
+    return (type(model).__name__, model.training, len(list(model.modules())),
+            tuple((n, str(t.dtype), tuple(t.shape), t.data_ptr(), t._version) for n, t in
+                  [*model.named_parameters(), *model.named_buffers()]))
+
+
+def forget_shared_models() -> None:
+    """Drop the worker's shared model and every cached value of the checks (some hold the model)."""
+    import functools
+    import sys
+
+    from lib.model import shared_smollm2
+
+    shared_smollm2.cache_clear()
+    for name, module in list(sys.modules.items()):
+        if name.startswith("grader.checks"):
+            for value in vars(module).values():
+                if isinstance(value, functools._lru_cache_wrapper):
+                    value.cache_clear()
+
+
 def grade_one(week: str, student: str, root: str, timeout: float | None, fast: bool,
               threads: int | None = None) -> tuple[str, bool, str, float]:
     """Autograde one student; never raises. Returns (student, ok, one-line summary, seconds). Module-level here
@@ -335,7 +363,15 @@ def grade_one(week: str, student: str, root: str, timeout: float | None, fast: b
     try:
         if timeout is not None:
             os.environ["INFERENCE_LAB_CALL_TIMEOUT"] = str(timeout)
+        before = shared_models_state()
         line = Course(root).autograde_safely(week, student, fast=fast)
+        if shared_models_state() != before:  # a backstop: the isolation refuses every change it knows of
+            forget_shared_models()
+            why = (f"{student}'s code changed the checks' shared model (SmolLM2) in this worker; it was reloaded "
+                   f"for the next submission — grade {student} by hand")
+            course = Course(root)
+            course.record_status(week, student, **{**course.read_status(week, student), "integrity": why})
+            return student, False, why, time.perf_counter() - start
         return student, True, line, time.perf_counter() - start
     except BaseException as e:  # noqa: BLE001  (one student's failure must not stop the run)
         return student, False, one_line(e), time.perf_counter() - start

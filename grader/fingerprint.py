@@ -89,9 +89,30 @@ def _module_codes(mod: types.ModuleType):
         yield from from_obj(v)
 
 
+# In the student's process, lib is the week's view (mostly stubs: grader.view): the tables of the real code come
+# with the view, built by the trusted process.
+_VIEW_TABLES = Path(__file__).with_name("fingerprints.pickle")
+
+
+def _tables_from_view() -> bool:
+    global _TABLE, _ORACLE_TABLE
+    if not _VIEW_TABLES.is_file():
+        return False
+    import pickle
+
+    with open(_VIEW_TABLES, "rb") as f:
+        tables = pickle.load(f)
+    _TABLE, _ORACLE_TABLE = tables["lib"], tables["oracle"]
+    _ORACLE_FILES.update(tables["oracle_files"])
+    root = Path(__file__).resolve().parent.parent
+    for modname in ORACLE_MODULES:  # the view's own (stubbed) copies
+        _ORACLE_FILES[str(root / (modname.replace(".", "/") + ".py"))] = modname
+    return True
+
+
 def _table() -> dict[bytes, str]:
     global _TABLE
-    if _TABLE is None:
+    if _TABLE is None and not _tables_from_view():
         import lib
 
         table: dict[bytes, str] = {}
@@ -126,7 +147,7 @@ def lib_name(code: types.CodeType) -> str | None:
 
 def _oracle_table() -> dict[bytes, str]:
     global _ORACLE_TABLE
-    if _ORACLE_TABLE is None:
+    if _ORACLE_TABLE is None and not _tables_from_view():
         table: dict[bytes, str] = {}
         for modname in ORACLE_MODULES:
             try:

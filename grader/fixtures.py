@@ -29,4 +29,4 @@ def ex(request):
     if not match:
         raise ValueError(f"{path.name}: the `ex` fixture of grader.fixtures is for a week's test file, test_weekNN.py")
     week = importlib.import_module(f"grader.checks.week{match[1]}").WEEK
-    return load_exercises(path.with_name(week.notebook))
+    return load_exercises(path.with_name(week.notebook), week=week)

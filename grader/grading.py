@@ -51,6 +51,16 @@ class _Names(dict):
         return self.session.get(key)
 
 
+def _week_view(week: str):
+    """The view of the lab the week's notebook is graded under (`grader.view`), from the week's checks."""
+    import importlib
+
+    try:
+        return importlib.import_module(f"grader.checks.week{week}").WEEK.view()
+    except (ImportError, AttributeError):
+        return None
+
+
 def _trusted_namespace(root: Path, week: str, notebook_id: str) -> dict:
     """The release's setup cells, run here (the instructor's code), plus every `check_*` of the week."""
     import importlib
@@ -102,7 +112,7 @@ class IsolatedExecute(NbGraderPreprocessor):
         # A graded test whose code runs out of its time limit loses its points and the next one gets a fresh child:
         # allow a restart per graded test (the notebook's budget stays the backstop).
         session = Session(Path(resources.get("metadata", {}).get("path", ".")) / f"{notebook_id}.ipynb",
-                          max_restarts=max(4, len(sources)))
+                          max_restarts=max(4, len(sources)), view=_week_view(week))
         limit = _env_float("INFERENCE_LAB_EXERCISE_TIMEOUT", DEFAULT_EXERCISE_TIMEOUT)
         try:
             try:
@@ -146,7 +156,9 @@ class IsolatedExecute(NbGraderPreprocessor):
                     cell.outputs.append(new_output("error", ename=outcome.split(":", 1)[0],
                                                    evalue=outcome.split(":", 1)[-1].strip(), traceback=[outcome]))
             names = [n for n in _exercise_names(trusted)]
-            notes["reference_use"] = sorted(f"{name}" for name in session.reference_use(names)) if names else []
+            used = session.reference_use(names) if names else {}
+            notes["reference_use"] = sorted(used)
+            notes["reference_use_why"] = {name: used[name] for name in sorted(used)}
         finally:
             notes["restarts"] = session.restarts
             session.close()

@@ -44,7 +44,16 @@ def _reference_use(name: str, args, kwargs) -> str | None:
 class Week:
     number: int
     notebook: str  # file name inside weeks/NN/
+    # What of lib the notebook's code may use while it is graded: module -> names (or "*"); the rest of lib, and
+    # every lib function or class named like one of the week's exercises, is a stub in its process (grader.view).
+    child_may_use: dict = field(default_factory=dict)
     exercises: dict[str, tuple[int, str]] = field(default_factory=dict)  # name -> (number, section)
+
+    def view(self):
+        """The `grader.view.ViewSpec` the notebook's code is graded under."""
+        from grader.view import ViewSpec
+
+        return ViewSpec.make(self.number, self.child_may_use, self.exercises)
 
     @property
     def location(self) -> str:
@@ -156,11 +165,27 @@ def _fewer_threads_when_busy() -> None:
     torch.set_num_threads(min(torch.get_num_threads(), threads_per_worker(1)))
 
 
-def load_exercises(notebook: str | Path, isolated: bool | None = None):
+def week_of(notebook: str | Path) -> Week | None:
+    """The `Week` a notebook belongs to, by its name (`week16_...ipynb` -> `grader.checks.week16.WEEK`), or None."""
+    import importlib
+    import re
+
+    match = re.match(r"week(\d+)_", Path(notebook).name)
+    if not match:
+        return None
+    try:
+        return importlib.import_module(f"grader.checks.week{int(match[1])}").WEEK
+    except (ImportError, AttributeError):
+        return None
+
+
+def load_exercises(notebook: str | Path, isolated: bool | None = None, week: Week | None = None, view=None):
     """Execute the exercise (and `setup`-tagged) cells of `notebook`, in order, into a new module.
 
-    Isolated (the default): in a child process, returning proxies; `isolated=False` or
-    `INFERENCE_LAB_ISOLATION=0`: in this process, returning the module itself."""
+    Isolated (the default): in a child process, returning proxies, with `week`'s view of the lab (`Week.view`;
+    the week is found from the notebook's name when not given; without one, no part of lib keeps its code
+    there; `view` overrides it, e.g. `ViewSpec.everything()` in tests of what the checks catch behind it);
+    `isolated=False` or `INFERENCE_LAB_ISOLATION=0`: in this process, returning the module itself."""
     path = Path(notebook)
     nb = read_notebook(path)
     _warn_other_notebooks(path)
@@ -171,7 +196,8 @@ def load_exercises(notebook: str | Path, isolated: bool | None = None):
     if isolated:
         from grader.isolation import Session
 
-        session = Session(path)
+        week = week if week is not None else week_of(path)
+        session = Session(path, view=view if view is not None else week.view() if week is not None else None)
         session.load(cells)
         return IsolatedExercises(path, session)
     return exercise_module(path, cells)

@@ -46,6 +46,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import io
+import json
 import os
 import shutil
 import signal
@@ -59,6 +60,8 @@ from pathlib import Path
 from grader.processes import _is_subreaper, _pids_cgroup, _remove_cgroup, _start_time, become_subreaper, kill_tree
 from grader.proxy import ChildProxy, _autograd_function
 from grader.status import one_line
+from grader.similarity import similar_to_reference
+from grader.view import ViewSpec, build_view, readable_paths
 from grader.wire import (ArgumentChanged, IsolationError, StudentCrash, StudentTimeout, _ByValue, _SafeUnpickler,
                          _TrustedPickler, _apply, _copy_back, _exc_info, _rebuild_exc, _recv, _send)
 
@@ -67,6 +70,29 @@ __all__ = ["Session", "ChildProxy", "IsolationError", "StudentTimeout", "Student
            "DEFAULT_MEMORY", "DEFAULT_CPU"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# The variables of the grader's environment the child keeps (locale, libraries, devices, threads); the rest —
+# tokens, paths, the seed of the checks' inputs — is the instructor's.
+_CHILD_ENV = {"PATH", "LANG", "LANGUAGE", "TZ", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_HOME",
+              "NVIDIA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "SYSTEMROOT"}
+_CHILD_ENV_PREFIXES = ("LC_", "TRITON_", "CUBLAS_", "NCCL_")
+MAX_RECEIVED = 8 << 30  # bytes the child may send the trusted side in all, per session: beyond it, a verdict
+
+
+def child_import_path() -> list[str]:
+    """The grader's own import path, for the child (a package installed on PYTHONPATH is found there too), less
+    what the view replaces: the repository and anything in it but the Python environment."""
+    out = []
+    for p in sys.path:
+        if not p or not os.path.isdir(p):
+            continue
+        real = Path(p).resolve()
+        env = Path(sys.prefix).resolve()
+        if (real == REPO_ROOT or REPO_ROOT in real.parents) and not (real == env or env in real.parents):
+            continue
+        if str(real) not in out:
+            out.append(str(real))
+    return out
 
 DEFAULT_CALL_TIMEOUT = 60.0
 DEFAULT_BUDGET = 900.0
@@ -98,17 +124,28 @@ _MODULE_READS = {"forward", "parameters", "named_parameters", "buffers", "named_
 
 
 def _refuse_module_change(op: str, target, args: tuple) -> None:
+    """The notebook's code may read and run the checks' objects, never change them: no attribute or item
+    assignment (an autograd `ctx`, which the student's forward fills, is the one exception), and none of
+    torch.nn's own mutators, whether reached on a model or through a wrapper a check put around it."""
     import torch
 
-    if not isinstance(target, torch.nn.Module):
-        return
     if op in ("setattr", "delattr", "setitem"):
-        raise AttributeError(f"the checks' models are read-only to the notebook's code ({op} on a "
-                             f"{type(target).__name__} was refused): build your own tensors instead")
-    if op == "getattr" and args[0] not in _MODULE_READS and hasattr(torch.nn.Module, args[0]):
+        if isinstance(target, torch.autograd.function.FunctionCtx):
+            return
+        raise AttributeError(f"the checks' objects are read-only to the notebook's code ({op} on a "
+                             f"{type(target).__name__} was refused): build your own objects instead")
+    if op == "getattr" and isinstance(target, torch.nn.Module) and args[0] not in _MODULE_READS and \
+            hasattr(torch.nn.Module, args[0]):
         raise AttributeError(f"the checks' models are read-only to the notebook's code: "
                              f"{type(target).__name__}.{args[0]} is not available to it (run the model, "
                              f"read its config and weights; do not change it)")
+    if op == "call":
+        owner, func = getattr(target, "__self__", None), getattr(target, "__func__", None)
+        if isinstance(owner, torch.nn.Module) and func is not None and target.__name__ not in _MODULE_READS:
+            defined = next((c for c in type(owner).__mro__ if target.__name__ in vars(c)), None)
+            if defined is not None and defined.__module__.startswith("torch."):
+                raise AttributeError(f"the checks' models are read-only to the notebook's code: "
+                                     f"{type(owner).__name__}.{target.__name__} is not available to it")
 
 
 _SESSIONS: "weakref.WeakSet[Session]" = weakref.WeakSet()
@@ -127,8 +164,13 @@ class Session:
 
     def __init__(self, notebook: str | Path, cells: list[tuple[int, str | None, str]] | None = None,
                  call_timeout: float | None = None, budget: float | None = None,
-                 memory: int | None = None, cpu: int | None = None, max_restarts: int = 4):
+                 memory: int | None = None, cpu: int | None = None, max_restarts: int = 4,
+                 view: "ViewSpec | None" = None):
         self.notebook = str(notebook)
+        self.view = view if view is not None else ViewSpec.make(None)
+        self.received = 0  # bytes of data the child has sent (MAX_RECEIVED)
+        self.similar: dict[str, str] = {}  # exercise -> a copy of the answer key its source holds
+        self.tampered: dict[str | None, list[str]] = {}  # exercise (None: at load, "*": any) -> what its code did
         self.cells = cells
         self.call_timeout = call_timeout or _env_float("INFERENCE_LAB_CALL_TIMEOUT", DEFAULT_CALL_TIMEOUT)
         self.budget = budget or _env_float("INFERENCE_LAB_BUDGET", DEFAULT_BUDGET)
@@ -170,10 +212,13 @@ class Session:
         self.workdir = tempfile.mkdtemp(prefix="inference-lab-student-")
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("JPY_", "JUPYTER_"))}
+        view = build_view(self.view)
+        paths = child_import_path()
+        readable = None if self.view.open else readable_paths(view, extra=paths)
+        # The instructor's environment is theirs: the child gets the few variables a Python process needs.
+        env = {k: v for k, v in os.environ.items() if k in _CHILD_ENV or k.startswith(_CHILD_ENV_PREFIXES)}
         env.update(HOME=self.workdir, TMPDIR=self.workdir, MPLCONFIGDIR=self.workdir, XDG_CACHE_HOME=self.workdir,
-                   PYTHONDONTWRITEBYTECODE="1", MPLBACKEND="Agg",
-                   PYTHONPATH=os.pathsep.join([str(REPO_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]))
+                   PYTHONDONTWRITEBYTECODE="1", MPLBACKEND="Agg")
         env.setdefault("OMP_NUM_THREADS", "1")
         self.cgroup = _pids_cgroup()
         if self.cgroup:
@@ -181,7 +226,7 @@ class Session:
         log = open(os.path.join(self.workdir, "output.log"), "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-I", "-c", _CHILD_BOOT, str(to_child_r), str(from_child_w), self.workdir,
-             str(self.memory), str(self.cpu), str(REPO_ROOT)],
+             str(self.memory), str(self.cpu), json.dumps({"view": str(view), "path": paths, "readable": readable})],
             pass_fds=(to_child_r, from_child_w), cwd=self.workdir, env=env, stdin=subprocess.DEVNULL,
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
@@ -201,6 +246,8 @@ class Session:
 
     def load(self, cells: list[tuple[int, str | None, str]]) -> dict:
         self.cells = cells
+        # Read here, from the source: a renamed or padded copy of lib's code or of the solution (grader.similarity).
+        self.similar = similar_to_reference(self.notebook, cells, self.view.week)
         self.start()
         return self.load_info
 
@@ -347,6 +394,12 @@ class Session:
                 self._kill(why)
                 raise StudentCrash(why) from None
             self.exercise_used += time.monotonic() - began
+            self.received += len(data)
+            if self.received > MAX_RECEIVED:
+                why = (f"the notebook's code sent the checks more than {MAX_RECEIVED >> 30} GiB of data in all; "
+                       f"stopped during {during}")
+                self._kill(why)
+                raise StudentCrash(why)
             try:
                 msg = self._decode(data)
             except Exception as e:  # noqa: BLE001
@@ -371,6 +424,11 @@ class Session:
                 raise exc
             if kind == "req" and len(msg) == 5:
                 self._serve(msg)
+                continue
+            if kind == "flag" and len(msg) == 3 and (msg[1] is None or type(msg[1]) is str) and type(msg[2]) is str:
+                found = self.tampered.setdefault(msg[1], [])  # what the child's guard saw: kept here, for good
+                if len(found) < 10 and msg[2][:300] not in found:
+                    found.append(msg[2][:300])
                 continue
             self._kill("malformed message")
             raise StudentCrash("the student's process broke the protocol")
@@ -452,18 +510,11 @@ class Session:
         return result
 
     def observe(self, target: "ChildProxy", args: tuple, kwargs: dict):
-        from grader.checks import Observation
-        from collections import Counter
+        from grader.observe import from_wire
 
         result, obs, copied = self.request("observe", target, (args, kwargs))
         _copy_back(args, kwargs, copied)
-        o = Observation()
-        o.ops = Counter({k: v for k, v in obs["ops"].items() if type(k) is str and type(v) is int})
-        o.matmuls = [(tuple(a), tuple(b)) for a, b in obs["matmuls"]]
-        o.flops, o.peak_bytes = int(obs["flops"]), int(obs["peak_bytes"])
-        o.lib_calls = {c for c in obs["lib_calls"] if type(c) is str}
-        o.reductions = [(str(n), tuple(int(x) for x in sh), int(e)) for n, sh, e in obs.get("reductions", ())]
-        return result, o
+        return result, from_wire(obs)
 
     def get(self, name: str):
         """A name defined by the notebook's exercise cells: plain data, or a proxy."""
@@ -478,14 +529,21 @@ class Session:
         return value
 
     def reference_use(self, names: list[str]) -> dict[str, str]:
-        """{exercise name: how it uses lib's own implementation} for the names that do."""
+        """{exercise name: how it uses lib's own implementation, or a copy of the answer key} for the names that
+        do: what the source shows (`grader.similarity`, judged here), then what the child saw."""
+        found = {name: self.similar[name] for name in names if name in self.similar}
+        for name in names:
+            whys = self.tampered.get(name, []) + self.tampered.get(None, []) + self.tampered.get("*", [])
+            if whys and name not in found:
+                found[name] = f"`{name}` {whys[0]} — the grader judges a result only when the code left it alone"
         if self.dead is not None:
-            return {}
+            return found
         try:
-            found = self._request_raw("refs", None, (list(names),), during="the reference-use query")
+            seen = self._request_raw("refs", None, (list(names),), during="the reference-use query")
         except IsolationError:
-            return {}
-        return {k: v for k, v in found.items() if type(k) is str and type(v) is str}
+            return found
+        seen = {k: v for k, v in seen.items() if type(k) is str and type(v) is str}
+        return {**seen, **found}
 
     def proxy(self, oid: int, info: dict) -> ChildProxy:
         """A proxy of the child's object `oid` (the codec's `R` tag)."""
@@ -493,11 +551,12 @@ class Session:
 
 
 _CHILD_BOOT = r"""
-import os, sys
-rfd, wfd, workdir, memory, cpu, repo = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
-sys.path.insert(0, repo)
+import json, os, sys
+rfd, wfd, workdir, memory, cpu = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+where = json.loads(sys.argv[6])
+sys.path[:0] = [where["view"]] + [p for p in where["path"] if p not in sys.path]
 from grader import _sandbox
-sandbox = _sandbox.confine(workdir, cpu)
+sandbox = _sandbox.confine(workdir, cpu, where["readable"])
 from grader import child
 child._child_main(rfd, wfd, memory, sandbox)
 """

@@ -28,6 +28,7 @@ import time
 import types
 
 MAX_MESSAGE = 1 << 30  # 1 GiB: a bigger message from the child is a protocol violation
+STORAGE_BUDGET = 2 << 30  # bytes of child buffers the trusted side keeps a local twin of, per child
 
 
 class IsolationError(AssertionError):
@@ -210,6 +211,8 @@ class _TrustedPickler(pickle.Pickler):
             raise TypeError("a module is never handed to the notebook's code")
         if isinstance(obj, (types.FunctionType, type, types.BuiltinFunctionType)):
             qual = getattr(obj, "__qualname__", "")
+            if _module_root(obj) in ("lib", "grader") and not self._in_view(obj):
+                return ("P",) + self.session.export(obj)  # a stub in the child's view (grader.view): called back here
             if _module_root(obj) in _BY_VALUE_MODULES and "<" not in qual:
                 return None  # pickled by name, imported in the child
             if isinstance(obj, types.BuiltinFunctionType):
@@ -219,9 +222,24 @@ class _TrustedPickler(pickle.Pickler):
             return None
         if isinstance(obj, dict) and _module_root(t) == "collections":
             return None
-        if dataclasses.is_dataclass(obj) and _module_root(t) in _BY_VALUE_MODULES:
+        if dataclasses.is_dataclass(obj) and _module_root(t) in _BY_VALUE_MODULES and self._in_view(t):
             return None  # configs: copied
         return ("P",) + self.session.export(obj)
+
+
+    def _in_view(self, obj) -> bool:
+        """Whether the child's view holds `obj` (a function or class of lib, or of the grader) by name."""
+        module = getattr(obj, "__module__", "") or ""
+        if module.startswith("grader."):
+            return module in ("grader.observe", "grader.wire", "grader.notebook", "grader.status")
+        if not module.startswith("lib"):
+            return True
+        view = getattr(self.session, "view", None)
+        if view is None:
+            return True
+        from grader.view import kept
+
+        return kept(view, module, getattr(obj, "__qualname__", ""))
 
 
 class _ByValue:
@@ -404,12 +422,17 @@ def _tensor_unobserved(storages: dict, dtype_name, shape, stride, offset, key, n
         raise pickle.UnpicklingError("tensor data does not match its shape")
     values = (torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dt) if data else
               torch.empty(0, dtype=dt, device="cpu")).reshape(shape)
+    held = storages.get("bytes", 0)
     if type(key) is int and type(nbytes) is int and 0 < nbytes <= MAX_MESSAGE and nbytes % item == 0 and numel:
-        # The same child buffer maps to the same local buffer: views keep their data_ptr() between calls.
+        # The same child buffer maps to the same local buffer: views keep their data_ptr() between calls. The
+        # buffer's size is the child's word: the buffers kept for one child stay under STORAGE_BUDGET bytes.
         base = storages.get((key, dt))
         if base is None or base.numel() * item != nbytes:
+            if held + nbytes > STORAGE_BUDGET:
+                return values
             base = torch.empty(nbytes // item, dtype=dt, device="cpu")
             storages[(key, dt)] = base
+            storages["bytes"] = held + nbytes
         try:
             view = base.as_strided(shape, stride, int(offset))
             view.copy_(values)

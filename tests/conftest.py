@@ -1,4 +1,10 @@
+import os
+
 import pytest
+
+# The lab's own tests grade copies of the solution notebooks as honest students; a real class's copies of the
+# solution are reported as reference use (grader/similarity.py; tests/test_similarity.py checks that, unset).
+os.environ.setdefault("INFERENCE_LAB_SOLUTION_COPIES", "allow")
 
 
 @pytest.fixture(scope="session")
@@ -48,10 +54,12 @@ def _scratch_copy(root):
 def _scratch_env(root, **extra) -> dict:
     """The environment for a command in a scratch copy: the venv's bin/ first on PATH (as after `source
     .venv/bin/activate`), the copy's own code imported rather than this checkout's (the venv's editable install
-    points here), none of this run's INFERENCE_LAB_* settings; `extra` added."""
+    points here), none of this run's INFERENCE_LAB_* settings but INFERENCE_LAB_SOLUTION_COPIES (the classes
+    these commands grade are copies of the solutions); `extra` added."""
     import os
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("INFERENCE_LAB_", "PYTEST_"))}
+    env["INFERENCE_LAB_SOLUTION_COPIES"] = os.environ.get("INFERENCE_LAB_SOLUTION_COPIES", "")
     env["PATH"] = f"{root / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONPATH"] = str(root)
     env.update({k: str(v) for k, v in extra.items()})

@@ -116,13 +116,33 @@ def _crafted(honest: dict, root: Path) -> dict[str, tuple[dict, set[str]]]:
                 while True:
                     blocks.append(bytearray(1 << 30))
             """), {"test_kv_cache_bytes", "test_answer_q3"}),  # the solution's answer_q3 calls kv_cache_bytes
+        # The door (grader/view.py): with the watch switched off, lib's reference is still a stub; the solutions,
+        # the real lib and a classmate's submission cannot be read at all.
+        "watch_off_reference": (_edit(honest, "step_flops", """
+            def step_flops(*args):
+                import sys
+                from lib import roofline
+                sys.setprofile(None)
+                return roofline.step_flops(*args)
+            """), {"test_step_flops"}),
+        "reads_the_solution": (_edit(honest, "roofline_time", f"""
+            import json
+            _cells = json.load(open({str(REPO / "solutions" / WEEK / "week16_kv_cache.ipynb")!r}))["cells"]
+            exec(next("".join(c["source"]) for c in _cells if c["metadata"].get("nbgrader", {{}}).get("grade_id") == "roofline_time"))
+            """), {"test_roofline_time"}),
+        "reads_a_classmate": (_edit(honest, "kv_cache_bytes", f"""
+            import json
+            _theirs = {str(root / "grader" / "submitted" / "honest" / WEEK / "week16_kv_cache.ipynb")!r}
+            _cells = json.load(open(_theirs))["cells"]
+            exec(next("".join(c["source"]) for c in _cells if c["metadata"].get("nbgrader", {{}}).get("grade_id") == "kv_cache_bytes"))
+            """), {"test_kv_cache_bytes", "test_answer_q3"}),  # the solution's answer_q3 calls kv_cache_bytes
         "reference_import": (_edit(_edit(honest, "causal_mask", """
             from lib.masks import causal_mask
             """), "step_flops", """
             def step_flops(*args):
                 from lib import roofline
                 return roofline.step_flops(*args)
-            """), {"test_causal_mask", "test_step_flops"}),
+            """), {"test_causal_mask", "test_step_flops", "test_gqa_attention"}),  # its gqa_attention calls the stub
     }
 
 
@@ -192,12 +212,16 @@ def test_hostile_class(course_root, tmp_path, capsys, monkeypatch):
         want = total - sum(points[g] for g in fails)
         assert got["code_score"] == want, f"{student}: {got['code_score']} points, expected exactly {want}"
     status = course.read_status(WEEK, "reference_import")
-    assert set(status["reference_use"]) == {"causal_mask", "step_flops"}
+    assert "not available to your code" in status["tests"]["test_causal_mask"], status["tests"]
+    assert "causal_mask" in status["reference_use"]  # lib's stub, imported under the exercise's name, is lib's own
+    assert "not available to your code" in course.read_status(WEEK, "watch_off_reference")["tests"]["test_step_flops"]
+    for student, cell in (("reads_the_solution", "roofline_time"), ("reads_a_classmate", "kv_cache_bytes")):
+        problems = course.read_status(WEEK, student)["load_problems"]
+        assert any(cell in where and "PermissionError" in why for where, why in problems.items()), problems
     assert "timeout" in course.read_status(WEEK, "endless_loop")["tests"]["test_roofline_time"].lower() or \
         "longer than" in course.read_status(WEEK, "endless_loop")["tests"]["test_roofline_time"]
 
     rows = {r["student_id"]: r for r in read_csv(course.export(tmp_path / "grades.csv"))}
-    assert rows["reference_import"]["reference_use"] == "causal_mask step_flops"
     assert rows["invalid_json"]["status"] == "refused at collect" and float(rows["invalid_json"]["score"]) == 0
     assert rows["two_notebooks"]["status"] == "refused at collect"
     assert rows["honest"]["status"] == "graded"
@@ -233,8 +257,9 @@ def test_pytest_path_is_isolated_too(course_root, tmp_path):
     checks.check_step_flops(ex.step_flops)  # a fresh child for the next exercise
 
     path.write_text(json.dumps(crafted["reference_import"][0]))
-    ex = load_exercises(path)
-    with pytest.raises(AssertionError, match="lib's own|the lab's reference"):
+    ex = load_exercises(path, week=checks.WEEK)
+    with pytest.raises(AssertionError, match="lib.masks.causal_mask is not available to your code while this week "
+                                             "is graded: it is the answer to week 16's exercise 2"):
         checks.check_causal_mask(ex.causal_mask)
 
 
@@ -357,7 +382,8 @@ def test_cli_autograde_kills_every_process_and_times_each_exercise(scratch, tmp_
     total = sum(points.values())
     # test_generate runs SmolLM2 for 64 tokens: against the 15 s limit set here it passes on quiet cores and runs out
     # of time on a busy machine (or beside a submission's CPU burner), so its points are not what this test judges.
-    fails = {"spawner": set(), "spawn_then_exit": {"test_causal_mask", "test_gqa_attention"},
+    # The spawner called C through ctypes while its cells loaded (prctl): a verdict for every exercise (grader.child).
+    fails = {"spawner": set(points), "spawn_then_exit": {"test_causal_mask", "test_gqa_attention"},
              "slow": {"test_roofline_time", "test_answer_q1"}}
     for student, failed in fails.items():
         got = course.score(WEEK, student)["code_score"]

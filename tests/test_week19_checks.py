@@ -19,6 +19,7 @@ import torch
 from grader.checks import week19 as checks
 from grader.harness import ReferenceUse, exercise_cells, load_exercises
 from grader.isolation import Session
+from grader.view import ViewSpec
 from lib import engine as ref_engine
 from lib import paged as ref
 
@@ -598,7 +599,9 @@ def child(tmp_path_factory):
     source = HEADER + "\nWORKSPACE = torch.empty(1 << 22)\n\n" + "\n\n".join(
         textwrap.dedent(inspect.getsource(c)) for c in WRONG) + LIB_COPY
     source += "\n".join(["\nfrom collections import OrderedDict", cells["BlockAllocator"], cells["PrefixCache"], PREFIX_CACHE_ROUTES])
-    session = Session(tmp_path_factory.mktemp("nb") / "week19_wrong_routes.ipynb")
+    # Most routes are lib's parts with one thing broken: they need lib whole, as on a machine without Landlock's
+    # read restriction (grader.view); what the week's view does to them is tests/test_integrity.py's subject.
+    session = Session(tmp_path_factory.mktemp("nb") / "week19_wrong_routes.ipynb", view=ViewSpec.everything(19))
     session.load([(0, None, source)])
     yield session
     session.close()
@@ -789,7 +792,8 @@ def test_predict_steps_wrong_routes(child, name, match):
 
 
 def test_lib_reference_is_reported(tmp_path, ex):
-    """lib's code under the exercise's own name, exec'd from lib's source (another file name): ReferenceUse for
+    """Behind the week's view (lib readable, as without Landlock): lib's code under the exercise's own name, exec'd
+    from lib's source (another file name): ReferenceUse for
     ex03 (a class) and ex05 (a function); lib's PrefixCache subclassed for ex07; the engine of ex09 on those parts;
     through the isolated path."""
     source = HEADER + """
@@ -799,7 +803,7 @@ exec(compile(_inspect.getsource(ref.BlockAllocator), "<student cell>", "exec"))
 exec(compile(_inspect.getsource(ref.paged_attention), "<student cell>", "exec"))
 PrefixCache = type("PrefixCache", (ref_engine.PrefixCache,), {})  # lib's, under the exercise's name
 """
-    session = Session(tmp_path / "week19_lib_copy.ipynb")
+    session = Session(tmp_path / "week19_lib_copy.ipynb", view=ViewSpec.everything(19))  # behind the view
     try:
         session.load([(0, None, source)])
         with pytest.raises(ReferenceUse, match="BlockAllocator"):

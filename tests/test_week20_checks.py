@@ -9,6 +9,7 @@ import pytest
 
 from grader.checks import week20 as checks
 from grader.harness import load_exercises
+from grader.view import ViewSpec
 
 pytestmark = pytest.mark.model  # the checks draw real SmolLM2 rows
 
@@ -539,16 +540,35 @@ ISOLATED_CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def wrong(tmp_path_factory):
+def _wrong_routes(tmp_path_factory, view=None):
     nb = {"cells": [{"cell_type": "code", "metadata": {"tags": ["setup"]}, "source": WRONG_ROUTES, "outputs": [],
                      "execution_count": None}],
           "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
     path = tmp_path_factory.mktemp("wrong") / checks.WEEK.notebook
     path.write_text(__import__("json").dumps(nb))
-    ex = load_exercises(path, isolated=True)
+    return load_exercises(path, isolated=True, view=view)
+
+
+@pytest.fixture(scope="module")
+def wrong(tmp_path_factory):
+    """The routes in the week's view (grader.view), as `pytest weeks/20` and autograde run them."""
+    ex = _wrong_routes(tmp_path_factory)
     yield ex
     ex.close()
+
+
+@pytest.fixture(scope="module")
+def wrong_behind_the_view(tmp_path_factory):
+    """The routes with lib and gguf-py whole and readable, as on a machine without Landlock's read restriction."""
+    ex = _wrong_routes(tmp_path_factory, ViewSpec.everything(20))
+    yield ex
+    ex.close()
+
+
+# Routes that call gguf-py's quantizers or writer, or exec gguf-py's or lib's source: in the week's view those are
+# stubs ("... is not available to your code"); behind it the fingerprints recognise them (the reasons listed).
+AT_THE_DOOR = {"dq8_0_gguf_class", "dq4_k_gguf_class", "q8_0_gguf", "q8_0_gguf_source", "q8_0_lib_source",
+               "q5_0_gguf_class", "gguf_via_writer"}
 
 
 @pytest.mark.parametrize("check, route, reason", ISOLATED_CASES, ids=[c[1] for c in ISOLATED_CASES])
@@ -556,5 +576,13 @@ def test_wrong_route_fails_in_the_isolated_process(wrong, check, route, reason):
     with pytest.raises(AssertionError) as info:
         getattr(checks, f"check_{check}")(getattr(wrong, route))
     msg = str(info.value)
-    assert reason in msg, msg
+    assert ("is not available to your code while this week is graded" if route in AT_THE_DOOR else reason) in msg, msg
     print(f"{route}: {msg.splitlines()[0][:200]}")
+
+
+@pytest.mark.parametrize("check, route, reason", [c for c in ISOLATED_CASES if c[1] in AT_THE_DOOR],
+                         ids=[c[1] for c in ISOLATED_CASES if c[1] in AT_THE_DOOR])
+def test_behind_the_view_the_fingerprints_recognise_gguf_and_lib(wrong_behind_the_view, check, route, reason):
+    with pytest.raises(AssertionError) as info:
+        getattr(checks, f"check_{check}")(getattr(wrong_behind_the_view, route))
+    assert reason in str(info.value), str(info.value)

@@ -32,7 +32,8 @@ from lib.generate import generate as ref_generate
 from lib.gqa import pool_kv_heads as ref_pool_kv_heads
 from lib.model import SMOLLM2_135M, tiny_model
 
-WEEK = Week(16, "week16_kv_cache.ipynb")
+WEEK = Week(16, "week16_kv_cache.ipynb",
+            child_may_use={"lib.kv_cache": ("KVCache", "CacheOverflowError"), "lib.model": "*"})
 
 # Prompt and length of the SmolLM2 milestone (greedy, >= 64 new tokens).
 SMOLLM2_PROMPT = "To be, or not to be, that is the question:"

@@ -29,7 +29,8 @@ from lib import attention as ref
 from lib import io_model
 from lib.masks import causal_mask
 
-WEEK = Week(17, "week17_flash_attention.ipynb")
+WEEK = Week(17, "week17_flash_attention.ipynb",
+            child_may_use={"lib.attention": ("check_attention_shapes",), "lib.masks": ("causal_mask",)})
 
 # (batch, heads, q_len, kv_len, head_dim, causal): lengths that are not multiples of the blocks, q_len != kv_len,
 # head dims that are not powers of two.

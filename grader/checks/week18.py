@@ -25,7 +25,7 @@ from grader.wire import IsolationError
 from lib import speculative as ref
 from lib.generate import generate as ref_generate
 
-WEEK = Week(18, "week18_speculative.ipynb")
+WEEK = Week(18, "week18_speculative.ipynb", child_may_use={"lib.kv_cache": ("KVCache",)})
 
 SMOLLM2_PROMPT = "To be, or not to be, that is the question:"
 SMOLLM2_NEW_TOKENS = 64

@@ -1,0 +1,260 @@
+"""Observing how a result was computed: the aten ops a call ran, its matmul shapes, FLOPs, peak tensor bytes,
+the reductions and writes it made, and which of `lib`'s functions ran.
+
+Below the sandbox's two sides on purpose: the checks call `observe(fn, ...)`, and when `fn` is a proxy of the
+student's function the observation is made in the student's process (`grader.child` imports this module, which
+needs nothing of the grader's but `grader.fingerprint`) and crosses back as data — `to_wire` and `from_wire` are
+its one encoding. What is observed in the student's process is evidence, not proof (its code could forge it):
+the checks judge results in the trusted process, and `grader.view` keeps the answers out of that process's reach.
+"""
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+
+@dataclass
+class Observation:
+    """What one call did. `ops`: aten op name -> count; `matmuls`: (shape of a, shape of b) of every mm/bmm/
+    matmul-like op; `flops`: FLOPs counted by torch's FlopCounterMode; `peak_bytes`: peak tensor bytes
+    allocated during the call (inputs excluded); `lib_calls`: qualified names of `lib` functions that ran
+    (recognised by `grader.fingerprint`: lib's bytecode counts wherever it was loaded from), and of the
+    oracles' (`grader.fingerprint.ORACLE_MODULES`, e.g. "gguf.quants.dequantize"), recognised the same way."""
+    ops: Counter = field(default_factory=Counter)
+    matmuls: list = field(default_factory=list)
+    flops: int = 0
+    peak_bytes: int = 0
+    lib_calls: set = field(default_factory=set)
+    reductions: list = field(default_factory=list)  # (op name, input shape, reduced extent) of every reduction
+
+    def called(self, *prefixes: str) -> list[str]:
+        """The aten ops called whose names start with any of `prefixes` (e.g. "aten._scaled_dot_product")."""
+        return sorted(op for op in self.ops if op.startswith(prefixes))
+
+    def max_matmul_inner(self) -> int:
+        """The largest contraction length of any matmul seen (e.g. the key-axis extent of P @ V)."""
+        return max((a[-1] for a, _ in self.matmuls), default=0)
+
+    def max_matmul_outer(self) -> int:
+        """The largest output-column count of any matmul seen (e.g. the key-axis extent of Q @ K^T)."""
+        return max((b[-1] for _, b in self.matmuls), default=0)
+
+    def max_matmul_dim(self) -> int:
+        """The largest row, column or contraction length of any matmul seen (batch dims excluded): a tiled
+        attention keeps it <= max(block_q, block_k, head_dim) whichever way round it multiplies."""
+        return max((max(a[-2:] + b[-2:]) for a, b in self.matmuls), default=0)
+
+    def max_reduction_extent(self) -> int:
+        """The most elements any one reduction (sum, amax, max, logsumexp, softmax, mean, ...) combined per
+        output element: a chunked softmax keeps it <= the chunk size, a full-row softmax makes it the row length."""
+        return max((extent for _, _, extent in self.reductions), default=0)
+
+    @property
+    def inputs_written(self) -> int:
+        """How many ops wrote into the storage of a tensor argument of the observed call (in place, `out=`, or
+        through a view of it). Kept among `ops` under a name no aten op has, so it crosses the isolation as data."""
+        return self.ops.get(INPUTS_WRITTEN, 0)
+
+    @property
+    def premade_bytes(self) -> int:
+        """Bytes of buffers made before the call (neither arguments nor allocated during it: a workspace made when
+        the cell ran, a global) that the call wrote into — by `out=`, in place, or through a view — counted as
+        each buffer's high-water mark. Allocation that `peak_bytes` cannot see. Kept among `ops` like
+        `inputs_written`."""
+        return self.ops.get(PREMADE_WRITTEN, 0)
+
+    def lib_calls_except(self, *allowed: str) -> list[str]:
+        """The `lib` functions that ran, other than those whose qualified names start with any of `allowed`."""
+        return sorted(c for c in self.lib_calls if c.startswith("lib.") and not (allowed and c.startswith(allowed)))
+
+
+
+
+_REDUCTIONS = {"aten.sum", "aten.amax", "aten.amin", "aten.max", "aten.min", "aten.logsumexp", "aten._softmax",
+               "aten._log_softmax", "aten.mean", "aten.prod", "aten.nansum", "aten.cumsum", "aten.logcumsumexp",
+               "aten.norm", "aten.linalg_vector_norm", "aten.softmax", "aten.log_softmax"}
+
+
+def _reduced_extent(args, kwargs) -> int | None:
+    """How many elements a reduction op combines per output (None: not a reduction, e.g. max(a, b))."""
+    x = args[0]
+    if not isinstance(x, torch.Tensor) or x.dim() == 0:
+        return None
+    dims = args[1] if len(args) > 1 else (kwargs or {}).get("dim")
+    if isinstance(dims, torch.Tensor):  # torch.max(a, b): elementwise
+        return None
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return x.numel()
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    extent = 1
+    for d in dims:
+        extent *= x.shape[d]
+    return extent
+
+
+WATCH_REMOVED = "<the profiler watching the call was switched off>"  # counted among Observation.ops
+# In the student's process, grader.child sees every profiler event of an observed call through this hook.
+EVENT_HOOK = None
+INPUTS_WRITTEN = "<write into an argument>"  # the key of Observation.inputs_written in Observation.ops
+PREMADE_WRITTEN = "<bytes written into buffers made before the call>"  # Observation.premade_bytes
+
+
+def _tensors(values) -> list:
+    """The tensors among `values` (one level into lists and tuples)."""
+    out = []
+    for v in values:
+        out += [t for t in (v if isinstance(v, (list, tuple)) else [v]) if isinstance(t, torch.Tensor)]
+    return out
+
+
+def _ptr(t: torch.Tensor) -> int:
+    return 0 if t.device.type == "meta" else t.untyped_storage().data_ptr()
+
+
+def _span_end(t: torch.Tensor) -> int:
+    """Bytes from the start of `t`'s storage to the end of the last element `t` covers."""
+    if t.numel() == 0:
+        return 0
+    last = t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 0)
+    return (last + 1) * t.element_size()
+
+
+class _OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self, obs: Observation, inputs: set[int] = frozenset()):
+        super().__init__()
+        self.obs = obs
+        self.inputs = inputs  # data pointers of the observed call's tensor arguments' storages
+        self.fresh: set[int] = set()  # storages that ops made during the call
+        self.premade: dict[int, int] = {}  # storage made before the call -> high-water mark of the bytes written
+
+    def _note_storages(self, func, args, kwargs, result) -> None:
+        """Remember the storages this op made; note writes into storages made before the call."""
+        seen = {_ptr(t) for t in _tensors(list(args) + list((kwargs or {}).values()))}
+        lifted = func.overloadpacket is torch.ops.aten.lift_fresh if hasattr(func, "overloadpacket") else False
+        for t in _tensors(result if isinstance(result, (list, tuple)) else [result]):
+            p = _ptr(t)
+            if p and (p not in seen or lifted):
+                self.fresh.add(p)
+        schema = getattr(func, "_schema", None)
+        if schema is None or not schema.is_mutable:
+            return
+        values = list(zip(schema.arguments, args)) + [(a, (kwargs or {}).get(a.name)) for a in schema.arguments
+                                                        if a.kwarg_only]
+        for a, v in values:
+            if a.alias_info is not None and a.alias_info.is_write and isinstance(v, torch.Tensor):
+                p = _ptr(v)
+                if p and p not in self.inputs and p not in self.fresh:
+                    self.premade[p] = max(self.premade.get(p, 0), _span_end(v))
+
+    def _writes_input(self, func, args, kwargs) -> bool:
+        schema = getattr(func, "_schema", None)
+        if not self.inputs or schema is None or not schema.is_mutable:
+            return False
+        values = list(zip(schema.arguments, args)) + [(a, (kwargs or {}).get(a.name)) for a in schema.arguments
+                                                        if a.kwarg_only]
+        return any(a.alias_info is not None and a.alias_info.is_write and isinstance(v, torch.Tensor)
+                   and v.untyped_storage().data_ptr() in self.inputs for a, v in values)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func.overloadpacket) if hasattr(func, "overloadpacket") else str(func)
+        name = name if name.startswith("aten.") else f"aten.{name}"
+        self.obs.ops[name] += 1
+        if self._writes_input(func, args, kwargs):
+            self.obs.ops[INPUTS_WRITTEN] += 1
+        if name in ("aten.mm", "aten.bmm"):
+            self.obs.matmuls.append((tuple(args[0].shape), tuple(args[1].shape)))
+        elif name in ("aten.addmm", "aten.baddbmm"):
+            self.obs.matmuls.append((tuple(args[1].shape), tuple(args[2].shape)))
+        elif name == "aten.mv":
+            self.obs.matmuls.append((tuple(args[0].shape), tuple(args[1].shape) + (1,)))
+        elif name in ("aten.dot", "aten.vdot"):
+            self.obs.matmuls.append(((1,) + tuple(args[0].shape), tuple(args[1].shape) + (1,)))
+        elif name in _REDUCTIONS:
+            extent = _reduced_extent(args, kwargs)
+            if extent is not None:
+                self.obs.reductions.append((name, tuple(args[0].shape), extent))
+        result = func(*args, **(kwargs or {}))
+        self._note_storages(func, args, kwargs, result)
+        return result
+
+
+
+def _storages(args, kwargs) -> set[int]:
+    """Data pointers of the storages of the tensors among `args` and `kwargs` (one level into lists/tuples)."""
+    found = set()
+    for a in list(args) + list(kwargs.values()):
+        for t in (a if isinstance(a, (list, tuple)) else [a]):
+            if isinstance(t, torch.Tensor) and t.device.type != "meta" and t.untyped_storage().data_ptr():
+                found.add(t.untyped_storage().data_ptr())
+    return found
+
+
+def observe(fn, *args, **kwargs):
+    """Call `fn(*args, **kwargs)` and return `(result, Observation)`.
+
+    A grader that runs student code in another process hands checks a proxy with an `__observe__` method;
+    then the observation is made there, around the real call, and shipped back as data."""
+    remote = getattr(fn, "__observe__", None)
+    if remote is not None:
+        return remote(args, kwargs)
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from lib.io_model import TensorMemoryMeter
+
+    obs = Observation()
+    seen: set[str] = set()
+
+    from grader.fingerprint import lib_name, oracle_name, warm
+
+    warm()  # builds the tables of lib's (and the oracles') code before the code observed runs
+
+    hook = EVENT_HOOK
+
+    def profile(frame, event, arg):
+        if event == "call":  # lib's (or an oracle's) code by file, or by fingerprint wherever it was loaded from
+            name = lib_name(frame.f_code) or oracle_name(frame.f_code)
+            if name is not None and not name.startswith("lib.io_model.TensorMemoryMeter"):  # the meter observing
+                seen.add(name)
+        if hook is not None:
+            hook(frame, event, arg)
+
+    flops = FlopCounterMode(display=False)
+    meter = TensorMemoryMeter()
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    recorder = _OpRecorder(obs, _storages(args, kwargs))
+    try:
+        with flops, meter, recorder:
+            result = fn(*args, **kwargs)
+    finally:
+        if sys.getprofile() is not profile:
+            obs.ops[WATCH_REMOVED] += 1
+        sys.setprofile(previous)
+    if recorder.premade:
+        obs.ops[PREMADE_WRITTEN] = sum(recorder.premade.values())
+    obs.flops = int(flops.get_total_flops())
+    obs.peak_bytes = int(meter.peak)
+    obs.lib_calls = seen
+    return result, obs
+
+
+def to_wire(obs: Observation) -> dict:
+    """An observation as plain data (what the child sends)."""
+    return {"ops": dict(obs.ops), "matmuls": [tuple(map(tuple, m)) for m in obs.matmuls], "flops": int(obs.flops),
+            "peak_bytes": int(obs.peak_bytes), "lib_calls": sorted(obs.lib_calls),
+            "reductions": [(str(n), tuple(map(int, sh)), int(e)) for n, sh, e in obs.reductions]}
+
+
+def from_wire(data) -> Observation:
+    """An observation from plain data, each field checked (what the trusted side reads)."""
+    if type(data) is not dict:
+        raise TypeError("the student's process sent a malformed observation")
+    o = Observation()
+    o.ops = Counter({k: v for k, v in dict(data.get("ops", {})).items() if type(k) is str and type(v) is int})
+    o.matmuls = [(tuple(int(x) for x in a), tuple(int(x) for x in b)) for a, b in data.get("matmuls", ())]
+    o.flops, o.peak_bytes = int(data.get("flops", 0)), int(data.get("peak_bytes", 0))
+    o.lib_calls = {c for c in data.get("lib_calls", ()) if type(c) is str}
+    o.reductions = [(str(n), tuple(int(x) for x in sh), int(e)) for n, sh, e in data.get("reductions", ())]
+    return o

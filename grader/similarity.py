@@ -1,0 +1,209 @@
+"""Code copied from the answer key, found in the notebook's source: lib's functions and the instructor's solution.
+
+What it guards: **a renamed or padded copy of the reference is not the student's work.** The bytecode
+fingerprints (`grader.fingerprint`) recognise lib's code exactly, in the student's process; this module reads
+the submitted source in the trusted process, where nothing the student runs can interfere, and measures how
+much of a reference function's code the submission contains, in a form that renaming variables, adding dead
+statements, rewording comments and docstrings, changing constants or reordering statements does not change.
+
+How: each function is cut into statements (a compound statement counts its header: `for i in range(n):`
+without its body), each statement normalised — every local name and parameter becomes `_`, every number and
+string a placeholder, docstrings and `pass` dropped — and hashed; a function is the multiset of those hashes.
+The statements the release itself gives the student (the exercise cell outside `### BEGIN/END SOLUTION`) are
+taken out of both sides. Containment = the share of the reference's statements found in the submission's.
+A submission function that contains at least `THRESHOLD` of a reference function of at least `MIN_STATEMENTS`
+statements is reported: `reference_use`, and the exercise scores 0 like any use of lib's implementation.
+Shorter references (a two-line mask) are not judged: independent solutions of a few lines coincide.
+
+The threshold is sized on honest code (tests/test_similarity.py): the solutions of weeks 16–21 against every lib
+function, and lib's and the solutions' functions against each other, written independently of each other.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import os
+import re
+from collections import Counter
+from functools import lru_cache
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+THRESHOLD = 0.9
+MIN_STATEMENTS = 12
+_SOLUTION_BLOCK = re.compile(r"^[ \t]*### BEGIN SOLUTION.*?^[ \t]*### END SOLUTION[^\n]*\n?", re.S | re.M)
+
+
+class _Normalise(ast.NodeTransformer):
+    """Locals and parameters -> `_`, numbers and strings -> placeholders; globals and attributes kept."""
+
+    def __init__(self, local: set[str]):
+        self.local = local
+
+    def visit_Name(self, node):
+        return ast.Name(id="_" if node.id in self.local else node.id, ctx=ast.Load())
+
+    def visit_arg(self, node):
+        return ast.arg(arg="_", annotation=None)
+
+    def visit_Constant(self, node):
+        if isinstance(node.value, (bool, type(None))):
+            return node
+        return ast.Constant(value="<str>" if isinstance(node.value, (str, bytes)) else 0)
+
+    def visit_keyword(self, node):
+        self.generic_visit(node)
+        return node
+
+
+def _locals(fn: ast.AST) -> set[str]:
+    names = set()
+    for n in ast.walk(fn):
+        if isinstance(n, ast.arg):
+            names.add(n.arg)
+        elif isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
+            names.add(n.id)
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n is not fn:
+            names.add(n.name)
+        elif isinstance(n, ast.ExceptHandler) and n.name:
+            names.add(n.name)
+    return names
+
+
+_BODIES = ("body", "orelse", "finalbody", "handlers")
+
+
+def _statements(stmts: list[ast.stmt], norm: _Normalise, out: list[str]) -> None:
+    for s in stmts:
+        if isinstance(s, ast.Pass) or (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)):
+            continue  # `pass` and docstrings / bare constants: dead
+        head = type(s)(**{f: ([] if f in _BODIES or f == "cases" else getattr(s, f, None)) for f in s._fields})
+        if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            head = ast.Name(id=f"<{type(s).__name__}>", ctx=ast.Load())
+        out.append(hashlib.sha1(ast.dump(norm.visit(head)).encode()).hexdigest()[:16])
+        for f in _BODIES:
+            body = getattr(s, f, None)
+            if isinstance(body, list):
+                for item in body:
+                    if isinstance(item, ast.ExceptHandler):
+                        _statements([ast.Expr(value=item.type or ast.Constant(value=None))], norm, out)
+                        _statements(item.body, norm, out)
+                if body and not isinstance(body[0], ast.ExceptHandler):
+                    _statements(body, norm, out)
+        for case in getattr(s, "cases", []) or []:
+            _statements(case.body, norm, out)
+
+
+def function_units(fn: ast.FunctionDef) -> Counter:
+    """The multiset of normalised statement hashes of one function (nested functions included)."""
+    out: list[str] = []
+    _statements(fn.body, _Normalise(_locals(fn)), out)
+    return Counter(out)
+
+
+def functions(source: str, prefix: str = "") -> dict[str, Counter]:
+    """qualname -> statement multiset, for every function and method defined at the top of `source` or in
+    its classes (IPython magics dropped)."""
+    lines = [ln for ln in source.splitlines() if not ln.lstrip().startswith(("%", "!"))]
+    try:
+        tree = ast.parse("\n".join(lines))
+    except SyntaxError:
+        return {}
+    found = {}
+
+    def visit(body, qual):
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found[f"{qual}{node.name}"] = function_units(node)
+            elif isinstance(node, ast.ClassDef):
+                visit(node.body, f"{qual}{node.name}.")
+
+    visit(tree.body, prefix)
+    return found
+
+
+def containment(reference: Counter, submission: Counter) -> float:
+    """The share of `reference`'s statements (with multiplicity) that `submission` has too."""
+    total = sum(reference.values())
+    if not total:
+        return 0.0
+    return sum((reference & submission).values()) / total
+
+
+@lru_cache(maxsize=1)
+def lib_functions() -> dict[str, Counter]:
+    """Every function and method of lib, as `lib.module.qualname`."""
+    out = {}
+    for path in sorted((REPO_ROOT / "lib").glob("*.py")):
+        mod = "lib" if path.stem == "__init__" else f"lib.{path.stem}"
+        out.update(functions(path.read_text(encoding="utf-8"), f"{mod}."))
+    return out
+
+
+def _solution_cells(week: int | None, notebook_name: str) -> dict[str, str]:
+    """grade_id -> source of the solution notebook's exercise cells (empty when solutions/ is not here)."""
+    import json
+
+    if week is None:
+        return {}
+    path = REPO_ROOT / "solutions" / str(week) / notebook_name
+    if not path.is_file():
+        candidates = sorted((REPO_ROOT / "solutions" / str(week)).glob("*.ipynb"))
+        if len(candidates) != 1:
+            return {}
+        path = candidates[0]
+    try:
+        nb = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    out = {}
+    for cell in nb.get("cells", []):
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if cell.get("cell_type") == "code" and meta.get("solution") and meta.get("grade_id"):
+            src = cell["source"]
+            out[meta["grade_id"]] = "".join(src) if isinstance(src, list) else src
+    return out
+
+
+def _given(source: str) -> Counter:
+    """What the release gives in a solution cell: its code outside `### BEGIN/END SOLUTION`."""
+    units = Counter()
+    for fn in functions(_SOLUTION_BLOCK.sub("", source)).values():
+        units += fn
+    return units
+
+
+def similar_to_reference(notebook: str | Path, cells, week: int | None) -> dict[str, str]:
+    """{grade_id: why} for the exercise cells of `cells` (`grader.notebook.exercise_cells`) whose functions contain
+    most of a lib function or of the instructor's solution. The solution is not compared with itself, nor at
+    all when `INFERENCE_LAB_SOLUTION_COPIES=allow` (the lab's own tests grade copies of the solution)."""
+    notebook = Path(notebook)
+    solutions = _solution_cells(week, notebook.name)
+    solution_file = REPO_ROOT / "solutions" / str(week) / notebook.name if week is not None else None
+    compare_solution = os.environ.get("INFERENCE_LAB_SOLUTION_COPIES") != "allow" and not (
+        solution_file is not None and notebook.resolve() == solution_file.resolve())
+    references = {f"lib's {name}": units for name, units in lib_functions().items()}
+    if compare_solution:
+        for grade_id, src in solutions.items():
+            for name, units in functions(src).items():
+                references[f"the instructor's solution (its `{name}`)"] = units
+    found = {}
+    for _, grade_id, source in cells:
+        if not grade_id:
+            continue
+        given = _given(solutions[grade_id]) if grade_id in solutions else Counter()
+        best = (0.0, None, None)
+        for fn_name, units in functions(source).items():
+            mine = units - given
+            for ref_name, ref in references.items():
+                ref = ref - given
+                if sum(ref.values()) < MIN_STATEMENTS:
+                    continue
+                share = containment(ref, mine)
+                if share > best[0]:
+                    best = (share, fn_name, ref_name)
+        if best[0] >= THRESHOLD:
+            share, fn_name, ref_name = best
+            found[grade_id] = (f"`{fn_name}` is a copy of {ref_name}: it holds {share:.0%} of that code's "
+                               f"statements (names, constants, order and added statements aside)")
+    return found

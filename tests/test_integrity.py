@@ -1,0 +1,426 @@
+"""Grades that cannot be forged: what a submission's process can reach, through the isolated path `pytest weeks/NN`
+takes (`load_exercises` with the week's view, the checks in this process).
+
+Each test is a route someone took, or would take, to a grade without the work: read the answer key (solutions/,
+lib's real files, the checks, a classmate's notebook), switch the grader's watch off and call lib, call lib's
+code under another exercise's name, paste a renamed and padded copy of lib or of the solution, behave one way
+while observed and another way when not, write into an argument, change a check's object or the shared model,
+open a socket, read the instructor's environment, or hold memory while the cells load. Every one must fail the
+exercise with a one-line reason, and the honest solution keep passing.
+"""
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import socket
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from grader.harness import load_exercises, with_cell_source
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _solution(week: int) -> tuple[Path, dict]:
+    path = next((REPO / "solutions" / str(week)).glob("*.ipynb"))
+    return path, json.loads(path.read_text())
+
+
+def _load(tmp_path: Path, week: int, edits: dict[str, str] | None = None, prepend: dict[str, str] | None = None):
+    """The solution of `week` with some exercise cells replaced (or prefixed), loaded as `pytest weeks/NN` does."""
+    path, nb = _solution(week)
+    for grade_id, src in (edits or {}).items():
+        nb = with_cell_source(nb, grade_id, src)
+    for grade_id, src in (prepend or {}).items():
+        nb = with_cell_source(nb, grade_id, src, prepend=True)
+    out = tmp_path / f"w{week}" / path.name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(nb))
+    return load_exercises(out)
+
+
+def _solution_cells(week: int) -> dict[str, str]:
+    from grader.notebook import exercise_cells
+
+    return {g: src for _, g, src in exercise_cells(_solution(week)[1]) if g}
+
+
+def _reads_restricted(ex) -> bool:
+    return "reads only" in getattr(ex._session, "sandbox", "")
+
+
+# --- what the process can read -----------------------------------------------------------------------------------
+
+def test_the_answer_key_the_checks_and_classmates_are_out_of_reach(tmp_path, monkeypatch):
+    classmate = tmp_path / "submitted" / "alice" / "16" / "week16_kv_cache.ipynb"
+    classmate.parent.mkdir(parents=True)
+    classmate.write_text("{}")
+    monkeypatch.setenv("INFERENCE_LAB_INSTRUCTOR_TOKEN", "secret")
+    probe = f'''
+import json, os, socket
+
+def answer_q1():
+    out = {{}}
+    for p in {[str(REPO / "solutions" / "16" / "week16_kv_cache.ipynb"), str(REPO / "lib" / "masks.py"),
+               str(REPO / "grader" / "checks" / "week16.py"), str(REPO / "grader"), str(classmate), str(REPO)]!r}:
+        try:
+            out[p] = ("listed" if os.path.isdir(p) and os.listdir(p) is not None else
+                      "read %d bytes" % len(open(p, "rb").read()))
+        except OSError as e:
+            out[p] = type(e).__name__
+    for name, fam, kind in (("udp", socket.AF_INET, socket.SOCK_DGRAM), ("unix", socket.AF_UNIX, socket.SOCK_STREAM)):
+        try:
+            socket.socket(fam, kind).close()
+            out[name] = "made"
+        except OSError as e:
+            out[name] = type(e).__name__
+    out["token"] = os.environ.get("INFERENCE_LAB_INSTRUCTOR_TOKEN")
+    out["etc"] = len(open("/etc/passwd").read()) > 0
+    import lib.masks, grader.checks.week16
+    for name, fn in (("lib", lambda: lib.masks.causal_mask(2, 3)), ("checks", lambda: grader.checks.week16.check_causal_mask(None))):
+        try:
+            fn()
+            out[name] = "ran"
+        except Exception as e:
+            out[name] = str(e)
+    return json.dumps(out)
+'''
+    ex = _load(tmp_path, 16, edits={"answer_q1": probe})
+    out = json.loads(ex.answer_q1())
+    assert out["token"] is None, "the instructor's environment reached the student's process"
+    assert out["etc"] is True  # the system's shared files stay readable (Python needs them)
+    assert out["lib"].startswith("lib.masks.causal_mask is not available to your code while this week is graded")
+    assert "runs in the grader's process" in out["checks"]
+    if not _reads_restricted(ex):
+        pytest.skip(f"no Landlock read restriction here ({ex._session.sandbox}); the view alone applies")
+    for path, what in out.items():
+        if path.startswith("/"):
+            assert what == "PermissionError", f"the student's process could open {path}: {what}"
+    if "no sockets" in ex._session.sandbox:
+        assert out["udp"] == out["unix"] == "PermissionError"
+
+
+def test_a_reference_stays_a_stub_with_the_watch_switched_off(tmp_path):
+    from grader.checks import week16 as checks
+
+    ex = _load(tmp_path, 16, edits={"causal_mask": """
+        def causal_mask(q_len, kv_len, device=None):
+            import sys
+            from lib.masks import causal_mask as theirs
+            sys.setprofile(None)
+            return theirs(q_len, kv_len, device)
+        """})
+    with pytest.raises(AssertionError, match="is not available to your code while this week is graded: it is the "
+                                             "answer to week 16's exercise 2"):
+        checks.check_causal_mask(ex.causal_mask)
+
+
+def test_lib_code_under_another_name_is_a_stub(tmp_path):
+    """Week 18's best_k from lib's predicted_speedup, week 19's predict_steps from lib's own engine: lib's routes to
+    an exercise are stubs whatever the exercise's name (the week's view keeps only what its setup imports)."""
+    from grader.checks import week18, week19
+
+    ex = _load(tmp_path, 18, edits={"best_k": """
+        def best_k(alpha, c, verify_cost):
+            from lib.speculative import predicted_speedup
+            speeds = {k: predicted_speedup(alpha, k, c, verify_cost) for k in range(1, max(verify_cost))}
+            k = max(speeds, key=speeds.get)
+            return k, speeds[k]
+        """})
+    with pytest.raises(AssertionError, match="lib.speculative.predicted_speedup is not available to your code"):
+        week18.check_best_k(ex.best_k)
+    ex = _load(tmp_path, 19, edits={"predict_steps": """
+        def predict_steps(prompt_lens, new_tokens, max_num_seqs, token_budget, chunked_prefill=True):
+            from lib.engine import LLMEngine
+            from lib.model import tiny_model
+            engine = LLMEngine(tiny_model(), num_blocks=sum(prompt_lens) + sum(new_tokens), block_size=4,
+                               max_num_seqs=max_num_seqs, max_num_batched_tokens=token_budget,
+                               enable_chunked_prefill=chunked_prefill)
+            for p, n in zip(prompt_lens, new_tokens):
+                engine.add_request([1] * p, n)
+            while engine.has_unfinished():
+                engine.step()
+            return len(engine.trace)
+        """})
+    with pytest.raises(AssertionError, match="is not available to your code"):
+        week19.check_predict_steps(ex.predict_steps)
+
+
+def test_the_checks_own_code_is_a_stub_in_the_students_process(tmp_path):
+    from grader.checks import week18
+
+    ex = _load(tmp_path, 18, edits={"verify": """
+        def verify(p, q, draft_tokens, generator):
+            from grader.checks.week18_law import verify_law
+            return verify_law(p, q, draft_tokens, generator)
+        """})
+    with pytest.raises(AssertionError, match="runs in the grader's process, not in the notebook's code"):
+        week18.check_verify(ex.verify)
+
+
+# --- copies of the answer key, renamed and padded -----------------------------------------------------------------
+
+def _renamed_and_padded(*functions) -> str:
+    """The source of `functions` with every local renamed, a dead statement after each statement, docstrings
+    reworded: what a student pasting lib's code and disguising it would write."""
+    out = []
+    for fn in functions:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+        node = tree.body[0]
+        params = {a.arg for a in [*node.args.args, *node.args.kwonlyargs]}
+        local = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)} - params
+
+        class Rename(ast.NodeTransformer):
+            def visit_Name(self, n):
+                return ast.copy_location(ast.Name(id=f"my_{n.id}" if n.id in local else n.id, ctx=n.ctx), n)
+
+        def pad(body):
+            padded = []
+            for stmt in body:
+                for field in ("body", "orelse", "finalbody"):
+                    if isinstance(getattr(stmt, field, None), list) and getattr(stmt, field):
+                        setattr(stmt, field, pad(getattr(stmt, field)))
+                padded += [stmt, ast.parse("_unused = 0").body[0]]
+            return padded
+
+        node = Rename().visit(node)
+        node.decorator_list = []
+        if isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant):
+            node.body[0] = ast.Expr(ast.Constant("My own tiled attention."))
+        node.body = pad(node.body)
+        out.append(ast.unparse(ast.fix_missing_locations(tree)))
+    return "\n\n".join(out)
+
+
+def test_a_renamed_and_padded_copy_of_lib_is_reference_use(tmp_path):
+    from grader.checks import week17
+    from lib import attention
+
+    source = "import math\nimport torch\n" + _renamed_and_padded(
+        attention._causal_block, attention.accumulation_dtype, attention.flash_attention_forward)
+    ex = _load(tmp_path, 17, edits={"flash_attention_forward": source})
+    with pytest.raises(AssertionError, match=r"is a copy of lib's lib.attention.flash_attention_forward: it holds "
+                                             r"\d+% of that code's statements"):
+        week17.check_flash_attention_forward(ex.flash_attention_forward)
+
+
+def test_a_copy_of_the_solution_is_reference_use(tmp_path, monkeypatch):
+    from grader.checks import week17
+
+    monkeypatch.delenv("INFERENCE_LAB_SOLUTION_COPIES", raising=False)
+    ex = _load(tmp_path, 17)  # the solution notebook itself, as a student's file
+    with pytest.raises(AssertionError, match=r"is a copy of the instructor's solution"):
+        week17.check_flash_attention_forward(ex.flash_attention_forward)
+    monkeypatch.setenv("INFERENCE_LAB_SOLUTION_COPIES", "allow")  # the lab's own tests grade copies of it
+    week17.check_flash_attention_forward(_load(tmp_path / "allowed", 17).flash_attention_forward)
+
+
+def test_honest_solutions_are_not_flagged():
+    """The solutions were written apart from lib: none holds THRESHOLD of a lib function (sized on this)."""
+    from grader import similarity
+    from grader.notebook import exercise_cells
+
+    for week in range(16, 22):
+        path, nb = _solution(week)
+        assert similarity.similar_to_reference(path, exercise_cells(nb), week) == {}
+
+
+# --- behaving differently under observation, switching the watch off ---------------------------------------------
+
+def test_a_function_that_takes_another_route_when_not_observed_fails(tmp_path):
+    from grader.checks import week17
+
+    ex = _load(tmp_path, 17, edits={"FlashAttention": '''
+        _tiled = flash_attention_forward
+
+        def flash_attention_forward(q, k, v, causal=False, block_q=128, block_k=128, visited=None):
+            if torch.utils._python_dispatch._get_current_dispatch_mode_stack() or visited is not None:  # watched
+                return _tiled(q, k, v, causal, block_q, block_k, visited)
+            check_attention_shapes(q, k, v, causal)
+            r = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(r, dim=1).float(), v.repeat_interleave(r, dim=1).float()
+            s = (q.float() @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5  # the whole score matrix
+            if causal:
+                s = s.masked_fill(~causal_mask(q.shape[2], k.shape[2], q.device), float("-inf"))
+            return (torch.softmax(s, dim=-1) @ v).to(q.dtype), torch.logsumexp(s, dim=-1)
+
+        class FlashAttention(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, q, k, v, causal=False):
+                out, lse = _tiled(q, k, v, causal)
+                ctx.save_for_backward(q, k, v, out, lse)
+                ctx.causal = causal
+                return out
+
+            @staticmethod
+            def backward(ctx, dout):
+                q, k, v, out, lse = ctx.saved_tensors
+                dq, dk, dv = flash_attention_backward(q, k, v, out, lse, dout, ctx.causal)
+                return dq, dk, dv, None
+        '''})
+    with pytest.raises(AssertionError, match="returned other values when it was not observed"):
+        week17.check_flash_attention_forward(ex.flash_attention_forward)
+
+
+@pytest.mark.parametrize("how", ["sys.setprofile(None)", "list(map(sys.setprofile, [None]))"])
+def test_switching_the_watch_off_is_a_verdict(tmp_path, how):
+    from grader.checks import week16
+
+    source = _solution_cells(16)["step_flops"].replace("def step_flops", "def _flops") + f"""
+
+def step_flops(*args, **kwargs):
+    import sys
+    {how}
+    return _flops(*args, **kwargs)
+"""
+    ex = _load(tmp_path, 16, edits={"step_flops": source})
+    with pytest.raises(AssertionError, match="switched off the grader's watch|called sys.setprofile"):
+        week16.check_step_flops(ex.step_flops)
+    week16.check_roofline_time(ex.roofline_time)  # the other exercises keep their grade
+
+
+def test_rewriting_the_graders_code_in_the_process_is_a_verdict(tmp_path):
+    from grader.checks import week16
+
+    ex = _load(tmp_path, 16, prepend={"causal_mask": """
+        import grader.child
+        grader.child._Child.references = lambda self, names: {}
+        """})
+    with pytest.raises(AssertionError, match="replaced the grader's own code in its process"):
+        week16.check_causal_mask(ex.causal_mask)
+
+
+# --- arguments and the checks' objects ---------------------------------------------------------------------------
+
+def test_a_numpy_argument_written_in_place_fails(tmp_path):
+    from grader.checks import week20
+
+    source = _solution_cells(20)["quantize_q8_0"].replace("def quantize_q8_0", "def _q8") + """
+
+def quantize_q8_0(x):
+    out = _q8(x)
+    x[...] = 0  # the caller's array, overwritten
+    return out
+"""
+    ex = _load(tmp_path, 20, edits={"quantize_q8_0": source})
+    with pytest.raises(AssertionError, match=r"changed argument 1 \(a \(\d+, \d+\) float32 numpy array\) in place"):
+        week20.check_quantize_q8_0(ex.quantize_q8_0)
+
+
+def test_the_checks_objects_and_models_are_read_only(tmp_path):
+    """A check's wrapper around a model (CountingModel) forwards attribute reads to the model: none of nn.Module's
+    mutators, reached that way or directly, may run, and no attribute of a check's object may be set."""
+    from grader.checks import CountingModel
+    from grader.isolation import Session
+    from lib.model import tiny_model
+
+    nb = tmp_path / "week16_kv_cache.ipynb"
+    nb.write_text("{}")
+    source = '''
+def attempt(model, what):
+    try:
+        if what == "half":
+            model.half()
+        elif what == "append":
+            model.layers.append(model.layers[0])
+        elif what == "calls":
+            model.calls = [1, 1, 1]
+        elif what == "hook":
+            model.register_forward_hook(lambda *a: None)
+        elif what == "train":
+            model.train()
+        return "done"
+    except AttributeError as e:
+        return "refused: " + str(e)
+'''
+    session = Session(nb)
+    try:
+        session.load([(0, "attempt", source)])
+        attempt = session.get("attempt")
+        model = tiny_model()
+        wrapper = CountingModel(model)
+        layers = len(model.layers)
+        for what in ("half", "append", "calls", "hook", "train"):
+            for target in (wrapper, model):
+                got = attempt(target, what)
+                assert got.startswith("refused"), f"{what} on a {type(target).__name__}: {got}"
+        assert next(model.parameters()).dtype == torch.float32
+        assert len(model.layers) == layers and wrapper.calls == [] and not model.training
+        assert not model._forward_hooks
+    finally:
+        session.close()
+
+
+def test_the_workers_shared_model_is_checked_after_each_submission():
+    """The backstop behind the read-only proxies: a worker notices a changed shared SmolLM2 and reloads it."""
+    pytest.importorskip("gguf")
+    from grader.course import forget_shared_models, shared_models_state
+    from lib.model import shared_smollm2
+
+    try:
+        shared_smollm2()
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"no model here: {e}")
+    before = shared_models_state()
+    model, _ = shared_smollm2()
+    try:
+        with torch.no_grad():
+            model.norm.weight.mul_(1.0)  # in place: its version counter moves
+        assert shared_models_state() != before
+    finally:
+        forget_shared_models()
+    assert shared_smollm2()[0] is not model
+
+
+# --- resources ---------------------------------------------------------------------------------------------------
+
+def test_memory_is_limited_while_the_cells_load(tmp_path, monkeypatch):
+    from grader.checks import week16
+
+    monkeypatch.setenv("INFERENCE_LAB_MEMORY", str(1 << 30))
+    ex = _load(tmp_path, 16, prepend={"answer_q1": "_held = bytearray(3 << 30)"})
+    with pytest.raises(AssertionError, match="MemoryError"):
+        week16.check_answer_q1(ex.answer_q1)
+    week16.check_causal_mask(ex.causal_mask)  # the other cells loaded
+
+
+def test_what_the_child_sends_is_bounded(tmp_path, monkeypatch):
+    from grader import isolation, wire
+
+    monkeypatch.setattr(isolation, "MAX_RECEIVED", 8 << 20)
+    ex = _load(tmp_path, 16, edits={"answer_q1": """
+        def answer_q1():
+            return torch.zeros(4 << 20)  # 16 MiB
+        """})
+    with pytest.raises(isolation.StudentCrash, match="more than 0 GiB|sent the checks more than"):
+        ex.answer_q1()
+    # A tensor whose storage the child claims is huge gets no local twin past the budget: its values only.
+    storages = {"bytes": wire.STORAGE_BUDGET}
+    t = wire._tensor_unobserved(storages, "torch.float32", (2,), (1,), 0, 1234, 1 << 29,
+                                torch.ones(2).numpy().tobytes())
+    assert t.untyped_storage().nbytes() == 8 and len(storages) == 1
+
+
+# --- collect -----------------------------------------------------------------------------------------------------
+
+def test_collect_refuses_unusable_names_and_collisions(tmp_path, capsys):
+    from grader.__main__ import collect
+
+    root = tmp_path / "course"
+    (root / "weeks" / "16").mkdir(parents=True)
+    release = REPO / "weeks" / "16" / "week16_kv_cache.ipynb"
+    (root / "weeks" / "16" / release.name).write_bytes(release.read_bytes())
+    inbox = tmp_path / "inbox"
+    (inbox / "frank").mkdir(parents=True)
+    for p in (inbox / "frank.ipynb", inbox / "frank" / release.name, inbox / "...ipynb", inbox / "grace.ipynb"):
+        p.write_bytes(release.read_bytes())
+    refused = collect("16", inbox, root=root)
+    assert any(line.startswith("frank: both frank.ipynb and a folder frank/") for line in refused), refused
+    assert any(line.startswith("'..': not a usable student id") for line in refused), refused
+    submitted = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.ipynb") if "submitted" in p.parts)
+    assert submitted == ["grader/submitted/grace/16/week16_kv_cache.ipynb"]
+    assert not (root / "grader" / "week16_kv_cache.ipynb").exists() and not (tmp_path / "16").exists()
