@@ -108,6 +108,12 @@ def verify_two_points_strict_at_third(target_probs, draft_probs, draft_tokens, g
                       lambda i, px, qx: float(_t.rand((), generator=generator)) < px / qx - 0.02 * (i == 2 and px < qx))
 
 
+def verify_lenient_after_three(target_probs, draft_probs, draft_tokens, generator=None):
+    # exact for the first three draft tokens (every case but one has K = 3), lenient after them
+    return _per_token(target_probs, draft_probs, draft_tokens, generator,
+                      lambda i, px, qx: float(_t.rand((), generator=generator)) < px / qx + 0.15 * (i >= 3))
+
+
 def verify_one_uniform(target_probs, draft_probs, draft_tokens, generator=None):
     u = float(_t.rand((), generator=generator))  # drawn once, reused by every test
     return _per_token(target_probs, draft_probs, draft_tokens, generator, lambda i, px, qx: u * qx < px)
@@ -196,6 +202,7 @@ VERIFY_ROUTES = {
     "verify_all_or_nothing": "law",
     "verify_argmax_correction": "law",
     "verify_lenient": "law",
+    "verify_lenient_after_three": "case 'long round'",
     "verify_two_points_generous": "law",
     "verify_two_points_strict_at_third": "law",
     "verify_one_uniform": "law",
@@ -258,7 +265,7 @@ import torch as _t
 
 
 def _loop(target, draft, input_ids, max_new_tokens, k=4, temperature=0.0, generator=None, cache=True,
-          roll_target=True, roll_draft=True, keep=None, call=None, scale=True, overtrim=False):
+          roll_target=True, roll_draft=True, keep=None, call=None, scale=True, overtrim=False, kept=None):
     """One speculative loop with switches that break it."""
     out = input_ids[0].tolist()
     t0 = len(out)
@@ -295,7 +302,7 @@ def _loop(target, draft, input_ids, max_new_tokens, k=4, temperature=0.0, genera
             p = _t.softmax(logits / (temperature if scale else 1.0), -1)
             q = _t.stack(q_rows) if q_rows else p.new_zeros(0, p.shape[-1])
             n, nxt = verify(p, q, _t.tensor(drafted, dtype=_t.int64), generator=generator)
-        out += drafted[:n] + [nxt]
+        out += kept(drafted, n, nxt, kk) if kept is not None else drafted[:n] + [nxt]
         t_seen, d_seen = min(t_seen, len(out) - 1), min(d_seen, len(out) - 1)
         if overtrim:
             t_seen = d_seen = t0 - 1
@@ -384,6 +391,18 @@ def sample_fixed_seed(target, draft, input_ids, max_new_tokens, k=4, temperature
     return _loop(target, draft, input_ids, max_new_tokens, k, temperature, _t.Generator().manual_seed(0))
 
 
+def sample_one_token_per_round(target, draft, input_ids, max_new_tokens, k=4, temperature=1.0, generator=None):
+    # exact law, no speculation: each round keeps only its first token (the first draft token or the correction)
+    return _loop(target, draft, input_ids, max_new_tokens, k, temperature, generator,
+                 kept=lambda drafted, n, nxt, kk: drafted[:1] if n else [nxt])
+
+
+def sample_drops_the_bonus(target, draft, input_ids, max_new_tokens, k=4, temperature=1.0, generator=None):
+    # after K acceptances the bonus token from p_K is thrown away: K tokens per full round instead of K + 1
+    return _loop(target, draft, input_ids, max_new_tokens, k, temperature, generator,
+                 kept=lambda drafted, n, nxt, kk: drafted[:n] + ([nxt] if n < kk or kk == 0 else []))
+
+
 # right in every way but one: the ids fed to the models are made with torch.tensor(...) without device=, which
 # puts them on the CPU beside a model on CUDA
 def generate_default_device(target, draft, input_ids, max_new_tokens, k=4):
@@ -405,13 +424,15 @@ GENERATE_ROUTES = {
 }
 SAMPLE_ROUTES = {
     "sample_lib_renamed": "own loop|is not available to your code",
-    "sample_greedy_acceptance": "target's law",
+    "sample_greedy_acceptance": "target's law|with p = q every draft token is accepted",
     "sample_ignores_temperature": "target's law",
     "sample_no_draft_rollback": "roll the draft's cache back",
     "sample_cacheless": "without a cache",
     "sample_default_device": "default device set to 'meta'.*ids on 'meta'",
     "sample_ignores_generator": "equal states gave different ids",
     "sample_fixed_seed": "do not have the target's law|different states gave the same",  # 1,500 runs, one output
+    "sample_one_token_per_round": "with p = q every draft token is accepted",
+    "sample_drops_the_bonus": "with p = q every draft token is accepted",
 }
 
 

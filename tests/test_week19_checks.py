@@ -416,6 +416,10 @@ def twenty_bits(tokens, bs):  # truncated: 8000 prefixes collide about 30 times
     return [h & 0xFFFFF for h in ref_engine.block_hashes(tokens, bs)]
 
 
+def thirty_two_bits(tokens, bs):  # truncated: 8000 prefixes collide with probability 0.0074, a real cache surely
+    return [h & 0xFFFFFFFF for h in ref_engine.block_hashes(tokens, bs)]
+
+
 # --- the prefix cache ------------------------------------------------------------------------------------
 
 # Subclasses of the solution notebook's PrefixCache (its cell runs in the child first), each with one flaw.
@@ -493,22 +497,23 @@ def _flawed_schedule(flaw, running, waiting, free_blocks, block_size, token_budg
         free -= more(req, n)
         budget -= n
         k += 1
-    if plan["preempt"]:
+    if plan["preempt"] and flaw != "admits_while_preempting":
         return plan
-    slots = max_num_seqs - sum(r["seqs"] for r in queue)
+    slots = max_num_seqs - sum(1 if flaw == "slot_per_request" else r["seqs"] for r in queue)
     for req in (waiting[::-1] if flaw == "lcfs" else waiting):
         left = req["tokens"] - req["computed"]
         n = left if flaw == "budget" else min(left, budget)
         if flaw == "fixed_chunk":
             n = min(n, 2)
-        if (budget <= 0 and flaw != "budget") or req["seqs"] > slots or more(req, n) > free and flaw != "never_preempts":
+        seqs = 1 if flaw == "slot_per_request" else req["seqs"]
+        if (budget <= 0 and flaw != "budget") or seqs > slots or more(req, n) > free and flaw != "never_preempts":
             break
         if n < left and (not chunked_prefill or flaw == "never_chunks"):
             break
         plan["run"].append([req["id"], n])
         free -= more(req, n)
         budget -= n
-        slots -= req["seqs"]
+        slots -= seqs
     return plan
 
 
@@ -534,6 +539,14 @@ def never_preempts(*args):  # hands out blocks that are not free
 
 def fixed_chunk(*args):  # 2 tokens per prefill step, whatever the budget
     return _flawed_schedule("fixed_chunk", *args)
+
+
+def admits_while_preempting(*args):  # a later arrival overtakes the request preempted in the same step
+    return _flawed_schedule("admits_while_preempting", *args)
+
+
+def slot_per_request(*args):  # a parallel-sampling request (n > 1) counted as one slot
+    return _flawed_schedule("slot_per_request", *args)
 
 
 def calls_lib_schedule(*args):
@@ -573,9 +586,10 @@ WRONG = [rounds_down, one_too_many, full_block_wasted, seed_constant, NoRefCount
          gather_then_attend, sdpa_on_materialized, calls_lib_attention, ignores_lengths, workspace_gather,
          _online_over, workspace_online, workspace_by_block, chunked_gather_full_row,
          per_head_full_row, per_sequence_all_heads, _solution_like, scale_quarter, no_device, scales_pool_in_place,
-         numpy_route, sdpa_popped, unchained, with_partial, chained_sum, additive_chain, twenty_bits,
+         numpy_route, sdpa_popped, unchained, with_partial, chained_sum, additive_chain, twenty_bits, thirty_two_bits,
          _flawed_schedule, ignores_budget, last_come_first, preempts_oldest, never_chunks, never_preempts,
-         fixed_chunk, calls_lib_schedule, decode_steps_only, runs_the_engine]
+         fixed_chunk, admits_while_preempting, slot_per_request, calls_lib_schedule, decode_steps_only,
+         runs_the_engine]
 
 HEADER = """
 import math
@@ -725,6 +739,7 @@ def test_block_hashes(ex, child):
     _rejects(child, checks.check_block_hashes, "chained_sum", "not their sum")
     _rejects(child, checks.check_block_hashes, "additive_chain", "order of the blocks")
     _rejects(child, checks.check_block_hashes, "twenty_bits", "too few bits")
+    _rejects(child, checks.check_block_hashes, "thirty_two_bits", "bits: a hash kept to 32 bits")
 
 
 def test_prefix_cache_accepts_the_solution(ex):
@@ -753,6 +768,8 @@ def test_schedule_accepts_the_solution(ex):
     ("never_chunks", "leaves it waiting"),
     ("never_preempts", "new blocks"),
     ("fixed_chunk", "cut by the budget only"),
+    ("admits_while_preempting", "admits nobody"),
+    ("slot_per_request", "sequences; max_num_seqs is"),
     ("calls_lib_schedule", "lib.engine.schedule"),
     ("lib_copy_schedule", "lib.engine.schedule"),
 ])

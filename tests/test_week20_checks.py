@@ -2,6 +2,7 @@
 oracle) or lib.quant (the reference), rounding halves to even, packing neighbours into one byte, dropping the
 scale bits, misplacing Q5_0's fifth bits, a Q4_K without the scale search; and, graded in an isolated process as
 `pytest weeks/20` grades a student, the wrong routes of issue 21 (ISOLATED_CASES)."""
+import json
 from pathlib import Path
 
 import numpy as np
@@ -175,8 +176,24 @@ def _exact_codes(data, x):
     return out.reshape(x.shape[0], -1)
 
 
+def q5_0_positive_on_ties(x):  # ggml's Q5_0, but on a ± tie of the abs-max the positive value sets d
+    b = x.astype(np.float32).reshape(-1, 32)
+    hi, lo = b.max(1), b.min(1)
+    mx = np.where(hi >= -lo, hi, lo)  # ggml keeps the first of the two (a strictly larger |x| replaces it)
+    d = (mx / np.float32(-16)).astype(np.float32)
+    inv = np.where(d == 0, 0, 1 / np.where(d == 0, 1, d)).astype(np.float32)
+    q = np.trunc((b * inv[:, None]).astype(np.float32) + np.float32(16.5)).clip(0, 31).astype(np.uint32)
+    out = np.zeros((b.shape[0], 22), dtype=np.uint8)
+    out[:, :2] = d.astype(np.float16)[:, None].view(np.uint8)
+    out[:, 2:6] = ((q >> 4) << np.arange(32, dtype=np.uint32)).sum(1, dtype=np.uint32).astype("<u4")[:, None].view(np.uint8)
+    low = (q & 0x0F).astype(np.uint8)
+    out[:, 6:] = low[:, :16] | (low[:, 16:] << 4)
+    return out.reshape(x.shape[0], -1)
+
+
 def test_quantize_q5_0(ex):
     checks.check_quantize_q5_0(ex.quantize_q5_0)
+    _rejects(checks.check_quantize_q5_0, q5_0_positive_on_ties, "differ")
     _rejects(checks.check_quantize_q5_0, via_gguf("Q5_0", "quantize"), "calls gguf-py")
     _rejects(checks.check_quantize_q5_0, via_lib("Q5_0", "quantize"), "calls the lab's reference")
     _rejects(checks.check_quantize_q5_0, q5_0_high_bits_reversed(ex.quantize_q5_0), "fifth bits")
@@ -196,10 +213,24 @@ def test_dequantize_q4_k(ex):
     _rejects(checks.check_dequantize_q4_k, low_scale_bits_only, "differ")
 
 
+def _solution_with(name: str, old: str, new: str):
+    """The solution notebook's `name`, its source edited (`old` -> `new`): a natural mistake, in the student's code."""
+    from grader.notebook import exercise_cells
+
+    source = next(src for _, gid, src in exercise_cells(json.loads(SOLUTION.read_text())) if gid == name)
+    assert old in source, f"the solution's {name} no longer holds {old!r}"
+    ns = {"np": np}
+    exec(source.replace(old, new), ns)
+    return ns[name]
+
+
 def test_quantize_q4_k(ex):
     checks.check_quantize_q4_k(ex.quantize_q4_k)
     _rejects(checks.check_quantize_q4_k, via_lib("Q4_K", "quantize"), "calls the lab's reference")
     _rejects(checks.check_quantize_q4_k, q4_k_symmetric_ignoring_mins, "RMSE")
+    unweighted = _solution_with("quantize_q4_k", "w = np.sqrt((sub ** 2).mean(axis=2, keepdims=True)) + np.abs(sub)",
+                                "w = np.ones_like(sub)")  # plain least squares: a lower RMSE, the wrong objective
+    _rejects(checks.check_quantize_q4_k, unweighted, "the weighted error")
 
     def neighbour_sub_blocks(x):  # sub-blocks 2j, 2j+1 written to consecutive 16-byte halves: decodes scrambled
         data = ex.quantize_q4_k(x).reshape(-1, 144).copy()
@@ -448,7 +479,7 @@ def awq_zero_kmeans(w, x, bits, group, n_grid):  # α = 0 (searching nothing) an
 
 
 def _gguf(tensors, alignment=32, innermost_first=True, pad_each=True, char_length=False, key=True, pad_head=True,
-          tail=b""):  # a GGUF writer with one thing wrong at a time
+          tail=b"", data_reversed=False):  # a GGUF writer with one thing wrong at a time
     import struct
 
     def string(text):
@@ -458,16 +489,19 @@ def _gguf(tensors, alignment=32, innermost_first=True, pad_each=True, char_lengt
     head = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), int(key))
     if key:
         head += string("general.alignment") + struct.pack("<II", 4, alignment)
-    blobs, offset = [], 0
-    for name, (data, qtype, shape) in tensors.items():
+    blobs = []
+    for data, _, _ in tensors.values():
         raw = np.ascontiguousarray(data).tobytes()
+        blobs.append(raw + (bytes(-len(raw) % alignment) if pad_each else b""))
+    order = list(range(len(blobs)))[::-1] if data_reversed else list(range(len(blobs)))
+    offsets, offset = {}, 0
+    for i in order:
+        offsets[i] = offset
+        offset += len(blobs[i])
+    for i, (name, (data, qtype, shape)) in enumerate(tensors.items()):
         dims = [int(d) for d in (reversed(shape) if innermost_first else shape)]
-        head += string(name) + struct.pack(f"<I{len(dims)}QIQ", len(dims), *dims, int(T[qtype]), offset)
-        if pad_each:
-            raw += bytes(-len(raw) % alignment)
-        blobs.append(raw)
-        offset += len(raw)
-    return head + (bytes(-len(head) % alignment) if pad_head else b"") + b"".join(blobs) + tail
+        head += string(name) + struct.pack(f"<I{len(dims)}QIQ", len(dims), *dims, int(T[qtype]), offsets[i])
+    return head + (bytes(-len(head) % alignment) if pad_head else b"") + b"".join(blobs[i] for i in order) + tail
 
 
 def gguf_via_writer(tensors, alignment=32):  # gguf-py's GGUFWriter, the bytes read back from its file
@@ -509,6 +543,10 @@ def gguf_unpadded_infos(tensors, alignment=32):  # the data section right after 
 
 def gguf_trailing_bytes(tensors, alignment=32):  # something appended after the last tensor
     return _gguf(tensors, alignment, tail=b"lab")
+
+
+def gguf_data_out_of_order(tensors, alignment=32):  # the data in reverse order, the offsets consistent with it
+    return _gguf(tensors, alignment, data_reversed=True)
 '''
 
 # (check, wrong route, what its one-line reason must say)
@@ -533,6 +571,7 @@ ISOLATED_CASES = [
     ("gguf_bytes", "gguf_via_writer", "calls gguf-py"),
     ("gguf_bytes", "gguf_dims_as_torch", "innermost first"),
     ("gguf_bytes", "gguf_back_to_back", "multiple of the alignment"),
+    ("gguf_bytes", "gguf_data_out_of_order", "ggml's own loader expects it"),
     ("gguf_bytes", "gguf_characters", "UTF-8"),
     ("gguf_bytes", "gguf_silent_alignment", "general.alignment"),
     ("gguf_bytes", "gguf_unpadded_infos", "first multiple of the alignment"),

@@ -106,6 +106,23 @@ TEXT_ROUTES = {
 }
 
 LOOP_ROUTES = {
+    "admits_on_submit": ("""
+        class ServingLoop_admits_on_submit(ServingLoop):
+            def submit(self, request_id, prompt, max_tokens, temperature=0.0, seed=0):
+                try:  # straight into the engine, from the front end's thread: a data race in the server
+                    self.engine.add_request(list(prompt), max_tokens, request_id=request_id,
+                                            temperature=temperature, seed=seed)
+                    self.running.add(request_id)
+                except ValueError as e:
+                    self.queue.append((request_id, "error", str(e), None, None))
+        """, "touched the engine"),
+    "aborts_on_cancel": ("""
+        class ServingLoop_aborts_on_cancel(ServingLoop):
+            def cancel(self, request_id):
+                if request_id in self.running:
+                    self.engine.abort(request_id)  # from the front end's thread
+                super().cancel(request_id)
+        """, "touched the engine"),
     "static": ("""
         class ServingLoop_static(ServingLoop):
             def run_once(self):

@@ -74,6 +74,24 @@ def _check_one_generation(speculative_generate, target, draft, ids, n, k, what, 
     return t_log
 
 
+def _check_rounds_when_the_draft_is_the_target(loop, target, temperature: float) -> None:
+    """At any temperature: with a draft whose law is the target's (p = q, so min(1, p/q) = 1), every draft token is
+    accepted and each round writes K + 1 tokens (the K drafted and the bonus from p_K) — as many target calls as
+    greedy speculation with that draft makes. A loop that keeps fewer tokens per round (one per call: it does not
+    speculate; K: it drops the bonus token) makes more target calls."""
+    ids, n, k = torch.tensor([[4, 5, 6]]), 30, 3
+    what = f"Markov target, a draft with the target's own law (p = q), T={temperature}, K={k}"
+    t_log = _check_one_generation(loop, target, MarkovLM(24, 13, like=target, noise=0.0), ids, n, k, what,
+                                  temperature=temperature, generator=torch.Generator().manual_seed(run_seed() + 3))
+    stats = ref.SpecStats()
+    ref.speculative_generate(target, MarkovLM(24, 13, like=target, noise=0.0), ids, n, k=k, stats=stats)
+    assert len(t_log) <= stats.target_calls + 1, (
+        f"{what}: the target ran {len(t_log)} forwards; with p = q every draft token is accepted, so each round "
+        f"writes K + 1 = {k + 1} tokens (the K drafted, then the bonus token from p_K) and {n} tokens take "
+        f"{stats.target_calls} target calls. Keep every accepted token and the bonus token of each round "
+        f"{seed_note()}")
+
+
 def check_default_device(loop, target, draft, ids, n, k, what, **kwargs) -> torch.Tensor:
     """The loop once more with torch's default device set to `meta` where the student's code runs (the models,
     the prompt and the generator keep theirs): a tensor made without `device=` lands on `meta` and meets them, as
@@ -120,8 +138,9 @@ def sampled_law_failures(speculative_generate, g, temperature: float) -> list[st
         law = torch.stack([first[a] * torch.softmax(target(torch.cat([ids, torch.tensor([[a]])], 1))[0, -1].double()
                                                     / temperature, -1) for a in range(SAMPLED_VOCAB)])  # [V, V]
     base = int(torch.randint(0, 2**40, (), generator=g))
-    calls = [((target, draft, ids, 2), {"k": 2, "temperature": temperature,
-                                         "generator": torch.Generator().manual_seed(base + t)})
+    # the models behind the same counted doors as the work runs: a loop cannot tell the law test from them
+    calls = [((spy(target, [], "target"), spy(draft, [], "draft"), ids, 2),
+              {"k": 2, "temperature": temperature, "generator": torch.Generator().manual_seed(base + t)})
              for t in range(SAMPLED_TRIALS)]
     counts = torch.zeros(SAMPLED_VOCAB, SAMPLED_VOCAB, dtype=torch.int64)
     for out in call_many(speculative_generate, calls):
@@ -324,6 +343,7 @@ def check_speculative_sample(speculative_sample) -> None:
         _check_one_generation(speculative_sample, target, MarkovLM(24, 12, like=target, noise=1.0),
                               torch.tensor([[1, 2, 3]]), 30, 3, f"Markov target, T={temperature}, K=3",
                               temperature=temperature, generator=torch.Generator().manual_seed(run_seed()))
+        _check_rounds_when_the_draft_is_the_target(speculative_sample, target, temperature)
         _check_one_generation(speculative_sample, tiny, ref.early_exit_draft(tiny, 1), torch.tensor([[5, 6, 7]]),
                               20, 2, f"tiny Llama, its first layer as the draft, T={temperature}, K=2",
                               temperature=temperature, generator=torch.Generator().manual_seed(run_seed() + 1))

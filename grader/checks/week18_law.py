@@ -24,6 +24,7 @@ from grader.checks import call_many
 FALSE_FAILURE = 1e-6  # statistical checks: a correct implementation fails less often than this
 LAW_VOCAB = 5
 LAW_K = 3
+LONG_K = 6  # the "long round" case: a verify must hold at every position, not only the first LAW_K
 MAIN_RATIOS = (0.85, 0.90)  # case "main": every p_i(x_i)/q_i(x_i) drawn in this range, strictly inside (0, 1)
 MAIN_TRIALS = 42_000  # the power case: see law_power() and tests/test_week18_checks.py
 SMALL_TRIALS = 4_000  # each edge case
@@ -120,6 +121,11 @@ def law_cases(g: torch.Generator) -> list[LawCase]:
     cases.append(LawCase("one row for all positions", ps.expand(k + 1, v), qs.expand(k, v),
                          torch.tensor(x).expand(k), SMALL_TRIALS,
                          "the same p and q at every position, q zero where p has mass"))
+    # A longer round: three sure acceptances, then three uncertain ones, so positions 3-5 and the bonus at 6 are
+    # reached by most runs (a verify exact for the first LAW_K positions and wrong later fails here).
+    p, q, x = _positions(g, [u(1.2, 1.6) for _ in range(3)] + [u(0.6, 0.9) for _ in range(LONG_K - 3)])
+    cases.append(LawCase("long round", p, q, x, SMALL_TRIALS,
+                         f"K = {LONG_K}: the first three always accepted, the last three each with its own ratio"))
     return cases
 
 

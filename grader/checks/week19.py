@@ -241,6 +241,21 @@ def check_paged_attention(paged_attention) -> None:
 
 # --- 6: prefix caching ------------------------------------------------------------------------------
 
+def _bits(h) -> int:
+    """How many bits a hash value carries: an int's magnitude, a bytes' or a hex string's length."""
+    if isinstance(h, bool):
+        return 1
+    if isinstance(h, int):
+        return abs(h).bit_length()
+    if isinstance(h, (bytes, bytearray)):
+        return 8 * len(h)
+    if isinstance(h, str):
+        return 4 * len(h) if all(c in "0123456789abcdefABCDEF" for c in h) else 8 * len(h)
+    if isinstance(h, tuple):
+        return sum(_bits(x) for x in h)
+    return 64  # another hashable: its width is not ours to read
+
+
 @WEEK.exercise(6, "block_hashes", section="7 (Prefix caching)")
 def check_block_hashes(block_hashes) -> None:
     """Properties of a chained hash: one per full block; equal prefixes, equal hashes; a change in block i
@@ -311,6 +326,14 @@ def check_block_hashes(block_hashes) -> None:
     assert len(set(hs)) == len(hs), (
         f"8000 different prefixes got only {len(set(hs))} different hashes: too few bits (a 20-bit hash collides "
         f"about 30 times here, a 64-bit one with probability 2e-12). Keep the whole hash {seed_note()}")
+    # 8000 hashes rarely expose a 32-bit hash (a collision with probability 0.0074), but a real prefix cache holds
+    # millions of blocks: 10^6 blocks on 32 bits collide with probability 1 - exp(-10^12 / 2^33) ~ 1, on 64 bits
+    # ~3e-8. So the width itself is judged: of 8000 uniform 64-bit hashes all stay below 2^56 w.p. 2^-64000.
+    width = max(_bits(h) for h in hs)
+    assert width >= 56, (
+        f"the widest of 8000 block hashes has {width} bits: a hash kept to 32 bits (or fewer) collides almost surely "
+        f"in a cache of a million blocks (1 - exp(-n^2 / 2^33) at n = 10^6), and a collision hands one request "
+        f"another's KV blocks. Keep at least 64 bits of the hash {seed_note()}")
 
 
 # --- 10: check your understanding --------------------------------------------------------------------

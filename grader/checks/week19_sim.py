@@ -83,6 +83,11 @@ def judge_plan(plan, running: list[dict], waiting: list[dict], free: int, bs: in
         f"{where}: the plan preempts {preempt}; running (oldest first) is {running_ids}: preempt the most recently "
         f"admitted request first ({newest}), so the oldest requests keep their blocks and finish")
     assert not set(preempt) & set(run_ids), f"{where}: the plan both preempts and runs {set(preempt) & set(run_ids)}"
+    admitted_now = [i for i in run_ids if i not in running_ids]
+    assert not (preempt and admitted_now), (
+        f"{where}: the plan preempts {preempt} and admits {admitted_now} from the waiting queue in the same step: a "
+        f"preempted request goes back to the queue's front and must resume before later arrivals, so a step that "
+        f"is short of blocks admits nobody")
     # blocks: never more than are free (plus what the preempted requests give back)
     need = sum(blocks_to_grow(views[i], n, bs) for i, n in run)
     have = free + sum(views[i]["freeable"] for i in preempt)
@@ -132,7 +137,8 @@ def workload(rng: random.Random, crowded: bool = False) -> dict:
         new = [rng.randint(8, 20) for _ in range(k)]
         longest = max(ref.blocks_needed(p + m - 1, bs) for p, m in zip(prompts, new))
         return dict(bs=bs, prompts=prompts, new=new, arrivals=[0] * k, num_blocks=longest + rng.randint(0, 3),
-                    max_seqs=rng.randint(4, 6), budget=rng.randint(16, 32), chunked=True)
+                    max_seqs=rng.randint(4, 6), budget=rng.randint(16, 32), chunked=True,
+                    seqs=_seqs(rng, k))
     bs = rng.choice([1, 2, 4, 8])
     k = rng.randint(3, 9)
     prompts = [rng.randint(1, 30) for _ in range(k)]
@@ -141,15 +147,27 @@ def workload(rng: random.Random, crowded: bool = False) -> dict:
     chunked = rng.random() < 0.75
     max_seqs = rng.randint(1, 5)
     budget = rng.randint(max(max_seqs, 4), 24) if chunked else max(p + m - 1 for p, m in zip(prompts, new)) + rng.randint(0, 8)
+    seqs = _seqs(rng, k)
+    max_seqs = max(max_seqs, max(seqs))
     return dict(bs=bs, prompts=prompts, new=new, arrivals=sorted(rng.randint(0, 12) for _ in range(k)),
                 num_blocks=longest + rng.randint(0, 2 * longest), max_seqs=max_seqs, budget=max(budget, max_seqs),
-                chunked=chunked)
+                chunked=chunked, seqs=seqs)
+
+
+def _seqs(rng: random.Random, k: int) -> list[int]:
+    """Slots each request takes: n for a parallel-sampling request (n > 1 in about one request in four)."""
+    return [rng.choice([1, 1, 1, 2, 3]) for _ in range(k)]
 
 
 def simulate(schedule, w: dict, label: str) -> int:
     """Serve workload `w` with `schedule`, judging every plan; returns the steps taken. Plain data, no model:
     a request whose cache holds all its tokens produces one more, until it has its max_new_tokens."""
     reqs = [dict(id=i, computed=0, tokens=p, blocks=0, out=0) for i, p in enumerate(w["prompts"])]
+
+    def view(r):
+        return dict(id=r["id"], computed=r["computed"], tokens=r["tokens"], blocks=r["blocks"], freeable=r["blocks"],
+                    seqs=w["seqs"][r["id"]])
+
     waiting, running, free, step = [], [], w["num_blocks"], 0
     arrived = 0
     limit = 20 * sum(p + m for p, m in zip(w["prompts"], w["new"])) + 20
@@ -161,8 +179,7 @@ def simulate(schedule, w: dict, label: str) -> int:
             step += 1
             continue
         where = f"{label}, step {step}"
-        view = lambda r: dict(id=r["id"], computed=r["computed"], tokens=r["tokens"], blocks=r["blocks"],  # noqa: E731
-                              freeable=r["blocks"], seqs=1)
+
         rv, wv = [view(r) for r in running], [view(r) for r in waiting[:w["max_seqs"]]]
         plan = schedule(rv, wv, free, w["bs"], w["budget"], w["max_seqs"], w["chunked"])
         preempt, run = judge_plan(plan, rv, wv, free, w["bs"], w["budget"], w["max_seqs"], w["chunked"], where)

@@ -95,27 +95,50 @@ def check_TextStream(TextStream) -> None:
 # --- the serving loop ---------------------------------------------------------------------------------------
 
 class EngineView:
-    """The engine's request API and nothing else (no model, no cache), with a record of every call."""
+    """The engine's request API and nothing else (no model, no cache), with a record of every call, and of every
+    call made while the front end's side of the loop (`submit`, `cancel`) ran: in the server those run on the HTTP
+    thread while `run_once` steps the engine on its own, so an engine call there is a data race."""
 
     def __init__(self, engine):
         self._engine = engine
         self.calls: list[tuple] = []
+        self.front_end: str | None = None  # "submit(...)" / "cancel(...)" while the check is inside one
+        self.raced: list[str] = []
+
+    def _note(self, call: tuple) -> None:
+        self.calls.append(call)
+        if self.front_end is not None:
+            self.raced.append(f"{call[0]} during {self.front_end}")
 
     def add_request(self, prompt, max_new_tokens, request_id=None, temperature=0.0, seed=0):
-        self.calls.append(("add_request", request_id))
+        self._note(("add_request", request_id))
         return self._engine.add_request(list(prompt), max_new_tokens, request_id=request_id,
                                         temperature=temperature, seed=seed)
 
     def step(self):
-        self.calls.append(("step",))
+        self._note(("step",))
         return self._engine.step()
 
     def abort(self, request_id):
-        self.calls.append(("abort", request_id))
+        self._note(("abort", request_id))
         return self._engine.abort(request_id)
 
     def has_unfinished(self):
+        self._note(("has_unfinished",))
         return self._engine.has_unfinished()
+
+
+def _front_end(view: EngineView, what: str, call) -> None:
+    """`call()` (the loop's `submit` or `cancel`), as the server's HTTP thread makes it: it must only queue."""
+    view.front_end = what
+    try:
+        call()
+    finally:
+        view.front_end = None
+    assert not view.raced, (
+        f"{what} touched the engine ({view.raced[0]}): in the server, submit and cancel run on the front end's "
+        f"thread while run_once steps the engine on the engine's, and the engine is not thread-safe. Queue the "
+        f"request (or the cancellation) there; let run_once hand it to the engine {seed_note()}")
 
 
 POOL_BLOCKS, BLOCK = 48, 4  # 192 slots: every request below fits, all at once, and the "too-big" one never does
@@ -175,13 +198,14 @@ def check_ServingLoop(ServingLoop) -> None:
     for run in range(60):
         for r in reqs:
             if r["arrive"] == run:
-                loop.submit(r["id"], list(r["prompt"]), r["max_tokens"], r["temperature"], r["seed"])
+                _front_end(view, f"submit({r['id']!r})", lambda r=r: loop.submit(
+                    r["id"], list(r["prompt"]), r["max_tokens"], r["temperature"], r["seed"]))
                 log.append(f"submit({r['id']!r}) before run {run}")
             if r["cancel"] == run:
-                loop.cancel(r["id"])
+                _front_end(view, f"cancel({r['id']!r})", lambda r=r: loop.cancel(r["id"]))
                 log.append(f"cancel({r['id']!r}) before run {run}")
         if run == 3:
-            loop.cancel("never-submitted")
+            _front_end(view, "cancel('never-submitted')", lambda: loop.cancel("never-submitted"))
         # requests that must run in this step: admitted (now or before), not cancelled by now, not ended before
         running = [r["id"] for r in reqs if r["alone"] is not None and r["arrive"] <= run and r["id"] not in end
                    and (r["cancel"] is None or r["cancel"] > run)]

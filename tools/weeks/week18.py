@@ -280,9 +280,9 @@ The check knows the **exact law** of your output. For fixed inputs, with a_i = m
 r_i = normalize(max(p_i − q_i, 0)): P(n = j, next = y) = a_0 ··· a_(j−1) · (1 − a_j) · r_j(y) for j < K, and
 a_0 ··· a_(K−1) · p_K(y) for j = K. Per run (seed printed) it draws p, q and draft tokens with every ratio strictly
 between 0 and 1 at every position (K = 3, so the third draft token and the bonus after it are tested), plus
-edge cases (p = q, disjoint supports, a ratio above 1 first, q zero where p has mass), calls your `verify`
-42,000 + 4 × 4,000 times, and tests every acceptance probability and every next-token probability against the
-law. A correct `verify` fails less than once in a million runs; one whose acceptance probability is off by
+edge cases (p = q, disjoint supports, a ratio above 1 first, q zero where p has mass) and a longer round (K = 6:
+three sure acceptances, then three uncertain ones), calls your `verify` 42,000 + 5 × 4,000 times, and tests every
+acceptance probability and every next-token probability against the law. A correct `verify` fails less than once in a million runs; one whose acceptance probability is off by
 2 points at any position fails with probability above 0.999 (the cell after the exercise shows how).
 """)
 

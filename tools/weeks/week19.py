@@ -777,9 +777,10 @@ request needs `max(0, blocks_needed(computed + n, block_size) - blocks)` more bl
 **Exercise 8.** Write `schedule`. The check runs random workloads — arrivals, lengths, pools tight
 enough to preempt, budgets small enough to chunk — through your function step by step and judges every
 plan: the budget is never exceeded, no block is allocated that is not free, running requests are served
-oldest first, the newest is preempted first, waiting ones are admitted first come first served (so a
-preempted request resumes before later arrivals), a chunk is cut only by the budget, nothing that fits
-is left waiting, and every request finishes. Then `LLMEngine(..., scheduler=schedule)` must return
+oldest first, the newest is preempted first, a step that preempts admits nobody and waiting ones are
+admitted first come first served (so a preempted request resumes before later arrivals), slots are counted
+per sequence (some requests have `seqs` 2 or 3), a chunk is cut only by the budget, nothing that fits is left
+waiting, and every request finishes. Then `LLMEngine(..., scheduler=schedule)` must return
 exactly what `generate` returns on each request alone.
 """)
 nb.exercise("schedule", """

@@ -385,8 +385,10 @@ Then the 8 scales and 8 mins of a super-block are quantized to 6 bits: `d = max(
 sends halves to the **even** neighbour (`np.rint`): a third rule beside Q8_0's `roundf` (halves away
 from zero) and Q4_1's `trunc(v + 0.5)`.
 
-The check decodes your bytes with gguf-py and wants the RMSE on random, heavy-tailed and real tensors
-within 1 % of `lib.quant`'s search, and below 0.95× Q4_1's on Gaussian weights (a min/max quantizer
+The check decodes your bytes with gguf-py and wants the **weighted** error the search minimizes,
+Σ w (x̂ − x)² with `w = sqrt(mean x²) + |x|` per sub-block, within 0.5 % of `lib.quant`'s search (an unweighted
+least-squares search lowers the plain RMSE a little and misses this by 1–4 %), the RMSE on random,
+heavy-tailed and real tensors within 1 % of it, and below 0.95× Q4_1's on Gaussian weights (a min/max quantizer
 gets about 1.00×).
 """)
 
@@ -1332,6 +1334,8 @@ A *string* is its length in **bytes** (uint64) followed by its UTF-8 bytes, no t
   (so a tensor can be used in place by vector loads). Blocks of 34 or 210 bytes rarely end on such a multiple.
 * **alignment**: 32, unless the file says otherwise in the metadata key `general.alignment` (a uint32) — a file
   with another alignment that does not say so is read wrongly.
+* **order**: gguf-py reads any consistent offsets, but ggml's own loader (what llama.cpp runs) wants each tensor's
+  data right where the previous one's ended, padded: in the order of the infos, no gaps.
 
 Write the bytes of a file holding the tensors you are given (and whatever metadata the alignment needs) without
 gguf-py's writer (`gguf.GGUFWriter`, which the check recognises); its reader is the oracle: the check reads your
