@@ -11,7 +11,7 @@ LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
 # Extra arguments for the command a target runs, e.g. `make bench ARGS=--quick`, `make grade-ui ARGS=--port=8890`.
 ARGS ?=
 
-.PHONY: help setup lab grade-ui test test-quick bench bench-18 bench-19 bench-20 serve bench-load release clean-cache
+.PHONY: help setup lab grade-ui test test-quick lint bench bench-18 bench-19 bench-20 serve bench-load release clean-cache
 
 help:
 	@echo "make setup        create .venv, install the lab, fetch and verify the model (idempotent)"
@@ -19,6 +19,7 @@ help:
 	@echo "make grade-ui     (instructors) JupyterLab on the repo root, opening nbgrader's formgrader for hand-grading"
 	@echo "make test         setup, then the whole test suite (what CI runs)"
 	@echo "make test-quick   the suite without executing whole notebooks or the READMEs' commands"
+	@echo "make lint         ruff on lib/, grader/, benchmarks/, tools/, tests/ (the test command runs it too)"
 	@echo "make bench        speed benchmark: lib, lib.fast, transformers, the bandwidth roofline"
 	@echo "make bench-18     speculative decoding: each draft's tok/s vs target greedy (identical tokens)"
 	@echo "make bench-19     serving: static vs continuous vs prefix-cached batching; batch 8 vs batch 1 decode"
@@ -50,6 +51,9 @@ test: setup
 
 test-quick: setup
 	$(BIN)/python -m pytest -m "not notebook and not commands"
+
+lint: $(VENV)/.installed
+	$(BIN)/ruff check $(ARGS)
 
 bench: setup
 	$(BIN)/python benchmarks/decode.py $(ARGS)

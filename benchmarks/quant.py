@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from timing import time_call  # noqa: E402  (benchmarks/timing.py)
+from timing import time_call
 
 PROMPTS = ["The history of the printing press begins",
            "def fibonacci(n):",

@@ -234,7 +234,7 @@ class _Child:
     def send(self, msg):
         try:
             payload = self.encode(msg)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             if msg[0] == "ok":
                 payload = self.encode(("err", msg[1], (["TypeError", "Exception"],
                                                         f"the result cannot be sent to the checks: {e}")))
@@ -568,7 +568,7 @@ class _Rerun:
         args, kwargs = _rebuild(self.args[0]), _rebuild(self.args[1])
         try:
             again = self.target(*args, **kwargs)
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:
             if isinstance(e, KeyboardInterrupt):
                 raise
             return f"raised {type(e).__name__} when called again without being observed"

@@ -119,7 +119,7 @@ def _table() -> dict[bytes, str]:
         for info in pkgutil.iter_modules(lib.__path__, "lib."):
             try:
                 mod = importlib.import_module(info.name)
-            except Exception:  # an optional dependency missing: that module's code cannot run either
+            except Exception:  # noqa: BLE001  (an optional dependency missing: that module's code cannot run either)
                 continue
             for code, modname in _module_codes(mod):
                 name = f"{modname}.{getattr(code, 'co_qualname', code.co_name)}"
@@ -152,7 +152,7 @@ def _oracle_table() -> dict[bytes, str]:
         for modname in ORACLE_MODULES:
             try:
                 mod = importlib.import_module(modname)
-            except Exception:  # not installed: its code cannot run either
+            except Exception:  # noqa: BLE001  (not installed: its code cannot run either)
                 continue
             path = getattr(mod, "__file__", None)
             if path:

@@ -176,7 +176,7 @@ class IsolatedExecute(NbGraderPreprocessor):
         try:
             with contextlib.redirect_stdout(out):
                 exec(compile(source, "<test cell>", "exec"), dict(trusted), names)
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:
             if isinstance(e, KeyboardInterrupt):
                 raise
             return one_line(f"{type(e).__name__}: {e}", limit=1000)

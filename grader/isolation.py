@@ -454,7 +454,7 @@ class Session:
                 payload = self._encode(reply)
             except Exception as e:  # noqa: BLE001
                 payload = self._encode(("err", rid, _exc_info(e)))
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:
             if isinstance(e, KeyboardInterrupt):
                 raise
             payload = self._encode(("err", rid, _exc_info(e)))

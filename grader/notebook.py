@@ -88,7 +88,7 @@ def run_cells(module: ExerciseModule, path: Path, cells) -> None:
             exec(code, module.__dict__)
         except NotImplementedError:  # a stub at the top level of a cell (e.g. `answer = ...` left undone)
             module._stubbed_cells.append(label)
-        except BaseException as e:  # noqa: BLE001  (SystemExit too: a cell must not end the grading)
+        except BaseException as e:
             if isinstance(e, KeyboardInterrupt):
                 raise
             msg = " ".join(str(e).split())[:300]
@@ -130,7 +130,7 @@ def validate_notebook(path: Path) -> str | None:
     try:
         nb = nbformat.reads(json.dumps(raw), as_version=4)
         nbformat.validate(nb)
-    except Exception as e:  # nbformat.ValidationError and friends
+    except Exception as e:  # noqa: BLE001  (nbformat.ValidationError and friends)
         return f"not a valid notebook: {one_line(e)}"
     ids = {}
     for i, cell in enumerate(nb.cells):

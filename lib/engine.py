@@ -202,7 +202,7 @@ class LLMEngine:
                  max_num_batched_tokens: int = 256, enable_chunked_prefill: bool = True,
                  enable_prefix_caching: bool = False, policy: str = "continuous",
                  eos_token_id: int | None = None, clock=time.perf_counter, scheduler=schedule,
-                 block_pool=PrefixCache, preemption_mode: str = "recompute", block_hashes=None, slot_mapping=None,
+                 block_pool=PrefixCache, preemption_mode: str = "recompute", block_hashes=None, slot_mapping=None,  # noqa: F811
                  paged_attention=None):
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError(f"need max_num_seqs >= 1 and max_num_batched_tokens >= 1; got {max_num_seqs}, "

@@ -141,7 +141,7 @@ class FastLlama:
         self.packed = packed
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         cast = lambda w: w.detach().to(device=dev, dtype=self.dtype).contiguous()  # noqa: E731
-        mat = (lambda w: pack_weight(cast(w))) if packed else cast  # a weight a matmul reads  # noqa: E731
+        mat = (lambda w: pack_weight(cast(w))) if packed else cast  # a weight a matmul reads
         self.embed = cast(model.embed.weight)  # [vocab, d_model], looked up by row: stays plain
         self.lm_head = mat(model.embed.weight if model.lm_head is None else model.lm_head.weight)
         self.layers = []

@@ -21,7 +21,6 @@ The serving engine that uses all of this is `lib.engine`.
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Sequence
 
 import torch

@@ -134,7 +134,6 @@ def verify(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: 
                          f"[K, V] with the same V; got {tuple(target_probs.shape)} and {tuple(draft_probs.shape)}")
     if draft_tokens.dtype != torch.int64:
         raise ValueError(f"draft_tokens must be int64 token ids; got {draft_tokens.dtype}")
-    tokens = draft_tokens.tolist()
     p_at = target_probs[torch.arange(k, device=target_probs.device), draft_tokens].tolist() if k else []
     q_at = draft_probs[torch.arange(k, device=draft_probs.device), draft_tokens].tolist() if k else []
     for i in range(k):

@@ -10,7 +10,6 @@ printed (`pytest -s`). About 5 minutes on 2 quiet cores.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal

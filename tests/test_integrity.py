@@ -13,7 +13,6 @@ from __future__ import annotations
 import ast
 import inspect
 import json
-import socket
 import textwrap
 from pathlib import Path
 

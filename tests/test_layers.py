@@ -1,10 +1,11 @@
-"""No import circles in lib/, grader/ or benchmarks/: a module lower in the layering never imports a higher one
-(grader/README.md lists grader's layers). The graph is read from the code's own imports, those inside functions
+"""No import circles in lib/, grader/ or benchmarks/, and grader's imports follow the layers grader/README.md
+lists: a module lower in the layering never imports a higher one. The graph is read from the code's own imports, those inside functions
 included; nothing is imported or run. A benchmark script's sibling import (`from timing import ...`, with its
 folder on sys.path) counts as an import of benchmarks/timing.py."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -74,3 +75,58 @@ def test_no_import_circles():
 
 def test_a_circle_is_found():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def documented_grader_layers(readme: Path = REPO / "grader" / "README.md") -> dict[str, int]:
+    """grader's modules and their layer (0 lowest), from the README's "Layers, lowest first" paragraph: groups
+    separated by → , modules in a group by commas; `checks/` stands for the package; `child` is a top of its
+    own (the child process's)."""
+    text = " ".join(readme.read_text(encoding="utf-8").split())
+    start = text.index("Layers, lowest first")
+    chain = text[text.index(": `", start) + 2:text.index(";", text.index("→", start))]
+    layers = {}
+    for level, group in enumerate(chain.split("→")):
+        for name in re.findall(r"`([\w/]+)`", group):
+            layers["grader.checks" if name == "checks/" else f"grader.{name}"] = level
+    layers["grader.child"] = len(layers) + 1
+    layers["grader"] = -1  # the package's __init__
+    return layers
+
+
+def _layer(module: str, layers: dict[str, int]) -> int | None:
+    if module in layers:
+        return layers[module]
+    if module.startswith("grader.checks."):
+        return layers.get("grader.checks")
+    return None
+
+
+def layer_violations(graph: dict[str, set[str]], layers: dict[str, int]) -> list[str]:
+    """Each import of a grader module by a grader module placed lower ("a module imports only from those before
+    it, or beside it"), and each grader module the README does not place."""
+    bad = []
+    for module, targets in sorted(graph.items()):
+        if not module.startswith("grader"):
+            continue
+        mine = _layer(module, layers)
+        if mine is None:
+            bad.append(f"{module} is in no layer of grader/README.md")
+            continue
+        for target in sorted(targets):
+            theirs = _layer(target, layers) if target.startswith("grader") else None
+            if theirs is not None and theirs > mine and not (module.startswith("grader.checks") and
+                                                             target.startswith("grader.checks")):
+                bad.append(f"{module} (layer {mine}) imports {target} (layer {theirs}), which the README puts above it")
+    return bad
+
+
+def test_grader_imports_follow_the_documented_layers():
+    bad = layer_violations(import_graph(), documented_grader_layers())
+    assert not bad, "; ".join(bad)
+
+
+def test_an_upward_import_is_found():
+    """The layer test fails on a tree where grader/isolation.py imports grader.checks."""
+    graph = import_graph()
+    graph["grader.isolation"] = set(graph["grader.isolation"]) | {"grader.checks"}
+    assert any("grader.isolation" in b and "grader.checks" in b for b in layer_violations(graph, documented_grader_layers()))

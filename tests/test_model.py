@@ -1,5 +1,4 @@
 """The reference model: it reads the real GGUF file right and matches transformers on the same weights."""
-import numpy as np
 import pytest
 import torch
 

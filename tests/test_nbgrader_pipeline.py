@@ -63,7 +63,7 @@ def test_nbgrader_pipeline(week, tmp_path, monkeypatch):
     monkeypatch.delenv("INFERENCE_LAB_ISOLATION")
     autograded = root / "grader" / "autograded" / "solution-kernel" / week / name
     errors = _errors(autograded)
-    assert not errors, f"the solution notebook raised while running top to bottom:\n" + "\n".join(errors)
+    assert not errors, "the solution notebook raised while running top to bottom:\n" + "\n".join(errors)
     assert not _errors(root / "grader" / "autograded" / "solution" / week / name)
 
     good, bad = course.score(week, "solution"), course.score(week, "untouched")

@@ -175,5 +175,7 @@ def test_flash_decode_gqa_reads_kv_once_per_kv_head():
     expanded, obs_expanded = observe(A.expand_kv(lambda q, k, v, causal=False: A.flash_decode(q, k, v, 4)), q, k, v)
     torch.testing.assert_close(packed, want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(expanded, want, atol=1e-5, rtol=1e-5)
-    kv_bytes = lambda obs: sum(math.prod(b_) for _, b_ in obs.matmuls)  # K/V operands of QKᵀ and PV
+    def kv_bytes(obs):  # the K/V operands of QKᵀ and PV
+        return sum(math.prod(b_) for _, b_ in obs.matmuls)
+
     assert kv_bytes(obs_expanded) == 3 * kv_bytes(obs_packed)

@@ -10,7 +10,6 @@ import torch
 
 from grader.checks import week18 as checks
 from grader.harness import load_exercises, with_cell_source
-from lib import speculative as spec
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTION = ROOT / "solutions" / "18" / checks.WEEK.notebook

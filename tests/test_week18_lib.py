@@ -9,7 +9,7 @@ from grader.checks.week18_law import LawCase, law_cases, law_counts, law_failure
 from grader.checks.week18_models import MarkovLM
 from lib import speculative as spec
 from lib.generate import generate
-from lib.kv_cache import KVCache, LayerKVCache, RollingKVCache
+from lib.kv_cache import LayerKVCache, RollingKVCache
 from lib.model import tiny_model
 
 

@@ -9,7 +9,7 @@ from lib.attention import gqa_attention
 from lib.engine import LLMEngine, block_hashes
 from lib.generate import generate
 from lib.model import tiny_model
-from lib.paged import (BlockAllocator, OutOfBlocksError, PagedKVCache, block_table_tensor, blocks_needed,
+from lib.paged import (BlockAllocator, OutOfBlocksError, block_table_tensor, blocks_needed,
                        paged_attention, preallocated_waste, slot_mapping, slots_wasted)
 
 

@@ -281,7 +281,9 @@ def test_awq_clip_search_beats_min_max_per_group_and_on_held_out_inputs():
         assert clipped.shape == w.shape and clipped.dtype == w.dtype
         # per (row, group): the group's share of the output on x is never worse than min/max's (r = 1 is a candidate)
         xg = x.reshape(-1, 4, 64)
-        share = lambda q: ((xg[:, None] * (w - q).reshape(1, 48, 4, 64)).sum(-1) ** 2).mean(0)  # [48, 4]
+        def share(q):  # [48, 4]
+            return ((xg[:, None] * (w - q).reshape(1, 48, 4, 64)).sum(-1) ** 2).mean(0)
+
         assert (share(clipped) <= share(rtn) * (1 + 1e-5) + 1e-12).all()
         assert (share(clipped) < 0.99 * share(rtn)).float().mean() > 0.5  # and it clips most groups
         levels = clipped.reshape(48, 4, 64)  # still 2^bits levels per group

@@ -133,7 +133,7 @@ def main() -> None:
     start = last_save = time.perf_counter()
     steps, ema = 0, None
     bar = tqdm(total=int(budget), unit="s", desc="distilling")
-    while (elapsed := time.perf_counter() - start) < budget:
+    while time.perf_counter() - start < budget:
         starts = torch.randint(0, train.numel() - args.seq - 1, (args.batch,), generator=gen)
         x = torch.stack([train[s:s + args.seq] for s in starts.tolist()])  # [B, S]
         with torch.no_grad():

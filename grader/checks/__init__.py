@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import os
 import random
-import sys
-from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from grader.observe import (INPUTS_WRITTEN, PREMADE_WRITTEN, Observation, _OpRecorder,  # noqa: F401  (re-exported)
+                            _storages, observe)
 
 _LIB_DIR = str(Path(__file__).resolve().parent.parent.parent / "lib") + os.sep
 _SEED: int | None = None
@@ -67,10 +67,6 @@ def assert_close(got, want, what: str, atol: float, rtol: float = 0.0, dtype: to
         err = diff.flatten()[worst].item()
         raise AssertionError(f"{what}: differs from the reference by {err:.3g} at flat index {worst.item()} "
                              f"(allowed {atol:g} + {rtol:g}·|reference|) {seed_note()}")
-
-
-from grader.observe import (INPUTS_WRITTEN, PREMADE_WRITTEN, Observation, _OpRecorder,  # noqa: F401  (re-exported: the checks' names)
-                            _storages, observe)
 
 
 class CountingModel:
@@ -157,5 +153,5 @@ def check_on_meta(fn, args: tuple, what: str, kwargs: dict | None = None) -> Non
                 f"{what}: with its inputs on another device (here 'meta', as they would be on 'cuda'), your code "
                 f"mixed in a CPU tensor: {msg.splitlines()[0]} — create every tensor on the inputs' device, e.g. "
                 f"torch.arange(n, device=q.device)") from None
-    except Exception:
+    except Exception:  # noqa: BLE001  (any other failure on meta is not judged: see the docstring)
         pass

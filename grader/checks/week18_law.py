@@ -78,7 +78,7 @@ def _row(g, v, fixed: dict[int, float]) -> torch.Tensor:
 def _positions(g, ratios):
     """p [K+1, V], q [K, V], x [K] with p_i(x_i) / q_i(x_i) = ratios[i], q_i zero at a token where p_i has mass,
     and p_K zero at one token."""
-    v, k = LAW_VOCAB, len(ratios)
+    v = LAW_VOCAB
     ps, qs, xs = [], [], []
     for r in ratios:
         x, z = (int(t) for t in torch.randperm(v, generator=g)[:2])

@@ -30,7 +30,7 @@ def expect_error(fn, kind, what: str) -> Exception:
         raise
     except kind as e:
         return e
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001  (the wrong kind is judged below)
         raise AssertionError(f"{what} raised {type(e).__name__}: {e}; expected a {kind.__name__}") from None
     raise AssertionError(f"{what} did not raise; expected a {kind.__name__}")
 
