@@ -90,7 +90,7 @@ def matmul_sweep(model, repeats: int, rows: list[int] | None = None) -> None:
     print("\nverify curve: time of a forward over m new tokens after a 128-token cache, in one-token steps")
     print(f"  {'engine':28s}" + "".join(f"{f'm={m}':>8s}" for m in rows) + f"{'1 step ms':>11s}")
     for name, eng in {"lib.model": model, "lib.fast (F.linear)": FastLlama(model, packed=False),
-                      "lib.fast (packed)": FastLlama(model)}.items():
+                      "lib.fast (packed)": FastLlama(model, packed=True)}.items():
         cache = eng.new_cache(1, 128 + 16)
         with torch.inference_mode():
             eng(ids[:, :128], cache=cache)
@@ -133,6 +133,7 @@ def main() -> None:
           f"cores: {cores} | load average (1 min): {load:.2f}")
     model, tok = load_smollm2(device=device)
     fast = FastLlama(model)
+    print(f"lib.fast's matmul layout: {fast.packing}")
     prompt = tok("The history of the printing press begins", return_tensors="pt").input_ids.to(device)
 
     if args.profile:
@@ -151,9 +152,11 @@ def main() -> None:
         from transformers import AutoModelForCausalLM
         hf = AutoModelForCausalLM.from_pretrained(str(paths.MODELS_DIR), gguf_file=paths.SMOLLM2_FILE).to(device).eval()
 
-    engines = {"lib.generate (lib.model)": model, "lib.generate (lib.fast)": fast}
-    if fast.packed:  # the same fast path with plain F.linear weights: what packing alone buys
+    engines = {"lib.generate (lib.model)": model, f"lib.generate (lib.fast, {'packed' if fast.packed else 'F.linear'})": fast}
+    if fast.packed:  # the same fast path in the layout it did not choose: what the choice buys
         engines["lib.generate (lib.fast, F.linear)"] = FastLlama(model, packed=False)
+    elif "measured" in fast.packing:
+        engines["lib.generate (lib.fast, packed)"] = FastLlama(model, packed=True)
     if args.compile:
         t0 = time.perf_counter()
         compiled = FastLlama(model, compile=True)

@@ -66,7 +66,8 @@ def _landlock(workdir: str, readable: list | None = None) -> str | None:
         return None
     file_rights = _EXECUTE | _WRITE_FILE | _READ_FILE | (_TRUNCATE if abi >= 3 else 0)
     rules = [(workdir, fs), ("/dev/null", (_WRITE_FILE | (_TRUNCATE if abi >= 3 else 0)) | (read if readable is not None else 0))]
-    rules += [(path, (read if kind == "read" else _READ_DIR) & fs) for kind, path in (readable or ())]
+    kinds = {"read": read, "list": _READ_DIR, "device": _READ_FILE | _WRITE_FILE}
+    rules += [(path, kinds.get(kind, 0) & fs) for kind, path in (readable or ())]
     try:
         for path, access in rules:
             try:

@@ -182,6 +182,7 @@ class _Child:
         self.sent_storages: list = []
         self.module = None
         self.memory = memory
+        self.memory_kind = "as"  # or "data": see _apply_memory_limit
         self.sandbox = sandbox
         self.lib_seen: dict[str | None, set[str]] = {}  # exercise name -> lib functions that ran on its behalf
         self.lib_codes: dict = {}  # code object -> "lib.module.qualname", or None when not lib's
@@ -419,15 +420,20 @@ class _Child:
         return {"stubbed": list(self.module._stubbed_cells), "broken": dict(self.module._broken_cells)}
 
     def _apply_memory_limit(self):
+        """`memory` bytes beyond what the process holds now. By address space (RLIMIT_AS) where the child does not
+        use CUDA; on a CUDA machine by data (RLIMIT_DATA: private writable memory), because CUDA's initialisation
+        reserves tens of GiB of address space it never touches (PROT_NONE), which an address-space limit refuses:
+        the child would die at its first CUDA tensor (tests/test_integrity.py reproduces it on the CPU)."""
         import resource
 
         if self.memory <= 0:
             return
+        kind, field = (resource.RLIMIT_DATA, "VmData:") if self.memory_kind == "data" else (resource.RLIMIT_AS, "VmSize:")
         try:
             with open("/proc/self/status") as f:
-                vm = next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("VmSize:"))
-            limit = vm + self.memory
-            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+                held = next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith(field))
+            limit = held + self.memory
+            resource.setrlimit(kind, (limit, limit))
         except (OSError, ValueError, StopIteration):
             pass
 
@@ -857,7 +863,7 @@ class _ChildUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"unknown tag {tag!r}")
 
 
-def _child_main(rfd, wfd, memory, sandbox):
+def _child_main(rfd, wfd, memory, sandbox, memory_kind="as"):
     global _CHILD
     import torch  # noqa: F401  (imported before the student's code, and before the memory limit)
 
@@ -869,6 +875,7 @@ def _child_main(rfd, wfd, memory, sandbox):
 
     warm()  # lib's fingerprints, taken before the student's code can touch lib's modules
     _CHILD = _Child(rfd, wfd, memory, sandbox)
+    _CHILD.memory_kind = memory_kind
     _CHILD.guard.remember()
     _CHILD.guard.audit(_CHILD, wfd)
     _CHILD.send(("ok", None, sandbox))

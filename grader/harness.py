@@ -30,14 +30,20 @@ from grader.notebook import (ExerciseMissing, NotImplementedYet, ReferenceUse, e
                              read_notebook)
 
 
-def _reference_use(name: str, args, kwargs) -> str | None:
+def _session_of(args, kwargs):
+    """The isolation session of the student's objects among a check's arguments (None: in-process)."""
     from grader.isolation import ChildProxy
 
     for arg in list(args) + list(kwargs.values()):
         proxy = getattr(arg, "_remote", arg)
         if isinstance(proxy, ChildProxy):
-            return proxy._session.reference_use([name]).get(name)
+            return proxy._session
     return None
+
+
+def _reference_use(name: str, args, kwargs) -> str | None:
+    session = _session_of(args, kwargs)
+    return session.reference_use([name]).get(name) if session is not None else None
 
 
 @dataclass
@@ -69,6 +75,9 @@ class Week:
                 __tracebackhide__ = True  # pytest: show the student the message, not the check's source
                 from grader.isolation import IsolationError
 
+                session = _session_of(args, kwargs)
+                if session is not None:
+                    session.begin_check()
                 try:
                     result = check(*args, **kwargs)
                 except (NotImplementedError, NotImplementedYet) as e:
@@ -87,6 +96,9 @@ class Week:
                     raise AssertionError(f"exercise {number}, `{name}`: {e}") from None
                 except Exception as e:  # noqa: BLE001  (a wrong return type tripping the check, say)
                     raise AssertionError(f"exercise {number}, `{name}`: {type(e).__name__}: {e}") from None
+                finally:
+                    if session is not None:
+                        session.end_check()
                 used = _reference_use(name, args, kwargs)
                 if used:
                     raise ReferenceUse(

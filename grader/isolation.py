@@ -79,6 +79,18 @@ _CHILD_ENV_PREFIXES = ("LC_", "TRITON_", "CUBLAS_", "NCCL_")
 MAX_RECEIVED = 8 << 30  # bytes the child may send the trusted side in all, per session: beyond it, a verdict
 
 
+def _memory_kind() -> str:
+    """How the child's memory is limited: "as" (address space), or "data" where CUDA is present (its
+    initialisation reserves address space an RLIMIT_AS refuses; `grader.child._Child._apply_memory_limit`).
+    `INFERENCE_LAB_MEMORY_LIMIT=as|data` overrides."""
+    forced = os.environ.get("INFERENCE_LAB_MEMORY_LIMIT")
+    if forced in ("as", "data"):
+        return forced
+    import torch
+
+    return "data" if torch.cuda.is_available() else "as"
+
+
 def child_import_path() -> list[str]:
     """The grader's own import path, for the child (a package installed on PYTHONPATH is found there too), less
     what the view replaces: the repository and anything in it but the Python environment."""
@@ -226,7 +238,8 @@ class Session:
         log = open(os.path.join(self.workdir, "output.log"), "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-I", "-c", _CHILD_BOOT, str(to_child_r), str(from_child_w), self.workdir,
-             str(self.memory), str(self.cpu), json.dumps({"view": str(view), "path": paths, "readable": readable})],
+             str(self.memory), str(self.cpu), json.dumps({"view": str(view), "path": paths, "readable": readable,
+                                                          "memory_kind": _memory_kind()})],
             pass_fds=(to_child_r, from_child_w), cwd=self.workdir, env=env, stdin=subprocess.DEVNULL,
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
@@ -344,6 +357,18 @@ class Session:
         self._exports[oid] = obj
         t = type(obj)
         return (oid, getattr(t, "__module__", ""), getattr(t, "__qualname__", t.__name__))
+
+    def begin_check(self) -> None:
+        """A check starts (`grader.harness.Week.exercise`); checks may nest."""
+        self._checks = getattr(self, "_checks", 0) + 1
+
+    def end_check(self) -> None:
+        """A check ended: the objects it handed the child (its models, spies, functions) are forgotten, so the
+        notebook's code cannot keep one and call it during another exercise's check (a model's attention function
+        kept from one check is another exercise's answer in the next)."""
+        self._checks = max(0, getattr(self, "_checks", 1) - 1)
+        if self._checks == 0:
+            self._exports.clear()
 
     def _budget_left(self) -> float:
         return self.budget - (time.monotonic() - self.started)
@@ -558,5 +583,5 @@ sys.path[:0] = [where["view"]] + [p for p in where["path"] if p not in sys.path]
 from grader import _sandbox
 sandbox = _sandbox.confine(workdir, cpu, where["readable"])
 from grader import child
-child._child_main(rfd, wfd, memory, sandbox)
+child._child_main(rfd, wfd, memory, sandbox, where["memory_kind"])
 """

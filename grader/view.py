@@ -433,7 +433,8 @@ def _allow_except(root: Path, excluded: list[Path]) -> list[tuple[str, str]]:
 
 
 def readable_paths(view: Path, extra: list[str] = ()) -> list[tuple[str, str]]:
-    """Every path beneath which the child may read (("read" or "list", path): see `_allow_except`): the view, the
+    """Every path beneath which the child may read (("read" or "list", path): see `_allow_except`; ("device",
+    path): a GPU's device file, also opened for writing): the view, the
     Python environment (and `extra`, the grader's other import paths) minus the denied packages, the system's
     shared folders — never the repository, /tmp, or the home folders."""
     excluded = [REPO_ROOT.resolve(), Path(tempfile.gettempdir()).resolve(), Path.home().resolve()]
@@ -448,6 +449,10 @@ def readable_paths(view: Path, extra: list[str] = ()) -> list[tuple[str, str]]:
     for root in [*map(Path, SYSTEM_PATHS), *_python_paths(), *on_path]:
         if root.exists():
             rules += _allow_except(root.resolve(), excluded)
+    # A GPU's device files are opened read-write by CUDA's (or ROCm's) initialisation: without this, a confined
+    # child on a GPU machine dies at its first CUDA tensor (writes are otherwise allowed only in its own folder)
+    rules += [("device", str(p)) for pattern in ("nvidia*", "dri/*", "kfd") for p in Path("/dev").glob(pattern)
+              if p.is_char_device()]
     return sorted(set(rules) | {("read", str(view))})
 
 

@@ -20,7 +20,7 @@ can follow — each one is a line below, and `benchmarks/decode.py --profile` sh
    on the matrix units; logits are then only approximately equal (the benchmark reports the error).
 6. Optional **`torch.compile`** of the per-layer step (`compile=True`); its compile time is reported by the
    benchmark, and it is off by default because on 2 cores it costs a student more than it saves.
-7. **Weights in the matmul library's own layout** (`packed=True`, the default for fp32 on CPU without compile). `F.linear` on a
+7. **Weights in the matmul library's own layout** (`packed=True`: chosen by measuring, below). `F.linear` on a
    plain `[out, in]` weight with 2–8 rows of input costs about as much as that many one-row calls here (MKL
    runs a matrix-vector product per row: measured 25 ms for 2 rows against 11.5 ms for 1 on SmolLM2's
    output layer), so the weights would be read from memory once per row. Reordering each weight once at load
@@ -28,6 +28,15 @@ can follow — each one is a line below, and `benchmarks/decode.py --profile` sh
    CPU weight freezing takes) reads them once for every small batch: 1 row ≈ 2 rows ≈ 4 rows. That is what
    makes verifying draft tokens (week 18) and decoding a batch (week 19) cost nearly one step, as the
    roofline says it should. `benchmarks/decode.py --matmul` measures both layouts side by side.
+   **Which layout is faster depends on the CPU**: on an AMD EPYC (AVX-512) the packed kernels decoded SmolLM2 at
+   2.1x plain `F.linear`; on an Intel Xeon with AMX, plain was 1.23x faster. So with `packed=None` (the default)
+   `FastLlama` times one decode step's weight matmuls both ways, with the model's own weights, at 1 and 4 rows,
+   once per machine (`choose_packing`), keeps the faster, and remembers the choice in
+   `data/cache/fast_kernels.json` (keyed by CPU model, torch version, thread count and the model's shapes);
+   `INFERENCE_LAB_FAST_KERNEL=packed|plain|measure` overrides (measure: time again). Models under 64 MB of weights
+   (the tests' tiny ones: they sit in the CPU's cache, where timing says nothing about decode) stay packed, and so
+   does a model built while other work keeps the cores busy (timed under load, oneDNN's threads wait on the
+   others: a loaded run once measured packed 9x slower than plain on a machine where it is 2x faster).
 
 `pack_linears(model)` gives the readable `lib.model` item 7 alone, in place: its `nn.Linear`s multiply with packed
 weights, and the model's code (and a student's attention or cache plugged into it) is unchanged.
@@ -37,7 +46,10 @@ The call contract is the model's: `fast(input_ids [B, T], cache=None) -> logits 
 """
 from __future__ import annotations
 
+import json
 import math
+import os
+import time
 
 import torch
 import torch.nn as nn
@@ -122,6 +134,99 @@ def pack_linears(model):
     return model
 
 
+_MATRICES = ("wqkv", "wo", "w_gate_up", "w_down")  # a layer's weights a matmul reads
+MEASURE_MIN_BYTES = 64 << 20  # below this much weight a model sits in the CPU's caches: no layout is measured
+
+
+def _machine() -> str:
+    """The CPU's model name (the cache key's first part: a layout's speed is a property of the CPU class)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def _best_time(fn, repeats: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def choose_packing(weights: list[torch.Tensor], cache_file=None, repeats: int = 5) -> tuple[bool, str]:
+    """(packed, why): whether one decode step's weight matmuls (`weights`, each [out, in] fp32) run faster packed
+    (item 7) or plain on this CPU, at 1 row (a decode step) and 4 rows (a verify or a small batch), summed.
+    Measured once per machine, model shapes and thread count, and remembered in `cache_file`
+    (`data/cache/fast_kernels.json`); `INFERENCE_LAB_FAST_KERNEL=packed|plain|measure` overrides."""
+    forced = os.environ.get("INFERENCE_LAB_FAST_KERNEL", "")
+    if forced in ("packed", "plain"):
+        return forced == "packed", f"INFERENCE_LAB_FAST_KERNEL={forced}"
+    nbytes = sum(w.numel() * w.element_size() for w in weights)
+    if nbytes < MEASURE_MIN_BYTES:
+        return True, f"packed: {nbytes >> 20} MB of weights sit in the CPU's caches, too small to measure the layouts"
+    shapes = sorted({tuple(w.shape) for w in weights})
+    key = f"{_machine()} | torch {torch.__version__} | {torch.get_num_threads()} threads | {len(weights)} x {shapes}"
+    if cache_file is None:
+        from lib import paths
+
+        cache_file = paths.CACHE_DIR / "fast_kernels.json"
+    try:
+        known = json.loads(open(cache_file).read())
+    except (OSError, ValueError):
+        known = {}
+    if forced != "measure" and isinstance(known.get(key), dict) and "packed" in known[key]:
+        got = known[key]
+        return bool(got["packed"]), (f"{'packed' if got['packed'] else 'plain'}: measured on this machine "
+                                     f"{got.get('when', '')}: plain {got['plain_ms']:.1f} ms, packed "
+                                     f"{got['packed_ms']:.1f} ms (one step at 1 and 4 rows)")
+    try:
+        load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    except OSError:
+        load, cores = 0.0, os.cpu_count() or 1
+    if forced != "measure" and load > max(0.5, cores - torch.get_num_threads() + 0.5):
+        return True, (f"packed (the default), not measured: load average {load:.1f} on {cores} cores; the layouts "
+                      f"are timed, and the choice remembered, when the machine is quieter")
+    packed = [pack_weight(w) for w in weights]
+    d_in = {w.shape[1] for w in weights}
+    xs = {(rows, d): torch.randn(rows, d, dtype=weights[0].dtype, device=weights[0].device)
+          for rows in (1, 4) for d in d_in}
+
+    def plain_step(rows):
+        with torch.inference_mode():
+            for w in weights:
+                F.linear(xs[(rows, w.shape[1])], w)
+
+    def packed_step(rows):
+        with torch.inference_mode():
+            for w, p in zip(weights, packed):
+                packed_linear(xs[(rows, w.shape[1])], p)
+
+    plain_s = sum(_best_time(lambda r=r: plain_step(r), repeats) for r in (1, 4))
+    packed_s = sum(_best_time(lambda r=r: packed_step(r), repeats) for r in (1, 4))
+    choice = packed_s < plain_s
+    known[key] = {"packed": choice, "plain_ms": plain_s * 1e3, "packed_ms": packed_s * 1e3,
+                  "when": time.strftime("%Y-%m-%d")}
+    try:
+        os.makedirs(os.path.dirname(str(cache_file)), exist_ok=True)
+        tmp = f"{cache_file}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(known, f, indent=1, sort_keys=True)
+        os.replace(tmp, cache_file)
+    except OSError:
+        pass  # a read-only data folder: measured again next time
+    return choice, (f"{'packed' if choice else 'plain'}: measured now: plain {plain_s * 1e3:.1f} ms, packed "
+                    f"{packed_s * 1e3:.1f} ms (one step at 1 and 4 rows)")
+
+
 class FastLlama:
     """A fused, inference-only view of a `lib.model.LlamaModel` (the weights are copied once, concatenated)."""
 
@@ -130,30 +235,40 @@ class FastLlama:
         self.config = cfg
         self.dtype = dtype if dtype is not None else model.embed.weight.dtype
         dev = model.embed.weight.device
+        measure = packed is None and can_pack(dev, self.dtype) and not compile
         if packed is None:  # inductor cannot lower the packed op (torch 2.13): compiled code packs on its own
-            packed = can_pack(dev, self.dtype) and not compile
+            packed = measure
+            self.packing = ("packed: the default where oneDNN can pack" if packed else
+                            "plain: " + ("torch.compile packs on its own" if compile else f"{self.dtype} on {dev}"))
         elif packed and not can_pack(dev, self.dtype):
             raise ValueError(f"packed=True needs float32 weights on a CPU with oneDNN; got {self.dtype} on {dev} "
                              f"(pass packed=False or leave it unset to choose automatically)")
         elif packed and compile:
             raise ValueError("packed=True cannot be combined with compile=True (torch.compile cannot lower the "
                              "packed matmul); leave packed unset")
-        self.packed = packed
+        else:
+            self.packing = f"{'packed' if packed else 'plain'}: asked for"
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         cast = lambda w: w.detach().to(device=dev, dtype=self.dtype).contiguous()  # noqa: E731
-        mat = (lambda w: pack_weight(cast(w))) if packed else cast  # a weight a matmul reads
         self.embed = cast(model.embed.weight)  # [vocab, d_model], looked up by row: stays plain
-        self.lm_head = mat(model.embed.weight if model.lm_head is None else model.lm_head.weight)
+        self.lm_head = cast(model.embed.weight if model.lm_head is None else model.lm_head.weight)
         self.layers = []
         for blk in model.layers:
             a, m = blk.attn, blk.mlp
             self.layers.append(dict(
                 attn_norm=cast(blk.attn_norm.weight), mlp_norm=cast(blk.mlp_norm.weight),
-                wqkv=mat(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])),  # [(H+2Hkv)d, D]
-                wo=mat(a.o_proj.weight),
-                w_gate_up=mat(torch.cat([m.gate_proj.weight, m.up_proj.weight])),  # [2 d_ff, D]
-                w_down=mat(m.down_proj.weight),
+                wqkv=cast(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])),  # [(H+2Hkv)d, D]
+                wo=cast(a.o_proj.weight),
+                w_gate_up=cast(torch.cat([m.gate_proj.weight, m.up_proj.weight])),  # [2 d_ff, D]
+                w_down=cast(m.down_proj.weight),
             ))
+        if measure:  # which layout decodes faster on this CPU, with the model's own weights (choose_packing)
+            packed, self.packing = choose_packing([lw[k] for lw in self.layers for k in _MATRICES])
+        self.packed = packed
+        if packed:  # the weights a matmul reads, in oneDNN's layout
+            self.lm_head = pack_weight(self.lm_head)
+            for lw in self.layers:
+                lw.update({k: pack_weight(lw[k]) for k in _MATRICES})
         self.norm = cast(model.norm.weight)
         self.eps = cfg.norm_eps
         # RoPE for every position, once: [max_seq_len, head_dim] (4 MB for SmolLM2).

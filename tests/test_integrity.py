@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import inspect
 import json
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -423,3 +424,116 @@ def test_collect_refuses_unusable_names_and_collisions(tmp_path, capsys):
     submitted = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.ipynb") if "submitted" in p.parts)
     assert submitted == ["grader/submitted/grace/16/week16_kv_cache.ipynb"]
     assert not (root / "grader" / "week16_kv_cache.ipynb").exists() and not (tmp_path / "16").exists()
+
+
+# --- the child on a CUDA machine (issue: correct code "exited with status 1" there) -----------------------------
+
+_RESERVE = '''
+import mmap, ctypes
+
+def reserve(gib, touch_gib=0):
+    """What CUDA's initialisation does: reserve address space it does not touch (PROT_NONE); then allocate."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    MAP_PRIVATE, MAP_ANONYMOUS, MAP_NORESERVE = 0x02, 0x20, 0x4000
+    addr = libc.mmap(None, gib << 30, 0, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
+    reserved = addr not in (None, ctypes.c_void_p(-1).value)
+    try:
+        held = bytearray(touch_gib << 30) if touch_gib else None
+        allocated = True
+    except MemoryError:
+        allocated = False
+    return reserved, allocated
+'''
+
+
+@pytest.mark.parametrize("kind", ["as", "data"])
+def test_the_memory_limit_lets_cuda_reserve_its_address_space(tmp_path, monkeypatch, kind):
+    """CUDA's initialisation reserves tens of GiB of address space (PROT_NONE) it never touches. Under the address-
+    space limit (RLIMIT_AS, the CPU default) that reservation is refused — the child died at its first CUDA tensor
+    on a GPU machine. Where CUDA is present the child is limited by data instead (RLIMIT_DATA): the reservation
+    passes, and allocating beyond the allowance still fails."""
+    from grader.isolation import Session
+
+    monkeypatch.setenv("INFERENCE_LAB_MEMORY_LIMIT", kind)
+    nb = tmp_path / "week16_kv_cache.ipynb"
+    nb.write_text("{}")
+    session = Session(nb, memory=1 << 30)
+    try:
+        session.load([(0, "reserve", _RESERVE)])
+        reserved, allocated = session.get("reserve")(64, 0)
+        assert reserved is (kind == "data"), f"{kind}: a 64 GiB PROT_NONE reservation {'passed' if reserved else 'failed'}"
+        _, allocated = session.get("reserve")(0, 2)
+        assert not allocated, f"{kind}: 2 GiB allocated with 1 GiB allowed"
+    finally:
+        session.close()
+
+
+def test_an_object_of_one_check_cannot_be_kept_for_another(tmp_path):
+    """A check hands the child a model whose attention function is another exercise's answer (week 16's
+    pool_kv_heads check: `model.attention_fn` is lib's gqa_attention). Kept in a global and called during the
+    next check, it would compute that exercise for the student: at each check's end its objects are forgotten."""
+    from grader.isolation import Session, StudentCrash
+    from lib.model import tiny_model
+
+    nb = tmp_path / "week16_kv_cache.ipynb"
+    nb.write_text("{}")
+    source = '''
+_kept = []
+
+def keep(model):
+    _kept.append(model.attention_fn)
+    return "kept"
+
+def use(q, k, v):
+    return _kept[0](q, k, v, causal=True)
+'''
+    session = Session(nb)
+    try:
+        session.load([(0, "keep", source)])
+        keep, use = session.get("keep"), session.get("use")
+        q = torch.randn(1, 4, 5, 8)
+        k = v = torch.randn(1, 2, 5, 8)
+        session.begin_check()
+        assert keep(tiny_model()) == "kept"
+        assert use(q, k, v).shape == (1, 4, 5, 8)  # within the check that handed it over: allowed
+        session.end_check()
+        session.begin_check()
+        with pytest.raises(StudentCrash):
+            use(q, k, v)
+        session.end_check()
+    finally:
+        session.close()
+
+
+def test_device_files_are_writable_only_where_a_gpu_needs_them(tmp_path):
+    """Writes are confined to the child's folder and /dev/null: any other device file opened for writing is refused
+    (as a GPU's would be, and CUDA's initialisation opens /dev/nvidia* read-write); the rules add a GPU's device
+    files where they exist."""
+    from grader import view
+    from grader.isolation import Session
+
+    nb = tmp_path / "week16_kv_cache.ipynb"
+    nb.write_text("{}")
+    session = Session(nb)
+    try:
+        session.load([(0, "probe", '''
+def probe():
+    out = {}
+    for path in ("/dev/null", "/dev/zero"):
+        try:
+            open(path, "wb").close()
+            out[path] = "opened"
+        except OSError as e:
+            out[path] = type(e).__name__
+    return out
+''')])
+        if "reads only" not in session.sandbox:
+            pytest.skip(f"no Landlock here: {session.sandbox}")
+        assert session.get("probe")() == {"/dev/null": "opened", "/dev/zero": "PermissionError"}
+    finally:
+        session.close()
+    devices = [p for kind, p in view.readable_paths(Path(tempfile.mkdtemp())) if kind == "device"]
+    assert sorted(devices) == sorted(str(p) for pat in ("nvidia*", "dri/*", "kfd") for p in Path("/dev").glob(pat)
+                                     if p.is_char_device())

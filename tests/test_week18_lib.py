@@ -370,7 +370,10 @@ def test_smollm2_fr_spec_int8_draft_is_exact_and_cheaper(smollm2):
     ids = tok("To be, or not to be, that is the question:", return_tensors="pt").input_ids
     stats = spec.SpecStats()
     assert torch.equal(spec.speculative_generate(model, draft, ids, 32, k=3, stats=stats), generate(model, ids, 32))
-    assert stats.acceptance_rate > 0.6
+    # An int8 copy of the target agrees with it most of the time (a random draft: 0.03-0.05). How often exactly
+    # depends on the int8 kernels' rounding, which differs by device and CPU class: 21/33 = 0.636 on an AMD EPYC
+    # (AVX-512 VNNI), 0.556 on an Intel Xeon with AMX and on an H100 (32 tokens, K = 3: a few dozen draws).
+    assert stats.acceptance_rate > 0.4, stats
 
 
 # --- a draft head reading the target's hidden state (lib.draft_head, EAGLE-style + FR-Spec) -----------------------
