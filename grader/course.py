@@ -365,7 +365,8 @@ def grade_one(week: str, student: str, root: str, timeout: float | None, fast: b
             os.environ["INFERENCE_LAB_CALL_TIMEOUT"] = str(timeout)
         before = shared_models_state()
         line = Course(root).autograde_safely(week, student, fast=fast)
-        if shared_models_state() != before:  # a backstop: the isolation refuses every change it knows of
+        if before and shared_models_state() != before:  # a backstop: the isolation refuses every change it knows of
+            # (`before` is empty when this submission's checks loaded the model: nothing to compare yet)
             forget_shared_models()
             why = (f"{student}'s code changed the checks' shared model (SmolLM2) in this worker; it was reloaded "
                    f"for the next submission — grade {student} by hand")

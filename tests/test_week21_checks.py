@@ -133,7 +133,7 @@ LOOP_ROUTES = {
                 out = super().run_once()
                 self.queue.extend(waiting)
                 return out
-        """, "at the next run_once"),
+        """, "at the next run_once|did not step the engine"),  # held back, or (seed 81109765) a step skipped
     "sends_eos": ("""
         class ServingLoop_sends_eos(ServingLoop):
             def __init__(self, engine, eos_token_id=None):
