@@ -386,6 +386,8 @@ class _Child:
                 guard = child.guard
                 root = child.current_root
 
+                watched_code, watched_c = guard.watched_code, guard.watched_c
+
                 def prof(frame, event, arg):
                     if event == "call":
                         code = frame.f_code
@@ -395,7 +397,10 @@ class _Child:
                             name = codes[code] = lib_name(code) if profile else None
                         if name is not None:
                             seen.add(name)
-                    guard.event(root, frame, event, arg)
+                        if code in watched_code:
+                            guard.event(root, frame, event, arg)
+                    elif event == "c_call" and id(arg) in watched_c:
+                        guard.event(root, frame, event, arg)
                 self.prof = prof
                 sys.setprofile(prof)
 

@@ -432,7 +432,18 @@ def _allow_except(root: Path, excluded: list[Path]) -> list[tuple[str, str]]:
     return out
 
 
+_READABLE: dict = {}
+
+
 def readable_paths(view: Path, extra: list[str] = ()) -> list[tuple[str, str]]:
+    """`_readable_paths`, once per process and arguments (a child starts for every exercise that crashed)."""
+    key = (str(view), tuple(extra))
+    if key not in _READABLE:
+        _READABLE[key] = _readable_paths(view, extra)
+    return _READABLE[key]
+
+
+def _readable_paths(view: Path, extra: list[str] = ()) -> list[tuple[str, str]]:
     """Every path beneath which the child may read (("read" or "list", path): see `_allow_except`; ("device",
     path): a GPU's device file, also opened for writing): the view, the
     Python environment (and `extra`, the grader's other import paths) minus the denied packages, the system's

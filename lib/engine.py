@@ -182,6 +182,15 @@ def schedule(running: list[dict], waiting: list[dict], free_blocks: int, block_s
 
 # --- the engine --------------------------------------------------------------------------------------
 
+class AdmissionError(ValueError):
+    """A request the engine can never run (`LLMEngine.admissible`): `field` is the part of the request at fault
+    ("prompt", "max_tokens", "n"), `code` OpenAI's error code where one fits."""
+
+    def __init__(self, message: str, field: str, code: str | None = None):
+        super().__init__(message)
+        self.field, self.code = field, code
+
+
 class LLMEngine:
     """Continuous batching of greedy requests on `model` (a `lib.model.LlamaModel`) over a paged KV cache.
 
@@ -246,6 +255,46 @@ class LLMEngine:
 
     # -- the request API ----------------------------------------------------------------------------
 
+    def admissible(self, prompt: Sequence[int], max_new_tokens: int, n: int = 1, temperature: float = 0.0) -> list[int]:
+        """The prompt as a list of ints, if the engine can ever run this request; else an `AdmissionError` saying
+        why and naming the field at fault. The one admission rule: `add_request` applies it, and so does the
+        server (`lib.server`) before it answers a client, so the two never disagree."""
+        if n < 1 or temperature < 0:
+            raise AdmissionError(f"need n >= 1 and temperature >= 0; got n={n}, temperature={temperature}", "n")
+        if n > self.max_num_seqs:
+            raise AdmissionError(f"n={n} samples run at once, but the engine runs at most max_num_seqs="
+                                 f"{self.max_num_seqs} sequences", "n")
+        prompt = [int(t) for t in (prompt.tolist() if isinstance(prompt, torch.Tensor) else prompt)]
+        if not prompt:
+            raise AdmissionError("a request needs a prompt of at least one token", "prompt")
+        if max_new_tokens < 1:
+            raise AdmissionError(f"max_new_tokens must be >= 1, got {max_new_tokens}", "max_tokens")
+        bad = [t for t in prompt if not 0 <= t < self.config.vocab_size]
+        if bad:
+            raise AdmissionError(f"prompt token ids outside 0..{self.config.vocab_size - 1}: {bad[:5]}", "prompt")
+        total = len(prompt) + max_new_tokens
+        if total > self.config.max_seq_len:
+            raise AdmissionError(f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) = {total} exceeds the "
+                                 f"model's max_seq_len {self.config.max_seq_len}", "max_tokens",
+                                 "context_length_exceeded")
+        # The last token's K and V are never written. (With n samples, more than one sample's worth helps,
+        # but one is enough: samples that do not fit are preempted and run later.)
+        need = blocks_needed(total - 1, self.block_size)
+        if need > self.num_blocks:
+            raise AdmissionError(f"request can never fit: prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) "
+                                 f"- 1 = {total - 1} tokens need {need} KV blocks of {self.block_size}, and the whole "
+                                 f"pool has {self.num_blocks}. Give the engine more blocks or ask for fewer tokens.",
+                                 "max_tokens", "context_length_exceeded")
+        if not self.enable_chunked_prefill and total - 1 > self.max_num_batched_tokens:
+            # A preempted request is recomputed (prompt + output so far) in one step: without chunking, that
+            # must fit the token budget, or it could never be admitted again (vLLM asks the same of the
+            # model's maximum length).
+            raise AdmissionError(f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) - 1 = {total - 1} tokens "
+                                 f"exceed max_num_batched_tokens ({self.max_num_batched_tokens}) and chunked prefill "
+                                 f"is off: if preempted, the request could never be recomputed in one step",
+                                 "max_tokens", "context_length_exceeded")
+        return prompt
+
     def add_request(self, prompt: Sequence[int], max_new_tokens: int, request_id=None,
                     arrival: float | None = None, n: int = 1, temperature: float = 0.0, seed: int = 0):
         """Queue a request; returns its id. Raises ValueError at once for a request that can never run.
@@ -255,37 +304,7 @@ class LLMEngine:
         does). `n` > 1 is parallel sampling: the prompt is computed once, then `n - 1` more samples,
         with ids `(request_id, 1) … (request_id, n - 1)`, share its blocks (copy-on-write).
         """
-        if n < 1 or temperature < 0:
-            raise ValueError(f"need n >= 1 and temperature >= 0; got n={n}, temperature={temperature}")
-        if n > self.max_num_seqs:
-            raise ValueError(f"n={n} samples run at once, but the engine runs at most max_num_seqs="
-                             f"{self.max_num_seqs} sequences")
-        prompt = [int(t) for t in (prompt.tolist() if isinstance(prompt, torch.Tensor) else prompt)]
-        if not prompt:
-            raise ValueError("a request needs a prompt of at least one token")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        bad = [t for t in prompt if not 0 <= t < self.config.vocab_size]
-        if bad:
-            raise ValueError(f"prompt has token ids outside 0..{self.config.vocab_size - 1}: {bad[:5]}")
-        total = len(prompt) + max_new_tokens
-        if total > self.config.max_seq_len:
-            raise ValueError(f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) = {total} exceeds the "
-                             f"model's max_seq_len {self.config.max_seq_len}")
-        # The last token's K and V are never written. (With n samples, more than one sample's worth helps,
-        # but one is enough: samples that do not fit are preempted and run later.)
-        need = blocks_needed(total - 1, self.block_size)
-        if need > self.num_blocks:
-            raise ValueError(f"request can never fit: {total - 1} tokens need {need} blocks of {self.block_size}, "
-                             f"and the whole pool has {self.num_blocks}. Give the engine more blocks or ask for "
-                             f"fewer tokens.")
-        if not self.enable_chunked_prefill and total - 1 > self.max_num_batched_tokens:
-            # A preempted request is recomputed (prompt + output so far) in one step: without chunking, that
-            # must fit the token budget, or it could never be admitted again (vLLM asks the same of the
-            # model's maximum length).
-            raise ValueError(f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) - 1 = {total - 1} tokens "
-                             f"exceed max_num_batched_tokens ({self.max_num_batched_tokens}) and chunked prefill is "
-                             f"off: if preempted, the request could never be recomputed in one step")
+        prompt = self.admissible(prompt, max_new_tokens, n, temperature)
         if request_id is None:
             request_id = next(self._ids)
             while request_id in self.requests:

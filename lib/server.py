@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from lib.engine import LLMEngine
+from lib.engine import AdmissionError, LLMEngine
 from lib.serving import ServingLoop, TextStream, token_bytes
 
 
@@ -268,10 +268,6 @@ class Server:
             if isinstance(p, str):
                 prompt = self.tok(p).input_ids
             elif isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
-                bad = [t for t in p if not 0 <= t < self.engine.config.vocab_size]
-                if bad:
-                    raise RequestError(f"prompt token ids outside 0..{self.engine.config.vocab_size - 1}: {bad[:5]}",
-                                       param="prompt")
                 prompt = list(p)
             else:
                 raise RequestError("'prompt' must be a string or a non-empty list of token ids (one prompt per "
@@ -284,11 +280,11 @@ class Server:
                                param="messages" if chat else "prompt", code="context_length_exceeded")
         max_tokens = _int_field(body, "max_completion_tokens" if chat and "max_completion_tokens" in body
                                 else "max_tokens", min(16 if not chat else 256, room), 1, room)
-        need = -(-(len(prompt) + max_tokens - 1) // self.engine.block_size)
-        if need > self.engine.num_blocks:
-            raise RequestError(f"prompt ({len(prompt)}) + max_tokens ({max_tokens}) needs {need} KV blocks and the "
-                               f"server's whole pool has {self.engine.num_blocks}: ask for fewer tokens",
-                               param="max_tokens", code="context_length_exceeded")
+        try:  # the engine's own admission rule, so the server and the engine never disagree
+            prompt = self.engine.admissible(prompt, max_tokens)
+        except AdmissionError as e:
+            raise RequestError(str(e), param={"prompt": "messages" if chat else "prompt", "n": "n"}.get(e.field, "max_tokens"),
+                               code=e.code) from None
         stop = body.get("stop")
         stops = [stop] if isinstance(stop, str) else stop if stop is not None else []
         if not isinstance(stops, list) or len(stops) > 4 or not all(isinstance(s, str) and s for s in stops):

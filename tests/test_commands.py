@@ -189,6 +189,8 @@ def test_make_help_and_setup(scratch, repo):
     assert all(f"make {t}" in out for t in targets if t not in ("help", "clean-cache")), out
     run(scratch, repo, "make setup")  # installed already (the venv is linked): only verifies the model
     run(scratch, repo, ".venv/bin/python -m lib.fetch")
+    out = run(scratch, repo, "make lint")
+    assert "All checks passed" in out, out
 
 
 def test_the_model_snippet(scratch, repo):

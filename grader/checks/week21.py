@@ -163,16 +163,23 @@ def _workload(rng: random.Random, model):
         if generate(model, torch.tensor([sampled["prompt"]]), sampled["max_tokens"], temperature=1.5,
                     generator=gen)[0].tolist() != greedy:
             break
-    cancel = rng.sample(reqs[1:-1], 2)
+    reqs[1]["arrive"] = 1  # while req-0 runs (its eos comes at run 2): static batching would hold it back
+    cancel = rng.sample(reqs[2:-1], 2)
     cancel[0]["cancel"] = cancel[0]["arrive"] + rng.randint(1, 3)  # while it runs
     cancel[1]["cancel"] = cancel[1]["arrive"]  # in the same batch of messages as its submission
     for r in reqs:
         gen = torch.Generator().manual_seed(r["seed"]) if r["temperature"] else None
         r["alone"] = generate(model, torch.tensor([r["prompt"]]), r["max_tokens"], temperature=r["temperature"],
                               generator=gen)[0, len(r["prompt"]):].tolist()
-    # an end-of-sequence token that ends one greedy request early
+    # an end-of-sequence token that ends one greedy request early, at its third token: req-0 runs at runs 0 and 1
+    # (so req-1, arriving at run 1, meets a running batch), then ends on the eos at run 2
     r0 = reqs[0]
-    eos = r0["alone"][min(2, len(r0["alone"]) - 1)]
+    for _ in range(200):
+        if r0["alone"][2] not in r0["alone"][:2]:
+            break
+        r0["prompt"] = [rng.randrange(3, vocab) for _ in range(rng.randint(2, 10))]
+        r0["alone"] = generate(model, torch.tensor([r0["prompt"]]), r0["max_tokens"])[0, len(r0["prompt"]):].tolist()
+    eos = r0["alone"][2]
     too_big = {"id": "too-big", "prompt": [rng.randrange(3, vocab) for _ in range(POOL_BLOCKS * BLOCK + 1)], "max_tokens": 8,
                "temperature": 0.0, "seed": 0, "arrive": rng.randint(1, 4), "cancel": None, "alone": None}
     return reqs + [too_big], eos
