@@ -190,7 +190,7 @@ def choose_packing(weights: list[torch.Tensor], cache_file=None, repeats: int = 
                                      f"{got['packed_ms']:.1f} ms (one step at 1 and 4 rows)")
     try:
         load, cores = os.getloadavg()[0], os.cpu_count() or 1
-    except OSError:
+    except (OSError, AttributeError):  # no load average (Windows): measure
         load, cores = 0.0, os.cpu_count() or 1
     if forced != "measure" and load > max(0.5, cores - torch.get_num_threads() + 0.5):
         return True, (f"packed (the default), not measured: load average {load:.1f} on {cores} cores; the layouts "

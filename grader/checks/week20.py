@@ -277,34 +277,72 @@ def check_dequantize_q4_k(dequantize_q4_k) -> None:
     _check_dequantizer(dequantize_q4_k, "Q4_K", "dequantize_q4_k", 600)
 
 
-# lib.quant's searched Q4_K has RMSE 0.920x Q4_1's on Gaussian tensors (a plain min/max Q4_K: 1.002x). The
-# solution's search (float64, its own code) vs lib's over 200 seeds: Gaussian [16, 1024] 1.0000 (identical);
-# heavy-tailed [16, 2048] 1.0001 ± 0.0014, max 1.008 — there a float detail can flip a sub-block's choice
-# and with it the super-block's d. Allowed: 1 % of lib's, 3 % on the heavy-tailed case; and 0.95x Q4_1 on
-# Gaussian data.
+# lib.quant's searched Q4_K has RMSE 0.920x Q4_1's on Gaussian tensors (a plain min/max Q4_K: 1.002x).
+# Every comparison with lib leaves out the super-blocks with a tie in the search (`_tied_super_blocks`: 1.4 %
+# of the heavy-tailed case's on average, up to 4.7 %; about none elsewhere). With them in, the solution's
+# weighted error on the heavy-tailed case ranged 0.987-1.024x lib's over 300 seeds (one tie flipping d moves
+# the total by up to 2 %: a fresh-clone CI run failed at 1.0085x); without them it is 1.00000 on all four cases.
+# A float32 port of the solution (every sum in float32) over 1,000-2,000 seeds: Gaussian weighted 1.0012x at
+# most, RMSE 1.0007x; heavy-tailed weighted up to 1.0185x (float32 refits lose digits to the 50x outliers),
+# RMSE 1.0032x. An unweighted least-squares search (the wrong objective, a lower RMSE): Gaussian weighted
+# 1.008-1.031x over 300 seeds (so the Gaussian case rejects it every time), heavy-tailed 1.00-1.24x.
 Q4_K_RMSE_VS_LIB = 1.01
 Q4_K_RMSE_VS_LIB_HEAVY = 1.03
 Q4_K_RMSE_VS_Q4_1 = 0.95
-# The weighted error the search minimizes: the solution equals lib's (1.00000 over 8 seeds of _cases), an
-# unweighted least-squares search is 1.013x or more on Gaussian rows and 1.008x or more on heavy-tailed ones.
 Q4_K_WEIGHTED_VS_LIB = 1.005
+Q4_K_WEIGHTED_VS_LIB_HEAVY = 1.05
 
 
-def _weighted_error(decoded, x) -> float:
-    """Σ w (x̂ − x)² with the search's weights w = sqrt(mean x²) + |x| per sub-block of 32 (`lib.qformats`)."""
+def _weighted_error(decoded, x, keep=None) -> float:
+    """Σ w (x̂ − x)² with the search's weights w = sqrt(mean x²) + |x| per sub-block of 32 (`lib.qformats`),
+    over the super-blocks of 256 where `keep [n // 256]` (default all)."""
     sub = np.asarray(x, np.float64).reshape(-1, 8, 32)
     w = ref.default_weights(sub)
-    return float((w * (np.asarray(decoded, np.float64).reshape(sub.shape) - sub) ** 2).sum())
+    err = (w * (np.asarray(decoded, np.float64).reshape(sub.shape) - sub) ** 2).sum(axis=(1, 2))
+    return float(err.sum() if keep is None else err[keep].sum())
 
 
-def _rmse(a, b):
-    return float(np.sqrt(np.mean((np.asarray(a, np.float64) - b) ** 2)))
+def _tied_super_blocks(x) -> np.ndarray:
+    """bool [n // 256]: super-blocks in which some sub-block's search has a tie, two candidates with different
+    (scale, min) whose weighted errors agree to 1e-6 (float32's precision). It happens in real arithmetic, not just in floats: a
+    sub-block of an outlier and weights that all round to one code is fitted exactly by two codes for several
+    candidates. Which one a search keeps is a float detail, and through d = max scale / 63 it moves the whole
+    super-block's error by a percent or more — so the weighted comparison leaves these super-blocks out."""
+    sub = np.asarray(x, np.float64).reshape(-1, 8, 32)
+    w = ref.default_weights(sub)
+    lo = np.minimum(sub.min(-1), 0.0)
+    span = sub.max(-1) - lo
+    span = np.where(span > 0, span, 1.0)
+    found = [(span / 15, -lo, np.clip(ref.nearest_int((sub - lo[..., None]) * (15 / span)[..., None]), 0, 15))]
+    for off in ref.AFFINE_OFFSETS:
+        q = np.clip(ref.nearest_int((sub - lo[..., None]) * ((15 + off) / span)[..., None]), 0, 15)
+        scale, offset = ref.weighted_affine_fit(sub, w, q)
+        clamp = offset > 0
+        scale = np.where(clamp, (w * q * sub).sum(-1) / np.maximum((w * q * q).sum(-1), 1e-300), scale)
+        found.append((scale, np.where(clamp, 0.0, -offset), q))
+    scales = np.stack([f[0] for f in found])  # [candidates, n, 8]
+    mins = np.stack([f[1] for f in found])
+    errs = np.stack([(w * (s[..., None] * q - m[..., None] - sub) ** 2).sum(-1) for s, m, q in found])
+    errs = np.where(scales > 0, errs, np.inf)
+    near = errs <= errs.min(axis=0) * (1 + 1e-6) + 1e-300  # float32's precision: a float32 search cannot tell
+    def spread(v):
+        return np.where(near, v, -np.inf).max(axis=0) - np.where(near, v, np.inf).min(axis=0)
+    tied = (spread(scales) > 1e-7 * np.abs(scales).max(axis=0)) | (spread(mins) > 1e-7 * np.abs(mins).max(axis=0))
+    return tied.any(axis=1)
+
+
+def _rmse(a, b, keep=None):
+    """RMSE of `a` against `b`; with `keep [n // 256]`, over those super-blocks of 256 only."""
+    sq = ((np.asarray(a, np.float64) - b) ** 2).reshape(-1, 256)
+    return float(np.sqrt(np.mean(sq if keep is None else sq[keep])))
 
 
 @WEEK.exercise(7, "quantize_q4_k", section=SECTION_K)
 def check_quantize_q4_k(quantize_q4_k) -> None:
-    """Bytes that gguf-py decodes as Q4_K to weights within 1 % of lib.quant's searched Q4_K (RMSE) on random,
-    heavy-tailed and real SmolLM2 rows, and below 0.95x Q4_1's RMSE on Gaussian ones (min/max gets 1.00x)."""
+    """Bytes that gguf-py decodes as Q4_K to weights within 1 % of lib.quant's searched Q4_K (RMSE; 3 % on
+    heavy-tailed rows) and within 0.5 % of its weighted error (5 % heavy-tailed) on random, heavy-tailed and real
+    SmolLM2 rows — over the super-blocks whose search has no tie — and below 0.95x Q4_1's RMSE on Gaussian ones
+    (min/max gets 1.00x)."""
     for desc, x in _cases(256, 700):
         what = f"quantize_q4_k on {desc}"
         got = _np(_run(quantize_q4_k, x.copy(), what=what), what)
@@ -314,24 +352,27 @@ def check_quantize_q4_k(quantize_q4_k) -> None:
         with np.errstate(all="ignore"):
             decoded = _oracle_dequantize(got, "Q4_K")
         assert np.isfinite(decoded).all(), f"{what}: gguf-py decodes NaN or inf from your blocks (d or dmin?) {seed_note()}"
-        rmse = _rmse(decoded, x)
+        keep = ~_tied_super_blocks(x)
+        rmse = _rmse(decoded, x, keep)
         lib_decoded = ref.dequantize(ref.quantize(x, "Q4_K"), "Q4_K")
-        lib_rmse = _rmse(lib_decoded, x)
+        lib_rmse = _rmse(lib_decoded, x, keep)
         if desc.startswith("random normal"):
             q4_1 = _rmse(_oracle_dequantize(_oracle_quantize(x, "Q4_1"), "Q4_1"), x)
             assert rmse <= Q4_K_RMSE_VS_Q4_1 * q4_1, (
                 f"{what}: RMSE {rmse:.4g} is {rmse / q4_1:.3f}x Q4_1's ({q4_1:.4g}); the scale search gets "
                 f"{lib_rmse / q4_1:.3f}x and a per-sub-block min/max about 1.00x. Search the 21 candidate scales, refit "
                 f"(s, m) by weighted least squares on each one's codes, keep the smallest weighted error {seed_note()}")
-        werr, lib_werr = _weighted_error(decoded, x), _weighted_error(lib_decoded, x)
-        assert werr <= Q4_K_WEIGHTED_VS_LIB * lib_werr + 1e-12, (
+        werr, lib_werr = _weighted_error(decoded, x, keep), _weighted_error(lib_decoded, x, keep)
+        where = f"over the {keep.sum()} of {keep.size} super-blocks whose search has no tie"
+        allowed = Q4_K_WEIGHTED_VS_LIB_HEAVY if desc.startswith("heavy") else Q4_K_WEIGHTED_VS_LIB
+        assert werr <= allowed * lib_werr + 1e-12, (
             f"{what}: the weighted error Σ w (x̂ − x)², w = sqrt(mean x²) + |x| per sub-block of 32 (what the search "
-            f"minimizes), is {werr / lib_werr:.4f}x lib.quant's search's (allowed {Q4_K_WEIGHTED_VS_LIB}x; an unweighted "
+            f"minimizes), {where}, is {werr / lib_werr:.4f}x lib.quant's search's (allowed {allowed}x; an unweighted "
             f"least-squares search gets about 1.01-1.04x while lowering the plain RMSE): weight the candidates' errors "
             f"and the refit by w {seed_note()}")
         bound = Q4_K_RMSE_VS_LIB_HEAVY if desc.startswith("heavy") else Q4_K_RMSE_VS_LIB
         assert rmse <= bound * lib_rmse + 1e-12, (
-            f"{what}: gguf-py decodes your blocks with RMSE {rmse:.4g}; lib.quant's search gets {lib_rmse:.4g} (allowed "
+            f"{what}: gguf-py decodes your blocks with RMSE {rmse:.4g} {where}; lib.quant's search gets {lib_rmse:.4g} (allowed "
             f"{bound}x). Check the weights sqrt(mean x²) + |x|, the least-squares refit (with m clamped at "
             f"0), the 6-bit packing (sub-block 2j in the low nibbles, 2j+1 in the high nibbles) {seed_note()}")
 
