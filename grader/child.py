@@ -322,6 +322,7 @@ class _Child:
             from grader.observe import observe, to_wire
 
             call_args, kwargs = args
+            reads = kwargs.pop("_observe_reads", ())  # the observation's option, not the function's
             before = self._snapshot(call_args, kwargs)
             again = _Rerun(target, call_args, kwargs)
             import grader.observe
@@ -330,7 +331,7 @@ class _Child:
             grader.observe.EVENT_HOOK = lambda frame, event, arg: self.guard.event(root, frame, event, arg)
             try:
                 with self.watch(profile=False):
-                    result, obs = observe(target, *call_args, **kwargs)
+                    result, obs = observe(target, *call_args, _observe_reads=reads, **kwargs)
             finally:
                 grader.observe.EVENT_HOOK = None
             if obs.ops.get(grader.observe.WATCH_REMOVED):

@@ -28,6 +28,14 @@ class Observation:
     peak_bytes: int = 0
     lib_calls: set = field(default_factory=set)
     reductions: list = field(default_factory=list)  # (op name, input shape, reduced extent) of every reduction
+    reads: dict = field(default_factory=dict)  # argument position -> [mean reads of each slice along its dim 0]
+
+    def reads_of(self, position: int) -> list[float]:
+        """For the tensor argument at `position` (asked for with `observe(..., _observe_reads=(position,))`): how
+        many times each slice along its first dimension (a block of a pool, say) was read, as the mean over the
+        slice's elements of the number of ops that read each element (views read nothing; an indexing op reads
+        what it gathers; any other op reads each element of its view once)."""
+        return list(self.reads.get(position, []))
 
     def called(self, *prefixes: str) -> list[str]:
         """The aten ops called whose names start with any of `prefixes` (e.g. "aten._scaled_dot_product")."""
@@ -121,13 +129,70 @@ def _span_end(t: torch.Tensor) -> int:
     return (last + 1) * t.element_size()
 
 
+_INDEXING = {"aten.index", "aten._unsafe_index", "aten.index_select", "aten.gather", "aten.take", "aten.embedding"}
+
+
+class _ReadCounter:
+    """How many ops read each element of one tensor's storage: `counts[i]` for storage element i."""
+
+    def __init__(self, t: torch.Tensor):
+        n = t.untyped_storage().nbytes() // t.element_size()
+        self.tensor = t
+        self.addresses = torch.arange(n, device=t.device)  # a view of this at t's strides gives the elements it covers
+        self.counts = torch.zeros(n, dtype=torch.int32, device=t.device)
+
+    def note(self, func, name: str, args, kwargs, view: torch.Tensor, position) -> None:
+        addr = self.addresses.as_strided(view.shape, view.stride(), view.storage_offset())
+        if name in _INDEXING:  # what the op gathers: the same op on the addresses
+            args, kwargs = list(args), dict(kwargs or {})
+            if isinstance(position, int):
+                args[position] = addr
+            else:
+                kwargs[position] = addr
+            if "out" in kwargs:  # the gather into a buffer: the same gather, returned
+                del kwargs["out"]
+                func = func.overloadpacket
+            addr = func(*args, **kwargs)
+        read = addr.reshape(-1).unique()
+        self.counts.index_add_(0, read, torch.ones_like(read, dtype=torch.int32))
+
+    def per_slice(self) -> list[float]:
+        t = self.tensor
+        if t.dim() == 0 or t.numel() == 0:
+            return []
+        counts = self.counts.as_strided(t.shape, t.stride(), t.storage_offset())
+        return [float(x) for x in counts.reshape(t.shape[0], -1).float().mean(dim=1).cpu()]
+
+
 class _OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
-    def __init__(self, obs: Observation, inputs: set[int] = frozenset()):
+    def __init__(self, obs: Observation, inputs: set[int] = frozenset(), counted: dict | None = None):
         super().__init__()
         self.obs = obs
         self.inputs = inputs  # data pointers of the observed call's tensor arguments' storages
         self.fresh: set[int] = set()  # storages that ops made during the call
         self.premade: dict[int, int] = {}  # storage made before the call -> high-water mark of the bytes written
+        self.counted = counted or {}  # data pointer -> _ReadCounter of an argument whose reads are counted
+
+    def _note_reads(self, func, name, args, kwargs) -> None:
+        schema = getattr(func, "_schema", None)
+        if schema is None or any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns):
+            return  # a view reads nothing
+        written = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+        named = [a.name for a in schema.arguments]
+        slots = list(enumerate(args)) + list((kwargs or {}).items())
+        for position, v in slots:
+            if (named[position] if isinstance(position, int) and position < len(named) else position) in written:
+                continue  # the destination of a copy or an in-place op
+            if isinstance(v, torch.Tensor) and v.device.type != "meta" and v.numel():
+                counter = self.counted.get(v.untyped_storage().data_ptr())
+                if counter is not None:
+                    counter.note(func, name, args, kwargs, v, position)
+            elif isinstance(v, (list, tuple)):  # cat, stack: each tensor read whole
+                for t in v:
+                    if isinstance(t, torch.Tensor) and t.device.type != "meta" and t.numel():
+                        counter = self.counted.get(t.untyped_storage().data_ptr())
+                        if counter is not None:
+                            counter.note(func, "", (), {}, t, None)
 
     def _note_storages(self, func, args, kwargs, result) -> None:
         """Remember the storages this op made; note writes into storages made before the call."""
@@ -175,6 +240,9 @@ class _OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
             extent = _reduced_extent(args, kwargs)
             if extent is not None:
                 self.obs.reductions.append((name, tuple(args[0].shape), extent))
+        if self.counted:
+            with torch.utils._python_dispatch._disable_current_modes():
+                self._note_reads(func, name, args, kwargs)
         result = func(*args, **(kwargs or {}))
         self._note_storages(func, args, kwargs, result)
         return result
@@ -199,6 +267,7 @@ def observe(fn, *args, **kwargs):
     remote = getattr(fn, "__observe__", None)
     if remote is not None:
         return remote(args, kwargs)
+    read_positions = tuple(kwargs.pop("_observe_reads", ()))
     from torch.utils.flop_counter import FlopCounterMode
 
     from lib.io_model import TensorMemoryMeter
@@ -224,7 +293,11 @@ def observe(fn, *args, **kwargs):
     meter = TensorMemoryMeter()
     previous = sys.getprofile()
     sys.setprofile(profile)
-    recorder = _OpRecorder(obs, _storages(args, kwargs))
+    counted = {}
+    for i in read_positions:
+        if isinstance(args[i], torch.Tensor) and args[i].device.type != "meta":
+            counted[args[i].untyped_storage().data_ptr()] = _ReadCounter(args[i])
+    recorder = _OpRecorder(obs, _storages(args, kwargs), counted)
     try:
         with flops, meter, recorder:
             result = fn(*args, **kwargs)
@@ -237,6 +310,8 @@ def observe(fn, *args, **kwargs):
     obs.flops = int(flops.get_total_flops())
     obs.peak_bytes = int(meter.peak)
     obs.lib_calls = seen
+    obs.reads = {i: counted[args[i].untyped_storage().data_ptr()].per_slice() for i in read_positions
+                 if args[i].untyped_storage().data_ptr() in counted}
     return result, obs
 
 
@@ -244,7 +319,8 @@ def to_wire(obs: Observation) -> dict:
     """An observation as plain data (what the child sends)."""
     return {"ops": dict(obs.ops), "matmuls": [tuple(map(tuple, m)) for m in obs.matmuls], "flops": int(obs.flops),
             "peak_bytes": int(obs.peak_bytes), "lib_calls": sorted(obs.lib_calls),
-            "reductions": [(str(n), tuple(map(int, sh)), int(e)) for n, sh, e in obs.reductions]}
+            "reductions": [(str(n), tuple(map(int, sh)), int(e)) for n, sh, e in obs.reductions],
+            "reads": {int(i): [float(x) for x in v] for i, v in obs.reads.items()}}
 
 
 def from_wire(data) -> Observation:
@@ -257,4 +333,5 @@ def from_wire(data) -> Observation:
     o.flops, o.peak_bytes = int(data.get("flops", 0)), int(data.get("peak_bytes", 0))
     o.lib_calls = {c for c in data.get("lib_calls", ()) if type(c) is str}
     o.reductions = [(str(n), tuple(int(x) for x in sh), int(e)) for n, sh, e in data.get("reductions", ())]
+    o.reads = {int(i): [float(x) for x in v] for i, v in dict(data.get("reads", {})).items()}
     return o

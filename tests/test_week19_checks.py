@@ -277,6 +277,59 @@ def chunked_gather_full_row(q, k_pool, v_pool, block_tables, context_lens):
     return out
 
 
+def _chunks(q, k_pool, block_tables, context_lens):
+    """(positions valid [B, c*bs], block ids [B, c]) per chunk of about 32 keys, as the solution walks the tables."""
+    bs = k_pool.shape[2]
+    per_step = max(1, 32 // bs)
+    for j0 in range(0, block_tables.shape[1], per_step):
+        j1 = min(j0 + per_step, block_tables.shape[1])
+        valid = torch.arange(j0 * bs, j1 * bs, device=q.device)[None, :] < context_lens[:, None]
+        yield valid, torch.where(valid[:, ::bs], block_tables[:, j0:j1], 0)
+
+
+def two_pass_softmax(q, k_pool, v_pool, block_tables, context_lens):
+    """Exact, small chunks, no long reduction: a first pass over the blocks for the row's max, a second that
+    computes the scores again for the exponentials — K read twice."""
+    b, h, d = q.shape
+    _, hkv, bs, _ = k_pool.shape
+    qg = q.reshape(b, hkv, h // hkv, d) / math.sqrt(d)
+
+    def scores(valid, ids):
+        kb = k_pool[ids].permute(0, 2, 1, 3, 4).reshape(b, hkv, -1, d)
+        return (qg @ kb.transpose(-1, -2)).masked_fill(~valid[:, None, None, :], float("-inf"))
+
+    m = torch.full((b, hkv, h // hkv), float("-inf"))
+    for valid, ids in _chunks(q, k_pool, block_tables, context_lens):
+        m = torch.maximum(m, scores(valid, ids).amax(-1))
+    l, acc = torch.zeros(b, hkv, h // hkv), torch.zeros(b, hkv, h // hkv, d)
+    for valid, ids in _chunks(q, k_pool, block_tables, context_lens):
+        p = torch.exp(scores(valid, ids) - m[..., None])
+        l = l + p.sum(-1)
+        acc = acc + p @ v_pool[ids].permute(0, 2, 1, 3, 4).reshape(b, hkv, -1, d)
+    return (acc / l[..., None]).reshape(b, h, d)
+
+
+def per_query_head_online(q, k_pool, v_pool, block_tables, context_lens):
+    """Honest, not a wrong route: one pass per query head (vLLM's first kernel did this), so each block of K is read
+    once for every query head that uses it — the check allows `group` reads."""
+    b, h, d = q.shape
+    _, hkv, bs, _ = k_pool.shape
+    out = torch.empty_like(q)
+    for j in range(h):
+        kv = j // (h // hkv)
+        dev = q.device
+        m, l, acc = torch.full((b,), float("-inf"), device=dev), torch.zeros(b, device=dev), torch.zeros(b, d, device=dev)
+        for valid, ids in _chunks(q, k_pool, block_tables, context_lens):
+            kb = k_pool[ids, kv].reshape(b, -1, d)  # [B, c*bs, d]
+            s = (kb @ q[:, j, :, None])[..., 0].masked_fill(~valid, float("-inf")) / math.sqrt(d)
+            m_new = torch.maximum(m, s.amax(-1))
+            safe = torch.where(torch.isinf(m_new), 0.0, m_new)
+            p, a = torch.exp(s - safe[:, None]), torch.exp(m - safe)
+            l, acc, m = l * a + p.sum(-1), acc * a[:, None] + (p[:, None] @ v_pool[ids, kv].reshape(b, -1, d))[:, 0], m_new
+        out[:, j] = acc / l[:, None]
+    return out
+
+
 def per_head_full_row(q, k_pool, v_pool, block_tables, context_lens):
     """Per sequence and head: the head's keys gathered, a softmax over the full row."""
     b, h, d = q.shape
@@ -458,6 +511,14 @@ class NoTokenCompare(PrefixCache):  # trusts the hash: a collision serves anothe
         return self.by_hash.get(block_hash)
 
 
+class ForksUncounted(PrefixCache):  # a hit takes a free cached block back, but a fork of an owned one adds no owner
+    def fork(self, block):
+        if self.owners[block] > 0:
+            self.owners[block] = 1
+            return
+        super().fork(block)
+
+
 class ForgetsOnFree(PrefixCache):  # drops a block's hash when its last owner frees it: nothing reused once free
     def free(self, block):
         super().free(block)
@@ -584,7 +645,8 @@ def runs_the_engine(prompt_lens, new_tokens, max_num_seqs, token_budget, chunked
 WRONG = [rounds_down, one_too_many, full_block_wasted, seed_constant, NoRefCounts, NeverReuses, SilentDoubleFree,
          VagueError, ForksFreeBlocks, NegativeIds, Int8Counts, contiguous_slots, int32_slots, _gather_all,
          gather_then_attend, sdpa_on_materialized, calls_lib_attention, ignores_lengths, workspace_gather,
-         _online_over, workspace_online, workspace_by_block, chunked_gather_full_row,
+         _online_over, workspace_online, workspace_by_block, chunked_gather_full_row, _chunks, two_pass_softmax,
+         per_query_head_online,
          per_head_full_row, per_sequence_all_heads, _solution_like, scale_quarter, no_device, scales_pool_in_place,
          numpy_route, sdpa_popped, unchained, with_partial, chained_sum, additive_chain, twenty_bits, thirty_two_bits,
          _flawed_schedule, ignores_budget, last_come_first, preempts_oldest, never_chunks, never_preempts,
@@ -689,9 +751,39 @@ def test_paged_attention_accepts_the_solution(ex):
     ("scales_pool_in_place", "changed argument|changed its arguments"),  # k_pool scaled: later steps read it
     ("numpy_route", "no exponential"),
     ("sdpa_popped", "no exponential"),
+    ("two_pass_softmax", "read 2.0 times"),  # the MHA case, every run
 ])
 def test_paged_attention_wrong_routes(child, name, match):
     _rejects(child, checks.check_paged_attention, name, match)
+
+
+def test_paged_attention_accepts_one_pass_per_query_head(child):
+    """Reading each block once per query head (no sharing across a GQA group) is how vLLM's first kernel worked:
+    allowed, through the isolated path."""
+    checks.check_paged_attention(child.get("per_query_head_online"))
+
+
+def test_observe_counts_reads_of_an_argument():
+    """Observation.reads_of: views read nothing, a gather reads what it gathers, any other op each element once."""
+    from grader.checks import observe
+
+    pool = torch.randn(6, 4, 8)
+    q = torch.randn(8)
+
+    def once(pool):
+        return (pool[torch.tensor([1, 3])] @ q).sum() + (pool[4] @ q).sum()  # blocks 1, 3 gathered, 4 by a view
+
+    def twice(pool):
+        first = (pool[torch.tensor([1, 3])] @ q).amax()
+        return first + torch.exp(pool[torch.tensor([1, 3])] @ q).sum()
+
+    def expanded(pool):  # broadcasting a view to 5 copies reads its elements once
+        return (pool[2].unsqueeze(0).expand(5, 4, 8) * 2).sum()
+
+    assert observe(once, pool, _observe_reads=(0,))[1].reads_of(0) == [0, 1, 0, 1, 1, 0]
+    assert observe(twice, pool, _observe_reads=(0,))[1].reads_of(0) == [0, 2, 0, 2, 0, 0]
+    assert observe(expanded, pool, _observe_reads=(0,))[1].reads_of(0) == [0, 0, 1, 0, 0, 0]
+    assert observe(once, pool)[1].reads_of(0) == []  # not asked for
 
 
 def test_observe_counts_writes_into_premade_buffers():
@@ -752,6 +844,7 @@ def test_prefix_cache_accepts_the_solution(ex):
     ("EvictsBeforeUncached", "must go first"),
     ("NoTokenCompare", "collision is a miss"),
     ("ForgetsOnFree", "has not been evicted|must go first|least recently freed"),  # the model still has it cached
+    ("ForksUncounted", "ref_count"),
 ])
 def test_prefix_cache_wrong_routes(child, name, match):
     _rejects(child, checks.check_PrefixCache, name, match)

@@ -178,13 +178,16 @@ def check_slot_mapping(slot_mapping) -> None:
 def check_paged_attention(paged_attention) -> None:
     """Ragged lengths, random block sizes, head_dim, batch and GQA/MHA/MQA, against contiguous attention (<= 1e-5,
     fp32); reads the pool in place: no lib, no SDPA, no copy of a sequence's whole K/V, no full-row softmax, all
-    of it visible to the observer (torch ops, not numpy), inputs unchanged, tensors made on the inputs' device."""
+    of it visible to the observer (torch ops, not numpy), each block of K read once (once per query head at most:
+    no second pass over the scores), inputs unchanged, tensors made on the inputs' device."""
     g = generator(5)
     heads = [(4, 2), (4, 4), (6, 1), (6, 3), (8, 2)]
     dims = [[16, 32, 64][i] for i in torch.randperm(3, generator=g)] + [int(16 * torch.randint(1, 5, (1,), generator=g))]
     for case in range(4):
         bs = [1, 7, 16, int(torch.randint(2, 33, (1,), generator=g))][case]
         h, hkv = heads[int(torch.randint(0, len(heads), (1,), generator=g))]
+        if case == 1:
+            h, hkv = 4, 4  # every run has an MHA case: there K read twice is twice the reads of K once
         d = dims[case]  # head_dim 16, 32 and 64 every run: a hard-coded 1/sqrt(16) fails
         b = int(torch.randint(3, 7, (1,), generator=g))
         lens = torch.randint(1, 1200, (b,), generator=g)
@@ -209,7 +212,7 @@ def check_paged_attention(paged_attention) -> None:
         context_lens = torch.tensor(lens)
         args = (q, k_pool, v_pool, block_tables, context_lens)
         before = [a.clone() for a in args]
-        got, obs = observe(paged_attention, *args)
+        got, obs = observe(paged_attention, *args, _observe_reads=(1,))
         what = (f"paged_attention case {case}: block_size={bs}, n_heads={h}, n_kv_heads={hkv}, head_dim={d}, "
                 f"context_lens={lens}")
         assert_close(got, contiguous_reference(*before[:3], tables, lens), what, atol=1e-5)
@@ -236,6 +239,17 @@ def check_paged_attention(paged_attention) -> None:
         assert red <= 512, (f"{what}: one reduction (softmax, max, sum) combined {red} elements: a softmax over a "
                             f"sequence's whole row of scores. Reduce a chunk of blocks at a time and keep running "
                             f"statistics (online softmax). {seed_note()}")
+        reads = obs.reads_of(1)  # per block of k_pool: how many ops read each of its elements, on average
+        full = [blk for t, n in zip(tables, lens) for j, blk in enumerate(t) if (j + 1) * bs <= n]
+        if reads and full:
+            median = sorted(reads[blk] for blk in full)[len(full) // 2]
+            group = h // hkv
+            assert median <= group + 0.5, (
+                f"{what}: the median full block of K was read {median:.1f} times (a one-pass online softmax reads each "
+                f"block once{'' if group == 1 else f', or once per query head that uses it: {group}'}). Scores "
+                f"computed twice — a first pass for the max, a second for the exponentials — read K twice from "
+                f"memory, which is the traffic paged attention exists to save: keep a running max and rescale "
+                f"{seed_note()}")
     check_on_meta(paged_attention, args, "paged_attention")
 
 
@@ -395,7 +409,8 @@ def check_schedule(schedule) -> None:
 @WEEK.exercise(7, "PrefixCache", section="7 (Prefix caching)")
 def check_PrefixCache(PrefixCache) -> None:
     """Random allocate / fork / free / register / lookup against a model of the cache (which block is evicted,
-    hits, a collision, reuse of a free cached block), errors; then LLMEngine with it equals generate alone."""
+    hits, a collision, reuse of a free cached block, ref_count of every block an operation touched), errors; then
+    LLMEngine with it equals generate alone."""
     _, obs = observe(PrefixCache, 4)
     used = sorted(c for c in obs.lib_calls if c.startswith((*ENGINE_MODULES, "lib.paged.BlockAllocator")))
     assert not used, f"PrefixCache(4) runs {used}; write the pool and its cache yourself"

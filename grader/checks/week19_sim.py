@@ -225,6 +225,16 @@ class CacheModel:
         return next((h for h, (b, _) in self.cached.items() if b == block), None)
 
 
+def _touched(log: list[str], before: int):
+    """The block whose owners the operations logged after `log[before]` changed last (allocate, free, fork), or None."""
+    for entry in reversed(log[before:]):
+        if entry.startswith("allocate()"):
+            return int(entry.rsplit(" ", 1)[1])
+        if entry.startswith(("free(", "fork(")):
+            return int(entry[5:-1])
+    return None
+
+
 def cache_trial(PrefixCache, rng: random.Random, n: int, steps: int, trial: int) -> int:
     cache, model, log, hits = PrefixCache(n), CacheModel(n), [], 0
     hashes = [rng.getrandbits(62) for _ in range(6)]  # few hashes: registering one twice and colliding happen
@@ -233,6 +243,7 @@ def cache_trial(PrefixCache, rng: random.Random, n: int, steps: int, trial: int)
         return f"PrefixCache({n}), trial {trial}, after {log[-8:]} {seed_note()}"
 
     for _ in range(steps):
+        before = len(log)
         op = rng.choice(["allocate", "allocate", "free", "free", "fork", "register", "register", "lookup", "lookup",
                          "reuse"])
         if op == "allocate":
@@ -303,6 +314,12 @@ def cache_trial(PrefixCache, rng: random.Random, n: int, steps: int, trial: int)
                     if got in model.lru:
                         model.lru.remove(got)
                     model.owners[got] = model.owners.get(got, 0) + 1
+        touched = _touched(log, before)
+        if touched is not None:  # the block this operation changed: its owners (the engine's copy-on-write reads them)
+            got = cache.ref_count(touched)
+            assert got == model.owners.get(touched, 0), (
+                f"{where()}: ref_count({touched}) = {got}; expected {model.owners.get(touched, 0)} (its owners: "
+                f"allocate gives 1, fork and a hit add 1, free takes 1; a free block, cached or not, has 0)")
         want_free = len(model.uncached) + len(model.lru)
         assert cache.num_free == want_free, (
             f"{where()}: num_free = {cache.num_free}; expected {want_free} (free blocks, cached or not: a hit on a "

@@ -47,12 +47,14 @@ from grader.checks.week19 import (check_blocks_needed, check_slots_wasted, check
 """)
 
 nb.code("""
+import os
 import time
 
 import matplotlib.pyplot as plt
 from tqdm.auto import tqdm
 
 from lib import paged as ref
+from lib import roofline as rl
 from lib.attention import gqa_attention
 from lib.engine import LLMEngine, percentile, run_load, simulate_steps
 from lib.generate import generate as lib_generate
@@ -381,7 +383,9 @@ head_dim]` — mask the positions at or past `context_lens`, and combine the blo
 softmax** of week 17 (running max `m`, running sum `l`, running output). The check compares against
 contiguous attention (≤ 1e-5) on ragged lengths, random block sizes, head sizes and batches; it watches
 the peak memory (less than half a contiguous copy of the longest sequence's K and V), the longest
-reduction (no softmax over a whole row) and your inputs (unchanged); no SDPA, no `lib`, no numpy, and every
+reduction (no softmax over a whole row), how often each block of K is read (once — or once per query head
+that uses it — not a first pass for the max and a second for the exponentials) and your inputs
+(unchanged); no SDPA, no `lib`, no numpy, and every
 tensor you make on the inputs' device (`device=q.device`: the check also runs it on `meta` tensors).
 """)
 nb.exercise("paged_attention", """
@@ -494,9 +498,11 @@ def decode_rate(batch, steps=STEPS):
 
 
 rates = {b: decode_rate(b) for b in tqdm(BATCHES, desc="batch sizes")}
-weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-roofline = weight_bytes / 25e9  # s per step to read every weight once at ~25 GB/s (this machine's mat-vec rate)
-print(f"roofline: {weight_bytes / 1e6:.0f} MB of weights at 25 GB/s = {roofline * 1e3:.0f} ms per step, any batch")
+weight_bytes = rl.weight_bytes_per_token(model)  # every matmul weight once, the tied embedding as the LM head
+bandwidth = rl.measure_bandwidth(128, repeats=3)  # a streaming read of 128 MiB: the memory's ceiling, measured now
+roofline = weight_bytes / bandwidth  # s per step to read every weight once
+print(f"roofline: {weight_bytes / 1e6:.0f} MB of weights at {bandwidth / 1e9:.1f} GB/s (streaming, measured now) = "
+      f"{roofline * 1e3:.1f} ms per step, any batch; load average {os.getloadavg()[0]:.1f}")
 print(f"{'batch':>6} {'ms/step':>8} {'x roofline':>10} {'tok/s':>7} {'vs batch 1':>10} {'of linear':>9}")
 for b, (rate, step) in rates.items():
     print(f"{b:>6} {step * 1e3:8.1f} {step / roofline:9.1f}x {rate:7.1f} {rate / rates[1][0]:9.1f}x "

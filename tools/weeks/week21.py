@@ -392,8 +392,9 @@ The same load runs on four configurations of *your* server, one technique switch
 | + prefix caching | the shared system prompt's KV blocks are computed once and reused (week 19) |
 | + packed weights | `lib.fast`'s oneDNN-packed fp32 matmuls, same numbers (week 18's engine work) |
 
-**Predict before you run.** A decode step's cost barely grows from 1 to 8 rows (week 19 measured it), so
-what should batching do to throughput, and to TPOT? The system prompt is most of each prompt: what should
+**Predict before you run.** A decode step of 8 rows costs more than a step of one, but far less than 8 steps
+(week 19's decode-only benchmark on a quiet 2-core EPYC: batch 8 produced 5.3–5.7× the tokens per second of
+batch 1, so its step took about 1.4–1.5× as long), so what should batching do to throughput, and to TPOT? The system prompt is most of each prompt: what should
 the prefix cache change — TTFT, TPOT, or both?
 """)
 
@@ -442,12 +443,16 @@ was doing (the load average is printed), so compare rows, not runs. What to look
 * **one at a time**: if requests arrive faster than one server finishes them, the queue only grows and TTFT
   with it (p95 far above p50) — the server is *unstable* at that rate, whatever its hardware.
 * **continuous batching**: one step serves every running request, so throughput rises and the queue drains;
-  TTFT falls. TPOT may *rise*: a step now also carries other requests' prefills (they share its token
+  TTFT falls. TPOT *rises*, for two reasons: a step of several rows costs more than a step of one (about
+  1.4–1.5× at 8 rows, above), and a step may also carry other requests' prefills (they share its token
   budget), the TTFT/TPOT trade that chunked-prefill schedulers (Sarathi-Serve) tune.
 * **prefix caching**: the shared system prompt is most of each prompt, so most of each prefill disappears
-  (the hit rate) — that shows in TTFT, and in TPOT through lighter steps.
-* **packed weights** make each matmul cheaper (week 19's benchmark measured +18–27 % at batch 8 on a quiet
-  machine); with only a few requests and a busy machine the gain can sit inside the noise — say which.
+  (the hit rate) — that shows in TTFT. It tells the two causes of the higher TPOT apart: if TPOT stays well
+  above the one-at-a-time row once most prefill is gone, the batch itself is what costs (in this week's README
+  run TPOT went 50 → 104 ms with batching and stayed at 93 ms with the cache).
+* **packed weights** make each matmul cheaper (week 19's decode-only benchmark, quiet: +57–58 % tokens per
+  second at batch 8, +28–43 % at batch 1); with only a few requests and a busy machine the gain can sit inside
+  the noise — say which.
 
 On a 2-core CPU one step of SmolLM2 costs tens of milliseconds, so absolute numbers are far from a GPU's; the
 *shape* — which technique moves which metric — is what carries over, and `python benchmarks/load.py
