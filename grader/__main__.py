@@ -150,7 +150,7 @@ def _students(week: str, given: list[str], root: Path = REPO_ROOT) -> list[str]:
     return sorted(d.name for d in sub.iterdir() if (d / week).is_dir()) if sub.is_dir() else []
 
 
-def autograde(week: str, students: list[str], jobs: int = 1, timeout: float | None = None, fast: bool = True,
+def autograde(week: str, students: list[str], jobs: int = 1, timeout: float | None = None,
               root: Path = REPO_ROOT) -> list[str]:
     """Autograde `students` (all submitted when empty); return one line per failed student."""
     course = Course(root)
@@ -173,7 +173,7 @@ def autograde(week: str, students: list[str], jobs: int = 1, timeout: float | No
         def _results():
             try:
                 for s in students:
-                    yield grade_one(week, s, str(root), timeout, fast)
+                    yield grade_one(week, s, str(root), timeout)
             finally:
                 torch.set_num_threads(previous_threads)
 
@@ -187,7 +187,7 @@ def autograde(week: str, students: list[str], jobs: int = 1, timeout: float | No
         # `python -m grader` runs this file as `__main__`, which spawn does not re-import.
         pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
                                    initializer=grading_worker)
-        futures = {pool.submit(grade_one, week, s, str(root), timeout, fast, threads): s for s in students}
+        futures = {pool.submit(grade_one, week, s, str(root), timeout, threads): s for s in students}
 
         def _results():
             for future in as_completed(futures):

@@ -182,7 +182,7 @@ class Course:
         folder = self.root / "grader" / "submitted" / student / str(week)
         return sorted(p for p in folder.glob("*.ipynb")) if folder.is_dir() else []
 
-    def autograde_safely(self, week: str, student: str, fast: bool = True) -> str:
+    def autograde_safely(self, week: str, student: str) -> str:
         """Validate, autograde and score one submission; a one-line summary, or GradingError with the cause."""
         week = str(week)
         nbs = self.submitted_notebooks(week, student)
@@ -349,7 +349,7 @@ def forget_shared_models() -> None:
                     value.cache_clear()
 
 
-def grade_one(week: str, student: str, root: str, timeout: float | None, fast: bool,
+def grade_one(week: str, student: str, root: str, timeout: float | None,
               threads: int | None = None) -> tuple[str, bool, str, float]:
     """Autograde one student; never raises. Returns (student, ok, one-line summary, seconds). Module-level here
     (not in `__main__`) so that `--jobs N`'s spawned workers can import it."""
@@ -364,7 +364,7 @@ def grade_one(week: str, student: str, root: str, timeout: float | None, fast: b
         if timeout is not None:
             os.environ["INFERENCE_LAB_CALL_TIMEOUT"] = str(timeout)
         before = shared_models_state()
-        line = Course(root).autograde_safely(week, student, fast=fast)
+        line = Course(root).autograde_safely(week, student)
         if before and shared_models_state() != before:  # a backstop: the isolation refuses every change it knows of
             # (`before` is empty when this submission's checks loaded the model: nothing to compare yet)
             forget_shared_models()

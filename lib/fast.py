@@ -57,6 +57,7 @@ import torch.nn.functional as F
 
 from lib.kv_cache import KVCache
 from lib.masks import causal_mask
+from lib.roofline import best_time
 from lib.model import apply_rope
 
 
@@ -152,16 +153,6 @@ def _machine() -> str:
     return platform.processor() or platform.machine()
 
 
-def _best_time(fn, repeats: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def choose_packing(weights: list[torch.Tensor], cache_file=None, repeats: int = 5) -> tuple[bool, str]:
     """(packed, why): whether one decode step's weight matmuls (`weights`, each [out, in] fp32) run faster packed
     (item 7) or plain on this CPU, at 1 row (a decode step) and 4 rows (a verify or a small batch), summed.
@@ -210,8 +201,8 @@ def choose_packing(weights: list[torch.Tensor], cache_file=None, repeats: int = 
             for w, p in zip(weights, packed):
                 packed_linear(xs[(rows, w.shape[1])], p)
 
-    plain_s = sum(_best_time(lambda r=r: plain_step(r), repeats) for r in (1, 4))
-    packed_s = sum(_best_time(lambda r=r: packed_step(r), repeats) for r in (1, 4))
+    plain_s = sum(best_time(lambda r=r: plain_step(r), repeats) for r in (1, 4))
+    packed_s = sum(best_time(lambda r=r: packed_step(r), repeats) for r in (1, 4))
     choice = packed_s < plain_s
     known[key] = {"packed": choice, "plain_ms": plain_s * 1e3, "packed_ms": packed_s * 1e3,
                   "when": time.strftime("%Y-%m-%d")}

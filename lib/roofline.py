@@ -42,7 +42,9 @@ def roofline_time(flops: float, bytes_moved: float, flops_per_s: float, bytes_pe
     return max(flops / flops_per_s, bytes_moved / bytes_per_s)
 
 
-def _best_time(fn, repeats: int) -> float:
+def best_time(fn, repeats: int) -> float:
+    """The best of `repeats` wall-clock seconds of `fn()` after one warm-up call (the least disturbed run on a
+    shared machine); `fn` synchronizes a GPU itself. The lab's one timer."""
     fn()  # warm up (allocation, thread pool)
     best = math.inf
     for _ in range(repeats):
@@ -58,7 +60,7 @@ def measure_flops_per_s(n: int = 2048, repeats: int = 5, dtype: torch.dtype = to
     a = torch.randn(n, n, dtype=dtype, device=device)
     b = torch.randn(n, n, dtype=dtype, device=device)
     sync = torch.cuda.synchronize if a.is_cuda else (lambda: None)
-    return 2 * n ** 3 / _best_time(lambda: (a @ b, sync()), repeats)
+    return 2 * n ** 3 / best_time(lambda: (a @ b, sync()), repeats)
 
 
 @torch.no_grad()
@@ -89,4 +91,4 @@ def measure_bandwidth(mib: int = 256, repeats: int = 5, dtype: torch.dtype = tor
     else:
         x = torch.randn(1, cols, dtype=dtype, device=device)
         read = lambda: (torch.nn.functional.linear(x, w), sync())  # noqa: E731
-    return w.numel() * w.element_size() / _best_time(read, repeats)
+    return w.numel() * w.element_size() / best_time(read, repeats)

@@ -32,7 +32,6 @@ Notation, everywhere in this lab: **p is the target**, **q is the draft** (Levia
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -354,13 +353,3 @@ def draft_step(draft, ids: torch.Tensor, context: int = 128):
     return step
 
 
-def wall_time(fn, repeats: int = 3) -> float:
-    """Best of `repeats` wall-clock seconds of `fn()` (the least disturbed run on a shared machine)."""
-    import time
-
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best

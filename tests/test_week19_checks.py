@@ -549,7 +549,7 @@ def _flawed_schedule(flaw, running, waiting, free_blocks, block_size, token_budg
         while more(req, n) > free and queue[-1] is not req and flaw != "never_preempts":
             victim = queue.pop(k + 1 if flaw == "oldest" and k + 1 < len(queue) else -1)
             plan["preempt"].append(victim["id"])
-            free += victim["freeable"]
+            free += victim["blocks" if flaw == "credits_blocks" else "freeable"]
         if more(req, n) > free and flaw != "never_preempts":
             queue.pop(k)
             plan["preempt"].append(req["id"])
@@ -602,6 +602,10 @@ def fixed_chunk(*args):  # 2 tokens per prefill step, whatever the budget
     return _flawed_schedule("fixed_chunk", *args)
 
 
+def credits_blocks(*args):  # counts a victim's every block as freed, shared ones (prefix cache) included
+    return _flawed_schedule("credits_blocks", *args)
+
+
 def admits_while_preempting(*args):  # a later arrival overtakes the request preempted in the same step
     return _flawed_schedule("admits_while_preempting", *args)
 
@@ -650,7 +654,7 @@ WRONG = [rounds_down, one_too_many, full_block_wasted, seed_constant, NoRefCount
          per_head_full_row, per_sequence_all_heads, _solution_like, scale_quarter, no_device, scales_pool_in_place,
          numpy_route, sdpa_popped, unchained, with_partial, chained_sum, additive_chain, twenty_bits, thirty_two_bits,
          _flawed_schedule, ignores_budget, last_come_first, preempts_oldest, never_chunks, never_preempts,
-         fixed_chunk, admits_while_preempting, slot_per_request, calls_lib_schedule, decode_steps_only,
+         fixed_chunk, admits_while_preempting, credits_blocks, slot_per_request, calls_lib_schedule, decode_steps_only,
          runs_the_engine]
 
 HEADER = """
@@ -862,6 +866,7 @@ def test_schedule_accepts_the_solution(ex):
     ("never_preempts", "new blocks"),
     ("fixed_chunk", "cut by the budget only"),
     ("admits_while_preempting", "admits nobody"),
+    ("credits_blocks", "freeable blocks"),  # only the shared-block steps catch it
     ("slot_per_request", "sequences; max_num_seqs is"),
     ("calls_lib_schedule", "lib.engine.schedule"),
     ("lib_copy_schedule", "lib.engine.schedule"),

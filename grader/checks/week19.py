@@ -15,7 +15,7 @@ import torch
 
 from grader.checks import assert_close, check_on_meta, generator, observe, run_seed, seed_note
 from grader.checks.week19_sim import (cache_trial, context_model, contiguous_reference, engine_workload, expect_error,
-                                      lib_parts, simulate, step_workload, workload)
+                                      judge_plan, lib_parts, shared_step, simulate, step_workload, workload)
 from grader.harness import Week
 from lib import paged as ref
 
@@ -374,7 +374,8 @@ def check_answer_q3(answer_q3) -> None:
 @WEEK.exercise(8, "schedule", section="8 (The scheduler: preemption and chunked prefill)")
 def check_schedule(schedule) -> None:
     """Random workloads (arrivals, lengths, pools tight enough to preempt, budgets small enough to chunk), every
-    plan judged by the invariants; then LLMEngine with this scheduler equals generate on each request alone."""
+    plan judged by the invariants; single steps with prefix-shared blocks (a victim frees its freeable blocks only);
+    then LLMEngine with this scheduler equals generate on each request alone."""
     rng = random.Random(run_seed() + 7)
     for case in range(30):
         w = workload(rng, crowded=case % 3 == 0)
@@ -387,6 +388,16 @@ def check_schedule(schedule) -> None:
             used = sorted(c for c in obs.lib_calls if c.startswith(ENGINE_MODULES))
             assert not used, f"schedule calls {used}; write the scheduling decision yourself"
         simulate(schedule, w, label)
+    # Single steps with blocks shared through the prefix cache: a scheduler that credits a victim with every block it
+    # holds, not its freeable ones, hands out blocks that stay taken (rejected in about 1 of 4 such steps; 80 steps
+    # miss it with probability ~1e-9; lib's schedule passed 40,000 of them).
+    for case in range(80):
+        s = shared_step(rng)
+        where = (f"a step with prefix-shared blocks (block_size {s['bs']}, {s['free']} free, budget {s['budget']}, "
+                 f"max_num_seqs {s['max_seqs']}, running {s['running']}, waiting {s['waiting']}) {seed_note()}")
+        plan = schedule([dict(r) for r in s["running"]], [dict(r) for r in s["waiting"]], s["free"], s["bs"],
+                        s["budget"], s["max_seqs"], True)
+        judge_plan(plan, s["running"], s["waiting"], s["free"], s["bs"], s["budget"], s["max_seqs"], True, where)
     from lib.engine import LLMEngine
     from lib.generate import generate
 

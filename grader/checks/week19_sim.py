@@ -91,9 +91,11 @@ def judge_plan(plan, running: list[dict], waiting: list[dict], free: int, bs: in
     # blocks: never more than are free (plus what the preempted requests give back)
     need = sum(blocks_to_grow(views[i], n, bs) for i, n in run)
     have = free + sum(views[i]["freeable"] for i in preempt)
+    held = sum(views[i]["blocks"] for i in preempt)
     assert need <= have, (f"{where}: the plan needs {need} new blocks; {free} are free"
                           f"{f' and the preempted give back {have - free}' if preempt else ''}: a request that needs a "
-                          f"block when none is free must preempt (the newest running request) or wait")
+                          f"block when none is free must preempt (the newest running request) or wait"
+                          f"{f'; a preempted request gives back its freeable blocks ({have - free}), not all it holds ({held}): blocks it shares with others (prefix caching) stay' if held > have - free else ''}")
     # running requests first, oldest first; waiting ones first come first served
     kept = [i for i in running_ids if i not in preempt]
     ran = [i for i in run_ids if i in kept]
@@ -152,6 +154,25 @@ def workload(rng: random.Random, crowded: bool = False) -> dict:
     return dict(bs=bs, prompts=prompts, new=new, arrivals=sorted(rng.randint(0, 12) for _ in range(k)),
                 num_blocks=longest + rng.randint(0, 2 * longest), max_seqs=max_seqs, budget=max(budget, max_seqs),
                 chunked=chunked, seqs=seqs)
+
+
+def shared_step(rng: random.Random) -> dict:
+    """One step's state in which some running requests share blocks (a prefix cache's hits): preempting one frees
+    only its `freeable` blocks, which may be fewer than it holds — what the simulator, one request per prefix,
+    never produces. Running requests decode or prefill; the pool has 0-2 free blocks."""
+    bs = rng.choice([1, 2, 4])
+    k = rng.randint(2, 5)
+    running = []
+    for i in range(k):
+        computed = rng.randint(1, 12)
+        tokens = computed + (1 if rng.random() < 0.7 else rng.randint(2, 8))
+        blocks = ref.blocks_needed(computed, bs)
+        running.append(dict(id=i, computed=computed, tokens=tokens, blocks=blocks, freeable=rng.randint(0, blocks),
+                            seqs=1))
+    waiting = [dict(id=k + j, computed=0, tokens=rng.randint(1, 10), blocks=0, freeable=0, seqs=1)
+               for j in range(rng.randint(0, 2))]
+    return dict(running=running, waiting=waiting, free=rng.randint(0, 2), bs=bs, budget=rng.randint(k, 24),
+                max_seqs=k + 2)
 
 
 def _seqs(rng: random.Random, k: int) -> list[int]:
