@@ -72,7 +72,7 @@ serve: setup
 	$(BIN)/python -m lib.server --port $(PORT)
 
 bench-load: setup
-	$(BIN)/python benchmarks/load.py
+	$(BIN)/python benchmarks/load.py $(ARGS)
 
 release: $(VENV)/.installed
 	@test -n "$(WEEK)" || (echo "usage: make release WEEK=16" && exit 2)

@@ -69,6 +69,7 @@ class Submission:
     submitted: float = field(default_factory=time.perf_counter)
     first_token: float | None = None
     n_tokens: int = 0
+    stopped: bool = False  # ended by a stop string: the engine's request is aborted, but the answer is complete
 
     def emit(self, item) -> None:
         if self.loop is not None and not self.loop.is_closed():
@@ -150,7 +151,7 @@ class EngineLoop:
             self.stats["requests_failed"] += 1
             sub.emit(("error", value))
             return
-        self.stats["requests_aborted" if value == "abort" else "requests_finished"] += 1
+        self.stats["requests_aborted" if value == "abort" and not sub.stopped else "requests_finished"] += 1
         if sub.first_token is not None and sub.n_tokens > 1:
             self.tpot = (self.tpot + [(now - sub.first_token) / (sub.n_tokens - 1)])[-1000:]
         sub.emit(("done", value))
@@ -346,6 +347,7 @@ class Server:
                 if piece:
                     yield ("text", piece)
                 if text.stopped:
+                    sub.stopped = True  # the abort that follows ends a finished answer: counted as finished
                     yield ("done", "stop", n)
                     return
         finally:

@@ -35,7 +35,7 @@ NOT_RUN = {
     r"nbgrader generate_assignment --force$": "named as what `python -m grader release` replaces (it deletes weeks/NN)",
     r"pytest solutions/\d\d$": "make test runs it (pyproject's testpaths include solutions/)",
     r"(make (serve|bench-load)\b|(\.venv/bin/)?python benchmarks/load\.py)": "tests/test_server.py runs `make serve` "
-                                                                         "and `benchmarks/load.py --quick` as typed",
+                                                                         "and `make bench-load ARGS=--quick` as typed",
 }
 SERVERS = r"make (lab|grade-ui)( ARGS=.*)?$"  # run by test_servers_answer_and_stop, on a free port
 # A documented command -> the command run for it here (quick modes); None: run as typed.

@@ -102,8 +102,14 @@ def test_stop_string_ends_the_answer(server, client):
     cut = full.find(" ", 3)
     assert cut > 0, full
     stop = full[cut:cut + 3]
+    finished, aborted = server.loop.stats["requests_finished"], server.loop.stats["requests_aborted"]
     r = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=16, temperature=0, stop=stop)
     assert r.choices[0].text == full[:full.find(stop)] and r.choices[0].finish_reason == "stop"
+    deadline = time.monotonic() + 10  # the engine's request is aborted after the answer is sent: counted then
+    while server.loop.stats["requests_finished"] == finished and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (server.loop.stats["requests_finished"], server.loop.stats["requests_aborted"]) == (finished + 1, aborted), (
+        "a request ended by its stop string is a finished request, not an aborted one (vLLM counts it finished)")
 
 
 @pytest.mark.parametrize("body, status, param", [
@@ -224,13 +230,14 @@ def test_make_serve_as_typed_then_nothing_left_listening():
 
 
 def test_load_benchmark_quick_as_typed():
-    """`python benchmarks/load.py --quick`: starts its own server, 4 streamed requests, prints the table."""
+    """`make bench-load ARGS=--quick` (the Makefile passes ARGS on to `python benchmarks/load.py`): starts its own
+    server, 4 streamed requests, prints the table — not the full benchmark."""
     import subprocess
-    import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    out = subprocess.run([sys.executable, "benchmarks/load.py", "--quick"], cwd=root, capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run("make bench-load ARGS=--quick", shell=True, cwd=root, capture_output=True, text=True,
+                         timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "benchmarks/load.py --quick" in out.stdout, out.stdout[:2000]
     assert "TTFT p50" in out.stdout and " 4/4 " in out.stdout, out.stdout
