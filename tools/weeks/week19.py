@@ -517,13 +517,16 @@ plt.tight_layout(); plt.show()
 """)
 nb.md("""
 Read the last two columns. Throughput grows with the batch — that is the reason servers batch — but
-**not** in proportion: in the runs recorded in this week's README the step took 383 → 703 → 941 ms at
-batch 1 → 8 → 16, so batch 8 gave 4.4×, 55 % of linear. The bandwidth argument above assumed a step
-costs about the time to read the weights; the `x roofline` column says the batch-1 step here costs many
-times that (18× in that run): the step is bound by **overhead** — Python, one kernel call per layer and
-operation, the paged-attention loop, the LM head — not by memory bandwidth, and that overhead grows with
-the batch. On a GPU, where a decode step sits much closer to its roofline, the curve is much closer to
-linear. Measured on a shared CPU, so read the ratios, not the absolute numbers.
+**not** in proportion: on the lab's 2-core AMD EPYC, quiet (load ≈ 1, two runs of this cell's code with 16
+steps), a step took 63–65 → 83–85 → 99–107 ms at batch 1 → 8 → 16, so batch 8 gave 6.0–6.1× the tokens of
+batch 1 (75 % of linear) and batch 16 9.7–10.2× (61 %). (An earlier run on the same two cores shared with four
+other jobs measured 383 → 703 → 941 ms and 4.4×: a busy machine changes the ratios too.) The bandwidth
+argument above assumed a step costs about the time to read the weights; the `x roofline` column says the
+batch-1 step costs about 4× that (538 MB at the 36–50 GB/s a streaming read gets on that VM is 11–15 ms): the
+step is bound by **overhead** — Python, one kernel call per layer and operation, the paged-attention loop,
+the LM head — more than by memory bandwidth, and that overhead grows with the batch. On a GPU, where a decode
+step sits much closer to its roofline, the curve is much closer to linear. Your machine's figures are the
+table above; read its ratios, not the absolute times.
 """)
 
 # --- 6 -----------------------------------------------------------------------------------------------
@@ -1073,9 +1076,10 @@ length exactly would do about as well. For the long requests of section 2 the sa
 falls far below either, and that is the case paging was built for.
 
 **The seed's thresholds** (TTFT good < 200 ms, TBT good < 30 ms) are for GPU chat serving. On this CPU
-SmolLM2 in fp32 needs about 21 ms per decode step even at the roofline (538 MB of weights at ≈ 25 GB/s),
-so TBT here is "poor" by that table at any load — while the *throughput* of a batch of 8 is several times
-that of one request. Which of the two a deployment must meet decides its batch size.
+SmolLM2 in fp32 would need 11–15 ms per decode step even at the roofline (538 MB of weights at the 36–50 GB/s
+a streaming read gets on the lab's EPYC; section 5 printed yours), and this engine's batch-1 step took about 4× that
+(63–65 ms quiet), so TBT here is "poor" by that table at any load — while the *throughput* of a batch of 8 is
+about 6× that of one request. Which of the two a deployment must meet decides its batch size.
 """)
 
 # --- 10 ----------------------------------------------------------------------------------------------
