@@ -346,13 +346,15 @@ nb.md("Check: `pytest weeks/19 -k ex03`")
 nb.md("""
 ## 4. Block tables and paged attention
 
-A sequence's **block table** lists its physical blocks in logical order. Logical position `p` lives in
-block `table[p // block_size]` at offset `p % block_size`; numbering the pool's slots block by block,
-that is slot `table[p // block_size] * block_size + p % block_size`. The engine writes each new token's
+A sequence's **block table** lists its physical blocks in logical order: its first `block_size` tokens
+live in block `table[0]`, the next ones in `table[1]`, and so on. The pool numbers its slots block by block
+(block `b` holds slots `b·block_size … b·block_size + block_size − 1`). The engine writes each new token's
 key and value to its slot (the **slot mapping**) and reads a sequence's keys through its table.
 
-**Exercise 4.** `slot_mapping(block_table, start, num_tokens, block_size)`: the slots (int64 tensor
-`[num_tokens]`) of positions `start … start + num_tokens − 1`.
+**Exercise 4 (derive it).** Work out, from the table and `block_size`, the slot that holds logical position
+`p` of a sequence; then write `slot_mapping(block_table, start, num_tokens, block_size)`: the slots (int64
+tensor `[num_tokens]`) of positions `start … start + num_tokens − 1`. (The derivation is spelled out after
+the check.)
 """)
 nb.exercise("slot_mapping", """
 def slot_mapping(block_table: list[int], start: int, num_tokens: int, block_size: int) -> torch.Tensor:
@@ -364,6 +366,11 @@ def slot_mapping(block_table: list[int], start: int, num_tokens: int, block_size
     ### END SOLUTION
 """)
 nb.test("test_slot_mapping", "check_slot_mapping(slot_mapping)", points=1)
+nb.md("""
+*The derivation.* Position `p` is in the table's entry `p // block_size` (whole blocks before it) at offset
+`p % block_size` inside that block, so its slot is `table[p // block_size] · block_size + p % block_size` —
+vLLM's `slot_mapping` is exactly this, computed for every new token of a step.
+""")
 nb.md("""
 Now the attention. At a decode step every running sequence has **one** query and its own number of
 keys, scattered over the pool. `paged_attention(q, k_pool, v_pool, block_tables, context_lens)` takes
@@ -583,8 +590,12 @@ equal prefix up to the end of that block, not just an equal block. A hit shares 
 reference); a cached block that no running request holds is kept until the pool runs short, then the
 least recently used one is evicted.
 
-**Exercise 6.** `block_hashes(token_ids, block_size)`: one hash per full block,
-`h_i = hash((h_{i-1}, tuple(tokens of block i)))` with `h_{-1} = None`.
+**Exercise 6 (design it).** `block_hashes(token_ids, block_size)`: one hash per full block, designed so
+that a hit is safe to share. Two requests must get the same hash for block `i` exactly when their first
+`(i + 1)·block_size` tokens agree — not just block `i`'s own tokens; the same block of tokens at another
+depth must hash differently; the order of the tokens matters; and a cache of a million blocks must not
+collide (keep at least 64 bits). What must the hash of block `i` be computed from? The check tests these
+properties, not particular values; one design is given after it.
 """)
 nb.exercise("block_hashes", """
 def block_hashes(token_ids: list[int], block_size: int) -> list[int]:
@@ -598,6 +609,13 @@ def block_hashes(token_ids: list[int], block_size: int) -> list[int]:
     ### END SOLUTION
 """)
 nb.test("test_block_hashes", "check_block_hashes(block_hashes)", points=1)
+nb.md("""
+*One design.* Chain it: `h_i = hash((h_{i−1}, tuple(tokens of block i)))` with `h_{−1} = None`. Block `i`'s
+hash then covers every earlier token through `h_{i−1}`, a tuple keeps the order, and Python's `hash` of a
+tuple gives 64 bits, deterministic within one process — enough for one engine (processes that must agree on
+hashes use a stable one, such as SHA-256 of the tokens' bytes). The collision that remains possible is why
+`lookup` compares the tokens too.
+""")
 nb.md("""
 The engine keeps the cache inside its block pool. A block whose last owner frees it goes back to the
 free blocks **but keeps its hash**: it is free *and* cached. A later request whose prefix hashes to it
