@@ -246,16 +246,6 @@ class CacheModel:
         return next((h for h, (b, _) in self.cached.items() if b == block), None)
 
 
-def _touched(log: list[str], before: int):
-    """The block whose owners the operations logged after `log[before]` changed last (allocate, free, fork), or None."""
-    for entry in reversed(log[before:]):
-        if entry.startswith("allocate()"):
-            return int(entry.rsplit(" ", 1)[1])
-        if entry.startswith(("free(", "fork(")):
-            return int(entry[5:-1])
-    return None
-
-
 def cache_trial(PrefixCache, rng: random.Random, n: int, steps: int, trial: int) -> int:
     cache, model, log, hits = PrefixCache(n), CacheModel(n), [], 0
     hashes = [rng.getrandbits(62) for _ in range(6)]  # few hashes: registering one twice and colliding happen
@@ -264,7 +254,7 @@ def cache_trial(PrefixCache, rng: random.Random, n: int, steps: int, trial: int)
         return f"PrefixCache({n}), trial {trial}, after {log[-8:]} {seed_note()}"
 
     for _ in range(steps):
-        before = len(log)
+        touched = None  # the block whose owners this operation changed
         op = rng.choice(["allocate", "allocate", "free", "free", "fork", "register", "register", "lookup", "lookup",
                          "reuse"])
         if op == "allocate":
@@ -290,10 +280,12 @@ def cache_trial(PrefixCache, rng: random.Random, n: int, steps: int, trial: int)
                 model.lru.pop(0)
                 del model.cached[model.key_of(block)]
             model.owners[block] = 1
+            touched = block
         elif op == "free" and model.owners:
             block = rng.choice(sorted(model.owners))
             cache.free(block)
             log.append(f"free({block})")
+            touched = block
             model.owners[block] -= 1
             if not model.owners[block]:
                 del model.owners[block]
@@ -302,6 +294,7 @@ def cache_trial(PrefixCache, rng: random.Random, n: int, steps: int, trial: int)
             block = rng.choice(sorted(model.owners))
             cache.fork(block)
             log.append(f"fork({block})")
+            touched = block
             model.owners[block] += 1
         elif op == "register" and model.owners:
             block, h = rng.choice(sorted(model.owners)), rng.choice(hashes)
@@ -332,10 +325,10 @@ def cache_trial(PrefixCache, rng: random.Random, n: int, steps: int, trial: int)
                 if op == "reuse" or rng.random() < 0.5:
                     cache.fork(got)
                     log.append(f"fork({got})")
+                    touched = got
                     if got in model.lru:
                         model.lru.remove(got)
                     model.owners[got] = model.owners.get(got, 0) + 1
-        touched = _touched(log, before)
         if touched is not None:  # the block this operation changed: its owners (the engine's copy-on-write reads them)
             got = cache.ref_count(touched)
             assert got == model.owners.get(touched, 0), (
