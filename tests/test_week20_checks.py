@@ -244,6 +244,13 @@ def test_quantize_q4_k(ex):
     _rejects(checks.check_quantize_q4_k, lambda x: np.zeros((x.shape[0], x.shape[1] // 256 * 144), np.uint8), "RMSE")
 
 
+def test_column_importance(ex):
+    checks.check_column_importance(ex.column_importance)
+    _rejects(checks.check_column_importance, lambda x: x.float().reshape(-1, x.shape[-1]).mean(0) ** 2, "squared mean")
+    _rejects(checks.check_column_importance, lambda x: x.float().reshape(-1, x.shape[-1]).abs().max(0).values,
+             "not proportional")
+
+
 def test_allocate_bits(ex):
     checks.check_allocate_bits(ex.allocate_bits)
 
@@ -442,6 +449,44 @@ def gptq_diag_search(w, x, bits, group, damp):  # plain rounding, grid clipped b
     return best.reshape(w.shape)
 
 
+def imp_abs_mean(x):  # AWQ's statistic, E|x|
+    return x.float().reshape(-1, x.shape[-1]).abs().mean(0)
+
+
+def imp_variance(x):  # centred: the error sees x, not x minus its mean
+    return x.float().reshape(-1, x.shape[-1]).var(0, unbiased=False)
+
+
+def imp_rms(x):  # the square root of the right statistic
+    return x.float().reshape(-1, x.shape[-1]).pow(2).mean(0).sqrt()
+
+
+def imp_first_dim(x):  # averages over dim 0 only: [batch, tokens, in] gives [tokens, in]
+    return x.float().pow(2).mean(0)
+
+
+def imp_squares_in_half(x):  # squares in the input's dtype, converted after: float16 overflows to inf
+    return (x * x).reshape(-1, x.shape[-1]).mean(0).float()
+
+
+def imp_in_input_dtype(x):  # right in float32, but returns float16 for float16 activations
+    flat = x.float().reshape(-1, x.shape[-1])
+    return (flat * flat).mean(0).to(x.dtype)
+
+
+def imp_in_place(x):  # squares the caller's activations in place
+    flat = x.reshape(-1, x.shape[-1])
+    return flat.float().square_().mean(0) if flat.dtype != torch.float32 else flat.square_().mean(0)
+
+
+def imp_cpu_sum(x):  # accumulates into a tensor made without device=
+    flat = x.float().reshape(-1, x.shape[-1])
+    total = torch.zeros(flat.shape[-1])
+    for row in flat:
+        total = total + row * row
+    return total / flat.shape[0]
+
+
 def gptq_in_place(w, x, bits, group, damp):  # the solution's GPTQ without .clone(): the caller's w is overwritten
     W = w
     H = 2 * x.T @ x / x.shape[0]
@@ -562,6 +607,14 @@ ISOLATED_CASES = [
     ("dequantize_q8_0", "dq8_0_flush_subnormal", "differ"),
     ("quantize_q4_k", "q4_k_min_max", "Q4_1's"),
     ("quantize_q5_0", "q5_0_gguf_class", "calls gguf-py"),
+    ("column_importance", "imp_abs_mean", "AWQ's statistic"),
+    ("column_importance", "imp_variance", "variance"),
+    ("column_importance", "imp_rms", "root mean square"),
+    ("column_importance", "imp_first_dim", "all dims but the last"),
+    ("column_importance", "imp_squares_in_half", "overflow"),
+    ("column_importance", "imp_in_input_dtype", "float32 whatever"),
+    ("column_importance", "imp_in_place", "in place"),
+    ("column_importance", "imp_cpu_sum", "device"),
     ("allocate_bits", "allocate_no_guard", "saves ΔPPL"),
     ("gptq_quantize", "gptq_kmeans", "uniform"),
     ("gptq_quantize", "gptq_diag_search", "GPTQ's"),

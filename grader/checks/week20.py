@@ -377,13 +377,79 @@ def check_quantize_q4_k(quantize_q4_k) -> None:
             f"0), the 6-bit packing (sub-block 2j in the low nibbles, 2j+1 in the high nibbles) {seed_note()}")
 
 
-# --- 8: sensitivity -> bits -----------------------------------------------------------------------------------
+# --- 8: the importance matrix ---------------------------------------------------------------------------------
+
+def _activations(offset):
+    """Calibration-like activations: [(description, x)], columns of very different sizes (log-normal scales) and
+    non-zero means, so that E[x²], E|x|, Var x, (E x)² and RMS are not proportional to each other; one 3-D batch;
+    one float16 batch with outlier columns whose squares pass float16's 65,504."""
+    g = generator(offset)
+
+    def columns(tokens, cols):
+        scale = torch.exp(torch.randn(cols, generator=g))
+        mean = scale * (torch.rand(cols, generator=g) * 4 - 2)
+        return torch.randn(tokens, cols, generator=g) * scale + mean
+
+    x2 = columns(2 * 150, 40).reshape(2, 150, 40)
+    x2[..., 7] = 0.0  # a column that is never active: weight 0
+    half = columns(200, 32) * 4
+    half[:, :3] = half[:, :3].sign() * (200 + 150 * torch.rand(200, 3, generator=g))  # "massive activations"
+    return [("activations [300, 48] float32", columns(300, 48)),
+            ("activations [2, 150, 40] float32 (batch, tokens, columns; column 7 never active)", x2),
+            ("activations [200, 32] float16 with 3 outlier columns of |x| 200-350", half.half())]
+
+
+def _proportional(got, want):
+    """The positive factor k with got ≈ k·want column by column (None when there is none)."""
+    got, want = got.double(), want.double()
+    k = float((got * want).sum() / (want * want).sum())
+    ok = k > 0 and bool(((got - k * want).abs() <= 1e-4 * k * want + 1e-7 * k * want.max()).all())
+    return k if ok else None
+
+
+@WEEK.exercise(8, "column_importance", section="5 (Perplexity versus bits per weight)")
+def check_column_importance(column_importance) -> None:
+    """The per-column weights are proportional to each column's mean squared activation over every token (all
+    dims but the last), any positive multiple; float32 whatever the input's dtype (float16 squares overflow);
+    the input unchanged; made on the input's device (a meta run)."""
+    for desc, x in _activations(750):
+        what = f"column_importance({desc})"
+        got = _run(column_importance, x.clone(), what=what)
+        cols = x.shape[-1]
+        assert isinstance(got, torch.Tensor) and tuple(got.shape) == (cols,), (
+            f"{what}: returned {type(got).__name__} {tuple(getattr(got, 'shape', ()))}; expected one weight per "
+            f"input column, shape ({cols},): average over every token, i.e. all dims but the last")
+        assert got.dtype == torch.float32, (
+            f"{what}: returned {got.dtype}; return float32 whatever the input's dtype (the search runs in float32, and "
+            f"float16 squares overflow past 65,504)")
+        assert torch.isfinite(got).all(), (
+            f"{what}: returned inf or NaN in columns {torch.nonzero(~torch.isfinite(got)).flatten().tolist()[:5]}: "
+            f"squares of float16 activations above 256 overflow; convert to float32 first {seed_note()}")
+        flat = x.double().reshape(-1, cols)
+        if _proportional(got, (flat * flat).mean(0)) is not None:
+            continue
+        wrong = {"E|x| (AWQ's statistic: it sizes a column's scaling, not its error's weight)": flat.abs().mean(0),
+                 "the variance: you subtracted each column's mean, but the output error Σ Δw_i x_i sees x, not x "
+                 "minus its mean": flat.var(0, unbiased=False),
+                 "the root mean square: the error is squared, its weight is not a square root": flat.pow(2).mean(0).sqrt(),
+                 "the squared mean (E x)²": flat.mean(0) ** 2}
+        named = [name for name, stat in wrong.items() if _proportional(got, stat) is not None]
+        raise AssertionError(
+            f"{what}: your weights are not proportional to the per-column statistic that makes Σ_i c_i Δw_i² the "
+            f"expected squared output error" + (f"; they are proportional to {named[0]}" if named else "") +
+            f". Expand E[(Σ_i Δw_i x_i)²] over the calibration tokens and keep the terms with one column {seed_note()}")
+    x = _activations(750)[0][1]
+    _pure(column_importance, (x,), "column_importance(activations [300, 48])")
+    check_on_meta(column_importance, (x,), "column_importance(activations [300, 48])")
+
+
+# --- 9: sensitivity -> bits -----------------------------------------------------------------------------------
 
 def _saved(chosen, delta):
     return sum(delta[u] for u in chosen)
 
 
-@WEEK.exercise(8, "allocate_bits", section="6 (Per-layer sensitivity)")
+@WEEK.exercise(9, "allocate_bits", section="6 (Per-layer sensitivity)")
 def check_allocate_bits(allocate_bits) -> None:
     """Within the budget, and saving at least the perplexity that the greedy-by-ratio allocation saves."""
     g = generator(800)
@@ -415,7 +481,7 @@ def check_allocate_bits(allocate_bits) -> None:
             f"weight (the perplexity an extra bit buys) while they fit saves {_saved(want, delta):.3f} {seed_note()}")
 
 
-# --- 9-10: GPTQ and AWQ --------------------------------------------------------------------------------------
+# --- 10-11: GPTQ and AWQ --------------------------------------------------------------------------------------
 
 def _calibration(rows, cols, n, offset):
     """Weights `[rows, cols]`, correlated inputs `[n, cols]` with a few outlier channels (like LLM activations),
@@ -479,7 +545,7 @@ def _pure(fn, args, what):
 GPTQ_SAME_CODES = 0.9
 
 
-@WEEK.exercise(9, "gptq_quantize", section="7 (GPTQ)")
+@WEEK.exercise(10, "gptq_quantize", section="7 (GPTQ)")
 def check_gptq_quantize(gptq_quantize) -> None:
     """On a uniform grid; the weights lib.gptq finds (≥ 90 % of them); output error on held-out inputs within 5 %
     of lib.gptq's; inputs unchanged; tensors made on the inputs' device (a meta run)."""
@@ -507,7 +573,7 @@ def check_gptq_quantize(gptq_quantize) -> None:
         check_on_meta(gptq_quantize, (w, x, bits, group, 0.01), what)
 
 
-@WEEK.exercise(10, "awq_quantize", section="8 (AWQ)")
+@WEEK.exercise(11, "awq_quantize", section="8 (AWQ)")
 def check_awq_quantize(awq_quantize) -> None:
     """The α found is as good as lib.awq's grid search on held-out inputs; the weights are on a uniform grid
     after W·diag(s); inputs unchanged."""
@@ -535,7 +601,7 @@ def check_awq_quantize(awq_quantize) -> None:
         _pure(awq_quantize, (w, x, bits, group, 20), what)
 
 
-# --- 11: a GGUF file ----------------------------------------------------------------------------------------
+# --- 12: a GGUF file ----------------------------------------------------------------------------------------
 
 _GGUF_TYPES = ["F32", "Q8_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K"]
 
@@ -590,7 +656,7 @@ def _read_gguf(data: bytes, names, what: str):
     raise AssertionError(f"{what}: gguf-py cannot read your file ({error}). Check {hint} {seed_note()}")
 
 
-@WEEK.exercise(11, "gguf_bytes", section="11 (A GGUF file of your own)")
+@WEEK.exercise(12, "gguf_bytes", section="11 (A GGUF file of your own)")
 def check_gguf_bytes(gguf_bytes) -> None:
     """gguf-py reads the file back: every tensor's name, type, dims (innermost first) and bytes, each at an offset
     that is a multiple of the alignment (32, or another one announced in general.alignment), in the infos' order
@@ -642,9 +708,9 @@ def check_gguf_bytes(gguf_bytes) -> None:
             f"plus each tensor's data padded to {alignment} make {full}: nothing else belongs in it {seed_note()}")
 
 
-# --- 12: quiz ---------------------------------------------------------------------------------------------
+# --- 13: quiz ---------------------------------------------------------------------------------------------
 
-@WEEK.exercise(12, "answer_q9", section="12 (Check your understanding)")
+@WEEK.exercise(13, "answer_q9", section="12 (Check your understanding)")
 def check_answer_q9(answer_q9) -> None:
     got = answer_q9()
     assert isinstance(got, (set, frozenset, list, tuple)), f"answer_q9() returned {type(got).__name__}; expected a set"

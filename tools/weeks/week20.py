@@ -40,7 +40,7 @@ import torch
 from grader.checks.week20 import (check_quantize_q8_0, check_dequantize_q8_0, check_quantize_q4_1,
                                   check_dequantize_q4_1, check_quantize_q5_0, check_dequantize_q4_k,
                                   check_quantize_q4_k, check_allocate_bits, check_gptq_quantize, check_awq_quantize,
-                                  check_gguf_bytes, check_answer_q9)
+                                  check_gguf_bytes, check_answer_q9, check_column_importance)
 """)
 
 nb.code(r"""
@@ -632,19 +632,57 @@ for qtype in ["Q5_0", "Q5_1"]:
 nb.md(r"""
 ### The importance matrix
 
-The search of section 4 weighted each weight's error by its own size. What the model cares about is the
-*output* of each linear: an error Δw_i on input column i changes the output by Δw_i·x_i, so over the
-inputs the model really sees, the expected squared output error of a row is
+The search of section 4 weighted each weight's error by the size of the weights around it. What the model
+cares about is the *output* of each linear: a row computes Σ_i w_i x_i, so rounding changes its output by
 
-$$\mathbb{E}\Big[\big(\textstyle\sum_i \Delta w_i\, x_i\big)^2\Big] \approx \sum_i \Delta w_i^2\; \mathbb{E}[x_i^2]$$
+$$e = \textstyle\sum_i \Delta w_i\, x_i .$$
 
-(the cross terms dropped). So the right weights for the search are each input column's **mean squared
-activation**, measured on calibration text: llama.cpp's `imatrix` (`llama-imatrix` writes it,
-`llama-quantize --imatrix` uses it; every modern low-bit GGUF is made that way). `ref.collect_imatrix`
-hooks every linear and averages x² per column over 1,024 tokens of Hamlet that the evaluation never reads;
-`quantize_model(..., importance=imatrix)` hands each tensor its row to the search (the legacy fallbacks
-search too, as llama.cpp's do with an imatrix). At 3 bits, `ref.search_quantize` is the same search on
-3-bit groups of 32 with a float16 scale and min (RTN's format: 4.0 bits per weight).
+The search can minimize any per-column weighted error Σ_i c_i Δw_i², one vector c per tensor (shared by its
+rows), and the inputs the model really sees can be measured: hook a linear and record what it is given while
+the model reads calibration text. llama.cpp does exactly this (`llama-imatrix` writes the vectors,
+`llama-quantize --imatrix` hands them to the search; every modern low-bit GGUF is made that way).
+
+**Exercise 8 (derivation).** Which c makes Σ_i c_i Δw_i² the expected squared output error E[e²] over the
+calibration tokens? Expand E[e²] yourself; in the cell after the check, say which terms you had to drop for it to
+take that form, and for which inputs dropping them costs the most. Then write `column_importance(x)`: from the
+inputs one linear saw, `x [..., in]` (every dim but the last counts tokens; any float dtype — half-precision
+activations included), the weights `c [in]`, float32. Any positive multiple of c gives the same search, and the
+check accepts any.
+""")
+
+nb.exercise("column_importance", r'''
+def column_importance(x: torch.Tensor) -> torch.Tensor:
+    """x [..., in]: the inputs one linear saw (all dims but the last are tokens) -> [in] float32, the per-column
+    weights c that make Σ_i c_i Δw_i² the expected squared output error over those tokens."""
+    ### BEGIN SOLUTION
+    flat = x.reshape(-1, x.shape[-1]).float()  # float16 squares pass 65,504 from |x| > 256
+    return (flat * flat).mean(0)
+    ### END SOLUTION
+''')
+nb.test("test_column_importance", "check_column_importance(column_importance)", points=1)
+nb.answer("column_importance_why", r"""
+**Model answer.** E[e²] = Σ_i Σ_j Δw_i Δw_j E[x_i x_j] = Σ_i Δw_i² E[x_i²] + Σ_{i≠j} Δw_i Δw_j E[x_i x_j], so
+c_i = E[x_i²], the mean squared activation of column i (not its variance: the error sees x, mean included;
+not E|x|). The cross terms are dropped: exact when the columns are uncorrelated (or the rounding errors of a
+row are independent with mean zero, so the cross terms average out); they cost the most when inputs are
+strongly correlated — then errors in correlated columns add up or cancel, which only the whole matrix
+E[x xᵀ] sees. GPTQ (section 7) keeps it: its Hessian 2XᵀX/n is that matrix, and c is its diagonal.
+
+**Mark scheme (1 point).** The cross terms Σ_{i≠j} Δw_i Δw_j E[x_i x_j] named as what is dropped, and
+correlated inputs as when it matters most.
+""", points=1)
+
+nb.md(r"""
+The derivation, for after your answer: E[e²] = Σ_i Δw_i² E[x_i²] + Σ_{i≠j} Δw_i Δw_j E[x_i x_j]; the diagonal
+terms are the form the search minimizes, so c_i = E[x_i²] — the **importance matrix** (a vector per tensor,
+despite the name). GPTQ in section 7 keeps the cross terms too: its Hessian is the whole matrix E[x xᵀ].
+
+Your `column_importance` now builds it: `ref.input_column_means` hooks every linear in `some` and averages
+what your function returns over the 1,024 calibration tokens of Hamlet (which the evaluation never reads);
+the cell compares the result with `ref.collect_imatrix`. `quantize_model(..., importance=imatrix)` hands each
+tensor its vector to the search (the legacy fallbacks search too, as llama.cpp's do with an imatrix). At 3
+bits, `ref.search_quantize` is the same search on 3-bit groups of 32 with a float16 scale and min (RTN's
+format: 4.0 bits per weight).
 
 The short run quantizes the linears of `IMATRIX_LAYERS` only (the search over all 30 layers takes minutes);
 `FULL` does all of them.
@@ -653,7 +691,11 @@ The short run quantizes the linears of `IMATRIX_LAYERS` only (the search over al
 nb.code(r"""
 IMATRIX_LAYERS = list(range(cfg.n_layers)) if FULL else [0, 15, 29]
 some = [n for n in linears if int(n.split(".")[1]) in IMATRIX_LAYERS]
-imatrix = ref.collect_imatrix(model, calibration, some)  # {name: E[x²] per input column}
+imatrix = ref.input_column_means(model, calibration, some,  # {name: your c per input column}
+                                 lambda x: column_importance(x).expand_as(x))
+lib_imatrix = ref.collect_imatrix(model, calibration, some)
+rel = max(float(((imatrix[n] / imatrix[n].mean()) - (lib_imatrix[n] / lib_imatrix[n].mean())).abs().max()) for n in some)
+print(f"{len(some)} linears; your importance vs lib's (each scaled to mean 1): largest difference {rel:.2g}")
 im_rows = {
     "Q4_K": ref.quantize_model(model, {n: "Q4_K" for n in some}),
     "Q4_K + imatrix": ref.quantize_model(model, {n: "Q4_K" for n in some}, importance=imatrix),

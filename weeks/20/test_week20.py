@@ -40,23 +40,28 @@ def test_ex07_quantize_q4_k(ex):
     checks.check_quantize_q4_k(ex.quantize_q4_k)
 
 
-def test_ex08_allocate_bits(ex):
+def test_ex08_column_importance(ex):
+    """The importance matrix: per-column weights proportional to the mean squared activation, float32 from float16."""
+    checks.check_column_importance(ex.column_importance)
+
+
+def test_ex09_allocate_bits(ex):
     checks.check_allocate_bits(ex.allocate_bits)
 
 
-def test_ex09_gptq_quantize(ex):
+def test_ex10_gptq_quantize(ex):
     """GPTQ: lib.gptq's weights on a uniform grid, as low an output error on held-out inputs; inputs unchanged."""
     checks.check_gptq_quantize(ex.gptq_quantize)
 
 
-def test_ex10_awq_quantize(ex):
+def test_ex11_awq_quantize(ex):
     checks.check_awq_quantize(ex.awq_quantize)
 
 
-def test_ex11_gguf_bytes(ex):
+def test_ex12_gguf_bytes(ex):
     """A GGUF v3 file's bytes that gguf-py reads back: names, types, dims innermost first, data at aligned offsets."""
     checks.check_gguf_bytes(ex.gguf_bytes)
 
 
-def test_ex12_answer_q9(ex):
+def test_ex13_answer_q9(ex):
     checks.check_answer_q9(ex.answer_q9)
