@@ -269,9 +269,11 @@ Chen et al. 2023): draft token x_i was drawn from q_i; **accept it with probabil
 At the first rejection, sample the replacement from the **residual** normalize(max(p_i − q_i, 0)); if all K
 are accepted, sample a bonus token from p_K.
 
-Why it is exact, for one position: P(emit x) = q(x)·min(1, p(x)/q(x)) + P(reject)·residual(x)
-= min(p(x), q(x)) + (1 − Σ min(p, q)) · (p(x) − min(p(x), q(x))) / (1 − Σ min(p, q)) = p(x).
-The residual is exactly the mass of p that q under-covers. Sample the replacement from p instead and tokens
+Why it is exact, for one position: P(emit x) = q(x)·min(1, p(x)/q(x)) + P(reject)·residual(x). The first
+term is min(p(x), q(x)); the second must supply the rest, p(x) − min(p(x), q(x)) = max(p(x) − q(x), 0), which is
+the residual's shape — and it does exactly when P(reject) equals the residual's normaliser Σ_y max(p(y) − q(y), 0)
+(section 4 has you work out P(reject) and see that it does). The residual is exactly the mass of p that q
+under-covers. Sample the replacement from p instead and tokens
 that q over-proposes come out too often; accept with min(1, q/p) (the letters swapped) and tokens the target
 never writes (p = 0) slip through.
 

@@ -236,29 +236,38 @@ nb.md("""
 
 The engine thread runs one loop forever: take what the front end queued, step the engine, hand out the
 tokens. Everything else in the server is plumbing around it. Your `ServingLoop(engine, eos_token_id)`
-is that loop's body, with no threads and no network, so it can be tested exactly:
+is that loop's body, with no threads and no network, so it can be tested exactly. **Designing it is the
+exercise**: below are its interface and what the server needs of it; the order of the work inside
+`run_once`, and what you keep between calls, are yours to decide.
 
-* `submit(request_id, prompt, max_tokens, temperature=0.0, seed=0)` and `cancel(request_id)` are called
-  by the front end; they only **queue** (they must not touch the engine: in the server they run on another
-  thread).
-* `run_once()` does the work and returns a list of messages:
-  1. every queued item **in the order it was queued**: a submission goes into the engine with
-     `engine.add_request(prompt, max_tokens, request_id=..., temperature=..., seed=...)`; if the engine
-     refuses it (`ValueError`: it can never fit) the message is `("error", request_id, str(error))` and
-     nothing else happens for it. A cancel of a request still running aborts it in the engine
-     (`engine.abort(request_id)`, which frees its blocks) and says `("done", request_id, "abort")`; a cancel
-     of anything else (unknown, finished) is ignored.
-  2. then, if the engine has anything to run (`engine.has_unfinished()`), **one** `engine.step()`. Each
-     of its outputs (`.request_id`, `.token`, `.finished`) becomes `("token", request_id, token)` — except
-     the end-of-sequence token, which is not sent: the request ends with `("done", request_id, "stop")`.
-     A request whose last token this was (`.finished`) ends with `("done", request_id, "length")`.
-  3. a request that ended is dropped from the engine (`engine.abort` forgets a finished request too),
-     so a server that runs for days does not leak; nothing is ever sent for it again.
-* `has_work()` is true while anything is queued or the engine has unfinished requests.
+**Interface.** The front end calls `submit(request_id, prompt, max_tokens, temperature=0.0, seed=0)` and
+`cancel(request_id)`; the engine thread calls `run_once()`, which returns a list of messages, and
+`has_work()`, which says whether there is anything left to do (the thread sleeps when there is not). The
+engine (week 19's `LLMEngine`, behind a view with four methods) offers `add_request(prompt, max_tokens,
+request_id=..., temperature=..., seed=...)`, which raises `ValueError` for a request that can never fit;
+`step()`, whose outputs carry `.request_id`, `.token` and `.finished` (the request's last token);
+`abort(request_id)`, which frees a request's blocks and forgets it, finished or not; and `has_unfinished()`.
+The messages are `("token", request_id, token)`, `("done", request_id, reason)` with reason `"stop"`,
+`"length"` or `"abort"`, and `("error", request_id, message)`.
 
-The engine you get in the check is week 19's `LLMEngine`, behind a view that offers just these four
-methods. Why is admitting at the *next* `run_once` — not when a batch finishes — what makes this
-continuous batching?
+**What the server needs** (the check tests each; think about how each can fail before you write):
+
+* *Threads.* `submit` and `cancel` run on the front end's thread while the engine thread may be inside
+  `step()`. The engine is not thread-safe.
+* *Order.* What the front end did takes effect in the order it did it: a cancel sent after a submit is
+  about that submission.
+* *Continuous batching.* A request submitted now runs in the very next step, whatever else is running.
+* *Latency.* The server hands out tokens and reads the network between two steps: a `run_once` never runs
+  more than one step.
+* *Exactly what the client should see.* Every generated token as a `"token"` message except the
+  end-of-sequence token, which the client never sees; then exactly one `"done"` per request the engine
+  took: `"stop"` when it produced the end-of-sequence token, `"length"` when it reached `max_tokens`,
+  `"abort"` when it was cancelled while running. Nothing for a request after its `"done"`. A cancel of a
+  request that is unknown or already over is not an error. A refused request gets its `"error"`, and the
+  server goes on serving the others.
+* *Days of uptime.* Nothing of a request that ended stays behind — in your loop or in the engine.
+
+Why is admitting at the *next* `run_once` — not when a batch finishes — what makes this continuous batching?
 """)
 
 nb.exercise("ServingLoop", '''
