@@ -198,6 +198,9 @@ class LLMEngine:
     at most `max_num_batched_tokens` tokens go through one forward. `policy="static"` admits a new batch
     only when the whole previous one has finished, and a finished request keeps decoding (its tokens
     thrown away) until then, as a padded row of a static batch does: static batching, for comparison.
+    `long_prefill_token_threshold` (vLLM's name; 0, the default, is off) caps the tokens one prompt gets per step,
+    so a long prompt's prefill leaves budget for the others: a short request sent during it starts at the next
+    step instead of after the whole prefill.
     The parts can be replaced by the notebook's own (same signatures): `scheduler`, the function that plans each
     step (`schedule`); `block_pool`, the class of the block pool (`PrefixCache`, or without prefix caching any
     pool with `BlockAllocator`'s `allocate`, `fork`, `free`, `ref_count`, `num_free`); `block_hashes`, the
@@ -212,13 +215,16 @@ class LLMEngine:
                  enable_prefix_caching: bool = False, policy: str = "continuous",
                  eos_token_id: int | None = None, clock=time.perf_counter, scheduler=schedule,
                  block_pool=PrefixCache, preemption_mode: str = "recompute", block_hashes=None, slot_mapping=None,  # noqa: F811
-                 paged_attention=None):
+                 paged_attention=None, long_prefill_token_threshold: int = 0):
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError(f"need max_num_seqs >= 1 and max_num_batched_tokens >= 1; got {max_num_seqs}, "
                              f"{max_num_batched_tokens}")
         if max_num_batched_tokens < max_num_seqs:
             raise ValueError(f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_num_seqs "
                              f"({max_num_seqs}): every running request decodes one token per step")
+        if long_prefill_token_threshold < 0 or (long_prefill_token_threshold and not enable_chunked_prefill):
+            raise ValueError(f"long_prefill_token_threshold must be >= 0 (0: off) and needs chunked prefill; got "
+                             f"{long_prefill_token_threshold} with enable_chunked_prefill={enable_chunked_prefill}")
         if preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {preemption_mode!r}")
         if policy not in ("continuous", "static"):
@@ -228,6 +234,7 @@ class LLMEngine:
         self.block_size = block_size
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.enable_chunked_prefill, self.policy, self.eos_token_id = enable_chunked_prefill, policy, eos_token_id
+        self.long_prefill_token_threshold = long_prefill_token_threshold
         self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching, pool=block_pool, hashes=block_hashes)
         self.cache = PagedKVCache(self.config, num_blocks, block_size, dtype=model.embed.weight.dtype,
                                   device=model.device, slot_mapping=slot_mapping, paged_attention=paged_attention)
@@ -433,16 +440,21 @@ class LLMEngine:
         self.waiting.appendleft(req)
 
     def _view(self, req: Request, waiting: bool) -> dict:
-        """The request as the scheduler sees it (plain ints)."""
+        """The request as the scheduler sees it (plain ints). With `long_prefill_token_threshold`, a prefill is
+        shown at most that many tokens from its end, so no step gives one prompt more than the threshold."""
         if waiting and req.swapped is not None:  # its computed tokens come back from host memory
-            return dict(id=req.serial, computed=req.num_computed, tokens=req.num_tokens, blocks=0, freeable=0,
+            view = dict(id=req.serial, computed=req.num_computed, tokens=req.num_tokens, blocks=0, freeable=0,
                         seqs=req.n)
-        if waiting:
+        elif waiting:
             computed, free_hits = self.blocks.peek(req)  # a waiting request holds no block
-            return dict(id=req.serial, computed=computed, tokens=req.num_tokens, blocks=computed // self.block_size
+            view = dict(id=req.serial, computed=computed, tokens=req.num_tokens, blocks=computed // self.block_size
                         - free_hits, freeable=0, seqs=req.n)
-        return dict(id=req.serial, computed=req.num_computed, tokens=req.num_tokens,
-                    blocks=self.blocks.writable(req), freeable=self.blocks.freeable(req), seqs=req.n)
+        else:
+            view = dict(id=req.serial, computed=req.num_computed, tokens=req.num_tokens,
+                        blocks=self.blocks.writable(req), freeable=self.blocks.freeable(req), seqs=req.n)
+        if self.long_prefill_token_threshold:
+            view["tokens"] = min(view["tokens"], view["computed"] + self.long_prefill_token_threshold)
+        return view
 
     def _schedule(self) -> list[tuple[Request, int]]:
         """Ask `self.scheduler` for this step's plan, check it, and carry it out (preempt, admit, give blocks)."""

@@ -502,8 +502,14 @@ class ServerThread:
         self._thread.join(timeout=30)
 
 
+# Most prompt tokens one request gets in one step (of the 512-token budget): a short request sent during a long
+# prefill starts at the next step. Measured by benchmarks/long_prefill.py (week 21's README has the figures).
+LONG_PREFILL_TOKEN_THRESHOLD = 256
+
+
 def make_server(model=None, tokenizer=None, num_blocks: int = 512, block_size: int = 16, max_num_seqs: int = 8,
                 max_num_batched_tokens: int = 512, prefix_caching: bool = False, weights: str = "fp32",
+                long_prefill_token_threshold: int = LONG_PREFILL_TOKEN_THRESHOLD,
                 model_name: str = "SmolLM2-135M-Instruct", loop_cls=ServingLoop,
                 text_stream_cls=TextStream) -> Server:
     """A `Server` on SmolLM2 (or `model` + `tokenizer`). `weights`: "fp32", "packed" (lib.fast's oneDNN-packed
@@ -525,7 +531,8 @@ def make_server(model=None, tokenizer=None, num_blocks: int = 512, block_size: i
         raise ValueError(f"weights must be fp32, packed, int8 or int4; got {weights!r}")
     model.eval()
     engine = LLMEngine(model, num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
-                       max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=prefix_caching)
+                       max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=prefix_caching,
+                       long_prefill_token_threshold=long_prefill_token_threshold)
     return Server(engine, tokenizer, model_name, loop_cls=loop_cls, text_stream_cls=text_stream_cls)
 
 
@@ -537,6 +544,9 @@ def main(argv=None) -> None:
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--max-num-seqs", type=int, default=8, help="requests decoding at once (default 8)")
     ap.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget of one step")
+    ap.add_argument("--long-prefill-token-threshold", type=int, default=LONG_PREFILL_TOKEN_THRESHOLD,
+                    help=f"most prompt tokens one request gets per step, so short requests are not held up by a long "
+                         f"prefill (default {LONG_PREFILL_TOKEN_THRESHOLD}; 0: no cap)")
     ap.add_argument("--prefix-caching", action="store_true", help="share computed prompt blocks between requests")
     ap.add_argument("--weights", default="fp32", choices=["fp32", "packed", "int8", "int4"])
     args = ap.parse_args(argv)
@@ -544,7 +554,7 @@ def main(argv=None) -> None:
 
     server = make_server(num_blocks=args.num_blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
                          max_num_batched_tokens=args.max_num_batched_tokens, prefix_caching=args.prefix_caching,
-                         weights=args.weights)
+                         weights=args.weights, long_prefill_token_threshold=args.long_prefill_token_threshold)
     print(f"serving {server.model_name} on http://{args.host}:{args.port}/v1 "
           f"(weights {args.weights}, prefix caching {'on' if args.prefix_caching else 'off'})", flush=True)
     uvicorn.run(build_app(server), host=args.host, port=args.port, log_level="warning")

@@ -137,6 +137,32 @@ def test_engine_batches_decodes_in_one_forward():
     assert engine.trace[-1] == [(i, 1) for i in range(4)]
 
 
+def test_long_prefill_token_threshold_lets_a_short_request_in():
+    """A long prompt's prefill takes the whole token budget of every step until it is done, and a request sent
+    meanwhile waits for all of it; with the threshold each step gives the prompt at most that many tokens, and the
+    short request runs in the next step. Outputs are unchanged either way."""
+    model = tiny_model(seed=5)
+    long, short = _prompts(1, seed=7, lo=100, hi=101)[0], _prompts(1, seed=8, lo=3, hi=4)[0]
+    for threshold in (0, 16):
+        engine = LLMEngine(model, num_blocks=64, block_size=8, max_num_batched_tokens=32,
+                           long_prefill_token_threshold=threshold)
+        a = engine.add_request(long, 4)
+        engine.step()
+        b = engine.add_request(short, 4)
+        engine.step()
+        got = dict(engine.trace[-1])
+        if threshold:
+            assert got == {0: 16, 1: 3}, engine.trace
+        else:
+            assert got == {0: 32}, engine.trace  # the short request waits for the whole prompt
+        while engine.has_unfinished():
+            engine.step()
+        assert max(n for step in engine.trace for i, n in step if i == 0) == (threshold or 32)
+        assert engine.finished_outputs() == dict(zip([a, b], _alone(model, [long, short], 4)))
+    with pytest.raises(ValueError, match="chunked prefill"):
+        LLMEngine(model, num_blocks=64, enable_chunked_prefill=False, long_prefill_token_threshold=16)
+
+
 def test_engine_errors():
     model = tiny_model(seed=0)
     engine = LLMEngine(model, num_blocks=4, block_size=4)
