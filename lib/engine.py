@@ -40,6 +40,7 @@ names are importable from here too (`from lib.engine import PrefixCache, run_loa
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections import deque
@@ -50,8 +51,8 @@ import torch
 
 from lib.blocks import BlockManager, PrefixCache, block_hashes, chain_hash  # noqa: F401  (re-exported)
 from lib.engine_load import SkipClock, percentile, run_load  # noqa: F401  (re-exported)
-from lib.generate import sample_next
 from lib.paged import PagedKVCache, blocks_needed
+from lib.sampling import SamplingParams
 
 
 # --- requests ----------------------------------------------------------------------------------------
@@ -81,6 +82,7 @@ class Request:
     padding: list[int] = field(default_factory=list)  # static batching: tokens run after finishing, thrown away
     temperature: float = 0.0
     seed: int = 0  # sampling: this request's generator is seeded with it
+    params: SamplingParams | None = None  # top_p, penalties, logit_bias, ... (lib.sampling); None: plain
     n: int = 1  # parallel sampling: samples still to fork off when the prompt is done
     generator: torch.Generator | None = None
     serial: int = 0  # the engine's int id of the request (what the scheduler sees)
@@ -245,6 +247,7 @@ class LLMEngine:
         self.running: list[Request] = []
         self.requests: dict[object, Request] = {}
         self._finished: dict[object, list[int]] = {}
+        self.sampling_for: dict[object, SamplingParams] = {}  # request id -> params for its add_request
         self._ids = itertools.count()
         self.trace: list[list[tuple[object, int]]] = []  # per step: (request_id, tokens computed)
         self.step_stats: list[dict] = []
@@ -303,15 +306,27 @@ class LLMEngine:
         return prompt
 
     def add_request(self, prompt: Sequence[int], max_new_tokens: int, request_id=None,
-                    arrival: float | None = None, n: int = 1, temperature: float = 0.0, seed: int = 0):
+                    arrival: float | None = None, n: int = 1, temperature: float = 0.0, seed: int = 0,
+                    params: SamplingParams | None = None):
         """Queue a request; returns its id. Raises ValueError at once for a request that can never run.
 
         `temperature` > 0 samples (sample k of the request draws from a generator seeded with `seed + k`,
         as `lib.generate.generate(..., temperature, generator=torch.Generator().manual_seed(seed + k))`
         does). `n` > 1 is parallel sampling: the prompt is computed once, then `n - 1` more samples,
-        with ids `(request_id, 1) … (request_id, n - 1)`, share its blocks (copy-on-write).
+        with ids `(request_id, 1) … (request_id, n - 1)`, share its blocks (copy-on-write). `params`: the rest
+        of the sampling fields (`lib.sampling.SamplingParams`; its temperature is this call's `temperature`), or
+        what `sampling_for[request_id]` holds (how the server hands them over past a `ServingLoop` that passes on
+        temperature and seed only).
         """
+        params = self.sampling_for.pop(request_id, None) if params is None and request_id is not None else params
         prompt = self.admissible(prompt, max_new_tokens, n, temperature)
+        if params is not None:
+            params = dataclasses.replace(params, temperature=temperature)
+            bad = [t for t in [*params.logit_bias, *params.stop_token_ids, params.eos_token_id]
+                   if t is not None and not 0 <= int(t) < self.config.vocab_size]
+            if bad:
+                raise AdmissionError(f"token ids {bad[:5]} are outside the vocabulary (0 to {self.config.vocab_size - 1})",
+                                     "params")
         if request_id is None:
             request_id = next(self._ids)
             while request_id in self.requests:
@@ -319,7 +334,7 @@ class LLMEngine:
         elif request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         req = Request(request_id, prompt, max_new_tokens, arrival=self.clock() if arrival is None else arrival,
-                      temperature=temperature, seed=seed, n=n, serial=next(self._serials))
+                      temperature=temperature, seed=seed, n=n, serial=next(self._serials), params=params)
         self.requests[request_id] = req
         self.waiting.append(req)
         return request_id
@@ -387,18 +402,17 @@ class LLMEngine:
             self.num_cow_copies += 1
 
     def _sample(self, req: Request, logits: torch.Tensor) -> int:
-        if req.temperature == 0.0:
-            return int(logits.argmax())
-        if req.generator is None:
+        params = req.params or SamplingParams(temperature=req.temperature)
+        if req.temperature != 0.0 and req.generator is None:
             req.generator = torch.Generator(device=logits.device).manual_seed(req.seed)
-        return int(sample_next(logits[None], req.temperature, generator=req.generator)[0])
+        return params.choose(logits, req.prompt, req.output, req.generator)
 
     def _fork_samples(self, parent: Request) -> list[Request]:
         """Parallel sampling: n - 1 more samples of `parent`'s prompt, sharing every block it has."""
         children = []
         for k in range(1, parent.n):
             child = Request((parent.request_id, k), parent.prompt, parent.max_new_tokens, arrival=parent.arrival,
-                            temperature=parent.temperature, seed=parent.seed + k,
+                            temperature=parent.temperature, seed=parent.seed + k, params=parent.params,
                             num_computed=parent.num_computed, block_hashes=list(parent.block_hashes),
                             blocks=[self.blocks.pool.fork(b) for b in parent.blocks],
                             serial=next(self._serials))

@@ -1,4 +1,5 @@
-"""Autoregressive generation: greedy, temperature, top-k and top-p sampling, with or without a KV cache.
+"""Autoregressive generation: greedy, temperature, top-k, top-p and min-p sampling (and lib.sampling's penalties),
+with or without a KV cache.
 
     ids = generate(model, prompt_ids, max_new_tokens=32)        # greedy, cached
     ids = generate(model, prompt_ids, 32, use_cache=False)      # same tokens, recomputing every step
@@ -10,31 +11,18 @@ from __future__ import annotations
 
 import torch
 
-
-def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
-    """Set to -inf every logit outside the top-k and outside the smallest set whose probability >= top_p."""
-    logits = logits.clone()
-    if top_k is not None and top_k > 0 and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-        logits[logits < kth] = float("-inf")
-    if top_p is not None and top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        # drop a token if the tokens ranked above it already reach top_p (the top token always stays)
-        drop = (probs.cumsum(dim=-1) - probs) >= top_p
-        sorted_logits[drop] = float("-inf")
-        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
-    return logits
+from lib.sampling import SamplingParams, filter_logits
 
 
 def sample_next(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None,
-                top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+                top_p: float | None = None, generator: torch.Generator | None = None,
+                min_p: float | None = None) -> torch.Tensor:
     """Next token ids `[B]` from last-position logits `[B, vocab]`. temperature 0 means greedy (argmax)."""
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if temperature == 0.0:
         return logits.argmax(dim=-1)
-    probs = torch.softmax(filter_logits(logits.float() / temperature, top_k, top_p), dim=-1)
+    probs = torch.softmax(filter_logits(logits.float() / temperature, top_k, top_p, min_p), dim=-1)
     if generator is not None and generator.device != probs.device:
         probs = probs.to(generator.device)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1).to(logits.device)
@@ -44,11 +32,13 @@ def sample_next(logits: torch.Tensor, temperature: float = 0.0, top_k: int | Non
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, use_cache: bool = True,
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
              generator: torch.Generator | None = None, eos_token_id: int | None = None,
-             return_logits: bool = False):
+             return_logits: bool = False, sampling: SamplingParams | None = None):
     """Generate `max_new_tokens` after `input_ids [B, T]`; returns `[B, T + new]` (and `[B, new, vocab]` logits).
 
     With `eos_token_id`, generation stops early once every sequence has produced it (later positions
-    of finished sequences are filled with eos).
+    of finished sequences are filled with eos). `sampling` (a `lib.sampling.SamplingParams`: penalties,
+    logit_bias, min_p, min_tokens, ...) replaces `temperature`, `top_k` and `top_p`; each row is chosen by
+    `sampling.choose`, as the engine and the server choose.
     """
     if input_ids.dim() == 1:
         input_ids = input_ids.unsqueeze(0)
@@ -66,7 +56,11 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, use_cache: boo
     for _ in range(max_new_tokens):
         logits = model(next_input if use_cache else ids, cache=cache)[:, -1]  # [B, vocab]
         step_logits.append(logits)
-        nxt = sample_next(logits, temperature, top_k, top_p, generator)  # [B]
+        if sampling is None:
+            nxt = sample_next(logits, temperature, top_k, top_p, generator)  # [B]
+        else:
+            nxt = torch.tensor([sampling.choose(logits[i], input_ids[i].tolist(), ids[i, t:].tolist(), generator)
+                                for i in range(b)], dtype=ids.dtype, device=ids.device)
         if eos_token_id is not None:
             nxt = torch.where(finished, torch.full_like(nxt, eos_token_id), nxt)
             finished |= nxt == eos_token_id

@@ -20,16 +20,23 @@ The shape is vLLM's, small enough to read in one sitting:
 - a client that disconnects mid-stream is **aborted** in the engine, its blocks freed at the next step.
 
 Endpoints: `POST /v1/completions`, `POST /v1/chat/completions` (both with `"stream": true` as server-sent
-events), `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus text). A bad request gets OpenAI's error
-object (`{"error": {"message", "type", "param", "code"}}`) and never reaches the engine; a request that can
-never fit (prompt + max_tokens past the model's length or the whole KV pool) is refused at once.
+events), `GET /v1/models`, `GET /v1/models/{name}`, `POST /tokenize` and `POST /detokenize` (vLLM's), `GET /health`,
+`GET /metrics` (Prometheus text). Sampling takes OpenAI's and vLLM's fields (`lib.sampling`: top_p, top_k, min_p,
+the three penalties, logit_bias, stop_token_ids, min_tokens, ignore_eos); a field the server does not implement,
+or does not know, is refused (`lib.openai_api`). A bad request gets OpenAI's error object (`{"error": {"message",
+"type", "param", "code"}}`) and never reaches the engine; a request that can never fit (prompt + max_tokens past
+the model's length or the whole KV pool) is refused at once. `--api-key` (or $VLLM_API_KEY) makes every /v1
+route ask for it.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hmac
 import itertools
 import json
+import logging
+import os
 import queue
 import threading
 import time
@@ -39,19 +46,13 @@ from dataclasses import dataclass, field
 import torch
 
 from lib.engine import AdmissionError, LLMEngine
+from lib.openai_api import (RequestError, answer_options, check_fields, float_field, int_field, prompt_ids,
+                            sampling_params)
+from lib.sampling import SamplingParams
+from lib.server_metrics import E2E_BUCKETS, TTFT_BUCKETS, Histogram, metrics_text
 from lib.serving import ServingLoop, TextStream, token_bytes
 
-
-class RequestError(Exception):
-    """A request the server refuses: becomes OpenAI's error object with this HTTP status."""
-
-    def __init__(self, message: str, status: int = 400, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error"):
-        super().__init__(message)
-        self.status, self.param, self.code, self.kind = status, param, code, kind
-
-    def body(self) -> dict:
-        return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}}
+log = logging.getLogger("lib.server")  # one line per request (python -m lib.server prints them)
 
 
 # --- the engine thread ----------------------------------------------------------------------------------------
@@ -70,6 +71,8 @@ class Submission:
     first_token: float | None = None
     n_tokens: int = 0
     stopped: bool = False  # ended by a stop string: the engine's request is aborted, but the answer is complete
+    params: SamplingParams | None = None  # the other sampling fields (top_p, penalties, ...); None: plain
+    stop_token_ids: frozenset = frozenset()  # a token that ends the answer (not returned as text)
 
     def emit(self, item) -> None:
         if self.loop is not None and not self.loop.is_closed():
@@ -80,8 +83,10 @@ class EngineLoop:
     """Owns the engine; runs a `ServingLoop` over it in one background thread. `submit` and `abort` are safe
     from any thread. `loop_cls`: any class with `ServingLoop`'s methods (the notebook plugs its own in)."""
 
-    def __init__(self, engine: LLMEngine, eos_token_id: int | None = None, loop_cls=ServingLoop):
+    def __init__(self, engine: LLMEngine, eos_token_id: int | None = None, loop_cls=ServingLoop,
+                 model_name: str = "SmolLM2-135M-Instruct"):
         self.engine = engine
+        self.model_name = model_name
         self.eos_token_id = eos_token_id
         self.serving = loop_cls(engine, eos_token_id)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -93,6 +98,9 @@ class EngineLoop:
                       "prompt_tokens_total": 0, "generation_tokens_total": 0, "steps_total": 0}
         self.ttft: list[float] = []  # seconds, the last 1,000 requests
         self.tpot: list[float] = []
+        self.finished_by = {"stop": 0, "length": 0, "abort": 0}  # vLLM's request_success_total{finished_reason}
+        self.histograms = {"vllm:time_to_first_token_seconds": Histogram(TTFT_BUCKETS),
+                           "vllm:e2e_request_latency_seconds": Histogram(E2E_BUCKETS)}
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
 
     def start(self) -> "EngineLoop":
@@ -127,6 +135,8 @@ class EngineLoop:
                 return
             if op == "add":
                 self._live[sub.request_id] = sub
+                if sub.params is not None:  # the engine takes them at add_request, whatever loop_cls passes on
+                    self.engine.sampling_for[sub.request_id] = sub.params
                 self.serving.submit(sub.request_id, sub.prompt, sub.max_tokens, sub.temperature, sub.seed)
                 self.stats["requests_total"] += 1
                 self.stats["prompt_tokens_total"] += len(sub.prompt)
@@ -142,16 +152,25 @@ class EngineLoop:
             if sub.first_token is None:
                 sub.first_token = now
                 self.ttft = (self.ttft + [now - sub.submitted])[-1000:]
+                self.histograms["vllm:time_to_first_token_seconds"].observe(now - sub.submitted)
             sub.n_tokens += 1
             self.stats["generation_tokens_total"] += 1
             sub.emit(("token", value))
             return
         del self._live[rid]
+        self.engine.sampling_for.pop(rid, None)
         if kind == "error":
             self.stats["requests_failed"] += 1
+            log.info("request %s failed after %.3f s: %s", rid, now - sub.submitted, value)
             sub.emit(("error", value))
             return
-        self.stats["requests_aborted" if value == "abort" and not sub.stopped else "requests_finished"] += 1
+        reason = "stop" if sub.stopped else value
+        self.stats["requests_aborted" if reason == "abort" else "requests_finished"] += 1
+        self.finished_by[reason] = self.finished_by.get(reason, 0) + 1
+        self.histograms["vllm:e2e_request_latency_seconds"].observe(now - sub.submitted)
+        log.info("request %s %s: %d prompt + %d completion tokens, first token %s, %.3f s in all", rid, reason,
+                 len(sub.prompt), sub.n_tokens, "never" if sub.first_token is None else
+                 f"after {sub.first_token - sub.submitted:.3f} s", now - sub.submitted)
         if sub.first_token is not None and sub.n_tokens > 1:
             self.tpot = (self.tpot + [(now - sub.first_token) / (sub.n_tokens - 1)])[-1000:]
         sub.emit(("done", value))
@@ -180,125 +199,58 @@ class EngineLoop:
                 self._deliver(kind, rid, value)
 
     def metrics(self) -> str:
-        """Prometheus text format."""
-        e = self.engine
-        lines = []
-        for k, v in self.stats.items():
-            lines += [f"# TYPE lab_{k} counter", f"lab_{k} {v}"]
-        gauges = {"requests_running": len(e.running), "requests_waiting": len(e.waiting),
-                  "kv_blocks_total": e.num_blocks, "kv_blocks_used": e.blocks.num_in_use,
-                  "kv_utilization": e.blocks.num_in_use / max(1, e.num_blocks),
-                  "preemptions_total": e.num_preemptions, "prefix_cache_hit_tokens_total": e.prefix_hit_tokens}
-        for name, values in (("ttft_seconds", self.ttft), ("tpot_seconds", self.tpot)):
-            s = sorted(values)
-            for q in (0.5, 0.95):
-                gauges[f'{name}{{quantile="{q}"}}'] = s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
-        for k, v in gauges.items():
-            lines += [f"lab_{k} {v}"]
-        return "\n".join(lines) + "\n"
+        """Prometheus text format: the lab's names, and vLLM's for the metrics vLLM has (lib.server_metrics)."""
+        return metrics_text(self)
 
 
 # --- the HTTP front end ---------------------------------------------------------------------------------------
 
-def _int_field(body: dict, name: str, default: int, lo: int, hi: int) -> int:
-    v = body.get(name, default)
-    if v is None:
-        v = default
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise RequestError(f"'{name}' must be an integer, got {v!r}", param=name)
-    if not lo <= v <= hi:
-        raise RequestError(f"'{name}' must be between {lo} and {hi}, got {v}", param=name)
-    return v
-
-
-def _float_field(body: dict, name: str, default: float, lo: float, hi: float) -> float:
-    v = body.get(name, default)
-    if v is None:
-        v = default
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise RequestError(f"'{name}' must be a number, got {v!r}", param=name)
-    if not lo <= v <= hi:
-        raise RequestError(f"'{name}' must be between {lo} and {hi}, got {v}", param=name)
-    return float(v)
-
-
 class Server:
     """Validates requests, tokenizes them, feeds the engine loop, and formats OpenAI's responses."""
 
-    UNSUPPORTED = ("logprobs", "top_logprobs", "echo", "suffix", "best_of", "tools", "functions", "logit_bias")
-
     def __init__(self, engine: LLMEngine, tokenizer, model_name: str = "SmolLM2-135M-Instruct",
-                 loop_cls=ServingLoop, text_stream_cls=TextStream):
+                 loop_cls=ServingLoop, text_stream_cls=TextStream, api_key: str | None = None):
+        self.api_key = api_key
         self.tok = tokenizer
         self.token_bytes = token_bytes(tokenizer)
         self.text_stream_cls = text_stream_cls
         self.model_name = model_name
         self.engine = engine
         self.max_len = engine.config.max_seq_len
-        self.loop = EngineLoop(engine, eos_token_id=tokenizer.eos_token_id, loop_cls=loop_cls)
+        self.loop = EngineLoop(engine, eos_token_id=tokenizer.eos_token_id, loop_cls=loop_cls, model_name=model_name)
         self.created = int(time.time())
 
     # -- requests --
 
     def parse(self, body, chat: bool) -> tuple[Submission, dict]:
+        """A request body -> its `Submission` and the options of its answer; `RequestError` for a bad one."""
         if not isinstance(body, dict):
             raise RequestError("the request body must be a JSON object")
-        model = body.get("model")
-        if model is None:
-            raise RequestError("'model' is required", param="model")
-        if model != self.model_name:
-            raise RequestError(f"the model '{model}' does not exist; this server serves '{self.model_name}'",
-                               status=404, param="model", code="model_not_found")
-        for k in self.UNSUPPORTED:
-            if body.get(k) not in (None, False, 0, [], {}):
-                raise RequestError(f"'{k}' is not supported by this server", param=k)
-        if _int_field(body, "n", 1, 1, 1) != 1:
-            raise RequestError("only n = 1 is supported", param="n")
-        if chat:
-            msgs = body.get("messages")
-            if (not isinstance(msgs, list) or not msgs
-                    or not all(isinstance(m, dict) and isinstance(m.get("content"), str)
-                               and m.get("role") in ("system", "user", "assistant") for m in msgs)):
-                raise RequestError("'messages' must be a non-empty list of {role: system|user|assistant, "
-                                   "content: string}", param="messages")
-            text = self.tok.apply_chat_template([{"role": m["role"], "content": m["content"]} for m in msgs],
-                                                tokenize=False, add_generation_prompt=True)
-            prompt = self.tok(text, add_special_tokens=False).input_ids
-        else:
-            p = body.get("prompt")
-            if isinstance(p, str):
-                prompt = self.tok(p).input_ids
-            elif isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
-                prompt = list(p)
-            else:
-                raise RequestError("'prompt' must be a string or a non-empty list of token ids (one prompt per "
-                                   "request)", param="prompt")
-        if not prompt:
-            raise RequestError("the prompt is empty", param="prompt")
+        check_fields(body, chat, self.model_name)
+        prompt = prompt_ids(body, chat, self.tok)
         room = self.max_len - len(prompt)
         if room < 1:
             raise RequestError(f"the prompt has {len(prompt)} tokens; this model's context is {self.max_len}",
                                param="messages" if chat else "prompt", code="context_length_exceeded")
-        max_tokens = _int_field(body, "max_completion_tokens" if chat and "max_completion_tokens" in body
-                                else "max_tokens", min(16 if not chat else 256, room), 1, room)
+        max_tokens = int_field(body, "max_completion_tokens" if chat and "max_completion_tokens" in body
+                               else "max_tokens", min(16 if not chat else 256, room), 1, room)
         try:  # the engine's own admission rule, so the server and the engine never disagree
             prompt = self.engine.admissible(prompt, max_tokens)
         except AdmissionError as e:
             raise RequestError(str(e), param={"prompt": "messages" if chat else "prompt", "n": "n"}.get(e.field, "max_tokens"),
                                code=e.code) from None
-        stop = body.get("stop")
-        stops = [stop] if isinstance(stop, str) else stop if stop is not None else []
-        if not isinstance(stops, list) or len(stops) > 4 or not all(isinstance(s, str) and s for s in stops):
-            raise RequestError("'stop' must be a string or a list of up to 4 non-empty strings", param="stop")
-        temperature = _float_field(body, "temperature", 1.0, 0.0, 2.0)
+        temperature = float_field(body, "temperature", 1.0, 0.0, 2.0)
         seed = body.get("seed")
-        seed = _int_field(body, "seed", 0, -2**63, 2**63 - 1) if seed is not None else int.from_bytes(
+        seed = int_field(body, "seed", 0, -2**63, 2**63 - 1) if seed is not None else int.from_bytes(
             uuid.uuid4().bytes[:4], "little")
-        stream = body.get("stream", False)
-        if not isinstance(stream, bool):
-            raise RequestError("'stream' must be true or false", param="stream")
-        sub = Submission(prompt, max_tokens, temperature, seed % 2**63)
-        return sub, {"stream": stream, "stop": stops, "chat": chat}
+        opts = answer_options(body, chat)
+        params, stop_ids = sampling_params(body, temperature, max_tokens, self.engine.config.vocab_size,
+                                           self.tok.eos_token_id)
+        return Submission(prompt, max_tokens, temperature, seed % 2**63, params=params, stop_token_ids=stop_ids), opts
+
+    def tokenize(self, body: dict) -> list[int]:
+        """vLLM's /tokenize: a completion's `prompt` or a chat's `messages` (the template applied) -> token ids."""
+        return prompt_ids(body, "messages" in body, self.tok)
 
     async def tokens(self, sub: Submission, is_disconnected=None):
         """Submit, then yield ("token", id) items until ("done", reason); abort on cancellation or disconnect."""
@@ -343,6 +295,13 @@ class Server:
                     yield ("done", item[1], n)
                     return
                 n += 1
+                if item[1] in sub.stop_token_ids:  # ends the answer; its own text is not part of it
+                    piece = text.finish()
+                    if piece:
+                        yield ("text", piece)
+                    sub.stopped = True
+                    yield ("done", "stop", n)
+                    return
                 piece = text.push(self.token_bytes[item[1]])
                 if piece:
                     yield ("text", piece)
@@ -395,6 +354,10 @@ class Server:
                     yield f"data: {json.dumps(env | {'choices': [self._choice(chat, item[1], None, True, first)]})}\n\n"
                 else:
                     yield f"data: {json.dumps(env | {'choices': [self._choice(chat, None, item[1], True, first)]})}\n\n"
+                    if opts["usage"]:  # stream_options.include_usage: one more chunk, no choices, the usage
+                        usage = {"prompt_tokens": len(sub.prompt), "completion_tokens": item[2],
+                                 "total_tokens": len(sub.prompt) + item[2]}
+                        yield f"data: {json.dumps(env | {'choices': [], 'usage': usage})}\n\n"
                 first = False
         except RequestError as e:
             yield f"data: {json.dumps(e.body())}\n\n"
@@ -427,10 +390,47 @@ def build_app(server: Server):
         except RequestError as e:
             return error(e)
 
+    def card() -> dict:
+        return {"id": server.model_name, "object": "model", "created": server.created, "owned_by": "inference-lab",
+                "max_model_len": server.max_len}
+
     async def models(request: Request):
-        return JSONResponse({"object": "list", "data": [
-            {"id": server.model_name, "object": "model", "created": server.created, "owned_by": "inference-lab",
-             "max_model_len": server.max_len}]})
+        return JSONResponse({"object": "list", "data": [card()]})
+
+    async def model(request: Request):
+        if request.path_params["name"] != server.model_name:
+            return error(RequestError(f"the model '{request.path_params['name']}' does not exist; this server serves "
+                                      f"'{server.model_name}'", status=404, param="model", code="model_not_found"))
+        return JSONResponse(card())
+
+    async def json_body(request: Request) -> dict:
+        try:
+            body = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise RequestError(f"the request body is not valid JSON: {e}") from None
+        if not isinstance(body, dict):
+            raise RequestError("the request body must be a JSON object")
+        return body
+
+    async def tokenize(request: Request):
+        """vLLM's /tokenize: {"prompt": text} or {"messages": [...]} (the chat template applied) -> the ids."""
+        try:
+            ids = server.tokenize(await json_body(request))
+        except RequestError as e:
+            return error(e)
+        return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": server.max_len})
+
+    async def detokenize(request: Request):
+        """vLLM's /detokenize: {"tokens": [ids]} -> {"prompt": text}."""
+        try:
+            ids = (await json_body(request)).get("tokens")
+            vocab = server.engine.config.vocab_size
+            if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab
+                                                    for t in ids):
+                raise RequestError(f"'tokens' must be a list of token ids (0 to {vocab - 1})", param="tokens")
+        except RequestError as e:
+            return error(e)
+        return JSONResponse({"prompt": server.tok.decode(ids)})
 
     async def health(request: Request):
         ok = server.loop.alive
@@ -458,8 +458,23 @@ def build_app(server: Server):
 
     routes = [Route("/v1/completions", text_completions, methods=["POST"]),
               Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-              Route("/v1/models", models), Route("/health", health), Route("/metrics", metrics)]
-    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_found})
+              Route("/v1/models", models), Route("/v1/models/{name:path}", model), Route("/health", health),
+              Route("/metrics", metrics), Route("/tokenize", tokenize, methods=["POST"]),
+              Route("/detokenize", detokenize, methods=["POST"])]
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_found})
+    if server.api_key is None:
+        return app
+
+    async def with_key(scope, receive, send):  # --api-key: every /v1 route needs "Authorization: Bearer KEY"
+        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+            given = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+            if not hmac.compare_digest(given, f"Bearer {server.api_key}"):
+                response = error(RequestError("a valid API key is required: send 'Authorization: Bearer KEY' (the "
+                                              "server's --api-key)", status=401, code="invalid_api_key"))
+                return await response(scope, receive, send)
+        return await app(scope, receive, send)
+
+    return with_key
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -511,7 +526,7 @@ def make_server(model=None, tokenizer=None, num_blocks: int = 512, block_size: i
                 max_num_batched_tokens: int = 512, prefix_caching: bool = False, weights: str = "fp32",
                 long_prefill_token_threshold: int = LONG_PREFILL_TOKEN_THRESHOLD,
                 model_name: str = "SmolLM2-135M-Instruct", loop_cls=ServingLoop,
-                text_stream_cls=TextStream) -> Server:
+                text_stream_cls=TextStream, api_key: str | None = None) -> Server:
     """A `Server` on SmolLM2 (or `model` + `tokenizer`). `weights`: "fp32", "packed" (lib.fast's oneDNN-packed
     fp32, same numbers), "int8" or "int4" (lib.quant_linear, weight-only, changes the numbers). `loop_cls` and
     `text_stream_cls`: the serving loop's core and the detokenizer (lib.serving's, or the notebook's own)."""
@@ -533,7 +548,7 @@ def make_server(model=None, tokenizer=None, num_blocks: int = 512, block_size: i
     engine = LLMEngine(model, num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=prefix_caching,
                        long_prefill_token_threshold=long_prefill_token_threshold)
-    return Server(engine, tokenizer, model_name, loop_cls=loop_cls, text_stream_cls=text_stream_cls)
+    return Server(engine, tokenizer, model_name, loop_cls=loop_cls, text_stream_cls=text_stream_cls, api_key=api_key)
 
 
 def main(argv=None) -> None:
@@ -549,14 +564,20 @@ def main(argv=None) -> None:
                          f"prefill (default {LONG_PREFILL_TOKEN_THRESHOLD}; 0: no cap)")
     ap.add_argument("--prefix-caching", action="store_true", help="share computed prompt blocks between requests")
     ap.add_argument("--weights", default="fp32", choices=["fp32", "packed", "int8", "int4"])
+    ap.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"),
+                    help="the key every /v1 request must send as 'Authorization: Bearer KEY' (default: $VLLM_API_KEY; "
+                         "none: no key needed)")
+    ap.add_argument("--served-model-name", default="SmolLM2-135M-Instruct", help="the model name requests must give")
     args = ap.parse_args(argv)
     import uvicorn
 
     server = make_server(num_blocks=args.num_blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
                          max_num_batched_tokens=args.max_num_batched_tokens, prefix_caching=args.prefix_caching,
-                         weights=args.weights, long_prefill_token_threshold=args.long_prefill_token_threshold)
+                         weights=args.weights, long_prefill_token_threshold=args.long_prefill_token_threshold,
+                         model_name=args.served_model_name, api_key=args.api_key)
     print(f"serving {server.model_name} on http://{args.host}:{args.port}/v1 "
           f"(weights {args.weights}, prefix caching {'on' if args.prefix_caching else 'off'})", flush=True)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")  # the access log, on stderr
     uvicorn.run(build_app(server), host=args.host, port=args.port, log_level="warning")
 
 

@@ -1,0 +1,201 @@
+"""lib.server through the official `openai` client, field by field: each sampling field changes what comes out as
+its definition says (checked against lib.model's own logits or against lib.generate with the same parameters),
+stream usage, content parts, unknown and unsupported fields refused, the model card, /tokenize and /detokenize,
+and --api-key. One server (SmolLM2) for the module, as in test_server.py."""
+import httpx
+import pytest
+import torch
+
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+openai = pytest.importorskip("openai")
+
+from lib.generate import generate  # noqa: E402
+from lib.sampling import SamplingParams  # noqa: E402
+from lib.server import ServerThread, make_server  # noqa: E402
+
+pytestmark = pytest.mark.model
+MODEL = "SmolLM2-135M-Instruct"
+PROMPT = "The best thing about the sea is"
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = make_server(num_blocks=64, block_size=16, max_num_seqs=4, max_num_batched_tokens=256)
+    running = ServerThread(srv)
+    srv.base = running.__enter__().removesuffix("/v1")
+    yield srv
+    running.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base + "/v1", api_key="none", max_retries=0, timeout=120)
+
+
+def _ids(server, text=PROMPT):
+    return server.tok(text).input_ids
+
+
+def _next_token_probs(server, ids):
+    with torch.no_grad():
+        return torch.softmax(server.engine.model(torch.tensor([ids]))[0, -1].float(), -1)
+
+
+def test_top_p_samples_only_from_the_nucleus(server, client):
+    p = _next_token_probs(server, _ids(server))
+    order = torch.argsort(p, descending=True)
+    mass = torch.cumsum(p[order], 0)
+    nucleus = {int(t) for t, before in zip(order, mass - p[order]) if before < 0.3}
+    texts = {server.tok.decode([t]) for t in nucleus}
+    for seed in range(12):
+        r = client.completions.create(model=MODEL, prompt=_ids(server), max_tokens=1, temperature=1.0, top_p=0.3,
+                                      seed=seed)
+        assert r.choices[0].text in texts, (r.choices[0].text, texts)
+    # without top_p, at temperature 1.5 the same seeds leave the nucleus (so the check above could fail)
+    wide = {client.completions.create(model=MODEL, prompt=_ids(server), max_tokens=1, temperature=1.5,
+                                      seed=seed).choices[0].text for seed in range(12)}
+    assert wide - texts, wide
+
+
+def test_top_k_one_is_greedy_and_min_p_one_too(server, client):
+    greedy = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0).choices[0].text
+    for extra in ({"top_k": 1}, {"min_p": 1.0}):
+        for seed in (1, 2):
+            r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=1.0, seed=seed,
+                                          extra_body=extra)
+            assert r.choices[0].text == greedy, extra
+
+
+def test_logit_bias_forces_and_forbids(server, client):
+    greedy_ids = generate(server.engine.model, torch.tensor([_ids(server)]), 1)[0, -1:].tolist()
+    target = server.tok(" whale", add_special_tokens=False).input_ids[0]
+    forced = client.completions.create(model=MODEL, prompt=_ids(server), max_tokens=1, temperature=0,
+                                       logit_bias={str(target): 100})
+    assert forced.choices[0].text == server.tok.decode([target])
+    banned = client.completions.create(model=MODEL, prompt=_ids(server), max_tokens=1, temperature=0,
+                                       logit_bias={str(greedy_ids[0]): -100})
+    assert banned.choices[0].text != server.tok.decode(greedy_ids)
+
+
+def test_penalties_equal_generate_with_the_same_parameters(server, client):
+    ids = _ids(server, "List the numbers: one, two, three,")
+    fields = dict(frequency_penalty=1.5, presence_penalty=0.5)
+    extra = dict(repetition_penalty=1.3)
+    r = client.completions.create(model=MODEL, prompt=ids, max_tokens=16, temperature=0, extra_body=extra, **fields)
+    params = SamplingParams(eos_token_id=server.tok.eos_token_id, **fields, **extra)
+    want = generate(server.engine.model, torch.tensor([ids]), 16, sampling=params)[0, len(ids):].tolist()
+    plain = generate(server.engine.model, torch.tensor([ids]), 16)[0, len(ids):].tolist()
+    assert want != plain, "the penalties change nothing here: the test cannot fail"
+    assert r.choices[0].text == server.tok.decode(want)
+
+
+def test_stop_token_ids_min_tokens_and_ignore_eos(server, client):
+    ids = _ids(server)
+    greedy = generate(server.engine.model, torch.tensor([ids]), 6)[0, len(ids):].tolist()
+    r = client.completions.create(model=MODEL, prompt=ids, max_tokens=6, temperature=0,
+                                  extra_body={"stop_token_ids": [greedy[3]]})
+    assert r.choices[0].text == server.tok.decode(greedy[:greedy.index(greedy[3])])
+    assert r.choices[0].finish_reason == "stop"
+    msgs = [{"role": "user", "content": "Reply with the single word: yes"}]
+    short = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=40, temperature=0)
+    assert short.choices[0].finish_reason == "stop" and short.usage.completion_tokens < 40
+    longer = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=40, temperature=0,
+                                            extra_body={"ignore_eos": True})
+    assert longer.choices[0].finish_reason == "length" and longer.usage.completion_tokens == 40
+    n = short.usage.completion_tokens + 3
+    at_least = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=40, temperature=0,
+                                              extra_body={"min_tokens": n})
+    assert at_least.usage.completion_tokens >= n
+
+
+def test_stream_usage_and_content_parts(server, client):
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": [{"type": "text", "text": "Say "}, {"type": "text",
+                                                                                              "text": "hello"}]}],
+        max_tokens=8, temperature=0, stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    plain = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hello"}],
+                                           max_tokens=8, temperature=0)
+    assert text == plain.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == plain.usage.completion_tokens
+    assert chunks[-1].usage.prompt_tokens == plain.usage.prompt_tokens
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"foo": 1}, "foo"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"top_p": 0}, "top_p"),
+    ({"top_k": -5}, "top_k"),
+    ({"logit_bias": {"99999999": 5}}, "logit_bias"),
+    ({"logit_bias": {"5": 500}}, "logit_bias"),
+    ({"stop_token_ids": ["x"]}, "stop_token_ids"),
+    ({"min_tokens": 100}, "min_tokens"),
+    ({"stream_options": {"include_usage": True}}, "stream_options"),  # without stream
+])
+def test_bad_and_unsupported_fields_are_refused(server, client, extra, param):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL, prompt="hi", max_tokens=4, extra_body=extra)
+    assert e.value.body["param"] == param, e.value.body
+
+
+def test_model_card_tokenize_detokenize(server, client):
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4")
+    got = httpx.post(server.base + "/tokenize", json={"model": MODEL, "prompt": PROMPT}).json()
+    assert got["tokens"] == _ids(server) and got["count"] == len(_ids(server))
+    chat = httpx.post(server.base + "/tokenize", json={"messages": [{"role": "user", "content": "hi"}]}).json()
+    assert chat["tokens"] == server.tok(server.tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True),
+        add_special_tokens=False).input_ids
+    back = httpx.post(server.base + "/detokenize", json={"tokens": got["tokens"]}).json()
+    assert back["prompt"] == server.tok.decode(got["tokens"])
+    assert httpx.post(server.base + "/detokenize", json={"tokens": [-1]}).status_code == 400
+
+
+def test_api_key_and_served_model_name(server):
+    srv = make_server(server.engine.model, server.tok, num_blocks=16, api_key="sekret", model_name="lab-model")
+    with ServerThread(srv) as base_url:
+        bad = openai.OpenAI(base_url=base_url, api_key="wrong", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            bad.models.list()
+        good = openai.OpenAI(base_url=base_url, api_key="sekret", max_retries=0, timeout=60)
+        assert [m.id for m in good.models.list().data] == ["lab-model"]
+        r = good.completions.create(model="lab-model", prompt="Hi", max_tokens=2, temperature=0)
+        assert r.usage.completion_tokens == 2
+        assert httpx.get(base_url.removesuffix("/v1") + "/health").status_code == 200  # not under /v1: no key
+
+
+def test_vllm_metric_names_and_the_access_log(server, client, caplog):
+    import logging
+    import re
+    import time
+
+    caplog.set_level(logging.INFO, logger="lib.server")
+    before = httpx.get(server.base + "/metrics").text
+    r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, temperature=0)
+    deadline = time.monotonic() + 10
+    while not any("completion tokens" in m for m in caplog.messages) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    line = next(m for m in caplog.messages if "completion tokens" in m)
+    assert f"{len(_ids(server))} prompt + 3 completion tokens" in line and "length" in line, line
+    after = httpx.get(server.base + "/metrics").text
+    label = f'model_name="{MODEL}"'
+
+    def value(text, name, extra=""):
+        m = re.search(rf"^{re.escape(name)}{{{re.escape(label)}{re.escape(extra)}}} (\S+)$", text, re.M)
+        assert m, f"{name} missing:\n{text}"
+        return float(m[1])
+
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+        value(after, name)
+    assert value(after, "vllm:generation_tokens_total") - value(before, "vllm:generation_tokens_total") == 3
+    assert value(after, "vllm:prompt_tokens_total") - value(before, "vllm:prompt_tokens_total") == r.usage.prompt_tokens
+    reason = ',finished_reason="length"'
+    assert value(after, "vllm:request_success_total", reason) - value(before, "vllm:request_success_total", reason) == 1
+    ttft = ',le="+Inf"'
+    assert (value(after, "vllm:time_to_first_token_seconds_bucket", ttft)
+            - value(before, "vllm:time_to_first_token_seconds_bucket", ttft)) == 1
+    assert "# TYPE vllm:e2e_request_latency_seconds histogram" in after
