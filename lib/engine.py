@@ -248,6 +248,7 @@ class LLMEngine:
         self.requests: dict[object, Request] = {}
         self._finished: dict[object, list[int]] = {}
         self.sampling_for: dict[object, SamplingParams] = {}  # request id -> params for its add_request
+        self.logprobs_for: dict[object, list] = {}  # request id -> [(token, logprob, top alternatives)], when asked
         self._ids = itertools.count()
         self.trace: list[list[tuple[object, int]]] = []  # per step: (request_id, tokens computed)
         self.step_stats: list[dict] = []
@@ -405,7 +406,13 @@ class LLMEngine:
         params = req.params or SamplingParams(temperature=req.temperature)
         if req.temperature != 0.0 and req.generator is None:
             req.generator = torch.Generator(device=logits.device).manual_seed(req.seed)
-        return params.choose(logits, req.prompt, req.output, req.generator)
+        token = params.choose(logits, req.prompt, req.output, req.generator)
+        if params.logprobs is not None:  # of the model's own distribution (before penalties and filters), as vLLM's
+            lp = torch.log_softmax(logits.float(), -1)
+            top = torch.topk(lp, params.logprobs) if params.logprobs else None
+            alternatives = [] if top is None else list(zip(top.indices.tolist(), top.values.tolist()))
+            self.logprobs_for.setdefault(req.request_id, []).append((token, float(lp[token]), alternatives))
+        return token
 
     def _fork_samples(self, parent: Request) -> list[Request]:
         """Parallel sampling: n - 1 more samples of `parent`'s prompt, sharing every block it has."""

@@ -25,11 +25,12 @@ class RequestError(Exception):
 # Fields read from a request (besides the prompt's): any other field is refused.
 FIELDS = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
           "repetition_penalty", "logit_bias", "seed", "stop", "stop_token_ids", "ignore_eos", "min_tokens", "stream",
-          "stream_options", "n", "user"}
-CHAT_FIELDS = {"messages", "max_completion_tokens"}
+          "stream_options", "n", "user", "logprobs"}
+CHAT_FIELDS = {"messages", "max_completion_tokens", "top_logprobs"}
 COMPLETION_FIELDS = {"prompt"}
+MAX_N = 16  # choices per request (`n`): each is a request of its own to the engine
 # OpenAI's fields this server does not implement: refused by name when set to anything but their default.
-UNSUPPORTED = ("logprobs", "top_logprobs", "echo", "suffix", "best_of", "tools", "functions", "tool_choice",
+UNSUPPORTED = ("echo", "suffix", "best_of", "tools", "functions", "tool_choice",
                "function_call", "parallel_tool_calls", "response_format", "prediction", "audio", "modalities")
 
 
@@ -73,8 +74,7 @@ def check_fields(body: dict, chat: bool, model_name: str) -> None:
     if unknown:
         raise RequestError(f"unknown field {unknown[0]!r}: this server reads "
                            f"{', '.join(sorted(known - set(UNSUPPORTED)))}", param=unknown[0])
-    if int_field(body, "n", 1, 1, 1) != 1:
-        raise RequestError("only n = 1 is supported", param="n")
+    int_field(body, "n", 1, 1, MAX_N)
 
 
 def _content(m) -> str | None:
@@ -127,11 +127,28 @@ def answer_options(body: dict, chat: bool) -> dict:
                                 or not isinstance(options.get("include_usage", False), bool)):
         raise RequestError("'stream_options' is {\"include_usage\": true|false}, with \"stream\": true only",
                            param="stream_options")
-    return {"stream": stream, "stop": stops, "chat": chat, "usage": bool(options and options.get("include_usage"))}
+    k = logprobs(body, chat)
+    if k is not None and stream:
+        raise RequestError("logprobs are not supported with \"stream\": true by this server", param="logprobs")
+    return {"stream": stream, "stop": stops, "chat": chat, "usage": bool(options and options.get("include_usage")),
+            "n": int_field(body, "n", 1, 1, MAX_N), "logprobs": k is not None}
 
 
-def sampling_params(body: dict, temperature: float, max_tokens: int, vocab: int,
-                    eos_token_id: int | None) -> tuple[SamplingParams | None, frozenset]:
+def logprobs(body: dict, chat: bool) -> int | None:
+    """How many alternatives to report per token, or None for no logprobs: a completion's `logprobs` (0-5), or a
+    chat's `logprobs: true` with `top_logprobs` (0-20)."""
+    if not chat:
+        return None if body.get("logprobs") is None else int_field(body, "logprobs", 0, 0, 5)
+    on = body.get("logprobs", False)
+    if not isinstance(on, bool):
+        raise RequestError("'logprobs' must be true or false", param="logprobs")
+    if body.get("top_logprobs") is not None and not on:
+        raise RequestError("'top_logprobs' needs \"logprobs\": true", param="top_logprobs")
+    return int_field(body, "top_logprobs", 0, 0, 20) if on else None
+
+
+def sampling_params(body: dict, temperature: float, max_tokens: int, vocab: int, eos_token_id: int | None,
+                    chat: bool = False) -> tuple[SamplingParams | None, frozenset]:
     """The sampling fields besides temperature and seed, checked: `(params, stop_token_ids)`, params None when every
     field is at its default (plain sampling)."""
     def token_id(t, name):
@@ -167,6 +184,7 @@ def sampling_params(body: dict, temperature: float, max_tokens: int, vocab: int,
         frequency_penalty=float_field(body, "frequency_penalty", 0.0, -2.0, 2.0),
         repetition_penalty=float_field(body, "repetition_penalty", 1.0, 0.01, 10.0),
         logit_bias=logit_bias, stop_token_ids=stop_ids, min_tokens=int_field(body, "min_tokens", 0, 0, max_tokens),
-        eos_token_id=eos_token_id, ignore_eos=ignore_eos)
-    plain = params.top_p == 1 and params.top_k in (0, -1) and params.min_p == 0 and params.is_plain
+        eos_token_id=eos_token_id, ignore_eos=ignore_eos, logprobs=logprobs(body, chat))
+    plain = (params.top_p == 1 and params.top_k in (0, -1) and params.min_p == 0 and params.is_plain
+             and params.logprobs is None)
     return (None if plain else params), frozenset(stop_ids)

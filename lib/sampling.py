@@ -34,6 +34,7 @@ class SamplingParams:
     min_tokens: int = 0  # before this many output tokens, eos and stop_token_ids cannot be drawn
     eos_token_id: int | None = None  # masked before min_tokens, and always with ignore_eos
     ignore_eos: bool = False  # the eos token is masked: the answer runs to its length
+    logprobs: int | None = None  # record each chosen token's log-probability and this many alternatives (the engine)
 
     def __post_init__(self):
         bad = []
@@ -47,6 +48,8 @@ class SamplingParams:
             bad.append(f"min_p must be in [0, 1], got {self.min_p}")
         if not self.repetition_penalty > 0:
             bad.append(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            bad.append(f"logprobs must be from 0 to 20, got {self.logprobs}")
         if self.min_tokens < 0:
             bad.append(f"min_tokens must be >= 0, got {self.min_tokens}")
         if bad:

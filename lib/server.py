@@ -11,7 +11,7 @@ The shape is vLLM's, small enough to read in one sitting:
 
 - an **asyncio front end** (Starlette on uvicorn) turns each HTTP request into a `Submission` and awaits its
   tokens on an `asyncio.Queue`;
-- **one engine thread** owns `lib.engine.LLMEngine` (nothing else touches it) and runs a
+- **one engine thread** (`lib/engine_thread.py`) owns `lib.engine.LLMEngine` (nothing else touches it) and runs a
   `lib.serving.ServingLoop` over it: submissions from a thread-safe inbox are admitted, each `run_once` is one
   `engine.step()` — continuous batching across every open request, prefix caching when asked — and each step's
   tokens go to the right request's queue with `loop.call_soon_threadsafe`;
@@ -22,7 +22,8 @@ The shape is vLLM's, small enough to read in one sitting:
 Endpoints: `POST /v1/completions`, `POST /v1/chat/completions` (both with `"stream": true` as server-sent
 events), `GET /v1/models`, `GET /v1/models/{name}`, `POST /tokenize` and `POST /detokenize` (vLLM's), `GET /health`,
 `GET /metrics` (Prometheus text). Sampling takes OpenAI's and vLLM's fields (`lib.sampling`: top_p, top_k, min_p,
-the three penalties, logit_bias, stop_token_ids, min_tokens, ignore_eos); a field the server does not implement,
+the three penalties, logit_bias, stop_token_ids, min_tokens, ignore_eos), `n` choices and `logprobs`; a field the
+server does not implement,
 or does not know, is refused (`lib.openai_api`). A bad request gets OpenAI's error object (`{"error": {"message",
 "type", "param", "code"}}`) and never reaches the engine; a request that can never fit (prompt + max_tokens past
 the model's length or the whole KV pool) is refused at once. `--api-key` (or $VLLM_API_KEY) makes every /v1
@@ -33,174 +34,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hmac
-import itertools
 import json
 import logging
 import os
-import queue
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
-
-import torch
 
 from lib.engine import AdmissionError, LLMEngine
+from lib.engine_thread import EngineLoop, Submission
 from lib.openai_api import (RequestError, answer_options, check_fields, float_field, int_field, prompt_ids,
                             sampling_params)
-from lib.sampling import SamplingParams
-from lib.server_metrics import E2E_BUCKETS, TTFT_BUCKETS, Histogram, metrics_text
 from lib.serving import ServingLoop, TextStream, token_bytes
-
-log = logging.getLogger("lib.server")  # one line per request (python -m lib.server prints them)
-
-
-# --- the engine thread ----------------------------------------------------------------------------------------
-
-@dataclass(eq=False)
-class Submission:
-    """One request on its way through the engine: what to run, and where its tokens go."""
-    prompt: list[int]
-    max_tokens: int
-    temperature: float = 0.0
-    seed: int = 0
-    loop: asyncio.AbstractEventLoop | None = None
-    out: asyncio.Queue | None = None  # receives ("token", id), then ("done", finish_reason) or ("error", message)
-    request_id: int = -1
-    submitted: float = field(default_factory=time.perf_counter)
-    first_token: float | None = None
-    n_tokens: int = 0
-    stopped: bool = False  # ended by a stop string: the engine's request is aborted, but the answer is complete
-    params: SamplingParams | None = None  # the other sampling fields (top_p, penalties, ...); None: plain
-    stop_token_ids: frozenset = frozenset()  # a token that ends the answer (not returned as text)
-
-    def emit(self, item) -> None:
-        if self.loop is not None and not self.loop.is_closed():
-            self.loop.call_soon_threadsafe(self.out.put_nowait, item)
-
-
-class EngineLoop:
-    """Owns the engine; runs a `ServingLoop` over it in one background thread. `submit` and `abort` are safe
-    from any thread. `loop_cls`: any class with `ServingLoop`'s methods (the notebook plugs its own in)."""
-
-    def __init__(self, engine: LLMEngine, eos_token_id: int | None = None, loop_cls=ServingLoop,
-                 model_name: str = "SmolLM2-135M-Instruct"):
-        self.engine = engine
-        self.model_name = model_name
-        self.eos_token_id = eos_token_id
-        self.serving = loop_cls(engine, eos_token_id)
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._live: dict[int, Submission] = {}
-        self._ids = itertools.count()
-        self.stats = {"requests_total": 0, "requests_finished": 0, "requests_aborted": 0, "requests_failed": 0,
-                      "prompt_tokens_total": 0, "generation_tokens_total": 0, "steps_total": 0}
-        self.ttft: list[float] = []  # seconds, the last 1,000 requests
-        self.tpot: list[float] = []
-        self.finished_by = {"stop": 0, "length": 0, "abort": 0}  # vLLM's request_success_total{finished_reason}
-        self.histograms = {"vllm:time_to_first_token_seconds": Histogram(TTFT_BUCKETS),
-                           "vllm:e2e_request_latency_seconds": Histogram(E2E_BUCKETS)}
-        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
-
-    def start(self) -> "EngineLoop":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        self._thread.join(timeout=30)
-
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive()
-
-    def submit(self, sub: Submission) -> None:
-        sub.request_id = next(self._ids)
-        self._inbox.put(("add", sub))
-        self._wake.set()
-
-    def abort(self, sub: Submission) -> None:
-        self._inbox.put(("abort", sub))
-        self._wake.set()
-
-    # -- in the engine thread only --
-
-    def _drain(self) -> None:
-        while True:
-            try:
-                op, sub = self._inbox.get_nowait()
-            except queue.Empty:
-                return
-            if op == "add":
-                self._live[sub.request_id] = sub
-                if sub.params is not None:  # the engine takes them at add_request, whatever loop_cls passes on
-                    self.engine.sampling_for[sub.request_id] = sub.params
-                self.serving.submit(sub.request_id, sub.prompt, sub.max_tokens, sub.temperature, sub.seed)
-                self.stats["requests_total"] += 1
-                self.stats["prompt_tokens_total"] += len(sub.prompt)
-            elif sub.request_id in self._live:
-                self.serving.cancel(sub.request_id)
-
-    def _deliver(self, kind: str, rid, value) -> None:
-        sub = self._live.get(rid)
-        if sub is None:
-            return
-        now = time.perf_counter()
-        if kind == "token":
-            if sub.first_token is None:
-                sub.first_token = now
-                self.ttft = (self.ttft + [now - sub.submitted])[-1000:]
-                self.histograms["vllm:time_to_first_token_seconds"].observe(now - sub.submitted)
-            sub.n_tokens += 1
-            self.stats["generation_tokens_total"] += 1
-            sub.emit(("token", value))
-            return
-        del self._live[rid]
-        self.engine.sampling_for.pop(rid, None)
-        if kind == "error":
-            self.stats["requests_failed"] += 1
-            log.info("request %s failed after %.3f s: %s", rid, now - sub.submitted, value)
-            sub.emit(("error", value))
-            return
-        reason = "stop" if sub.stopped else value
-        self.stats["requests_aborted" if reason == "abort" else "requests_finished"] += 1
-        self.finished_by[reason] = self.finished_by.get(reason, 0) + 1
-        self.histograms["vllm:e2e_request_latency_seconds"].observe(now - sub.submitted)
-        log.info("request %s %s: %d prompt + %d completion tokens, first token %s, %.3f s in all", rid, reason,
-                 len(sub.prompt), sub.n_tokens, "never" if sub.first_token is None else
-                 f"after {sub.first_token - sub.submitted:.3f} s", now - sub.submitted)
-        if sub.first_token is not None and sub.n_tokens > 1:
-            self.tpot = (self.tpot + [(now - sub.first_token) / (sub.n_tokens - 1)])[-1000:]
-        sub.emit(("done", value))
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._drain()
-            if not self.serving.has_work():
-                self._wake.wait(0.05)
-                self._wake.clear()
-                continue
-            try:
-                with torch.inference_mode():
-                    messages = self.serving.run_once()
-            except Exception as e:  # noqa: BLE001  (never let one bad step stop the server)
-                for rid in list(self._live):
-                    try:
-                        self.engine.abort(rid)
-                    except KeyError:
-                        pass
-                    self._deliver("error", rid, f"the engine failed: {type(e).__name__}: {e}")
-                self.serving = type(self.serving)(self.engine, self.eos_token_id)  # a fresh loop: no stale state
-                continue
-            self.stats["steps_total"] += 1
-            for kind, rid, value in messages:
-                self._deliver(kind, rid, value)
-
-    def metrics(self) -> str:
-        """Prometheus text format: the lab's names, and vLLM's for the metrics vLLM has (lib.server_metrics)."""
-        return metrics_text(self)
 
 
 # --- the HTTP front end ---------------------------------------------------------------------------------------
@@ -245,7 +90,7 @@ class Server:
             uuid.uuid4().bytes[:4], "little")
         opts = answer_options(body, chat)
         params, stop_ids = sampling_params(body, temperature, max_tokens, self.engine.config.vocab_size,
-                                           self.tok.eos_token_id)
+                                           self.tok.eos_token_id, chat)
         return Submission(prompt, max_tokens, temperature, seed % 2**63, params=params, stop_token_ids=stop_ids), opts
 
     def tokenize(self, body: dict) -> list[int]:
@@ -318,50 +163,105 @@ class Server:
         obj = ("chat.completion.chunk" if stream else "chat.completion") if chat else "text_completion"
         return {"id": rid, "object": obj, "created": int(time.time()), "model": self.model_name}
 
-    def _choice(self, chat: bool, text: str | None, finish: str | None, stream: bool, first: bool = False) -> dict:
+    def _choice(self, chat: bool, text: str | None, finish: str | None, stream: bool, first: bool = False,
+                index: int = 0, logprobs: dict | None = None) -> dict:
         if not chat:
-            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            return {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
         if stream:
             delta = ({"role": "assistant", "content": ""} if first else {}) | (
                 {"content": text} if text is not None else {})
-            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+            return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                 "finish_reason": finish}
+
+    def _samples(self, sub: Submission, opts: dict) -> list[Submission]:
+        """`n` submissions of one request: sample k is seeded seed + k (as the engine's parallel samples are)."""
+        return [sub] + [Submission(sub.prompt, sub.max_tokens, sub.temperature, (sub.seed + k) % 2**63,
+                                   params=sub.params, stop_token_ids=sub.stop_token_ids) for k in range(1, opts["n"])]
+
+    def _logprobs(self, sub: Submission, n: int, chat: bool) -> dict:
+        """OpenAI's logprobs object for the first `n` tokens of `sub`'s answer (log-softmax of the model's logits,
+        recorded by the engine as it sampled)."""
+        entries = sub.logprobs if sub.logprobs is not None else list(self.engine.logprobs_for.get(sub.request_id, []))
+        entries = entries[:n]
+
+        def piece(t):
+            return self.token_bytes[t].decode("utf-8", errors="replace")
+
+        if chat:
+            return {"content": [{"token": piece(t), "logprob": lp, "bytes": list(self.token_bytes[t]),
+                                 "top_logprobs": [{"token": piece(a), "logprob": v, "bytes": list(self.token_bytes[a])}
+                                                  for a, v in top]} for t, lp, top in entries]}
+        offsets, at = [], 0
+        for t, _, _ in entries:
+            offsets.append(at)
+            at += len(piece(t))
+        return {"tokens": [piece(t) for t, _, _ in entries], "token_logprobs": [lp for _, lp, _ in entries],
+                "top_logprobs": [{piece(a): v for a, v in top} for _, _, top in entries], "text_offset": offsets}
 
     async def complete(self, sub: Submission, opts: dict, is_disconnected=None) -> dict:
         chat = opts["chat"]
-        pieces, finish, n = [], "length", 0
-        async for item in self.text_pieces(sub, opts["stop"], is_disconnected):
-            if item[0] == "text":
-                pieces.append(item[1])
-            else:
-                finish, n = item[1], item[2]
+
+        async def one(s: Submission):
+            pieces, finish, n = [], "length", 0
+            async for item in self.text_pieces(s, opts["stop"], is_disconnected):
+                if item[0] == "text":
+                    pieces.append(item[1])
+                else:
+                    finish, n = item[1], item[2]
+            return "".join(pieces), finish, n, self._logprobs(s, n, chat) if opts["logprobs"] else None
+
+        answers = await asyncio.gather(*(one(s) for s in self._samples(sub, opts)))
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        n = sum(a[2] for a in answers)
         return self._envelope(chat, rid, False) | {
-            "choices": [self._choice(chat, "".join(pieces), finish, False)],
-            "usage": {"prompt_tokens": len(sub.prompt), "completion_tokens": n,
-                      "total_tokens": len(sub.prompt) + n}}
+            "choices": [self._choice(chat, text, finish, False, index=k, logprobs=lp)
+                        for k, (text, finish, _, lp) in enumerate(answers)],
+            "usage": {"prompt_tokens": len(sub.prompt), "completion_tokens": n, "total_tokens": len(sub.prompt) + n}}
 
     async def stream(self, sub: Submission, opts: dict):
-        """Server-sent events: one chunk per text piece, a last chunk with the finish reason, then [DONE]."""
+        """Server-sent events: one chunk per text piece (each with its choice's index), a last chunk per choice with
+        its finish reason, the usage when asked, then [DONE]."""
         chat = opts["chat"]
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         env = self._envelope(chat, rid, True)
-        first = True
+        merged: asyncio.Queue = asyncio.Queue()
+
+        async def feed(k: int, s: Submission):
+            try:
+                async for item in self.text_pieces(s, opts["stop"]):
+                    await merged.put((k, item))
+            except RequestError as e:
+                await merged.put((k, ("error", e)))
+            finally:
+                await merged.put((k, None))
+
+        subs = self._samples(sub, opts)
+        tasks = [asyncio.ensure_future(feed(k, s)) for k, s in enumerate(subs)]
+        first, open_, tokens = set(range(len(subs))), len(subs), 0
         try:
-            async for item in self.text_pieces(sub, opts["stop"]):
-                if item[0] == "text":
-                    yield f"data: {json.dumps(env | {'choices': [self._choice(chat, item[1], None, True, first)]})}\n\n"
+            while open_:
+                k, item = await merged.get()
+                if item is None:
+                    open_ -= 1
+                elif item[0] == "error":
+                    yield f"data: {json.dumps(item[1].body())}\n\n"
+                    break
                 else:
-                    yield f"data: {json.dumps(env | {'choices': [self._choice(chat, None, item[1], True, first)]})}\n\n"
-                    if opts["usage"]:  # stream_options.include_usage: one more chunk, no choices, the usage
-                        usage = {"prompt_tokens": len(sub.prompt), "completion_tokens": item[2],
-                                 "total_tokens": len(sub.prompt) + item[2]}
-                        yield f"data: {json.dumps(env | {'choices': [], 'usage': usage})}\n\n"
-                first = False
-        except RequestError as e:
-            yield f"data: {json.dumps(e.body())}\n\n"
-        yield "data: [DONE]\n\n"
+                    text, finish = (item[1], None) if item[0] == "text" else (None, item[1])
+                    tokens += item[2] if item[0] == "done" else 0
+                    choice = self._choice(chat, text, finish, True, k in first, index=k)
+                    first.discard(k)
+                    yield f"data: {json.dumps(env | {'choices': [choice]})}\n\n"
+            else:
+                if opts["usage"]:  # stream_options.include_usage: one more chunk, no choices, the usage
+                    usage = {"prompt_tokens": len(sub.prompt), "completion_tokens": tokens,
+                             "total_tokens": len(sub.prompt) + tokens}
+                    yield f"data: {json.dumps(env | {'choices': [], 'usage': usage})}\n\n"
+            yield "data: [DONE]\n\n"
+        finally:
+            for t in tasks:
+                t.cancel()
 
 
 def build_app(server: Server):

@@ -199,3 +199,41 @@ def test_vllm_metric_names_and_the_access_log(server, client, caplog):
     assert (value(after, "vllm:time_to_first_token_seconds_bucket", ttft)
             - value(before, "vllm:time_to_first_token_seconds_bucket", ttft)) == 1
     assert "# TYPE vllm:e2e_request_latency_seconds histogram" in after
+
+
+def test_n_choices_each_equal_their_own_seeded_run(server, client):
+    r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=1.0, seed=5, n=3)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    alone = [client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=1.0, seed=5 + k)
+             for k in range(3)]
+    assert [c.text for c in r.choices] == [a.choices[0].text for a in alone]
+    assert len({c.text for c in r.choices}) > 1, "three samples all alike: the seeds did not differ"
+    assert r.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
+    chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=1.0, seed=5, n=3,
+                                            stream=True))
+    streamed = ["".join(c.choices[0].text for c in chunks if c.choices[0].index == k) for k in range(3)]
+    assert streamed == [c.text for c in r.choices]
+    assert sorted(c.choices[0].index for c in chunks if c.choices[0].finish_reason) == [0, 1, 2]
+
+
+def test_logprobs_are_log_softmax_of_the_models_logits(server, client):
+    ids = _ids(server)
+    r = client.completions.create(model=MODEL, prompt=ids, max_tokens=4, temperature=0, logprobs=2)
+    lp = r.choices[0].logprobs
+    out = generate(server.engine.model, torch.tensor([ids]), 4)[0, len(ids):].tolist()
+    assert lp.tokens == [server.tok.decode([t]) for t in out]
+    for i, t in enumerate(out):
+        with torch.no_grad():
+            want = torch.log_softmax(server.engine.model(torch.tensor([ids + out[:i]]))[0, -1].double(), -1)
+        assert abs(lp.token_logprobs[i] - float(want[t])) < 1e-4, (i, lp.token_logprobs[i], float(want[t]))
+        top = torch.topk(want, 2)
+        assert {server.tok.decode([int(a)]): float(v) for a, v in zip(top.indices, top.values)}.keys() == \
+            lp.top_logprobs[i].keys()
+    assert lp.text_offset[0] == 0 and lp.text_offset[1] == len(lp.tokens[0])
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=5,
+                                          temperature=0.7, seed=1, logprobs=True, top_logprobs=3)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens and all(len(c.top_logprobs) == 3 for c in content)
+    assert all(c.logprob <= 1e-6 and c.top_logprobs[0].logprob >= c.logprob - 1e-6 for c in content)
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=MODEL, prompt="hi", max_tokens=2, logprobs=1, stream=True)
