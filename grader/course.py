@@ -20,7 +20,8 @@ from pathlib import Path
 from traitlets.config import Config
 
 from grader.notebook import validate_notebook
-from grader.status import GradingError, one_line, status_path
+from grader.status import (GradingError, limits_set, one_line, read_status, status_files, status_path,
+                            write_status)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WEEKS = ("16", "17", "18", "19", "20", "21")
@@ -120,17 +121,11 @@ class Course:
 
     def record_status(self, week: str, student: str, **fields) -> None:
         """The trusted side's notes on one grading (status, error, reference use, per-exercise outcome)."""
-        path = self.status_file(week, student)
-        path.parent.mkdir(parents=True, exist_ok=True)
         fields.setdefault("time", time.strftime("%Y-%m-%d %H:%M:%S"))
-        path.write_text(json.dumps(fields, indent=1, sort_keys=True))
+        write_status(self.root, week, student, fields)
 
     def read_status(self, week: str, student: str) -> dict:
-        path = self.status_file(week, student)
-        try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError):
-            return {}
+        return read_status(self.root, week, student)
 
     def generate(self, week: str) -> Path:
         """solutions/<week> -> weeks/<week> (nbgrader replaces that folder) and the gradebook's copy of the assignment."""
@@ -285,9 +280,7 @@ class Course:
                              "status": status.get("status") or "ungraded", "score": 0.0,
                              "error": status.get("error") or "submitted, never autograded: run "
                                                             f"`python -m grader autograde {week} {student}`"})
-            status_dir = self.root / "grader" / "grading_status"
-            for path in sorted(status_dir.glob("*/*.json")) if status_dir.is_dir() else []:
-                week, student = path.parent.name, path.stem
+            for week, student in status_files(self.root):
                 if (week, student) in graded or (week, student) in submitted:
                     continue
                 status = self.read_status(week, student)
@@ -359,29 +352,26 @@ def grade_one(week: str, student: str, root: str, timeout: float | None,
 
         torch.set_num_threads(threads)
         os.environ["OMP_NUM_THREADS"] = str(threads)
-    previous = os.environ.get("INFERENCE_LAB_CALL_TIMEOUT")
     try:
-        if timeout is not None:
-            os.environ["INFERENCE_LAB_CALL_TIMEOUT"] = str(timeout)
-        before = shared_models_state()
-        line = Course(root).autograde_safely(week, student)
-        if before and shared_models_state() != before:  # a backstop: the isolation refuses every change it knows of
-            # (`before` is empty when this submission's checks loaded the model: nothing to compare yet)
-            forget_shared_models()
-            why = (f"{student}'s code changed the checks' shared model (SmolLM2) in this worker; it was reloaded "
-                   f"for the next submission — grade {student} by hand")
-            course = Course(root)
-            course.record_status(week, student, **{**course.read_status(week, student), "integrity": why})
-            return student, False, why, time.perf_counter() - start
-        return student, True, line, time.perf_counter() - start
+        with limits_set(call_timeout=timeout):  # --timeout: a setting of this process, not an environment variable
+            return _grade_one(week, student, root, start)
     except BaseException as e:  # noqa: BLE001  (one student's failure must not stop the run)
         return student, False, one_line(e), time.perf_counter() - start
-    finally:
-        if timeout is not None:
-            if previous is None:
-                os.environ.pop("INFERENCE_LAB_CALL_TIMEOUT", None)
-            else:
-                os.environ["INFERENCE_LAB_CALL_TIMEOUT"] = previous
+
+
+def _grade_one(week: str, student: str, root: str, start: float) -> tuple[str, bool, str, float]:
+    """`grade_one` inside its limits: grade, then the backstop on the shared model."""
+    before = shared_models_state()
+    line = Course(root).autograde_safely(week, student)
+    if before and shared_models_state() != before:  # a backstop: the isolation refuses every change it knows of
+        # (`before` is empty when this submission's checks loaded the model: nothing to compare yet)
+        forget_shared_models()
+        why = (f"{student}'s code changed the checks' shared model (SmolLM2) in this worker; it was reloaded "
+               f"for the next submission — grade {student} by hand")
+        course = Course(root)
+        course.record_status(week, student, **{**course.read_status(week, student), "integrity": why})
+        return student, False, why, time.perf_counter() - start
+    return student, True, line, time.perf_counter() - start
 
 
 def nbgrader_cause(result: dict) -> str:

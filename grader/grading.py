@@ -30,7 +30,7 @@ from traitlets import Unicode
 from nbgrader.preprocessors import NbGraderPreprocessor
 
 from grader.notebook import exercise_cells
-from grader.status import one_line, status_path
+from grader.status import limits, one_line, write_status
 
 
 class _Names(dict):
@@ -90,7 +90,7 @@ class IsolatedExecute(NbGraderPreprocessor):
     def preprocess(self, nb, resources):
         from nbgrader.api import Gradebook, MissingEntry
 
-        from grader.isolation import DEFAULT_EXERCISE_TIMEOUT, IsolationError, Session, _env_float
+        from grader.isolation import IsolationError, Session
 
         info = resources["nbgrader"]
         week, student, notebook_id = str(info["assignment"]), str(info["student"]), str(info["notebook"])
@@ -113,7 +113,7 @@ class IsolatedExecute(NbGraderPreprocessor):
         # allow a restart per graded test (the notebook's budget stays the backstop).
         session = Session(Path(resources.get("metadata", {}).get("path", ".")) / f"{notebook_id}.ipynb",
                           max_restarts=max(4, len(sources)), view=_week_view(week))
-        limit = _env_float("INFERENCE_LAB_EXERCISE_TIMEOUT", DEFAULT_EXERCISE_TIMEOUT)
+        limit = limits().exercise_timeout
         try:
             try:
                 began = time.monotonic()
@@ -163,9 +163,7 @@ class IsolatedExecute(NbGraderPreprocessor):
             notes["restarts"] = session.restarts
             session.close()
         notes["seconds"] = round(time.monotonic() - start, 1)
-        path = status_path(root, week, student)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(notes, indent=1, sort_keys=True))
+        write_status(root, week, student, notes)
         return nb, resources
 
     @staticmethod

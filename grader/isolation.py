@@ -59,7 +59,8 @@ from pathlib import Path
 
 from grader.processes import _is_subreaper, _pids_cgroup, _remove_cgroup, _start_time, become_subreaper, kill_tree
 from grader.proxy import ChildProxy, _autograd_function
-from grader.status import one_line
+from grader.status import (DEFAULT_BUDGET, DEFAULT_CALL_TIMEOUT, DEFAULT_CPU, DEFAULT_EXERCISE_TIMEOUT,
+                            DEFAULT_MEMORY, limits, one_line)
 from grader.similarity import similar_to_reference
 from grader.view import ViewSpec, build_view, readable_paths
 from grader.wire import (ArgumentChanged, IsolationError, StudentCrash, StudentTimeout, _ByValue, _SafeUnpickler,
@@ -105,19 +106,6 @@ def child_import_path() -> list[str]:
         if str(real) not in out:
             out.append(str(real))
     return out
-
-DEFAULT_CALL_TIMEOUT = 60.0
-DEFAULT_BUDGET = 900.0
-DEFAULT_EXERCISE_TIMEOUT = 180.0  # seconds of the student's code per graded test (autograde), summed over its calls
-DEFAULT_MEMORY = 4 << 30  # bytes of address space the child may add after importing torch
-DEFAULT_CPU = 600  # CPU seconds for one child
-
-
-def _env_float(name: str, default: float) -> float:
-    try:
-        return float(os.environ.get(name) or default)
-    except ValueError:
-        return default
 
 
 # --- what the child may ask of the trusted side's objects ------------------------------------------------------
@@ -184,14 +172,15 @@ class Session:
         self.similar: dict[str, str] = {}  # exercise -> a copy of the answer key its source holds
         self.tampered: dict[str | None, list[str]] = {}  # exercise (None: at load, "*": any) -> what its code did
         self.cells = cells
-        self.call_timeout = call_timeout or _env_float("INFERENCE_LAB_CALL_TIMEOUT", DEFAULT_CALL_TIMEOUT)
-        self.budget = budget or _env_float("INFERENCE_LAB_BUDGET", DEFAULT_BUDGET)
+        lim = limits()  # the grader's --timeout, else the environment's knobs, else the defaults
+        self.call_timeout = call_timeout or lim.call_timeout
+        self.budget = budget or lim.budget
         self.exercise: str | None = None  # the graded test running now (`time_limit`)
         self.exercise_limit: float | None = None
         self.exercise_used = 0.0
         self.timeouts: list[str] = []  # one line per time limit that stopped the child
-        self.memory = int(memory or _env_float("INFERENCE_LAB_MEMORY", DEFAULT_MEMORY))
-        self.cpu = int(cpu or _env_float("INFERENCE_LAB_CPU", DEFAULT_CPU))
+        self.memory = int(memory or lim.memory)
+        self.cpu = int(cpu or lim.cpu)
         self.max_restarts = max_restarts
         self.generation = 0
         self.proc: subprocess.Popen | None = None

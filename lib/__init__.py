@@ -1,7 +1,8 @@
 """Inference Lab's reference implementation: one module per technique.
 
 - `lib.model`     a Llama-family decoder (SmolLM2 from its GGUF file, or tiny random configs)
-- `lib.generate`  the generation loop and sampling (greedy, temperature, top-k, top-p)
+- `lib.generate`  the generation loop (greedy, temperature, top-k, top-p, or any `lib.sampling.SamplingParams`)
+- `lib.sampling`  the one sampler of generate, the engine and the server: top-p/k, min-p, penalties, logit bias, min_tokens
 - `lib.masks`    the causal mask and the sliding-window mask (week 16)
 - `lib.kv_cache`  the KV cache, the sliding-window cache, `kv_cache_bytes` (week 16); `truncate` (week 18)
 - `lib.gqa`       pooling KV heads into fewer groups: MHA -> GQA -> MQA (week 16)
@@ -24,6 +25,9 @@
 - `lib.qmatmul`  matmuls straight from GGUF blocks (Q4_1, Q8_0, Q4_K, ...): a C++ kernel built on first use, a PyTorch fallback, the readable block dot product (week 20)
 - `lib.serving`   the serving loop's core without the network: `ServingLoop` (admit, cancel, one step, route), `TextStream` (streaming detokenizer with stop strings) (week 21)
 - `lib.server`    an OpenAI-compatible HTTP server on the engine (Starlette + uvicorn; `python -m lib.server`, `make serve`) (week 21)
+- `lib.engine_thread` the server's engine thread: `EngineLoop` runs a `ServingLoop` over the engine, `Submission` (week 21)
+- `lib.openai_api` the request side of OpenAI's API, checked: allowed fields, prompts, answer options, sampling fields (week 21)
+- `lib.server_metrics` /metrics: the lab's names and vLLM's, histograms (week 21)
 - `lib.loadtest`  a load test through the official `openai` client: Poisson arrivals, TTFT/TPOT p50/p95, KV use (week 21, `benchmarks/load.py`)
 - `lib.text`      the committed Gutenberg text and perplexity
 - `lib.fetch`     the set-up step that places the model where `lib` finds it (`python -m lib.fetch`)
