@@ -11,7 +11,7 @@ LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
 # Extra arguments for the command a target runs, e.g. `make bench ARGS=--quick`, `make grade-ui ARGS=--port=8890`.
 ARGS ?=
 
-.PHONY: help setup lab grade-ui test test-quick lint bench bench-18 bench-19 bench-20 serve bench-load release clean-cache
+.PHONY: help setup lab grade-ui test test-quick lint bench bench-18 bench-19 bench-20 serve bench-load machine release clean-cache
 
 help:
 	@echo "make setup        create .venv, install the lab, fetch and verify the model (idempotent)"
@@ -26,6 +26,7 @@ help:
 	@echo "make bench-20     quantized decode: F32 vs int8 vs int4 paths (and llama.cpp when installed)"
 	@echo "make serve        an OpenAI-compatible server on 127.0.0.1:8000 (SmolLM2, the week-19 engine); PORT=8001 to move it"
 	@echo "make bench-load   load-test the server with the openai client: throughput, TTFT/TPOT p50/p95, KV use"
+	@echo "make machine      this machine's whole table: CPU and flags, bandwidth, kernels chosen, both decode benchmarks"
 	@echo "make release WEEK=16   regenerate weeks/16 from solutions/16 (keeps a student's edited files)"
 	@echo "ARGS=... passes arguments on: make bench ARGS=--quick (each bench-NN too: a run in seconds),"
 	@echo "         make bench ARGS=--profile, make grade-ui ARGS='--port=8890 --no-browser'"
@@ -73,6 +74,9 @@ serve: setup
 
 bench-load: setup
 	$(BIN)/python benchmarks/load.py $(ARGS)
+
+machine: setup
+	$(BIN)/python benchmarks/machine.py $(ARGS)
 
 release: $(VENV)/.installed
 	@test -n "$(WEEK)" || (echo "usage: make release WEEK=16" && exit 2)

@@ -41,7 +41,7 @@ SERVERS = r"make (lab|grade-ui)( ARGS=.*)?$"  # run by test_servers_answer_and_s
 # A documented command -> the command run for it here (quick modes); None: run as typed.
 QUICK = [
     (r"^(\.venv/bin/)?python (benchmarks/\S+\.py)(.*)$", lambda m: f".venv/bin/python {m[2]}{m[3]} --quick"),
-    (r"^make (bench(-\d\d)?)$", lambda m: f"make {m[1]} ARGS=--quick"),
+    (r"^make (bench(-\d\d)?|machine)$", lambda m: f"make {m[1]} ARGS=--quick"),
     (r"^(\.venv/bin/)?python tools/distill_draft\.py --minutes \S+(.*)$",
      lambda m: f".venv/bin/python tools/distill_draft.py --minutes 0.05{m[2]} --out distilled-test.pt"),
     (r"^(\.venv/bin/)?python tools/train_draft_head\.py --minutes \S+(.*)$",
@@ -242,12 +242,12 @@ _SIZES = r" --(new-tokens|repeats|prefill|decode-steps|requests|ks|workloads|sho
 def _benchmark_runs() -> dict[tuple, str]:
     """(script, its other arguments) -> the one quick command run for it, the `make` target's where there is one
     (a bench target's recipe is `python benchmarks/<script> $(ARGS)`)."""
-    recipes = dict(re.findall(r"^(bench(?:-\d\d)?):.*\n\t\$\(BIN\)/python (benchmarks/\S+\.py)",
+    recipes = dict(re.findall(r"^(bench(?:-\d\d)?|machine):.*\n\t\$\(BIN\)/python (benchmarks/\S+\.py)",
                               (REPO / "Makefile").read_text(), re.M))
     runs: dict[tuple, str] = {}
     for cmd in to_run():
         quick = quick_form(cmd)
-        target = re.match(r"make (bench(?:-\d\d)?) ARGS=--quick$", quick)
+        target = re.match(r"make (bench(?:-\d\d)?|machine) ARGS=--quick$", quick)
         direct = re.match(r"\.venv/bin/python (benchmarks/\S+\.py)(.*) --quick$", quick)
         if target or direct:
             script, args = (recipes[target[1]], "") if target else (direct[1], direct[2])
@@ -262,7 +262,7 @@ def test_benchmarks_in_quick_mode(scratch, repo):
     """`make bench`, `make bench-18/19/20`, and each documented benchmark command, in its quick mode."""
     cmds = set(_benchmark_runs().values())
     assert {"make bench ARGS=--quick", "make bench-18 ARGS=--quick", "make bench-19 ARGS=--quick",
-            "make bench-20 ARGS=--quick"} <= cmds, cmds
+            "make bench-20 ARGS=--quick", "make machine ARGS=--quick"} <= cmds, cmds
     for cmd in sorted(cmds):
         out = run(scratch, repo, cmd, timeout=600)
         assert "Traceback" not in out, out

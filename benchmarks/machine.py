@@ -1,0 +1,104 @@
+"""This machine's whole table: what the CPU is, and how every decode path of the lab fares on it, in one run.
+
+    python benchmarks/machine.py            # the facts, then benchmarks/decode.py and benchmarks/quant.py in full
+    python benchmarks/machine.py --quick    # the facts and the kernels chosen only (seconds; `make bench ARGS=--quick`
+                                            # and `make bench-20 ARGS=--quick` are the benchmarks' smoke runs)
+
+First the facts a speed choice depends on: the CPU's model name, vendor and the instruction sets the kernels use
+(AVX2, FMA, AVX-512 and its VNNI / BF16 extensions, AMX tiles), cores, torch's threads, memory, the load average,
+the streaming bandwidth (`lib.roofline.measure_bandwidth`), and the kernels the lab chose here: `lib.fast`'s matmul
+layout (`lib.fast.choose_packing`, measured once per machine and remembered) and the GGUF kernel's build. Then the
+two speed tables, each as its own benchmark prints it: fp32 decode (`lib.model`, `lib.fast`, transformers, the
+roofline) and quantized decode (the GGUF file's blocks, torch's int8/int4, llama.cpp when installed).
+The README keeps one such table per machine class measured. Timing, not a test: run it on quiet cores.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+FLAGS = ["avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile",
+         "amx_bf16", "amx_int8"]
+
+
+def cpu_facts() -> dict:
+    """Model name, vendor and the flags of FLAGS this CPU has (from /proc/cpuinfo; the platform's words elsewhere)."""
+    facts = {"model": platform.processor() or platform.machine(), "vendor": "", "flags": []}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key, value = key.strip(), value.strip()
+                if key == "model name":
+                    facts["model"] = value
+                elif key == "vendor_id":
+                    facts["vendor"] = value
+                elif key == "flags":
+                    have = set(value.split())
+                    facts["flags"] = [f for f in FLAGS if f in have]
+                    break
+    except OSError:
+        pass
+    return facts
+
+
+def memory_gib() -> float | None:
+    try:
+        with open("/proc/meminfo") as f:
+            return int(f.readline().split()[1]) / 2**20
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="the facts and the kernels chosen, no benchmarks")
+    args = ap.parse_args(argv)
+    import torch
+
+    from lib.fast import choose_packing
+    from lib.model import load_smollm2
+    from lib.roofline import measure_bandwidth
+
+    facts = cpu_facts()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    mem = memory_gib()
+    print(f"CPU: {facts['model']} ({facts['vendor'] or 'vendor unknown'}), {os.cpu_count()} logical cores, "
+          f"torch threads {torch.get_num_threads()}" + (f", {mem:.0f} GiB memory" if mem else ""))
+    print(f"instruction sets the kernels use: {', '.join(facts['flags']) or 'none of ' + ', '.join(FLAGS)}")
+    print(f"AMX tiles usable by torch: {'yes' if getattr(torch.cpu, '_is_amx_tile_supported', lambda: False)() else 'no'}"
+          f"; torch {torch.__version__}, Python {platform.python_version()}, {platform.system()} {platform.release()}")
+    print(f"load average {load:.2f} (quiet cores read well below {os.cpu_count()})")
+    bandwidth = measure_bandwidth()  # bytes/s
+    print(f"streaming read bandwidth: {bandwidth / 1e9:.1f} GB/s (lib.roofline.measure_bandwidth)")
+    model, _ = load_smollm2()
+    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear) and m.weight.dim() == 2]
+    packed, why = choose_packing([w.detach().float() for w in weights])
+    print(f"lib.fast's matmul layout here: {why}")
+    try:
+        from lib.qmatmul import backend
+
+        print(f"GGUF kernel (lib.qmatmul, built for this CPU on first use): {backend()}")
+    except Exception as e:  # noqa: BLE001  (the facts are printed whatever the kernel's state)
+        print(f"GGUF kernel: not available ({type(e).__name__}: {e})")
+    sys.stdout.flush()
+    if args.quick:
+        return 0
+    for script in ("decode.py", "quant.py"):
+        print(f"\n=== benchmarks/{script}", flush=True)
+        code = subprocess.call([sys.executable, str(ROOT / "benchmarks" / script)], cwd=ROOT)
+        if code:
+            print(f"benchmarks/{script} exited with {code}")
+            return code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
