@@ -106,8 +106,8 @@ def prompt_ids(body: dict, chat: bool, tok) -> list[int]:
         elif isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
             prompt = list(p)
         else:
-            raise RequestError("'prompt' must be a string or a non-empty list of token ids (one prompt per "
-                               "request)", param="prompt")
+            raise RequestError("'prompt' must be a string, a non-empty list of token ids, or a list of those (one "
+                               "answer each)", param="prompt")
     if not prompt:
         raise RequestError("the prompt is empty", param="prompt")
     return prompt

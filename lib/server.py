@@ -67,11 +67,22 @@ class Server:
 
     # -- requests --
 
-    def parse(self, body, chat: bool) -> tuple[Submission, dict]:
-        """A request body -> its `Submission` and the options of its answer; `RequestError` for a bad one."""
+    def parse(self, body, chat: bool) -> tuple[list[Submission], dict]:
+        """A request body -> a `Submission` per prompt (a completion may send a list of prompts: strings or token-id
+        lists) and the options of its answer; `RequestError` for a bad one."""
         if not isinstance(body, dict):
             raise RequestError("the request body must be a JSON object")
         check_fields(body, chat, self.model_name)
+        p = body.get("prompt")
+        if not chat and isinstance(p, list) and p and all(isinstance(x, (str, list)) for x in p):
+            if len(p) > MAX_PROMPTS:
+                raise RequestError(f"at most {MAX_PROMPTS} prompts per request, got {len(p)}", param="prompt")
+            subs = [self._submission({**body, "prompt": x}, chat) for x in p]
+        else:
+            subs = [self._submission(body, chat)]
+        return subs, answer_options(body, chat)
+
+    def _submission(self, body: dict, chat: bool) -> Submission:
         prompt = prompt_ids(body, chat, self.tok)
         room = self.max_len - len(prompt)
         if room < 1:
@@ -88,10 +99,9 @@ class Server:
         seed = body.get("seed")
         seed = int_field(body, "seed", 0, -2**63, 2**63 - 1) if seed is not None else int.from_bytes(
             uuid.uuid4().bytes[:4], "little")
-        opts = answer_options(body, chat)
         params, stop_ids = sampling_params(body, temperature, max_tokens, self.engine.config.vocab_size,
                                            self.tok.eos_token_id, chat)
-        return Submission(prompt, max_tokens, temperature, seed % 2**63, params=params, stop_token_ids=stop_ids), opts
+        return Submission(prompt, max_tokens, temperature, seed % 2**63, params=params, stop_token_ids=stop_ids)
 
     def tokenize(self, body: dict) -> list[int]:
         """vLLM's /tokenize: a completion's `prompt` or a chat's `messages` (the template applied) -> token ids."""
@@ -174,10 +184,12 @@ class Server:
         return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                 "finish_reason": finish}
 
-    def _samples(self, sub: Submission, opts: dict) -> list[Submission]:
-        """`n` submissions of one request: sample k is seeded seed + k (as the engine's parallel samples are)."""
-        return [sub] + [Submission(sub.prompt, sub.max_tokens, sub.temperature, (sub.seed + k) % 2**63,
-                                   params=sub.params, stop_token_ids=sub.stop_token_ids) for k in range(1, opts["n"])]
+    def _samples(self, subs: list[Submission], opts: dict) -> list[Submission]:
+        """`n` submissions per prompt, choice i·n + k for prompt i: sample k is seeded seed + k (as the engine's
+        parallel samples are)."""
+        return [sub if k == 0 else Submission(sub.prompt, sub.max_tokens, sub.temperature, (sub.seed + k) % 2**63,
+                                              params=sub.params, stop_token_ids=sub.stop_token_ids)
+                for sub in subs for k in range(opts["n"])]
 
     def _logprobs(self, sub: Submission, n: int, chat: bool) -> dict:
         """OpenAI's logprobs object for the first `n` tokens of `sub`'s answer (log-softmax of the model's logits,
@@ -199,7 +211,7 @@ class Server:
         return {"tokens": [piece(t) for t, _, _ in entries], "token_logprobs": [lp for _, lp, _ in entries],
                 "top_logprobs": [{piece(a): v for a, v in top} for _, _, top in entries], "text_offset": offsets}
 
-    async def complete(self, sub: Submission, opts: dict, is_disconnected=None) -> dict:
+    async def complete(self, subs: list[Submission], opts: dict, is_disconnected=None) -> dict:
         chat = opts["chat"]
 
         async def one(s: Submission):
@@ -211,15 +223,15 @@ class Server:
                     finish, n = item[1], item[2]
             return "".join(pieces), finish, n, self._logprobs(s, n, chat) if opts["logprobs"] else None
 
-        answers = await asyncio.gather(*(one(s) for s in self._samples(sub, opts)))
+        answers = await asyncio.gather(*(one(s) for s in self._samples(subs, opts)))
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        n = sum(a[2] for a in answers)
+        n, prompt = sum(a[2] for a in answers), sum(len(s.prompt) for s in subs)
         return self._envelope(chat, rid, False) | {
             "choices": [self._choice(chat, text, finish, False, index=k, logprobs=lp)
                         for k, (text, finish, _, lp) in enumerate(answers)],
-            "usage": {"prompt_tokens": len(sub.prompt), "completion_tokens": n, "total_tokens": len(sub.prompt) + n}}
+            "usage": {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}}
 
-    async def stream(self, sub: Submission, opts: dict):
+    async def stream(self, subs: list[Submission], opts: dict):
         """Server-sent events: one chunk per text piece (each with its choice's index), a last chunk per choice with
         its finish reason, the usage when asked, then [DONE]."""
         chat = opts["chat"]
@@ -236,9 +248,9 @@ class Server:
             finally:
                 await merged.put((k, None))
 
-        subs = self._samples(sub, opts)
-        tasks = [asyncio.ensure_future(feed(k, s)) for k, s in enumerate(subs)]
-        first, open_, tokens = set(range(len(subs))), len(subs), 0
+        samples = self._samples(subs, opts)
+        tasks = [asyncio.ensure_future(feed(k, s)) for k, s in enumerate(samples)]
+        first, open_, tokens = set(range(len(samples))), len(samples), 0
         try:
             while open_:
                 k, item = await merged.get()
@@ -255,8 +267,8 @@ class Server:
                     yield f"data: {json.dumps(env | {'choices': [choice]})}\n\n"
             else:
                 if opts["usage"]:  # stream_options.include_usage: one more chunk, no choices, the usage
-                    usage = {"prompt_tokens": len(sub.prompt), "completion_tokens": tokens,
-                             "total_tokens": len(sub.prompt) + tokens}
+                    prompt = sum(len(s.prompt) for s in subs)
+                    usage = {"prompt_tokens": prompt, "completion_tokens": tokens, "total_tokens": prompt + tokens}
                     yield f"data: {json.dumps(env | {'choices': [], 'usage': usage})}\n\n"
             yield "data: [DONE]\n\n"
         finally:
@@ -282,11 +294,11 @@ def build_app(server: Server):
                 body = json.loads(await request.body())
             except (json.JSONDecodeError, UnicodeDecodeError) as e:
                 raise RequestError(f"the request body is not valid JSON: {e}") from None
-            sub, opts = server.parse(body, chat)
+            subs, opts = server.parse(body, chat)
             if opts["stream"]:
-                return StreamingResponse(server.stream(sub, opts), media_type="text/event-stream",
+                return StreamingResponse(server.stream(subs, opts), media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache"})
-            return JSONResponse(await server.complete(sub, opts, request.is_disconnected))
+            return JSONResponse(await server.complete(subs, opts, request.is_disconnected))
         except RequestError as e:
             return error(e)
 
@@ -420,6 +432,7 @@ class ServerThread:
 # Most prompt tokens one request gets in one step (of the 512-token budget): a short request sent during a long
 # prefill starts at the next step. Measured by benchmarks/long_prefill.py (week 21's README has the figures).
 LONG_PREFILL_TOKEN_THRESHOLD = 256
+MAX_PROMPTS = 16  # prompts in one completion request (each with its `n` choices)
 
 
 def make_server(model=None, tokenizer=None, num_blocks: int = 512, block_size: int = 16, max_num_seqs: int = 8,

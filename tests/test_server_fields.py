@@ -237,3 +237,16 @@ def test_logprobs_are_log_softmax_of_the_models_logits(server, client):
     assert all(c.logprob <= 1e-6 and c.top_logprobs[0].logprob >= c.logprob - 1e-6 for c in content)
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model=MODEL, prompt="hi", max_tokens=2, logprobs=1, stream=True)
+
+
+def test_a_list_of_prompts_gets_n_choices_each(server, client):
+    prompts = ["The capital of France is", _ids(server, "Once upon a time")]
+    r = client.completions.create(model=MODEL, prompt=prompts, max_tokens=6, temperature=1.0, seed=3, n=2)
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    for i, p in enumerate(prompts):
+        for k in range(2):
+            alone = client.completions.create(model=MODEL, prompt=p, max_tokens=6, temperature=1.0, seed=3 + k)
+            assert r.choices[2 * i + k].text == alone.choices[0].text, (i, k)
+    assert r.usage.prompt_tokens == len(_ids(server, prompts[0])) + len(prompts[1])
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=MODEL, prompt=["hi"] * 17, max_tokens=1)
