@@ -185,6 +185,5 @@ def sampling_params(body: dict, temperature: float, max_tokens: int, vocab: int,
         repetition_penalty=float_field(body, "repetition_penalty", 1.0, 0.01, 10.0),
         logit_bias=logit_bias, stop_token_ids=stop_ids, min_tokens=int_field(body, "min_tokens", 0, 0, max_tokens),
         eos_token_id=eos_token_id, ignore_eos=ignore_eos, logprobs=logprobs(body, chat))
-    plain = (params.top_p == 1 and params.top_k in (0, -1) and params.min_p == 0 and params.is_plain
-             and params.logprobs is None)
+    plain = params == SamplingParams(temperature=temperature, eos_token_id=eos_token_id)  # every other field default
     return (None if plain else params), frozenset(stop_ids)
