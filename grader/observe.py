@@ -29,6 +29,10 @@ class Observation:
     lib_calls: set = field(default_factory=set)
     reductions: list = field(default_factory=list)  # (op name, input shape, reduced extent) of every reduction
     reads: dict = field(default_factory=dict)  # argument position -> [mean reads of each slice along its dim 0]
+    # Triton kernels run by the interpreter (TRITON_INTERPRET=1) during the call: one (kernel name, grid) per
+    # launch, and the (M, K, N) of every `tl.dot` its programs executed (a compiled GPU kernel is not seen).
+    kernel_launches: list = field(default_factory=list)
+    kernel_dots: list = field(default_factory=list)
 
     def reads_of(self, position: int) -> list[float]:
         """For the tensor argument at `position` (asked for with `observe(..., _observe_reads=(position,))`): how
@@ -53,6 +57,15 @@ class Observation:
         """The largest row, column or contraction length of any matmul seen (batch dims excluded): a tiled
         attention keeps it <= max(block_q, block_k, head_dim) whichever way round it multiplies."""
         return max((max(a[-2:] + b[-2:]) for a, b in self.matmuls), default=0)
+
+    def kernel_dot_flops(self) -> int:
+        """FLOPs of the `tl.dot`s that interpreted Triton kernels executed during the call (2·M·K·N each)."""
+        return sum(2 * m * k * n for m, k, n in self.kernel_dots)
+
+    def max_kernel_dot_dim(self) -> int:
+        """The largest M, K or N of any `tl.dot` an interpreted kernel executed: a tiled kernel keeps it at most
+        max(block sizes, head dim)."""
+        return max((max(d) for d in self.kernel_dots), default=0)
 
     def max_reduction_extent(self) -> int:
         """The most elements any one reduction (sum, amax, max, logsumexp, softmax, mean, ...) combined per
@@ -249,6 +262,43 @@ class _OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
 
 
 
+class _TritonWatch:
+    """While active: the launches and `tl.dot`s of Triton's interpreter, if this process has imported it (a
+    kernel decorated while TRITON_INTERPRET=1). Patched on the interpreter's classes and restored after."""
+
+    def __init__(self, obs: Observation):
+        self.obs = obs
+        self.undo = []
+
+    def __enter__(self):
+        interp = sys.modules.get("triton.runtime.interpreter")
+        if interp is None:
+            return self
+        obs = self.obs
+        grid_cls, builder_cls = interp.GridExecutor, interp.InterpreterBuilder
+        launch, dot = grid_cls.__call__, builder_cls.create_dot
+
+        def watched_launch(executor, *args, **kwargs):
+            grid = executor.grid
+            obs.kernel_launches.append((str(getattr(executor.fn, "__name__", "?")),
+                                        tuple(int(g) for g in grid) if isinstance(grid, tuple) else ()))
+            return launch(executor, *args, **kwargs)
+
+        def watched_dot(builder, a, b, *rest, **kw):
+            sa, sb = a.data.shape, b.data.shape
+            obs.kernel_dots.append((int(sa[-2]), int(sa[-1]), int(sb[-1])))
+            return dot(builder, a, b, *rest, **kw)
+
+        grid_cls.__call__, builder_cls.create_dot = watched_launch, watched_dot
+        self.undo = [(grid_cls, "__call__", launch), (builder_cls, "create_dot", dot)]
+        return self
+
+    def __exit__(self, *exc):
+        for owner, name, original in self.undo:
+            setattr(owner, name, original)
+        return False
+
+
 def _storages(args, kwargs) -> set[int]:
     """Data pointers of the storages of the tensors among `args` and `kwargs` (one level into lists/tuples)."""
     found = set()
@@ -299,7 +349,7 @@ def observe(fn, *args, **kwargs):
             counted[args[i].untyped_storage().data_ptr()] = _ReadCounter(args[i])
     recorder = _OpRecorder(obs, _storages(args, kwargs), counted)
     try:
-        with flops, meter, recorder:
+        with flops, meter, recorder, _TritonWatch(obs):
             result = fn(*args, **kwargs)
     finally:
         if sys.getprofile() is not profile:
@@ -320,7 +370,9 @@ def to_wire(obs: Observation) -> dict:
     return {"ops": dict(obs.ops), "matmuls": [tuple(map(tuple, m)) for m in obs.matmuls], "flops": int(obs.flops),
             "peak_bytes": int(obs.peak_bytes), "lib_calls": sorted(obs.lib_calls),
             "reductions": [(str(n), tuple(map(int, sh)), int(e)) for n, sh, e in obs.reductions],
-            "reads": {int(i): [float(x) for x in v] for i, v in obs.reads.items()}}
+            "reads": {int(i): [float(x) for x in v] for i, v in obs.reads.items()},
+            "kernel_launches": [(str(n), tuple(int(g) for g in grid)) for n, grid in obs.kernel_launches],
+            "kernel_dots": [tuple(int(x) for x in d) for d in obs.kernel_dots]}
 
 
 def from_wire(data) -> Observation:
@@ -334,4 +386,6 @@ def from_wire(data) -> Observation:
     o.lib_calls = {c for c in data.get("lib_calls", ()) if type(c) is str}
     o.reductions = [(str(n), tuple(int(x) for x in sh), int(e)) for n, sh, e in data.get("reductions", ())]
     o.reads = {int(i): [float(x) for x in v] for i, v in dict(data.get("reads", {})).items()}
+    o.kernel_launches = [(str(n), tuple(int(g) for g in grid)) for n, grid in data.get("kernel_launches", ())]
+    o.kernel_dots = [(int(m), int(k), int(n)) for m, k, n in data.get("kernel_dots", ())]
     return o

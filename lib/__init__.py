@@ -9,6 +9,7 @@
 - `lib.roofline`  FLOPs, bytes and the roofline; this machine's FLOP/s and bandwidth (week 16, benchmarks)
 - `lib.attention` GQA attention and the SDPA backend; naive and tiled (FlashAttention) attention (weeks 16-17)
 - `lib.io_model`  counting slow-memory traffic of standard and tiled attention (week 17)
+- `lib.triton_attention` Triton kernels: a row softmax, a tiled matmul, FlashAttention-2's forward; the interpreter without a GPU (week 17)
 - `lib.fast`      the same model fused for speed (QKV and gate/up matmuls, oneDNN-packed weights, no per-step setup), for serving and benchmarks; `pack_linears(model)` gives the readable model the packed weights alone
 - `lib.paged`     the block allocator, slot mapping, paged attention and the paged KV cache (week 19)
 - `lib.blocks`    the engine's blocks: chained block hashes, the prefix cache (`PrefixCache`), `BlockManager` (week 19)
@@ -33,3 +34,14 @@
 - `lib.fetch`     the set-up step that places the model where `lib` finds it (`python -m lib.fetch`)
 - `lib.paths`     where data lives, the model file's size and sha256, and `check_smollm2` that holds the file to them
 """
+import os as _os
+
+# Week 17's Triton kernels: without a CUDA device they run in Triton's interpreter, and Triton reads
+# TRITON_INTERPRET when it is first imported (its own library's kernels are decorated then) — and torch imports
+# it as a side effect (torch.utils.flop_counter, for one). So it is set here, when lib is first imported, unless
+# it is set already. On a CPU, Triton has no compiled backend; torch.compile's CPU code does not use Triton.
+if "TRITON_INTERPRET" not in _os.environ:
+    import torch as _torch
+
+    if not _torch.cuda.is_available():
+        _os.environ["TRITON_INTERPRET"] = "1"

@@ -15,6 +15,9 @@ technique passes). What each one rejects besides wrong numbers (tests/test_week1
 - FlashAttention: saving P; a backward that re-runs autograd over naive attention; `lib`'s Function.
 - flash_decode: naive attention or one unsplit pass (a matmul over all keys), `lib`'s reference; more splits
   than keys must work.
+- softmax_rows, tiled_matmul, flash_attention_triton (Triton, `week17_triton`): a wrapper doing torch arithmetic,
+  no kernel launched or too few `tl.dot` FLOPs (numpy, Python), a `tl.dot` wider than the blocks, one program for
+  all rows, causal blocks loaded (FLOPs), P stored (memory), no rescaling, wrong mask fill values, strides ignored.
 """
 from __future__ import annotations
 
@@ -24,13 +27,15 @@ import torch
 
 from grader.checks import assert_close as _close
 from grader.checks import assert_route, check_on_meta, generator, observe, seed_note
+from grader.checks import week17_triton as tri
 from grader.harness import Week
 from lib import attention as ref
 from lib import io_model
 from lib.masks import causal_mask
 
 WEEK = Week(17, "week17_flash_attention.ipynb",
-            child_may_use={"lib.attention": ("check_attention_shapes",), "lib.masks": ("causal_mask",)})
+            child_may_use={"lib.attention": ("check_attention_shapes",), "lib.masks": ("causal_mask",),
+                           "lib.triton_attention": ("check_triton_attention_shapes", "kernel_device", "interpreting")})
 
 # (batch, heads, q_len, kv_len, head_dim, causal): lengths that are not multiples of the blocks, q_len != kv_len,
 # head dims that are not powers of two.
@@ -419,21 +424,161 @@ def check_flash_decode(flash_decode) -> None:
     check_on_meta(flash_decode, (q, k, v), "flash_decode", dict(n_splits=3))
 
 
+# --- 11, 12, 13: Triton -------------------------------------------------------------------------------
+
+TRITON = "8 (The kernel itself: FlashAttention in Triton)"
+
+
+def _on(t: torch.Tensor) -> torch.Tensor:
+    return t.to(tri.device())
+
+
+@WEEK.exercise(11, "softmax_rows", section=TRITON)
+def check_softmax_rows(softmax_rows) -> None:
+    g = generator(600)
+    for rows, cols in [(1, 1), (3, 37), (5, 128), (2, 1000)]:
+        x = _on(torch.randn(rows, cols, generator=g) * 3)
+        _close(softmax_rows(x), torch.softmax(x.double(), -1).float(), f"softmax_rows(x [{rows}, {cols}])", 1e-6, 1e-5)
+    x = _on(torch.randn(4, 50, generator=g) * 1e4)  # exp overflows float32 unless the row's max is subtracted
+    _close(softmax_rows(x), torch.softmax(x.double(), -1).float(), "softmax_rows on entries of size 1e4", 1e-6)
+    x = torch.randn(3, 40, generator=g)
+    x[0, :13], x[1, 39], x[2, 5:30] = float("-inf"), float("-inf"), float("-inf")
+    x = _on(x)
+    _close(softmax_rows(x), torch.softmax(x.double(), -1).float(), "softmax_rows with -inf entries", 1e-6, 1e-5)
+    x = _on(torch.randn(45, 6, generator=g)).t()  # [6, 45], a column stride of 6: the kernel must use both strides
+    _close(softmax_rows(x), torch.softmax(x.double(), -1).float(), "softmax_rows on a transposed (non-contiguous) "
+           "input", 1e-6, 1e-5)
+    x = _on(torch.randn(3, 70, generator=g)).half()
+    _close(softmax_rows(x), torch.softmax(x.float(), -1).half(), "softmax_rows on float16 (compute in float32, "
+           "return float16)", 1e-3, 1e-2)
+    x = _on(torch.randn(6, 300, generator=g))
+    _, obs = observe(softmax_rows, x)
+    tri.assert_kernel_route(obs, "softmax_rows(x [6, 300])")
+    if tri.interpreting():
+        grids = [grid for _, grid in obs.kernel_launches]
+        assert any(grid and grid[0] == 6 for grid in grids), (
+            f"softmax_rows(x [6, 300]): the kernels launched had grids {grids}; launch one program per row, "
+            f"grid (6,)")
+
+
+@WEEK.exercise(12, "tiled_matmul", section=TRITON)
+def check_tiled_matmul(tiled_matmul) -> None:
+    g = generator(700)
+    for (m, k, n), blocks in [((1, 1, 1), (16, 16, 16)), ((45, 70, 33), (16, 16, 16)), ((64, 64, 64), (32, 16, 16)),
+                              ((37, 100, 20), (16, 32, 32)), ((20, 33, 70), (16, 64, 16))]:
+        a = _on(torch.randn(m, k, generator=g))
+        b = _on(torch.randn(k, n, generator=g))
+        bm, bn, bk = blocks
+        what = f"tiled_matmul(a [{m}, {k}], b [{k}, {n}], block_m={bm}, block_n={bn}, block_k={bk})"
+        _close(tiled_matmul(a, b, block_m=bm, block_n=bn, block_k=bk), (a.double() @ b.double()).float(), what,
+               *tri.tol(1e-4, 1e-4))
+    a = _on(torch.randn(30, 50, generator=g))
+    b = _on(torch.randn(40, 50, generator=g)).t()  # [50, 40] with a row stride of 1
+    _close(tiled_matmul(a, b), (a.double() @ b.double()).float(), "tiled_matmul with b transposed (non-contiguous)",
+           *tri.tol(1e-4, 1e-4))
+    a, b = _on(torch.randn(40, 64, generator=g)).half(), _on(torch.randn(64, 24, generator=g)).half()
+    _close(tiled_matmul(a, b), (a.float() @ b.float()).half(), "tiled_matmul on float16 (accumulate in float32, "
+           "return float16)", *tri.tol(1e-2, 1e-2))
+    for shape_a, shape_b in [((3, 4), (5, 6)), ((3, 4, 5), (5, 6))]:
+        try:
+            tiled_matmul(_on(torch.zeros(shape_a)), _on(torch.zeros(shape_b)))
+        except ValueError:
+            pass
+        else:
+            raise AssertionError(f"tiled_matmul(a {list(shape_a)}, b {list(shape_b)}) should raise ValueError "
+                                 f"naming the shapes")
+    m, k, n = 48, 96, 40
+    a, b = _on(torch.randn(m, k, generator=g)), _on(torch.randn(k, n, generator=g))
+    _, obs = observe(tiled_matmul, a, b, block_m=16, block_n=16, block_k=32)
+    tri.assert_kernel_route(obs, f"tiled_matmul(a [{m}, {k}], b [{k}, {n}], blocks 16, 16, 32)",
+                            min_dot_flops=2 * m * k * n, max_dot_dim=32, blocks="16, 16, 32")
+
+
+def _attention_inputs(b, h, nq, nk, d, offset, dtype=torch.float32, transposed=False):
+    q, k, v = _qkv(b, h, nq, nk, d, dtype=dtype, offset=offset, transposed=transposed)
+    return _on(q), _on(k), _on(v)
+
+
+@WEEK.exercise(13, "flash_attention_triton", section=TRITON)
+def check_flash_attention_triton(flash_attention_triton) -> None:
+    cases = [(1, 1, 1, 1, 16, False), (1, 2, 37, 37, 16, True), (2, 1, 5, 70, 32, True), (1, 2, 70, 33, 64, False),
+             (1, 1, 1, 200, 128, True), (1, 2, 64, 96, 16, True), (2, 2, 50, 50, 32, False)]
+    for i, (b, h, nq, nk, d, causal) in enumerate(cases):
+        q, k, v = _attention_inputs(b, h, nq, nk, d, offset=800 + i, transposed=i % 3 == 1)
+        want, want_lse = tri.float64_attention(q, k, v, causal)
+        for bm, bn in [((16, 16), (32, 16), (16, 32))[i % 3]]:
+            what = (f"flash_attention_triton(q {_shape(q)}{' non-contiguous' if i % 3 == 1 else ''}, k {_shape(k)}, "
+                    f"causal={causal}, block_m={bm}, block_n={bn})")
+            res = flash_attention_triton(q, k, v, causal=causal, block_m=bm, block_n=bn)
+            assert isinstance(res, tuple) and len(res) == 2, f"{what} should return a tuple (out, lse)"
+            _close(res[0], want.float(), what + " output", *tri.tol(1e-5, 1e-4))
+            _close(res[1], want_lse.float(), what + " logsumexp [B, H, Nq] (float32)", *tri.tol(1e-5, 1e-5))
+    # Long rows whose scores grow from block to block: the running max changes at every block, so a kernel that
+    # does not rescale l and acc by exp(m_old - m_new) is wrong here.
+    nk, d = 160, 16
+    q = _on(torch.ones(1, 1, 4, d) * 0.5)
+    ramp = torch.linspace(0.0, 12.0, nk).view(1, 1, nk, 1)
+    k = _on(ramp * torch.ones(1, 1, nk, d) / d ** 0.5 * 2 + 0.1 * torch.randn(1, 1, nk, d, generator=generator(810)))
+    v = _on(torch.randn(1, 1, nk, d, generator=generator(811)))
+    want, want_lse = tri.float64_attention(q, k, v, False)
+    out, lse = flash_attention_triton(q, k, v, causal=False, block_m=16, block_n=16)
+    _close(out, want.float(), "flash_attention_triton on rows whose scores grow block after block (the running max "
+           "changes at each block: rescale l and acc by exp(m_old − m_new))", *tri.tol(1e-5, 1e-4))
+    _close(lse, want_lse.float(), "flash_attention_triton's lse on rows whose scores grow block after block",
+           *tri.tol(1e-5, 1e-5))
+    q, k, v = _attention_inputs(1, 2, 40, 40, 32, offset=820, dtype=torch.float16)
+    want, want_lse = tri.float64_attention(q, k, v, True)
+    out, lse = flash_attention_triton(q, k, v, causal=True)
+    _close(out, want.half(), "flash_attention_triton on float16 (keep m, l and acc in float32; return float16)",
+           *tri.tol(2e-3, 4e-3))
+    _close(lse, want_lse.float(), "flash_attention_triton's lse on float16 inputs (float32)", *tri.tol(1e-3, 1e-4))
+    for qs, ks, why in [((1, 2, 5, 24), (1, 2, 5, 24), "a head dim of 24 (not a power of two)"),
+                        ((1, 4, 5, 16), (1, 2, 5, 16), "heads differ")]:
+        try:
+            flash_attention_triton(_on(torch.zeros(qs)), _on(torch.zeros(ks)), _on(torch.zeros(ks)))
+        except ValueError:
+            pass
+        else:
+            raise AssertionError(f"flash_attention_triton(q {list(qs)}, k {list(ks)}) should raise ValueError ({why}): "
+                                 f"start with check_triton_attention_shapes(q, k, v, causal)")
+    # The technique: one kernel, blocks only, causal blocks skipped, nothing of size N×N in memory.
+    n, d = 96, 16
+    q, k, v = _attention_inputs(1, 1, n, n, d, offset=830)
+    what = f"flash_attention_triton(q [1, 1, {n}, {d}], block_m=16, block_n=16)"
+    _, full = observe(flash_attention_triton, q, k, v, causal=False, block_m=16, block_n=16)
+    tri.assert_kernel_route(full, what, min_dot_flops=4 * n * n * d, max_dot_dim=16, blocks="16, 16")
+    _, causal = observe(flash_attention_triton, q, k, v, causal=True, block_m=16, block_n=16)
+    tri.assert_kernel_route(causal, what + " causal", max_dot_dim=16, blocks="16, 16")
+    if tri.interpreting():
+        ratio = causal.kernel_dot_flops() / max(full.kernel_dot_flops(), 1)
+        assert ratio < 0.65, (
+            f"{what}: the causal pass ran {ratio:.2f}× the tl.dot FLOPs of the non-causal one; stop each program's "
+            f"loop at the last key block its rows can see (21 of 36 blocks: 0.58× here)")
+    peaks = {}
+    for n in (32, 128):
+        q, k, v = _attention_inputs(1, 1, n, n, 16, offset=840 + n)
+        _, obs = observe(flash_attention_triton, q, k, v, causal=False, block_m=32, block_n=32)
+        peaks[n] = obs.peak_bytes - (q.numel() * 4 + n * 4)
+    assert peaks[128] <= peaks[32] + 16 * 1024, (
+        f"flash_attention_triton: torch memory beyond out and lse grew from {peaks[32] / 1e3:.1f} kB at N=32 to "
+        f"{peaks[128] / 1e3:.1f} kB at N=128; the kernel keeps its blocks in registers, never a score matrix in memory")
+
+
 # --- quiz ---------------------------------------------------------------------------------------------
 
-@WEEK.exercise(11, "answer_q1", section="8 (Check your understanding)")
+@WEEK.exercise(14, "answer_q1", section="9 (Check your understanding)")
 def check_answer_q1(answer_q1) -> None:
     got = float(answer_q1())
     assert abs(got - 268.435456) < 0.5, f"answer_q1() = {got}: not the fp32 score matrix of [8, 8, 1024, 1024] in MB (10^6 bytes)"
 
 
-@WEEK.exercise(12, "answer_q2", section="8 (Check your understanding)")
+@WEEK.exercise(15, "answer_q2", section="9 (Check your understanding)")
 def check_answer_q2(answer_q2) -> None:
     got = answer_q2()
     assert got == 528, f"answer_q2() = {got}: count the (query block, key block) pairs on or below the diagonal of a 32×32 grid of blocks"
 
 
-@WEEK.exercise(13, "answer_q3", section="8 (Check your understanding)")
+@WEEK.exercise(16, "answer_q3", section="9 (Check your understanding)")
 def check_answer_q3(answer_q3) -> None:
     got = float(answer_q3())
     assert abs(got - 4.0) < 1e-6, f"answer_q3() = {got}: weight each partial output by exp(its lse − the total lse)"

@@ -47,13 +47,25 @@ def test_ex10_flash_decode(ex):
     checks.check_flash_decode(ex.flash_decode)
 
 
-def test_ex11_answer_q1(ex):
+def test_ex11_softmax_rows(ex):
+    checks.check_softmax_rows(ex.softmax_rows)
+
+
+def test_ex12_tiled_matmul(ex):
+    checks.check_tiled_matmul(ex.tiled_matmul)
+
+
+def test_ex13_flash_attention_triton(ex):
+    checks.check_flash_attention_triton(ex.flash_attention_triton)
+
+
+def test_ex14_answer_q1(ex):
     checks.check_answer_q1(ex.answer_q1)
 
 
-def test_ex12_answer_q2(ex):
+def test_ex15_answer_q2(ex):
     checks.check_answer_q2(ex.answer_q2)
 
 
-def test_ex13_answer_q3(ex):
+def test_ex16_answer_q3(ex):
     checks.check_answer_q3(ex.answer_q3)
