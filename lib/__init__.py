@@ -3,6 +3,7 @@
 - `lib.model`     a Llama-family decoder (SmolLM2 from its GGUF file, or tiny random configs)
 - `lib.generate`  the generation loop (greedy, temperature, top-k, top-p, or any `lib.sampling.SamplingParams`)
 - `lib.sampling`  the one sampler of generate, the engine and the server: top-p/k, min-p, penalties, logit bias, min_tokens
+- `lib.guided`    JSON mode: a byte-level JSON automaton lifted to a mask over the vocabulary, cached by state (week 21)
 - `lib.masks`    the causal mask and the sliding-window mask (week 16)
 - `lib.kv_cache`  the KV cache, the sliding-window cache, `kv_cache_bytes` (week 16); `truncate` (week 18)
 - `lib.gqa`       pooling KV heads into fewer groups: MHA -> GQA -> MQA (week 16)

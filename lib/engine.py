@@ -419,7 +419,8 @@ class LLMEngine:
         children = []
         for k in range(1, parent.n):
             child = Request((parent.request_id, k), parent.prompt, parent.max_new_tokens, arrival=parent.arrival,
-                            temperature=parent.temperature, seed=parent.seed + k, params=parent.params,
+                            temperature=parent.temperature, seed=parent.seed + k,
+                            params=parent.params and parent.params.for_another_sequence(),
                             num_computed=parent.num_computed, block_hashes=list(parent.block_hashes),
                             blocks=[self.blocks.pool.fork(b) for b in parent.blocks],
                             serial=next(self._serials))

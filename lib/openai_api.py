@@ -2,7 +2,7 @@
 its prompt as token ids, the options of its answer, and its sampling fields (`lib.sampling.SamplingParams`).
 
 Every field is either read or refused with OpenAI's error object (`RequestError`): a field this server does not
-implement (`logprobs`, `tools`, `response_format` other than text, ...) is refused by name, and any other unknown
+implement (`tools`, `best_of`, a `response_format` of type `json_schema`, ...) is refused by name, and any other unknown
 field too — a request is never answered as if a field it sent had been applied.
 """
 from __future__ import annotations
@@ -25,13 +25,13 @@ class RequestError(Exception):
 # Fields read from a request (besides the prompt's): any other field is refused.
 FIELDS = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
           "repetition_penalty", "logit_bias", "seed", "stop", "stop_token_ids", "ignore_eos", "min_tokens", "stream",
-          "stream_options", "n", "user", "logprobs"}
+          "stream_options", "n", "user", "logprobs", "response_format"}
 CHAT_FIELDS = {"messages", "max_completion_tokens", "top_logprobs"}
 COMPLETION_FIELDS = {"prompt"}
 MAX_N = 16  # choices per request (`n`): each is a request of its own to the engine
 # OpenAI's fields this server does not implement: refused by name when set to anything but their default.
 UNSUPPORTED = ("echo", "suffix", "best_of", "tools", "functions", "tool_choice",
-               "function_call", "parallel_tool_calls", "response_format", "prediction", "audio", "modalities")
+               "function_call", "parallel_tool_calls", "prediction", "audio", "modalities")
 
 
 def int_field(body: dict, name: str, default: int, lo: int, hi: int) -> int:
@@ -65,8 +65,6 @@ def check_fields(body: dict, chat: bool, model_name: str) -> None:
         raise RequestError(f"the model '{model}' does not exist; this server serves '{model_name}'",
                            status=404, param="model", code="model_not_found")
     for k in UNSUPPORTED:
-        if k == "response_format" and body.get(k) in (None, {"type": "text"}):
-            continue
         if body.get(k) not in (None, False, 0, [], {}):
             raise RequestError(f"'{k}' is not supported by this server", param=k)
     known = FIELDS | set(UNSUPPORTED) | (CHAT_FIELDS if chat else COMPLETION_FIELDS)
@@ -147,10 +145,28 @@ def logprobs(body: dict, chat: bool) -> int | None:
     return int_field(body, "top_logprobs", 0, 0, 20) if on else None
 
 
+def json_mode(body: dict) -> bool:
+    """`response_format`: absent or {"type": "text"} (False), {"type": "json_object"} (True: JSON mode); any other
+    is refused — `json_schema` by name."""
+    fmt = body.get("response_format")
+    if fmt is None:
+        return False
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return False
+    if kind == "json_object":
+        return True
+    if kind == "json_schema":
+        raise RequestError("'response_format' of type 'json_schema' is not supported by this server; "
+                           "{'type': 'json_object'} (JSON mode: the answer is a JSON object) is", param="response_format")
+    raise RequestError(f"'response_format' must be {{'type': 'text'}} or {{'type': 'json_object'}}, got {fmt!r}",
+                       param="response_format")
+
+
 def sampling_params(body: dict, temperature: float, max_tokens: int, vocab: int, eos_token_id: int | None,
-                    chat: bool = False) -> tuple[SamplingParams | None, frozenset]:
+                    chat: bool = False, json_guide=None) -> tuple[SamplingParams | None, frozenset]:
     """The sampling fields besides temperature and seed, checked: `(params, stop_token_ids)`, params None when every
-    field is at its default (plain sampling)."""
+    field is at its default (plain sampling). `json_guide()`: a new `lib.guided.JsonGuide`, for JSON mode."""
     def token_id(t, name):
         if isinstance(t, str) and t.lstrip("-").isdigit():
             t = int(t)
@@ -174,6 +190,15 @@ def sampling_params(body: dict, temperature: float, max_tokens: int, vocab: int,
     ignore_eos = body.get("ignore_eos", False)
     if not isinstance(ignore_eos, bool):
         raise RequestError("'ignore_eos' must be true or false", param="ignore_eos")
+    guide = None
+    if json_mode(body):
+        if json_guide is None:
+            raise RequestError("JSON mode ('response_format': {'type': 'json_object'}) is not available here",
+                               param="response_format")
+        if ignore_eos:
+            raise RequestError("'ignore_eos' cannot be combined with JSON mode: the answer ends when the object is "
+                               "complete", param="ignore_eos")
+        guide = json_guide()
     top_p = float_field(body, "top_p", 1.0, 0.0, 1.0)
     if top_p == 0:
         raise RequestError("'top_p' must be greater than 0 (1 keeps every token)", param="top_p")
@@ -184,6 +209,6 @@ def sampling_params(body: dict, temperature: float, max_tokens: int, vocab: int,
         frequency_penalty=float_field(body, "frequency_penalty", 0.0, -2.0, 2.0),
         repetition_penalty=float_field(body, "repetition_penalty", 1.0, 0.01, 10.0),
         logit_bias=logit_bias, stop_token_ids=stop_ids, min_tokens=int_field(body, "min_tokens", 0, 0, max_tokens),
-        eos_token_id=eos_token_id, ignore_eos=ignore_eos, logprobs=logprobs(body, chat))
+        eos_token_id=eos_token_id, ignore_eos=ignore_eos, logprobs=logprobs(body, chat), guide=guide)
     plain = params == SamplingParams(temperature=temperature, eos_token_id=eos_token_id)  # every other field default
     return (None if plain else params), frozenset(stop_ids)

@@ -14,6 +14,7 @@ with the defaults that is the plain argmax, so greedy decoding is unchanged.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -35,6 +36,9 @@ class SamplingParams:
     eos_token_id: int | None = None  # masked before min_tokens, and always with ignore_eos
     ignore_eos: bool = False  # the eos token is masked: the answer runs to its length
     logprobs: int | None = None  # record each chosen token's log-probability and this many alternatives (the engine)
+    # Guided decoding (`lib.guided.JsonGuide`): `guide.allowed(output) -> bool [vocab]`, the only tokens that may
+    # come next; one guide per sequence (`guide.fork()` for another), as it follows the sequence's output.
+    guide: object | None = None
 
     def __post_init__(self):
         bad = []
@@ -55,11 +59,15 @@ class SamplingParams:
         if bad:
             raise ValueError("; ".join(bad))
 
+    def for_another_sequence(self) -> "SamplingParams":
+        """These params for another sequence (a fork, another choice): the same, with a guide of its own."""
+        return self if self.guide is None else dataclasses.replace(self, guide=self.guide.fork())
+
     @property
     def is_plain(self) -> bool:
         """True when `adjust` changes nothing."""
         return (not self.logit_bias and self.presence_penalty == 0 and self.frequency_penalty == 0
-                and self.repetition_penalty == 1 and not self._masked(0))
+                and self.repetition_penalty == 1 and not self._masked(0) and self.guide is None)
 
     def _masked(self, n_output: int) -> list[int]:
         ids = []
@@ -87,6 +95,11 @@ class SamplingParams:
         if (self.frequency_penalty or self.presence_penalty) and len(output):
             counts = torch.bincount(torch.tensor(list(output), device=out.device), minlength=vocab)[:vocab].float()
             out = out - self.frequency_penalty * counts - self.presence_penalty * (counts > 0).float()
+        if self.guide is not None:
+            allowed = self.guide.allowed(output).to(out.device)
+            if allowed.shape[-1] != vocab:
+                raise ValueError(f"the guide's mask covers {allowed.shape[-1]} tokens; the logits have {vocab}")
+            out = out.masked_fill(~allowed, float("-inf"))
         return out
 
     def probabilities(self, logits: torch.Tensor) -> torch.Tensor:

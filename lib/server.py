@@ -58,6 +58,7 @@ class Server:
         self.api_key = api_key
         self.tok = tokenizer
         self.token_bytes = token_bytes(tokenizer)
+        self._json_vocabulary = None  # lib.guided's, for JSON mode: built on the first such request
         self.text_stream_cls = text_stream_cls
         self.model_name = model_name
         self.engine = engine
@@ -100,8 +101,17 @@ class Server:
         seed = int_field(body, "seed", 0, -2**63, 2**63 - 1) if seed is not None else int.from_bytes(
             uuid.uuid4().bytes[:4], "little")
         params, stop_ids = sampling_params(body, temperature, max_tokens, self.engine.config.vocab_size,
-                                           self.tok.eos_token_id, chat)
+                                           self.tok.eos_token_id, chat, json_guide=self.json_guide)
         return Submission(prompt, max_tokens, temperature, seed % 2**63, params=params, stop_token_ids=stop_ids)
+
+    def json_guide(self):
+        """A new JSON-mode guide (`lib.guided`); the vocabulary's text and its masks are built once, on first use."""
+        from lib.guided import JsonGuide, JsonVocabulary
+
+        if self._json_vocabulary is None:
+            self._json_vocabulary = JsonVocabulary(self.token_bytes, self.tok.eos_token_id,
+                                                   self.engine.config.vocab_size)
+        return JsonGuide(self._json_vocabulary)
 
     def tokenize(self, body: dict) -> list[int]:
         """vLLM's /tokenize: a completion's `prompt` or a chat's `messages` (the template applied) -> token ids."""
@@ -188,7 +198,7 @@ class Server:
         """`n` submissions per prompt, choice i·n + k for prompt i: sample k is seeded seed + k (as the engine's
         parallel samples are)."""
         return [sub if k == 0 else Submission(sub.prompt, sub.max_tokens, sub.temperature, (sub.seed + k) % 2**63,
-                                              params=sub.params, stop_token_ids=sub.stop_token_ids)
+                                              params=sub.params and sub.params.for_another_sequence(), stop_token_ids=sub.stop_token_ids)
                 for sub in subs for k in range(opts["n"])]
 
     def _logprobs(self, sub: Submission, n: int, chat: bool) -> dict:

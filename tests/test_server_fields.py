@@ -125,7 +125,9 @@ def test_stream_usage_and_content_parts(server, client):
 
 @pytest.mark.parametrize("extra, param", [
     ({"foo": 1}, "foo"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format"),
+    ({"response_format": {"type": "xml"}}, "response_format"),
+    ({"response_format": {"type": "json_object"}, "ignore_eos": True}, "ignore_eos"),
     ({"top_p": 0}, "top_p"),
     ({"top_k": -5}, "top_k"),
     ({"logit_bias": {"99999999": 5}}, "logit_bias"),
@@ -250,3 +252,29 @@ def test_a_list_of_prompts_gets_n_choices_each(server, client):
     assert r.usage.prompt_tokens == len(_ids(server, prompts[0])) + len(prompts[1])
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model=MODEL, prompt=["hi"] * 17, max_tokens=1)
+
+
+def test_json_mode_answers_are_json_objects(server, client):
+    """response_format json_object: each choice's text is a prefix of a JSON object, and parses when it stopped by
+    itself (lib.guided's mask; tests/test_guided.py checks the mask against feeding every token)."""
+    import json
+
+    from lib.guided import JsonMachine
+
+    stopped = 0
+    for temperature, n in [(0.0, 1), (0.8, 3)]:
+        r = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "What is the capital of France? Answer in JSON."}],
+            max_tokens=60, temperature=temperature, seed=7, n=n, response_format={"type": "json_object"})
+        assert len(r.choices) == n
+        for c in r.choices:
+            m = JsonMachine()
+            state = m.feed_bytes(m.start, c.message.content.encode())
+            assert state is not None, c.message.content
+            if c.finish_reason == "stop":
+                assert isinstance(json.loads(c.message.content), dict), c.message.content
+                stopped += 1
+    assert stopped, "no choice closed its object within 60 tokens"
+    plain = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hi."}], max_tokens=8,
+                                           temperature=0.0, response_format={"type": "text"})
+    assert plain.choices[0].message.content
