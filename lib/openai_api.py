@@ -2,7 +2,7 @@
 its prompt as token ids, the options of its answer, and its sampling fields (`lib.sampling.SamplingParams`).
 
 Every field is either read or refused with OpenAI's error object (`RequestError`): a field this server does not
-implement (`tools`, `best_of`, a `response_format` of type `json_schema`, ...) is refused by name, and any other unknown
+implement (`tools`, `suffix`, a `response_format` of type `json_schema`, ...) is refused by name, and any other unknown
 field too — a request is never answered as if a field it sent had been applied.
 """
 from __future__ import annotations
@@ -27,10 +27,10 @@ FIELDS = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "pres
           "repetition_penalty", "logit_bias", "seed", "stop", "stop_token_ids", "ignore_eos", "min_tokens", "stream",
           "stream_options", "n", "user", "logprobs", "response_format"}
 CHAT_FIELDS = {"messages", "max_completion_tokens", "top_logprobs"}
-COMPLETION_FIELDS = {"prompt"}
+COMPLETION_FIELDS = {"prompt", "echo", "best_of"}
 MAX_N = 16  # choices per request (`n`): each is a request of its own to the engine
 # OpenAI's fields this server does not implement: refused by name when set to anything but their default.
-UNSUPPORTED = ("echo", "suffix", "best_of", "tools", "functions", "tool_choice",
+UNSUPPORTED = ("suffix", "tools", "functions", "tool_choice",
                "function_call", "parallel_tool_calls", "prediction", "audio", "modalities")
 
 
@@ -128,8 +128,21 @@ def answer_options(body: dict, chat: bool) -> dict:
     k = logprobs(body, chat)
     if k is not None and stream:
         raise RequestError("logprobs are not supported with \"stream\": true by this server", param="logprobs")
+    n = int_field(body, "n", 1, 1, MAX_N)
+    echo = body.get("echo", False)
+    if not isinstance(echo, bool):
+        raise RequestError("'echo' must be true or false", param="echo")
+    if echo and k is not None:
+        raise RequestError("'echo' with 'logprobs' (the prompt's log-probabilities) is not supported by this server",
+                           param="echo")
+    best_of = int_field(body, "best_of", n, 1, MAX_N)
+    if best_of < n:
+        raise RequestError(f"'best_of' ({best_of}) must be at least 'n' ({n})", param="best_of")
+    if best_of > n and stream:
+        raise RequestError("'best_of' cannot be used with \"stream\": true (the best are known only at the end)",
+                           param="best_of")
     return {"stream": stream, "stop": stops, "chat": chat, "usage": bool(options and options.get("include_usage")),
-            "n": int_field(body, "n", 1, 1, MAX_N), "logprobs": k is not None}
+            "n": n, "logprobs": k is not None, "echo": echo, "best_of": best_of}
 
 
 def logprobs(body: dict, chat: bool) -> int | None:

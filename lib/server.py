@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import hmac
 import json
 import logging
@@ -42,6 +43,7 @@ import time
 import uuid
 
 from lib.engine import AdmissionError, LLMEngine
+from lib.sampling import SamplingParams
 from lib.engine_thread import EngineLoop, Submission
 from lib.openai_api import (RequestError, answer_options, check_fields, float_field, int_field, prompt_ids,
                             sampling_params)
@@ -81,7 +83,14 @@ class Server:
             subs = [self._submission({**body, "prompt": x}, chat) for x in p]
         else:
             subs = [self._submission(body, chat)]
-        return subs, answer_options(body, chat)
+        opts = answer_options(body, chat)
+        if opts["best_of"] > opts["n"]:  # ranked by the sum of their tokens' log-probabilities: record them
+            subs = [dataclasses.replace(s, params=dataclasses.replace(
+                s.params or SamplingParams(temperature=s.temperature, eos_token_id=self.tok.eos_token_id),
+                logprobs=(s.params.logprobs if s.params and s.params.logprobs else 0))) for s in subs]
+        if opts["echo"]:
+            opts["echo_text"] = [b"".join(self.token_bytes[t] for t in s.prompt).decode("utf-8", "replace") for s in subs]
+        return subs, opts
 
     def _submission(self, body: dict, chat: bool) -> Submission:
         prompt = prompt_ids(body, chat, self.tok)
@@ -195,11 +204,12 @@ class Server:
                 "finish_reason": finish}
 
     def _samples(self, subs: list[Submission], opts: dict) -> list[Submission]:
-        """`n` submissions per prompt, choice i·n + k for prompt i: sample k is seeded seed + k (as the engine's
-        parallel samples are)."""
+        """`best_of` (at least `n`) submissions per prompt, sample i·best_of + k for prompt i: sample k is seeded
+        seed + k (as the engine's parallel samples are)."""
         return [sub if k == 0 else Submission(sub.prompt, sub.max_tokens, sub.temperature, (sub.seed + k) % 2**63,
-                                              params=sub.params and sub.params.for_another_sequence(), stop_token_ids=sub.stop_token_ids)
-                for sub in subs for k in range(opts["n"])]
+                                              params=sub.params and sub.params.for_another_sequence(),
+                                              stop_token_ids=sub.stop_token_ids)
+                for sub in subs for k in range(opts["best_of"])]
 
     def _logprobs(self, sub: Submission, n: int, chat: bool) -> dict:
         """OpenAI's logprobs object for the first `n` tokens of `sub`'s answer (log-softmax of the model's logits,
@@ -221,6 +231,11 @@ class Server:
         return {"tokens": [piece(t) for t, _, _ in entries], "token_logprobs": [lp for _, lp, _ in entries],
                 "top_logprobs": [{piece(a): v for a, v in top} for _, _, top in entries], "text_offset": offsets}
 
+    def _total_logprob(self, sub: Submission) -> float:
+        """The sum of the log-probabilities of `sub`'s answer tokens (what `best_of` ranks by)."""
+        entries = sub.logprobs if sub.logprobs is not None else self.engine.logprobs_for.get(sub.request_id, [])
+        return float(sum(lp for _, lp, _ in entries))
+
     async def complete(self, subs: list[Submission], opts: dict, is_disconnected=None) -> dict:
         chat = opts["chat"]
 
@@ -233,9 +248,18 @@ class Server:
                     finish, n = item[1], item[2]
             return "".join(pieces), finish, n, self._logprobs(s, n, chat) if opts["logprobs"] else None
 
-        answers = await asyncio.gather(*(one(s) for s in self._samples(subs, opts)))
+        samples = self._samples(subs, opts)
+        answers = await asyncio.gather(*(one(s) for s in samples))
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        n, prompt = sum(a[2] for a in answers), sum(len(s.prompt) for s in subs)
+        n, prompt = sum(a[2] for a in answers), sum(len(s.prompt) for s in subs)  # usage counts every candidate
+        if opts["best_of"] > opts["n"]:  # per prompt, the n candidates of the highest total log-probability
+            group, kept = opts["best_of"], []
+            for i in range(len(subs)):
+                ranked = sorted(range(i * group, (i + 1) * group), key=lambda j: -self._total_logprob(samples[j]))
+                kept += [answers[j] for j in ranked[:opts["n"]]]
+            answers = kept
+        if opts["echo"]:
+            answers = [(opts["echo_text"][k // opts["n"]] + text, *rest) for k, (text, *rest) in enumerate(answers)]
         return self._envelope(chat, rid, False) | {
             "choices": [self._choice(chat, text, finish, False, index=k, logprobs=lp)
                         for k, (text, finish, _, lp) in enumerate(answers)],
@@ -262,6 +286,10 @@ class Server:
         tasks = [asyncio.ensure_future(feed(k, s)) for k, s in enumerate(samples)]
         first, open_, tokens = set(range(len(samples))), len(samples), 0
         try:
+            for k in range(len(samples)) if opts["echo"] else ():  # the prompt first, in each choice's first chunk
+                first.discard(k)
+                choice = self._choice(chat, opts["echo_text"][k // opts["n"]], None, True, True, index=k)
+                yield f"data: {json.dumps(env | {'choices': [choice]})}\n\n"
             while open_:
                 k, item = await merged.get()
                 if item is None:

@@ -128,6 +128,10 @@ def test_stream_usage_and_content_parts(server, client):
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format"),
     ({"response_format": {"type": "xml"}}, "response_format"),
     ({"response_format": {"type": "json_object"}, "ignore_eos": True}, "ignore_eos"),
+    ({"best_of": 1, "n": 2}, "best_of"),
+    ({"best_of": 3, "stream": True}, "best_of"),
+    ({"echo": True, "logprobs": 1}, "echo"),
+    ({"suffix": "x"}, "suffix"),
     ({"top_p": 0}, "top_p"),
     ({"top_k": -5}, "top_k"),
     ({"logit_bias": {"99999999": 5}}, "logit_bias"),
@@ -278,3 +282,40 @@ def test_json_mode_answers_are_json_objects(server, client):
     plain = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hi."}], max_tokens=8,
                                            temperature=0.0, response_format={"type": "text"})
     assert plain.choices[0].message.content
+
+
+def test_echo_puts_the_prompt_before_the_answer(server, client):
+    plain = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0)
+    echoed = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0, echo=True)
+    assert echoed.choices[0].text == PROMPT + plain.choices[0].text
+    ids = client.completions.create(model=MODEL, prompt=_ids(server), max_tokens=6, temperature=0, echo=True)
+    assert ids.choices[0].text == server.tok.decode(_ids(server)) + plain.choices[0].text
+    chunks = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0, echo=True, n=2,
+                                       stream=True)
+    texts = ["", ""]
+    for c in chunks:
+        for ch in c.choices:
+            texts[ch.index] += ch.text
+    assert texts == [PROMPT + plain.choices[0].text] * 2
+    with pytest.raises(openai.BadRequestError) as e:  # a chat has no echo
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                                       extra_body={"echo": True})
+    assert e.value.body["param"] == "echo"
+
+
+def test_best_of_returns_the_candidates_of_highest_total_logprob(server, client):
+    """best_of=4, n=2 at temperature 1.2: the two answers are, of the four seeded candidates (seed + k, each run
+    alone here with its token log-probabilities), the two whose tokens' log-probabilities sum highest."""
+    seed, best_of = 11, 4
+    candidates = []
+    for k in range(best_of):
+        r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=1.2, seed=seed + k,
+                                      logprobs=0)
+        candidates.append((sum(r.choices[0].logprobs.token_logprobs), r.choices[0].text, r.usage.completion_tokens))
+    assert len({t for _, t, _ in candidates}) > 1, candidates  # the candidates differ, so the choice is a real one
+    want = [t for _, t, _ in sorted(candidates, key=lambda c: -c[0])[:2]]
+    r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=1.2, seed=seed, n=2,
+                                  best_of=best_of)
+    assert [c.text for c in r.choices] == want, (candidates, [c.text for c in r.choices])
+    assert [c.index for c in r.choices] == [0, 1]
+    assert r.usage.completion_tokens == sum(n for _, _, n in candidates)  # every candidate counted, as OpenAI bills
