@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from grader.fingerprint import lib_name
-from grader.wire import _GENERATOR_STATE, _TENSOR_CHANGED, _apply, _exc_info, _rebuild_exc, _recv, _send
+from grader.wire import GENERATOR_STATE, TENSOR_CHANGED, apply_operation, exception_info, rebuild_exception, recv_message, send_message
 
 LIB_DIR = str(Path(__file__).resolve().parent.parent / "lib") + os.sep
 
@@ -241,7 +241,7 @@ class _Child:
                                                         f"the result cannot be sent to the checks: {e}")))
             else:
                 raise
-        _send(self.w, payload)
+        send_message(self.w, payload)
 
     def request(self, op, target, args):
         self._next_req += 1
@@ -256,7 +256,7 @@ class _Child:
         check, send = (self.guard.checker(), self.send) if waiting_for is None else (None, None)
         while True:
             try:
-                data = _recv(self.r, None)
+                data = recv_message(self.r, None)
             except EOFError:
                 os._exit(0)
             msg = _ChildUnpickler(io.BytesIO(data)).load()
@@ -266,14 +266,14 @@ class _Child:
                     os._exit(3)
                 if kind == "ok":
                     return msg[2]
-                raise _rebuild_exc(msg[2])
+                raise rebuild_exception(msg[2])
             _, rid, op, target, args = msg
             previous = self.current_root
             self.current_root = args[0] if op == "getname" else self.roots.get(id(target), previous)
             try:
                 reply = ("ok", rid, self.handle(op, target, args))
             except BaseException as e:  # noqa: BLE001  (student code may raise anything, SystemExit included)
-                reply = ("err", rid, _exc_info(e))
+                reply = ("err", rid, exception_info(e))
             try:
                 if check is not None:
                     for root, why in check():
@@ -344,7 +344,7 @@ class _Child:
                 self.guard.flag(self.current_root, why)
             return (result, to_wire(obs), copied)
         with self.watch():
-            return _apply(op, target, args)
+            return apply_operation(op, target, args)
 
     @staticmethod
     def _snapshot(args, kwargs) -> dict:
@@ -362,7 +362,7 @@ class _Child:
 
         def state(v):
             if type(v) is torch.Generator:
-                return (_GENERATOR_STATE, bytes(v.get_state().numpy().tobytes()))
+                return (GENERATOR_STATE, bytes(v.get_state().numpy().tobytes()))
             return v
 
         out = {i: state(a) for i, a in enumerate(args) if type(a) in (list, dict, torch.Generator)}
@@ -371,7 +371,7 @@ class _Child:
             new = args[key] if type(key) is int else kwargs[key]
             what = _changed(old, new)
             if what:
-                out[key] = (_TENSOR_CHANGED, what)
+                out[key] = (TENSOR_CHANGED, what)
         return out
 
     def watch(self, profile=True):
@@ -765,7 +765,7 @@ class _Guard:
         out = {}
         for holder in (sys.modules[__name__], grader.observe, grader.fingerprint, grader.wire, grader.notebook,
                        _Child, _ChildPickler, _ChildUnpickler, _ParentProxy, _Guard, _Rerun,
-                       grader.observe._OpRecorder, grader.observe.Observation):
+                       grader.observe.OpRecorder, grader.observe.Observation):
             for k, v in vars(holder).items():
                 if callable(v) or isinstance(v, (staticmethod, classmethod, property)):
                     out[(getattr(holder, "__name__", str(holder)), k)] = id(v)
@@ -788,7 +788,7 @@ class _Guard:
         Done by the notebook's code, each is sent to the trusted process at once, as a verdict it keeps."""
         import pickle as _pickle
 
-        from grader.wire import _send as send
+        from grader.wire import send_message as send
 
         student, busy, sent = self.student, [False], set()
         labels = {"sys.setprofile": "called sys.setprofile", "sys.settrace": "called sys.settrace",

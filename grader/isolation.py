@@ -57,14 +57,14 @@ import time
 import weakref
 from pathlib import Path
 
-from grader.processes import _is_subreaper, _pids_cgroup, _remove_cgroup, _start_time, become_subreaper, kill_tree
-from grader.proxy import ChildProxy, _autograd_function
+from grader.processes import is_subreaper, pids_cgroup, remove_cgroup, process_start_time, become_subreaper, kill_tree
+from grader.proxy import ChildProxy, autograd_function_of
 from grader.status import (DEFAULT_BUDGET, DEFAULT_CALL_TIMEOUT, DEFAULT_CPU, DEFAULT_EXERCISE_TIMEOUT,
                             DEFAULT_MEMORY, limits, one_line)
 from grader.similarity import similar_to_reference
 from grader.view import ViewSpec, build_view, readable_paths
-from grader.wire import (ArgumentChanged, IsolationError, StudentCrash, StudentTimeout, _ByValue, _SafeUnpickler,
-                         _TrustedPickler, _apply, _copy_back, _exc_info, _rebuild_exc, _recv, _send)
+from grader.wire import (ArgumentChanged, IsolationError, StudentCrash, StudentTimeout, ByValue, SafeUnpickler,
+                         TrustedPickler, apply_operation, copy_back, exception_info, rebuild_exception, recv_message, send_message)
 
 __all__ = ["Session", "ChildProxy", "IsolationError", "StudentTimeout", "StudentCrash", "ArgumentChanged",
            "kill_tree", "become_subreaper", "DEFAULT_CALL_TIMEOUT", "DEFAULT_BUDGET", "DEFAULT_EXERCISE_TIMEOUT",
@@ -221,7 +221,7 @@ class Session:
         env.update(HOME=self.workdir, TMPDIR=self.workdir, MPLCONFIGDIR=self.workdir, XDG_CACHE_HOME=self.workdir,
                    PYTHONDONTWRITEBYTECODE="1", MPLBACKEND="Agg")
         env.setdefault("OMP_NUM_THREADS", "1")
-        self.cgroup = _pids_cgroup()
+        self.cgroup = pids_cgroup()
         if self.cgroup:
             env["INFERENCE_LAB_PIDS_CGROUP"] = self.cgroup
         log = open(os.path.join(self.workdir, "output.log"), "wb")
@@ -232,7 +232,7 @@ class Session:
             pass_fds=(to_child_r, from_child_w), cwd=self.workdir, env=env, stdin=subprocess.DEVNULL,
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
-        self._child_start = _start_time(self.proc.pid)
+        self._child_start = process_start_time(self.proc.pid)
         os.close(to_child_r)
         os.close(from_child_w)
         self._w, self._r = to_child_w, from_child_r
@@ -305,14 +305,14 @@ class Session:
             self.proc.wait()
             return
         others = {s.proc.pid for s in list(_SESSIONS) if s is not self and s.proc is not None}
-        since = self._child_start if self._child_start is not None and _is_subreaper() else None
+        since = self._child_start if self._child_start is not None and is_subreaper() else None
         kill_tree(self.proc.pid if self.proc.poll() is None else None, orphans_since=since, keep=others,
                   cgroup=self.cgroup)
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
-        _remove_cgroup(self.cgroup)
+        remove_cgroup(self.cgroup)
         self.cgroup = None
 
     def _death_reason(self, during: str) -> str:
@@ -335,11 +335,11 @@ class Session:
     # --- messaging ------------------------------------------------------------------------------------------
     def _encode(self, msg) -> bytes:
         buf = io.BytesIO()
-        _TrustedPickler(buf, self).dump(msg)
+        TrustedPickler(buf, self).dump(msg)
         return buf.getvalue()
 
     def _decode(self, data: bytes):
-        return _SafeUnpickler(io.BytesIO(data), self).load()
+        return SafeUnpickler(io.BytesIO(data), self).load()
 
     def export(self, obj) -> tuple:
         oid = id(obj)
@@ -394,7 +394,7 @@ class Session:
                 wait = min(wait, exercise_left)
             began = time.monotonic()
             try:
-                data = _recv(self._r, wait)
+                data = recv_message(self._r, wait)
             except TimeoutError:
                 self.exercise_used += time.monotonic() - began
                 if wait < timeout:
@@ -429,7 +429,7 @@ class Session:
                     raise StudentCrash("the student's process broke the protocol (reply to the wrong request)")
                 if kind == "ok":
                     return msg[2]
-                exc = _rebuild_exc(msg[2])
+                exc = rebuild_exception(msg[2])
                 if isinstance(exc, MemoryError):
                     # A process that ran out of memory may stay short of it: the next exercise gets a fresh one.
                     self._kill(f"it ran out of memory during {during}")
@@ -460,19 +460,19 @@ class Session:
                                      f"to the notebook's code")
             _refuse_module_change(op, target, args)
             if op == "byvalue":
-                value = _ByValue(target)
+                value = ByValue(target)
             else:
-                value = _apply(op, target, args)
+                value = apply_operation(op, target, args)
             reply = ("ok", rid, value)
             try:
                 payload = self._encode(reply)
             except Exception as e:  # noqa: BLE001
-                payload = self._encode(("err", rid, _exc_info(e)))
+                payload = self._encode(("err", rid, exception_info(e)))
         except BaseException as e:
             if isinstance(e, KeyboardInterrupt):
                 raise
-            payload = self._encode(("err", rid, _exc_info(e)))
-        _send(self._w, payload)
+            payload = self._encode(("err", rid, exception_info(e)))
+        send_message(self._w, payload)
 
     def _request_raw(self, op: str, target, args: tuple, during: str | None = None):
         if self.dead is not None:
@@ -481,7 +481,7 @@ class Session:
         rid = self._next_req
         payload = self._encode(("req", rid, op, target, args))
         try:
-            _send(self._w, payload)
+            send_message(self._w, payload)
         except OSError:
             why = self._death_reason(during or op)
             self._kill(why)
@@ -507,7 +507,7 @@ class Session:
                 fresh = self.get(target._name)
                 if isinstance(fresh, ChildProxy):
                     return self.request(op, fresh, args)
-                return _apply(op, fresh, args)
+                return apply_operation(op, fresh, args)
             raise StudentCrash(f"this object belonged to the student's earlier process, which ended: {self.dead or ''}")
         if self.dead is not None and target._name is not None:
             self.start()
@@ -520,14 +520,14 @@ class Session:
             result, copied = self.request("callback", target, (args, kwargs))
         else:
             result, copied = self.request("on_device", target, (str(device), args, kwargs))
-        _copy_back(args, kwargs, copied)
+        copy_back(args, kwargs, copied)
         return result
 
     def observe(self, target: "ChildProxy", args: tuple, kwargs: dict):
         from grader.observe import from_wire
 
         result, obs, copied = self.request("observe", target, (args, kwargs))
-        _copy_back(args, kwargs, copied)
+        copy_back(args, kwargs, copied)
         return result, from_wire(obs)
 
     def get(self, name: str):
@@ -539,7 +539,7 @@ class Session:
             object.__setattr__(value, "_name", name)
             value._info["name"] = name
             if value._info.get("autograd_function"):
-                return _autograd_function(value)
+                return autograd_function_of(value)
         return value
 
     def reference_use(self, names: list[str]) -> dict[str, str]:

@@ -177,7 +177,7 @@ class _ReadCounter:
         return [float(x) for x in counts.reshape(t.shape[0], -1).float().mean(dim=1).cpu()]
 
 
-class _OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
+class OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
     def __init__(self, obs: Observation, inputs: set[int] = frozenset(), counted: dict | None = None):
         super().__init__()
         self.obs = obs
@@ -299,7 +299,7 @@ class _TritonWatch:
         return False
 
 
-def _storages(args, kwargs) -> set[int]:
+def argument_storages(args, kwargs) -> set[int]:
     """Data pointers of the storages of the tensors among `args` and `kwargs` (one level into lists/tuples)."""
     found = set()
     for a in list(args) + list(kwargs.values()):
@@ -347,7 +347,7 @@ def observe(fn, *args, **kwargs):
     for i in read_positions:
         if isinstance(args[i], torch.Tensor) and args[i].device.type != "meta":
             counted[args[i].untyped_storage().data_ptr()] = _ReadCounter(args[i])
-    recorder = _OpRecorder(obs, _storages(args, kwargs), counted)
+    recorder = OpRecorder(obs, argument_storages(args, kwargs), counted)
     try:
         with flops, meter, recorder, _TritonWatch(obs):
             result = fn(*args, **kwargs)

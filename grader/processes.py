@@ -4,7 +4,7 @@ What it guards: **no process a student's code started outlives its grading.** A 
 enough: `setsid` leaves it, and a double fork leaves the child's process tree. The child is the subreaper of
 its own tree (`grader._sandbox`), a grading worker is the subreaper of what the child leaves
 (`become_subreaper`), and, as root where a pids cgroup can be made, the child is in one of its own
-(`_pids_cgroup`). `kill_tree` stops (a stopped process cannot fork) and then kills all of them, each through
+(`pids_cgroup`). `kill_tree` stops (a stopped process cannot fork) and then kills all of them, each through
 a pidfd taken while its start time still matched, so a reused pid is never hit.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ def become_subreaper() -> bool:
     return sys.platform.startswith("linux") and _libc().prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 
 
-def _is_subreaper() -> bool:
+def is_subreaper() -> bool:
     import ctypes
 
     flag = ctypes.c_int(0)
@@ -52,7 +52,7 @@ def _processes() -> dict[int, tuple[int, int, str]]:
     return table
 
 
-def _start_time(pid: int) -> int | None:
+def process_start_time(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
@@ -103,7 +103,7 @@ def kill_tree(root: int | None, orphans_since: int | None = None, keep: set[int]
                     fd = os.pidfd_open(p)
                 except OSError:
                     continue
-                if _start_time(p) != table[p][1]:
+                if process_start_time(p) != table[p][1]:
                     os.close(fd)
                     continue
                 held[p] = fd
@@ -138,7 +138,7 @@ def kill_tree(root: int | None, orphans_since: int | None = None, keep: set[int]
     return len(held)
 
 
-def _pids_cgroup() -> str | None:
+def pids_cgroup() -> str | None:
     """As root: a new pids cgroup (at most `_sandbox.MAX_PROCESSES` tasks) below this process's own, or None where
     none can be made (no pids controller, not writable, not root: then RLIMIT_NPROC applies)."""
     from grader._sandbox import MAX_PROCESSES
@@ -165,7 +165,7 @@ def _pids_cgroup() -> str | None:
         return None
 
 
-def _remove_cgroup(cgroup: str | None) -> None:
+def remove_cgroup(cgroup: str | None) -> None:
     if cgroup:
         for _ in range(50):
             try:

@@ -5,11 +5,11 @@ access, calls, indexing and iteration are sent to the child (through the proxy's
 hashing are by identity, so a student's object cannot claim to equal the answer, and a proxy cannot be
 pickled. A call made under an active `TensorMemoryMeter` is measured in the child, where the memory is
 allocated; a student `torch.autograd.Function` arrives as a local `Function` whose forward and backward run
-in the child (`_autograd_function`). The session (`grader.isolation.Session`) does the messaging.
+in the child (`autograd_function_of`). The session (`grader.isolation.Session`) does the messaging.
 """
 from __future__ import annotations
 
-from grader.wire import Remote, _copy_back
+from grader.wire import Remote, copy_back
 
 
 class ChildProxy(Remote):
@@ -49,7 +49,7 @@ class ChildProxy(Remote):
         meter = _active_memory_meter()
         if meter is not None:  # measure in the child, where the memory is allocated
             result, peak, copied = self._session.request("metered", self, (args, kwargs))
-            _copy_back(args, kwargs, copied)
+            copy_back(args, kwargs, copied)
             meter.peak = max(meter.peak, meter.current + int(peak))
             return result
         return self._session.call(self, args, kwargs)
@@ -137,7 +137,7 @@ def _active_memory_meter():
     return None
 
 
-def _autograd_function(proxy: ChildProxy):
+def autograd_function_of(proxy: ChildProxy):
     """A local torch.autograd.Function whose forward and backward run the student's (ctx stays here)."""
     import torch
 

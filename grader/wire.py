@@ -1,17 +1,17 @@
 """The wire between the grader and the student's process: what a message is, and how each side reads it.
 
 What it guards: **nothing the child sends can run code in the trusted process, or lie about what it is.**
-The child's messages are decoded by `_SafeUnpickler` — the pure-Python unpickler with an opcode table that
+The child's messages are decoded by `SafeUnpickler` — the pure-Python unpickler with an opcode table that
 can build only built-in containers and scalars (no globals, no calls, no `__setstate__`) — and every other
 value arrives as a tag (`decode_tagged`) that is checked field by field: a tensor as raw bytes with dtype,
 shape and strides, a numpy array as bytes, an object that stays in the child as a reference (`R`). An `int`
 subclass whose `__eq__` always says True arrives as a plain `int`.
 
-Also here, because both sides must agree on them: the framing (`_send`/`_recv`: 8-byte length, then the
-pickle; at most `MAX_MESSAGE`), the operations a proxy forwards (`_apply`), how an exception crosses (class
+Also here, because both sides must agree on them: the framing (`send_message`/`recv_message`: 8-byte length, then the
+pickle; at most `MAX_MESSAGE`), the operations a proxy forwards (`apply_operation`), how an exception crosses (class
 names of its MRO and its message, rebuilt as the nearest built-in class), the trusted side's pickler
-(`_TrustedPickler`: plain data by value, anything with identity or behaviour by reference), and what a call
-copies back into its caller's arguments (`_copy_back`: lists, dicts and generators; a changed tensor is a
+(`TrustedPickler`: plain data by value, anything with identity or behaviour by reference), and what a call
+copies back into its caller's arguments (`copy_back`: lists, dicts and generators; a changed tensor is a
 verdict, `ArgumentChanged`). The child's own pickler and unpickler are in `grader.child`.
 """
 from __future__ import annotations
@@ -45,7 +45,7 @@ class StudentCrash(IsolationError):
 
 # --- framing ----------------------------------------------------------------------------------------------
 
-def _send(fd: int, payload: bytes) -> None:
+def send_message(fd: int, payload: bytes) -> None:
     data = struct.pack(">Q", len(payload)) + payload
     view = memoryview(data)
     while view:
@@ -71,7 +71,7 @@ def _recv_exact(fd: int, n: int, deadline: float | None) -> bytes:
     return b"".join(chunks)
 
 
-def _recv(fd: int, timeout: float | None) -> bytes:
+def recv_message(fd: int, timeout: float | None) -> bytes:
     deadline = None if timeout is None else time.monotonic() + timeout
     (n,) = struct.unpack(">Q", _recv_exact(fd, 8, deadline))
     if n > MAX_MESSAGE:
@@ -82,7 +82,7 @@ def _recv(fd: int, timeout: float | None) -> bytes:
 
 # --- operations, the same on both sides -------------------------------------------------------------------
 
-def _apply(op: str, obj, args: tuple):
+def apply_operation(op: str, obj, args: tuple):
     if op == "getattr":
         return getattr(obj, args[0])
     if op == "setattr":
@@ -123,7 +123,7 @@ def _apply(op: str, obj, args: tuple):
     raise ValueError(f"unknown operation {op!r}")
 
 
-def _exc_info(e: BaseException) -> tuple[list[str], str]:
+def exception_info(e: BaseException) -> tuple[list[str], str]:
     names = [c.__name__ for c in type(e).__mro__]
     try:
         msg = str(e)
@@ -137,7 +137,7 @@ _SAFE_EXC = {name: obj for name, obj in vars(builtins).items()
 _SAFE_EXC["StopIteration"] = StopIteration
 
 
-def _rebuild_exc(info) -> BaseException:
+def rebuild_exception(info) -> BaseException:
     """An exception from (MRO names, message), using only built-in classes (and grader.notebook's two)."""
     from grader.notebook import ExerciseMissing, NotImplementedYet
 
@@ -161,7 +161,7 @@ def _rebuild_exc(info) -> BaseException:
 # --- the trusted side's encoder ------------------------------------------------------------------------------
 
 class Remote:
-    """Base of an object that lives in the child (`grader.proxy.ChildProxy`): `_TrustedPickler` sends it as a
+    """Base of an object that lives in the child (`grader.proxy.ChildProxy`): `TrustedPickler` sends it as a
     reference to the child's own object, never by value."""
 
     __slots__ = ()
@@ -175,7 +175,7 @@ def _module_root(obj) -> str:
     return (getattr(obj, "__module__", None) or "").split(".")[0]
 
 
-class _TrustedPickler(pickle.Pickler):
+class TrustedPickler(pickle.Pickler):
     """Pickles arguments for the child: plain data by value, objects with identity or behaviour by reference."""
 
     def __init__(self, file, session):
@@ -189,7 +189,7 @@ class _TrustedPickler(pickle.Pickler):
         if t in (type(None), bool, int, float, complex, str, bytes, bytearray, list, tuple, dict, set, frozenset,
                  slice, range, type(Ellipsis), type(NotImplemented)):
             return None
-        if t is _ByValue or t is pickle.PickleBuffer:  # numpy's array data under protocol 5, in-band
+        if t is ByValue or t is pickle.PickleBuffer:  # numpy's array data under protocol 5, in-band
             return None
         if isinstance(obj, Remote):
             if obj._session is not self.session or obj._generation != self.session.generation:
@@ -201,7 +201,7 @@ class _TrustedPickler(pickle.Pickler):
             return ("t", obj.detach())  # a Parameter, a subclass, or part of an autograd graph: its data only
         if isinstance(obj, (torch.UntypedStorage, torch.storage.TypedStorage)):
             return None
-        if t is torch.Generator:  # by state; the child's final state is copied back (see _copy_back)
+        if t is torch.Generator:  # by state; the child's final state is copied back (see copy_back)
             return ("G", str(obj.device), bytes(obj.get_state().numpy().tobytes()))
         if isinstance(obj, (torch.dtype, torch.device, torch.Size, torch.memory_format, torch.layout)):
             return None
@@ -242,7 +242,7 @@ class _TrustedPickler(pickle.Pickler):
         return kept(view, module, getattr(obj, "__qualname__", ""))
 
 
-class _ByValue:
+class ByValue:
     """Reply to the child's `byvalue` request (copy.deepcopy of a proxy): the object itself, pickled."""
 
     def __init__(self, obj):
@@ -316,7 +316,7 @@ def _safe_dispatch() -> dict:
     return table
 
 
-class _SafeUnpickler(pickle._Unpickler):
+class SafeUnpickler(pickle._Unpickler):
     """Decodes the child's messages with the pure-Python unpickler and an opcode table that can build only
     built-in containers and scalars: no globals, no calls (REDUCE/NEWOBJ), no __setstate__ (BUILD), and
     list/dict/set updates only on real lists, dicts and sets. Everything else arrives as tagged data."""
@@ -337,7 +337,7 @@ class _SafeUnpickler(pickle._Unpickler):
 
 
 def decode_tagged(session, pid: tuple):
-    """A value the child sent as a tag (see `_SafeUnpickler`), checked field by field."""
+    """A value the child sent as a tag (see `SafeUnpickler`), checked field by field."""
     import torch
 
     tag = pid[0]
@@ -444,8 +444,8 @@ def _tensor_unobserved(storages: dict, dtype_name, shape, stride, offset, key, n
 
 # --- what a call copies back into its caller's arguments -----------------------------------------------------
 
-_GENERATOR_STATE = "__torch_generator_state__"
-_TENSOR_CHANGED = "__tensor_changed_in_place__"
+GENERATOR_STATE = "__torch_generator_state__"
+TENSOR_CHANGED = "__tensor_changed_in_place__"
 
 
 def _is_generator(obj) -> bool:
@@ -462,7 +462,7 @@ def _describe_arg(key) -> str:
     return f"argument {key + 1}" if type(key) is int else f"argument `{key}`"
 
 
-def _copy_back(args: tuple, kwargs: dict, copied) -> None:
+def copy_back(args: tuple, kwargs: dict, copied) -> None:
     """The child's final state of list/dict arguments (out-parameters) and generators, written into the
     caller's objects. A tensor argument the call changed is not written back — the caller's tensor may be
     shared with the next submission a worker grades — the call fails with `ArgumentChanged` instead."""
@@ -471,12 +471,12 @@ def _copy_back(args: tuple, kwargs: dict, copied) -> None:
     changed: list[str] = []
     for key, value in copied.items():
         target = args[key] if type(key) is int and 0 <= key < len(args) else kwargs.get(key) if type(key) is str else None
-        if (type(value) is tuple and len(value) == 2 and value[0] == _GENERATOR_STATE and type(value[1]) is bytes
+        if (type(value) is tuple and len(value) == 2 and value[0] == GENERATOR_STATE and type(value[1]) is bytes
                 and _is_generator(target)):
             import torch
 
             target.set_state(torch.frombuffer(bytearray(value[1]), dtype=torch.uint8).clone())
-        elif type(value) is tuple and len(value) == 2 and value[0] == _TENSOR_CHANGED:
+        elif type(value) is tuple and len(value) == 2 and value[0] == TENSOR_CHANGED:
             changed.append(f"{_describe_arg(key)} ({value[1]})")
         elif type(target) is list and type(value) is list:
             target[:] = value

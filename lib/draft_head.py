@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from lib.kv_cache import KVCache
 from lib.masks import causal_mask
 from lib.model import Block, rope_cos_sin
-from lib.speculative import SpecStats, _sample, decode_args, verify
+from lib.speculative import SpecStats, sample_from, decode_args, verify
 
 HEAD_PATH = Path(__file__).resolve().parents[1] / "data" / "draft_head" / "head.pt"
 TRAIN_COMMAND = "python tools/train_draft_head.py --minutes 8 --seed 0 --prompts 384"
@@ -233,7 +233,7 @@ def head_speculative_generate(target, head: DraftHead, input_ids: torch.Tensor, 
     def pick(logits):  # [V] target logits -> next token
         if greedy:
             return int(logits.argmax())
-        return _sample(torch.softmax(logits.float() / temperature, -1), generator)
+        return sample_from(torch.softmax(logits.float() / temperature, -1), generator)
 
     tcache, hcache = target.new_cache(1, max_len), head.new_cache(1, max_len)
     logits, hidden = target_forward(target, ids, tcache)  # [1, T, V], [1, T, D]
@@ -254,7 +254,7 @@ def head_speculative_generate(target, head: DraftHead, input_ids: torch.Tensor, 
                     tok = keep[int(row.argmax())]
                 else:
                     q = row.new_zeros(vocab).index_copy_(0, head.keep_ids, torch.softmax(row / temperature, -1))
-                    tok = _sample(q, generator)
+                    tok = sample_from(q, generator)
                     q_rows.append(q)
                 drafted.append(tok)
                 if i + 1 < kk:  # the head reads its own predicted hidden state for the next draft token

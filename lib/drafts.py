@@ -4,7 +4,7 @@ Each has a model's call shape, `draft(ids [1, t], cache=...) -> logits [1, t, vo
 `draft.new_cache(batch, max_len)`, so `lib.speculative.speculative_generate` takes any of them:
 
 - `PromptLookupDraft(vocab_size, ngram)`: no weights; guesses that the text repeats (n-gram match in what it has
-  seen). Its "cache" is a `_History` of token ids, truncated like a KV cache.
+  seen). Its "cache" is a `TokenHistory` of token ids, truncated like a KV cache.
 - `early_exit_draft(target, n_layers)`: the target's first layers, final norm and LM head (shares every weight).
 - `random_draft(config)`: a small random model, the α ≈ 0 baseline.
 - `quantized_draft(target)`: the target with int8 per-output-channel weights (`Int8Linear`).
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 # --- a draft without weights: prompt lookup -----------------------------------------------------------------
 
-class _History:
+class TokenHistory:
     """The 'cache' of a draft without weights: the token ids seen so far, with the same truncate as a KV cache."""
 
     def __init__(self, max_len: int):
@@ -64,10 +64,10 @@ class PromptLookupDraft:
         self.ngram = ngram
         self.device = torch.device(device)
 
-    def new_cache(self, batch: int = 1, max_len: int | None = None) -> _History:
+    def new_cache(self, batch: int = 1, max_len: int | None = None) -> TokenHistory:
         if batch != 1:
             raise ValueError("PromptLookupDraft drafts for one sequence (batch 1)")
-        return _History(max_len or 0)
+        return TokenHistory(max_len or 0)
 
     def guess(self, tokens: list[int]) -> int | None:
         """The token that followed the latest earlier occurrence of the longest matching suffix of `tokens`
@@ -80,10 +80,10 @@ class PromptLookupDraft:
                     return tokens[start + n]
         return None
 
-    def __call__(self, input_ids: torch.Tensor, cache: _History | None = None) -> torch.Tensor:
+    def __call__(self, input_ids: torch.Tensor, cache: TokenHistory | None = None) -> torch.Tensor:
         if input_ids.dim() != 2 or input_ids.shape[0] != 1:
             raise ValueError(f"input_ids must be [1, t]; got {tuple(input_ids.shape)}")
-        history = cache if cache is not None else _History(0)
+        history = cache if cache is not None else TokenHistory(0)
         new = input_ids[0].tolist()
         logits = torch.full((1, len(new), self.config.vocab_size), float("-inf"), device=self.device)
         for i, tok in enumerate(new):

@@ -221,14 +221,14 @@ def tiny_model(seed: int = 0, config: ModelConfig | None = None, **overrides) ->
 
 # --- loading from GGUF -----------------------------------------------------------------------------
 
-_GGUF_NAMES = {  # GGUF tensor name -> our parameter name, per layer
+GGUF_NAMES = {  # GGUF tensor name -> our parameter name, per layer
     "attn_norm": "attn_norm", "attn_q": "attn.q_proj", "attn_k": "attn.k_proj", "attn_v": "attn.v_proj",
     "attn_output": "attn.o_proj", "ffn_norm": "mlp_norm", "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
 
 
-def _unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     """llama.cpp stores each head's Q/K rows interleaved (pairs 2i, 2i+1) for its RoPE; undo that.
 
     GGUF head rows are ordered [d/2 pairs][2]; the "rotate half" layout wants [2][d/2].
@@ -276,12 +276,12 @@ def read_gguf_llama(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tens
     if not cfg.tie_embeddings:
         state["lm_head.weight"] = load("output.weight")
     for i in range(cfg.n_layers):
-        for g, ours in _GGUF_NAMES.items():
+        for g, ours in GGUF_NAMES.items():
             w = load(f"blk.{i}.{g}.weight")
             if g == "attn_q":
-                w = _unpermute_rope_rows(w, cfg.n_heads)
+                w = unpermute_rope_rows(w, cfg.n_heads)
             elif g == "attn_k":
-                w = _unpermute_rope_rows(w, cfg.n_kv_heads)
+                w = unpermute_rope_rows(w, cfg.n_kv_heads)
             state[f"layers.{i}.{ours}.weight"] = w
     expected_shapes = {k: tuple(v.shape) for k, v in LlamaModel(cfg.replace(n_layers=1)).state_dict().items()}
     for k, v in state.items():

@@ -70,7 +70,7 @@ def bits_per_weight(qtype: str) -> float:
     return 8.0 * nbytes / block
 
 
-def _as_numpy(x, dtype) -> np.ndarray:
+def as_numpy(x, dtype) -> np.ndarray:
     if hasattr(x, "detach"):  # a torch tensor (bfloat16 has no numpy dtype: widen it first)
         x = x.detach().cpu()
         x = (x.float() if x.is_floating_point() else x).numpy()
@@ -273,7 +273,7 @@ def search_symmetric(x: np.ndarray, w: np.ndarray, nmax: int, offsets=SYMMETRIC_
     return np.where(zero, 0.0, best).astype(np.float32)
 
 
-def _sub_weights(sub, importance):
+def sub_weights(sub, importance):
     """The search's weights for sub-blocks `sub [n, S, B]`: `importance` (per column, cut into sub-blocks the
     same way, [n, S, B]) if given, else `default_weights`."""
     if importance is None:
@@ -287,7 +287,7 @@ def _k_affine(x, nmax: int, importance=None, search=True):
     n = x.shape[0]
     sub = x.reshape(n, 8, 32)
     imp = None if importance is None else importance.reshape(n, 8, 32)
-    scale, mins = search_affine(sub, _sub_weights(sub, imp), nmax, AFFINE_OFFSETS if search else ())  # [n, 8]
+    scale, mins = search_affine(sub, sub_weights(sub, imp), nmax, AFFINE_OFFSETS if search else ())  # [n, 8]
     d = (scale.max(axis=-1, keepdims=True) / np.float32(63)).astype(np.float16).astype(np.float32)
     dmin = (mins.max(axis=-1, keepdims=True) / np.float32(63)).astype(np.float16).astype(np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -324,7 +324,7 @@ def _q6_k(x, importance=None, search=True):
     n = x.shape[0]
     sub = x.reshape(n, 16, 16)
     imp = None if importance is None else importance.reshape(n, 16, 16)
-    scale = search_symmetric(sub, _sub_weights(sub, imp), 32, SYMMETRIC_OFFSETS if search else ())  # [n, 16]
+    scale = search_symmetric(sub, sub_weights(sub, imp), 32, SYMMETRIC_OFFSETS if search else ())  # [n, 16]
     d = (np.abs(scale).max(axis=-1, keepdims=True) / np.float32(127)).astype(np.float16).astype(np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):
         sc = np.where(d > 0, nearest_int(scale / d), 0).clip(-128, 127)
@@ -343,7 +343,7 @@ def _weighted_legacy(x, importance, qtype):
     """Q4_0 / Q4_1 / Q5_0 / Q5_1 with an importance matrix: the weighted search per block of 32, its scale
     (and min) stored as float16, the codes against the stored values (llama.cpp does the same with an imatrix)."""
     levels = 16 if qtype.startswith("Q4") else 32
-    w = _sub_weights(x[:, None, :], importance[:, None, :])[:, 0]
+    w = sub_weights(x[:, None, :], importance[:, None, :])[:, 0]
     with np.errstate(divide="ignore", invalid="ignore"):
         if qtype.endswith("_0"):
             d = search_symmetric(x, w, levels // 2)[:, None].astype(np.float16).astype(np.float32)
@@ -435,13 +435,13 @@ def quantize(x, qtype: str, importance=None, search: bool = True) -> np.ndarray:
     from `collect_imatrix`): per column, how much its error counts — the search's weights; Q8_0 ignores it.
     `search=False` (K-quants): the plain min/max (abs-max) scale per sub-block, the baseline of the search."""
     name = _check_type(qtype, QUANTIZE_TYPES, "quantize to")
-    x = _as_numpy(x, np.float32)
+    x = as_numpy(x, np.float32)
     block, nbytes = BLOCK_SIZES[name]
     if x.ndim == 0 or x.shape[-1] % block:
         raise ValueError(f"{name} quantizes blocks of {block} weights along the last dimension, but x has shape "
                          f"{x.shape}: its last dimension must be a multiple of {block} (pad or pick another type)")
     if importance is not None:
-        importance = _as_numpy(importance, np.float32)
+        importance = as_numpy(importance, np.float32)
         if importance.shape != x.shape[-1:] or not (np.isfinite(importance).all() and (importance >= 0).all()):
             raise ValueError(f"importance must be finite, >= 0 and of shape {x.shape[-1:]} (one per column); got "
                              f"shape {importance.shape}")
@@ -461,7 +461,7 @@ def dequantize(data, qtype: str) -> np.ndarray:
 
     Bit-identical to `gguf.quants.dequantize` for every type in `DEQUANTIZE_TYPES`."""
     name = _check_type(qtype, DEQUANTIZE_TYPES, "dequantize")
-    data = _as_numpy(data, np.uint8)
+    data = as_numpy(data, np.uint8)
     block, nbytes = BLOCK_SIZES[name]
     if data.ndim == 0 or data.shape[-1] % nbytes:
         raise ValueError(f"{name} stores {block} weights in {nbytes} bytes, but data has shape {data.shape}: its "

@@ -226,7 +226,7 @@ def reset() -> None:
 
 # --- the operations -----------------------------------------------------------------------------------------
 
-def _check(blocks: torch.Tensor, qtype: str, in_features: int | None) -> tuple[int, int]:
+def check_blocks(blocks: torch.Tensor, qtype: str, in_features: int | None) -> tuple[int, int]:
     if qtype not in _CODES:
         raise ValueError(f"unsupported type {qtype!r}: supported types are {', '.join(QTYPES)}")
     if blocks.dtype != torch.uint8 or blocks.dim() != 2:
@@ -243,7 +243,7 @@ def _check(blocks: torch.Tensor, qtype: str, in_features: int | None) -> tuple[i
 
 def dequantize_blocks(blocks: torch.Tensor, qtype: str) -> torch.Tensor:
     """float32 `[out, in]` weights from GGUF blocks `[out, bytes]`, on the blocks' device."""
-    n, k = _check(blocks, qtype, None)
+    n, k = check_blocks(blocks, qtype, None)
     if blocks.device.type == "meta":
         return torch.empty(n, k, device="meta")
     lib = _load() if blocks.device.type == "cpu" else None
@@ -262,7 +262,7 @@ def qmatmul(x: torch.Tensor, blocks: torch.Tensor, qtype: str, weight_cache: dic
     On the CPU with the kernel: fused (decode in registers) for up to `FUSED_MAX_ROWS` rows of x, else the
     weight is decoded to float32 once and multiplied by torch. Elsewhere (GPU, or no kernel): the float32
     weight from the dequantizer (kept in `weight_cache["w"]` when a dict is given) and `F.linear`."""
-    n, k = _check(blocks, qtype, x.shape[-1])
+    n, k = check_blocks(blocks, qtype, x.shape[-1])
     if x.dtype != torch.float32:
         raise ValueError(f"x must be float32 (the kernel keeps activations in float32), got {x.dtype}")
     if x.device != blocks.device:

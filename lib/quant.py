@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from lib.qformats import (  # noqa: F401  (every name re-exported: lib.quant was their home before lib.qformats)
-    AFFINE_OFFSETS, BLOCK_SIZES, DEQUANTIZE_TYPES, K_FALLBACK, QK_K, QUANTIZE_TYPES, SYMMETRIC_OFFSETS, _as_numpy,
-    _sub_weights, bits_per_weight, default_weights, dequantize, fake_quantize, nearest_int, quantize, roundf,
+    AFFINE_OFFSETS, BLOCK_SIZES, DEQUANTIZE_TYPES, K_FALLBACK, QK_K, QUANTIZE_TYPES, SYMMETRIC_OFFSETS, as_numpy,
+    sub_weights, bits_per_weight, default_weights, dequantize, fake_quantize, nearest_int, quantize, roundf,
     search_affine, search_symmetric, storable_type, weighted_affine_fit)
 
 # --- whole models: which type each tensor gets, fake-quantized copies, size ----------------------------------
@@ -160,12 +160,12 @@ def search_quantize(w, bits: int, group_size: int = 32, importance=None):
     rows, cols = w.shape
     if cols % group_size:
         raise ValueError(f"cols ({cols}) must be a multiple of group_size ({group_size})")
-    x = _as_numpy(w, np.float32).reshape(rows, cols // group_size, group_size)
+    x = as_numpy(w, np.float32).reshape(rows, cols // group_size, group_size)
     if importance is None:
         weights = default_weights(x)
     else:
-        imp = _as_numpy(importance, np.float32).reshape(1, cols // group_size, group_size)
-        weights = np.broadcast_to(_sub_weights(imp, imp), x.shape)
+        imp = as_numpy(importance, np.float32).reshape(1, cols // group_size, group_size)
+        weights = np.broadcast_to(sub_weights(imp, imp), x.shape)
     scale, mins = search_affine(x, weights, 2**bits - 1)
     d = scale.astype(np.float16).astype(np.float32)[..., None]
     m = mins.astype(np.float16).astype(np.float32)[..., None]
@@ -184,7 +184,7 @@ def rtn_bits_per_weight(bits: int, group_size: int) -> float:
 
 def gguf_tensor_name(param_name: str) -> str:
     """Our parameter name -> the GGUF tensor name: "layers.3.mlp.down_proj.weight" -> "blk.3.ffn_down.weight"."""
-    from lib.model import _GGUF_NAMES
+    from lib.model import GGUF_NAMES
 
     if param_name == "embed.weight":
         return "token_embd.weight"
@@ -192,7 +192,7 @@ def gguf_tensor_name(param_name: str) -> str:
         return "output_norm.weight"
     parts = param_name.split(".")
     ours = ".".join(parts[2:-1])
-    for g, name in _GGUF_NAMES.items():
+    for g, name in GGUF_NAMES.items():
         if name == ours and parts[0] == "layers":
             return f"blk.{parts[1]}.{g}.weight"
     raise ValueError(f"{param_name!r} has no GGUF tensor name")

@@ -41,7 +41,7 @@ from lib import paths
 from lib import qmatmul as Q
 from lib.fast import FastLlama
 from lib.kv_cache import KVCache, LayerKVCache
-from lib.qmatmul import _check as _check_blocks
+from lib.qmatmul import check_blocks
 from lib.qmatmul import dequantize_blocks, qmatmul
 
 
@@ -128,7 +128,7 @@ class GGUFLinear(nn.Module):
 
     def __init__(self, blocks: torch.Tensor, qtype: str):
         super().__init__()
-        self.out_features, self.in_features = _check_blocks(blocks, qtype, None)
+        self.out_features, self.in_features = check_blocks(blocks, qtype, None)
         self.register_buffer("blocks", blocks)
         self.qtype = qtype
         self._fallback: dict = {}  # the float32 weight, only where the kernel cannot run (GPU, no compiler)
@@ -166,7 +166,7 @@ def read_gguf_blocks(path=None) -> dict[str, tuple[str, torch.Tensor]]:
         return out
     import gguf
 
-    from lib.model import _GGUF_NAMES, _unpermute_rope_rows
+    from lib.model import GGUF_NAMES, unpermute_rope_rows
     from lib.qmatmul import QTYPES
 
     reader = gguf.GGUFReader(path)
@@ -177,8 +177,8 @@ def read_gguf_blocks(path=None) -> dict[str, tuple[str, torch.Tensor]]:
         parts = t.name.split(".")
         if t.name in ours:
             name = ours[t.name]
-        elif parts[0] == "blk" and parts[2] in _GGUF_NAMES and "norm" not in parts[2]:
-            name = f"layers.{parts[1]}.{_GGUF_NAMES[parts[2]]}.weight"
+        elif parts[0] == "blk" and parts[2] in GGUF_NAMES and "norm" not in parts[2]:
+            name = f"layers.{parts[1]}.{GGUF_NAMES[parts[2]]}.weight"
         else:
             continue
         qtype = t.tensor_type.name
@@ -186,9 +186,9 @@ def read_gguf_blocks(path=None) -> dict[str, tuple[str, torch.Tensor]]:
             raise ValueError(f"{t.name} is {qtype}: lib.qmatmul multiplies {', '.join(QTYPES)}")
         rows = np.array(t.data, dtype=np.uint8, copy=True)  # [out, bytes per row]
         if parts[-2] == "attn_q":
-            rows = _unpermute_rope_rows(rows, heads["head_count"])
+            rows = unpermute_rope_rows(rows, heads["head_count"])
         elif parts[-2] == "attn_k":
-            rows = _unpermute_rope_rows(rows, heads["head_count_kv"])
+            rows = unpermute_rope_rows(rows, heads["head_count_kv"])
         out[name] = (qtype, torch.from_numpy(np.ascontiguousarray(rows)))
     return out
 
@@ -218,7 +218,7 @@ def quantize_blocks(model, qtype: str | dict[str, str], head_type: str = "Q8_0")
 def _matching(name: str, w: torch.Tensor, qtype: str, blocks: torch.Tensor) -> torch.Tensor:
     """`blocks` on `w`'s device, after checking they hold `w` (first row, exactly): a different model or file
     would otherwise give wrong answers silently."""
-    n, k = _check_blocks(blocks, qtype, None)
+    n, k = check_blocks(blocks, qtype, None)
     if (n, k) != tuple(w.shape):
         raise ValueError(f"{name}: the blocks hold a [{n}, {k}] weight, the model's is {list(w.shape)}")
     first = dequantize_blocks(blocks[:1].cpu(), qtype)[0]

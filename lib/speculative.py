@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from lib.drafts import (  # noqa: F401  (re-exported: the drafts were defined here before lib.drafts)
-    DISTILL_COMMAND, Int8Linear, PromptLookupDraft, SubsetHead, _History, build_distilled_draft, distilled_draft_path,
+    DISTILL_COMMAND, Int8Linear, PromptLookupDraft, SubsetHead, TokenHistory, build_distilled_draft, distilled_draft_path,
     early_exit_draft, fr_spec_draft, frequency_ranked_ids, load_distilled_draft, quantized_draft, random_draft,
     save_distilled_draft, token_counts)
 
@@ -107,7 +107,7 @@ def _uniform(generator: torch.Generator | None, device: torch.device) -> float:
     return torch.rand((), generator=generator, device=dev).item()
 
 
-def _sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+def sample_from(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     if generator is not None and generator.device != probs.device:
         probs = probs.to(generator.device)
     return int(torch.multinomial(probs, 1, generator=generator).item())
@@ -143,8 +143,8 @@ def verify(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: 
         residual = (target_probs[i] - draft_probs[i]).clamp(min=0)  # (p - q)+: the mass q under-covers
         if residual.sum() <= 0:  # p == q up to rounding: a rejection had probability 0; p is the right law
             residual = target_probs[i]
-        return i, _sample(residual, generator)
-    return k, _sample(target_probs[k], generator)
+        return i, sample_from(residual, generator)
+    return k, sample_from(target_probs[k], generator)
 
 
 # --- generation ---------------------------------------------------------------------------------------------
@@ -239,7 +239,7 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, max_new_tokens:
                 drafted.append(tok)
             else:
                 q = probs(logits[None])[0]
-                tok = _sample(q, generator)
+                tok = sample_from(q, generator)
                 if min_draft_prob > 0 and q[tok] < min_draft_prob:
                     break
                 q_rows.append(q)

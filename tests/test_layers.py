@@ -130,3 +130,33 @@ def test_an_upward_import_is_found():
     graph = import_graph()
     graph["grader.isolation"] = set(graph["grader.isolation"]) | {"grader.checks"}
     assert any("grader.isolation" in b and "grader.checks" in b for b in layer_violations(graph, documented_grader_layers()))
+
+
+def private_imports(root: Path = REPO) -> list[str]:
+    """`from lib.x import _name` (or grader's) across modules: a name that crosses files is public (issue 36); a
+    module whose file name starts with "_" (grader._sandbox) is a module, not a private name."""
+    found = []
+    for pkg in PACKAGES + ("tools",):
+        for path in sorted((root / pkg).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+                if not (isinstance(node, ast.ImportFrom) and node.module and not node.level
+                        and node.module.split(".")[0] in ("lib", "grader")):
+                    continue
+                base = root.joinpath(*node.module.split("."))
+                for alias in node.names:
+                    if alias.name.startswith("_") and not alias.name.startswith("__") and not (
+                            (base / f"{alias.name}.py").exists()):
+                        found.append(f"{path.relative_to(root)}:{node.lineno} imports {node.module}.{alias.name}")
+    return found
+
+
+def test_no_private_name_crosses_a_file():
+    assert private_imports() == []
+
+
+def test_a_private_import_is_found(tmp_path):
+    for pkg in PACKAGES + ("tools",):
+        (tmp_path / pkg).mkdir()
+    (tmp_path / "lib" / "a.py").write_text("def _helper():\n    return 1\n")
+    (tmp_path / "grader" / "b.py").write_text("from lib.a import _helper\n")
+    assert private_imports(tmp_path) == ["grader/b.py:1 imports lib.a._helper"]

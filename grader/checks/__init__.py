@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from grader.observe import (INPUTS_WRITTEN, PREMADE_WRITTEN, Observation, _OpRecorder,  # noqa: F401  (re-exported)
-                            _storages, observe)
+from grader.observe import (INPUTS_WRITTEN, PREMADE_WRITTEN, Observation, OpRecorder,  # noqa: F401  (re-exported)
+                            argument_storages, observe)
 
 _LIB_DIR = str(Path(__file__).resolve().parent.parent.parent / "lib") + os.sep
 _SEED: int | None = None

@@ -16,10 +16,10 @@ import math
 import torch
 
 from grader.checks import call_many, call_on_default_device, check_on_meta, generator, observe, run_seed, seed_note
-from grader.checks.week18_law import (FALSE_FAILURE, LAW_K, MAIN_RATIOS, MAIN_TRIALS, REPEATS, _band,  # noqa: F401
-                                      _describe, _kl, law_cases, law_counts, law_failures, law_level, law_power,
+from grader.checks.week18_law import (FALSE_FAILURE, LAW_K, MAIN_RATIOS, MAIN_TRIALS, REPEATS, acceptance_band,  # noqa: F401
+                                      describe_law, kl_divergence, law_cases, law_counts, law_failures, law_level, law_power,
                                       law_tests)
-from grader.checks.week18_models import MarkovLM, _spicy_tiny, spy, work_failures
+from grader.checks.week18_models import MarkovLM, spicy_tiny, spy, work_failures
 from grader.harness import Week
 from grader.wire import IsolationError
 from lib import speculative as ref
@@ -35,7 +35,7 @@ SMOLLM2_KS = (2, 8)
 def _loop_lib_calls(obs) -> list:
     """The lib.speculative / lib.drafts / lib.generate functions a loop ran, other than the test models' own cache."""
     return sorted(c for c in obs.lib_calls if c.startswith(("lib.speculative.", "lib.drafts.", "lib.generate."))
-                  and not c.startswith("lib.drafts._History."))
+                  and not c.startswith("lib.drafts.TokenHistory."))
 
 
 def _check_one_generation(speculative_generate, target, draft, ids, n, k, what, temperature=0.0, generator=None):
@@ -152,8 +152,8 @@ def sampled_law_failures(speculative_generate, g, temperature: float) -> list[st
     bad = []
     for a, b in tests:
         x, pi = int(counts[a, b]), float(law[a, b])
-        if SAMPLED_TRIALS * _kl(x / SAMPLED_TRIALS, pi) > level:
-            lo, hi = _band(SAMPLED_TRIALS, pi, level)
+        if SAMPLED_TRIALS * kl_divergence(x / SAMPLED_TRIALS, pi) > level:
+            lo, hi = acceptance_band(SAMPLED_TRIALS, pi, level)
             bad.append(f"the new tokens ({a}, {b}) came {x}/{SAMPLED_TRIALS} = {x / SAMPLED_TRIALS:.4f} of the runs; "
                        f"the target's law at T={temperature} gives {pi:.4f} (allowed [{lo:.4f}, {hi:.4f}])")
     return bad
@@ -188,7 +188,7 @@ def check_speculative_generate(speculative_generate, smollm2: bool = True) -> No
                     f"{[len(c.fed) for c in calls[:8]]}...). Running the target once per token is not speculative "
                     f"decoding.")
     for seed in (3, 4):
-        target, draft = _spicy_tiny(seed), _spicy_tiny(seed + 10, scale=6.0)
+        target, draft = spicy_tiny(seed), spicy_tiny(seed + 10, scale=6.0)
         ids = torch.randint(0, target.config.vocab_size, (1, 4), generator=g)
         for k in (1, 3, 8):
             _check_one_generation(speculative_generate, target, draft, ids, 24, k,
@@ -201,7 +201,7 @@ def check_speculative_generate(speculative_generate, smollm2: bool = True) -> No
                      torch.tensor([[1, 2, 3]]), 12, k=3)
     used = _loop_lib_calls(obs)
     assert not used, f"speculative_generate must be your own loop; it called {used}"
-    target, draft = _spicy_tiny(3), _spicy_tiny(13, scale=6.0)
+    target, draft = spicy_tiny(3), spicy_tiny(13, scale=6.0)
     ids = torch.randint(0, target.config.vocab_size, (1, 4), generator=g)
     got = check_default_device(speculative_generate, target, draft, ids, 12, 3, "tiny Llama, K=3")
     assert torch.equal(got, ref_generate(target, ids, 12)), (
@@ -264,7 +264,7 @@ def check_verify(verify) -> None:
         _, obs = observe(verify, p, q, x, generator=torch.Generator().manual_seed(run_seed()))
         assert not obs.inputs_written, (
             f"verify wrote into its arguments ({obs.inputs_written} in-place writes into target_probs, draft_probs "
-            f"or draft_tokens, {_describe(case)}): the caller's p and q would be changed. Compute the residual in "
+            f"or draft_tokens, {describe_law(case)}): the caller's p and q would be changed. Compute the residual in "
             f"a new tensor: (target_probs[i] - draft_probs[i]).clamp(min=0)")
         used = sorted(c for c in obs.lib_calls if c.startswith(("lib.speculative.", "lib.drafts.")))
         assert not used, f"verify must be your own; it called {used}"
@@ -277,7 +277,7 @@ def check_verify(verify) -> None:
         seed = base + index * 10_000_000
         counts = law_counts(verify, case, seed)
         bad = law_failures(case, counts, level)
-        assert not bad, (f"{_describe(case)}: verify's output does not follow the law of speculative sampling: "
+        assert not bad, (f"{describe_law(case)}: verify's output does not follow the law of speculative sampling: "
                          f"{'; '.join(bad[:3])}. Accept draft token i with probability min(1, p_i/q_i), each with "
                          f"a fresh uniform from `generator`; at the first rejection sample normalize(max(p_i - q_i, "
                          f"0)); after K acceptances sample p_K. {seed_note()}")
@@ -338,7 +338,7 @@ def check_speculative_sample(speculative_sample) -> None:
     `meta` (`check_default_device`)."""
     g = generator(5)
     target = MarkovLM(24, int(torch.randint(0, 2**30, (), generator=g)))
-    tiny = _spicy_tiny(5)
+    tiny = spicy_tiny(5)
     for temperature in SAMPLED_TEMPERATURES:
         _check_one_generation(speculative_sample, target, MarkovLM(24, 12, like=target, noise=1.0),
                               torch.tensor([[1, 2, 3]]), 30, 3, f"Markov target, T={temperature}, K=3",

@@ -129,7 +129,7 @@ def law_cases(g: torch.Generator) -> list[LawCase]:
     return cases
 
 
-def _kl(x: float, a: float) -> float:
+def kl_divergence(x: float, a: float) -> float:
     """KL(Bernoulli(x) || Bernoulli(a)), 0 < a < 1."""
     out = 0.0
     if x > 0:
@@ -148,12 +148,12 @@ def law_level(n_tests: int) -> float:
     return math.log(2 * n_tests / FALSE_FAILURE)
 
 
-def _band(m: int, a: float, level: float) -> tuple[float, float]:
+def acceptance_band(m: int, a: float, level: float) -> tuple[float, float]:
     """The frequencies x with m·KL(x || a) <= level: the interval a correct implementation stays in."""
     def edge(lo, hi):  # bisect between a (inside) and an end (outside)
         for _ in range(60):
             mid = (lo + hi) / 2
-            if m * _kl(mid, a) <= level:
+            if m * kl_divergence(mid, a) <= level:
                 lo = mid
             else:
                 hi = mid
@@ -164,7 +164,7 @@ def _band(m: int, a: float, level: float) -> tuple[float, float]:
 def law_power(m: int, a: float, delta: float, level: float) -> float:
     """P[the binomial test at `level` rejects] when X ~ Binomial(m, a + delta) is tested against a: the
     probability that an acceptance probability off by `delta` is caught from m runs that reach it."""
-    lo, hi = _band(m, a, level)
+    lo, hi = acceptance_band(m, a, level)
     x = torch.arange(m + 1, dtype=torch.float64)
     b = a + delta
     logpmf = (torch.lgamma(torch.tensor(m + 1.0, dtype=torch.float64)) - torch.lgamma(x + 1) - torch.lgamma(m - x + 1)
@@ -231,14 +231,14 @@ def law_failures(case: LawCase, counts: torch.Tensor, level: float) -> list[str]
             m, x = int(counts[j].sum()), int(counts[j, y])
             label = (f"next token {y} after all {j} accepted (p_K)" if j == case.x.shape[0] else
                      f"next token {y} after a rejection at position {j} (residual)")
-        if m and m * _kl(x / m, a) > level:
-            lo, hi = _band(m, a, level)
+        if m and m * kl_divergence(x / m, a) > level:
+            lo, hi = acceptance_band(m, a, level)
             bad.append(f"{label}: {x}/{m} = {x / m:.4f}; the law gives {a:.4f} (a correct verify stays in "
                        f"[{lo:.4f}, {hi:.4f}] here)")
     return bad
 
 
-def _describe(case: LawCase) -> str:
+def describe_law(case: LawCase) -> str:
     k = case.x.shape[0]
     ratios = [float(case.p[i, case.x[i]] / case.q[i, case.x[i]]) for i in range(k)]
     return (f"case '{case.name}' ({case.why}; K={k}, V={case.p.shape[1]}, draft tokens {case.x.tolist()}, "

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from lib.model import ModelConfig, tiny_model
-from lib.drafts import _History  # the token-history "cache" of the test models
+from lib.drafts import TokenHistory  # the token-history "cache" of the test models
 
 # --- test models ----------------------------------------------------------------------------------------
 
@@ -37,13 +37,13 @@ class MarkovLM:
             self.A = like.A + noise * torch.randn(vocab_size, vocab_size, generator=g)
             self.B = like.B + noise * torch.randn(vocab_size, vocab_size, generator=g)
 
-    def new_cache(self, batch: int = 1, max_len: int | None = None) -> _History:
-        return _History(max_len or self.config.max_seq_len)
+    def new_cache(self, batch: int = 1, max_len: int | None = None) -> TokenHistory:
+        return TokenHistory(max_len or self.config.max_seq_len)
 
-    def __call__(self, input_ids: torch.Tensor, cache: _History | None = None) -> torch.Tensor:
+    def __call__(self, input_ids: torch.Tensor, cache: TokenHistory | None = None) -> torch.Tensor:
         if input_ids.dim() != 2 or input_ids.shape[0] != 1:
             raise ValueError(f"MarkovLM takes input_ids [1, t]; got {tuple(input_ids.shape)}")
-        history = cache if cache is not None else _History(self.config.max_seq_len)
+        history = cache if cache is not None else TokenHistory(self.config.max_seq_len)
         start = history.length
         history.tokens.extend(input_ids[0].tolist())
         seq = torch.tensor(history.tokens)
@@ -54,7 +54,7 @@ class MarkovLM:
     forward = __call__
 
 
-def _spicy_tiny(seed: int, scale: float = 10.0):
+def spicy_tiny(seed: int, scale: float = 10.0):
     """A tiny random Llama with weights scaled up, so that its greedy path does not repeat one token."""
     model = tiny_model(seed=seed)
     with torch.no_grad():
