@@ -81,7 +81,7 @@ class Week:
                 try:
                     result = check(*args, **kwargs)
                 except (NotImplementedError, NotImplementedYet) as e:
-                    if isinstance(e, NotImplementedYet) and "is not defined in" in str(e):
+                    if isinstance(e, NotImplementedYet) and "is not implemented yet: it is not defined in" in str(e):
                         raise NotImplementedYet(f"exercise {number}, `{name}`: {e}") from None
                     raise NotImplementedYet(
                         f"exercise {number}, `{name}`, is not implemented yet — section {section} of "

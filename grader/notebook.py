@@ -68,8 +68,9 @@ class ExerciseModule(types.ModuleType):
                 "the full traceback).")
         if stubbed:
             raise NotImplementedYet(
-                f"`{name}` is not defined in {self.__file__}: its exercise cell still raises NotImplementedError "
-                f"(unfinished cells: {', '.join(stubbed)}). Finish that cell, then run the check again."
+                f"`{name}` is not implemented yet: it is not defined in {self.__file__}, whose exercise cell still "
+                f"raises NotImplementedError (unfinished cells: {', '.join(stubbed)}). Finish that cell, then run the "
+                f"check again."
             )
         raise ExerciseMissing(
             f"{self.__file__} defines no `{name}`. Its exercise cell may have been deleted or renamed: "
