@@ -322,16 +322,18 @@ class _Child:
             from grader.observe import observe, to_wire
 
             call_args, kwargs = args
-            reads = kwargs.pop("_observe_reads", ())  # the observation's option, not the function's
+            reads = kwargs.pop("_observe_reads", ())  # the observation's options, not the function's
+            dot_scale = float(kwargs.pop("_observe_dot_scale", 1.0))
             before = self._snapshot(call_args, kwargs)
-            again = _Rerun(target, call_args, kwargs)
+            again = _Rerun(target, call_args, kwargs) if dot_scale == 1.0 else None  # a scaled run differs
             import grader.observe
 
             root = self.current_root
             grader.observe.EVENT_HOOK = lambda frame, event, arg: self.guard.event(root, frame, event, arg)
             try:
                 with self.watch(profile=False):
-                    result, obs = observe(target, *call_args, _observe_reads=reads, **kwargs)
+                    result, obs = observe(target, *call_args, _observe_reads=reads, _observe_dot_scale=dot_scale,
+                                          **kwargs)
             finally:
                 grader.observe.EVENT_HOOK = None
             if obs.ops.get(grader.observe.WATCH_REMOVED):
@@ -339,7 +341,7 @@ class _Child:
             self.lib_seen.setdefault(self.current_root, set()).update(obs.lib_calls)
             copied = self._copied(call_args, kwargs, before)
             with self.watch():
-                why = again.differs(result)
+                why = again.differs(result) if again is not None else ""
             if why:
                 self.guard.flag(self.current_root, why)
             return (result, to_wire(obs), copied)

@@ -78,6 +78,21 @@ class ExerciseModule(types.ModuleType):
         )
 
 
+def remember_source(name: str, lines: list[str]) -> str:
+    """Register a cell's source under a file name in `linecache`, as Jupyter does, so that `inspect.getsource`
+    finds the functions it defines (Triton reads a kernel's source to compile it, the checks to read it); a name
+    already taken by other text gets the text's hash appended."""
+    import hashlib
+    import linecache
+
+    text = [ln + "\n" for ln in lines]
+    held = linecache.cache.get(name)
+    if held is not None and list(held[2]) != text:
+        name = f"{name}@{hashlib.sha1(''.join(text).encode()).hexdigest()[:8]}"
+    linecache.cache[name] = (sum(map(len, text)), None, text, name)
+    return name
+
+
 def run_cells(module: ExerciseModule, path: Path, cells) -> None:
     """Execute `cells` into `module`; a cell that raises is noted (its name then fails with the reason)."""
     for index, grade_id, source in cells:
@@ -85,7 +100,7 @@ def run_cells(module: ExerciseModule, path: Path, cells) -> None:
         lines = [ln for ln in source.splitlines() if not ln.lstrip().startswith(("%", "!"))]
         label = grade_id or f"cell {index}"
         try:
-            code = compile("\n".join(lines), f"{path.name}[cell {index}]", "exec")
+            code = compile("\n".join(lines), remember_source(f"{path.name}[cell {index}]", lines), "exec")
             exec(code, module.__dict__)
         except NotImplementedError:  # a stub at the top level of a cell (e.g. `answer = ...` left undone)
             module._stubbed_cells.append(label)

@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from grader.triton_watch import TritonWatch
+
+
 @dataclass
 class Observation:
     """What one call did. `ops`: aten op name -> count; `matmuls`: (shape of a, shape of b) of every mm/bmm/
@@ -33,6 +36,9 @@ class Observation:
     # launch, and the (M, K, N) of every `tl.dot` its programs executed (a compiled GPU kernel is not seen).
     kernel_launches: list = field(default_factory=list)
     kernel_dots: list = field(default_factory=list)
+    # And what those kernels read and wrote, against the call's arguments and results
+    # (`grader.triton_watch.TritonWatch.summary`; empty when no kernel was interpreted).
+    kernel: dict = field(default_factory=dict)
 
     def reads_of(self, position: int) -> list[float]:
         """For the tensor argument at `position` (asked for with `observe(..., _observe_reads=(position,))`): how
@@ -262,43 +268,6 @@ class OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
 
 
 
-class _TritonWatch:
-    """While active: the launches and `tl.dot`s of Triton's interpreter, if this process has imported it (a
-    kernel decorated while TRITON_INTERPRET=1). Patched on the interpreter's classes and restored after."""
-
-    def __init__(self, obs: Observation):
-        self.obs = obs
-        self.undo = []
-
-    def __enter__(self):
-        interp = sys.modules.get("triton.runtime.interpreter")
-        if interp is None:
-            return self
-        obs = self.obs
-        grid_cls, builder_cls = interp.GridExecutor, interp.InterpreterBuilder
-        launch, dot = grid_cls.__call__, builder_cls.create_dot
-
-        def watched_launch(executor, *args, **kwargs):
-            grid = executor.grid
-            obs.kernel_launches.append((str(getattr(executor.fn, "__name__", "?")),
-                                        tuple(int(g) for g in grid) if isinstance(grid, tuple) else ()))
-            return launch(executor, *args, **kwargs)
-
-        def watched_dot(builder, a, b, *rest, **kw):
-            sa, sb = a.data.shape, b.data.shape
-            obs.kernel_dots.append((int(sa[-2]), int(sa[-1]), int(sb[-1])))
-            return dot(builder, a, b, *rest, **kw)
-
-        grid_cls.__call__, builder_cls.create_dot = watched_launch, watched_dot
-        self.undo = [(grid_cls, "__call__", launch), (builder_cls, "create_dot", dot)]
-        return self
-
-    def __exit__(self, *exc):
-        for owner, name, original in self.undo:
-            setattr(owner, name, original)
-        return False
-
-
 def argument_storages(args, kwargs) -> set[int]:
     """Data pointers of the storages of the tensors among `args` and `kwargs` (one level into lists/tuples)."""
     found = set()
@@ -318,6 +287,7 @@ def observe(fn, *args, **kwargs):
     if remote is not None:
         return remote(args, kwargs)
     read_positions = tuple(kwargs.pop("_observe_reads", ()))
+    dot_scale = float(kwargs.pop("_observe_dot_scale", 1.0))
     from torch.utils.flop_counter import FlopCounterMode
 
     from lib.io_model import TensorMemoryMeter
@@ -348,8 +318,13 @@ def observe(fn, *args, **kwargs):
         if isinstance(args[i], torch.Tensor) and args[i].device.type != "meta":
             counted[args[i].untyped_storage().data_ptr()] = _ReadCounter(args[i])
     recorder = OpRecorder(obs, argument_storages(args, kwargs), counted)
+    inputs = {i: a for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
+    inputs.update({k: a for k, a in kwargs.items() if isinstance(a, torch.Tensor)})
+    kernels = TritonWatch(dot_scale)
+    if "triton.runtime.interpreter" in sys.modules:
+        kernels.watch_inputs(inputs)
     try:
-        with flops, meter, recorder, _TritonWatch(obs):
+        with flops, meter, recorder, kernels:
             result = fn(*args, **kwargs)
     finally:
         if sys.getprofile() is not profile:
@@ -360,6 +335,9 @@ def observe(fn, *args, **kwargs):
     obs.flops = int(flops.get_total_flops())
     obs.peak_bytes = int(meter.peak)
     obs.lib_calls = seen
+    if kernels.launches or kernels.problems:
+        obs.kernel = kernels.summary(inputs, _tensors(result if isinstance(result, (list, tuple)) else [result]))
+        obs.kernel_launches, obs.kernel_dots = list(kernels.launches), list(kernels.dots)
     obs.reads = {i: counted[args[i].untyped_storage().data_ptr()].per_slice() for i in read_positions
                  if args[i].untyped_storage().data_ptr() in counted}
     return result, obs
@@ -372,7 +350,7 @@ def to_wire(obs: Observation) -> dict:
             "reductions": [(str(n), tuple(map(int, sh)), int(e)) for n, sh, e in obs.reductions],
             "reads": {int(i): [float(x) for x in v] for i, v in obs.reads.items()},
             "kernel_launches": [(str(n), tuple(int(g) for g in grid)) for n, grid in obs.kernel_launches],
-            "kernel_dots": [tuple(int(x) for x in d) for d in obs.kernel_dots]}
+            "kernel_dots": [tuple(int(x) for x in d) for d in obs.kernel_dots], "kernel": _kernel_data(obs.kernel)}
 
 
 def from_wire(data) -> Observation:
@@ -388,4 +366,16 @@ def from_wire(data) -> Observation:
     o.reads = {int(i): [float(x) for x in v] for i, v in dict(data.get("reads", {})).items()}
     o.kernel_launches = [(str(n), tuple(int(g) for g in grid)) for n, grid in data.get("kernel_launches", ())]
     o.kernel_dots = [(int(m), int(k), int(n)) for m, k, n in data.get("kernel_dots", ())]
+    o.kernel = _kernel_data(data.get("kernel", {}))
     return o
+
+
+def _kernel_data(k) -> dict:
+    """`Observation.kernel` as plain data of checked types (both ways across the wire)."""
+    if type(k) is not dict or not k:
+        return {}
+    out = {key: int(k.get(key, 0)) for key in ("loaded_elsewhere", "loaded_from_outputs", "widest_load",
+                                               "stored_elsewhere", "outputs_not_stored", "reduce_rank")}
+    out["loaded"] = {str(a): int(b) for a, b in dict(k.get("loaded", {})).items()}
+    out["problems"] = [str(p) for p in k.get("problems", ())]
+    return out

@@ -16,6 +16,7 @@ import lib.triton_attention as lib_triton  # sets TRITON_INTERPRET=1 without a G
 from grader.checks import week17 as checks
 from grader.checks import week17_triton as tri
 from grader.harness import load_exercises, with_cell_source
+from grader.notebook import remember_source
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "solutions" / "17" / checks.WEEK.notebook
 
@@ -37,14 +38,20 @@ def _namespace() -> dict:
             "check_triton_attention_shapes": lib_triton.check_triton_attention_shapes, "np": np}
 
 
-def _variant(name: str, *edits: tuple[str, str], extra: str = ""):
-    """The solution's cell for `name` with each (old, new) replaced once, plus `extra` code; its function."""
+def _variant_source(name: str, *edits: tuple[str, str], extra: str = "") -> str:
+    """The solution's cell for `name` with each (old, new) replaced once, plus `extra` code."""
     src = _cell(name)
     for old, new in edits:
         assert src.count(old) == 1, f"the edit {old!r} does not apply to the solution cell {name} (it changed?)"
         src = src.replace(old, new)
+    return src + "\n" + extra
+
+
+def _variant(name: str, *edits: tuple[str, str], extra: str = ""):
+    """`_variant_source`'s cell, run: its function."""
     ns = _namespace()
-    exec(compile(src + "\n" + extra, f"<wrong {name}>", "exec"), ns)
+    text = _variant_source(name, *edits, extra=extra)
+    exec(compile(text, remember_source(f"<wrong {name}>", text.splitlines()), "exec"), ns)
     return ns[name]
 
 
@@ -72,6 +79,83 @@ def attention_torch(q, k, v, causal=False, block_m=16, block_n=16):
     return out.to(q.dtype), lse.float()
 
 
+FORGED_DOTS = """
+_kernel_only = tiled_matmul
+def tiled_matmul(a, b, block_m=16, block_n=16, block_k=16):
+    from triton.runtime import interpreter
+    c = _kernel_only(a, b, block_m, block_n, block_k)
+    zero = lambda r, s: interpreter.TensorHandle(np.zeros((r, s), np.float32), tl.float32)
+    for _ in range(triton.cdiv(a.shape[0], block_m) * triton.cdiv(b.shape[1], block_n) * triton.cdiv(a.shape[1], block_k)):
+        interpreter.InterpreterBuilder.create_dot(interpreter.interpreter_builder, zero(block_m, block_k),
+                                                  zero(block_k, block_n), zero(block_m, block_n), None, None)
+    c.numpy()[...] = a.numpy().astype(np.float64) @ b.numpy().astype(np.float64)
+    return c
+"""
+
+SOFTMAX_OF_NUMPY = """
+_kernel_only = softmax_rows
+def softmax_rows(x):
+    a = x.numpy().astype(np.float64)
+    return _kernel_only(torch.from_numpy(a - a.max(1, keepdims=True)).to(x.dtype))
+"""
+
+SOFTMAX_OF_NUMPY_IN_X = """
+_kernel_only = softmax_rows
+def softmax_rows(x):
+    saved = x.numpy().copy()
+    x.numpy()[...] = saved - saved.max(1, keepdims=True) - 1.0
+    out = _kernel_only(x)
+    x.numpy()[...] = saved
+    return out
+"""
+
+NUMPY_EXP = """
+def _numpy_exp(t):
+    from triton.runtime import interpreter
+    return tl.core.tensor(interpreter.TensorHandle(np.exp(t.handle.data), tl.float32), t.type)
+"""
+
+NUMPY_ATTENTION = """
+_kernel_only = flash_attention_triton
+def flash_attention_triton(q, k, v, causal=False, block_m=16, block_n=16):
+    out, lse = _kernel_only(q, k, v, causal, block_m, block_n)
+    Q, K, V = (t.numpy().astype(np.float64) for t in (q, k, v))
+    s = Q @ np.swapaxes(K, -1, -2) / np.sqrt(Q.shape[-1])
+    if causal:
+        s = np.where(np.tri(s.shape[-2], s.shape[-1], s.shape[-1] - s.shape[-2], dtype=bool), s, -np.inf)
+    mx = s.max(-1, keepdims=True)
+    p = np.exp(s - mx)
+    out.numpy()[...] = (p / p.sum(-1, keepdims=True)) @ V
+    lse.numpy()[...] = (mx + np.log(p.sum(-1, keepdims=True)))[..., 0]
+    return out, lse
+"""
+
+TWO_PASS = """    for start_n in range(0, end, BLOCK_N):
+        cols = start_n + tl.arange(0, BLOCK_N)
+        kt = tl.load(k_ptr + b * skb + h * skh + cols[None, :] * skn + dims[:, None] * skd, mask=cols[None, :] < NK,
+                     other=0.0).to(tl.float32)
+        s = tl.where(cols[None, :] < NK, tl.dot(q, kt) * scale, float("-inf"))
+        if CAUSAL:
+            s = tl.where(cols[None, :] <= rows[:, None] + (NK - NQ), s, float("-inf"))
+        m = tl.maximum(m, tl.max(s, axis=1))
+    for start_n in range(0, end, BLOCK_N):
+"""
+
+OUTER_PRODUCTS = """        s = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for j in range(0, D):
+            qj = tl.load(q_ptr + b * sqb + h * sqh + rows * sqm + j * sqd, mask=rows < NQ, other=0.0).to(tl.float32)
+            kj = tl.load(k_ptr + b * skb + h * skh + cols * skn + j * skd, mask=cols < NK, other=0.0).to(tl.float32)
+            s += qj[:, None] * kj[None, :]
+        s = s * scale + 0.0 * tl.dot(q, kt)
+"""
+
+TWICE = """
+_kernel_only = flash_attention_triton
+def flash_attention_triton(q, k, v, causal=False, block_m=16, block_n=16):
+    _kernel_only(q, k, v, causal, block_m, block_n)
+    return _kernel_only(q, k, v, causal, block_m, block_n)
+"""
+
 WRONG = {
     "softmax_rows": [
         (lambda: softmax_torch, "torch arithmetic"),
@@ -91,6 +175,13 @@ WRONG = {
                           ("so1, BLOCK: tl.constexpr)", "so1, N_ROWS, BLOCK: tl.constexpr)"),
                           ("[(x.shape[0],)]", "[(1,)]"),
                           ("out.stride(1),\n", "out.stride(1), x.shape[0],\n")), "one program per row"),
+        # numpy computes log-softmax in the wrapper; the kernel's softmax of that is the answer
+        (lambda: _variant("softmax_rows", extra=SOFTMAX_OF_NUMPY), "not an input"),
+        # the same, written into x for the kernel to read, and x put back afterwards
+        (lambda: _variant("softmax_rows", extra=SOFTMAX_OF_NUMPY_IN_X), "input was changed"),
+        # numpy inside the kernel, through a Python helper
+        (lambda: _variant("softmax_rows", ("e = tl.exp(x - tl.max(x, axis=0))", "e = _numpy_exp(x - tl.max(x, axis=0))"),
+                          extra=NUMPY_EXP), "only triton.language"),
     ],
     "tiled_matmul": [
         (lambda: matmul_torch, "torch arithmetic"),
@@ -106,7 +197,14 @@ WRONG = {
         (lambda: _variant("tiled_matmul", ("acc += tl.dot(a.to(tl.float32), b.to(tl.float32))", "pass"),
                           ("    return c\n", "    c.copy_(torch.from_numpy(a.float().numpy() @ "
                                              "b.float().numpy()).to(c.dtype))\n    return c\n")),
-         "FLOPs|torch arithmetic"),
+         "FLOPs|torch arithmetic|do not hold what your kernel stored"),
+        # numpy does the product; tl.dots forged by calling the interpreter's builder from the wrapper
+        (lambda: _variant("tiled_matmul", extra=FORGED_DOTS), "outside any kernel launch"),
+        # the product by broadcasting and tl.sum, a tl.dot of zeros beside it for the count
+        (lambda: _variant("tiled_matmul", ("acc += tl.dot(a.to(tl.float32), b.to(tl.float32))",
+                                           "acc += tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], "
+                                           "axis=1) + 0.0 * tl.dot(tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32), "
+                                           "tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32))")), "3-D"),
     ],
     "flash_attention_triton": [
         (lambda: lib_triton.flash_attention_triton, "lab's reference"),
@@ -132,6 +230,38 @@ WRONG = {
          "memory"),
         # attention in torch, returned in the right dtypes
         (lambda: attention_torch, "torch arithmetic"),
+        # numpy computes attention; the kernel runs on the side and the wrapper writes numpy's answer
+        (lambda: _variant("flash_attention_triton", extra=NUMPY_ATTENTION), "do not hold what your kernel stored"),
+        # a value's interpreter data read inside the kernel
+        (lambda: _variant("flash_attention_triton", ("s = tl.dot(q, kt) * scale", "s = tl.dot(q, kt) * scale\n"
+                                                     "        peek = q.handle.data")), "handle"),
+        # the row max fixed by the first block, never raised: exact until exp overflows
+        (lambda: _variant("flash_attention_triton", ("m_new = tl.maximum(m, tl.max(s, axis=1))",
+                                                     "m_new = tl.where(m == float('-inf'), tl.max(s, axis=1), m)")),
+         "0 to 318"),
+        # two passes: the exact max first, then the sums (every key block read twice)
+        (lambda: _variant("flash_attention_triton", ("    for start_n in range(0, end, BLOCK_N):\n", TWO_PASS)),
+         "2.00× what one pass needs"),
+        # QKᵀ as a sum of outer products of columns loaded one by one; a tl.dot of zeros for the count
+        (lambda: _variant("flash_attention_triton",
+                          ("        kt = tl.load(k_ptr + b * skb + h * skh + cols[None, :] * skn + dims[:, None] * skd, "
+                           "mask=cols[None, :] < NK,\n                     other=0.0).to(tl.float32)",
+                           "        kt = tl.zeros((D, BLOCK_N), dtype=tl.float32)"),
+                          ("        s = tl.dot(q, kt) * scale\n", OUTER_PRODUCTS)), "scaled by 1.25"),
+        # the scores by broadcasting and tl.sum
+        (lambda: _variant("flash_attention_triton", ("s = tl.dot(q, kt) * scale",
+                                                     "s = tl.sum(q[:, :, None] * kt[None, :, :], axis=1) * scale"
+                                                     " + 0.0 * tl.dot(q, kt)")),
+         "3-D"),
+        # the scores kept in a buffer made before the call
+        (lambda: _variant("flash_attention_triton",
+                          ("lse_ptr, sqb", "lse_ptr, p_ptr, sqb"),
+                          ("        m = m_new\n", "        m = m_new\n        tl.store(p_ptr + rows[:, None] * NK + "
+                                                   "cols[None, :], p, mask=(rows[:, None] < NQ) & (cols[None, :] < NK))\n"),
+                          ("q, k, v, out, lse, *q.stride()", "q, k, v, out, lse, SCRATCH, *q.stride()"),
+                          extra="SCRATCH = torch.empty(1 << 20)"), "stored"),
+        # launched twice
+        (lambda: _variant("flash_attention_triton", extra=TWICE), "2 kernel launches"),
     ],
 }
 
@@ -166,23 +296,22 @@ def test_solution_kernels_compiled_on_cuda(name):
 
 @interpreter_only
 def test_a_flawed_kernel_fails_in_the_isolated_child(tmp_path):
-    """As `pytest weeks/17` grades it: the kernel without rescaling, in the confined child, fails by its numbers;
-    the solution's passes; a torch wrapper fails by its route."""
+    """As `pytest weeks/17` grades it, in the confined child: the solution's matmul passes (its observed and
+    dot-scaled runs included); a kernel whose max never rises fails by its numbers; a softmax that reads numpy's
+    answer out of its input fails by what the interpreter saw (the observation crosses back as data)."""
     nb = json.loads(NOTEBOOK.read_text())
-    flawed = _cell("flash_attention_triton").replace("acc = acc * alpha[:, None] + ", "acc = acc + ")
-    torch_wrapper = '''
-def softmax_rows(x):
-    return torch.softmax(x, -1)
-'''
+    fixed_max = _variant_source("flash_attention_triton", ("m_new = tl.maximum(m, tl.max(s, axis=1))",
+                                                           "m_new = tl.where(m == float('-inf'), tl.max(s, axis=1), m)"))
+    numpy_in_x = _variant_source("softmax_rows", extra=SOFTMAX_OF_NUMPY_IN_X)
     path = tmp_path / checks.WEEK.notebook
-    path.write_text(json.dumps(with_cell_source(with_cell_source(nb, "flash_attention_triton", flawed),
-                                                "softmax_rows", torch_wrapper)))
+    path.write_text(json.dumps(with_cell_source(with_cell_source(nb, "flash_attention_triton", fixed_max),
+                                                "softmax_rows", numpy_in_x)))
     ex = load_exercises(path, isolated=True)
     try:
         checks.check_tiled_matmul(ex.tiled_matmul)
-        with pytest.raises(AssertionError, match="flash_attention_triton"):
+        with pytest.raises(AssertionError, match="0 to 318"):
             checks.check_flash_attention_triton(ex.flash_attention_triton)
-        with pytest.raises(AssertionError, match="torch arithmetic"):
+        with pytest.raises(AssertionError, match="input was changed"):
             checks.check_softmax_rows(ex.softmax_rows)
     finally:
         ex.close()

@@ -453,7 +453,7 @@ def check_softmax_rows(softmax_rows) -> None:
            "return float16)", 1e-3, 1e-2)
     x = _on(torch.randn(6, 300, generator=g))
     _, obs = observe(softmax_rows, x)
-    tri.assert_kernel_route(obs, "softmax_rows(x [6, 300])")
+    tri.assert_kernel_route(obs, "softmax_rows(x [6, 300])", names=("x",))
     if tri.interpreting():
         grids = [grid for _, grid in obs.kernel_launches]
         assert any(grid and grid[0] == 6 for grid in grids), (
@@ -489,9 +489,14 @@ def check_tiled_matmul(tiled_matmul) -> None:
                                  f"naming the shapes")
     m, k, n = 48, 96, 40
     a, b = _on(torch.randn(m, k, generator=g)), _on(torch.randn(k, n, generator=g))
+    what = f"tiled_matmul(a [{m}, {k}], b [{k}, {n}], blocks 16, 16, 32)"
     _, obs = observe(tiled_matmul, a, b, block_m=16, block_n=16, block_k=32)
-    tri.assert_kernel_route(obs, f"tiled_matmul(a [{m}, {k}], b [{k}, {n}], blocks 16, 16, 32)",
-                            min_dot_flops=2 * m * k * n, max_dot_dim=32, blocks="16, 16, 32")
+    tri.assert_kernel_route(obs, what, min_dot_flops=2 * m * k * n, max_dot_dim=32, blocks="16, 16, 32",
+                            names=("a", "b"), widest_load=16 * 32, flat_reductions=True,
+                            max_loaded={0: -(-n // 16) * m * k, 1: -(-m // 16) * k * n})
+    if tri.interpreting():
+        scaled, _ = observe(tiled_matmul, a, b, block_m=16, block_n=16, block_k=32, _observe_dot_scale=1.25)
+        tri.assert_made_of_dots(scaled, 1.25 * (a.double() @ b.double()), what, 1e-4, 1e-4)
 
 
 def _attention_inputs(b, h, nq, nk, d, offset, dtype=torch.float32, transposed=False):
@@ -526,6 +531,17 @@ def check_flash_attention_triton(flash_attention_triton) -> None:
            "changes at each block: rescale l and acc by exp(m_old − m_new))", *tri.tol(1e-5, 1e-4))
     _close(lse, want_lse.float(), "flash_attention_triton's lse on rows whose scores grow block after block",
            *tri.tol(1e-5, 1e-5))
+    # Scores that climb by 32 per block to 318: exp of a score minus any max but the running one overflows float32.
+    q = _on(torch.ones(1, 1, 16, d))
+    k = _on((torch.arange(nk).float() / 2).view(1, 1, nk, 1) * torch.ones(1, 1, nk, d)
+            + 0.01 * torch.randn(1, 1, nk, d, generator=generator(812)))
+    want, want_lse = tri.float64_attention(q, k, v, False)
+    out, lse = flash_attention_triton(q, k, v, causal=False, block_m=16, block_n=16)
+    _close(out, want.float(), "flash_attention_triton on scores that climb from 0 to 318 over the row (exp overflows "
+           "float32 past 88: keep the running max current, rescaling l and acc whenever it grows)",
+           *tri.tol(1e-4, 1e-3))
+    _close(lse, want_lse.float(), "flash_attention_triton's lse on scores that climb from 0 to 318",
+           *tri.tol(1e-4, 1e-4))
     q, k, v = _attention_inputs(1, 2, 40, 40, 32, offset=820, dtype=torch.float16)
     want, want_lse = tri.float64_attention(q, k, v, True)
     out, lse = flash_attention_triton(q, k, v, causal=True)
@@ -541,19 +557,31 @@ def check_flash_attention_triton(flash_attention_triton) -> None:
         else:
             raise AssertionError(f"flash_attention_triton(q {list(qs)}, k {list(ks)}) should raise ValueError ({why}): "
                                  f"start with check_triton_attention_shapes(q, k, v, causal)")
-    # The technique: one kernel, blocks only, causal blocks skipped, nothing of size N×N in memory.
+    # The technique: one kernel, blocks only, every product by tl.dot, each key block read once per query block,
+    # causal blocks skipped, nothing of size N×N in memory.
     n, d = 96, 16
     q, k, v = _attention_inputs(1, 1, n, n, d, offset=830)
     what = f"flash_attention_triton(q [1, 1, {n}, {d}], block_m=16, block_n=16)"
+    one_pass = -(-n // 16) * n * d  # each of the 6 query blocks reads all of K and V once
+    route = dict(max_dot_dim=16, blocks="16, 16", names=("q", "k", "v"), widest_load=16 * d, flat_reductions=True)
     _, full = observe(flash_attention_triton, q, k, v, causal=False, block_m=16, block_n=16)
-    tri.assert_kernel_route(full, what, min_dot_flops=4 * n * n * d, max_dot_dim=16, blocks="16, 16")
+    tri.assert_kernel_route(full, what, min_dot_flops=4 * n * n * d, max_loaded={1: one_pass, 2: one_pass}, **route)
     _, causal = observe(flash_attention_triton, q, k, v, causal=True, block_m=16, block_n=16)
-    tri.assert_kernel_route(causal, what + " causal", max_dot_dim=16, blocks="16, 16")
+    tri.assert_kernel_route(causal, what + " causal", max_loaded={1: one_pass, 2: one_pass}, **route)
     if tri.interpreting():
         ratio = causal.kernel_dot_flops() / max(full.kernel_dot_flops(), 1)
         assert ratio < 0.65, (
             f"{what}: the causal pass ran {ratio:.2f}× the tl.dot FLOPs of the non-causal one; stop each program's "
             f"loop at the last key block its rows can see (21 of 36 blocks: 0.58× here)")
+        loads = [causal.kernel.get("loaded", {}).get(i, 0) / max(full.kernel.get("loaded", {}).get(i, 1), 1)
+                 for i in ("1", "2")]
+        assert max(loads) < 0.65, (
+            f"{what}: the causal pass loaded {max(loads):.2f}× the keys and values of the non-causal one; blocks "
+            f"above the diagonal are never loaded (21 of 36 blocks: 0.58× here)")
+        scaled, _ = observe(flash_attention_triton, q, k, v, causal=False, block_m=16, block_n=16,
+                            _observe_dot_scale=1.25)
+        want, want_lse = tri.float64_attention(1.25 * q.double(), k, v, False)  # QKᵀ scaled, then PV scaled
+        tri.assert_made_of_dots(scaled, (1.25 * want, want_lse), what, 1e-5, 1e-4)
     peaks = {}
     for n in (32, 128):
         q, k, v = _attention_inputs(1, 1, n, n, 16, offset=840 + n)

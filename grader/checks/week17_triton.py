@@ -47,10 +47,14 @@ def arithmetic_ops(obs: Observation) -> list[str]:
 
 
 def assert_kernel_route(obs: Observation, what: str, min_dot_flops: int = 0, max_dot_dim: int | None = None,
-                        blocks: str = "") -> None:
-    """The work was done by Triton kernels: the wrapper ran no aten arithmetic and no lib function; under the
-    interpreter, at least one kernel launched, its `tl.dot`s add up to at least `min_dot_flops`, and none was wider
-    than `max_dot_dim` (the blocks asked for)."""
+                        blocks: str = "", names: tuple = (), widest_load: int | None = None,
+                        max_loaded: dict | None = None, one_launch: bool = True, flat_reductions: bool = False) -> None:
+    """The work was done by one Triton kernel: the wrapper ran no aten arithmetic and no lib function; under the
+    interpreter, the kernel launched once (`one_launch`), its source is triton.language only, it loaded from the
+    inputs alone (`names`: the call's tensor arguments, in order), stored into the results alone and wrote every
+    element of them; its `tl.dot`s add up to at least `min_dot_flops`, none wider than `max_dot_dim` (the blocks
+    asked for), no load wider than `widest_load` elements; input i was loaded at most `max_loaded[i]` elements'
+    worth; with `flat_reductions`, no reduction of a 3-D tensor (a product done by broadcasting and tl.sum)."""
     lib = obs.lib_calls_except("lib.triton_attention.check_triton_attention_shapes", "lib.triton_attention.kernel_device",
                                "lib.triton_attention.interpreting", "lib.attention.check_attention_shapes")
     assert not lib, f"{what}: your code called the lab's reference {lib}; write the kernel yourself"
@@ -61,6 +65,27 @@ def assert_kernel_route(obs: Observation, what: str, min_dot_flops: int = 0, max
         return  # a compiled kernel is invisible to the interpreter's counters: the numbers were judged
     assert obs.kernel_launches, (f"{what}: no Triton kernel was launched (the interpreter saw none); the result must "
                                  f"come from your @triton.jit kernel, launched as kernel[grid](...)")
+    k = obs.kernel
+    problems = k.get("problems", [])
+    assert not problems, f"{what}: {problems[0]}"
+    launched = [name for name, _ in obs.kernel_launches]
+    assert not one_launch or len(launched) == 1, (
+        f"{what}: {len(launched)} kernel launches ({', '.join(launched[:4])}{' …' if len(launched) > 4 else ''}); "
+        f"the exercise is one kernel, launched once: its running state stays in registers between blocks, not in "
+        f"memory between launches")
+    if k.get("loaded_elsewhere", 0):
+        where = ("the output it was writing" if k.get("loaded_from_outputs", 0) else
+                 "a buffer that is not an input (one the wrapper filled, or scratch memory), or past the end of an "
+                 "input (a load without its mask)")
+        raise AssertionError(f"{what}: your kernel loaded {k['loaded_elsewhere']:,} elements from {where}; a kernel "
+                             f"reads only its inputs ({', '.join(names) or 'the arguments'}) and keeps the rest in "
+                             f"registers")
+    assert not k.get("stored_elsewhere", 0), (
+        f"{what}: your kernel stored {k['stored_elsewhere']:,} elements outside the tensors it returns (scores, "
+        f"probabilities or running state kept in memory, or a store without its mask); store only the results")
+    assert not k.get("outputs_not_stored", 0), (
+        f"{what}: {k['outputs_not_stored']:,} elements of the result do not hold what your kernel stored there "
+        f"(the wrapper filled or overwrote them, or no program stored them): the kernel's tl.store writes the result")
     done = obs.kernel_dot_flops()
     assert done >= min_dot_flops, (
         f"{what}: your kernels' tl.dot calls did {done:,} FLOPs, fewer than the {min_dot_flops:,} the product needs: "
@@ -70,6 +95,35 @@ def assert_kernel_route(obs: Observation, what: str, min_dot_flops: int = 0, max
         assert widest <= max_dot_dim, (
             f"{what}: a tl.dot of {widest} rows/columns ran, wider than the blocks asked for ({blocks}): load and "
             f"multiply one block at a time, looping over the rest")
+    if widest_load is not None:
+        assert k.get("widest_load", 0) <= widest_load, (
+            f"{what}: one tl.load read {k['widest_load']:,} elements, more than a block holds ({widest_load:,} with "
+            f"blocks {blocks}): load one block at a time, looping over the rest")
+    for i, most in (max_loaded or {}).items():
+        got = k.get("loaded", {}).get(str(i), 0)
+        name = names[i] if i < len(names) else f"argument {i}"
+        assert got <= most, (
+            f"{what}: your kernel loaded {got:,} elements of {name}, {got / max(most, 1):.2f}× what one pass needs "
+            f"({most:,}): each block is loaded once per program (a second pass over the blocks, or blocks the loop "
+            f"should have skipped, read it again)")
+    if flat_reductions:
+        assert k.get("reduce_rank", 0) <= 2, (
+            f"{what}: your kernel reduced a {k['reduce_rank']}-D tensor: a broadcast product summed with tl.sum is a "
+            f"matrix product done element by element; take products of blocks with tl.dot")
+
+
+def assert_made_of_dots(got, want, what: str, atol: float, rtol: float) -> None:
+    """`got` came from a call observed with every `tl.dot` product scaled (`_observe_dot_scale`); `want` is what
+    a kernel whose products all come from its tl.dots returns then. Under the interpreter only."""
+    got = got if isinstance(got, (tuple, list)) else (got,)
+    want = want if isinstance(want, (tuple, list)) else (want,)
+    for g, w in zip(got, want):
+        close = torch.isclose(g.double(), w.to(g.device).double(), atol=atol, rtol=rtol)
+        assert bool(close.all()), (
+            f"{what}: with every tl.dot product scaled by 1.25 (a test of where your products come from), your "
+            f"result changed in {int((~close).sum())} of {close.numel()} places otherwise than a kernel whose "
+            f"products all come from its tl.dots does: some products were taken another way (tl.sum of a "
+            f"broadcast product, numpy, the wrapper), or tl.dots ran for show")
 
 
 def float64_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool):

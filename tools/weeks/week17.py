@@ -935,11 +935,15 @@ write that kernel in Python. Its model, in five lines:
 
 Without a GPU, `TRITON_INTERPRET=1` (set by the cell below on this machine) runs each program one after
 another on the CPU, every `tl` operation done by numpy: thousands of times slower than a GPU, but the same
-code, and exact enough to check. The checks watch the interpreter: they count the kernels you launched and
-the shape of every `tl.dot` your programs ran, and the torch ops of your wrapper — so the answer computed
-with torch, numpy or a Python loop, a `tl.dot` wider than the blocks asked for, or a score matrix kept in
-memory fail even when the numbers are right. (On a GPU the kernels are compiled, the interpreter is not there
-to watch, and the checks judge the numbers and the wrapper.)
+code, and exact enough to check. The checks watch the interpreter: the kernels you launched, the shape of
+every `tl.dot` your programs ran, the addresses every `tl.load` and `tl.store` touched, your kernel's source,
+and the torch ops of your wrapper. So the answer computed with torch, numpy or a Python loop, a `tl.dot` wider
+than the blocks asked for, a load of more than a block, a block read twice, a score matrix or running state
+kept in memory, or products taken some other way than `tl.dot` (they also rerun your kernel with every
+`tl.dot` product scaled by 1.25 and check the result moves as it must) fail even when the numbers are right.
+Inside `@triton.jit` use `triton.language` only, as a GPU would require: no numpy, no Python helpers (a
+helper must be `@triton.jit` itself). (On a GPU the kernels are compiled, the interpreter is not there to
+watch, and the checks judge the numbers and the wrapper.)
 """)
 
 nb.setup("""
@@ -1091,6 +1095,9 @@ if interpreting():
     print(f"grid {math.ceil(100 / 32)}×{math.ceil(60 / 32)} programs × {math.ceil(200 / 64)} K blocks = "
           f"{math.ceil(100 / 32) * math.ceil(60 / 32) * math.ceil(200 / 64)} dots; FLOPs in tl.dot: "
           f"{seen.kernel_dot_flops():,} (2·M·K·N = {2 * 100 * 200 * 60:,}: the difference is masked padding)")
+    loaded = seen.kernel.get("loaded", {})
+    print(f"elements loaded: a {loaded.get('0', 0):,} = 100·200 × {math.ceil(60 / 32)} columns of programs, "
+          f"b {loaded.get('1', 0):,} = 200·60 × {math.ceil(100 / 32)} rows of programs (masked lanes read nothing)")
     print(f"interpreted in {took:.2f} s")
 """)
 
