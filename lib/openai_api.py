@@ -126,8 +126,6 @@ def answer_options(body: dict, chat: bool) -> dict:
         raise RequestError("'stream_options' is {\"include_usage\": true|false}, with \"stream\": true only",
                            param="stream_options")
     k = logprobs(body, chat)
-    if k is not None and stream:
-        raise RequestError("logprobs are not supported with \"stream\": true by this server", param="logprobs")
     n = int_field(body, "n", 1, 1, MAX_N)
     echo = body.get("echo", False)
     if not isinstance(echo, bool):

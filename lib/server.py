@@ -152,7 +152,8 @@ class Server:
                 self.loop.abort(sub)
 
     async def text_pieces(self, sub: Submission, stops: list[str], is_disconnected=None):
-        """Yield ("text", piece) as the answer's text becomes final, then ("done", finish_reason, tokens).
+        """Yield ("text", piece, tokens so far) as the answer's text becomes final, then ("done", finish_reason,
+        tokens).
 
         A `TextStream` turns token bytes into text: whole characters only, a possible stop string held back, so
         the streamed pieces concatenate to exactly the non-streamed text; a stop string ends the request (and is
@@ -165,20 +166,20 @@ class Server:
                 if item[0] == "done":
                     piece = text.finish()
                     if piece:
-                        yield ("text", piece)
+                        yield ("text", piece, n)
                     yield ("done", item[1], n)
                     return
                 n += 1
                 if item[1] in sub.stop_token_ids:  # ends the answer; its own text is not part of it
                     piece = text.finish()
                     if piece:
-                        yield ("text", piece)
+                        yield ("text", piece, n)
                     sub.stopped = True
                     yield ("done", "stop", n)
                     return
                 piece = text.push(self.token_bytes[item[1]])
                 if piece:
-                    yield ("text", piece)
+                    yield ("text", piece, n)
                 if text.stopped:
                     sub.stopped = True  # the abort that follows ends a finished answer: counted as finished
                     yield ("done", "stop", n)
@@ -199,7 +200,7 @@ class Server:
         if stream:
             delta = ({"role": "assistant", "content": ""} if first else {}) | (
                 {"content": text} if text is not None else {})
-            return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+            return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                 "finish_reason": finish}
 
@@ -211,11 +212,12 @@ class Server:
                                               stop_token_ids=sub.stop_token_ids)
                 for sub in subs for k in range(opts["best_of"])]
 
-    def _logprobs(self, sub: Submission, n: int, chat: bool) -> dict:
-        """OpenAI's logprobs object for the first `n` tokens of `sub`'s answer (log-softmax of the model's logits,
-        recorded by the engine as it sampled)."""
+    def _logprobs(self, sub: Submission, n: int, chat: bool, start: int = 0, text_offset: int = 0) -> dict:
+        """OpenAI's logprobs object for tokens `start` to `n` of `sub`'s answer (log-softmax of the model's logits,
+        recorded by the engine as it sampled); a completion's text offsets count from `text_offset` (a stream
+        sends each chunk's tokens with the chunk, offsets into the whole answer)."""
         entries = sub.logprobs if sub.logprobs is not None else list(self.engine.logprobs_for.get(sub.request_id, []))
-        entries = entries[:n]
+        entries = entries[start:n]
 
         def piece(t):
             return self.token_bytes[t].decode("utf-8", errors="replace")
@@ -224,7 +226,7 @@ class Server:
             return {"content": [{"token": piece(t), "logprob": lp, "bytes": list(self.token_bytes[t]),
                                  "top_logprobs": [{"token": piece(a), "logprob": v, "bytes": list(self.token_bytes[a])}
                                                   for a, v in top]} for t, lp, top in entries]}
-        offsets, at = [], 0
+        offsets, at = [], text_offset
         for t, _, _ in entries:
             offsets.append(at)
             at += len(piece(t))
@@ -285,6 +287,15 @@ class Server:
         samples = self._samples(subs, opts)
         tasks = [asyncio.ensure_future(feed(k, s)) for k, s in enumerate(samples)]
         first, open_, tokens = set(range(len(samples))), len(samples), 0
+        sent = [0] * len(samples)  # per choice: tokens whose logprobs went out, and the text's length so far
+        chars = [len(opts["echo_text"][k // opts["n"]]) if opts["echo"] else 0 for k in range(len(samples))]
+
+        def logprobs_upto(k: int, n: int) -> dict | None:
+            if not opts["logprobs"] or n <= sent[k]:
+                return None
+            lp = self._logprobs(samples[k], n, chat, start=sent[k], text_offset=chars[k])
+            sent[k] = n
+            return lp
         try:
             for k in range(len(samples)) if opts["echo"] else ():  # the prompt first, in each choice's first chunk
                 first.discard(k)
@@ -300,7 +311,9 @@ class Server:
                 else:
                     text, finish = (item[1], None) if item[0] == "text" else (None, item[1])
                     tokens += item[2] if item[0] == "done" else 0
-                    choice = self._choice(chat, text, finish, True, k in first, index=k)
+                    lp = logprobs_upto(k, item[2])
+                    choice = self._choice(chat, text, finish, True, k in first, index=k, logprobs=lp)
+                    chars[k] += len(text or "")
                     first.discard(k)
                     yield f"data: {json.dumps(env | {'choices': [choice]})}\n\n"
             else:

@@ -241,8 +241,32 @@ def test_logprobs_are_log_softmax_of_the_models_logits(server, client):
     content = chat.choices[0].logprobs.content
     assert len(content) == chat.usage.completion_tokens and all(len(c.top_logprobs) == 3 for c in content)
     assert all(c.logprob <= 1e-6 and c.top_logprobs[0].logprob >= c.logprob - 1e-6 for c in content)
-    with pytest.raises(openai.BadRequestError):
-        client.completions.create(model=MODEL, prompt="hi", max_tokens=2, logprobs=1, stream=True)
+
+
+def test_streamed_logprobs_add_up_to_the_plain_answers(server, client):
+    """Each chunk carries the log-probabilities of the tokens that made its text; together they are the plain
+    answer's, token for token, text offsets into the whole text included (completions and chat, seeded)."""
+    ids = _ids(server)
+    plain = client.completions.create(model=MODEL, prompt=ids, max_tokens=12, temperature=0.8, seed=5, logprobs=2)
+    chunks = list(client.completions.create(model=MODEL, prompt=ids, max_tokens=12, temperature=0.8, seed=5,
+                                            logprobs=2, stream=True))
+    parts = [c.choices[0].logprobs for c in chunks if c.choices and c.choices[0].logprobs]
+    assert len(parts) > 1  # sent as the text goes, not once at the end
+    want = plain.choices[0].logprobs
+    assert [t for p in parts for t in p.tokens] == want.tokens
+    assert [o for p in parts for o in p.text_offset] == want.text_offset
+    assert [x for p in parts for x in p.token_logprobs] == pytest.approx(want.token_logprobs, abs=1e-5)
+    assert [d.keys() for p in parts for d in p.top_logprobs] == [d.keys() for d in want.top_logprobs]
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == plain.choices[0].text
+    messages = [{"role": "user", "content": "Name a colour."}]
+    plain = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0.8, seed=2,
+                                           logprobs=True, top_logprobs=2)
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0.8,
+                                                 seed=2, logprobs=True, top_logprobs=2, stream=True))
+    got = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    want = plain.choices[0].logprobs.content
+    assert [(e.token, e.bytes) for e in got] == [(e.token, e.bytes) for e in want]
+    assert [e.logprob for e in got] == pytest.approx([e.logprob for e in want], abs=1e-5)
 
 
 def test_a_list_of_prompts_gets_n_choices_each(server, client):

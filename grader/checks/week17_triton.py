@@ -85,7 +85,8 @@ def assert_kernel_route(obs: Observation, what: str, min_dot_flops: int = 0, max
         f"probabilities or running state kept in memory, or a store without its mask); store only the results")
     assert not k.get("outputs_not_stored", 0), (
         f"{what}: {k['outputs_not_stored']:,} elements of the result do not hold what your kernel stored there "
-        f"(the wrapper filled or overwrote them, or no program stored them): the kernel's tl.store writes the result")
+        f"(the wrapper filled, overwrote, copied or converted them, or no program stored them): the kernel's tl.store "
+        f"writes the result, in its final dtype, into the tensor the wrapper returns")
     done = obs.kernel_dot_flops()
     assert done >= min_dot_flops, (
         f"{what}: your kernels' tl.dot calls did {done:,} FLOPs, fewer than the {min_dot_flops:,} the product needs: "
