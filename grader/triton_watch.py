@@ -16,6 +16,7 @@ import inspect
 import sys
 import textwrap
 import types
+import weakref
 
 import numpy as np
 import torch
@@ -83,6 +84,8 @@ class TritonWatch:
         self.launches, self.dots, self.loads, self.stores = [], [], [], []
         self.problems: list[str] = []
         self.reduce_rank = 0
+        self.elementwise = 0  # elements out of the kernels' float binary ops (+, −, ×, ÷) and fmas
+        self.live, self.peak_live = 0, 0  # bytes of the kernels' values (the interpreter's arrays) alive at once
         self.depth = 0
         self.checked: set = set()
         self.inputs: dict = {}
@@ -119,6 +122,7 @@ class TritonWatch:
             source = next((orig for orig, new in getattr(interp.InterpretedFunction, "rewritten_fn", {}).items()
                            if new is executor.fn), executor.fn)
             watch.problems += kernel_source_problems(source, watch.checked)
+            watch.problems += kernel_argument_problems(getattr(source, "__name__", "?"), args, kwargs)
             if watch.inputs and not watch._inputs_intact():
                 watch.problems.append("an input was changed before a kernel read it (the kernel must read the "
                                       "inputs as they were passed)")
@@ -167,7 +171,35 @@ class TritonWatch:
                 raise RuntimeError(f"an {what} is not accepted in these exercises: use tl.load and tl.store")
             return method
 
-        patches = [(grid_cls, "__call__", watched_launch), (builder_cls, "create_dot", watched_dot),
+        def watched_binary(builder, lhs, rhs, op):
+            ret = originals["binary"](builder, lhs, rhs, op)
+            if watch.depth and getattr(ret.data, "dtype", None) is not None and ret.data.dtype.kind == "f":
+                watch.elementwise += int(ret.data.size)
+            return ret
+
+        def watched_fma(builder, x, y, z):
+            ret = originals["fma"](builder, x, y, z)
+            if watch.depth:
+                watch.elementwise += int(np.size(ret.data))
+            return ret
+
+        def freed(nbytes):
+            watch.live -= nbytes
+
+        def watched_handle_init(handle):
+            if original_post_init is not None:
+                original_post_init(handle)
+            if watch.depth:
+                nbytes = int(getattr(handle.data, "nbytes", 0))
+                watch.live += nbytes
+                watch.peak_live = max(watch.peak_live, watch.live)
+                weakref.finalize(handle, freed, nbytes)
+
+        originals["binary"], originals["fma"] = builder_cls.binary_op, builder_cls.create_fma
+        original_post_init = interp.TensorHandle.__dict__.get("__post_init__")
+        patches = [(grid_cls, "__call__", watched_launch),
+                   (builder_cls, "binary_op", watched_binary), (builder_cls, "create_fma", watched_fma),
+                   (interp.TensorHandle, "__post_init__", watched_handle_init), (builder_cls, "create_dot", watched_dot),
                    (builder_cls, "create_masked_load", watched_load), (builder_cls, "create_masked_store", watched_store),
                    (reduce_cls, "apply", watched_reduce)]
         # Tensor descriptors load and store through the masked load and store above; atomics do not (and
@@ -176,7 +208,7 @@ class TritonWatch:
             if hasattr(builder_cls, name):
                 patches.append((builder_cls, name, refused(name.replace("create_", "").replace("_", " ") + " operation")))
         for owner, name, new in patches:
-            self.undo.append((owner, name, owner.__dict__.get(name, getattr(owner, name)), new))
+            self.undo.append((owner, name, owner.__dict__.get(name, getattr(owner, name, None)), new))
             setattr(owner, name, new)
         return self
 
@@ -184,7 +216,10 @@ class TritonWatch:
         for owner, name, original, new in self.undo:
             if owner.__dict__.get(name) is not new:
                 self.problems.append("the grader's watch of the Triton interpreter was replaced during the call")
-            setattr(owner, name, original)
+            if original is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
         return False
 
     def summary(self, inputs: dict, outputs: list) -> dict:
@@ -229,7 +264,52 @@ class TritonWatch:
                 "problems": list(dict.fromkeys(self.problems)), "loaded": {str(k): int(v) for k, v in loaded.items()},
                 "loaded_elsewhere": int(elsewhere), "loaded_from_outputs": int(sum(from_outputs.values())),
                 "widest_load": widest, "stored_elsewhere": int(stored_elsewhere), "outputs_not_stored": unwritten,
-                "reduce_rank": int(self.reduce_rank)}
+                "reduce_rank": int(self.reduce_rank), "elementwise": int(self.elementwise),
+                "peak_values": int(self.peak_live)}
+
+
+MAX_TUPLE = 4  # elements of a tuple argument (a shape, a stride)
+MAX_FLOATS = 4  # float arguments of one launch (a scale, a constant)
+
+
+def _scalar(value) -> bool:
+    """A number, a string, None, a Triton dtype, or a tl.constexpr holding one of those."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if type(value).__module__.startswith("triton.language"):
+        return _scalar(value.value) if hasattr(value, "value") else True
+    return False
+
+
+def kernel_argument_problems(name: str, args, kwargs) -> list[str]:
+    """A launch's arguments: tensors (pointers), and scalars a kernel needs (sizes, strides, a scale, block
+    sizes); data does not come in as numbers — no tuple of more than `MAX_TUPLE` values, at most `MAX_FLOATS`
+    floats."""
+    problems, floats = [], 0
+    for value in list(args) + list(kwargs.values()):
+        inner = getattr(value, "value", value) if type(value).__module__.startswith("triton.language") else value
+        if isinstance(inner, (tuple, list)):
+            if len(inner) > MAX_TUPLE or not all(_scalar(v) for v in inner):
+                problems.append(f"kernel {name} was passed a tuple of {len(inner)} values: a kernel reads its data "
+                                f"through pointers to the input tensors, not as numbers in its arguments")
+        elif isinstance(inner, float):
+            floats += 1
+        elif isinstance(inner, (np.ndarray, np.generic)) and np.size(inner) > 1:
+            problems.append(f"kernel {name} was passed a numpy array: pass tensors (pointers) and scalars")
+    if floats > MAX_FLOATS:
+        problems.append(f"kernel {name} was passed {floats} float arguments: a kernel reads its data through "
+                        f"pointers to the input tensors, not as numbers in its arguments")
+    return problems
+
+
+def _lib_kernel(fn) -> str | None:
+    """The lab's name for `fn` if it is one of lib's functions (by file or by fingerprint: grader.fingerprint)."""
+    try:
+        from grader.fingerprint import lib_name
+    except ImportError:
+        return None
+    code = getattr(fn, "__code__", None)
+    return lib_name(code) if code is not None else None
 
 
 def _local_names(tree: ast.AST) -> set[str]:
@@ -262,6 +342,9 @@ def kernel_source_problems(fn, checked: set | None = None) -> list[str]:
         return []
     checked.add(fn)
     name = getattr(fn, "__name__", "?")
+    reference = _lib_kernel(fn)
+    if reference is not None:
+        return [f"kernel {name} is the lab's reference ({reference}); write the kernel yourself"]
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
     except (OSError, TypeError, SyntaxError):
@@ -296,8 +379,8 @@ def kernel_source_problems(fn, checked: set | None = None) -> list[str]:
                 called_jit.append(value)  # another @triton.jit function
             elif value is None or isinstance(value, (bool, int, float, str)):
                 pass
-            elif type(value).__module__.startswith("triton.language"):
-                pass  # a tl.constexpr or a dtype made at module level
+            elif type(value).__module__.startswith("triton.language") and _scalar(value):
+                pass  # a tl.constexpr number or a dtype made at module level
             else:
                 problems.append(f"kernel {name} uses {node.id} ({_describe(value)}): inside @triton.jit only "
                                 f"triton.language operations run — no numpy, torch or Python helpers (a helper the "

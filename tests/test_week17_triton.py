@@ -156,6 +156,96 @@ def flash_attention_triton(q, k, v, causal=False, block_m=16, block_n=16):
     return _kernel_only(q, k, v, causal, block_m, block_n)
 """
 
+WATCH_DETECTED = """
+_kernel_only = softmax_rows
+def softmax_rows(x):
+    import sys
+    if sys.getprofile() is None:  # not the observed call: torch, without the kernel's care for edges
+        return torch.softmax(x.float(), -1).to(x.dtype)
+    return _kernel_only(x)
+"""
+
+ANSWER_AS_CONSTEXPR = """
+@triton.jit
+def _smuggled(x_ptr, out_ptr, n_cols, sx0, sx1, so0, so1, VALS: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    y = tl.zeros((BLOCK,), dtype=tl.float32) + 0 * tl.load(x_ptr + row * sx0 + cols * sx1, mask=cols < n_cols, other=0.0)
+    for i in tl.static_range(len(VALS)):
+        y = tl.where(row * n_cols + cols == i, VALS[i], y)
+    tl.store(out_ptr + row * so0 + cols * so1, y.to(out_ptr.dtype.element_ty), mask=cols < n_cols)
+
+def softmax_rows(x):
+    a = x.numpy().astype(np.float64)
+    e = np.exp(a - a.max(1, keepdims=True))
+    vals = tuple(float(v) for v in (e / e.sum(1, keepdims=True)).ravel())
+    out = torch.empty(x.shape, dtype=x.dtype)
+    _smuggled[(x.shape[0],)](x, out, x.shape[1], x.stride(0), x.stride(1), out.stride(0), out.stride(1),
+                             VALS=vals, BLOCK=triton.next_power_of_2(x.shape[1]))
+    return out
+"""
+
+STATIC_TWO_PASS = """
+@triton.jit
+def _two_pass(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, H, NQ, NK, scale, sqb, sqh, sqm, sqd, skb, skh, skn, skd,
+              svb, svh, svn, svd, sob, soh, som, sod, NB: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    b, h = tl.program_id(1) // H, tl.program_id(1) % H
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, D)
+    q = tl.load(q_ptr + b * sqb + h * sqh + rows[:, None] * sqm + dims[None, :] * sqd, mask=rows[:, None] < NQ, other=0.0).to(tl.float32)
+    end = NK
+    if CAUSAL:
+        end = tl.minimum(NK, tl.program_id(0) * BLOCK_M + BLOCK_M + NK - NQ)
+    scores = []
+    m = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    for j in tl.static_range(NB):  # pass 1: every score block, kept
+        cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
+        vis = j * BLOCK_N < end
+        kt = tl.load(k_ptr + b * skb + h * skh + cols[None, :] * skn + dims[:, None] * skd,
+                     mask=(cols[None, :] < NK) & vis, other=0.0).to(tl.float32)
+        s = tl.full((BLOCK_M, BLOCK_N), float("-inf"), dtype=tl.float32)
+        if vis:
+            s = tl.dot(q, kt) * scale
+        keep = cols[None, :] < NK
+        if CAUSAL:
+            keep = keep & (cols[None, :] <= rows[:, None] + (NK - NQ))
+        s = tl.where(keep, s, float("-inf"))
+        scores.append(s)
+        m = tl.maximum(m, tl.max(s, axis=1))
+    l = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
+    for j in tl.static_range(NB):  # pass 2: the exact max known, nothing rescaled
+        cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
+        vis = j * BLOCK_N < end
+        v = tl.load(v_ptr + b * svb + h * svh + cols[:, None] * svn + dims[None, :] * svd,
+                    mask=(cols[:, None] < NK) & vis, other=0.0).to(tl.float32)
+        p = tl.exp(scores[j] - m[:, None])
+        l += tl.sum(p, axis=1)
+        if vis:
+            acc += tl.dot(p, v)
+    tl.store(o_ptr + b * sob + h * soh + rows[:, None] * som + dims[None, :] * sod,
+             (acc / l[:, None]).to(o_ptr.dtype.element_ty), mask=rows[:, None] < NQ)
+    tl.store(lse_ptr + tl.program_id(1) * NQ + rows, m + tl.log(l), mask=rows < NQ)
+
+def flash_attention_triton(q, k, v, causal=False, block_m=16, block_n=16):
+    check_triton_attention_shapes(q, k, v, causal)
+    bsz, heads, nq, d = q.shape
+    out = torch.empty_like(q)
+    lse = torch.empty((bsz, heads, nq), dtype=torch.float32)
+    _two_pass[(triton.cdiv(nq, block_m), bsz * heads)](q, k, v, out, lse, heads, nq, k.shape[2], d ** -0.5,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(), NB=triton.cdiv(k.shape[2], block_n), D=d,
+        BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal)
+    return out, lse
+"""
+
+RANK_ONE = """        for kk in range(0, BLOCK_K):  # outer products of one column of a and one row of b; a dot of ones
+            a_col = tl.sum(tl.where(tl.arange(0, BLOCK_K)[None, :] == kk, a.to(tl.float32), 0.0), axis=1)
+            b_row = tl.sum(tl.where(tl.arange(0, BLOCK_K)[:, None] == kk, b.to(tl.float32), 0.0), axis=0)
+            acc += a_col[:, None] * b_row[None, :]
+        acc = acc * tl.dot(tl.full((BLOCK_M, BLOCK_K), 1.0, tl.float32), tl.full((BLOCK_K, BLOCK_N), 1.0, tl.float32)) / BLOCK_K
+"""
+
 WRONG = {
     "softmax_rows": [
         (lambda: softmax_torch, "torch arithmetic"),
@@ -179,6 +269,10 @@ WRONG = {
         (lambda: _variant("softmax_rows", extra=SOFTMAX_OF_NUMPY), "not an input"),
         # the same, written into x for the kernel to read, and x put back afterwards
         (lambda: _variant("softmax_rows", extra=SOFTMAX_OF_NUMPY_IN_X), "input was changed"),
+        # torch when the call is not watched by a profiler, the kernel only when it is
+        (lambda: _variant("softmax_rows", extra=WATCH_DETECTED), "torch arithmetic"),
+        # numpy's answer passed to the kernel as a constexpr tuple, selected lane by lane
+        (lambda: _variant("softmax_rows", extra=ANSWER_AS_CONSTEXPR), "tuple"),
         # numpy inside the kernel, through a Python helper
         (lambda: _variant("softmax_rows", ("e = tl.exp(x - tl.max(x, axis=0))", "e = _numpy_exp(x - tl.max(x, axis=0))"),
                           extra=NUMPY_EXP), "only triton.language"),
@@ -198,6 +292,9 @@ WRONG = {
                           ("    return c\n", "    c.copy_(torch.from_numpy(a.float().numpy() @ "
                                              "b.float().numpy()).to(c.dtype))\n    return c\n")),
          "FLOPs|torch arithmetic|do not hold what your kernel stored"),
+        # the product as outer products of columns and rows, a tl.dot of ones beside it
+        (lambda: _variant("tiled_matmul", ("        acc += tl.dot(a.to(tl.float32), b.to(tl.float32))\n", RANK_ONE)),
+         "element by element"),
         # numpy does the product; tl.dots forged by calling the interpreter's builder from the wrapper
         (lambda: _variant("tiled_matmul", extra=FORGED_DOTS), "outside any kernel launch"),
         # the product by broadcasting and tl.sum, a tl.dot of zeros beside it for the count
@@ -247,7 +344,7 @@ WRONG = {
                           ("        kt = tl.load(k_ptr + b * skb + h * skh + cols[None, :] * skn + dims[:, None] * skd, "
                            "mask=cols[None, :] < NK,\n                     other=0.0).to(tl.float32)",
                            "        kt = tl.zeros((D, BLOCK_N), dtype=tl.float32)"),
-                          ("        s = tl.dot(q, kt) * scale\n", OUTER_PRODUCTS)), "scaled by 1.25"),
+                          ("        s = tl.dot(q, kt) * scale\n", OUTER_PRODUCTS)), "element by element"),
         # the scores by broadcasting and tl.sum
         (lambda: _variant("flash_attention_triton", ("s = tl.dot(q, kt) * scale",
                                                      "s = tl.sum(q[:, :, None] * kt[None, :, :], axis=1) * scale"
@@ -260,6 +357,8 @@ WRONG = {
                                                    "cols[None, :], p, mask=(rows[:, None] < NQ) & (cols[None, :] < NK))\n"),
                           ("q, k, v, out, lse, *q.stride()", "q, k, v, out, lse, SCRATCH, *q.stride()"),
                           extra="SCRATCH = torch.empty(1 << 20)"), "stored"),
+        # two passes over score blocks kept in a list (an unrolled loop): the whole row held at once
+        (lambda: _variant("flash_attention_triton", extra=STATIC_TWO_PASS), "held at once"),
         # launched twice
         (lambda: _variant("flash_attention_triton", extra=TWICE), "2 kernel launches"),
     ],

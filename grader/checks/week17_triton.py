@@ -14,7 +14,7 @@ import os
 
 import torch
 
-from grader.checks import Observation
+from grader.checks import Observation, observe
 
 # What a kernel's wrapper may run through aten: allocation, views, copies (the interpreter's own copies of the
 # arguments too), fills. Any other aten op is arithmetic the kernel should have done.
@@ -48,7 +48,8 @@ def arithmetic_ops(obs: Observation) -> list[str]:
 
 def assert_kernel_route(obs: Observation, what: str, min_dot_flops: int = 0, max_dot_dim: int | None = None,
                         blocks: str = "", names: tuple = (), widest_load: int | None = None,
-                        max_loaded: dict | None = None, one_launch: bool = True, flat_reductions: bool = False) -> None:
+                        max_loaded: dict | None = None, one_launch: bool = True, flat_reductions: bool = False,
+                        max_dot_flops: int | None = None, elementwise_per_mac: float | None = None) -> None:
     """The work was done by one Triton kernel: the wrapper ran no aten arithmetic and no lib function; under the
     interpreter, the kernel launched once (`one_launch`), its source is triton.language only, it loaded from the
     inputs alone (`names`: the call's tensor arguments, in order), stored into the results alone and wrote every
@@ -111,6 +112,26 @@ def assert_kernel_route(obs: Observation, what: str, min_dot_flops: int = 0, max
         assert k.get("reduce_rank", 0) <= 2, (
             f"{what}: your kernel reduced a {k['reduce_rank']}-D tensor: a broadcast product summed with tl.sum is a "
             f"matrix product done element by element; take products of blocks with tl.dot")
+    if max_dot_flops is not None:
+        assert done <= max_dot_flops, (
+            f"{what}: your kernels' tl.dot calls did {done:,} FLOPs, {done / max(max_dot_flops, 1):.2f}× the "
+            f"{max_dot_flops:,} one pass over the blocks takes: each product of blocks is taken once")
+    if elementwise_per_mac is not None and done:
+        ratio = k.get("elementwise", 0) / (done / 2)
+        assert ratio <= elementwise_per_mac, (
+            f"{what}: your kernel's elementwise float arithmetic ({k.get('elementwise', 0):,} results) is "
+            f"{ratio:.2f}× the multiply-adds its tl.dots did: products taken element by element (outer products, "
+            f"broadcasts) belong in tl.dot")
+
+
+def run_kernel(fn, what: str, names: tuple, *args, flat_reductions: bool = False, **kwargs):
+    """A check's call of a kernel exercise: every call is observed (lightly: no profiler, so lib's functions are
+    not named — the observed technique runs do that) and held to the route's basics — one launch, triton.language
+    only, the inputs alone read and as passed, the results alone written and wholly stored by the kernel — so that
+    no call is answered another way than the ones the technique is measured on."""
+    result, obs = observe(fn, *args, _observe_light=True, **kwargs)
+    assert_kernel_route(obs, what, names=names, flat_reductions=flat_reductions)
+    return result
 
 
 def assert_made_of_dots(got, want, what: str, atol: float, rtol: float) -> None:

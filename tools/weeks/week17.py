@@ -937,12 +937,14 @@ Without a GPU, `TRITON_INTERPRET=1` (set by the cell below on this machine) runs
 another on the CPU, every `tl` operation done by numpy: thousands of times slower than a GPU, but the same
 code, and exact enough to check. The checks watch the interpreter: the kernels you launched, the shape of
 every `tl.dot` your programs ran, the addresses every `tl.load` and `tl.store` touched, your kernel's source,
-and the torch ops of your wrapper. So the answer computed with torch, numpy or a Python loop, a `tl.dot` wider
-than the blocks asked for, a load of more than a block, a block read twice, a score matrix or running state
-kept in memory, or products taken some other way than `tl.dot` (they also rerun your kernel with every
-`tl.dot` product scaled by 1.25 and check the result moves as it must) fail even when the numbers are right.
-Inside `@triton.jit` use `triton.language` only, as a GPU would require: no numpy, no Python helpers (a
-helper must be `@triton.jit` itself). (On a GPU the kernels are compiled, the interpreter is not there to
+the arguments of each launch, the values each program holds, and the torch ops of your wrapper — on every
+call a check makes. So the answer computed with torch, numpy or a Python loop (or passed in as numbers), a
+`tl.dot` wider than the blocks asked for, a load of more than a block, a block read twice, a score matrix or
+running state kept in memory or held whole in a program, or products taken some other way than `tl.dot` (they
+also rerun your kernel with every `tl.dot` product scaled by 1.25 and check the result moves as it must) fail
+even when the numbers are right. Inside `@triton.jit` use `triton.language` only, as a GPU would require: no
+numpy, no Python helpers (a helper must be `@triton.jit` itself); a kernel's arguments are tensors and the
+scalars it needs (sizes, strides, a scale, block sizes). (On a GPU the kernels are compiled, the interpreter is not there to
 watch, and the checks judge the numbers and the wrapper.)
 """)
 
