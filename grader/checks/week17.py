@@ -507,7 +507,8 @@ def check_tiled_matmul(tiled_matmul) -> None:
                             names=("a", "b"), widest_load=16 * 32, flat_reductions=True, max_dot_flops=padded,
                             elementwise_per_mac=0.5, max_loaded={0: -(-n // 16) * m * k, 1: -(-m // 16) * k * n})
     if tri.interpreting():
-        scaled, _ = observe(tiled_matmul, a, b, block_m=16, block_n=16, block_k=32, _observe_dot_scale=1.25)
+        scaled, _ = observe(tiled_matmul, a, b, block_m=16, block_n=16, block_k=32, _observe_dot_scale=1.25,
+                            _observe_light=True)
         tri.assert_made_of_dots(scaled, 1.25 * (a.double() @ b.double()), what, 1e-4, 1e-4)
 
 
@@ -595,13 +596,13 @@ def check_flash_attention_triton(flash_attention_triton) -> None:
             f"{what}: the causal pass loaded {max(loads):.2f}× the keys and values of the non-causal one; blocks "
             f"above the diagonal are never loaded (21 of 36 blocks: 0.58× here)")
         scaled, _ = observe(flash_attention_triton, q, k, v, causal=False, block_m=16, block_n=16,
-                            _observe_dot_scale=1.25)
+                            _observe_dot_scale=1.25, _observe_light=True)
         want, want_lse = tri.float64_attention(1.25 * q.double(), k, v, False)  # QKᵀ scaled, then PV scaled
         tri.assert_made_of_dots(scaled, (1.25 * want, want_lse), what, 1e-5, 1e-4)
     peaks, held = {}, {}
     for n in (32, 128):
         q, k, v = _attention_inputs(1, 1, n, n, 16, offset=840 + n)
-        _, obs = observe(flash_attention_triton, q, k, v, causal=False, block_m=32, block_n=32)
+        _, obs = observe(flash_attention_triton, q, k, v, causal=False, block_m=32, block_n=32, _observe_light=True)
         peaks[n] = obs.peak_bytes - (q.numel() * 4 + n * 4)
         held[n] = obs.kernel.get("peak_values", 0)
     assert peaks[128] <= peaks[32] + 16 * 1024, (
