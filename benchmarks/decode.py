@@ -3,6 +3,7 @@
     python benchmarks/decode.py                      # decode (64 and 512 new tokens) and a 256-token prefill
     python benchmarks/decode.py --quick              # the same in seconds (8 new tokens, 32-token prefill): it runs
     python benchmarks/decode.py --compile            # also FastLlama under torch.compile (compile time printed)
+    python benchmarks/decode.py --batch 1 8          # batch-1 and batch-8 decode (tok/s summed over the batch)
     python benchmarks/decode.py --profile            # where one decode step's time goes, per op, lib vs fast
     python benchmarks/decode.py --matmul             # small-batch matmuls: F.linear vs oneDNN-packed weights,
                                                      # and the verify curve (m new tokens after a cache)
@@ -13,6 +14,8 @@ with the bandwidth measured here, in this run, by `lib.roofline.measure_bandwidt
 256 MiB fp32 matrix (the fastest read torch makes; a one-row F.linear, the operation decode performs, reads
 about half as fast on the lab's 2-core EPYC, and `--matmul` prints both). Every figure below is measured side by side in
 one run; a busy machine lowers all of them, so compare the ratios, not the absolute numbers, across runs.
+On a GPU the fast path replays each decode step as a CUDA graph (lib.fast, item 8); the same path without graphs
+(`graphs=False`) is timed beside it, and the first call's capture is timed on its own.
 Not a test: timing never decides pass or fail (tests/test_fast.py proves the fast path exact).
 """
 from __future__ import annotations
@@ -102,11 +105,49 @@ def matmul_sweep(model, repeats: int, rows: list[int] | None = None) -> None:
         print(f"  {name:28s}" + "".join(f"{s / secs[0]:8.2f}" for s in secs) + f"{secs[0] * 1e3:11.1f}")
 
 
+def decode_table(engines: dict, model, hf, tok, prompt, args, device, per_token: int, bw: float, roof: float) -> dict:
+    """Print and return {engine: [seconds per decode step, one per --new-tokens]} for `prompt` [B, T]."""
+    from lib.generate import generate
+    batch = prompt.shape[0]
+    check = min(64, max(args.new_tokens))
+    want = generate(model, prompt, check)
+    same = {name: torch.equal(generate(m, prompt, check), want) for name, m in engines.items() if m is not model}
+    print(f"\nfp32 batch-{batch} decode after a {prompt.shape[1]}-token prompt, median of {args.repeats} "
+          f"(weights read per step {per_token / 1e6:.1f} MB; bandwidth {bw / 1e9:.1f} GB/s measured by a "
+          f"streaming sum over 256 MiB; tok/s summed over the batch)")
+    print(f"greedy tokens identical to lib.model's ({check} tokens): "
+          + ", ".join(f"{name.split('(')[-1].rstrip(')')}: {ok}" for name, ok in same.items()))
+    print(f"  {'engine':40s}" + "".join(f"{f'{n} new tok/s':>16s}{'% roof':>8s}" for n in args.new_tokens))
+    rows = {}
+    for name, m in engines.items():
+        rows[name] = [time_decode(lambda k, m=m: (generate(m, prompt, k), sync(device)), n, args.repeats)
+                      for n in args.new_tokens]
+    if hf is not None:
+        @torch.no_grad()
+        def hf_step(k):
+            hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=k, min_new_tokens=k,
+                        do_sample=False, pad_token_id=tok.eos_token_id)
+            sync(device)
+        rows["transformers generate"] = [time_decode(hf_step, n, args.repeats) for n in args.new_tokens]
+    for name, secs in rows.items():  # a step decodes `batch` tokens and reads the weights once
+        print(f"  {name:40s}" + "".join(f"{batch / s:16.1f}{1 / s / roof:8.0%}" for s in secs))
+    print(f"  {'roofline (bandwidth / bytes per step)':40s}"
+          + "".join(f"{batch * roof:16.1f}{'100%':>8s}" for _ in args.new_tokens))
+    if hf is not None:
+        for name in engines:
+            ratios = ", ".join(f"{rows['transformers generate'][i] / rows[name][i]:.2f}x at {n}"
+                               for i, n in enumerate(args.new_tokens))
+            print(f"  {name} / transformers: {ratios}")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--new-tokens", type=int, nargs="+", default=[64, 512])
     parser.add_argument("--prefill", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batch", type=int, nargs="+", default=[1],
+                        help="decode batch sizes (the prompt repeated; tok/s summed over the batch)")
     parser.add_argument("--compile", action="store_true", help="also time FastLlama(compile=True)")
     parser.add_argument("--profile", action="store_true", help="per-op profile of a decode step, then exit")
     parser.add_argument("--matmul", action="store_true",
@@ -120,7 +161,7 @@ def main() -> None:
         args.new_tokens, args.prefill, args.repeats = [8], 32, 1
 
     from lib import paths
-    from lib.fast import FastLlama
+    from lib.fast import GRAPH_BUCKET, FastLlama
     from lib.generate import generate
     from lib.model import default_device, load_smollm2
     from lib.roofline import measure_bandwidth, weight_bytes_per_token
@@ -152,8 +193,17 @@ def main() -> None:
         from transformers import AutoModelForCausalLM
         hf = AutoModelForCausalLM.from_pretrained(str(paths.MODELS_DIR), gguf_file=paths.SMOLLM2_FILE).to(device).eval()
 
-    engines = {"lib.generate (lib.model)": model, f"lib.generate (lib.fast, {'packed' if fast.packed else 'F.linear'})": fast}
-    if fast.packed:  # the same fast path in the layout it did not choose: what the choice buys
+    fast_name = "CUDA graphs" if fast.graphs is not None else ("packed" if fast.packed else "F.linear")
+    engines = {"lib.generate (lib.model)": model, f"lib.generate (lib.fast, {fast_name})": fast}
+    if fast.graphs is not None:  # what the graphs buy: the same fast path, each kernel launched from Python
+        engines["lib.generate (lib.fast, eager)"] = FastLlama(model, graphs=False)
+        t0 = time.perf_counter()
+        generate(fast, prompt, 2)  # the first decode step on a new cache shape captures its graph
+        sync(device)
+        print(f"CUDA graph capture (with its warm-up) and a 1-token prefill: {(time.perf_counter() - t0) * 1e3:.0f} "
+              f"ms once per cache shape and window of {GRAPH_BUCKET} positions; "
+              f"{fast.graphs.captures} graph(s) captured")
+    elif fast.packed:  # the same fast path in the layout it did not choose: what the choice buys
         engines["lib.generate (lib.fast, F.linear)"] = FastLlama(model, packed=False)
     elif "measured" in fast.packing:
         engines["lib.generate (lib.fast, packed)"] = FastLlama(model, packed=True)
@@ -164,27 +214,9 @@ def main() -> None:
         engines["lib.generate (lib.fast, compiled)"] = compiled
         print(f"torch.compile of FastLlama: {time.perf_counter() - t0:.1f} s before the first token")
 
-    check = min(64, max(args.new_tokens))
-    same = torch.equal(generate(model, prompt, check), generate(fast, prompt, check))
-    print(f"\nfp32 batch-1 decode after a {prompt.shape[1]}-token prompt, median of {args.repeats} "
-          f"(weights read per token {per_token / 1e6:.1f} MB; bandwidth {bw / 1e9:.1f} GB/s measured by a "
-          f"streaming sum over 256 MiB)")
-    print(f"lib.fast greedy tokens identical to lib.model's ({check} tokens): {same}")
-    header = f"  {'engine':40s}" + "".join(f"{f'{n} new tok/s':>16s}{'% roof':>8s}" for n in args.new_tokens)
-    print(header)
-    rows = {}
-    for name, m in engines.items():
-        rows[name] = [time_decode(lambda k, m=m: (generate(m, prompt, k), sync(device)), n, args.repeats)
-                      for n in args.new_tokens]
-    if hf is not None:
-        @torch.no_grad()
-        def hf_step(k):
-            hf.generate(prompt, max_new_tokens=k, min_new_tokens=k, do_sample=False, pad_token_id=tok.eos_token_id)
-            sync(device)
-        rows["transformers generate"] = [time_decode(hf_step, n, args.repeats) for n in args.new_tokens]
-    for name, secs in rows.items():
-        print(f"  {name:40s}" + "".join(f"{1 / s:16.1f}{1 / s / roof:8.0%}" for s in secs))
-    if device.type == "cpu":  # the optional peer: pip install -e '.[llamacpp]' (builds llama.cpp, minutes)
+    for batch in args.batch:
+        decode_table(engines, model, hf, tok, prompt.repeat(batch, 1), args, device, per_token, bw, roof)
+    if device.type == "cpu" and args.batch == [1]:  # the optional peer: pip install -e '.[llamacpp]' (minutes)
         from quant import llama_cpp_model, llama_cpp_step  # benchmarks/quant.py
         llm = llama_cpp_model(str(paths.MODELS_DIR / paths.SMOLLM2_FILE))
         if llm is None:
@@ -193,12 +225,6 @@ def main() -> None:
             step = llama_cpp_step(llm, "The history of the printing press begins")
             cpp = [1 / time_decode(step, n, args.repeats) for n in args.new_tokens]
             print(f"  {'llama.cpp (Q4_1 weights, not fp32)':40s}" + "".join(f"{t:16.1f}{'':8s}" for t in cpp))
-    print(f"  {'roofline (bandwidth / bytes per token)':40s}" + "".join(f"{roof:16.1f}{'100%':>8s}" for _ in args.new_tokens))
-    if hf is not None:
-        for name in engines:
-            ratios = ", ".join(f"{rows['transformers generate'][i] / rows[name][i]:.2f}x at {n}"
-                               for i, n in enumerate(args.new_tokens))
-            print(f"  {name} / transformers: {ratios}")
 
     # Prefill: one forward over a long prompt (compute-bound: the matrix units matter here).
     ids = torch.randint(0, model.config.vocab_size, (1, args.prefill), generator=torch.Generator().manual_seed(0)).to(device)

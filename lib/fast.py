@@ -38,6 +38,18 @@ can follow — each one is a line below, and `benchmarks/decode.py --profile` sh
    does a model built while other work keeps the cores busy (timed under load, oneDNN's threads wait on the
    others: a loaded run once measured packed 9x slower than plain on a machine where it is 2x faster).
 
+8. **CUDA graphs for decode** (on a GPU; `graphs=None` turns them on where the model is on CUDA). A 135M model's
+   decode step is ~300 small kernels; launched one by one from Python, a GPU spends its time waiting for the CPU
+   (the issue measured 83 tok/s for this module on an H100, 2 % of its bandwidth roofline). A CUDA graph records
+   the step's kernels once and replays them with one launch. A graph replays fixed addresses and shapes, so the
+   replayed step is written for that: the new token and its position are read from small device buffers, the
+   new K and V are written at that position with `index_copy_` (no Python-side slicing by length), and the
+   query attends over a fixed window of the cache (the length rounded up to `GRAPH_BUCKET` positions) with the
+   positions after it masked to -inf (softmax gives them exactly 0). One graph per (cache, window): the cache's
+   buffers are recycled between caches of the same shape (`new_cache`), so `generate` captures once, not every
+   call. Prefill and multi-token verify steps run eagerly, as before. Greedy tokens are identical to
+   `lib.model`'s (tests/test_fast.py runs the replayed step's code on the CPU, uncaptured, against it).
+
 `pack_linears(model)` gives the readable `lib.model` item 7 alone, in place: its `nn.Linear`s multiply with packed
 weights, and the model's code (and a student's attention or cache plugged into it) is unchanged.
 
@@ -50,12 +62,13 @@ import json
 import math
 import os
 import time
+import weakref
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lib.kv_cache import KVCache
+from lib.kv_cache import KVCache, LayerKVCache
 from lib.masks import causal_mask
 from lib.roofline import best_time
 from lib.model import apply_rope
@@ -221,7 +234,8 @@ def choose_packing(weights: list[torch.Tensor], cache_file=None, repeats: int = 
 class FastLlama:
     """A fused, inference-only view of a `lib.model.LlamaModel` (the weights are copied once, concatenated)."""
 
-    def __init__(self, model, dtype: torch.dtype | None = None, compile: bool = False, packed: bool | None = None):
+    def __init__(self, model, dtype: torch.dtype | None = None, compile: bool = False, packed: bool | None = None,
+                 graphs: bool | None = None):
         cfg = model.config
         self.config = cfg
         self.dtype = dtype if dtype is not None else model.embed.weight.dtype
@@ -270,12 +284,23 @@ class FastLlama:
         self.cos, self.sin = emb.cos(), emb.sin()
         self._linear = packed_linear if packed else F.linear
         self._layer = torch.compile(self._layer_step, dynamic=True) if compile else self._layer_step
+        self._positions = torch.arange(cfg.max_seq_len, device=dev)  # the replayed step's mask reads it (item 8)
+        on_cuda = dev.type == "cuda"
+        if graphs and not on_cuda:
+            raise ValueError(f"graphs=True needs the model on a CUDA device; it is on {dev} (leave graphs unset: "
+                             f"CUDA graphs are used wherever the model is on CUDA)")
+        if graphs and compile:
+            raise ValueError("graphs=True cannot be combined with compile=True; use one or the other")
+        use = on_cuda and not compile if graphs is None else bool(graphs)
+        self.graphs = GraphedDecode(self, capture=True) if use else None
 
     @property
     def device(self) -> torch.device:
         return self.embed.device
 
     def new_cache(self, batch: int = 1, max_len: int | None = None) -> KVCache:
+        if self.graphs is not None:  # buffers the decode graphs were captured on, recycled (item 8)
+            return self.graphs.new_cache(batch, max_len)
         return KVCache.for_model(self.config, batch, max_len, dtype=self.dtype, device=self.device)
 
     def _rms(self, x, w):
@@ -297,7 +322,17 @@ class FastLlama:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(t, s, device=q.device),
                                               enable_gqa=True)
 
-    def _layer_step(self, x, lw, cos, sin, layer_cache, start: int):
+    def _attend_window(self, q, k, v, hide):
+        """The replayed decode step's attention (item 8): q [B, H, 1, d] over a fixed window of the cache
+        k, v [B, Hkv, W, d], the window's positions after the new one hidden (`hide` [W] bool)."""
+        b, h, _, d = q.shape
+        hkv = k.shape[1]
+        qg = q.reshape(b, hkv, h // hkv, d)
+        scores = (qg @ k.transpose(-1, -2)).float() * (1.0 / math.sqrt(d))  # [B, Hkv, g, W]
+        scores = scores.masked_fill(hide, float("-inf"))  # exp(-inf) = 0: the hidden positions add nothing
+        return (torch.softmax(scores, dim=-1).to(v.dtype) @ v).reshape(b, h, 1, d)
+
+    def _layer_step(self, x, lw, cos, sin, layer_cache, start: int, window=None):
         b, t, _ = x.shape
         h, hkv, d = self.n_heads, self.n_kv_heads, self.head_dim
         qkv = self._linear(self._rms(x, lw["attn_norm"]), lw["wqkv"])  # [B, T, (H + 2Hkv) d]
@@ -305,9 +340,15 @@ class FastLlama:
         q = apply_rope(q.view(b, t, h, d).transpose(1, 2), cos, sin)
         k = apply_rope(k.view(b, t, hkv, d).transpose(1, 2), cos, sin)
         v = v.view(b, t, hkv, d).transpose(1, 2)
-        if layer_cache is not None:
-            k, v = layer_cache.append(k, v)
-        attn = self._attend(q, k, v, start)
+        if window is not None:  # the replayed step: write at the position a device tensor holds, attend a window
+            k_buf, v_buf, pos, width, hide = window
+            k_buf.index_copy_(2, pos, k)
+            v_buf.index_copy_(2, pos, v)
+            attn = self._attend_window(q, k_buf[:, :, :width], v_buf[:, :, :width], hide)
+        else:
+            if layer_cache is not None:
+                k, v = layer_cache.append(k, v)
+            attn = self._attend(q, k, v, start)
         x = x + self._linear(attn.transpose(1, 2).reshape(b, t, h * d), lw["wo"])
         gate, up = self._linear(self._rms(x, lw["mlp_norm"]), lw["w_gate_up"]).chunk(2, dim=-1)
         return x + self._linear(F.silu(gate) * up, lw["w_down"])
@@ -326,9 +367,119 @@ class FastLlama:
             raise ValueError(f"sequence of {start + t} positions is longer than the model's "
                              f"max_seq_len={self.config.max_seq_len}")
         with torch.inference_mode():
+            if t == 1 and self.graphs is not None and self.graphs.owns(cache):
+                return self.graphs.step(input_ids, cache)
             cos, sin = self.cos[start:start + t], self.sin[start:start + t]
             x = self.embed[input_ids.to(self.device)]  # [B, T, D]
             for i, lw in enumerate(self.layers):
                 x = self._layer(x, lw, cos, sin, cache[i] if cache is not None else None, start)
             h = self._rms(x, self.norm)  # [B, T, D]
             return self._linear(h, self.lm_head).float(), h  # [B, T, vocab], [B, T, D]
+
+
+    def window_step(self, tok: torch.Tensor, pos: torch.Tensor, ks, vs, width: int):
+        """One decode step as a CUDA graph replays it (item 8): `tok` [B, 1] ids and `pos` [1] (the position they
+        take), both on the device; `ks`, `vs` each layer's K and V buffers [B, Hkv, max_len, d], written at `pos`;
+        attention over the first `width` positions. Returns (logits [B, 1, vocab] float32, hidden [B, 1, D])."""
+        x = self.embed[tok]  # [B, 1, D]
+        cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)  # [1, d]
+        hide = self._positions[:width] > pos  # [width]: the positions not written yet
+        for lw, k_buf, v_buf in zip(self.layers, ks, vs):
+            x = self._layer_step(x, lw, cos, sin, None, 0, window=(k_buf, v_buf, pos, width, hide))
+        h = self._rms(x, self.norm)
+        return self._linear(h, self.lm_head).float(), h
+
+
+GRAPH_BUCKET = 256  # the replayed step attends over the cache's length rounded up to this many positions
+
+
+class _Slot:
+    """One cache's K and V buffers and the decode graphs captured on them, one per attended window."""
+
+    def __init__(self, ks: list, vs: list):
+        self.ks, self.vs = ks, vs
+        self.graphs: dict = {}  # width -> (graph or None, tok, pos, logits, hidden)
+
+
+class GraphedDecode:
+    """FastLlama's one-token decode as CUDA graphs (item 8 of the module's docstring).
+
+    `new_cache` hands out `KVCache`s over recycled buffers (a cache's buffers go back to a free list when the
+    cache is garbage-collected, at most `spare` per shape), so a graph captured on them is replayed by every
+    later cache of that shape. `step` replays (capturing first if needed) and advances the cache's length.
+    With `capture=False` the same step runs eagerly: that is how the CPU tests check the replayed code."""
+
+    def __init__(self, fast: FastLlama, capture: bool = True, spare: int = 2):
+        self.fast, self.capture, self.spare = fast, capture, spare
+        self.free: dict = {}  # (batch, max_len) -> [_Slot]
+        self.captures = self.replays = 0
+        self._tag = object()  # marks the caches this decoder made
+
+    def new_cache(self, batch: int = 1, max_len: int | None = None) -> KVCache:
+        f = self.fast
+        max_len = f.config.max_seq_len if max_len is None else max_len
+        key = (batch, max_len)
+        if self.free.get(key):
+            slot = self.free[key].pop()
+            cache = KVCache([LayerKVCache.on_buffers(k, v) for k, v in zip(slot.ks, slot.vs)])
+        else:
+            cache = KVCache.for_model(f.config, batch, max_len, dtype=f.dtype, device=f.device)
+            slot = _Slot([layer.k for layer in cache.layers], [layer.v for layer in cache.layers])
+        cache.graph_slot, cache.graph_owner = slot, self._tag
+        weakref.finalize(cache, self._give_back, key, slot)
+        return cache
+
+    def _give_back(self, key, slot) -> None:
+        spare = self.free.setdefault(key, [])
+        if len(spare) < self.spare:
+            spare.append(slot)
+
+    def owns(self, cache) -> bool:
+        """Whether `cache` is one of ours, still on the buffers its graphs were captured on."""
+        slot = getattr(cache, "graph_slot", None)
+        return (slot is not None and getattr(cache, "graph_owner", None) is self._tag
+                and all(layer.k is k and layer.v is v for layer, k, v in zip(cache.layers, slot.ks, slot.vs)))
+
+    def step(self, input_ids: torch.Tensor, cache: KVCache):
+        f, slot, start = self.fast, cache.graph_slot, cache.length
+        b, max_len = slot.ks[0].shape[0], slot.ks[0].shape[2]
+        if input_ids.shape != (b, 1):
+            raise ValueError(f"a decode step on this cache takes input_ids [{b}, 1]; got {tuple(input_ids.shape)}")
+        if start + 1 > max_len:
+            raise ValueError(f"KV cache overflow: it holds {start} of {max_len} positions and 1 more was appended. "
+                             f"Allocate the cache with max_len >= prompt length + max_new_tokens")
+        width = min(max_len, -(-(start + 1) // GRAPH_BUCKET) * GRAPH_BUCKET)
+        entry = slot.graphs.get(width)
+        if entry is None:
+            tok = input_ids.to(f.device).clone()
+            pos = torch.full((1,), start, dtype=torch.long, device=f.device)
+            entry = self._capture(slot, tok, pos, width)
+            slot.graphs[width] = entry
+        else:
+            entry[1].copy_(input_ids)
+            entry[2].fill_(start)
+        graph, _, _, logits, hidden = entry
+        if graph is None:  # capture=False: run the replayed step's code eagerly
+            logits, hidden = f.window_step(entry[1], entry[2], slot.ks, slot.vs, width)
+        else:
+            graph.replay()
+            self.replays += 1
+        for layer in cache.layers:
+            layer.length = start + 1
+        return logits.clone(), hidden.clone()  # the graph's outputs are overwritten by its next replay
+
+    def _capture(self, slot: _Slot, tok, pos, width: int):
+        f = self.fast
+        if not self.capture:
+            return (None, tok, pos, None, None)
+        side = torch.cuda.Stream(device=f.device)  # warm-up off the main stream, as torch.cuda.graphs asks
+        side.wait_stream(torch.cuda.current_stream(f.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):  # writes this position's K and V: the same values the replay writes again
+                f.window_step(tok, pos, slot.ks, slot.vs, width)
+        torch.cuda.current_stream(f.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            logits, hidden = f.window_step(tok, pos, slot.ks, slot.vs, width)
+        self.captures += 1
+        return (graph, tok, pos, logits, hidden)

@@ -95,6 +95,17 @@ class LayerKVCache(_KVBuffers):
     def max_len(self) -> int:
         return self.k.shape[2]
 
+    @classmethod
+    def on_buffers(cls, k: torch.Tensor, v: torch.Tensor) -> "LayerKVCache":
+        """An empty layer cache over existing buffers `[batch, n_kv_heads, max_len, head_dim]` (their old contents
+        are never read: only positions below `length` are). `lib.fast` recycles a graph's buffers this way."""
+        if k.shape != v.shape or k.dim() != 4:
+            raise ValueError(f"K and V buffers must both be [batch, n_kv_heads, max_len, head_dim]; got "
+                             f"{tuple(k.shape)} and {tuple(v.shape)}")
+        layer = cls.__new__(cls)
+        layer.k, layer.v, layer.length = k, v, 0
+        return layer
+
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         t = self._check_new(k, v)
         end = self.length + t

@@ -101,3 +101,97 @@ def test_smollm2_logits_and_64_greedy_tokens(smollm2, packed):
     with torch.no_grad():
         torch.testing.assert_close(fast(ids), model(ids), atol=1e-4, rtol=1e-5)
     assert torch.equal(generate(fast, ids, 64), generate(model, ids, 64))
+
+
+# --- item 8: the decode step CUDA graphs replay -----------------------------------------------------------------
+# On the CPU the replayed step's code runs uncaptured (GraphedDecode(capture=False)): the same buffers, windows,
+# index_copy_ writes and masks a graph replays, checked against lib.model. On a GPU the tests below capture.
+
+def _windowed(model, bucket, monkeypatch, packed=False):
+    import lib.fast as fast_mod
+    monkeypatch.setattr(fast_mod, "GRAPH_BUCKET", bucket)
+    fast = FastLlama(model, packed=packed)
+    fast.graphs = fast_mod.GraphedDecode(fast, capture=False)
+    return fast
+
+
+@pytest.mark.parametrize("bucket", [1, 4, 256])
+@pytest.mark.parametrize("n_heads,n_kv_heads", [(4, 4), (4, 1), (6, 3)])
+def test_replayed_decode_step_is_the_model(n_heads, n_kv_heads, bucket, monkeypatch):
+    model = tiny_model(seed=7 + n_heads, n_heads=n_heads, n_kv_heads=n_kv_heads, d_model=48 if n_heads == 6 else 64)
+    fast = _windowed(model, bucket, monkeypatch)
+    ids = torch.randint(0, model.config.vocab_size, (2, 5), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        c_ref, c_fast = model.new_cache(2, 13), fast.new_cache(2, 13)
+        torch.testing.assert_close(fast(ids, cache=c_fast), model(ids, cache=c_ref), atol=1e-4, rtol=0)
+        x = ids[:, -1:]
+        for step in range(8):  # windows of 1, 4 or 256 positions, capped at the cache's 13
+            want, got = model(x, cache=c_ref), fast(x, cache=c_fast)
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+            assert c_fast.length == c_ref.length == 6 + step
+            x = want[:, -1].argmax(-1, keepdim=True)
+        c_ref.truncate(8), c_fast.truncate(8)  # a speculative rollback, then decode again over stale slots
+        torch.testing.assert_close(fast(x, cache=c_fast), model(x, cache=c_ref), atol=1e-4, rtol=0)
+    widths = set(c_fast.graph_slot.graphs)
+    assert widths == ({13} if bucket == 256 else {min(13, -(-n // bucket) * bucket) for n in range(6, 15)} - {14})
+    assert torch.equal(generate(fast, ids, 20), generate(model, ids, 20))
+
+
+def test_replayed_caches_recycle_their_buffers_and_never_share_them(monkeypatch):
+    model = tiny_model(seed=1, n_heads=4, n_kv_heads=2)
+    fast = _windowed(model, 4, monkeypatch)
+    a = fast.new_cache(1, 10)
+    b = fast.new_cache(1, 10)  # both alive: different buffers
+    assert a.graph_slot is not b.graph_slot and a[0].k.data_ptr() != b[0].k.data_ptr()
+    slot = a.graph_slot
+    del a
+    c = fast.new_cache(1, 10)  # a's buffers (and the graphs captured on them) come back, empty
+    assert c.graph_slot is slot and c.length == 0 and fast.graphs.owns(c)
+    c.layers[0] = type(c.layers[0])(1, 2, 10, model.config.head_dim)  # a layer swapped out: not replayed
+    assert not fast.graphs.owns(c)
+    assert fast.new_cache(1, 11).graph_slot is not slot  # another shape: other buffers
+    with torch.no_grad():  # the step's errors are the eager path's
+        full = fast.new_cache(1, 2)
+        fast(torch.tensor([[1, 2]]), cache=full)
+        with pytest.raises(ValueError, match="overflow"):
+            fast(torch.tensor([[3]]), cache=full)
+    with pytest.raises(ValueError, match="CUDA"):
+        FastLlama(model, graphs=True)
+    assert FastLlama(model).graphs is None  # on a CPU nothing is captured
+
+
+@pytest.mark.model
+def test_smollm2_replayed_decode_64_greedy_tokens(smollm2, monkeypatch):
+    model, tok = smollm2
+    fast = _windowed(model, 16, monkeypatch, packed=PACKED[-1])
+    ids = torch.tensor([tok.encode("The history of the printing press begins")])
+    assert torch.equal(generate(fast, ids, 64), generate(model, ids, 64))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("batch", [1, 3])
+def test_cuda_graph_decode_is_the_model(batch):
+    model = tiny_model(seed=2, n_heads=4, n_kv_heads=2).to("cuda")
+    fast = FastLlama(model)
+    assert fast.graphs is not None and fast.graphs.capture
+    ids = torch.randint(0, model.config.vocab_size, (batch, 7), device="cuda",
+                        generator=torch.Generator(device="cuda").manual_seed(0))
+    with torch.no_grad():
+        want, got = generate(model, ids, 40, return_logits=True), generate(fast, ids, 40, return_logits=True)
+    assert torch.equal(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1], atol=1e-4, rtol=1e-5)
+    captured = fast.graphs.captures
+    assert captured >= 1 and fast.graphs.replays >= 39 - captured
+    assert torch.equal(generate(fast, ids, 40), want[0])  # the recycled cache: replayed, not captured again
+    assert fast.graphs.captures == captured
+
+
+@pytest.mark.model
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_smollm2_cuda_graph_decode_64_greedy_tokens():
+    from lib.model import load_smollm2
+    model, tok = load_smollm2(device="cuda")
+    fast = FastLlama(model)
+    ids = torch.tensor([tok.encode("The history of the printing press begins")], device="cuda")
+    assert torch.equal(generate(fast, ids, 64), generate(model, ids, 64))
+    assert fast.graphs.captures >= 1
