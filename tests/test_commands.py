@@ -36,6 +36,7 @@ NOT_RUN = {
     r"pytest solutions/\d\d$": "make test runs it (pyproject's testpaths include solutions/)",
     r"(make (serve|bench-load)\b|(\.venv/bin/)?python benchmarks/load\.py)": "tests/test_server.py runs `make serve` "
                                                                          "and `make bench-load ARGS=--quick` as typed",
+    r"make setup TORCH_INDEX=": "a multi-GB CUDA download; tests/test_gpu_check.py checks its pip commands (make -n)",
 }
 SERVERS = r"make (lab|grade-ui)( ARGS=.*)?$"  # run by test_servers_answer_and_stop, on a free port
 # A documented command -> the command run for it here (quick modes); None: run as typed.
@@ -191,6 +192,16 @@ def test_make_help_and_setup(scratch, repo):
     run(scratch, repo, ".venv/bin/python -m lib.fetch")
     out = run(scratch, repo, "make lint")
     assert "All checks passed" in out, out
+
+
+def test_gpu_check_without_a_gpu(scratch, repo):
+    """`make gpu-check` where there is no CUDA device (CI never has one): it stops at once and says why."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device: `make gpu-check` would run the whole check")
+    out = run(scratch, repo, "make gpu-check", rc=2, timeout=120)
+    assert "gpu_check: no CUDA device visible to torch" in out and "== notebooks" not in out, out
 
 
 def test_the_model_snippet(scratch, repo):

@@ -21,9 +21,16 @@ def test_torch_pin_agrees_everywhere():
     pin = _torch_pin("\n".join(deps))
     assert _torch_pin((REPO / "Makefile").read_text()) == pin
     assert _torch_pin((REPO / "environment.yml").read_text()) == pin
+
+
+def test_installed_torch_is_the_pin():
+    """What `make setup` installs, CPU wheel or (TORCH_INDEX) CUDA build: fails where some other torch is in use,
+    e.g. a GPU machine's own install (tools/gpu_check.sh says so before it runs the tests)."""
     import torch
 
-    assert torch.__version__.split("+")[0] == pin
+    pin = _torch_pin("\n".join(PYPROJECT["project"]["dependencies"]))
+    assert torch.__version__.split("+")[0] == pin, (
+        f"torch {torch.__version__} is installed, the lab pins {pin}: `make setup` installs the pin")
 
 
 def test_environment_yml_installs_this_project_and_nothing_else():
