@@ -3,7 +3,8 @@
 A step is compute-bound when flops / (FLOP/s) exceeds bytes / (bytes/s), memory-bound otherwise; the
 roofline estimate is the larger of the two. Decode steps (one token) are memory-bound: every weight is
 read once per token. An uncached step (a T-token forward) becomes compute-bound as T grows.
-Used by week 16 (section 6) and by `benchmarks/decode.py`.
+Used by week 16 (section 6) and by `benchmarks/decode.py`; `sync` by every notebook that times work on the model's
+device.
 """
 from __future__ import annotations
 
@@ -40,6 +41,13 @@ def weight_bytes_per_token(model) -> int:
 def roofline_time(flops: float, bytes_moved: float, flops_per_s: float, bytes_per_s: float) -> float:
     """The roofline estimate of a kernel's time: compute and memory traffic overlap, the slower one wins."""
     return max(flops / flops_per_s, bytes_moved / bytes_per_s)
+
+
+def sync(device) -> None:
+    """Wait for the work queued on `device` before reading a clock: CUDA runs asynchronously, so a timer read
+    without it measures the launch, not the work (a CPU needs nothing). Call it at both ends of a timed span."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def best_time(fn, repeats: int) -> float:
