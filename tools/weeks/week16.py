@@ -73,9 +73,7 @@ dev = model.device  # every tensor a demo makes goes here: the notebook runs unc
 
 
 def sync():
-    """Wait for queued GPU work before reading a clock (CUDA runs asynchronously; a CPU needs nothing)."""
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
+    roofline.sync(dev)  # wait for queued GPU work before reading a clock (CUDA runs asynchronously; a CPU needs nothing)
 
 
 print(f"{sum(p.numel() for p in model.parameters()):,} parameters on {dev}, {torch.get_num_threads()} CPU threads")
@@ -210,7 +208,7 @@ print("top-left row:", causal_mask(5, 5)[:1].int().tolist(), "  right row:", cau
 
 def prefill_mask_attention(q, k, v, causal=True):
     # THE BUG: the first q_len rows of the [kv_len, kv_len] prefill mask (top-left aligned)
-    mask = causal_mask(k.shape[2], k.shape[2])[: q.shape[2]]  # [q_len, kv_len], top-left aligned
+    mask = causal_mask(k.shape[2], k.shape[2], device=q.device)[: q.shape[2]]  # [q_len, kv_len], top-left aligned
     return lab_attention(q, k, v, mask=mask)
 
 buggy = model.with_attention(prefill_mask_attention)  # shares SmolLM2's weights
@@ -245,7 +243,8 @@ Note that the cache stores *n_kv_heads*, not *n_heads*: for SmolLM2, 3 heads rat
 
 **Exercise 3.** Complete `LayerKVCache`: `length` (positions held), `max_len`, `nbytes` (bytes of the K and
 V buffers), and `append(k, v)`, which raises `CacheOverflowError` (imported at the top) on overflow and then
-leaves the cache unchanged.
+leaves the cache unchanged. Allocate the buffers with the `dtype` and on the `device` you are given: the model
+passes its own, and on a GPU a cache on the CPU cannot take the GPU's keys.
 """)
 
 nb.exercise("LayerKVCache", '''
@@ -368,7 +367,8 @@ two ends of the same code.
 **Exercise 4.** Write `gqa_attention(q, k, v, causal=True)` with q `[B, n_heads, q_len, d]` and k, v
 `[B, n_kv_heads, kv_len, d]`: softmax(q·kᵀ/√d, masked with *your* `causal_mask` when `causal`)·v, returning
 `[B, n_heads, q_len, d]`. `torch.repeat_interleave` over the head axis is the simplest way; reshaping q
-into `[B, n_kv_heads, group · q_len, d]` avoids copying K and V at all.
+into `[B, n_kv_heads, group · q_len, d]` avoids copying K and V at all. Build the mask on the inputs' device
+(`causal_mask(..., device=q.device)`): the model may be on a GPU.
 """)
 
 nb.exercise("gqa_attention", '''
@@ -792,7 +792,7 @@ than *W − 1* positions behind its query (`lib.masks.sliding_window_mask`, bott
 * `length`: how many positions were ever appended (the model takes the next RoPE position from it);
 * `append(k, v)` for `t ≥ 1` new positions: returns the positions still held (at most `window`, **oldest
   first**) followed by the new ones — the sliding-window mask hides any extra — and then keeps only the last
-  `window` positions.
+  `window` positions. Make any index tensor of slots on the buffers' device (`torch.arange(..., device=self.k.device)`).
 
 **Milestone:** decoding with it gives the logits of full attention under a sliding-window mask, and its
 memory stays constant as the sequence grows.

@@ -97,7 +97,8 @@ Standard attention, for one batch of heads:
 $$S = \frac{QK^\top}{\sqrt d} \in \mathbb{R}^{N_q\times N_k},\qquad P = \mathrm{softmax}(S)\ \text{(row-wise)},\qquad O = PV.$$
 
 Written the obvious way, `S` and `P` are both materialized: `[B, H, Nq, Nk]` each. Write it that way
-(start with `check_attention_shapes(q, k, v, causal)`, and use `causal_mask` from week 16 with `-inf`).
+(start with `check_attention_shapes(q, k, v, causal)`, and use `causal_mask` from week 16 with `-inf`, made on
+the inputs' device: `causal_mask(..., device=q.device)`).
 """)
 
 nb.exercise("naive_attention", '''
@@ -526,7 +527,8 @@ With `D_i = rowsum(dO_i ∘ O_i)` (Dao et al. Appendix B; FlashAttention-2 §3.1
 $$dV_j \mathrel{+}= P_{ij}^\top dO_i,\quad dP_{ij} = dO_i V_j^\top,\quad dS_{ij} = P_{ij}\circ(dP_{ij} - D_i),\quad
 dQ_i \mathrel{+}= \tfrac{1}{\sqrt d}\, dS_{ij} K_j,\quad dK_j \mathrel{+}= \tfrac{1}{\sqrt d}\, dS_{ij}^\top Q_i.$$
 
-Loop over blocks as in the forward pass, skip the blocks causal masking skips, and mask the rest the same way.
+Loop over blocks as in the forward pass, skip the blocks causal masking skips, and mask the rest the same way
+(every tensor you make, on `q.device`).
 """)
 
 nb.md("""
@@ -832,10 +834,26 @@ nb.md("""
 **Peak memory at N = 4096** (the milestone: tiled ≤ 1/10 of naive). Measured twice: by counting tensor
 allocations in this process, and — for the reference implementations in `lib.attention` and for SDPA — by the
 operating system's peak RSS of a fresh process (`io_model.peak_rss_delta`: it resets the kernel's
-high-water mark `VmHWM` just before the call).
+high-water mark `VmHWM` just before the call). RSS sees only the CPU's memory; where the model is on a GPU the cell
+also runs both on it and reads the CUDA allocator's peak (`torch.cuda.max_memory_allocated`, after
+`torch.cuda.reset_peak_memory_stats`) — `peak_bytes` picks the meter by the tensors' device.
 """)
 
 nb.code("""
+def peak_bytes(fn, *args):
+    \"\"\"Peak bytes allocated while fn(*args) runs, beyond what was allocated before it: on a GPU the CUDA
+    allocator's own high-water mark, on a CPU the tensor meter (the same quantity, counted per op).\"\"\"
+    if args[0].device.type == "cuda":
+        torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        fn(*args)
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - before
+    with TensorMemoryMeter() as meter:
+        fn(*args)
+    return meter.peak
+
+
 n = 4096
 q, k, v = torch.randn(3, 1, 8, n, 64).unbind(0)
 mem_impls = {"naive": lambda q, k, v: naive_attention(q, k, v, causal=True),
@@ -844,9 +862,7 @@ mem_impls = {"naive": lambda q, k, v: naive_attention(q, k, v, causal=True),
 peaks = {}
 with torch.no_grad():
     for name, fn in tqdm(list(mem_impls.items()), desc="peak memory at N=4096"):
-        with TensorMemoryMeter() as meter:
-            fn(q, k, v)
-        peaks[name] = meter.peak
+        peaks[name] = peak_bytes(fn, q, k, v)  # CPU tensors: the tensor meter
 rss = {name: io_model.peak_rss_delta(f, 1, 8, n, 64, causal=True) for name, f in
        tqdm([("naive", "naive_attention"), ("tiled", "flash_attention"), ("SDPA", "scaled_dot_product_attention")],
             desc="peak RSS, fresh processes")}
@@ -861,9 +877,7 @@ tiled_peak = {}
 with torch.no_grad():
     for m_n in tqdm(mem_ns[:-1], desc="tiled, peak memory"):
         qm, km, vm = torch.randn(3, 1, 8, m_n, 64).unbind(0)
-        with TensorMemoryMeter() as meter:
-            flash_attention_forward(qm, km, vm, causal=True, block_q=256, block_k=256)
-        tiled_peak[m_n] = meter.peak
+        tiled_peak[m_n] = peak_bytes(mem_impls["tiled"], qm, km, vm)
 tiled_peak[n] = peaks["tiled"]
 plt.figure(figsize=(5.5, 3.6))
 plt.loglog(mem_ns, [naive_peak[m_n] / 1e6 for m_n in mem_ns], "o-", label="naive (S and P materialized)")
@@ -874,6 +888,11 @@ plt.title("attention peak memory, B=1, H=8, d=64"); plt.legend(fontsize=8); plt.
 plt.show()
 print(f"naive / tiled peak memory: {ratio:.0f}× (tensors), {rss['naive'] / max(rss['tiled'], 1):.0f}× (RSS)")
 assert peaks["tiled"] <= peaks["naive"] / 10
+if model.device.type == "cuda":  # the same calls on the model's GPU, read from torch.cuda.max_memory_allocated
+    with torch.no_grad():
+        gpu_peaks = {name: peak_bytes(fn, *(t.to(model.device) for t in (q, k, v))) for name, fn in mem_impls.items()}
+    print(f"on {model.device} (CUDA allocator): " + ", ".join(f"{name} {b / 1e6:.1f} MB" for name, b in gpu_peaks.items())
+          + f"; naive / tiled {gpu_peaks['naive'] / gpu_peaks['tiled']:.0f}×")
 """)
 
 nb.md("""

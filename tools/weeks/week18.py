@@ -57,6 +57,7 @@ import matplotlib.pyplot as plt
 from tqdm.auto import tqdm
 
 from grader.checks import week18 as checks
+from lib import roofline
 from lib import speculative as lab  # the lab's reference, to compare against (not to call in your exercises)
 from lib.generate import generate as lib_generate
 from lib.model import shared_smollm2
@@ -66,7 +67,12 @@ FULL = False  # True: more repeats, positions and tokens (several minutes)
 torch.manual_seed(0)
 model, tok = shared_smollm2()  # SmolLM2-135M-Instruct, fp32; do not modify it
 cfg = model.config
-print(f"{torch.get_num_threads()} CPU threads, device {model.device}")
+dev = model.device  # every tensor a demo makes goes here: the notebook runs unchanged on a GPU
+print(f"{torch.get_num_threads()} CPU threads, device {dev}")
+
+
+def sync():
+    roofline.sync(dev)  # wait for queued GPU work before reading a clock (CUDA runs asynchronously; a CPU needs nothing)
 """)
 
 # --- 1 -------------------------------------------------------------------------------------------------------
@@ -76,7 +82,8 @@ nb.md(r"""
 Speculation trades draft work for fewer target calls. It only pays if the target scoring K + 1 tokens costs
 much less than K + 1 separate steps. Measure it: fill a cache with 128 tokens of *Hamlet*, then time one forward
 of m new tokens after it (rolling the cache back to 128 each time with `KVCache.truncate`, the rollback this
-week relies on), relative to m = 1.
+week relies on), relative to m = 1. (Every timer in this notebook calls `sync()` at both ends: on a GPU, work is
+queued and runs later, and a clock read without waiting for it measures the launch.)
 """)
 
 nb.code("""
@@ -89,8 +96,9 @@ cache = model.new_cache(max_len=CONTEXT + max(sizes))
 def forward_time(m):
     # seconds of one forward of m new tokens after the CONTEXT cached ones
     cache.truncate(CONTEXT)  # drop the positions of the previous try
-    t0 = time.perf_counter()
+    sync(); t0 = time.perf_counter()
     model(text_ids[:, CONTEXT:CONTEXT + m], cache=cache)
+    sync()
     return time.perf_counter() - t0
 
 with torch.no_grad():
@@ -568,8 +576,9 @@ def draft_cost(d):
         d(text_ids[:, :CONTEXT], cache=c)
         for _ in range(repeats):
             c.truncate(CONTEXT)
-            t0 = time.perf_counter()
+            sync(); t0 = time.perf_counter()
             d(text_ids[:, CONTEXT:CONTEXT + 1], cache=c)
+            sync()
             out.append((time.perf_counter() - t0) / forward_time(1))
     return float(torch.tensor(out).median())
 
@@ -589,7 +598,8 @@ with torch.no_grad():
     p_logits = model(text_ids[:, :N_ALPHA])[0]  # [N_ALPHA, vocab], read once for every draft
 base_ids, base_t = None, math.inf
 for _ in range(2):
-    t0 = time.perf_counter(); base_ids = lib_generate(model, chat_ids, N_SPEED); base_t = min(base_t, time.perf_counter() - t0)
+    sync(); t0 = time.perf_counter(); base_ids = lib_generate(model, chat_ids, N_SPEED); sync()
+    base_t = min(base_t, time.perf_counter() - t0)
 table = {}
 for name, (d, min_prob) in tqdm(candidates.items(), desc="drafts"):
     with torch.no_grad():
@@ -600,8 +610,9 @@ for name, (d, min_prob) in tqdm(candidates.items(), desc="drafts"):
     measured = {}
     for k in (K_MEASURE if name in MEASURE else []):
         st = lab.SpecStats()
-        t0 = time.perf_counter()
+        sync(); t0 = time.perf_counter()
         ids = lab.speculative_generate(model, d, chat_ids, N_SPEED, k=k, stats=st, min_draft_prob=min_prob)
+        sync()
         measured[k] = (base_t / (time.perf_counter() - t0), torch.equal(ids, base_ids), st.tokens_per_call)
     table[name] = dict(a0=a0, a1=a1, c=c, measured=measured)
 print(f"target greedy on the chat prompt: {N_SPEED / base_t:.1f} tok/s")
@@ -657,14 +668,15 @@ edit_ids = lab.chat_ids(tok, lab.EDIT_REQUEST, model.device)
 N_EDIT = 48
 edit_ref, edit_t = None, math.inf
 for _ in range(2):
-    t0 = time.perf_counter(); edit_ref = lib_generate(model, edit_ids, N_EDIT); edit_t = min(edit_t, time.perf_counter() - t0)
+    sync(); t0 = time.perf_counter(); edit_ref = lib_generate(model, edit_ids, N_EDIT); sync()
+    edit_t = min(edit_t, time.perf_counter() - t0)
 print(repr(tok.decode(edit_ref[0, edit_ids.shape[1]:])))
 lookup = lab.PromptLookupDraft(cfg.vocab_size, device=model.device)
 for k in tqdm([2, 8], desc="prompt lookup, edit request"):
     st = lab.SpecStats()
-    t0 = time.perf_counter()
+    sync(); t0 = time.perf_counter()
     ids = lab.speculative_generate(model, lookup, edit_ids, N_EDIT, k=k, stats=st, min_draft_prob=0.5)
-    dt = time.perf_counter() - t0
+    sync(); dt = time.perf_counter() - t0
     print(f"K={k}: {edit_t / dt:.2f}x the target's greedy ({N_EDIT / edit_t:.1f} tok/s), identical={torch.equal(ids, edit_ref)}, "
           f"acceptance {st.acceptance_rate:.2f}, tokens per target call {st.tokens_per_call:.2f}")
 """)
@@ -724,13 +736,13 @@ def lookup_decode(ids, n_new, k, min_ngram):
 
 quote_ids = tok(lab.QUOTE_TEXT, return_tensors="pt").input_ids.to(model.device)
 quote_ref = lib_generate(model, quote_ids, N_EDIT)
-t0 = time.perf_counter(); lib_generate(model, quote_ids, N_EDIT); quote_t = time.perf_counter() - t0
+sync(); t0 = time.perf_counter(); lib_generate(model, quote_ids, N_EDIT); sync(); quote_t = time.perf_counter() - t0
 lookup_runs = {}
 for wname, w_ids, ref_ids, base in [("edit", edit_ids, edit_ref, edit_t), ("quote", quote_ids, quote_ref, quote_t)]:
     for min_ngram in ((1, 2, 3) if FULL else (1, 3)):
-        t0 = time.perf_counter()
+        sync(); t0 = time.perf_counter()
         ids, calls, drafted, accepted = lookup_decode(w_ids, N_EDIT, 8, min_ngram)
-        dt = time.perf_counter() - t0
+        sync(); dt = time.perf_counter() - t0
         lookup_runs[wname, min_ngram] = (base / dt, N_EDIT / calls, accepted / max(drafted, 1))
         print(f"{wname:5s} min_ngram={min_ngram}: {base / dt:.2f}x, {N_EDIT / calls:.2f} tokens per target call, "
               f"{accepted}/{drafted} guesses kept, identical={torch.equal(ids, ref_ids)}")
@@ -894,13 +906,14 @@ predicts best, K = 2, tokens checked identical to the target's.
 nb.code("""
 for bname in fr_bases:
     best_n = max((n for n in SUBSETS if n < cfg.vocab_size), key=lambda n: fr[bname, n]["pred"])
-    t0 = time.perf_counter(); lib_generate(model, chat_ids, N_SPEED); t_base = time.perf_counter() - t0  # side by side
+    sync(); t0 = time.perf_counter(); lib_generate(model, chat_ids, N_SPEED); sync()  # side by side
+    t_base = time.perf_counter() - t0
     for n_keep in (cfg.vocab_size, best_n):
         r = fr[bname, n_keep]
         st = lab.SpecStats()
-        t0 = time.perf_counter()
+        sync(); t0 = time.perf_counter()
         ids = lab.speculative_generate(model, r["draft"], chat_ids, N_SPEED, k=2, stats=st)
-        r["measured"] = t_base / (time.perf_counter() - t0)
+        sync(); r["measured"] = t_base / (time.perf_counter() - t0)
         print(f"{bname:18s} N={n_keep:5d} K=2: measured {r['measured']:.2f}x (predicted from α on the chat answer "
               f"{lab.predicted_speedup(r['a0_chat'], 2, r['c'], curve):.2f}x), acceptance {st.acceptance_rate:.2f}, "
               f"identical to target greedy: {torch.equal(ids, base_ids)}")
@@ -987,9 +1000,10 @@ stats8 = {key: lab.SpecStats() for key in runs}
 same8 = {key: True for key in runs}
 lib_generate(fast, prompts8[0], 4)  # warm-up
 for ids in tqdm(prompts8, desc="chat prompts"):
-    t0 = time.perf_counter(); ref = lib_generate(fast, ids, N8); t_base += time.perf_counter() - t0
+    sync(); t0 = time.perf_counter(); ref = lib_generate(fast, ids, N8); sync(); t_base += time.perf_counter() - t0
     for (name, k), fn in runs.items():  # every run right after the baseline: ratios survive a busy machine
-        t0 = time.perf_counter(); out = fn(ids, k, stats8[name, k]); times8[name, k] += time.perf_counter() - t0
+        sync(); t0 = time.perf_counter(); out = fn(ids, k, stats8[name, k]); sync()
+        times8[name, k] += time.perf_counter() - t0
         same8[name, k] &= torch.equal(out, ref)
 print(f"target (FastLlama) greedy: {len(prompts8) * N8 / t_base:.1f} tok/s; load average {os.getloadavg()[0]:.1f}")
 print(f"{'draft':14s} {'K':>2s} {'α':>5s} {'c':>6s} {'tok/call':>8s} {'predicted':>9s} {'measured':>8s} identical")

@@ -67,7 +67,14 @@ FULL = False  # True: the seed's sizes (64 requests of 50/200 tokens, batch up t
 torch.manual_seed(0)
 model, tok = shared_smollm2()  # SmolLM2-135M-Instruct, fp32; do not modify it
 cfg = model.config
-print(f"{cfg.n_layers} layers, {cfg.n_kv_heads} KV heads of {cfg.head_dim}; {torch.get_num_threads()} CPU threads")
+dev = model.device  # every tensor a demo makes goes here: the notebook runs unchanged on a GPU
+print(f"{cfg.n_layers} layers, {cfg.n_kv_heads} KV heads of {cfg.head_dim}; {torch.get_num_threads()} CPU threads; "
+      f"model on {dev}")
+
+
+def sync():
+    rl.sync(dev)  # wait for queued GPU work before reading a clock (CUDA runs asynchronously; a CPU needs nothing)
+
 
 # Prompts for the whole notebook: lines of Hamlet, 6 to 20 tokens each.
 lines = [ln.strip() for ln in load_text("hamlet").splitlines() if len(ln.strip()) > 30]
@@ -130,10 +137,11 @@ def run_workload(policy, prompts, lengths, slots, **kwargs):
     engine = LLMEngine(model, num_blocks=512, max_num_seqs=slots, policy=policy, **kwargs)
     for p, n in zip(prompts, lengths):
         engine.add_request(p, n)
-    start = time.perf_counter()
+    sync(); start = time.perf_counter()
     with tqdm(total=sum(lengths), desc=policy, leave=False) as bar:
         while engine.has_unfinished():
             bar.update(len(engine.step()))
+    sync()
     return engine, time.perf_counter() - start
 
 
@@ -437,15 +445,16 @@ g = torch.Generator().manual_seed(1)
 for bs in (1, 16):
     lens = [1, 37, 300, 129, 16]
     need = [blocks_needed(n, bs) for n in lens]
-    k_pool = torch.randn(sum(need) + 4, cfg.n_kv_heads, bs, cfg.head_dim, generator=g)
+    # drawn on the CPU (the seeded generator lives there), then put where a server's pool lives: the model's device
+    k_pool = torch.randn(sum(need) + 4, cfg.n_kv_heads, bs, cfg.head_dim, generator=g).to(dev)
     v_pool = torch.randn_like(k_pool)
     perm = torch.randperm(k_pool.shape[0], generator=g).tolist()
     tables = [perm[sum(need[:i]):sum(need[:i + 1])] for i in range(len(lens))]
-    q = torch.randn(len(lens), cfg.n_heads, cfg.head_dim, generator=g)
-    out = paged_attention(q, k_pool, v_pool, ref.block_table_tensor(tables), torch.tensor(lens))
+    q = torch.randn(len(lens), cfg.n_heads, cfg.head_dim, generator=g).to(dev)
+    out = paged_attention(q, k_pool, v_pool, ref.block_table_tensor(tables, dev), torch.tensor(lens, device=dev))
     err = 0.0
     for i, n in enumerate(lens):
-        slots = slot_mapping(tables[i], 0, n, bs)
+        slots = slot_mapping(tables[i], 0, n, bs).to(dev)
         k = k_pool.permute(0, 2, 1, 3).reshape(-1, cfg.n_kv_heads, cfg.head_dim)[slots].transpose(0, 1)[None]
         v = v_pool.permute(0, 2, 1, 3).reshape(-1, cfg.n_kv_heads, cfg.head_dim)[slots].transpose(0, 1)[None]
         err = max(err, (gqa_attention(q[i][None, :, None], k, v)[0, :, 0] - out[i]).abs().max().item())
@@ -497,16 +506,17 @@ def decode_rate(batch, steps=STEPS):
     for p in PROMPTS[:batch]:
         eng.add_request(p, steps + 1)
     eng.step()  # the prefill of every request
-    start = time.perf_counter()
+    sync(); start = time.perf_counter()
     for _ in range(steps):
         eng.step()
-    seconds = time.perf_counter() - start
+    sync(); seconds = time.perf_counter() - start
     return batch * steps / seconds, seconds / steps
 
 
 rates = {b: decode_rate(b) for b in tqdm(BATCHES, desc="batch sizes")}
 weight_bytes = rl.weight_bytes_per_token(model)  # every matmul weight once, the tied embedding as the LM head
-bandwidth = rl.measure_bandwidth(128, repeats=3)  # a streaming read of 128 MiB: the memory's ceiling, measured now
+bandwidth = rl.measure_bandwidth(128, repeats=3, device=dev)  # a streaming read of 128 MiB on the model's device: the
+# memory's ceiling, measured now
 roofline = weight_bytes / bandwidth  # s per step to read every weight once
 print(f"roofline: {weight_bytes / 1e6:.0f} MB of weights at {bandwidth / 1e9:.1f} GB/s (streaming, measured now) = "
       f"{roofline * 1e3:.1f} ms per step, any batch; load average {os.getloadavg()[0]:.1f}")
@@ -876,9 +886,9 @@ ran = {}
 for mode in ("recompute", "swap"):
     eng = LLMEngine(model, num_blocks=4, block_size=8, max_num_seqs=8, max_num_batched_tokens=32, scheduler=schedule,
                     preemption_mode=mode)
-    start = time.perf_counter()
+    sync(); start = time.perf_counter()
     assert eng.generate(prompts, NEW) == alone
-    ran[mode] = (eng, time.perf_counter() - start)
+    sync(); ran[mode] = (eng, time.perf_counter() - start)
     prefill = sum(s["num_prefill_tokens"] for s in eng.step_stats)
     print(f"{mode:>9}: {eng.num_preemptions} preemptions, {len(eng.trace)} steps, {prefill} prefill tokens "
           f"({eng.recomputed_tokens} of them recomputed), {eng.swap_bytes / 1e6:.2f} MB swapped in "

@@ -58,7 +58,8 @@ FULL = False  # True: perplexity on 4,335 tokens instead of 1,020, every tensor 
 
 model, tok = shared_smollm2()  # SmolLM2-135M-Instruct, fp32, dequantized from the Q4_1 GGUF file; do not modify it
 cfg = model.config
-print(f"{sum(p.numel() for p in model.parameters()):,} parameters, {torch.get_num_threads()} CPU threads")
+dev = model.device  # CUDA when there is one; numpy (the quantizers of sections 2-4 and 11) needs .cpu() first
+print(f"{sum(p.numel() for p in model.parameters()):,} parameters on {dev}, {torch.get_num_threads()} CPU threads")
 """)
 
 # --- 1 ---------------------------------------------------------------------------------------------------
@@ -82,9 +83,10 @@ is not the ceiling.
 
 nb.code(r"""
 n_weights = roofline.matmul_params(model)  # the linears of 30 blocks + the tied LM head: read once per token
-bandwidth = roofline.measure_bandwidth(mib=256 if FULL else 128, repeats=3)  # how="stream": the ceiling
-matvec = roofline.measure_bandwidth(mib=256 if FULL else 128, repeats=3, how="matvec")  # week 16's probe
-print(f"measured bandwidth: {bandwidth / 1e9:.1f} GB/s streaming (a one-row F.linear over the same bytes: "
+# on the model's device (the memory its decode steps read): how="stream" is the ceiling, "matvec" week 16's probe
+bandwidth = roofline.measure_bandwidth(mib=256 if FULL else 128, repeats=3, device=dev)
+matvec = roofline.measure_bandwidth(mib=256 if FULL else 128, repeats=3, device=dev, how="matvec")
+print(f"measured bandwidth on {dev}: {bandwidth / 1e9:.1f} GB/s streaming (a one-row F.linear over the same bytes: "
       f"{matvec / 1e9:.1f} GB/s); {n_weights:,} weights read per token")
 print(f"13B parameters in FP16: {13e9 * 16 / 8 / 1e9:.0f} GB; in a 4.5-bit format: {13e9 * 4.5 / 8 / 1e9:.1f} GB")
 formats = {"F32": 32.0, "F16": 16.0, "Q8_0": 8.5, "Q4_1": 5.0, "Q4_0 / Q4_K": 4.5}
@@ -256,8 +258,8 @@ ties[:, ::32] = 127.0  # d = 127 / 127 = 1, so x * id = x: every other value is 
 tests = {
     "random normal": rng.standard_normal((64, 1024)).astype(np.float32),
     "heavy-tailed": (0.02 * rng.standard_normal((64, 1024)) * np.exp(1.5 * rng.standard_normal((64, 1024)))).astype(np.float32),
-    "SmolLM2 blk.7 ffn_up": model.layers[7].mlp.up_proj.weight.detach().numpy(),
-    "SmolLM2 token_embd (4096 rows)": model.embed.weight.detach()[:4096].numpy(),
+    "SmolLM2 blk.7 ffn_up": model.layers[7].mlp.up_proj.weight.detach().cpu().numpy(),
+    "SmolLM2 token_embd (4096 rows)": model.embed.weight.detach()[:4096].cpu().numpy(),
     "ties": ties,
 }
 for name, x in tests.items():
@@ -459,7 +461,7 @@ decoded Q4_1, which Q4_1 reproduces exactly: section 3). "min/max" is `ref.quant
 
 nb.code(r"""
 g = np.random.default_rng(1)
-down = model.layers[5].mlp.down_proj.weight.detach().numpy()
+down = model.layers[5].mlp.down_proj.weight.detach().cpu().numpy()
 tensors = {
     "Gaussian [64, 1024]": g.standard_normal((64, 1024)).astype(np.float32),
     "Student-t(3) [64, 1024]": g.standard_t(3, (64, 1024)).astype(np.float32),
@@ -623,7 +625,7 @@ nb.code(r"""
 for qtype in ["Q5_0", "Q5_1"]:
     slopes = []
     for layer in [0, 15, 29]:
-        w = model.layers[layer].mlp.down_proj.weight.detach().numpy()
+        w = model.layers[layer].mlp.down_proj.weight.detach().cpu().numpy()
         err = ref.dequantize(ref.quantize(w, qtype), qtype) - w
         slopes.append(float((err * w).sum() / (w * w).sum()))
     print(f"{qtype}: error-on-weight slope (ffn_down of layers 0, 15, 29): " + ", ".join(f"{v:+.4f}" for v in slopes))
@@ -1140,7 +1142,7 @@ with torch.no_grad():
 fig, axes = plt.subplots(1, 2, figsize=(12, 3))
 for ax, name in zip(axes, ["layers.11.attn.q_proj.weight", "layers.11.mlp.down_proj.weight"]):
     m = act_max[name]
-    ax.semilogy(m.numpy(), lw=0.7)
+    ax.semilogy(m.cpu().numpy(), lw=0.7)
     ax.set_title(f"{name.rsplit('.', 1)[0]}: max/median = {float(m.max() / m.median()):.0f}", fontsize=9)
     ax.set_xlabel("input channel")
 axes[0].set_ylabel("max |x|")
@@ -1180,28 +1182,34 @@ exactly that (`lib/quant_linear.py`): int8 per output channel (`aten._weight_int
 groups with a scale and a zero (`aten._weight_int4pack_mm_for_cpu`), both with bfloat16 activations.
 int4 with groups of 32 and a min/max grid is **Q4_1's grid** — so on our weights (section 3) it loses
 nothing but the bfloat16 rounding of scales and activations. The LM head (the tied embedding, stored as
-Q8_0) goes to int8 in that variant.
+Q8_0) goes to int8 in that variant. These are CPU kernels, and so are `lib.qmatmul`'s below: on a machine with a
+GPU this section runs on a CPU copy of the model (`qmodel`) and measures the CPU's bandwidth for its rooflines.
 """)
 
 nb.code(r"""
 from lib.generate import generate
 from lib.quant_linear import quantize_linears
 
-paths_ = {"F32": (model, 32.0),
-          "int8": (quantize_linears(model, "int8"), 8.0),
-          "int4 g32 (int8 head)": (quantize_linears(model, "int4", 32, lm_head="int8"), None)}
+# torch's int8/int4 kernels are CPU kernels (quantize_linears refuses a model on a GPU): this section runs on the CPU
+qmodel = model if dev.type == "cpu" else shared_smollm2("cpu")[0]
+cpu_bandwidth = bandwidth if dev.type == "cpu" else roofline.measure_bandwidth(mib=256 if FULL else 128, repeats=3)
+paths_ = {"F32": (qmodel, 32.0),
+          "int8": (quantize_linears(qmodel, "int8"), 8.0),
+          "int4 g32 (int8 head)": (quantize_linears(qmodel, "int4", 32, lm_head="int8"), None)}
 head = model.embed.weight.numel()
 paths_["int4 g32 (int8 head)"] = (paths_["int4 g32 (int8 head)"][0], ((n_weights - head) * 5.0 + head * 8.0) / n_weights)
-prompt = tok("The history of the printing press begins", return_tensors="pt").input_ids
+prompt = tok("The history of the printing press begins", return_tensors="pt").input_ids  # generate moves it
 N_NEW = 32 if FULL else 16
 with torch.no_grad():
-    reference_ids = generate(model, prompt, N_NEW)
+    reference_ids = generate(qmodel, prompt, N_NEW)
     rows = []
     for name, (m, bpw) in paths_.items():
         generate(m, prompt, 2)  # warm up
-        t0 = time.perf_counter(); ids = generate(m, prompt, N_NEW); dt = time.perf_counter() - t0
+        roofline.sync(m.device); t0 = time.perf_counter()
+        ids = generate(m, prompt, N_NEW)
+        roofline.sync(m.device); dt = time.perf_counter() - t0
         same = int((ids[0, prompt.shape[1]:] == reference_ids[0, prompt.shape[1]:]).int().cumprod(0).sum())
-        rows.append((name, N_NEW / dt, bandwidth / (n_weights * bpw / 8), same, ppl(m)))
+        rows.append((name, N_NEW / dt, cpu_bandwidth / (n_weights * bpw / 8), same, ppl(m)))
 print(f"{'path':>22} {'tok/s':>7} {'vs F32':>7} {'roofline':>9} {'tokens = F32':>13} {'PPL':>7}")
 for name, tok_s, roof, same, p in rows:
     print(f"{name:>22} {tok_s:>7.1f} {tok_s / rows[0][1]:>6.2f}x {roof:>9.0f} {same:>9}/{N_NEW} {p:>7.2f}")
@@ -1255,7 +1263,7 @@ print(f"{qtype}, {w_blocks.shape[0]} rows of {w_blocks.shape[1]} bytes; backend:
 print(f"row 0 · x, block by block (block_dot_q4_1): {by_block:.6f}")
 print(f"row 0 · x, float64 reference (row_dot_reference): {qmatmul.row_dot_reference(x.numpy(), row, qtype):.6f}")
 print(f"row 0 · x, the kernel (qmatmul): {qmatmul.qmatmul(x[None], w_blocks, qtype)[0, 0].item():.6f}")
-print(f"row 0 · x, the F32 model's weight: {(model.layers[0].mlp.gate_proj.weight[0] @ x).item():.6f}")
+print(f"row 0 · x, the F32 model's weight: {(model.layers[0].mlp.gate_proj.weight[0] @ x.to(dev)).item():.6f}")
 """)
 
 nb.md(r"""
@@ -1274,20 +1282,20 @@ from lib.fast import FastLlama
 
 
 def model_of_blocks(blocks):  # the float32 model whose weights are exactly these blocks' values
-    other = copy.deepcopy(model)
+    other = copy.deepcopy(qmodel)
     with torch.no_grad():
         for name, (t, b) in blocks.items():
             other.get_parameter(name).copy_(qmatmul.dequantize_blocks(b, t))
     return other
 
 
-q8_blocks = quantize_blocks(model, "Q8_0")
+q8_blocks = quantize_blocks(qmodel, "Q8_0")
 head_bytes = gguf_blocks["embed.weight"][1].numel()  # the tied LM head stays Q8_0 in every GGUF path
-decoders = {  # name: (decoder, bytes of weights read per token)
-    "F32 (lib.fast)": (FastLlama(model), n_weights * 4),
-    "int4 g32 (torch)": (quantize_linears(model, "int4", 32), n_weights * 5 / 8),
+decoders = {  # name: (decoder, bytes of weights read per token); on the CPU, like the kernels they compare
+    "F32 (lib.fast)": (FastLlama(qmodel), n_weights * 4),
+    "int4 g32 (torch)": (quantize_linears(qmodel, "int4", 32), n_weights * 5 / 8),
     "Q8_0 blocks": (GGUFFastLlama(model_of_blocks(q8_blocks), q8_blocks), sum(b.numel() for _, b in q8_blocks.values())),
-    "Q4_1 blocks (the file)": (GGUFFastLlama(model, gguf_blocks), sum(b.numel() for _, b in gguf_blocks.values())),
+    "Q4_1 blocks (the file)": (GGUFFastLlama(qmodel, gguf_blocks), sum(b.numel() for _, b in gguf_blocks.values())),
 }
 N_STEPS, REPEATS = (32, 5) if FULL else (16, 3)
 best = {name: float("inf") for name in decoders}
@@ -1297,15 +1305,16 @@ with torch.no_grad():
     for _ in tqdm(range(REPEATS * len(decoders)), desc="decode timing"):
         name = list(decoders)[_ % len(decoders)]  # the paths take turns
         m = decoders[name][0]
-        t0 = time.perf_counter(); generate(m, prompt, 1); t1 = time.perf_counter()
-        generate(m, prompt, 1 + N_STEPS); t2 = time.perf_counter()
+        roofline.sync(m.device); t0 = time.perf_counter()
+        generate(m, prompt, 1); roofline.sync(m.device); t1 = time.perf_counter()
+        generate(m, prompt, 1 + N_STEPS); roofline.sync(m.device); t2 = time.perf_counter()
         best[name] = min(best[name], ((t2 - t1) - (t1 - t0)) / N_STEPS)
     same = torch.equal(generate(decoders["Q4_1 blocks (the file)"][0], prompt, N_NEW), reference_ids)
 print(f"greedy tokens of the Q4_1 blocks equal to the F32 model's ({N_NEW} tokens): {same}")
 print(f"{'format':>24} {'MB/token':>9} {'roofline tok/s':>15} {'measured tok/s':>15} {'share':>6}")
 speed = {}
 for name, (m, nbytes) in decoders.items():
-    speed[name] = (bandwidth / nbytes, 1 / best[name])
+    speed[name] = (cpu_bandwidth / nbytes, 1 / best[name])
     print(f"{name:>24} {nbytes / 1e6:>9.1f} {speed[name][0]:>15.0f} {speed[name][1]:>15.1f} "
           f"{speed[name][1] / speed[name][0]:>6.0%}")
 
@@ -1315,7 +1324,7 @@ ax.bar(pos - 0.2, [r for r, _ in speed.values()], 0.4, label="roofline (bandwidt
 ax.bar(pos + 0.2, [t for _, t in speed.values()], 0.4, label="measured decode", color="C0")
 ax.set_xticks(pos, list(speed), fontsize=8)
 ax.set_ylabel("tokens / s")
-ax.set_title(f"SmolLM2-135M decode, batch 1, {torch.get_num_threads()} threads, {bandwidth / 1e9:.0f} GB/s")
+ax.set_title(f"SmolLM2-135M decode on the CPU, batch 1, {torch.get_num_threads()} threads, {cpu_bandwidth / 1e9:.0f} GB/s")
 ax.legend(fontsize=8)
 plt.show()
 """)
@@ -1431,7 +1440,7 @@ import tempfile
 from pathlib import Path
 
 mine = {"blk.5.ffn_down.weight": (quantize_q4_k(down), "Q4_K", down.shape),
-        "token_embd.weight": (quantize_q8_0(model.embed.weight.detach()[:64].numpy()), "Q8_0", (64, cfg.d_model))}
+        "token_embd.weight": (quantize_q8_0(model.embed.weight.detach()[:64].cpu().numpy()), "Q8_0", (64, cfg.d_model))}
 with tempfile.TemporaryDirectory() as tmp:
     file = Path(tmp) / "mine.gguf"
     file.write_bytes(gguf_bytes(mine, alignment=64))

@@ -475,6 +475,8 @@ print(f"{'configuration':>20} {'ok':>3} {'tok/s':>6} {'TTFT p50':>9} {'p95':>6} 
 for name, r in rows.items():
     print(f"{name:>20} {r['ok']:>3} {r['throughput']:>6.1f} {r['ttft50']:>8.2f}s {r['ttft95']:>5.2f}s "
           f"{1e3 * r['tpot50']:>7.0f}ms {1e3 * r['tpot95']:>5.0f}ms {100 * (r['kv'] or 0):>6.1f}% {100 * r['hit']:>10.0f}%")
+if model.device.type != "cpu":  # lib.fast.pack_linears is a no-op there
+    print(f"(packed weights are a CPU layout: on {model.device} the last row runs the same fp32 model as the row above it)")
 """)
 
 nb.code("""
