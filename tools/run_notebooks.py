@@ -16,7 +16,8 @@ What it promises (tools/gpu_check.sh runs the solution notebooks through it on a
 - the first failing cell stops that notebook (its index, its nbgrader grade_id and `ename: evalue` are printed);
   a cell over `--timeout` seconds or a dead kernel fails it the same way.
 
-Exit status: 0 if every notebook passed, 1 if one failed, 2 for a usage error (a notebook that does not exist).
+Exit status: 0 if every notebook passed, 1 if one failed, 2 for a usage error (a notebook that does not exist) or
+where nbclient, nbformat or ipykernel is missing.
 """
 from __future__ import annotations
 
@@ -121,6 +122,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no such notebook: {', '.join(missing)}")
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
+    try:
+        import ipykernel  # noqa: F401  (the kernel runs this interpreter's ipykernel)
+        import nbclient  # noqa: F401
+        import nbformat  # noqa: F401
+    except ImportError as e:
+        print(f"run_notebooks: {sys.executable} cannot run notebooks: {e} (nbclient, nbformat and ipykernel are "
+              f"pyproject.toml dependencies: `make setup` installs them)", file=sys.stderr)
+        return 2
     results = []
     with concurrent.futures.ProcessPoolExecutor(max_workers=min(args.jobs, len(args.notebooks))) as pool:
         futures = [pool.submit(run_one, p, args.timeout, args.out) for p in args.notebooks]
