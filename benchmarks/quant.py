@@ -70,12 +70,16 @@ def time_decodes(steps: dict, new_tokens: int, repeats: int) -> dict[str, float]
         step(1)  # warm-up
     short = {name: float("inf") for name in steps}
     long = dict(short)
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)  # a GPU path's work, waited for
     for _ in range(repeats):
         for name, step in steps.items():
+            sync()
             t0 = time.perf_counter()
             step(1)
+            sync()
             t1 = time.perf_counter()
             step(1 + new_tokens)
+            sync()
             t2 = time.perf_counter()
             short[name] = min(short[name], t1 - t0)
             long[name] = min(long[name], t2 - t1)

@@ -37,8 +37,12 @@ CHAT = [
 
 
 def timed(fn):
+    """(fn(), its seconds), a GPU's queued work waited for at both ends."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    sync()
     t0 = time.perf_counter()
     out = fn()
+    sync()
     return out, time.perf_counter() - t0
 
 

@@ -317,6 +317,8 @@ class Session:
 
     def _death_reason(self, during: str) -> str:
         rc = self.proc.poll() if self.proc is not None else None
+        if rc is not None and self.workdir:
+            self._collect_log()  # what it said last: the out-of-memory hint and the message quote it
         if rc is None:
             return f"stopped responding during {during}"
         if rc < 0:
@@ -329,8 +331,10 @@ class Session:
         hint = ""
         if any("MemoryError" in ln or "std::bad_alloc" in ln or "DefaultCPUAllocator" in ln for ln in tail):
             hint = f" (out of memory: the limit is {self.memory >> 20} MiB beyond the imports)"
+        last = " | ".join(ln.strip()[:200] for ln in tail[-3:])[:600]
+        said = f"; its last output: {last}" if last else ""
         return (f"the process running the notebook's code exited with status {rc} during {during} "
-                f"(os._exit() or sys.exit() in the code?){hint}")
+                f"(os._exit() or sys.exit() in the code?){hint}{said}")
 
     # --- messaging ------------------------------------------------------------------------------------------
     def _encode(self, msg) -> bytes:

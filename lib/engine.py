@@ -52,6 +52,7 @@ import torch
 from lib.blocks import BlockManager, PrefixCache, block_hashes, chain_hash  # noqa: F401  (re-exported)
 from lib.engine_load import SkipClock, percentile, run_load  # noqa: F401  (re-exported)
 from lib.paged import PagedKVCache, blocks_needed
+from lib.roofline import sync
 from lib.sampling import SamplingParams
 
 
@@ -447,8 +448,10 @@ class LLMEngine:
         self.running.remove(req)
         computed = req.num_computed
         if self.preemption_mode == "swap" and not req.finished and computed:
+            sync(self.model.device)  # both ends: a GPU's copies run asynchronously
             start = time.perf_counter()
             req.swapped = self.cache.swap_out(req.blocks[:blocks_needed(computed, self.block_size)])
+            sync(self.model.device)
             self.swap_seconds += time.perf_counter() - start
             self.swap_bytes += sum(k.numel() * k.element_size() * 2 for k, _ in req.swapped)
         self.blocks.release(req)  # recompute later (prompt + output so far), or swap back in
@@ -528,8 +531,10 @@ class LLMEngine:
                                    f"the {self.blocks.num_available} available: it allocated more blocks than are free")
             self._copy(self.blocks.grow(req, req.num_computed + n))
             if req.swapped is not None:
+                sync(self.model.device)
                 start = time.perf_counter()
                 self.cache.swap_in(req.blocks, req.swapped)
+                sync(self.model.device)
                 self.swap_seconds += time.perf_counter() - start
                 self.swap_bytes += sum(k.numel() * k.element_size() * 2 for k, _ in req.swapped)
                 req.swapped = None
@@ -564,6 +569,7 @@ class LLMEngine:
         input_ids = torch.tensor([ids], dtype=torch.int64, device=self.model.device)  # [1, N]
         logits = self.model(input_ids, cache=self.cache)[0]  # [len(last), vocab]: the LM head on those rows only
         self.cache.positions = self.cache.logits_rows = None
+        sync(self.model.device)  # the tokens' times are when the GPU has made their logits, not when it was asked
         now = self.clock()
         events, rows, row = [], [], 0  # rows: (request, row of the logits its next token comes from)
         for req, n in scheduled:

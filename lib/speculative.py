@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
+from lib.roofline import sync
 from lib.drafts import (  # noqa: F401  (re-exported: the drafts were defined here before lib.drafts)
     DISTILL_COMMAND, Int8Linear, PromptLookupDraft, SubsetHead, TokenHistory, build_distilled_draft, distilled_draft_path,
     early_exit_draft, fr_spec_draft, frequency_ranked_ids, load_distilled_draft, quantized_draft, random_draft,
@@ -307,8 +308,10 @@ def verify_curve(target, ids: torch.Tensor, sizes, context: int = 128, repeats: 
 
     def seconds(m):
         cache.truncate(context)
+        sync(target.device)  # both ends: a GPU runs asynchronously
         start = time.perf_counter()
         target(ids[:, context:context + m], cache=cache)
+        sync(target.device)
         return time.perf_counter() - start
 
     seconds(1)  # warm-up
@@ -326,13 +329,17 @@ def relative_cost(step, target, ids: torch.Tensor, context: int = 128, repeats: 
 
     def target_step():
         cache.truncate(context)
+        sync(target.device)  # both ends: a GPU runs asynchronously
         start = time.perf_counter()
         target(ids[:, context:context + 1], cache=cache)
+        sync(target.device)
         return time.perf_counter() - start
 
     def draft_step():
+        sync(target.device)
         start = time.perf_counter()
         step()
+        sync(target.device)
         return time.perf_counter() - start
 
     draft_step(), target_step()  # warm-up

@@ -537,3 +537,51 @@ def probe():
     devices = [p for kind, p in view.readable_paths(Path(tempfile.mkdtemp())) if kind == "device"]
     assert sorted(devices) == sorted(str(p) for pat in ("nvidia*", "dri/*", "kfd") for p in Path("/dev").glob(pat)
                                      if p.is_char_device())
+
+
+def test_a_crashed_childs_last_output_is_in_the_message(tmp_path):
+    """A child that dies says why in its own output (a traceback, a driver's message); the verdict quotes its last
+    lines, so a crash on a machine nobody can reach again (a GPU run) names its cause."""
+    from grader.isolation import Session, StudentCrash
+
+    nb = tmp_path / "week16_kv_cache.ipynb"
+    nb.write_text("{}")
+    source = '''
+import os, sys
+
+def die():
+    print("RuntimeError: CUDA driver initialization failed, you might not have a CUDA gpu.", file=sys.stderr)
+    sys.stderr.flush()
+    os._exit(1)
+'''
+    session = Session(nb)
+    try:
+        session.load([(0, "die", source)])
+        with pytest.raises(StudentCrash, match="exited with status 1 .*its last output: RuntimeError: CUDA driver"):
+            session.get("die")()
+    finally:
+        session.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_confined_child_computes_on_cuda(tmp_path):
+    """The child, confined as for grading, receives a CUDA tensor, makes its own, and sends one back (week 16's
+    generate and week 18's speculative_generate died here on an H100 and an H200: its last output says why)."""
+    from grader.isolation import Session
+
+    nb = tmp_path / "week16_kv_cache.ipynb"
+    nb.write_text("{}")
+    source = '''
+import torch
+
+def double(x):
+    return x * 2 + torch.zeros(x.shape, device=x.device)
+'''
+    session = Session(nb)
+    try:
+        session.load([(0, "double", source)])
+        x = torch.arange(6.0, device="cuda")
+        got = session.get("double")(x)
+        assert got.device.type == "cuda" and torch.equal(got, x * 2)
+    finally:
+        session.close()

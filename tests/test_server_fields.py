@@ -39,7 +39,8 @@ def _ids(server, text=PROMPT):
 
 def _next_token_probs(server, ids):
     with torch.no_grad():
-        return torch.softmax(server.engine.model(torch.tensor([ids]))[0, -1].float(), -1)
+        model = server.engine.model  # on the GPU where there is one: the ids go where it is
+        return torch.softmax(model(torch.tensor([ids], device=model.device))[0, -1].float(), -1).cpu()
 
 
 def test_top_p_samples_only_from_the_nucleus(server, client):
@@ -230,7 +231,8 @@ def test_logprobs_are_log_softmax_of_the_models_logits(server, client):
     assert lp.tokens == [server.tok.decode([t]) for t in out]
     for i, t in enumerate(out):
         with torch.no_grad():
-            want = torch.log_softmax(server.engine.model(torch.tensor([ids + out[:i]]))[0, -1].double(), -1)
+            model = server.engine.model
+            want = torch.log_softmax(model(torch.tensor([ids + out[:i]], device=model.device))[0, -1].double(), -1)
         assert abs(lp.token_logprobs[i] - float(want[t])) < 1e-4, (i, lp.token_logprobs[i], float(want[t]))
         top = torch.topk(want, 2)
         assert {server.tok.decode([int(a)]): float(v) for a, v in zip(top.indices, top.values)}.keys() == \
