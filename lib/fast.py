@@ -49,6 +49,10 @@ can follow — each one is a line below, and `benchmarks/decode.py --profile` sh
    buffers are recycled between caches of the same shape (`new_cache`), so `generate` captures once, not every
    call. Prefill and multi-token verify steps run eagerly, as before. Greedy tokens are identical to
    `lib.model`'s (tests/test_fast.py runs the replayed step's code on the CPU, uncaptured, against it).
+   Measured on an NVIDIA H200 (batch 1, 64 new tokens, the machine busy with tests): 311 tok/s replayed, 45 for
+   the same code launched from Python, 34 for transformers' `generate`; a first capture costs ~0.5 s. Still 6 %
+   of the bandwidth roofline: the replayed step runs ~40 small kernels per layer, so fewer, fused kernels are
+   what would come next.
 
 `pack_linears(model)` gives the readable `lib.model` item 7 alone, in place: its `nn.Linear`s multiply with packed
 weights, and the model's code (and a student's attention or cache plugged into it) is unchanged.
