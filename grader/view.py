@@ -320,10 +320,18 @@ def _package_folders() -> list[Path]:
     return sorted(found)
 
 
-def _package_dir(name: str) -> Path | None:
-    for sp in _site_packages():
-        if (sp / name / "__init__.py").is_file():
-            return sp / name
+def package_dir(name: str) -> Path | None:
+    """The folder of package `name` where the grader's own imports find it: a venv's site-packages, or a folder
+    on PYTHONPATH of any name (`pip install --target DIR`): the child's copy of it must come from the same place."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    for where in (spec.submodule_search_locations or []) if spec is not None else []:
+        if (Path(where) / "__init__.py").is_file():
+            return Path(where).resolve()
     return None
 
 
@@ -367,7 +375,7 @@ def build_view(spec: ViewSpec) -> Path:
     for check in sorted((GRADER / "checks").glob("*.py")):
         (path / "grader" / "checks" / check.name).write_text(_CHECKS_STUB, encoding="utf-8")
     for package, modules in REWRITTEN_PACKAGES.items():
-        src = _package_dir(package)
+        src = package_dir(package)
         if src is None or spec.open:
             continue
         shutil.copytree(src, path / package, ignore=shutil.ignore_patterns("__pycache__", "scripts"))

@@ -585,3 +585,19 @@ def double(x):
         assert got.device.type == "cuda" and torch.equal(got, x * 2)
     finally:
         session.close()
+
+
+def test_a_package_on_pythonpath_is_found_wherever_it_is_installed(tmp_path, monkeypatch):
+    """An instructor's python may import a package from PYTHONPATH (`pip install --target DIR`), in a folder not
+    named site-packages: the view takes its copy of gguf (week 20's oracle-free gguf) from where the grader's own
+    import finds it. Looking only in site-packages folders, every week-20 exercise failed on a GPU machine set up
+    that way ("No module named 'gguf'" in the child)."""
+    from grader.view import package_dir
+
+    folder = tmp_path / "lab_site"  # not "site-packages"
+    (folder / "lab_pkg_on_pythonpath").mkdir(parents=True)
+    (folder / "lab_pkg_on_pythonpath" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(folder))
+    assert package_dir("lab_pkg_on_pythonpath") == (folder / "lab_pkg_on_pythonpath").resolve()
+    assert package_dir("no_such_package_anywhere") is None
+    assert package_dir("gguf") is not None and (package_dir("gguf") / "quants.py").is_file()
