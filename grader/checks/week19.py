@@ -448,6 +448,19 @@ def check_PrefixCache(PrefixCache) -> None:
     assert got == want, (f"PrefixCache({n}): every block cached and freed in the order {order}, block {reused} taken "
                          f"back by a hit; allocate() then evicted {got}; expected the least recently freed first: "
                          f"{want} {seed_note()}")
+    n = rng.randint(3, 8)  # uncached before cached, spelled out: some blocks cached, all freed, allocate again
+    cache = PrefixCache(n)
+    blocks = [cache.allocate() for _ in range(n)]
+    cached = rng.sample(blocks, rng.randint(1, n - 1))
+    for block in cached:
+        cache.register(block, rng.getrandbits(62), [rng.randrange(100) for _ in range(4)])
+    for block in rng.sample(blocks, n):
+        cache.free(block)
+    plain = sorted(set(blocks) - set(cached))
+    got = sorted(cache.allocate() for _ in plain)
+    assert got == plain, (f"PrefixCache({n}): blocks {sorted(cached)} cached, then every block freed; allocate() "
+                          f"{len(plain)} times returned {got}: the free blocks that cache nothing, {plain}, must go "
+                          f"first: evict a cached block only when no other is free {seed_note()}")
     cache = PrefixCache(3)
     b = cache.allocate()
     cache.free(b)
