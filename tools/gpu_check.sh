@@ -19,8 +19,8 @@
 #
 # Python: $PYTHON if set, else .venv/bin/python if it exists, else python3. The repo root is put first on
 # PYTHONPATH (as `pip install -e .` makes it importable), so `lib` and `grader` are this checkout's.
-# Steps: the machine (nvidia-smi -L, torch, CUDA, device; notes on a torch other than the pin and on a gguf the
-# grader's confined child cannot get) — no CUDA device: exit 2 with the reason; the model
+# Steps: the machine (nvidia-smi -L, torch, CUDA, device; notes on a torch other than the pin and on a missing
+# gguf) — no CUDA device: exit 2 with the reason; the model
 # (`python -m lib.fetch --check`) — missing or wrong: exit 2 with the fixing command; each solution notebook
 # through tools/run_notebooks.py (its own folder as the working directory; the committed notebook is never
 # written, the executed copy goes to --out); then `pytest -m "not notebook and not commands"` over pyproject's
@@ -76,17 +76,8 @@ print(f"torch={torch.__version__}")
 print(f"cuda={torch.version.cuda}")
 print(f"available={int(cuda)}")
 print(f"device={torch.cuda.get_device_name(0) if cuda else 'cpu (no CUDA device)'}")
-# Week 20's graded checks hand the grader's confined child a copy of gguf with its quantizers stubbed; the grader
-# looks for gguf only in folders named site-packages or dist-packages (grader/view.py) and the child may not read
-# the real one: gguf installed elsewhere (pip install --target DIR, DIR not so named) fails those checks.
-import os
 try:
-    import gguf
-    where = os.path.realpath(os.path.dirname(os.path.dirname(gguf.__file__)))
-    if not where.endswith(("site-packages", "dist-packages")):
-        print(f"note=gguf is installed in {where}, not in a folder named site-packages: the grader's confined child "
-              "gets no gguf and week 20's graded checks fail (install into the environment, or a --target folder "
-              "named site-packages)")
+    import gguf  # the model loads through it
 except ImportError:
     print("note=gguf is not installed: the model cannot load (`make setup` installs it)")
 EOF
