@@ -170,6 +170,22 @@ def _process_limit() -> str:
     return f"processes <= {MAX_PROCESSES} more (RLIMIT_NPROC)"
 
 
+def start_cuda() -> str:
+    """Initialise CUDA's driver (`cuInit`, through torch) in this process, before `confine`; a phrase for the
+    sandbox's line. Run after Landlock's rules, the driver's initialisation finds no device (an H200, driver 580:
+    `torch.cuda.is_available()` False, so the first CUDA tensor the grader sent could not be unpickled and the
+    child exited), while a driver initialised before them goes on working inside them: contexts, kernels, cuBLAS,
+    compiled Triton (`/dev/nvidia*` stay open for writing: `grader.view.readable_paths`). Only where the grader's
+    own torch sees a GPU (`grader.isolation`); nothing of the student's has run yet."""
+    import torch
+
+    try:
+        torch.cuda.init()
+    except Exception as e:  # noqa: BLE001  (the student's CUDA calls will say the same; grading goes on)
+        return f"; CUDA did not start ({type(e).__name__}: {e})"
+    return "; CUDA started before the sandbox"
+
+
 def confine(workdir: str, cpu_seconds: int, readable: list | None = None) -> str:
     """Apply the limits; return one line saying what applied. `readable`: the only paths the process may read,
     as ("read" or "list", path) pairs (`grader.view.readable_paths`); None leaves reading unrestricted."""

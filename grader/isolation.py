@@ -92,6 +92,14 @@ def _memory_kind() -> str:
     return "data" if torch.cuda.is_available() else "as"
 
 
+def _uses_cuda() -> bool:
+    """Whether the child starts CUDA's driver before its sandbox (`grader._sandbox.start_cuda`): where the grader's
+    own torch sees a GPU."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def child_import_path() -> list[str]:
     """The grader's own import path, for the child (a package installed on PYTHONPATH is found there too), less
     what the view replaces: the repository and anything in it but the Python environment."""
@@ -228,7 +236,7 @@ class Session:
         self.proc = subprocess.Popen(
             [sys.executable, "-I", "-c", _CHILD_BOOT, str(to_child_r), str(from_child_w), self.workdir,
              str(self.memory), str(self.cpu), json.dumps({"view": str(view), "path": paths, "readable": readable,
-                                                          "memory_kind": _memory_kind()})],
+                                                          "memory_kind": _memory_kind(), "cuda": _uses_cuda()})],
             pass_fds=(to_child_r, from_child_w), cwd=self.workdir, env=env, stdin=subprocess.DEVNULL,
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
@@ -574,7 +582,8 @@ rfd, wfd, workdir, memory, cpu = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 where = json.loads(sys.argv[6])
 sys.path[:0] = [where["view"]] + [p for p in where["path"] if p not in sys.path]
 from grader import _sandbox
-sandbox = _sandbox.confine(workdir, cpu, where["readable"])
+cuda = _sandbox.start_cuda() if where.get("cuda") else ""
+sandbox = _sandbox.confine(workdir, cpu, where["readable"]) + cuda
 from grader import child
 child._child_main(rfd, wfd, memory, sandbox, where["memory_kind"])
 """

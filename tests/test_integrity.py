@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import inspect
 import json
+import sys
 import tempfile
 import textwrap
 from pathlib import Path
@@ -561,6 +562,33 @@ def die():
             session.get("die")()
     finally:
         session.close()
+
+
+@pytest.mark.parametrize("cuda", [True, False])
+def test_the_child_starts_cuda_before_its_sandbox(monkeypatch, cuda):
+    """On the H200, CUDA's driver initialised inside the sandbox found no device (the confined child's torch said
+    `cuda.is_available()` False and could not unpickle the grader's CUDA tensor), while one initialised before it
+    kept working inside it. So the child's boot starts CUDA first where the grader has a GPU, and not otherwise:
+    run the boot with the sandbox and the child replaced by recorders."""
+    import types
+
+    import grader
+    from grader.isolation import _CHILD_BOOT
+
+    calls = []
+    fake_sandbox = types.SimpleNamespace(start_cuda=lambda: calls.append("start_cuda") or "; cuda",
+                                         confine=lambda *a: calls.append("confine") or "confined")
+    fake_child = types.SimpleNamespace(_child_main=lambda *a: calls.append(("main", a[3])))
+    monkeypatch.setattr(grader, "_sandbox", fake_sandbox, raising=False)
+    monkeypatch.setattr(grader, "child", fake_child, raising=False)
+    monkeypatch.setitem(sys.modules, "grader._sandbox", fake_sandbox)
+    monkeypatch.setitem(sys.modules, "grader.child", fake_child)
+    where = {"view": "/nonexistent", "path": [], "readable": None, "memory_kind": "as", "cuda": cuda}
+    monkeypatch.setattr(sys, "argv", ["-c", "3", "4", "/tmp", "0", "0", json.dumps(where)])
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    exec(_CHILD_BOOT, {})
+    expected = (["start_cuda", "confine", ("main", "confined; cuda")] if cuda else ["confine", ("main", "confined")])
+    assert calls == expected
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
