@@ -286,9 +286,14 @@ class FastLlama:
                                                          dtype=torch.float32) / self.head_dim)
         emb = torch.cat([pos[:, None] * inv_freq] * 2, dim=-1)
         self.cos, self.sin = emb.cos(), emb.sin()
-        self._linear = packed_linear if packed else F.linear
+        self.linear = packed_linear if packed else F.linear
         self._layer = torch.compile(self._layer_step, dynamic=True) if compile else self._layer_step
         self._positions = torch.arange(cfg.max_seq_len, device=dev)  # the replayed step's mask reads it (item 8)
+        half = self.head_dim // 2
+        self._rope_eye = torch.eye(self.head_dim, device=dev)  # rotate_half as a matrix: x @ turn = cat(-x2, x1)
+        self._rope_turn = torch.zeros(self.head_dim, self.head_dim, device=dev)
+        self._rope_turn[torch.arange(half, 2 * half, device=dev), torch.arange(half, device=dev)] = -1.0
+        self._rope_turn[torch.arange(half, device=dev), torch.arange(half, 2 * half, device=dev)] = 1.0
         on_cuda = dev.type == "cuda"
         if graphs and not on_cuda:
             raise ValueError(f"graphs=True needs the model on a CUDA device; it is on {dev} (leave graphs unset: "
@@ -326,36 +331,20 @@ class FastLlama:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(t, s, device=q.device),
                                               enable_gqa=True)
 
-    def _attend_window(self, q, k, v, hide):
-        """The replayed decode step's attention (item 8): q [B, H, 1, d] over a fixed window of the cache
-        k, v [B, Hkv, W, d], the window's positions after the new one hidden (`hide` [W] bool)."""
-        b, h, _, d = q.shape
-        hkv = k.shape[1]
-        qg = q.reshape(b, hkv, h // hkv, d)
-        scores = (qg @ k.transpose(-1, -2)).float() * (1.0 / math.sqrt(d))  # [B, Hkv, g, W]
-        scores = scores.masked_fill(hide, float("-inf"))  # exp(-inf) = 0: the hidden positions add nothing
-        return (torch.softmax(scores, dim=-1).to(v.dtype) @ v).reshape(b, h, 1, d)
-
-    def _layer_step(self, x, lw, cos, sin, layer_cache, start: int, window=None):
+    def _layer_step(self, x, lw, cos, sin, layer_cache, start: int):
         b, t, _ = x.shape
         h, hkv, d = self.n_heads, self.n_kv_heads, self.head_dim
-        qkv = self._linear(self._rms(x, lw["attn_norm"]), lw["wqkv"])  # [B, T, (H + 2Hkv) d]
+        qkv = self.linear(self._rms(x, lw["attn_norm"]), lw["wqkv"])  # [B, T, (H + 2Hkv) d]
         q, k, v = qkv.split([h * d, hkv * d, hkv * d], dim=-1)
         q = apply_rope(q.view(b, t, h, d).transpose(1, 2), cos, sin)
         k = apply_rope(k.view(b, t, hkv, d).transpose(1, 2), cos, sin)
         v = v.view(b, t, hkv, d).transpose(1, 2)
-        if window is not None:  # the replayed step: write at the position a device tensor holds, attend a window
-            k_buf, v_buf, pos, width, hide = window
-            k_buf.index_copy_(2, pos, k)
-            v_buf.index_copy_(2, pos, v)
-            attn = self._attend_window(q, k_buf[:, :, :width], v_buf[:, :, :width], hide)
-        else:
-            if layer_cache is not None:
-                k, v = layer_cache.append(k, v)
-            attn = self._attend(q, k, v, start)
-        x = x + self._linear(attn.transpose(1, 2).reshape(b, t, h * d), lw["wo"])
-        gate, up = self._linear(self._rms(x, lw["mlp_norm"]), lw["w_gate_up"]).chunk(2, dim=-1)
-        return x + self._linear(F.silu(gate) * up, lw["w_down"])
+        if layer_cache is not None:
+            k, v = layer_cache.append(k, v)
+        attn = self._attend(q, k, v, start)
+        x = x + self.linear(attn.transpose(1, 2).reshape(b, t, h * d), lw["wo"])
+        gate, up = self.linear(self._rms(x, lw["mlp_norm"]), lw["w_gate_up"]).chunk(2, dim=-1)
+        return x + self.linear(F.silu(gate) * up, lw["w_down"])
 
     def __call__(self, input_ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         return self.forward_hidden(input_ids, cache)[0]
@@ -378,20 +367,60 @@ class FastLlama:
             for i, lw in enumerate(self.layers):
                 x = self._layer(x, lw, cos, sin, cache[i] if cache is not None else None, start)
             h = self._rms(x, self.norm)  # [B, T, D]
-            return self._linear(h, self.lm_head).float(), h  # [B, T, vocab], [B, T, D]
+            return self.linear(h, self.lm_head).float(), h  # [B, T, vocab], [B, T, D]
 
 
     def window_step(self, tok: torch.Tensor, pos: torch.Tensor, ks, vs, width: int):
         """One decode step as a CUDA graph replays it (item 8): `tok` [B, 1] ids and `pos` [1] (the position they
         take), both on the device; `ks`, `vs` each layer's K and V buffers [B, Hkv, max_len, d], written at `pos`;
-        attention over the first `width` positions. Returns (logits [B, 1, vocab] float32, hidden [B, 1, D])."""
-        x = self.embed[tok]  # [B, 1, D]
-        cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)  # [1, d]
-        hide = self._positions[:width] > pos  # [width]: the positions not written yet
+        attention over the first `width` positions. Returns (logits [B, 1, vocab] float32, hidden [B, 1, D]).
+
+        A replayed step costs what its kernels cost to run, so this one is written in few of them, each a line:
+        RMSNorm fused (`F.rms_norm`); RoPE for Q and K together as one small matmul (RoPE at one position is a
+        linear map of each head, `rope_matrix`); the scores' scale and the mask of the positions not written yet
+        inside the scores' matmul (`baddbmm` over an additive 0/-inf row); each residual add inside the matmul
+        before it (`addmm_`, accumulating into the residual stream). 14 kernels a layer where `_layer_step` runs
+        ~40."""
+        b = tok.shape[0]
+        h, hkv, d = self.n_heads, self.n_kv_heads, self.head_dim
+        g, qk_width = h // hkv, (h + hkv) * d
+        x = self.embed[tok.reshape(-1)]  # [B, D], a new tensor: the residual stream, accumulated in place
+        rope = self.rope_matrix(pos)[0]  # [d, d]: rope(head) = head @ rope, for Q and K alike
+        hidden_pos = torch.where(self._positions[:width] > pos, float("-inf"), 0.0).to(self.dtype)
+        mask = hidden_pos.expand(b * hkv, g, width)  # exp(-inf) = 0: the positions not written yet add nothing
         for lw, k_buf, v_buf in zip(self.layers, ks, vs):
-            x = self._layer_step(x, lw, cos, sin, None, 0, window=(k_buf, v_buf, pos, width, hide))
-        h = self._rms(x, self.norm)
-        return self._linear(h, self.lm_head).float(), h
+            qkv = self.linear(self.rms_norm(x, lw["attn_norm"]), lw["wqkv"])  # [B, (H + 2Hkv) d]
+            qk = (qkv[:, :qk_width].reshape(b, h + hkv, d).to(rope.dtype) @ rope).to(self.dtype)  # rotated
+            k_buf.index_copy_(2, pos, qk[:, h:].unsqueeze(2))
+            v_buf.index_copy_(2, pos, qkv[:, qk_width:].reshape(b, hkv, 1, d))
+            k_win = k_buf[:, :, :width].reshape(b * hkv, width, d)  # views: the buffers are [B, Hkv, max_len, d]
+            v_win = v_buf[:, :, :width].reshape(b * hkv, width, d)
+            q = qk[:, :h].reshape(b * hkv, g, d)  # each KV head's g query heads as rows (GQA without copies)
+            scores = torch.baddbmm(mask, q, k_win.transpose(1, 2), alpha=1.0 / math.sqrt(d))  # [B Hkv, g, W]
+            attn = torch.softmax(scores, dim=-1, dtype=torch.float32).to(self.dtype) @ v_win  # [B Hkv, g, d]
+            x = self.add_linear(x, attn.reshape(b, h * d), lw["wo"])
+            gate, up = self.linear(self.rms_norm(x, lw["mlp_norm"]), lw["w_gate_up"]).chunk(2, dim=-1)
+            x = self.add_linear(x, F.silu(gate) * up, lw["w_down"])
+        h_out = self.rms_norm(x, self.norm)
+        return self.linear(h_out, self.lm_head).float().unsqueeze(1), h_out.unsqueeze(1)
+
+    def rms_norm(self, x, w):
+        """RMSNorm in one kernel where torch has a fused one (CUDA); the same arithmetic as `_rms`."""
+        return F.rms_norm(x, (x.shape[-1],), w, self.eps)
+
+    def add_linear(self, x, a, w):
+        """x + a @ w.T, accumulated into x (one matmul whose output starts at x: cuBLAS's beta = 1)."""
+        if self.packed:  # a oneDNN-packed weight is opaque to addmm
+            return x.add_(self.linear(a, w))
+        return x.addmm_(a, w.t())
+
+    def rope_matrix(self, pos: torch.Tensor) -> torch.Tensor:
+        """RoPE at each position of `pos` [P] as a [d, d] matrix M with rope(x) = x @ M: x*cos + rotate_half(x)*sin, where
+        rotate_half(x) = x @ T for a fixed signed permutation T (-x2, x1), so M = I*cos + T*sin (a row of cos and
+        sin broadcast down the columns). Each output element is one product plus one (the other terms are exact
+        zeros), so it matches `apply_rope` to rounding."""
+        cos, sin = self.cos.index_select(0, pos)[:, None], self.sin.index_select(0, pos)[:, None]  # [P, 1, d]
+        return self._rope_eye * cos + self._rope_turn * sin  # [P, d, d]: one matrix per position in `pos`
 
 
 GRAPH_BUCKET = 256  # the replayed step attends over the cache's length rounded up to this many positions
