@@ -7,7 +7,9 @@ The workload: `--requests` requests queued at once, each a shared system prompt 
 line of Hamlet, alternating `--short` and `--long` new tokens (the seed's 50/200 shape, scaled down by
 default). The step-count model (`lib.engine.simulate_steps`) predicts the continuous/static gain from the
 lengths alone; the measured gain is printed beside it. Every figure is measured side by side in one run;
-a busy machine lowers all of them, so compare the ratios. Not a test: timing never decides pass or fail.
+a busy machine lowers all of them, so compare the ratios. On a GPU the engine replays its decode steps as CUDA
+graphs (`lib.fast_paged`), and the decode lines are printed again with them off. Not a test: timing never
+decides pass or fail.
 """
 from __future__ import annotations
 
@@ -34,11 +36,13 @@ def serve(model, prompts, lengths, slots, **kwargs):
     return seconds, cpu, len(engine.trace), prefill
 
 
-def decode_rate(model, prompts, batch, steps):
-    engine = LLMEngine(model, num_blocks=16 * batch, block_size=16, max_num_seqs=batch, max_num_batched_tokens=2048)
+def decode_rate(model, prompts, batch, steps, graphs=None):
+    engine = LLMEngine(model, num_blocks=16 * batch, block_size=16, max_num_seqs=batch, max_num_batched_tokens=2048,
+                       graphs=graphs)
     for p in prompts[:batch]:
-        engine.add_request(p, steps + 1)
+        engine.add_request(p, steps + 2)
     engine.step()  # prefill
+    engine.step()  # the first decode: on a GPU it captures the replayed step (lib.fast_paged), not timed
     start, cpu = time.perf_counter(), time.process_time()
     for _ in range(steps):
         engine.step()
@@ -81,6 +85,9 @@ def main() -> None:
     (one, one_cpu), (eight, eight_cpu) = (decode_rate(model, questions, b, args.decode_steps) for b in (1, 8))
     print(f"\ndecode: batch 1 {one:.1f} tok/s, batch 8 {eight:.1f} tok/s: {eight / one:.2f}x by wall time, "
           f"{eight_cpu / one_cpu:.2f}x by CPU time")
+    if model.device.type == "cuda":  # the rows above replayed CUDA graphs (lib.fast_paged); the same launched eagerly
+        (one, _), (eight, _) = (decode_rate(model, questions, b, args.decode_steps, graphs=False) for b in (1, 8))
+        print(f"decode, eager (graphs=False): batch 1 {one:.1f} tok/s, batch 8 {eight:.1f} tok/s")
     from lib.fast import can_pack, pack_linears
     if can_pack(model.device, model.embed.weight.dtype):
         # The same engine with the model's linear layers multiplying oneDNN-packed weights (lib.fast.pack_linears):

@@ -211,6 +211,8 @@ class LLMEngine:
     `device` and `chunk_tokens` arguments; None: lib's). A preempted
     request is recomputed (`preemption_mode="recompute"`) or its blocks are copied to host memory and back
     (`"swap"`).
+    `graphs` (None: wherever the model is on CUDA and attention and slot mapping are lib's) replays the steps in
+    which every sequence decodes one token as CUDA graphs (`lib.fast_paged`); prefill steps run as before.
     """
 
     def __init__(self, model, num_blocks: int, block_size: int = 16, max_num_seqs: int = 8,
@@ -218,7 +220,7 @@ class LLMEngine:
                  enable_prefix_caching: bool = False, policy: str = "continuous",
                  eos_token_id: int | None = None, clock=time.perf_counter, scheduler=schedule,
                  block_pool=PrefixCache, preemption_mode: str = "recompute", block_hashes=None, slot_mapping=None,  # noqa: F811
-                 paged_attention=None, long_prefill_token_threshold: int = 0):
+                 paged_attention=None, long_prefill_token_threshold: int = 0, graphs: bool | None = None):
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError(f"need max_num_seqs >= 1 and max_num_batched_tokens >= 1; got {max_num_seqs}, "
                              f"{max_num_batched_tokens}")
@@ -241,6 +243,7 @@ class LLMEngine:
         self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching, pool=block_pool, hashes=block_hashes)
         self.cache = PagedKVCache(self.config, num_blocks, block_size, dtype=model.embed.weight.dtype,
                                   device=model.device, slot_mapping=slot_mapping, paged_attention=paged_attention)
+        self.graphs = self._decode_graphs(graphs, slot_mapping, paged_attention)
         self.clock = clock
         self.scheduler = scheduler
         self._serials = itertools.count()
@@ -544,6 +547,20 @@ class LLMEngine:
                                f"max_num_seqs is {self.max_num_seqs}")
         return scheduled
 
+    def _decode_graphs(self, graphs, slot_mapping, paged_attention):
+        """`lib.fast_paged.PagedDecodeGraphs` over this engine's cache, or None (see the class's docstring)."""
+        own_parts = slot_mapping is None and paged_attention is None
+        on_cuda = self.cache.device.type == "cuda"
+        if graphs and not (on_cuda and own_parts):
+            raise ValueError("graphs=True needs the model on a CUDA device and lib's own slot_mapping and "
+                             f"paged_attention (model on {self.cache.device}; leave graphs unset to choose)")
+        if not (on_cuda and own_parts) if graphs is None else not graphs:
+            return None
+        from lib.fast import FastLlama
+        from lib.fast_paged import PagedDecodeGraphs
+
+        return PagedDecodeGraphs(FastLlama(self.model, graphs=False), self.cache)
+
     # -- one step -----------------------------------------------------------------------------------
 
     @torch.no_grad()
@@ -564,11 +581,15 @@ class LLMEngine:
             counts.append(n)
             if req.num_computed + n == req.num_tokens:  # its last token: the logits its next token comes from
                 last.append(len(ids) - 1)
-        self.cache.prepare(tables, starts, counts)
-        self.cache.logits_rows = torch.tensor(last, dtype=torch.int64, device=self.model.device)
-        input_ids = torch.tensor([ids], dtype=torch.int64, device=self.model.device)  # [1, N]
-        logits = self.model(input_ids, cache=self.cache)[0]  # [len(last), vocab]: the LM head on those rows only
-        self.cache.positions = self.cache.logits_rows = None
+        logits = None
+        if self.graphs is not None and len(last) == len(ids) == len(scheduled):  # every sequence decodes one token
+            logits = self.graphs.decode(ids, starts, tables)  # replayed (None: a batch beyond the last bucket)
+        if logits is None:
+            self.cache.prepare(tables, starts, counts)
+            self.cache.logits_rows = torch.tensor(last, dtype=torch.int64, device=self.model.device)
+            input_ids = torch.tensor([ids], dtype=torch.int64, device=self.model.device)  # [1, N]
+            logits = self.model(input_ids, cache=self.cache)[0]  # [len(last), vocab]: the LM head on those rows
+            self.cache.positions = self.cache.logits_rows = None
         sync(self.model.device)  # the tokens' times are when the GPU has made their logits, not when it was asked
         now = self.clock()
         events, rows, row = [], [], 0  # rows: (request, row of the logits its next token comes from)
