@@ -410,7 +410,7 @@ class FastLlama:
 
     def add_linear(self, x, a, w):
         """x + a @ w.T, accumulated into x (one matmul whose output starts at x: cuBLAS's beta = 1)."""
-        if self.packed:  # a oneDNN-packed weight is opaque to addmm
+        if self.linear is not F.linear:  # oneDNN-packed weights (opaque to addmm), or a subclass's own product
             return x.add_(self.linear(a, w))
         return x.addmm_(a, w.t())
 

@@ -280,7 +280,7 @@ class GGUFFastLlama(FastLlama):
             lw.update(wqkv=weight(*(f"{p}attn.{x}_proj.weight" for x in "qkv")), wo=weight(f"{p}attn.o_proj.weight"),
                       w_gate_up=weight(f"{p}mlp.gate_proj.weight", f"{p}mlp.up_proj.weight"),
                       w_down=weight(f"{p}mlp.down_proj.weight"))
-        self._linear = self._multiply
+        self.linear = self._multiply
         self._step = self._decode_step_args(model)
         self._kv_ptrs = (None, None)  # (weak reference to the cache, its buffers' pointer arrays)
 
@@ -322,7 +322,7 @@ class GGUFFastLlama(FastLlama):
                 raise RuntimeError("lib.qmatmul decode_step failed (unsupported type or shape)")
             for layer in cache.layers:
                 layer.length = pos + 1
-            return self._linear(self._rms(x, self.norm), self.lm_head)[:, None, :]  # [B, 1, vocab]
+            return self.linear(self._rms(x, self.norm), self.lm_head)[:, None, :]  # [B, 1, vocab]
 
     def _cache_pointers(self, cache):
         """Pointers to every layer's K and V buffers and to the step's dimensions for this cache (kept while the

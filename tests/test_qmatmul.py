@@ -237,6 +237,17 @@ def test_a_tiny_model_on_blocks_is_the_fp32_model_of_those_blocks(qtype):
     ref = generate(model, prompt, 8)
     assert torch.equal(generate(qmodel, prompt, 8), ref) and torch.equal(generate(qfast, prompt, 8), ref)
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items()), "the float model changed"
+    # the step CUDA graphs replay (lib.fast item 8), run uncaptured: it multiplies through the blocks too
+    from lib.fast import GraphedDecode
+    qfast.graphs = GraphedDecode(qfast, capture=False)
+    c_fast, c_ref = qfast.graphs.new_cache(2, 16), model.new_cache(2, 16)
+    with torch.no_grad():
+        x = prompt
+        for _ in range(4):
+            want = model(x, cache=c_ref)
+            got = qfast.forward_hidden(x, c_fast)[0]
+            assert (got - want).abs().max().item() < 1e-4, f"replayed step {qtype} {seed_note()}"
+            x = want[:, -1:].argmax(-1)
 
 
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q4_K_M"])
