@@ -50,9 +50,11 @@ can follow — each one is a line below, and `benchmarks/decode.py --profile` sh
    call. Prefill and multi-token verify steps run eagerly, as before. Greedy tokens are identical to
    `lib.model`'s (tests/test_fast.py runs the replayed step's code on the CPU, uncaptured, against it).
    Measured on an NVIDIA H200 (batch 1, 64 new tokens, the machine busy with tests): 311 tok/s replayed, 45 for
-   the same code launched from Python, 34 for transformers' `generate`; a first capture costs ~0.5 s. Still 6 %
-   of the bandwidth roofline: the replayed step runs ~40 small kernels per layer, so fewer, fused kernels are
-   what would come next.
+   the same code launched from Python, 34 for transformers' `generate`; a first capture costs ~0.5 s. That was 6 %
+   of the bandwidth roofline with ~40 small kernels per layer, so the replayed step (`window_step`) is now written
+   in 14: RMSNorm fused, RoPE for Q and K as one [d, d] matmul, the scores' scale and mask inside their matmul,
+   each residual add inside the matmul before it (not yet timed on a GPU). `lib.fast_paged` replays the engine's
+   decode steps the same way over the paged cache.
 
 `pack_linears(model)` gives the readable `lib.model` item 7 alone, in place: its `nn.Linear`s multiply with packed
 weights, and the model's code (and a student's attention or cache plugged into it) is unchanged.

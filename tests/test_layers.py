@@ -1,4 +1,5 @@
-"""No import circles in lib/, grader/ or benchmarks/, and grader's imports follow the layers grader/README.md
+"""No import circles in lib/, grader/ or benchmarks/; no package imports one above or beside it (lib imports only lib;
+grader and benchmarks import lib, never each other); and grader's imports follow the layers grader/README.md
 lists: a module lower in the layering never imports a higher one. The graph is read from the code's own imports, those inside functions
 included; nothing is imported or run. A benchmark script's sibling import (`from timing import ...`, with its
 folder on sys.path) counts as an import of benchmarks/timing.py."""
@@ -160,3 +161,26 @@ def test_a_private_import_is_found(tmp_path):
     (tmp_path / "lib" / "a.py").write_text("def _helper():\n    return 1\n")
     (tmp_path / "grader" / "b.py").write_text("from lib.a import _helper\n")
     assert private_imports(tmp_path) == ["grader/b.py:1 imports lib.a._helper"]
+
+
+# The packages' own order, lowest first: lib (the reference) <- grader, benchmarks (each uses lib, never the other).
+PACKAGE_MAY_IMPORT = {"lib": {"lib"}, "grader": {"grader", "lib"}, "benchmarks": {"benchmarks", "lib"}}
+
+
+def package_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Each import that runs back up or across the packages: lib importing grader or benchmarks, grader importing
+    benchmarks, benchmarks importing grader."""
+    return [f"{module} imports {target}" for module, targets in sorted(graph.items()) for target in sorted(targets)
+            if target.split(".")[0] not in PACKAGE_MAY_IMPORT[module.split(".")[0]]]
+
+
+def test_no_package_imports_one_above_or_beside_it():
+    bad = package_violations(import_graph())
+    assert not bad, "; ".join(bad)
+
+
+def test_an_import_back_up_is_found():
+    graph = import_graph()
+    graph["lib.engine"] = set(graph["lib.engine"]) | {"grader.status"}
+    graph["grader.course"] = set(graph["grader.course"]) | {"benchmarks.timing"}
+    assert package_violations(graph) == ["grader.course imports benchmarks.timing", "lib.engine imports grader.status"]
