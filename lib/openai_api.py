@@ -130,9 +130,6 @@ def answer_options(body: dict, chat: bool) -> dict:
     echo = body.get("echo", False)
     if not isinstance(echo, bool):
         raise RequestError("'echo' must be true or false", param="echo")
-    if echo and k is not None:
-        raise RequestError("'echo' with 'logprobs' (the prompt's log-probabilities) is not supported by this server",
-                           param="echo")
     best_of = int_field(body, "best_of", n, 1, MAX_N)
     if best_of < n:
         raise RequestError(f"'best_of' ({best_of}) must be at least 'n' ({n})", param="best_of")
@@ -140,7 +137,7 @@ def answer_options(body: dict, chat: bool) -> dict:
         raise RequestError("'best_of' cannot be used with \"stream\": true (the best are known only at the end)",
                            param="best_of")
     return {"stream": stream, "stop": stops, "chat": chat, "usage": bool(options and options.get("include_usage")),
-            "n": n, "logprobs": k is not None, "echo": echo, "best_of": best_of}
+            "n": n, "logprobs": k is not None, "top": k or 0, "echo": echo, "best_of": best_of}
 
 
 def logprobs(body: dict, chat: bool) -> int | None:

@@ -212,12 +212,15 @@ class Server:
                                               stop_token_ids=sub.stop_token_ids)
                 for sub in subs for k in range(opts["best_of"])]
 
-    def _logprobs(self, sub: Submission, n: int, chat: bool, start: int = 0, text_offset: int = 0) -> dict:
+    def _logprobs(self, sub: Submission | None, n: int, chat: bool, start: int = 0, text_offset: int = 0,
+                  prefix: list | None = None) -> dict:
         """OpenAI's logprobs object for tokens `start` to `n` of `sub`'s answer (log-softmax of the model's logits,
-        recorded by the engine as it sampled); a completion's text offsets count from `text_offset` (a stream
-        sends each chunk's tokens with the chunk, offsets into the whole answer)."""
-        entries = sub.logprobs if sub.logprobs is not None else list(self.engine.logprobs_for.get(sub.request_id, []))
-        entries = entries[start:n]
+        recorded by the engine as it sampled), after `prefix` (echo: the prompt's entries, `_prompt_logprobs`); a
+        completion's text offsets count from `text_offset` (a stream sends each chunk's tokens with the chunk,
+        offsets into the whole answer)."""
+        entries = [] if sub is None else (
+            sub.logprobs if sub.logprobs is not None else list(self.engine.logprobs_for.get(sub.request_id, [])))
+        entries = (prefix or []) + entries[start:n]
 
         def piece(t):
             return self.token_bytes[t].decode("utf-8", errors="replace")
@@ -231,7 +234,29 @@ class Server:
             offsets.append(at)
             at += len(piece(t))
         return {"tokens": [piece(t) for t, _, _ in entries], "token_logprobs": [lp for _, lp, _ in entries],
-                "top_logprobs": [{piece(a): v for a, v in top} for _, _, top in entries], "text_offset": offsets}
+                "top_logprobs": [None if lp is None else {piece(a): v for a, v in top} for _, lp, top in entries],
+                "text_offset": offsets}
+
+    def _prompt_logprobs(self, prompt: list[int], k: int) -> list:
+        """echo with logprobs: each prompt token's entry (token, log-probability given the tokens before it, the k
+        most likely tokens there), from one forward of the engine's model over the prompt (log-softmax of its
+        logits, as the answer's); the first token has no context, so its log-probability is None (as in vLLM)."""
+        import torch
+
+        model = self.engine.model
+        with torch.inference_mode():
+            logits = model(torch.tensor([prompt], device=model.device))[0].float()  # [T, vocab]
+            logp = torch.log_softmax(logits[:-1], dim=-1)  # row i: the distribution of token i + 1
+            chosen = logp.gather(1, torch.tensor(prompt[1:], device=logp.device).unsqueeze(1))[:, 0].tolist()
+            top_v, top_i = logp.topk(k, dim=-1) if k else (logp[:, :0], logp[:, :0].long())
+            tops = [list(zip(i, v)) for i, v in zip(top_i.tolist(), top_v.tolist())]
+        return [(prompt[0], None, [])] + [(t, lp, top) for t, lp, top in zip(prompt[1:], chosen, tops)]
+
+    async def _echo_logprobs(self, subs: list[Submission], opts: dict) -> list | None:
+        """Per prompt, `_prompt_logprobs` (computed off the event loop), or None without echo and logprobs."""
+        if not (opts["echo"] and opts["logprobs"]):
+            return None
+        return [await asyncio.to_thread(self._prompt_logprobs, list(s.prompt), opts["top"]) for s in subs]
 
     def _total_logprob(self, sub: Submission) -> float:
         """The sum of the log-probabilities of `sub`'s answer tokens (what `best_of` ranks by)."""
@@ -241,17 +266,19 @@ class Server:
     async def complete(self, subs: list[Submission], opts: dict, is_disconnected=None) -> dict:
         chat = opts["chat"]
 
-        async def one(s: Submission):
+        async def one(s: Submission, prompt: int):
             pieces, finish, n = [], "length", 0
             async for item in self.text_pieces(s, opts["stop"], is_disconnected):
                 if item[0] == "text":
                     pieces.append(item[1])
                 else:
                     finish, n = item[1], item[2]
-            return "".join(pieces), finish, n, self._logprobs(s, n, chat) if opts["logprobs"] else None
+            prefix = echoed[prompt] if echoed else None  # echo: the prompt's entries first
+            return "".join(pieces), finish, n, self._logprobs(s, n, chat, prefix=prefix) if opts["logprobs"] else None
 
+        echoed = await self._echo_logprobs(subs, opts)
         samples = self._samples(subs, opts)
-        answers = await asyncio.gather(*(one(s) for s in samples))
+        answers = await asyncio.gather(*(one(s, k // opts["best_of"]) for k, s in enumerate(samples)))
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         n, prompt = sum(a[2] for a in answers), sum(len(s.prompt) for s in subs)  # usage counts every candidate
         if opts["best_of"] > opts["n"]:  # per prompt, the n candidates of the highest total log-probability
@@ -284,6 +311,7 @@ class Server:
             finally:
                 await merged.put((k, None))
 
+        echoed = await self._echo_logprobs(subs, opts)
         samples = self._samples(subs, opts)
         tasks = [asyncio.ensure_future(feed(k, s)) for k, s in enumerate(samples)]
         first, open_, tokens = set(range(len(samples))), len(samples), 0
@@ -299,7 +327,9 @@ class Server:
         try:
             for k in range(len(samples)) if opts["echo"] else ():  # the prompt first, in each choice's first chunk
                 first.discard(k)
-                choice = self._choice(chat, opts["echo_text"][k // opts["n"]], None, True, True, index=k)
+                lp = self._logprobs(None, 0, chat, prefix=echoed[k // opts["n"]]) if echoed else None
+                choice = self._choice(chat, opts["echo_text"][k // opts["n"]], None, True, True, index=k, logprobs=lp)
+                chars[k] = sum(len(t) for t in lp["tokens"]) if lp else chars[k]  # the answer's offsets follow
                 yield f"data: {json.dumps(env | {'choices': [choice]})}\n\n"
             while open_:
                 k, item = await merged.get()

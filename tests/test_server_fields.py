@@ -131,7 +131,6 @@ def test_stream_usage_and_content_parts(server, client):
     ({"response_format": {"type": "json_object"}, "ignore_eos": True}, "ignore_eos"),
     ({"best_of": 1, "n": 2}, "best_of"),
     ({"best_of": 3, "stream": True}, "best_of"),
-    ({"echo": True, "logprobs": 1}, "echo"),
     ({"suffix": "x"}, "suffix"),
     ({"top_p": 0}, "top_p"),
     ({"top_k": -5}, "top_k"),
@@ -243,6 +242,34 @@ def test_logprobs_are_log_softmax_of_the_models_logits(server, client):
     content = chat.choices[0].logprobs.content
     assert len(content) == chat.usage.completion_tokens and all(len(c.top_logprobs) == 3 for c in content)
     assert all(c.logprob <= 1e-6 and c.top_logprobs[0].logprob >= c.logprob - 1e-6 for c in content)
+
+
+def test_echo_with_logprobs_scores_the_prompt_too(server, client):
+    """echo + logprobs: the prompt's tokens come first, each with its log-probability given the tokens before it
+    (log-softmax of lib.model's logits over the prompt, computed here) and its top alternatives; the first token
+    has none (None, as vLLM sends); then the answer's, as without echo; offsets run on through the whole text. The
+    same entries when streamed (the prompt's with the prompt's chunk)."""
+    ids = _ids(server)
+    r = client.completions.create(model=MODEL, prompt=ids, max_tokens=3, temperature=0, logprobs=2, echo=True)
+    plain = client.completions.create(model=MODEL, prompt=ids, max_tokens=3, temperature=0, logprobs=2)
+    lp, answer = r.choices[0].logprobs, plain.choices[0].logprobs
+    with torch.no_grad():
+        model = server.engine.model
+        want = torch.log_softmax(model(torch.tensor([ids], device=model.device))[0].double(), -1)  # [T, vocab]
+    assert lp.tokens == [server.tok.decode([t]) for t in ids] + answer.tokens
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    for i in range(1, len(ids)):
+        assert abs(lp.token_logprobs[i] - float(want[i - 1, ids[i]])) < 1e-4, (i, lp.token_logprobs[i])
+        top = torch.topk(want[i - 1], 2)
+        assert set(lp.top_logprobs[i]) == {server.tok.decode([int(a)]) for a in top.indices}
+    assert lp.token_logprobs[len(ids):] == pytest.approx(answer.token_logprobs, abs=1e-5)
+    text = r.choices[0].text
+    assert all(text[o:].startswith(t) for o, t in zip(lp.text_offset, lp.tokens))
+    chunks = list(client.completions.create(model=MODEL, prompt=ids, max_tokens=3, temperature=0, logprobs=2,
+                                            echo=True, stream=True))
+    parts = [c.choices[0].logprobs for c in chunks if c.choices and c.choices[0].logprobs]
+    assert [t for p in parts for t in p.tokens] == lp.tokens
+    assert [o for p in parts for o in p.text_offset] == lp.text_offset
 
 
 def test_streamed_logprobs_add_up_to_the_plain_answers(server, client):
