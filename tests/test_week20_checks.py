@@ -519,6 +519,25 @@ def gptq_cpu_eye(w, x, bits, group, damp):  # torch.eye without device=: breaks 
     return Q
 
 
+def gptq_batch_only(w, x, bits, group, damp):  # lazy batches of 128 columns, but the error never leaves its batch
+    W = w.clone()
+    H = 2 * x.T @ x / x.shape[0]
+    H = H + damp * torch.diag(H).mean() * torch.eye(H.shape[0], device=H.device)
+    U = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
+    Q = torch.zeros_like(W)
+    levels, block = 2**bits - 1, group * max(1, 128 // group)
+    for b0 in range(0, W.shape[1], block):
+        b1 = min(b0 + block, W.shape[1])
+        for j in range(b0, b1):
+            if j % group == 0:
+                lo = W[:, j:j + group].amin(1)
+                scale = ((W[:, j:j + group].amax(1) - lo) / levels).clamp_min(1e-12)
+            Q[:, j] = torch.clamp(torch.round((W[:, j] - lo) / scale), 0, levels) * scale + lo
+            W[:, j:b1] -= ((W[:, j] - Q[:, j]) / U[j, j])[:, None] * U[j, j:b1][None, :]
+        # missing: W[:, b1:] -= E @ U[b0:b1, b1:]
+    return Q
+
+
 def awq_zero_kmeans(w, x, bits, group, n_grid):  # α = 0 (searching nothing) and a k-means codebook
     return gptq_kmeans(w, x, bits, group, 0.0), 0.0
 
@@ -620,6 +639,7 @@ ISOLATED_CASES = [
     ("gptq_quantize", "gptq_diag_search", "GPTQ's"),
     ("gptq_quantize", "gptq_in_place", "in place"),
     ("gptq_quantize", "gptq_cpu_eye", "device"),
+    ("gptq_quantize", "gptq_batch_only", "past its lazy batch"),
     ("awq_quantize", "awq_zero_kmeans", "uniform"),
     ("gguf_bytes", "gguf_via_writer", "calls gguf-py"),
     ("gguf_bytes", "gguf_dims_as_torch", "innermost first"),

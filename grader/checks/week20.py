@@ -547,11 +547,14 @@ GPTQ_SAME_CODES = 0.9
 
 @WEEK.exercise(10, "gptq_quantize", section="7 (GPTQ)")
 def check_gptq_quantize(gptq_quantize) -> None:
-    """On a uniform grid; the weights lib.gptq finds (≥ 90 % of them); output error on held-out inputs within 5 %
-    of lib.gptq's; inputs unchanged; tensors made on the inputs' device (a meta run)."""
+    """On a uniform grid; the weights lib.gptq finds (≥ 90 % of them), on inputs narrower and wider than one lazy
+    batch of 128 columns; output error on held-out inputs within 5 % of lib.gptq's; inputs unchanged; tensors made
+    on the inputs' device (a meta run)."""
     from lib.gptq import gptq_quantize as ref_gptq
 
-    for i, (bits, group, cols) in enumerate([(4, 64, 128), (3, 32, 96)]):
+    # the third case is wider than one lazy batch (128 columns): an error that never leaves its batch (no
+    # W[:, b1:] -= E·U[b0:b1, b1:]) matches GPTQ in the first 128 columns only (about 40 % of the weights)
+    for i, (bits, group, cols) in enumerate([(4, 64, 128), (3, 32, 96), (4, 32, 320)]):
         w, x, x_test = _calibration(24, cols, 384, 900 + i)
         what = f"gptq_quantize(w {tuple(w.shape)}, x {tuple(x.shape)}, bits={bits}, group_size={group}, damp=0.01)"
         got = _run(gptq_quantize, w.clone(), x.clone(), bits, group, 0.01, what=what)
@@ -564,13 +567,19 @@ def check_gptq_quantize(gptq_quantize) -> None:
         same = float(((got - want_w).abs().reshape(24, -1, group) <= 1e-3 * step[..., None] + 1e-12).double().mean())
         err, want = _mse(w, got, x_test), _mse(w, want_w, x_test)
         rtn = _mse(w, ref.rtn_quantize(w, bits, group), x_test)
+        close = ((got - want_w).abs().reshape(24, -1, group) <= 1e-3 * step[..., None] + 1e-12).reshape(24, cols)
+        first = float(close[:, :128].double().mean())
+        batches = (f" Your weights are GPTQ's in the first 128 columns ({first:.0%}) and only {float(close[:, 128:].double().mean()):.0%} "
+                   f"after: each column's error must reach every later column, past its lazy batch of 128 too "
+                   f"(W[:, b1:] −= E·U[b0:b1, b1:] once per batch)" if cols > 128 and first >= 0.99 else "")
         assert same >= GPTQ_SAME_CODES and err <= 1.05 * want, (
             f"{what}: {same:.0%} of your weights are GPTQ's, output error {err:.4g} on held-out inputs; GPTQ gets "
-            f"{want:.4g} (round-to-nearest {rtn:.4g}). Go column by column: the group's min/max grid from the weights "
-            f"as updated when the group starts, round, and spread the error over the later columns with row j of the "
-            f"Cholesky factor of H⁻¹ (H = 2XᵀX/n, damped by 1 % of its mean diagonal) {seed_note()}")
-        _pure(gptq_quantize, (w, x, bits, group, 0.01), what)
-        check_on_meta(gptq_quantize, (w, x, bits, group, 0.01), what)
+            f"{want:.4g} (round-to-nearest {rtn:.4g}).{batches} Go column by column: the group's min/max grid from the "
+            f"weights as updated when the group starts, round, and spread the error over the later columns with row j "
+            f"of the Cholesky factor of H⁻¹ (H = 2XᵀX/n, damped by 1 % of its mean diagonal) {seed_note()}")
+        if i < 2:
+            _pure(gptq_quantize, (w, x, bits, group, 0.01), what)
+            check_on_meta(gptq_quantize, (w, x, bits, group, 0.01), what)
 
 
 @WEEK.exercise(11, "awq_quantize", section="8 (AWQ)")
