@@ -366,6 +366,48 @@ def q8_0_flush_subnormal(x):  # a float16 scale below 2^-14 written as 0
     return blocks.reshape(out.shape)
 
 
+def q8_0_divide(x):  # ggml's Q8_0, but x / d instead of x * (1/d): one float32 rounding apart at a boundary
+    b = x.astype(np.float32).reshape(-1, 32)
+    d = np.abs(b).max(1, keepdims=True) / np.float32(127)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = np.where(d == 0, np.float32(0), b / d).astype(np.float64)
+    q = (np.sign(v) * np.floor(np.abs(v) + 0.5)).astype(np.int8)
+    return np.concatenate([d.astype(np.float16).view(np.uint8), q.view(np.uint8)], 1).reshape(x.shape[0], -1)
+
+
+def q8_0_float64(x):  # ggml's Q8_0 formula in float64 throughout: d and x/d unrounded to float32
+    b = x.astype(np.float64).reshape(-1, 32)
+    d = np.abs(b).max(1, keepdims=True) / 127
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = np.where(d == 0, 0.0, b / d)
+    q = (np.sign(v) * np.floor(np.abs(v) + 0.5)).astype(np.int8)
+    return np.concatenate([d.astype(np.float16).view(np.uint8), q.view(np.uint8)], 1).reshape(x.shape[0], -1)
+
+
+def q4_1_divide(x):  # ggml's Q4_1, but (x - min) / d instead of (x - min) * (1/d)
+    b = x.astype(np.float32).reshape(-1, 32)
+    lo, hi = b.min(1, keepdims=True), b.max(1, keepdims=True)
+    d = (hi - lo) / np.float32(15)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = np.where(d == 0, np.float32(0), (b - lo) / d).astype(np.float32)
+    q = np.trunc(v + np.float32(0.5)).astype(np.uint8).clip(0, 15)
+    return np.concatenate([d.astype(np.float16).view(np.uint8), lo.astype(np.float16).view(np.uint8),
+                           q[:, :16] | (q[:, 16:] << 4)], 1).reshape(x.shape[0], -1)
+
+
+def q5_0_divide(x):  # ggml's Q5_0, but x / d instead of x * (1/d)
+    b = x.astype(np.float32).reshape(-1, 32)
+    peak = np.take_along_axis(b, np.abs(b).argmax(axis=1)[:, None], axis=1)
+    d = peak / np.float32(-16)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = np.where(d == 0, np.float32(0), b / d).astype(np.float32)
+    q = np.trunc(v + np.float32(16.5)).clip(0, 31).astype(np.uint32)
+    qh = ((q >> 4) << np.arange(32, dtype=np.uint32)).sum(axis=1, dtype=np.uint32)
+    low = (q & 0x0F).astype(np.uint8)
+    return np.concatenate([d.astype(np.float16).view(np.uint8), qh.astype("<u4")[:, None].view(np.uint8),
+                           low[:, :16] | (low[:, 16:] << 4)], axis=1).reshape(x.shape[0], -1)
+
+
 def q4_1_exact_half_up(x):  # floor(v + 0.5) exactly (float64), not ggml's float32 trunc(v + 0.5f)
     b = x.reshape(-1, 32)
     lo, hi = b.min(1, keepdims=True), b.max(1, keepdims=True)
@@ -613,6 +655,22 @@ def gguf_data_out_of_order(tensors, alignment=32):  # the data in reverse order,
     return _gguf(tensors, alignment, data_reversed=True)
 '''
 
+
+def test_the_boundary_blocks_alone_reject_a_division(ex):
+    """The Q8_0, Q4_1 and Q5_0 checks' boundary blocks, whatever the seed: gguf-py's bytes are the solution's, and
+    x / d (float32, or float64 throughout) writes other bytes there, not only where the real rows happen to tie."""
+    routes = {}
+    exec(WRONG_ROUTES, routes)
+    for qtype, own, wrong in [("Q8_0", ex.quantize_q8_0, ["q8_0_divide", "q8_0_float64"]),
+                              ("Q4_1", ex.quantize_q4_1, ["q4_1_divide"]), ("Q5_0", ex.quantize_q5_0, ["q5_0_divide"])]:
+        for offset in (0, 17):
+            x = checks._reciprocal_boundaries(qtype, 8, offset)
+            want = checks._oracle_quantize(x, qtype)
+            assert np.array_equal(own(x), want), qtype
+            for name in wrong:
+                assert not np.array_equal(routes[name](x), want), (qtype, name)
+
+
 # (check, wrong route, what its one-line reason must say)
 ISOLATED_CASES = [
     ("dequantize_q8_0", "dq8_0_gguf_class", "calls gguf-py"),
@@ -623,6 +681,10 @@ ISOLATED_CASES = [
     ("quantize_q8_0", "q8_0_trunc_in_float32", "differ"),
     ("quantize_q8_0", "q8_0_flush_subnormal", "differ"),
     ("quantize_q4_1", "q4_1_exact_half_up", "differ"),
+    ("quantize_q8_0", "q8_0_divide", "differ"),
+    ("quantize_q8_0", "q8_0_float64", "differ"),
+    ("quantize_q4_1", "q4_1_divide", "differ"),
+    ("quantize_q5_0", "q5_0_divide", "differ"),
     ("dequantize_q8_0", "dq8_0_flush_subnormal", "differ"),
     ("quantize_q4_k", "q4_k_min_max", "Q4_1's"),
     ("quantize_q5_0", "q5_0_gguf_class", "calls gguf-py"),

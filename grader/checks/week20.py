@@ -103,6 +103,53 @@ def _q4_1_ties(rows, offset):
     return x
 
 
+def _reciprocal_boundaries(qtype, rows, offset):
+    """float32 [rows, 128] in blocks whose d is not a power of two, their values within 3 ulps of a rounding boundary
+    (a half for Q8_0, where v + 0.5 or v + 16.5 truncates for Q4_1 and Q5_0), kept where ggml's float32
+    x·id (id = 1/d, itself a float32) gives another code than the float32 quotient x/d or the exact x/d: the tie
+    blocks have d = 2^e, where all three agree. Q8_0: ±abs-max first; Q5_0: the signed peak first; Q4_1: min, max."""
+    f32, g = np.float32, generator(offset)
+    nb, cand = rows * 4, 512
+    top = (0.5 + 0.5 * torch.rand(nb, 1, generator=g, dtype=torch.float64)) * torch.pow(
+        2.0, torch.randint(-10, 1, (nb, 1), generator=g).double())
+    top = top.numpy().astype(f32)
+    sign = np.where(torch.rand(nb, 1, generator=g).numpy() < 0.5, f32(-1), f32(1))
+    ulps = torch.randint(-3, 4, (nb, cand), generator=g).numpy().astype(np.int32)
+
+    def near(h, d, base=0.0):  # base + h·d rounded to float32, then moved by a few ulps
+        x = (np.float64(0) + base + h * d.astype(np.float64)).astype(f32)
+        return (x.view(np.int32) + ulps).view(f32)
+
+    def roundf(v):
+        v = np.asarray(v, np.float64)
+        return np.sign(v) * np.floor(np.abs(v) + 0.5)
+
+    with np.errstate(all="ignore"):
+        if qtype == "Q8_0":
+            d = top / f32(127)
+            x = np.clip(near(torch.randint(-127, 127, (nb, cand), generator=g).double().numpy() + 0.5, d), -top, top)
+            ggml, quotient = roundf(x * (f32(1) / d)), roundf(x / d)
+            exact = roundf(x.astype(np.float64) / (top.astype(np.float64) / 127))
+            first = sign * top
+        elif qtype == "Q5_0":
+            first = sign * top
+            d = first / f32(-16)
+            x = np.clip(near(torch.randint(-16, 15, (nb, cand), generator=g).double().numpy() + 0.5, d), -top, top)
+            ggml, quotient = np.trunc(x * (f32(1) / d) + f32(16.5)), np.trunc((x / d).astype(f32) + f32(16.5))
+            exact = np.floor(x.astype(np.float64) / (first.astype(np.float64) / -16) + 16.5)
+        else:  # Q4_1
+            lo = -top * torch.rand(nb, 1, generator=g).numpy().astype(f32)
+            hi = lo + top
+            d = (hi - lo) / f32(15)
+            x = np.clip(near(torch.randint(0, 15, (nb, cand), generator=g).double().numpy() + 0.5, d, lo), lo, hi)
+            ggml, quotient = np.trunc((x - lo) * (f32(1) / d) + f32(0.5)), np.trunc(((x - lo) / d).astype(f32) + f32(0.5))
+            exact = np.floor((x.astype(np.float64) - lo) / ((hi.astype(np.float64) - lo) / 15) + 0.5)
+            first = np.concatenate([lo, hi], 1)
+    differ = (ggml != quotient) | (ggml != exact)
+    pick = np.argsort(~differ, axis=1, kind="stable")[:, :32 - first.shape[1]]  # the differing candidates first
+    return np.concatenate([first, np.take_along_axis(x, pick, 1)], 1).astype(f32).reshape(rows, 128)
+
+
 def _cases(block, offset, ties=None):
     """(description, x float32 [rows, n]) for random, heavy-tailed, real and (optionally) tie inputs."""
     yield "random normal [16, 1024]", _normal(16, 1024, offset)
@@ -183,7 +230,9 @@ def _oracle_dequantize(data, qtype):
 
 def _check_quantizer(fn, qtype, name, offset, ties):
     block = ref.BLOCK_SIZES[qtype][0]
-    for desc, x in _cases(block, offset, ties):
+    boundary = ("blocks at rounding boundaries where float32 x·(1/d) and x/d (float32 or exact) give different codes "
+                "(ggml multiplies by id = 1/d, a float32, and never divides)", _reciprocal_boundaries(qtype, 8, offset + 5))
+    for desc, x in [*_cases(block, offset, ties), boundary]:
         got = _run(fn, x.copy(), what=f"{name} on {desc}")
         _same_bytes(got, _oracle_quantize(x, qtype), x, block, f"{name} on {desc}", qtype)
 
