@@ -584,6 +584,23 @@ def awq_zero_kmeans(w, x, bits, group, n_grid):  # α = 0 (searching nothing) an
     return gptq_kmeans(w, x, bits, group, 0.0), 0.0
 
 
+def _awq_at(w, x, bits, group, alpha):  # AWQ's scaling and round-to-nearest at one α
+    s = x.reshape(-1, x.shape[-1]).float().abs().mean(0).clamp_min(1e-5).pow(alpha)
+    s = s / (s.max() * s.min()).sqrt()
+    g = (w.float() * s).reshape(w.shape[0], -1, group)
+    lo = g.amin(-1, keepdim=True)
+    scale = ((g.amax(-1, keepdim=True) - lo) / (2**bits - 1)).clamp_min(1e-12)
+    return (torch.clamp(torch.round((g - lo) / scale), 0, 2**bits - 1) * scale + lo).reshape(w.shape) / s
+
+
+def awq_fixed_alpha_04(w, x, bits, group, n_grid):  # no search: the α the usual inputs tend to want
+    return _awq_at(w, x, bits, group, 0.4), 0.4
+
+
+def awq_fixed_alpha_09(w, x, bits, group, n_grid):  # no search: an α near 1
+    return _awq_at(w, x, bits, group, 0.9), 0.9
+
+
 def _gguf(tensors, alignment=32, innermost_first=True, pad_each=True, char_length=False, key=True, pad_head=True,
           tail=b"", data_reversed=False):  # a GGUF writer with one thing wrong at a time
     import struct
@@ -703,6 +720,8 @@ ISOLATED_CASES = [
     ("gptq_quantize", "gptq_cpu_eye", "device"),
     ("gptq_quantize", "gptq_batch_only", "past its lazy batch"),
     ("awq_quantize", "awq_zero_kmeans", "uniform"),
+    ("awq_quantize", "awq_fixed_alpha_04", "no fixed one fits them all"),
+    ("awq_quantize", "awq_fixed_alpha_09", "no fixed one fits them all"),
     ("gguf_bytes", "gguf_via_writer", "calls gguf-py"),
     ("gguf_bytes", "gguf_dims_as_torch", "innermost first"),
     ("gguf_bytes", "gguf_back_to_back", "multiple of the alignment"),

@@ -548,6 +548,23 @@ def _calibration(rows, cols, n, offset):
     return w, xs[0], xs[1]
 
 
+def _calibration_quiet_outliers(rows, cols, n, offset):
+    """Like `_calibration`, but the 8 outlier input channels (30x) meet weights 20x smaller than the rest and the
+    inputs are uncorrelated: scaling those columns up costs the groups' steps little, so the best α is near 1
+    (0.9-0.95), where `_calibration`'s is 0.25-0.5. No single α is within 1.001x of the best on all three cases
+    (the closest is 1.7x off over 40 seeds): a fixed α, searching nothing, fails here whatever the seed."""
+    g = generator(offset)
+    w = 0.05 * torch.randn(rows, cols, generator=g)
+    outliers = torch.randperm(cols, generator=g)[:8]
+    w[:, outliers] *= 0.05
+    xs = []
+    for _ in range(2):
+        x = torch.randn(n, cols, generator=g)
+        x[:, outliers] *= 30
+        xs.append(x)
+    return w, xs[0], xs[1]
+
+
 def _uniform_grid(w_q, bits, group_size, what, col_scale=None):
     """Every (row, group) of `w_q` (times `col_scale` per input channel) lies on a uniform grid lo + step·k,
     k integer in 0 … 2^bits − 1 (within 1e-3 of a step: float rounding of a rescaled grid). A codebook of
@@ -633,14 +650,15 @@ def check_gptq_quantize(gptq_quantize) -> None:
 
 @WEEK.exercise(11, "awq_quantize", section="8 (AWQ)")
 def check_awq_quantize(awq_quantize) -> None:
-    """The α found is as good as lib.awq's grid search on held-out inputs; the weights are on a uniform grid
-    after W·diag(s); inputs unchanged."""
+    """The α found is as good as lib.awq's grid search on held-out inputs, on inputs whose best α differs (0.25-0.5
+    and 0.9-0.95: a fixed α fails one); the weights are on a uniform grid after W·diag(s); inputs unchanged."""
     from lib.awq import awq_quantize as ref_awq
     from lib.awq import awq_scales
 
-    for i, (bits, group, cols) in enumerate([(3, 64, 192), (4, 32, 128)]):
-        w, x, x_test = _calibration(24, cols, 384, 1000 + i)
-        what = f"awq_quantize(w {tuple(w.shape)}, x {tuple(x.shape)}, bits={bits}, group_size={group}, n_grid=20)"
+    for i, (bits, group, cols) in enumerate([(3, 64, 192), (4, 32, 128), (4, 32, 128)]):
+        w, x, x_test = (_calibration if i < 2 else _calibration_quiet_outliers)(24, cols, 384, 1000 + i)
+        what = (f"awq_quantize(w {tuple(w.shape)}, x {tuple(x.shape)}, bits={bits}, group_size={group}, n_grid=20)"
+                + ("" if i < 2 else " (8 input channels 30x larger, their weights 20x smaller)"))
         got = _run(awq_quantize, w.clone(), x.clone(), bits, group, 20, what=what)
         assert isinstance(got, tuple) and len(got) == 2, f"{what}: return (w_eff, alpha), a pair"
         w_eff, alpha = got
@@ -652,11 +670,13 @@ def check_awq_quantize(awq_quantize) -> None:
         assert _mse(w, w_eff, x) <= 1.001 * _mse(w, want_w, x), (
             f"{what}: output error {_mse(w, w_eff, x):.4g} at α = {alpha} on the calibration inputs; the grid search "
             f"finds {_mse(w, want_w, x):.4g} at α = {want_alpha}. Try every α, scale the columns by s = (E|x|)^α, round "
-            f"to nearest on the min/max grid, scale back, and keep the α with the smallest error on x {seed_note()}")
+            f"to nearest on the min/max grid, scale back, and keep the α with the smallest error on x (the best α "
+            f"depends on the inputs: no fixed one fits them all) {seed_note()}")
         err, want = _mse(w, w_eff, x_test), _mse(w, want_w, x_test)
         assert err <= 1.02 * want, (
             f"{what}: output error {err:.4g} on held-out inputs; AWQ's α = {want_alpha} gets {want:.4g} {seed_note()}")
-        _pure(awq_quantize, (w, x, bits, group, 20), what)
+        if i < 2:
+            _pure(awq_quantize, (w, x, bits, group, 20), what)
 
 
 # --- 12: a GGUF file ----------------------------------------------------------------------------------------
