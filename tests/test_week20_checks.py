@@ -584,6 +584,22 @@ def awq_zero_kmeans(w, x, bits, group, n_grid):  # α = 0 (searching nothing) an
     return gptq_kmeans(w, x, bits, group, 0.0), 0.0
 
 
+def gptq_damp_ignored(w, x, bits, group, damp):  # GPTQ, but always damped by 1 %, whatever `damp` says
+    W = w.clone()
+    H = 2 * x.T @ x / x.shape[0]
+    H = H + 0.01 * torch.diag(H).mean() * torch.eye(H.shape[0], device=H.device)
+    U = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
+    Q = torch.zeros_like(W)
+    levels = 2**bits - 1
+    for j in range(W.shape[1]):
+        if j % group == 0:
+            lo = W[:, j:j + group].amin(1)
+            scale = ((W[:, j:j + group].amax(1) - lo) / levels).clamp_min(1e-12)
+        Q[:, j] = torch.clamp(torch.round((W[:, j] - lo) / scale), 0, levels) * scale + lo
+        W[:, j:] -= ((W[:, j] - Q[:, j]) / U[j, j])[:, None] * U[j, j:][None, :]
+    return Q
+
+
 def _awq_at(w, x, bits, group, alpha):  # AWQ's scaling and round-to-nearest at one α
     s = x.reshape(-1, x.shape[-1]).float().abs().mean(0).clamp_min(1e-5).pow(alpha)
     s = s / (s.max() * s.min()).sqrt()
@@ -719,6 +735,7 @@ ISOLATED_CASES = [
     ("gptq_quantize", "gptq_in_place", "in place"),
     ("gptq_quantize", "gptq_cpu_eye", "device"),
     ("gptq_quantize", "gptq_batch_only", "past its lazy batch"),
+    ("gptq_quantize", "gptq_damp_ignored", "the argument, not a constant"),
     ("awq_quantize", "awq_zero_kmeans", "uniform"),
     ("awq_quantize", "awq_fixed_alpha_04", "no fixed one fits them all"),
     ("awq_quantize", "awq_fixed_alpha_09", "no fixed one fits them all"),

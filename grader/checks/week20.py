@@ -614,21 +614,22 @@ GPTQ_SAME_CODES = 0.9
 @WEEK.exercise(10, "gptq_quantize", section="7 (GPTQ)")
 def check_gptq_quantize(gptq_quantize) -> None:
     """On a uniform grid; the weights lib.gptq finds (≥ 90 % of them), on inputs narrower and wider than one lazy
-    batch of 128 columns; output error on held-out inputs within 5 % of lib.gptq's; inputs unchanged; tensors made
-    on the inputs' device (a meta run)."""
+    batch of 128 columns, damped by 1 % and by 10 %; output error on held-out inputs within 5 % of lib.gptq's; inputs
+    unchanged; tensors made on the inputs' device (a meta run)."""
     from lib.gptq import gptq_quantize as ref_gptq
 
     # the third case is wider than one lazy batch (128 columns): an error that never leaves its batch (no
-    # W[:, b1:] -= E·U[b0:b1, b1:]) matches GPTQ in the first 128 columns only (about 40 % of the weights)
-    for i, (bits, group, cols) in enumerate([(4, 64, 128), (3, 32, 96), (4, 32, 320)]):
+    # W[:, b1:] -= E·U[b0:b1, b1:]) matches GPTQ in the first 128 columns only (about 40 % of the weights); and
+    # damped by 10 %: a GPTQ that ignores `damp` (always 1 %) keeps about 10 % of those weights
+    for i, (bits, group, cols, damp) in enumerate([(4, 64, 128, 0.01), (3, 32, 96, 0.01), (4, 32, 320, 0.1)]):
         w, x, x_test = _calibration(24, cols, 384, 900 + i)
-        what = f"gptq_quantize(w {tuple(w.shape)}, x {tuple(x.shape)}, bits={bits}, group_size={group}, damp=0.01)"
-        got = _run(gptq_quantize, w.clone(), x.clone(), bits, group, 0.01, what=what)
+        what = f"gptq_quantize(w {tuple(w.shape)}, x {tuple(x.shape)}, bits={bits}, group_size={group}, damp={damp})"
+        got = _run(gptq_quantize, w.clone(), x.clone(), bits, group, damp, what=what)
         assert isinstance(got, torch.Tensor) and got.shape == w.shape and got.dtype == w.dtype, (
             f"{what}: returned {type(got).__name__} {tuple(getattr(got, 'shape', ()))} {getattr(got, 'dtype', '')}; "
             f"expected a {w.dtype} tensor {tuple(w.shape)}")
         _uniform_grid(got, bits, group, what)
-        want_w = ref_gptq(w, x, bits, group, 0.01)
+        want_w = ref_gptq(w, x, bits, group, damp)
         step = (want_w.reshape(24, -1, group).amax(-1) - want_w.reshape(24, -1, group).amin(-1)) / (2**bits - 1)
         same = float(((got - want_w).abs().reshape(24, -1, group) <= 1e-3 * step[..., None] + 1e-12).double().mean())
         err, want = _mse(w, got, x_test), _mse(w, want_w, x_test)
@@ -642,10 +643,11 @@ def check_gptq_quantize(gptq_quantize) -> None:
             f"{what}: {same:.0%} of your weights are GPTQ's, output error {err:.4g} on held-out inputs; GPTQ gets "
             f"{want:.4g} (round-to-nearest {rtn:.4g}).{batches} Go column by column: the group's min/max grid from the "
             f"weights as updated when the group starts, round, and spread the error over the later columns with row j "
-            f"of the Cholesky factor of H⁻¹ (H = 2XᵀX/n, damped by 1 % of its mean diagonal) {seed_note()}")
+            f"of the Cholesky factor of H⁻¹ (H = 2XᵀX/n, plus damp = {damp} times its mean diagonal: the argument, "
+            f"not a constant) {seed_note()}")
         if i < 2:
-            _pure(gptq_quantize, (w, x, bits, group, 0.01), what)
-            check_on_meta(gptq_quantize, (w, x, bits, group, 0.01), what)
+            _pure(gptq_quantize, (w, x, bits, group, damp), what)
+            check_on_meta(gptq_quantize, (w, x, bits, group, damp), what)
 
 
 @WEEK.exercise(11, "awq_quantize", section="8 (AWQ)")
