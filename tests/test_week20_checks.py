@@ -609,12 +609,19 @@ def _awq_at(w, x, bits, group, alpha):  # AWQ's scaling and round-to-nearest at 
     return (torch.clamp(torch.round((g - lo) / scale), 0, 2**bits - 1) * scale + lo).reshape(w.shape) / s
 
 
-def awq_fixed_alpha_04(w, x, bits, group, n_grid):  # no search: the α the usual inputs tend to want
-    return _awq_at(w, x, bits, group, 0.4), 0.4
+def awq_fixed_alpha_05(w, x, bits, group, n_grid):  # no search: an α the usual inputs often want (on every grid)
+    return _awq_at(w, x, bits, group, 0.5), 0.5
 
 
 def awq_fixed_alpha_09(w, x, bits, group, n_grid):  # no search: an α near 1
     return _awq_at(w, x, bits, group, 0.9), 0.9
+
+
+def awq_n_grid_ignored(w, x, bits, group, n_grid):  # the search, but always over 20 values of α
+    xf = x.reshape(-1, x.shape[-1]).float()
+    errs = [(float(((xf @ (w - _awq_at(w, x, bits, group, k / 20)).T) ** 2).mean()), k / 20) for k in range(20)]
+    alpha = min(errs)[1]
+    return _awq_at(w, x, bits, group, alpha), alpha
 
 
 def _gguf(tensors, alignment=32, innermost_first=True, pad_each=True, char_length=False, key=True, pad_head=True,
@@ -737,7 +744,8 @@ ISOLATED_CASES = [
     ("gptq_quantize", "gptq_batch_only", "past its lazy batch"),
     ("gptq_quantize", "gptq_damp_ignored", "the argument, not a constant"),
     ("awq_quantize", "awq_zero_kmeans", "uniform"),
-    ("awq_quantize", "awq_fixed_alpha_04", "no fixed one fits them all"),
+    ("awq_quantize", "awq_fixed_alpha_05", "no fixed one fits them all"),
+    ("awq_quantize", "awq_n_grid_ignored", "not a fixed number"),
     ("awq_quantize", "awq_fixed_alpha_09", "no fixed one fits them all"),
     ("gguf_bytes", "gguf_via_writer", "calls gguf-py"),
     ("gguf_bytes", "gguf_dims_as_torch", "innermost first"),

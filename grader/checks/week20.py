@@ -551,8 +551,9 @@ def _calibration(rows, cols, n, offset):
 def _calibration_quiet_outliers(rows, cols, n, offset):
     """Like `_calibration`, but the 8 outlier input channels (30x) meet weights 20x smaller than the rest and the
     inputs are uncorrelated: scaling those columns up costs the groups' steps little, so the best α is near 1
-    (0.9-0.95), where `_calibration`'s is 0.25-0.5. No single α is within 1.001x of the best on all three cases
-    (the closest is 1.7x off over 40 seeds): a fixed α, searching nothing, fails here whatever the seed."""
+    (0.9-0.95 on a grid of 20, 0.875 on one of 8), where `_calibration`'s is 0.25-0.5. No single α came within
+    1.001x of the best on all three cases (the closest was 1.7x off, over 40 seeds, on grids of 20): a fixed α,
+    searching nothing, fails one whatever the seed."""
     g = generator(offset)
     w = 0.05 * torch.randn(rows, cols, generator=g)
     outliers = torch.randperm(cols, generator=g)[:8]
@@ -653,22 +654,27 @@ def check_gptq_quantize(gptq_quantize) -> None:
 @WEEK.exercise(11, "awq_quantize", section="8 (AWQ)")
 def check_awq_quantize(awq_quantize) -> None:
     """The α found is as good as lib.awq's grid search on held-out inputs, on inputs whose best α differs (0.25-0.5
-    and 0.9-0.95: a fixed α fails one); the weights are on a uniform grid after W·diag(s); inputs unchanged."""
+    and 0.9-0.95: a fixed α fails one), with n_grid 20 and 8; the weights are on a uniform grid after W·diag(s);
+    inputs unchanged."""
     from lib.awq import awq_quantize as ref_awq
     from lib.awq import awq_scales
 
-    for i, (bits, group, cols) in enumerate([(3, 64, 192), (4, 32, 128), (4, 32, 128)]):
+    # the third case searches n_grid=8 (α = 0, 0.125, … 0.875): a search that ignores n_grid (always 20) finds
+    # 0.9 or 0.95 there, off that grid
+    for i, (bits, group, cols, n_grid) in enumerate([(3, 64, 192, 20), (4, 32, 128, 20), (4, 32, 128, 8)]):
         w, x, x_test = (_calibration if i < 2 else _calibration_quiet_outliers)(24, cols, 384, 1000 + i)
-        what = (f"awq_quantize(w {tuple(w.shape)}, x {tuple(x.shape)}, bits={bits}, group_size={group}, n_grid=20)"
+        what = (f"awq_quantize(w {tuple(w.shape)}, x {tuple(x.shape)}, bits={bits}, group_size={group}, n_grid={n_grid})"
                 + ("" if i < 2 else " (8 input channels 30x larger, their weights 20x smaller)"))
-        got = _run(awq_quantize, w.clone(), x.clone(), bits, group, 20, what=what)
+        got = _run(awq_quantize, w.clone(), x.clone(), bits, group, n_grid, what=what)
         assert isinstance(got, tuple) and len(got) == 2, f"{what}: return (w_eff, alpha), a pair"
         w_eff, alpha = got
         assert isinstance(w_eff, torch.Tensor) and w_eff.shape == w.shape, f"{what}: w_eff must be a tensor {tuple(w.shape)}"
         alpha = float(alpha)
-        assert any(abs(alpha - k / 20) < 1e-9 for k in range(20)), f"{what}: α = {alpha} is not on the grid 0, 0.05, … 0.95"
+        assert any(abs(alpha - k / n_grid) < 1e-9 for k in range(n_grid)), (
+            f"{what}: α = {alpha} is not on the grid 0, 1/{n_grid}, … {n_grid - 1}/{n_grid}: search the n_grid values "
+            f"the argument asks for, not a fixed number")
         _uniform_grid(w_eff, bits, group, what + " (times s)", awq_scales(x.abs().mean(0), alpha))
-        want_w, want_alpha = ref_awq(w, x, bits, group, 20)
+        want_w, want_alpha = ref_awq(w, x, bits, group, n_grid)
         assert _mse(w, w_eff, x) <= 1.001 * _mse(w, want_w, x), (
             f"{what}: output error {_mse(w, w_eff, x):.4g} at α = {alpha} on the calibration inputs; the grid search "
             f"finds {_mse(w, want_w, x):.4g} at α = {want_alpha}. Try every α, scale the columns by s = (E|x|)^α, round "
@@ -678,7 +684,7 @@ def check_awq_quantize(awq_quantize) -> None:
         assert err <= 1.02 * want, (
             f"{what}: output error {err:.4g} on held-out inputs; AWQ's α = {want_alpha} gets {want:.4g} {seed_note()}")
         if i < 2:
-            _pure(awq_quantize, (w, x, bits, group, 20), what)
+            _pure(awq_quantize, (w, x, bits, group, n_grid), what)
 
 
 # --- 12: a GGUF file ----------------------------------------------------------------------------------------
