@@ -264,6 +264,11 @@ def test_allocate_bits(ex):
 
     _rejects(checks.check_allocate_bits, by_total_delta, "per weight")
     _rejects(checks.check_allocate_bits, lambda *a: set(a[0]), "over the budget")
+
+    def low_assumed(delta, sizes, budget, low, high):  # the right greedy, but the low format taken as 3.5 bits
+        return ex.allocate_bits(delta, sizes, budget, 3.5, high)
+
+    _rejects(checks.check_allocate_bits, low_assumed, "with the low and high given")
     from lib.quant import allocate_bits as hidden
 
     _rejects(checks.check_allocate_bits, lambda *a: hidden(*a), "calls the lab's reference")

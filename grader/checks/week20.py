@@ -503,7 +503,10 @@ def check_allocate_bits(allocate_bits) -> None:
     """Within the budget, and saving at least the perplexity that the greedy-by-ratio allocation saves."""
     g = generator(800)
     cases = [  # a big unit that is sensitive in total but cheap per bit loses to two small ones
-        ({"big": 10.0, "a": 6.0, "b": 6.0, "c": 0.5}, {"big": 1000, "a": 300, "b": 300, "c": 400}, 4.0, 3.5, 4.5)]
+        ({"big": 10.0, "a": 6.0, "b": 6.0, "c": 0.5}, {"big": 1000, "a": 300, "b": 300, "c": 400}, 4.0, 3.5, 4.5),
+        # low 2.5, not the 3.5 of every other case: the spare bits are (3.5 − 2.5) × 2000 and buy a, b and c; a
+        # function that assumes low = 3.5 sees no spare bits at all
+        ({"big": 10.0, "a": 6.0, "b": 6.0, "c": 0.5}, {"big": 1000, "a": 300, "b": 300, "c": 400}, 3.5, 2.5, 4.5)]
     for case in range(8):
         n = int(torch.randint(5, 14, (1,), generator=g))
         names = [f"blk.{i}.{k}" for i, k in enumerate(torch.randint(0, 7, (n,), generator=g).tolist())]
@@ -527,7 +530,9 @@ def check_allocate_bits(allocate_bits) -> None:
         want = ref.allocate_bits(delta, sizes, budget, low, high)
         assert _saved(got, delta) >= _saved(want, delta) - 1e-9, (
             f"{what}: your choice {sorted(got)} saves ΔPPL {_saved(got, delta):.3f}; taking units in order of ΔPPL per "
-            f"weight (the perplexity an extra bit buys) while they fit saves {_saved(want, delta):.3f} {seed_note()}")
+            f"weight (the perplexity an extra bit buys) while they fit saves {_saved(want, delta):.3f} (the spare bits are "
+            f"(budget − low) × all weights, a unit costs (high − low) × its weights, with the low and high given) "
+            f"{seed_note()}")
 
 
 # --- 10-11: GPTQ and AWQ --------------------------------------------------------------------------------------
