@@ -630,16 +630,16 @@ def awq_n_grid_ignored(w, x, bits, group, n_grid):  # the search, but always ove
 
 
 def _gguf(tensors, alignment=32, innermost_first=True, pad_each=True, char_length=False, key=True, pad_head=True,
-          tail=b"", data_reversed=False):  # a GGUF writer with one thing wrong at a time
+          tail=b"", data_reversed=False, version=3, key_type="<II"):  # a GGUF writer with one thing wrong at a time
     import struct
 
     def string(text):
         raw = text.encode("utf-8")
         return struct.pack("<Q", len(text) if char_length else len(raw)) + raw
 
-    head = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), int(key))
+    head = b"GGUF" + struct.pack("<IQQ", version, len(tensors), int(key))
     if key:
-        head += string("general.alignment") + struct.pack("<II", 4, alignment)
+        head += string("general.alignment") + struct.pack(key_type, {"<II": 4, "<IQ": 10}[key_type], alignment)
     blobs = []
     for data, _, _ in tensors.values():
         raw = np.ascontiguousarray(data).tobytes()
@@ -694,6 +694,14 @@ def gguf_unpadded_infos(tensors, alignment=32):  # the data section right after 
 
 def gguf_trailing_bytes(tensors, alignment=32):  # something appended after the last tensor
     return _gguf(tensors, alignment, tail=b"lab")
+
+
+def gguf_version_2(tensors, alignment=32):  # the right layout, but the header says version 2
+    return _gguf(tensors, alignment, version=2)
+
+
+def gguf_alignment_u64(tensors, alignment=32):  # general.alignment as a uint64 (type 10), not a uint32
+    return _gguf(tensors, alignment, key_type="<IQ")
 
 
 def gguf_data_out_of_order(tensors, alignment=32):  # the data in reverse order, the offsets consistent with it
@@ -760,6 +768,8 @@ ISOLATED_CASES = [
     ("gguf_bytes", "gguf_silent_alignment", "general.alignment"),
     ("gguf_bytes", "gguf_unpadded_infos", "first multiple of the alignment"),
     ("gguf_bytes", "gguf_trailing_bytes", "nothing else"),
+    ("gguf_bytes", "gguf_version_2", "write version 3"),
+    ("gguf_bytes", "gguf_alignment_u64", "value type is 4 (uint32)"),
 ]
 
 

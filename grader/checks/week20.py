@@ -738,6 +738,9 @@ def _read_gguf(data: bytes, names, what: str):
         hint = "the header: the 4 bytes GGUF, then the version 3 as a uint32, then the two uint64 counts"
     elif any(struct.pack("<Q", len(n.encode())) + n.encode() not in data for n in names):
         hint = "the strings: each is its length in UTF-8 bytes (not characters) as a uint64, then those bytes"
+    elif "general.alignment" in error:
+        hint = ("the key general.alignment: its value type is 4 (uint32), then the value as a uint32 — gguf-py and "
+                "llama.cpp refuse any other type for it")
     elif "block size" in error:
         hint = ("the dims: a quantized tensor's first dim must be its row length (whole blocks): GGUF lists dims "
                 "innermost first, so a [rows, cols] tensor is (cols, rows)")
@@ -764,6 +767,10 @@ def check_gguf_bytes(gguf_bytes) -> None:
         assert isinstance(got, (bytes, bytearray)), f"{what}: returned {type(got).__name__}; expected bytes"
         got = bytes(got)
         read, data_start, said = _read_gguf(got, list(tensors), what)
+        version = int.from_bytes(got[4:8], "little")
+        assert version == 3, (
+            f"{what}: the header says GGUF version {version}; write version 3 (the uint32 after the magic GGUF): the "
+            f"layout asked for is v3's {seed_note()}")
         assert alignment == 32 or said == alignment, (
             f"{what}: your file is laid out for alignment {alignment} but its general.alignment is {said}: a reader "
             f"assumes 32 unless the key general.alignment (a uint32) says otherwise {seed_note()}")
