@@ -546,6 +546,18 @@ def lookup_no_errors(tokens, k, max_ngram=3, min_ngram=1):
     return lookup_draft(tokens, max(k, 0), max(max_ngram, 1), max(1, min(min_ngram, max_ngram)))
 
 
+def lookup_last_64(tokens, k, max_ngram=3, min_ngram=1):  # searches only the last 64 tokens of the text
+    return lookup_draft(tokens[max(0, len(tokens) - 64):], k, max_ngram, min_ngram)
+
+
+def lookup_k_at_most_8(tokens, k, max_ngram=3, min_ngram=1):  # never drafts more than 8 tokens, whatever k
+    return lookup_draft(tokens, min(k, 8), max_ngram, min_ngram)
+
+
+def lookup_ngram_at_most_5(tokens, k, max_ngram=3, min_ngram=1):  # n-grams of at most 5 tokens, whatever max_ngram
+    return lookup_draft(tokens, k, min(max_ngram, 5), min(min_ngram, 5))
+
+
 def best_k_independent(alpha, c, verify_cost):
     ks = range(1, max(verify_cost))
     speed = {k: (1 + alpha * k) / (k * c + verify_cost[k + 1]) for k in ks}  # every token tested, independently
@@ -603,6 +615,9 @@ THEORY_ROUTES = {
     ("lookup_draft", "lookup_one_token"): "expected",
     ("lookup_draft", "lookup_ignores_min"): "expected",
     ("lookup_draft", "lookup_no_errors"): "ValueError",
+    ("lookup_draft", "lookup_last_64"): "search the whole text",
+    ("lookup_draft", "lookup_k_at_most_8"): "search the whole text",
+    ("lookup_draft", "lookup_ngram_at_most_5"): "search the whole text",
     ("best_k", "best_k_independent"): "the best is",
     ("best_k", "best_k_no_bonus"): "the best is",
     ("best_k", "best_k_closed_form"): "ZeroDivisionError",

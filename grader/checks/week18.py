@@ -387,6 +387,14 @@ def _planted(g, length: int, vocab: int) -> list:
     return out[:length]
 
 
+def _sizes_note(tokens: list, k: int, max_ngram: int) -> str:
+    """For a case past the random cases' sizes: what it asks of the search."""
+    if len(tokens) <= 60 and k <= 8 and max_ngram <= 5:
+        return ""
+    return (f" (here the text is {len(tokens)} tokens, k = {k}, max_ngram = {max_ngram}: search the whole text, for "
+            f"n-grams up to max_ngram, and return up to k tokens, whatever their sizes)")
+
+
 @WEEK.exercise(5, "lookup_draft", section="5 (Drafts compared on SmolLM2)")
 def check_lookup_draft(lookup_draft) -> None:
     """Prompt lookup on texts with copied stretches: the longest n-gram (max_ngram >= n >= min_ngram) that ends
@@ -395,6 +403,12 @@ def check_lookup_draft(lookup_draft) -> None:
     g = generator(6)
     cases = [([], 3, 3, 1), ([7], 3, 3, 1), ([5, 5], 4, 3, 1), ([1, 2, 3, 1, 2], 0, 3, 1), ([1, 2, 3, 4], 3, 2, 1),
              ([1, 2, 9, 1, 2, 8, 1, 2], 2, 2, 1), ([3, 1, 2, 4, 1, 2], 3, 3, 3)]
+    # sizes past the random cases' (texts < 60 tokens, k <= 8, max_ngram <= 5), so that a search that looks only at
+    # the last 64 tokens, returns at most 8, or caps the n-gram at 5 is wrong somewhere: the only earlier
+    # occurrence 400 tokens back; k = 20 after a long copied stretch; a 7-gram whose latest 5-gram is elsewhere
+    filler = (10 + torch.randint(0, 40, (400,), generator=g)).tolist()
+    cases += [([1, 2, 3, 4] + filler + [1, 2, 3], 3, 3, 1), (list(range(30)) + [0, 1, 2], 20, 3, 1),
+              ([1, 2, 3, 4, 5, 6, 7, 50, 0, 3, 4, 5, 6, 7, 60, 1, 2, 3, 4, 5, 6, 7], 3, 7, 1)]
     for _ in range(300):
         vocab = int(torch.randint(3, 12, (), generator=g))
         tokens = _planted(g, int(torch.randint(2, 60, (), generator=g)), vocab)
@@ -409,7 +423,7 @@ def check_lookup_draft(lookup_draft) -> None:
             f"lookup_draft({tokens if len(tokens) <= 24 else '[...' + str(tokens[-24:])[1:]}, k={k}, max_ngram={hi}, "
             f"min_ngram={lo}) = {got}; expected {want}: take the longest n-gram ending the text (n from max_ngram "
             f"down to min_ngram) that also occurs earlier, its latest earlier occurrence, and the (up to) k tokens "
-            f"after it {seed_note()}")
+            f"after it{_sizes_note(tokens, k, hi)} {seed_note()}")
     for bad in [dict(k=-1), dict(min_ngram=0), dict(max_ngram=2, min_ngram=3)]:
         kwargs = {"k": 2, "max_ngram": 3, "min_ngram": 1, **bad}
         try:
