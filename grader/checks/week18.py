@@ -515,12 +515,15 @@ def _speedup(alpha: float, k: int, c: float, verify_cost: dict) -> float:
 def check_best_k(best_k) -> None:
     """The K that maximizes the predicted speedup for acceptance α, draft cost c and a verify-cost curve
     (verify_cost[m] for m = 1..M; K = 1..M-1), and that speedup. Random α in [0, 1] (α = 0 and α = 1 included),
-    c, rising curves; ties (within 1e-9) accept either K."""
+    c, rising curves (M <= 16), and two curves of M = 40 and 48; ties (within 1e-9) accept either K."""
     g = generator(8)
     cases = [(1.0, 0.0, 16), (1.0, 0.3, 9), (0.0, 0.1, 12), (0.999999, 0.05, 16), (0.5, 0.0, 3)]
     for _ in range(40):
         cases.append((float(torch.rand((), generator=g)), 0.8 * float(torch.rand((), generator=g)),
                       int(torch.randint(2, 17, (), generator=g))))
+    # curves longer than the random ones (m <= 16): on the first (index 45, a flat curve) the best K is 39, and a
+    # search capped at K = 15 finds 15; the second gets a random rising curve
+    cases += [(1.0, 0.0, 40), (0.97, 0.01, 48)]
     for j, (alpha, c, m) in enumerate(cases):
         if j % 3 == 0:
             curve = {i: 1.0 for i in range(1, m + 1)}  # flat: a GPU at batch 1
