@@ -4,6 +4,7 @@
 - `lib.generate`  the generation loop (greedy, temperature, top-k, top-p, or any `lib.sampling.SamplingParams`)
 - `lib.sampling`  the one sampler of generate, the engine and the server: top-p/k, min-p, penalties, logit bias, min_tokens
 - `lib.guided`    JSON mode: a byte-level JSON automaton lifted to a mask over the vocabulary, cached by state (week 21)
+- `lib.guided_schema` guided decoding to a JSON Schema (`response_format` json_schema): the same masks, a machine that knows the schema (week 21)
 - `lib.masks`    the causal mask and the sliding-window mask (week 16)
 - `lib.kv_cache`  the KV cache, the sliding-window cache, `kv_cache_bytes` (week 16); `truncate` (week 18)
 - `lib.gqa`       pooling KV heads into fewer groups: MHA -> GQA -> MQA (week 16)

@@ -276,11 +276,12 @@ class JsonVocabulary:
         that may end here also takes what may follow a value: that set is the "after" state's mask)."""
         allowed = torch.zeros(self.size, dtype=torch.bool)
         stack, mode, detail, _ = state
-        firsts = _NUMBER_CHARS if mode == "number" else self.by_first.keys()
+        number = mode in ("number", "integer")  # "integer": lib.guided_schema's (no fraction, no exponent)
+        firsts = _NUMBER_CHARS if number else self.by_first.keys()
         for c in firsts:
             if c in self.by_first and self.machine.step(state, c) is not None:
                 self._feed_all(state, self.by_first[c], allowed)
-        if mode == "number" and detail[-1].isdigit():
+        if number and detail[-1].isdigit():
             allowed |= self.mask(self.machine.after_value(stack))
         return allowed
 
@@ -290,12 +291,12 @@ class JsonGuide:
 
     def __init__(self, vocabulary: JsonVocabulary):
         self.vocabulary = vocabulary
-        self.state = JsonMachine.start
+        self.state = vocabulary.machine.start
         self.seen = 0
 
     def allowed(self, output: Sequence[int]) -> torch.Tensor:
         if len(output) < self.seen:  # a different sequence (a preempted request restarts): start over
-            self.state, self.seen = JsonMachine.start, 0
+            self.state, self.seen = self.vocabulary.machine.start, 0
         for token in output[self.seen:]:
             text = self.vocabulary.texts[int(token)] if int(token) < self.vocabulary.size else None
             if text is None or self.state is None:

@@ -2,8 +2,8 @@
 its prompt as token ids, the options of its answer, and its sampling fields (`lib.sampling.SamplingParams`).
 
 Every field is either read or refused with OpenAI's error object (`RequestError`): a field this server does not
-implement (`tools`, `suffix`, a `response_format` of type `json_schema`, ...) is refused by name, and any other unknown
-field too — a request is never answered as if a field it sent had been applied.
+implement (`tools`, `suffix`, a `json_schema` keyword its guide cannot follow, ...) is refused by name, and any other
+unknown field too — a request is never answered as if a field it sent had been applied.
 """
 from __future__ import annotations
 
@@ -153,9 +153,10 @@ def logprobs(body: dict, chat: bool) -> int | None:
     return int_field(body, "top_logprobs", 0, 0, 20) if on else None
 
 
-def json_mode(body: dict) -> bool:
-    """`response_format`: absent or {"type": "text"} (False), {"type": "json_object"} (True: JSON mode); any other
-    is refused — `json_schema` by name."""
+def json_mode(body: dict):
+    """`response_format`: absent or {"type": "text"} (False), {"type": "json_object"} (True: JSON mode),
+    {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": ...}} (the schema, a dict:
+    guided decoding to it, `lib.guided_schema`); anything else is refused."""
     fmt = body.get("response_format")
     if fmt is None:
         return False
@@ -165,16 +166,21 @@ def json_mode(body: dict) -> bool:
     if kind == "json_object":
         return True
     if kind == "json_schema":
-        raise RequestError("'response_format' of type 'json_schema' is not supported by this server; "
-                           "{'type': 'json_object'} (JSON mode: the answer is a JSON object) is", param="response_format")
-    raise RequestError(f"'response_format' must be {{'type': 'text'}} or {{'type': 'json_object'}}, got {fmt!r}",
-                       param="response_format")
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict) or set(spec) - {
+                "name", "schema", "strict", "description"} or not isinstance(spec.get("name", ""), str):
+            raise RequestError("'response_format' of type 'json_schema' takes {'json_schema': {'name': ..., "
+                               "'schema': {...}, 'strict': true|false}}", param="response_format")
+        return spec["schema"]
+    raise RequestError("'response_format' must be {'type': 'text'}, {'type': 'json_object'} or {'type': "
+                       f"'json_schema', 'json_schema': {{...}}}}, got {fmt!r}", param="response_format")
 
 
 def sampling_params(body: dict, temperature: float, max_tokens: int, vocab: int, eos_token_id: int | None,
                     chat: bool = False, json_guide=None) -> tuple[SamplingParams | None, frozenset]:
     """The sampling fields besides temperature and seed, checked: `(params, stop_token_ids)`, params None when every
-    field is at its default (plain sampling). `json_guide()`: a new `lib.guided.JsonGuide`, for JSON mode."""
+    field is at its default (plain sampling). `json_guide(schema=None)`: a new `lib.guided.JsonGuide`, for JSON
+    mode (or, given a schema, one that guides to it; it raises RequestError for a schema it cannot follow)."""
     def token_id(t, name):
         if isinstance(t, str) and t.lstrip("-").isdigit():
             t = int(t)
@@ -199,14 +205,15 @@ def sampling_params(body: dict, temperature: float, max_tokens: int, vocab: int,
     if not isinstance(ignore_eos, bool):
         raise RequestError("'ignore_eos' must be true or false", param="ignore_eos")
     guide = None
-    if json_mode(body):
+    mode = json_mode(body)
+    if mode is not False:
         if json_guide is None:
-            raise RequestError("JSON mode ('response_format': {'type': 'json_object'}) is not available here",
-                               param="response_format")
+            raise RequestError("JSON mode ('response_format': {'type': 'json_object'} or 'json_schema') is not "
+                               "available here", param="response_format")
         if ignore_eos:
             raise RequestError("'ignore_eos' cannot be combined with JSON mode: the answer ends when the object is "
                                "complete", param="ignore_eos")
-        guide = json_guide()
+        guide = json_guide() if mode is True else json_guide(mode)
     top_p = float_field(body, "top_p", 1.0, 0.0, 1.0)
     if top_p == 0:
         raise RequestError("'top_p' must be greater than 0 (1 keeps every token)", param="top_p")

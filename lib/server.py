@@ -61,6 +61,7 @@ class Server:
         self.tok = tokenizer
         self.token_bytes = token_bytes(tokenizer)
         self._json_vocabulary = None  # lib.guided's, for JSON mode: built on the first such request
+        self._schema_vocabularies: dict = {}  # json_schema: per schema (its JSON text), lib.guided_schema's
         self.text_stream_cls = text_stream_cls
         self.model_name = model_name
         self.engine = engine
@@ -113,14 +114,29 @@ class Server:
                                            self.tok.eos_token_id, chat, json_guide=self.json_guide)
         return Submission(prompt, max_tokens, temperature, seed % 2**63, params=params, stop_token_ids=stop_ids)
 
-    def json_guide(self):
-        """A new JSON-mode guide (`lib.guided`); the vocabulary's text and its masks are built once, on first use."""
+    def json_guide(self, schema: dict | None = None):
+        """A new JSON-mode guide (`lib.guided`), or with `schema` one that guides to that JSON Schema
+        (`lib.guided_schema`); the vocabulary's text is built once, on first use, and each schema's masks are kept
+        for the next request with the same schema (the last 16 schemas)."""
         from lib.guided import JsonGuide, JsonVocabulary
+        from lib.guided_schema import SchemaError, schema_vocabulary
 
         if self._json_vocabulary is None:
             self._json_vocabulary = JsonVocabulary(self.token_bytes, self.tok.eos_token_id,
                                                    self.engine.config.vocab_size)
-        return JsonGuide(self._json_vocabulary)
+        if schema is None:
+            return JsonGuide(self._json_vocabulary)
+        key = json.dumps(schema, sort_keys=True)
+        vocabulary = self._schema_vocabularies.pop(key, None)
+        if vocabulary is None:
+            try:
+                vocabulary = schema_vocabulary(self._json_vocabulary, schema)
+            except SchemaError as e:
+                raise RequestError(f"response_format json_schema: {e}", param="response_format") from None
+        self._schema_vocabularies[key] = vocabulary  # most recently used last
+        while len(self._schema_vocabularies) > 16:
+            self._schema_vocabularies.pop(next(iter(self._schema_vocabularies)))
+        return JsonGuide(vocabulary)
 
     def tokenize(self, body: dict) -> list[int]:
         """vLLM's /tokenize: a completion's `prompt` or a chat's `messages` (the template applied) -> token ids."""

@@ -311,6 +311,31 @@ def test_a_list_of_prompts_gets_n_choices_each(server, client):
         client.completions.create(model=MODEL, prompt=["hi"] * 17, max_tokens=1)
 
 
+def test_json_schema_answers_are_documents_of_the_schema(server, client):
+    """response_format json_schema: each choice that stops by itself is a document of the schema (checked with the
+    jsonschema package); a schema the guide cannot follow is refused by name, never ignored."""
+    import json
+
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"city": {"type": "string"}, "country": {"enum": ["France", "Spain"]},
+                                               "population": {"type": "integer"}},
+              "required": ["city", "country", "population"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": schema, "strict": True}}
+    r = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Name a big city in Spain as JSON with its country and "
+                                                           "population."}],
+        max_tokens=60, temperature=0, response_format=fmt)
+    assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
+    jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"a": {"anyOf": [{"type": "string"}]}}}}}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=5,
+                                       response_format=bad)
+    assert e.value.body["param"] == "response_format" and "anyOf" in e.value.body["message"]
+
+
 def test_json_mode_answers_are_json_objects(server, client):
     """response_format json_object: each choice's text is a prefix of a JSON object, and parses when it stopped by
     itself (lib.guided's mask; tests/test_guided.py checks the mask against feeding every token)."""
