@@ -508,6 +508,17 @@ def imp_rms(x):  # the square root of the right statistic
     return x.float().reshape(-1, x.shape[-1]).pow(2).mean(0).sqrt()
 
 
+def imp_first_1024_tokens(x):  # a "calibration subset": the first 1,024 tokens only
+    flat = x.reshape(-1, x.shape[-1]).float()[:1024]
+    return (flat * flat).mean(0)
+
+
+def imp_512_random_tokens(x):  # a random sample of 512 tokens
+    flat = x.reshape(-1, x.shape[-1]).float()
+    flat = flat[torch.randperm(flat.shape[0])[:512]]
+    return (flat * flat).mean(0)
+
+
 def imp_first_dim(x):  # averages over dim 0 only: [batch, tokens, in] gives [tokens, in]
     return x.float().pow(2).mean(0)
 
@@ -745,6 +756,8 @@ ISOLATED_CASES = [
     ("column_importance", "imp_variance", "variance"),
     ("column_importance", "imp_rms", "root mean square"),
     ("column_importance", "imp_first_dim", "all dims but the last"),
+    ("column_importance", "imp_first_1024_tokens", "average over every token"),
+    ("column_importance", "imp_512_random_tokens", "average over every token"),
     ("column_importance", "imp_squares_in_half", "overflow"),
     ("column_importance", "imp_in_input_dtype", "float32 whatever"),
     ("column_importance", "imp_in_place", "in place"),

@@ -443,9 +443,16 @@ def _activations(offset):
     x2[..., 7] = 0.0  # a column that is never active: weight 0
     half = columns(200, 32) * 4
     half[:, :3] = half[:, :3].sign() * (200 + 150 * torch.rand(200, 3, generator=g))  # "massive activations"
+    # many tokens, and columns active in only some of them: a function that reads only the first tokens (a prefix
+    # up to 3,072) or every second or fourth one gets 0 for some columns
+    long = columns(4096, 16)
+    long[:3072, :4] = 0.0  # columns 0-3: only in the last quarter of the tokens
+    long[torch.arange(4096) % 4 != 3, 4:8] = 0.0  # columns 4-7: only at every fourth token, starting at token 3
     return [("activations [300, 48] float32", columns(300, 48)),
             ("activations [2, 150, 40] float32 (batch, tokens, columns; column 7 never active)", x2),
-            ("activations [200, 32] float16 with 3 outlier columns of |x| 200-350", half.half())]
+            ("activations [200, 32] float16 with 3 outlier columns of |x| 200-350", half.half()),
+            ("activations [4096, 16] float32 (columns 0-3 active only in the last 1,024 tokens, 4-7 only at every "
+             "fourth token: average over every token)", long)]
 
 
 def _proportional(got, want):
