@@ -417,9 +417,9 @@ class FastLlama:
         return x.addmm_(a, w.t())
 
     def rope_matrix(self, pos: torch.Tensor) -> torch.Tensor:
-        """RoPE at each position of `pos` [P] as a [d, d] matrix M with rope(x) = x @ M: x*cos + rotate_half(x)*sin, where
-        rotate_half(x) = x @ T for a fixed signed permutation T (-x2, x1), so M = I*cos + T*sin (a row of cos and
-        sin broadcast down the columns). Each output element is one product plus one (the other terms are exact
+        """RoPE at each position of `pos` [P] as a [d, d] matrix M with rope(x) = x @ M: x*cos + rotate_half(x)*sin,
+        where rotate_half(x) = x @ T for a fixed signed permutation T (-x2, x1), so M = I*cos + T*sin (a row of cos
+        and sin broadcast down the columns). Each output element is one product plus one (the other terms are exact
         zeros), so it matches `apply_rope` to rounding."""
         cos, sin = self.cos.index_select(0, pos)[:, None], self.sin.index_select(0, pos)[:, None]  # [P, 1, d]
         return self._rope_eye * cos + self._rope_turn * sin  # [P, d, d]: one matrix per position in `pos`
@@ -514,7 +514,7 @@ class GraphedDecode:
                 f.window_step(tok, pos, slot.ks, slot.vs, width)
         torch.cuda.current_stream(f.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # the server's other threads may use CUDA
             logits, hidden = f.window_step(tok, pos, slot.ks, slot.vs, width)
         self.captures += 1
         return (graph, tok, pos, logits, hidden)

@@ -118,7 +118,7 @@ class PagedDecodeGraphs:
             self._step(d_ids, d_pos, d_tables)
         torch.cuda.current_stream(dev).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):  # other threads may use CUDA
             logits = self._step(d_ids, d_pos, d_tables)
         self.pool = graph.pool()
         self.captures += 1
