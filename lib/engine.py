@@ -554,7 +554,7 @@ class LLMEngine:
         if graphs and not (on_cuda and own_parts):
             raise ValueError("graphs=True needs the model on a CUDA device and lib's own slot_mapping and "
                              f"paged_attention (model on {self.cache.device}; leave graphs unset to choose)")
-        if not (on_cuda and own_parts) if graphs is None else not graphs:
+        if not (on_cuda and own_parts if graphs is None else graphs):
             return None
         from lib.fast import FastLlama
         from lib.fast_paged import PagedDecodeGraphs
