@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 
-from lib.guided import WS, JsonGuide, JsonMachine, JsonVocabulary
+from lib.guided import MAX_WS, WS, JsonGuide, JsonMachine, JsonVocabulary
 
 ANNOTATIONS = {"title", "description", "default", "examples", "$schema", "$id", "$comment"}
 KEYWORDS = {"type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems", "enum",
@@ -139,23 +139,19 @@ class SchemaMachine(JsonMachine):
     # -- one character -----------------------------------------------------------------------------------------
     def step(self, state, ch: str):
         stack, mode, detail, ws = state
-        if mode == "string":
-            return self._string(stack, detail, ch)
-        if mode in ("number", "integer"):
-            nxt = self._number(detail, ch)
-            if nxt is not None and not (mode == "integer" and ch in ".eE"):
+        if mode in ("string", "number", "literal"):  # JSON's own (it ends them through this machine's after_value)
+            return super().step(state, ch)
+        if mode == "integer":  # a number without fraction or exponent
+            nxt = None if ch in ".eE" else self._number(detail, ch)
+            if nxt is not None:
                 return (stack, mode, nxt, 0)
             if detail[-1] not in "0123456789":
                 return None
             return self.step(self.after_value(stack), ch)
-        if mode == "literal":
-            if ch != detail[0]:
-                return None
-            return (stack, "literal", detail[1:], 0) if len(detail) > 1 else self.after_value(stack)
         if mode in ("keylit", "enum"):
             return self._literal_choice(stack, mode, detail, ch)
         if ch in WS:
-            return None if ws >= 12 or mode == "done" else (stack, mode, detail, ws + 1)
+            return None if ws >= MAX_WS or mode == "done" else (stack, mode, detail, ws + 1)
         if mode == "value":
             return self._value(stack, detail, ch)
         if mode == "key":
@@ -263,12 +259,6 @@ class SchemaMachine(JsonMachine):
         if ch == ",":  # another key must follow: only if one may
             return (stack, "key", "", 0) if self._key_choices(top) else None
         return self.after_value(stack[:-1]) if ch == "}" and self._may_close(top) else None
-
-    def _string(self, stack, detail, ch):
-        nxt = super()._string(stack, detail, ch)
-        if nxt is not None and nxt[1] == "colon":  # a free object's key ended: any value follows
-            return (stack, "colon", "", 0)
-        return nxt
 
 
 def schema_vocabulary(vocabulary: JsonVocabulary, schema) -> JsonVocabulary:
