@@ -88,6 +88,8 @@ class Request:
     generator: torch.Generator | None = None
     serial: int = 0  # the engine's int id of the request (what the scheduler sees)
     swapped: list | None = None  # preempted by swapping: its blocks' K and V per layer, in host memory
+    siblings: list = field(default_factory=list)  # requests of its own that wait to fork off its prompt (`sibling_of`)
+    sibling_of: "Request | None" = None  # the request whose prompt this one waits to fork off
 
     @property
     def tokens(self) -> list[int]:
@@ -253,6 +255,7 @@ class LLMEngine:
         self._finished: dict[object, list[int]] = {}
         self.sampling_for: dict[object, SamplingParams] = {}  # request id -> params for its add_request
         self.logprobs_for: dict[object, list] = {}  # request id -> [(token, logprob, top alternatives)], when asked
+        self.siblings_of: dict[object, object] = {}  # request id -> the id of a waiting request with its prompt
         self._ids = itertools.count()
         self.trace: list[list[tuple[object, int]]] = []  # per step: (request_id, tokens computed)
         self.step_stats: list[dict] = []
@@ -322,6 +325,12 @@ class LLMEngine:
         of the sampling fields (`lib.sampling.SamplingParams`; its temperature is this call's `temperature`), or
         what `sampling_for[request_id]` holds (how the server hands them over past a `ServingLoop` that passes on
         temperature and seed only).
+
+        `siblings_of[request_id] = parent_id` (set before this call, as `sampling_for`) makes the request a sibling
+        of a *waiting* request with the same prompt: it takes no place in the queue, and when the parent's prompt
+        is computed it forks off it like one of `n` (its own id, seed and params; the prompt computed once). This
+        is how the server's `n` and `best_of` samples share a prompt while its `ServingLoop` sees `n`
+        ordinary requests. Where the parent has started (or is gone), the request queues on its own.
         """
         params = self.sampling_for.pop(request_id, None) if params is None and request_id is not None else params
         prompt = self.admissible(prompt, max_new_tokens, n, temperature)
@@ -341,7 +350,14 @@ class LLMEngine:
         req = Request(request_id, prompt, max_new_tokens, arrival=self.clock() if arrival is None else arrival,
                       temperature=temperature, seed=seed, n=n, serial=next(self._serials), params=params)
         self.requests[request_id] = req
-        self.waiting.append(req)
+        parent = self.requests.get(self.siblings_of.pop(request_id, None))
+        if (parent is not None and parent in self.waiting and not parent.num_preemptions and n == 1
+                and parent.prompt == req.prompt and parent.n + 1 <= self.max_num_seqs):
+            parent.siblings.append(req)  # forks off the parent's prompt when it is computed (`_fork_samples`)
+            parent.n += 1
+            req.sibling_of = parent
+        else:
+            self.waiting.append(req)
         return request_id
 
     def _get(self, request_id) -> Request:
@@ -362,10 +378,21 @@ class LLMEngine:
     def abort(self, request_id) -> None:
         """Drop a request, finished or not, and free its blocks."""
         req = self._get(request_id)
+        if req.sibling_of is not None:  # a sibling still waiting for its parent's prompt
+            req.sibling_of.siblings.remove(req)
+            req.sibling_of.n -= 1
+            req.sibling_of = None
+        at = 0  # where the siblings waiting for this request's prompt queue on their own: in its place, or first
         if req in self.running:
             self.running.remove(req)
         if req in self.waiting:
+            at = self.waiting.index(req)
             self.waiting.remove(req)
+        for k, child in enumerate(req.siblings):
+            child.sibling_of = None
+            self.waiting.insert(at + k, child)
+        req.n -= len(req.siblings)
+        req.siblings = []
         self.blocks.release(req)
         del self.requests[request_id]
         self._finished.pop(request_id, None)
@@ -419,9 +446,10 @@ class LLMEngine:
         return token
 
     def _fork_samples(self, parent: Request) -> list[Request]:
-        """Parallel sampling: n - 1 more samples of `parent`'s prompt, sharing every block it has."""
+        """Parallel sampling: n - 1 more samples of `parent`'s prompt, sharing every block it has (its own
+        `n` and the siblings that joined it, `add_request`)."""
         children = []
-        for k in range(1, parent.n):
+        for k in range(1, parent.n - len(parent.siblings)):
             child = Request((parent.request_id, k), parent.prompt, parent.max_new_tokens, arrival=parent.arrival,
                             temperature=parent.temperature, seed=parent.seed + k,
                             params=parent.params and parent.params.for_another_sequence(),
@@ -431,6 +459,13 @@ class LLMEngine:
             self.requests[child.request_id] = child
             self.running.append(child)
             children.append(child)
+        for child in parent.siblings:
+            child.num_computed, child.block_hashes = parent.num_computed, list(parent.block_hashes)
+            child.blocks = [self.blocks.pool.fork(b) for b in parent.blocks]
+            child.sibling_of = None
+            self.running.append(child)
+            children.append(child)
+        parent.siblings = []
         parent.n = 1
         return children
 

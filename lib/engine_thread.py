@@ -41,6 +41,7 @@ class Submission:
     params: SamplingParams | None = None  # the other sampling fields (top_p, penalties, ...); None: plain
     logprobs: list | None = None  # [(token, logprob, [(alternative, logprob), ...])], once the engine is done with it
     stop_token_ids: frozenset = frozenset()  # a token that ends the answer (not returned as text)
+    sibling_of: "Submission | None" = None  # another sample of the same prompt: forks off its computed prompt
 
     def emit(self, item) -> None:
         if self.loop is not None and not self.loop.is_closed():
@@ -85,8 +86,14 @@ class EngineLoop:
         return self._thread.is_alive()
 
     def submit(self, sub: Submission) -> None:
-        sub.request_id = next(self._ids)
-        self._inbox.put(("add", sub))
+        self.submit_all([sub])
+
+    def submit_all(self, subs: list[Submission]) -> None:
+        """Submit together: the engine thread takes them in one go, so a sample's `sibling_of` is still waiting
+        when the sample arrives (the engine forks it off the computed prompt instead of computing it again)."""
+        for sub in subs:
+            sub.request_id = next(self._ids)
+        self._inbox.put(("add", subs))
         self._wake.set()
 
     def abort(self, sub: Submission) -> None:
@@ -102,14 +109,20 @@ class EngineLoop:
             except queue.Empty:
                 return
             if op == "add":
-                self._live[sub.request_id] = sub
-                if sub.params is not None:  # the engine takes them at add_request, whatever loop_cls passes on
-                    self.engine.sampling_for[sub.request_id] = sub.params
-                self.serving.submit(sub.request_id, sub.prompt, sub.max_tokens, sub.temperature, sub.seed)
-                self.stats["requests_total"] += 1
-                self.stats["prompt_tokens_total"] += len(sub.prompt)
+                for one in sub:
+                    self._add(one)
             elif sub.request_id in self._live:
                 self.serving.cancel(sub.request_id)
+
+    def _add(self, sub: Submission) -> None:
+        self._live[sub.request_id] = sub
+        if sub.params is not None:  # the engine takes them at add_request, whatever loop_cls passes on
+            self.engine.sampling_for[sub.request_id] = sub.params
+        if sub.sibling_of is not None and sub.sibling_of.request_id in self._live:  # as sampling_for
+            self.engine.siblings_of[sub.request_id] = sub.sibling_of.request_id
+        self.serving.submit(sub.request_id, sub.prompt, sub.max_tokens, sub.temperature, sub.seed)
+        self.stats["requests_total"] += 1
+        self.stats["prompt_tokens_total"] += len(sub.prompt)
 
     def _deliver(self, kind: str, rid, value) -> None:
         sub = self._live.get(rid)
@@ -127,6 +140,7 @@ class EngineLoop:
             return
         del self._live[rid]
         self.engine.sampling_for.pop(rid, None)
+        self.engine.siblings_of.pop(rid, None)
         sub.logprobs = self.engine.logprobs_for.pop(rid, None)
         if kind == "error":
             self.stats["requests_failed"] += 1

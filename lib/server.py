@@ -143,10 +143,10 @@ class Server:
         return prompt_ids(body, "messages" in body, self.tok)
 
     async def tokens(self, sub: Submission, is_disconnected=None):
-        """Submit, then yield ("token", id) items until ("done", reason); abort on cancellation or disconnect."""
-        sub.loop = asyncio.get_running_loop()
-        sub.out = asyncio.Queue()
-        self.loop.submit(sub)
+        """Submit (unless `_submit` did), then yield ("token", id) items until ("done", reason); abort on
+        cancellation or disconnect."""
+        if sub.out is None:
+            self._submit([sub])
         done = False
         try:
             while True:
@@ -223,10 +223,18 @@ class Server:
     def _samples(self, subs: list[Submission], opts: dict) -> list[Submission]:
         """`best_of` (at least `n`) submissions per prompt, sample i·best_of + k for prompt i: sample k is seeded
         seed + k (as the engine's parallel samples are)."""
-        return [sub if k == 0 else Submission(sub.prompt, sub.max_tokens, sub.temperature, (sub.seed + k) % 2**63,
-                                              params=sub.params and sub.params.for_another_sequence(),
-                                              stop_token_ids=sub.stop_token_ids)
-                for sub in subs for k in range(opts["best_of"])]
+        samples = [sub if k == 0 else Submission(sub.prompt, sub.max_tokens, sub.temperature, (sub.seed + k) % 2**63,
+                                                 params=sub.params and sub.params.for_another_sequence(),
+                                                 stop_token_ids=sub.stop_token_ids, sibling_of=sub)
+                   for sub in subs for k in range(opts["best_of"])]
+        self._submit(samples)  # in one go: the engine computes each prompt once and forks its samples off it
+        return samples
+
+    def _submit(self, subs: list[Submission]) -> None:
+        loop = asyncio.get_running_loop()
+        for sub in subs:
+            sub.loop, sub.out = loop, asyncio.Queue()
+        self.loop.submit_all(subs)
 
     def _logprobs(self, sub: Submission | None, n: int, chat: bool, start: int = 0, text_offset: int = 0,
                   prefix: list | None = None) -> dict:
@@ -294,7 +302,11 @@ class Server:
 
         echoed = await self._echo_logprobs(subs, opts)
         samples = self._samples(subs, opts)
-        answers = await asyncio.gather(*(one(s, k // opts["best_of"]) for k, s in enumerate(samples)))
+        try:
+            answers = await asyncio.gather(*(one(s, k // opts["best_of"]) for k, s in enumerate(samples)))
+        finally:  # a sample whose task never started was submitted all the same: end it (a finished one: no-op)
+            for s in samples:
+                self.loop.abort(s)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         n, prompt = sum(a[2] for a in answers), sum(len(s.prompt) for s in subs)  # usage counts every candidate
         if opts["best_of"] > opts["n"]:  # per prompt, the n candidates of the highest total log-probability
@@ -371,6 +383,8 @@ class Server:
         finally:
             for t in tasks:
                 t.cancel()
+            for s in samples:  # submitted by `_samples`, whether or not its task ever started (finished: no-op)
+                self.loop.abort(s)
 
 
 def build_app(server: Server):

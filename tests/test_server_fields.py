@@ -208,7 +208,10 @@ def test_vllm_metric_names_and_the_access_log(server, client, caplog):
 
 
 def test_n_choices_each_equal_their_own_seeded_run(server, client):
+    """... and the prompt is computed once: the samples fork off it in the engine (copy-on-write)."""
+    before = server.engine.prompt_tokens
     r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=1.0, seed=5, n=3)
+    assert server.engine.prompt_tokens - before == r.usage.prompt_tokens == len(_ids(server))
     assert [c.index for c in r.choices] == [0, 1, 2]
     alone = [client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=1.0, seed=5 + k)
              for k in range(3)]

@@ -232,6 +232,68 @@ def test_parallel_sampling_copy_on_write(kwargs):
         assert engine.num_cow_copies == 3
 
 
+
+def _seeded(model, prompt, n, seed, k):
+    return generate(model, torch.tensor([prompt]), n, temperature=1.0,
+                    generator=torch.Generator().manual_seed(seed + k))[0, len(prompt):].tolist()
+
+
+def test_siblings_fork_off_a_waiting_requests_prompt():
+    """`siblings_of` (how the server's n and best_of reach the engine past a ServingLoop that submits n plain
+    requests): the siblings take no place in the queue, the prompt is computed once, then they fork off it and
+    each equals its own seeded run. Before it existed, each sample computed the prompt again."""
+    model = tiny_model(seed=3, n_heads=4, n_kv_heads=2)
+    prompt = _prompts(1, seed=1, lo=21, hi=22)[0]
+    engine = LLMEngine(model, num_blocks=32, block_size=8, max_num_seqs=4)
+    engine.add_request(prompt, 6, request_id="p", temperature=1.0, seed=5)
+    for k in (1, 2):
+        engine.siblings_of[("s", k)] = "p"
+        engine.add_request(prompt, 6, request_id=("s", k), temperature=1.0, seed=5 + k)
+    assert len(engine.waiting) == 1 and engine.request("p").n == 3
+    first = engine.step()
+    assert sorted(map(str, (e.request_id for e in first))) == sorted(map(str, ["p", ("s", 1), ("s", 2)]))
+    assert engine.step_stats[0]["num_tokens"] == len(prompt)  # computed once, not three times
+    assert engine.blocks.pool.ref_count(engine.request("p").blocks[0]) == 3
+    while engine.has_unfinished():
+        engine.step()
+    out = engine.finished_outputs()
+    assert [out["p"], out[("s", 1)], out[("s", 2)]] == [_seeded(model, prompt, 6, 5, k) for k in range(3)]
+    assert engine.blocks.num_in_use == 0 and engine.prompt_tokens == len(prompt)
+
+
+@pytest.mark.parametrize("who", ["parent", "sibling", "started"])
+def test_siblings_when_their_parent_goes_or_has_started(who):
+    """The parent aborted before its prompt ran: its siblings queue on their own, in its place. A sibling
+    aborted: the parent runs alone. A parent already running: the sibling queues on its own. Every remaining
+    request still equals its own seeded run and no block is left behind."""
+    model = tiny_model(seed=3)
+    prompt = _prompts(1, seed=2, lo=13, hi=14)[0]
+    engine = LLMEngine(model, num_blocks=32, block_size=4, max_num_seqs=4)
+    engine.add_request(prompt, 5, request_id="p", temperature=1.0, seed=9)
+    if who == "started":
+        engine.step()
+    engine.siblings_of["s"] = "p"
+    engine.add_request(prompt, 5, request_id="s", temperature=1.0, seed=10)
+    engine.add_request([4, 5, 6], 5, request_id="later")
+    if who == "parent":
+        engine.abort("p")
+        assert [r.request_id for r in engine.waiting] == ["s", "later"]
+    elif who == "sibling":
+        engine.abort("s")
+        assert engine.request("p").n == 1 and not engine.request("p").siblings
+    else:
+        assert engine.request("s") in engine.waiting
+    while engine.has_unfinished():
+        engine.step()
+    out = engine.finished_outputs()
+    if who != "sibling":
+        assert out["s"] == _seeded(model, prompt, 5, 9, 1)
+    if who != "parent":
+        assert engine.prompt_tokens == len(prompt) * (2 if who == "started" else 1) + 3
+        assert out["p"] == _seeded(model, prompt, 5, 9, 0)
+    assert out["later"] == _alone(model, [[4, 5, 6]], 5)[0]
+    assert engine.blocks.num_in_use == 0
+
 def test_run_load_and_simulate_steps():
     from lib.engine import percentile, run_load, simulate_steps
 
