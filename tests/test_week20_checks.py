@@ -640,6 +640,22 @@ def awq_n_grid_ignored(w, x, bits, group, n_grid):  # the search, but always ove
     return _awq_at(w, x, bits, group, alpha), alpha
 
 
+def _awq_search(w, x, bits, group, n_grid, error):  # AWQ's grid search, each α scored by `error(w - ŵ)`
+    errs = [(error(w - _awq_at(w, x, bits, group, k / n_grid)), k / n_grid) for k in range(n_grid)]
+    alpha = min(errs)[1]
+    return _awq_at(w, x, bits, group, alpha), alpha
+
+
+def awq_diagonal_error(w, x, bits, group, n_grid):  # each α scored by diag(XᵀX) only: no cross terms
+    d = (x.reshape(-1, x.shape[-1]).double() ** 2).mean(0)
+    return _awq_search(w, x, bits, group, n_grid, lambda e: float((e.double() ** 2 * d).sum()))
+
+
+def awq_first_128_tokens(w, x, bits, group, n_grid):  # each α scored on the first 128 tokens of x only
+    xs = x.reshape(-1, x.shape[-1])[:128].double()
+    return _awq_search(w, x, bits, group, n_grid, lambda e: float(((xs @ e.double().T) ** 2).mean()))
+
+
 def _gguf(tensors, alignment=32, innermost_first=True, pad_each=True, char_length=False, key=True, pad_head=True,
           tail=b"", data_reversed=False, version=3, key_type="<II"):  # a GGUF writer with one thing wrong at a time
     import struct
@@ -773,6 +789,8 @@ ISOLATED_CASES = [
     ("awq_quantize", "awq_fixed_alpha_05", "no fixed one fits them all"),
     ("awq_quantize", "awq_n_grid_ignored", "not a fixed number"),
     ("awq_quantize", "awq_fixed_alpha_09", "no fixed one fits them all"),
+    ("awq_quantize", "awq_diagonal_error", "cross terms between channels included"),
+    ("awq_quantize", "awq_first_128_tokens", "over every token of x"),
     ("gguf_bytes", "gguf_via_writer", "calls gguf-py"),
     ("gguf_bytes", "gguf_dims_as_torch", "innermost first"),
     ("gguf_bytes", "gguf_back_to_back", "multiple of the alignment"),
