@@ -74,8 +74,12 @@ lab: setup
 grade-ui: $(VENV)/.installed
 	cd $(CURDIR) && $(BIN)/jupyter lab --notebook-dir=. --ServerApp.default_url=/formgrader $(LAB_ARGS) $(ARGS)
 
+# The test command's processes (pytest-xdist): one per core, at most 4 (each loads the model); each runs torch on
+# cores / TEST_JOBS threads (conftest.py), so they never wait on each other's threads. TEST_JOBS=0: one process.
+TEST_JOBS ?= $(shell $(PYTHON) -c "import os; print(min(4, os.cpu_count() or 1))")
+
 test: setup
-	$(BIN)/python -m pytest --durations=30
+	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist worksteal --durations=30
 
 test-quick: setup
 	$(BIN)/python -m pytest -m "not notebook and not commands"
