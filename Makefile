@@ -71,8 +71,10 @@ lab: setup
 	$(BIN)/jupyter lab --notebook-dir=weeks $(LAB_ARGS) $(ARGS)
 
 # The formgrader needs the course root (this folder, where nbgrader_config.py is) inside the server's root.
+# LabApp's default URL (/lab) wins over ServerApp's, so the landing page is set there. `exec`: the shell becomes
+# JupyterLab, so stopping make (which passes SIGTERM on to its recipe) stops the server too.
 grade-ui: $(VENV)/.installed
-	cd $(CURDIR) && $(BIN)/jupyter lab --notebook-dir=. --ServerApp.default_url=/formgrader $(LAB_ARGS) $(ARGS)
+	cd $(CURDIR) && exec $(BIN)/jupyter lab --notebook-dir=. --LabApp.default_url=/formgrader $(LAB_ARGS) $(ARGS)
 
 # The test command's processes (pytest-xdist): one per core, at most 4 (each loads the model); each runs torch on
 # cores / TEST_JOBS threads (conftest.py), so they never wait on each other's threads. TEST_JOBS=0: one process.

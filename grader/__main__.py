@@ -1,6 +1,7 @@
 """Instructor commands (no Jupyter server needed). Run from anywhere inside the repo:
 
     python -m grader release 16              # solutions/16 -> weeks/16, never deleting a student's edits
+    python -m grader roster roster.csv       # the class: id,first_name,last_name,email (names in formgrader, export)
     python -m grader collect 16 DIR          # DIR/<student>.ipynb or DIR/<student>/*.ipynb -> grader/submitted/
     python -m grader autograde 16 [STUDENT ...] [--jobs N] [--timeout S]
     python -m grader feedback 16 [STUDENT ...]
@@ -12,6 +13,7 @@ the command ends with the list of failures and exit status 1.
 from __future__ import annotations
 
 import argparse
+import datetime
 import re
 import shutil
 import subprocess
@@ -84,8 +86,22 @@ def _release_name(week: str, root: Path = REPO_ROOT) -> str:
 STUDENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@+-]{0,99}")
 
 
+def _handed_in(notebook: Path, folder: Path) -> str:
+    """When the student handed the notebook in, as nbgrader's `timestamp.txt` says it (autograde reads it into the
+    gradebook; export's `timestamp`): the `timestamp.txt` nbgrader's exchange left beside it, else the notebook's
+    modification time, in UTC."""
+    for d in notebook.parents:  # the student's own folders only, not the inbox itself
+        if d == folder or folder not in d.parents:
+            break
+        if (d / "timestamp.txt").is_file():
+            return (d / "timestamp.txt").read_text().strip()
+    when = datetime.datetime.fromtimestamp(notebook.stat().st_mtime, datetime.timezone.utc)
+    return when.strftime("%Y-%m-%d %H:%M:%S.%f UTC")
+
+
 def collect(week: str, folder: Path, root: Path = REPO_ROOT) -> list[str]:
-    """Copy each student's notebook into grader/submitted/<student>/<week>/; return one line per refused student.
+    """Copy each student's notebook into grader/submitted/<student>/<week>/, with the time it was handed in
+    (`_handed_in`, nbgrader's timestamp.txt); return one line per refused student.
 
     `<folder>/<student>.ipynb`, or `<folder>/<student>/` holding one notebook (with several, the one named
     like the release is taken, and said so; otherwise the student is refused). Notebooks that are not
@@ -138,6 +154,7 @@ def collect(week: str, folder: Path, root: Path = REPO_ROOT) -> list[str]:
         dest = root / "grader" / "submitted" / student / week / name
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(nbs[0], dest)
+        (dest.parent / "timestamp.txt").write_text(_handed_in(nbs[0], folder))
         status_path(root, week, student).unlink(missing_ok=True)
         print(f"{student}: {nbs[0]} -> {dest.relative_to(root)}")
     return refused
@@ -225,6 +242,37 @@ def feedback(week: str, students: list[str], root: Path = REPO_ROOT) -> list[str
     return failures
 
 
+def roster(csv_path: Path, root: Path = REPO_ROOT) -> list[str]:
+    """Add or update the class's students in the gradebook from a CSV file with a header: `id` (or
+    `student_id`), and optionally `first_name`, `last_name`, `email` (nbgrader's own `db student import`
+    columns). The formgrader then shows names instead of "None, None", and `export` writes them. Returns one
+    line per refused row (an id that is not a usable student id, or a repeated one)."""
+    import csv
+
+    path = Path(csv_path)
+    if not path.is_file():
+        raise SystemExit(f"no such file: {path}")
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        reader = csv.DictReader(f)
+        key = next((k for k in ("id", "student_id") if k in (reader.fieldnames or [])), None)
+        if key is None:
+            raise SystemExit(f"{path}: the header must name the id column `id` (or `student_id`); it has "
+                             f"{reader.fieldnames}. Columns: id,first_name,last_name,email")
+        rows = list(reader)
+    refused, seen, students = [], set(), []
+    for line, row in enumerate(rows, start=2):
+        sid = (row.get(key) or "").strip()
+        if not STUDENT_ID.fullmatch(sid) or sid in seen:
+            refused.append(f"line {line}: {sid!r}: " + ("repeated" if sid in seen else "not a usable student id "
+                           "(letters, digits and _ . @ + -, starting with a letter or digit)"))
+            continue
+        seen.add(sid)
+        students.append((sid, {k: (row.get(k) or "").strip() or None for k in ("first_name", "last_name", "email")}))
+    Course(root).add_students(students)
+    print(f"{len(students)} students in the gradebook from {path}" + (f"; {len(refused)} rows refused" if refused else ""))
+    return refused
+
+
 def _report(failures: list[str], what: str) -> int:
     if not failures:
         return 0
@@ -251,10 +299,13 @@ def main(argv: list[str] | None = None) -> int:
             s.add_argument("--timeout", type=float, default=None,
                            help="seconds one call into a student's code may take (default 60)")
     sub.add_parser("export").add_argument("csv", type=Path, nargs="?", default=REPO_ROOT / "grader" / "grades.csv")
+    sub.add_parser("roster").add_argument("csv", type=Path)
     args = p.parse_args(argv)
 
     if args.cmd == "release":
         release(args.week, repo=REPO_ROOT)
+    elif args.cmd == "roster":
+        return _report(roster(args.csv, root=REPO_ROOT), "roster rows were refused and")
     elif args.cmd == "collect":
         return _report(collect(args.week, args.folder, root=REPO_ROOT), "submissions were refused and")
     elif args.cmd == "autograde":

@@ -229,7 +229,15 @@ class Course:
                 "needs_manual_grade": bool(sub.needs_manual_grade),
             }
 
-    EXPORT_COLUMNS = ["assignment", "student_id", "status", "score", "max_score", "code_score", "max_code_score",
+    def add_students(self, students: list[tuple[str, dict]]) -> None:
+        """Add or update students in the gradebook: (id, {"first_name": ..., "last_name": ..., "email": ...})."""
+        from nbgrader.api import Gradebook
+
+        with Gradebook(self.config.CourseDirectory.db_url) as gb:
+            for sid, fields in students:
+                gb.update_or_create_student(sid, **fields)
+
+    EXPORT_COLUMNS = ["assignment", "student_id", "first_name", "last_name", "status", "score", "max_score", "code_score", "max_code_score",
                       "written_score", "max_written_score", "needs_manual_grade", "reference_use", "failed_exercises",
                       "error", "timestamp"]
 
@@ -261,6 +269,7 @@ class Course:
                     nbs = sub.notebooks
                     rows.append({
                         "assignment": assignment.name, "student_id": student.id,
+                        "first_name": student.first_name or "", "last_name": student.last_name or "",
                         "status": status.get("status", "graded"),
                         "score": float(sub.score), "max_score": float(sub.max_score),
                         "code_score": float(sum(nb.code_score for nb in nbs)),
