@@ -29,7 +29,7 @@ help:
 	@echo "                  TORCH_INDEX=https://download.pytorch.org/whl/cu130: a CUDA build of the pinned torch (GPU owners)"
 	@echo "make lab          setup, then open JupyterLab on weeks/"
 	@echo "make grade-ui     (instructors) JupyterLab on the repo root, opening nbgrader's formgrader for hand-grading"
-	@echo "make test         setup, then the whole test suite (what CI runs)"
+	@echo "make test         setup, then the whole test suite (what CI runs), in TEST_JOBS processes (default: cores, max 4)"
 	@echo "make test-quick   the suite without executing whole notebooks or the READMEs' commands"
 	@echo "make lint         ruff on lib/, grader/, benchmarks/, tools/, tests/ (the test command runs it too)"
 	@echo "make bench        speed benchmark: lib, lib.fast, transformers, the bandwidth roofline"
@@ -84,7 +84,7 @@ test: setup
 	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist worksteal --durations=30
 
 test-quick: setup
-	$(BIN)/python -m pytest -m "not notebook and not commands"
+	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist worksteal -m "not notebook and not commands"
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check $(ARGS)

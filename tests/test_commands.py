@@ -30,7 +30,7 @@ TIMES: dict[str, float] = {}
 
 # Documented, not run here, and why.
 NOT_RUN = {
-    r"make test(-quick)?$": "CI's own command: this module runs inside it",
+    r"make test(-quick)?( TEST_JOBS=\d+)?$": "CI's own command: this module runs inside it",
     r"conda ": "conda is not in CI (make setup is the documented default)",
     r"source \.venv/bin/activate$": "changes the calling shell only (scratch.env puts .venv/bin first on PATH)",
     r"python -m grader( autograde)?$": "the program's name in prose; its commands are run below",
