@@ -237,9 +237,9 @@ class Course:
             for sid, fields in students:
                 gb.update_or_create_student(sid, **fields)
 
-    EXPORT_COLUMNS = ["assignment", "student_id", "first_name", "last_name", "status", "score", "max_score", "code_score", "max_code_score",
-                      "written_score", "max_written_score", "needs_manual_grade", "reference_use", "failed_exercises",
-                      "error", "timestamp"]
+    EXPORT_COLUMNS = ["assignment", "student_id", "first_name", "last_name", "status", "score", "max_score",
+                      "code_score", "max_code_score", "written_score", "max_written_score", "needs_manual_grade",
+                      "reference_use", "failed_exercises", "error", "timestamp"]
 
     def _submitted(self) -> dict[tuple[str, str], Path]:
         sub = self.root / "grader" / "submitted"

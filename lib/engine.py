@@ -448,23 +448,18 @@ class LLMEngine:
     def _fork_samples(self, parent: Request) -> list[Request]:
         """Parallel sampling: n - 1 more samples of `parent`'s prompt, sharing every block it has (its own
         `n` and the siblings that joined it, `add_request`)."""
-        children = []
-        for k in range(1, parent.n - len(parent.siblings)):
-            child = Request((parent.request_id, k), parent.prompt, parent.max_new_tokens, arrival=parent.arrival,
+        children = [Request((parent.request_id, k), parent.prompt, parent.max_new_tokens, arrival=parent.arrival,
                             temperature=parent.temperature, seed=parent.seed + k,
-                            params=parent.params and parent.params.for_another_sequence(),
-                            num_computed=parent.num_computed, block_hashes=list(parent.block_hashes),
-                            blocks=[self.blocks.pool.fork(b) for b in parent.blocks],
-                            serial=next(self._serials))
+                            params=parent.params and parent.params.for_another_sequence(), serial=next(self._serials))
+                    for k in range(1, parent.n - len(parent.siblings))]
+        for child in children:
             self.requests[child.request_id] = child
-            self.running.append(child)
-            children.append(child)
-        for child in parent.siblings:
+        children += parent.siblings
+        for child in children:
             child.num_computed, child.block_hashes = parent.num_computed, list(parent.block_hashes)
             child.blocks = [self.blocks.pool.fork(b) for b in parent.blocks]
             child.sibling_of = None
             self.running.append(child)
-            children.append(child)
         parent.siblings = []
         parent.n = 1
         return children

@@ -222,7 +222,8 @@ class Server:
 
     def _samples(self, subs: list[Submission], opts: dict) -> list[Submission]:
         """`best_of` (at least `n`) submissions per prompt, sample i·best_of + k for prompt i: sample k is seeded
-        seed + k (as the engine's parallel samples are)."""
+        seed + k (as the engine's parallel samples are). Submitted here, all together, samples 1… as siblings of
+        sample 0 (`lib.engine_thread.EngineLoop.submit_all`)."""
         samples = [sub if k == 0 else Submission(sub.prompt, sub.max_tokens, sub.temperature, (sub.seed + k) % 2**63,
                                                  params=sub.params and sub.params.for_another_sequence(),
                                                  stop_token_ids=sub.stop_token_ids, sibling_of=sub)
