@@ -18,6 +18,7 @@ a message saying so ("reference use"); see grader/README.md.
 """
 from __future__ import annotations
 
+import contextvars
 import functools
 import json
 import os
@@ -39,6 +40,13 @@ def _session_of(args, kwargs):
         if isinstance(proxy, ChildProxy):
             return proxy._session
     return None
+
+
+# True while a check runs on a student's objects in the isolated child (`Week.exercise`'s wrapper sets it). The
+# child runs every Triton kernel in Triton's interpreter, on a GPU machine too (`grader.isolation`), so week 17's
+# checks judge a kernel's route there whatever this process's TRITON_INTERPRET says
+# (`grader.checks.week17_triton.interpreting`).
+CHECKING_ISOLATED: contextvars.ContextVar[bool] = contextvars.ContextVar("checking_isolated", default=False)
 
 
 def _reference_use(name: str, args, kwargs) -> str | None:
@@ -78,6 +86,7 @@ class Week:
                 session = _session_of(args, kwargs)
                 if session is not None:
                     session.begin_check()
+                isolated = CHECKING_ISOLATED.set(session is not None)
                 try:
                     result = check(*args, **kwargs)
                 except (NotImplementedError, NotImplementedYet) as e:
@@ -97,6 +106,7 @@ class Week:
                 except Exception as e:  # noqa: BLE001  (a wrong return type tripping the check, say)
                     raise AssertionError(f"exercise {number}, `{name}`: {type(e).__name__}: {e}") from None
                 finally:
+                    CHECKING_ISOLATED.reset(isolated)
                     if session is not None:
                         session.end_check()
                 used = _reference_use(name, args, kwargs)

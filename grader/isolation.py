@@ -229,6 +229,9 @@ class Session:
         env.update(HOME=self.workdir, TMPDIR=self.workdir, MPLCONFIGDIR=self.workdir, XDG_CACHE_HOME=self.workdir,
                    PYTHONDONTWRITEBYTECODE="1", MPLBACKEND="Agg")
         env.setdefault("OMP_NUM_THREADS", "1")
+        # Triton kernels run in the interpreter, where the checks see every launch, load and tl.dot (week 17): a
+        # kernel compiled for a GPU is invisible to them, so a grade on a GPU machine would judge its numbers only.
+        env["TRITON_INTERPRET"] = "1"
         self.cgroup = pids_cgroup()
         if self.cgroup:
             env["INFERENCE_LAB_PIDS_CGROUP"] = self.cgroup

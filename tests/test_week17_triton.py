@@ -414,3 +414,32 @@ def test_a_flawed_kernel_fails_in_the_isolated_child(tmp_path):
             checks.check_softmax_rows(ex.softmax_rows)
     finally:
         ex.close()
+
+
+def test_the_graded_child_interprets_where_the_grader_does_not(tmp_path, monkeypatch):
+    """On a GPU machine the grader's own process compiles Triton kernels (TRITON_INTERPRET unset there, 0 here),
+    and a compiled kernel is invisible to the checks' counters. The graded child interprets anyway, and the checks
+    judge the route as they do on a CPU: the solution's matmul passes, a softmax that runs one program for every
+    row (right numbers) fails by its grid. Before, the child inherited the grader's setting: here (no GPU) no kernel
+    could run, and on a GPU the softmax passed on its numbers."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    source = _variant_source("softmax_rows",
+                             ("    row = tl.program_id(0)\n", "    for row in range(0, N_ROWS):\n"),
+                             ("    cols = tl.arange(0, BLOCK)\n", "        cols = tl.arange(0, BLOCK)\n"),
+                             ("    inside = cols < n_cols\n", "        inside = cols < n_cols\n"),
+                             ("    x = tl.load(", "        x = tl.load("),
+                             ("    e = tl.exp(", "        e = tl.exp("),
+                             ("    tl.store(", "        tl.store("),
+                             ("so1, BLOCK: tl.constexpr)", "so1, N_ROWS, BLOCK: tl.constexpr)"),
+                             ("[(x.shape[0],)]", "[(1,)]"),
+                             ("out.stride(1),\n", "out.stride(1), x.shape[0],\n"))
+    path = tmp_path / checks.WEEK.notebook
+    path.write_text(json.dumps(with_cell_source(json.loads(NOTEBOOK.read_text()), "softmax_rows", source)))
+    ex = load_exercises(path, isolated=True)
+    try:
+        checks.check_tiled_matmul(ex.tiled_matmul)
+        with pytest.raises(AssertionError, match="one program per row"):
+            checks.check_softmax_rows(ex.softmax_rows)
+    finally:
+        ex.close()
+    assert not tri.interpreting(), "outside a graded check, this process's own setting decides"

@@ -6,7 +6,8 @@ the aten ops of the wrapper around them. So a check can tell a kernel that did t
 computed the answer with torch (aten arithmetic), with numpy or by hand (no kernel, or too few `tl.dot` FLOPs),
 from a kernel that loaded a whole row or all of K at once (a `tl.dot` wider than the blocks asked for), and from
 one that stored the score matrix in memory (torch bytes growing with N). A compiled kernel on a GPU is not
-seen by the interpreter: there the checks judge the numbers and the wrapper's aten ops only, and say so.
+seen by the interpreter: so the graded child always interprets (on a GPU machine too), and only a notebook's own
+check on a GPU, run in its kernel, judges the numbers and the wrapper's aten ops alone.
 """
 from __future__ import annotations
 
@@ -27,7 +28,13 @@ WRAPPER_OPS = ("aten.empty", "aten.new_empty", "aten.empty_like", "aten.empty_st
 
 
 def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+    """Whether the student's kernels run in Triton's interpreter, where the checks see their launches: always when
+    the check grades the isolated child (it interprets on a GPU machine too: `grader.isolation`), else where this
+    process interprets (no GPU, or TRITON_INTERPRET=1: the notebook's own check on a CPU)."""
+    from grader.harness import CHECKING_ISOLATED
+
+    return CHECKING_ISOLATED.get() or os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on",
+                                                                                                 "yes")
 
 
 def device() -> str:

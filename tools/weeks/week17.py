@@ -963,8 +963,9 @@ running state kept in memory or held whole in a program, or products taken some 
 also rerun your kernel with every `tl.dot` product scaled by 1.25 and check the result moves as it must) fail
 even when the numbers are right. Inside `@triton.jit` use `triton.language` only, as a GPU would require: no
 numpy, no Python helpers (a helper must be `@triton.jit` itself); a kernel's arguments are tensors and the
-scalars it needs (sizes, strides, a scale, block sizes). (On a GPU the kernels are compiled, the interpreter is not there to
-watch, and the checks judge the numbers and the wrapper.)
+scalars it needs (sizes, strides, a scale, block sizes). (On a GPU this notebook compiles your kernels, the interpreter is
+not there to watch, and the check cells below judge the numbers and the wrapper; `pytest weeks/17` and the grader
+run your kernels in the interpreter on every machine, so they judge all of the above.)
 """)
 
 nb.setup("""
