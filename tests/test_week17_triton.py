@@ -423,6 +423,10 @@ def test_the_graded_child_interprets_where_the_grader_does_not(tmp_path, monkeyp
     row (right numbers) fails by its grid. Before, the child inherited the grader's setting: here (no GPU) no kernel
     could run, and on a GPU the softmax passed on its numbers."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
+    from grader.isolation import triton_interpreted_in_child
+
+    if not triton_interpreted_in_child():  # a GPU machine whose triton is older than the pin: graded compiled
+        pytest.skip("Triton's interpreter does not run here (numpy 2.4 and triton 3.6): the child compiles")
     source = _variant_source("softmax_rows",
                              ("    row = tl.program_id(0)\n", "    for row in range(0, N_ROWS):\n"),
                              ("    cols = tl.arange(0, BLOCK)\n", "        cols = tl.arange(0, BLOCK)\n"),

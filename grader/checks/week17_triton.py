@@ -29,12 +29,17 @@ WRAPPER_OPS = ("aten.empty", "aten.new_empty", "aten.empty_like", "aten.empty_st
 
 def interpreting() -> bool:
     """Whether the student's kernels run in Triton's interpreter, where the checks see their launches: always when
-    the check grades the isolated child (it interprets on a GPU machine too: `grader.isolation`), else where this
-    process interprets (no GPU, or TRITON_INTERPRET=1: the notebook's own check on a CPU)."""
+    the check grades the isolated child (it interprets on a GPU machine too wherever Triton's interpreter works there:
+    `grader.isolation.triton_interpreted_in_child`), else where this process interprets (no GPU, or TRITON_INTERPRET=1: the notebook's own check on a CPU)."""
     from grader.harness import CHECKING_ISOLATED
 
-    return CHECKING_ISOLATED.get() or os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on",
-                                                                                                 "yes")
+    if os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes"):
+        return True
+    if CHECKING_ISOLATED.get():
+        from grader.isolation import triton_interpreted_in_child
+
+        return triton_interpreted_in_child()
+    return False
 
 
 def device() -> str:

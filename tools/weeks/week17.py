@@ -965,7 +965,7 @@ even when the numbers are right. Inside `@triton.jit` use `triton.language` only
 numpy, no Python helpers (a helper must be `@triton.jit` itself); a kernel's arguments are tensors and the
 scalars it needs (sizes, strides, a scale, block sizes). (On a GPU this notebook compiles your kernels, the interpreter is
 not there to watch, and the check cells below judge the numbers and the wrapper; `pytest weeks/17` and the grader
-run your kernels in the interpreter on every machine, so they judge all of the above.)
+run your kernels in the interpreter wherever it works, GPU machines included, so they judge all of the above.)
 """)
 
 nb.setup("""
