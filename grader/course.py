@@ -27,6 +27,27 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 WEEKS = ("16", "17", "18", "19", "20", "21")
 
 
+NBGRADER_EXCHANGE = "/srv/nbgrader/exchange"  # nbgrader's default exchange, where a shared machine or hub keeps it
+
+
+def exchange_root(root: Path) -> str:
+    """Where nbgrader's exchange is (release, fetch, submit, collect between users: a hub or a shared machine):
+    $INFERENCE_LAB_EXCHANGE if set; else nbgrader's default where it exists; else grader/exchange in the course
+    (git-ignored; created here, empty, so the formgrader does not warn that the exchange is missing — the lab's
+    own route on one machine, `python -m grader collect`, does not use it)."""
+    chosen = os.environ.get("INFERENCE_LAB_EXCHANGE")
+    if chosen:
+        return chosen
+    if os.path.isdir(NBGRADER_EXCHANGE):
+        return NBGRADER_EXCHANGE
+    local = root / "grader" / "exchange"
+    try:
+        local.mkdir(parents=True, exist_ok=True)
+    except OSError:  # a read-only checkout: nbgrader says what is missing when the exchange is used
+        pass
+    return str(local)
+
+
 def course_config(root: str | Path, db: str | Path | None = None) -> Config:
     root = Path(root).resolve()
     db = Path(db) if db is not None else root / "grader" / "gradebook.db"
@@ -40,6 +61,7 @@ def course_config(root: str | Path, db: str | Path | None = None) -> Config:
     c.CourseDirectory.feedback_directory = "grader/feedback"
     c.CourseDirectory.db_url = f"sqlite:///{db}"
     c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", ".pytest_cache", "*.backup-*"]
+    c.Exchange.root = exchange_root(root)
     if os.environ.get("INFERENCE_LAB_ISOLATION", "1") != "0":
         # Grading runs the exercise cells in an isolated child and the tests here (grader/grading.py);
         # nbgrader's kernel execution (every cell, demos included, in the instructor's account) is not used.

@@ -87,6 +87,14 @@ def test_formgrader_lists_the_autograded_week(tmp_path, capsys):
         assert submissions["alice"]["autograded"] is True and submissions["alice"]["score"] == 0
         notebooks = get(f"/formgrader/api/notebooks/{WEEK}")
         assert [n["name"] for n in notebooks] == [release.stem]
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/formgrader/manage_assignments",
+                                         headers={"Authorization": f"token {token}"})
+        with urllib.request.urlopen(request, timeout=30) as r:
+            page = r.read().decode()
+        assert "Manage Assignments" in page or "manage_assignments" in page, page[:2000]
+        # nbgrader's default exchange (/srv/nbgrader/exchange) is missing on one machine: the course's own is used
+        assert 'id="warning-exchange"' not in page, "the formgrader warns that the exchange directory is missing"
+        assert (root / "grader" / "exchange").is_dir() or Path("/srv/nbgrader/exchange").is_dir()
     finally:
         server.terminate()
         try:
@@ -98,3 +106,13 @@ def test_formgrader_lists_the_autograded_week(tmp_path, capsys):
     assert "No nbgrader_config.py file found" not in text, text[-3000:]
     assert "not a subdirectory of the notebook server root" not in text, text[-3000:]
     assert not (root / "gradebook.db").exists(), "the formgrader created nbgrader's default gradebook.db"
+
+
+def test_the_exchange_is_the_environments_then_nbgraders_then_the_courses(tmp_path, monkeypatch):
+    from grader.course import NBGRADER_EXCHANGE, course_config, exchange_root
+
+    monkeypatch.setenv("INFERENCE_LAB_EXCHANGE", str(tmp_path / "shared"))
+    assert course_config(tmp_path).Exchange.root == str(tmp_path / "shared")
+    monkeypatch.delenv("INFERENCE_LAB_EXCHANGE")
+    want = NBGRADER_EXCHANGE if Path(NBGRADER_EXCHANGE).is_dir() else str(tmp_path / "grader" / "exchange")
+    assert exchange_root(tmp_path) == want and Path(want).is_dir()
