@@ -62,6 +62,7 @@ def course_config(root: str | Path, db: str | Path | None = None) -> Config:
     c.CourseDirectory.db_url = f"sqlite:///{db}"
     c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", ".pytest_cache", "*.backup-*"]
     c.Exchange.root = exchange_root(root)
+    c.ExchangeFactory.collect = "grader.exchange.OwnerCheckedCollect"  # refuses submissions forged in another's name
     if os.environ.get("INFERENCE_LAB_ISOLATION", "1") != "0":
         # Grading runs the exercise cells in an isolated child and the tests here (grader/grading.py);
         # nbgrader's kernel execution (every cell, demos included, in the instructor's account) is not used.
