@@ -23,8 +23,11 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 
 def pytest_collection_modifyitems(config, items):
-    """The slowest tests first (whole notebooks, then the documented commands), the rest in their own order: the
-    workers start on the long ones and share out the many short ones at the end, so they finish together."""
+    """The slowest tests first (whole notebooks and the JupyterHub class, then the documented commands), the rest in
+    their own order: the workers start on the long ones and share out the many short ones at the end, so they finish
+    together."""
     def rank(item):
-        return 0 if item.get_closest_marker("notebook") else 1 if item.get_closest_marker("commands") else 2
+        if item.get_closest_marker("notebook") or item.get_closest_marker("hub"):
+            return 0
+        return 1 if item.get_closest_marker("commands") else 2
     items.sort(key=rank)  # stable

@@ -39,6 +39,10 @@ NOT_RUN = {
     r"(make (serve|bench-load)\b|(\.venv/bin/)?python benchmarks/load\.py)": "tests/test_server.py runs `make serve` "
                                                                          "and `make bench-load ARGS=--quick` as typed",
     r"make setup TORCH_INDEX=": "a multi-GB CUDA download; tests/test_gpu_check.py checks its pip commands (make -n)",
+    r"(python -m )?nbgrader collect( 16)?$": "named in prose; it needs students' submissions in an exchange: "
+                          "tests/test_jupyterhub_class.py runs `python -m nbgrader collect 16` as the instructor",
+    r"python tools/class_hub\.py (setup|start|teardown)": "as root, with users made for it: "
+                                                        "tests/test_jupyterhub_class.py runs them as typed",
 }
 SERVERS = r"make (lab|grade-ui)( ARGS=.*)?$"  # run by test_servers_answer_and_stop, on a free port
 # A documented command -> the command run for it here (quick modes); None: run as typed.
@@ -214,6 +218,13 @@ def test_make_help_and_setup(scratch, repo):
     run(scratch, repo, ".venv/bin/python -m lib.fetch")
     out = run(scratch, repo, "make lint")
     assert "All checks passed" in out, out
+
+
+def test_class_hub_help(scratch, repo):
+    """The class's hub tool (grader/README.md, "A class on JupyterHub"): its help, as typed; its setup, start and
+    teardown run in tests/test_jupyterhub_class.py, as root, with users made for the test."""
+    out = run(scratch, repo, "python tools/class_hub.py --help")
+    assert all(word in out for word in ("setup", "start", "teardown")), out
 
 
 def test_gpu_check_without_a_gpu(scratch, repo):
