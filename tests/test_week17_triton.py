@@ -55,6 +55,18 @@ def _variant(name: str, *edits: tuple[str, str], extra: str = ""):
     return ns[name]
 
 
+# softmax_rows as one program that loops over every row (right numbers; its grid gives it away)
+ONE_PROGRAM_FOR_ALL_ROWS = (("    row = tl.program_id(0)\n", "    for row in range(0, N_ROWS):\n"),
+                            ("    cols = tl.arange(0, BLOCK)\n", "        cols = tl.arange(0, BLOCK)\n"),
+                            ("    inside = cols < n_cols\n", "        inside = cols < n_cols\n"),
+                            ("    x = tl.load(", "        x = tl.load("),
+                            ("    e = tl.exp(", "        e = tl.exp("),
+                            ("    tl.store(", "        tl.store("),
+                            ("so1, BLOCK: tl.constexpr)", "so1, N_ROWS, BLOCK: tl.constexpr)"),
+                            ("[(x.shape[0],)]", "[(1,)]"),
+                            ("out.stride(1),\n", "out.stride(1), x.shape[0],\n"))
+
+
 # --- wrong routes -------------------------------------------------------------------------------------
 
 def softmax_torch(x):
@@ -255,16 +267,7 @@ WRONG = {
         (lambda: _variant("softmax_rows", ("tl.exp(x - tl.max(x, axis=0))", "tl.exp(x)")), "1e4|NaN"),
         (lambda: _variant("softmax_rows", ("cols * sx1", "cols"), ("cols * so1", "cols")), "transposed"),
         # one program for every row, looping over the rows inside it
-        (lambda: _variant("softmax_rows",
-                          ("    row = tl.program_id(0)\n", "    for row in range(0, N_ROWS):\n"),
-                          ("    cols = tl.arange(0, BLOCK)\n", "        cols = tl.arange(0, BLOCK)\n"),
-                          ("    inside = cols < n_cols\n", "        inside = cols < n_cols\n"),
-                          ("    x = tl.load(", "        x = tl.load("),
-                          ("    e = tl.exp(", "        e = tl.exp("),
-                          ("    tl.store(", "        tl.store("),
-                          ("so1, BLOCK: tl.constexpr)", "so1, N_ROWS, BLOCK: tl.constexpr)"),
-                          ("[(x.shape[0],)]", "[(1,)]"),
-                          ("out.stride(1),\n", "out.stride(1), x.shape[0],\n")), "one program per row"),
+        (lambda: _variant("softmax_rows", *ONE_PROGRAM_FOR_ALL_ROWS), "one program per row"),
         # numpy computes log-softmax in the wrapper; the kernel's softmax of that is the answer
         (lambda: _variant("softmax_rows", extra=SOFTMAX_OF_NUMPY), "not an input"),
         # the same, written into x for the kernel to read, and x put back afterwards
@@ -427,16 +430,7 @@ def test_the_graded_child_interprets_where_the_grader_does_not(tmp_path, monkeyp
 
     if not triton_interpreted_in_child():  # a GPU machine whose triton is older than the pin: graded compiled
         pytest.skip("Triton's interpreter does not run here (numpy 2.4 and triton 3.6): the child compiles")
-    source = _variant_source("softmax_rows",
-                             ("    row = tl.program_id(0)\n", "    for row in range(0, N_ROWS):\n"),
-                             ("    cols = tl.arange(0, BLOCK)\n", "        cols = tl.arange(0, BLOCK)\n"),
-                             ("    inside = cols < n_cols\n", "        inside = cols < n_cols\n"),
-                             ("    x = tl.load(", "        x = tl.load("),
-                             ("    e = tl.exp(", "        e = tl.exp("),
-                             ("    tl.store(", "        tl.store("),
-                             ("so1, BLOCK: tl.constexpr)", "so1, N_ROWS, BLOCK: tl.constexpr)"),
-                             ("[(x.shape[0],)]", "[(1,)]"),
-                             ("out.stride(1),\n", "out.stride(1), x.shape[0],\n"))
+    source = _variant_source("softmax_rows", *ONE_PROGRAM_FOR_ALL_ROWS)
     path = tmp_path / checks.WEEK.notebook
     path.write_text(json.dumps(with_cell_source(json.loads(NOTEBOOK.read_text()), "softmax_rows", source)))
     ex = load_exercises(path, isolated=True)
