@@ -5,7 +5,7 @@
     python benchmarks/decode.py --compile            # also FastLlama under torch.compile (compile time printed)
     python benchmarks/decode.py --batch 1 8          # batch-1 and batch-8 decode (tok/s summed over the batch)
     python benchmarks/decode.py --profile            # where one decode step's time goes, per op, lib vs fast
-    python benchmarks/decode.py --matmul             # small-batch matmuls: F.linear vs oneDNN-packed weights,
+    python benchmarks/decode.py --matmul             # small-batch matmuls in each kernel lib.fast can choose,
                                                      # and the verify curve (m new tokens after a cache)
 
 Decode is bandwidth-bound: each new token reads every weight once. So the ceiling is
@@ -53,35 +53,41 @@ def profile_step(name: str, model, prompt, steps: int = 8) -> None:
 
 def matmul_sweep(model, repeats: int, rows: list[int] | None = None) -> None:
     """Weight matmuls with 1..16 rows of input (decode = 1, verifying K draft tokens = K + 1, a batch = B), on
-    SmolLM2's own weight shapes, plain `F.linear` against oneDNN-packed weights; then the verify curve of
-    whole forwards: m new tokens after a 128-token cache, in units of one decode step."""
+    SmolLM2's own weight shapes, in each kernel lib.fast can choose (plain `F.linear`, oneDNN-packed weights,
+    the C++ float32 loops of lib/csrc/qmatmul.cpp); then the verify curve of whole forwards: m new tokens after a
+    128-token cache, in units of one decode step."""
     import torch.nn.functional as F
 
-    from lib.fast import FastLlama, can_pack, pack_weight, packed_linear
-    if not can_pack(model.embed.weight.device, model.embed.weight.dtype):
-        print("packed weights need fp32 on a CPU with oneDNN; nothing to compare here")
-        return
+    from lib import qmatmul as Q
+    from lib.fast import FastLlama, kernels_for, pack_weight, packed_linear
     weights = [w for blk in model.layers for w in (blk.attn.q_proj.weight, blk.attn.k_proj.weight,
                blk.attn.v_proj.weight, blk.attn.o_proj.weight, blk.mlp.gate_proj.weight, blk.mlp.up_proj.weight,
                blk.mlp.down_proj.weight)] + [model.embed.weight]
     weights = [w.detach() for w in weights]
-    packed = [pack_weight(w) for w in weights]
+    kernels = kernels_for(weights)
+    if kernels == ["plain"]:
+        print("lib.fast's kernels need fp32 weights on a CPU; only F.linear runs here, nothing to compare")
+        return
+    ws = {"plain": weights, "packed": [pack_weight(w) for w in weights] if "packed" in kernels else None,
+          "cpp": weights}
+    mul = {"plain": F.linear, "packed": packed_linear, "cpp": lambda x, w: Q.linear_f32(x, w, max_rows=64)}
+    names = {"plain": "F.linear", "packed": "packed", "cpp": "C++"}
     mb = sum(w.numel() * w.element_size() for w in weights) / 1e6
     reps = max(repeats, 5) if rows is None else repeats
-    rows = rows or [1, 2, 3, 4, 5, 8, 16]
+    rows = rows or [1, 2, 3, 4, 5, 8, 12, 16]
     print(f"\nall {len(weights)} weight matmuls of one token ({mb:.0f} MB), median ms of {reps} "
-          f"(ratio to 1 row in brackets)")
-    print(f"  {'rows':>5s}{'F.linear':>18s}{'packed':>18s}{'packed speedup':>16s}")
-    one_row = None  # (F.linear, packed) seconds with 1 row: the unit of the ratios
+          f"(ratio to 1 row in brackets); the C++ loops pass over a weight once per 8 rows")
+    print(f"  {'rows':>5s}" + "".join(f"{names[k]:>18s}" for k in kernels) + f"{'fastest':>10s}")
+    one_row = {}  # kernel -> seconds with 1 row: the unit of the ratios
     with torch.inference_mode():
         for m in rows:
             xs = {w.shape[1]: torch.randn(m, w.shape[1]) for w in weights}
-            plain = time_call(lambda: [F.linear(xs[w.shape[1]], w) for w in weights], reps, torch.device("cpu"))
-            pk = time_call(lambda: [packed_linear(xs[w.shape[1]], p) for w, p in zip(weights, packed)],
-                           reps, torch.device("cpu"))
-            one_row = one_row or (plain, pk)
-            print(f"  {m:5d}{plain * 1e3:10.1f} ({plain / one_row[0]:4.2f}){pk * 1e3:10.1f} ({pk / one_row[1]:4.2f})"
-                  f"{plain / pk:15.2f}x")
+            t = {k: time_call(lambda k=k: [mul[k](xs[w.shape[1]], wk) for w, wk in zip(weights, ws[k])], reps,
+                              torch.device("cpu")) for k in kernels}
+            one_row = one_row or t
+            print(f"  {m:5d}" + "".join(f"{t[k] * 1e3:10.1f} ({t[k] / one_row[k]:4.2f})" for k in kernels)
+                  + f"{names[min(t, key=t.get)]:>10s}")
+    one_row = list(one_row.values())
     from lib.roofline import measure_bandwidth
     bw, mv = measure_bandwidth(256, repeats=10), measure_bandwidth(256, repeats=10, how="matvec")
     best = min(one_row)
@@ -92,8 +98,8 @@ def matmul_sweep(model, repeats: int, rows: list[int] | None = None) -> None:
     ids = torch.randint(0, model.config.vocab_size, (1, 128 + 16), generator=torch.Generator().manual_seed(0))
     print("\nverify curve: time of a forward over m new tokens after a 128-token cache, in one-token steps")
     print(f"  {'engine':28s}" + "".join(f"{f'm={m}':>8s}" for m in rows) + f"{'1 step ms':>11s}")
-    for name, eng in {"lib.model": model, "lib.fast (F.linear)": FastLlama(model, packed=False),
-                      "lib.fast (packed)": FastLlama(model, packed=True)}.items():
+    for name, eng in {"lib.model": model, **{f"lib.fast ({names[k]})": FastLlama(model, kernel=k)
+                                             for k in kernels}}.items():
         cache = eng.new_cache(1, 128 + 16)
         with torch.inference_mode():
             eng(ids[:, :128], cache=cache)
@@ -151,7 +157,7 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="also time FastLlama(compile=True)")
     parser.add_argument("--profile", action="store_true", help="per-op profile of a decode step, then exit")
     parser.add_argument("--matmul", action="store_true",
-                        help="rows-per-matmul sweep (F.linear vs packed) and the verify curve, then exit")
+                        help="rows-per-matmul sweep (each kernel lib.fast can choose) and the verify curve, then exit")
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run in seconds (8 new tokens, a 32-token prefill, 1 repeat; --matmul: 1, 2, 4 "
@@ -174,7 +180,7 @@ def main() -> None:
           f"cores: {cores} | load average (1 min): {load:.2f}")
     model, tok = load_smollm2(device=device)
     fast = FastLlama(model)
-    print(f"lib.fast's matmul layout: {fast.packing}")
+    print(f"lib.fast's kernel: {fast.kernel_reason}")
     prompt = tok("The history of the printing press begins", return_tensors="pt").input_ids.to(device)
 
     if args.profile:
@@ -193,7 +199,8 @@ def main() -> None:
         from transformers import AutoModelForCausalLM
         hf = AutoModelForCausalLM.from_pretrained(str(paths.MODELS_DIR), gguf_file=paths.SMOLLM2_FILE).to(device).eval()
 
-    fast_name = "CUDA graphs" if fast.graphs is not None else ("packed" if fast.packed else "F.linear")
+    names = {"plain": "F.linear", "packed": "packed", "cpp": "C++ step"}
+    fast_name = "CUDA graphs" if fast.graphs is not None else names[fast.kernel]
     engines = {"lib.generate (lib.model)": model, f"lib.generate (lib.fast, {fast_name})": fast}
     if fast.graphs is not None:  # what the graphs buy: the same fast path, each kernel launched from Python
         engines["lib.generate (lib.fast, eager)"] = FastLlama(model, graphs=False)
@@ -203,10 +210,11 @@ def main() -> None:
         print(f"CUDA graph capture (with its warm-up) and a 1-token prefill: {(time.perf_counter() - t0) * 1e3:.0f} "
               f"ms once per cache shape and window of {GRAPH_BUCKET} positions; "
               f"{fast.graphs.captures} graph(s) captured")
-    elif fast.packed:  # the same fast path in the layout it did not choose: what the choice buys
-        engines["lib.generate (lib.fast, F.linear)"] = FastLlama(model, packed=False)
-    elif "measured" in fast.packing:
-        engines["lib.generate (lib.fast, packed)"] = FastLlama(model, packed=True)
+    elif device.type == "cpu":  # the same fast path with the kernels it did not choose: what the choice buys
+        from lib.fast import kernels_for
+        for k in kernels_for([model.embed.weight.detach()]):
+            if k != fast.kernel:
+                engines[f"lib.generate (lib.fast, {names[k]})"] = FastLlama(model, kernel=k)
     if args.compile:
         t0 = time.perf_counter()
         compiled = FastLlama(model, compile=True)

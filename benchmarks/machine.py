@@ -7,7 +7,7 @@
 First the facts a speed choice depends on: the CPU's model name, vendor and the instruction sets the kernels use
 (AVX2, FMA, AVX-512 and its VNNI / BF16 extensions, AMX tiles), cores, torch's threads, memory, the load average,
 the streaming bandwidth (`lib.roofline.measure_bandwidth`), and the kernels the lab chose here: `lib.fast`'s matmul
-layout (`lib.fast.choose_packing`, measured once per machine and remembered) and the GGUF kernel's build. Then the
+kernel (`lib.fast.choose_kernel`: C++ step, oneDNN-packed or plain, measured once per machine and remembered) and the GGUF kernel's build. Then the
 two speed tables, each as its own benchmark prints it: fp32 decode (`lib.model`, `lib.fast`, transformers, the
 roofline) and quantized decode (the GGUF file's blocks, torch's int8/int4, llama.cpp when installed).
 The README keeps one such table per machine class measured. Timing, not a test: run it on quiet cores.
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from lib.fast import choose_packing
+    from lib.fast import FastLlama
     from lib.model import load_smollm2
     from lib.roofline import measure_bandwidth
 
@@ -79,9 +79,7 @@ def main(argv=None) -> int:
     bandwidth = measure_bandwidth()  # bytes/s
     print(f"streaming read bandwidth: {bandwidth / 1e9:.1f} GB/s (lib.roofline.measure_bandwidth)")
     model, _ = load_smollm2()
-    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear) and m.weight.dim() == 2]
-    packed, why = choose_packing([w.detach().float() for w in weights])
-    print(f"lib.fast's matmul layout here: {why}")
+    print(f"lib.fast's kernel here: {FastLlama(model).kernel_reason}")  # measured on whole steps once, then remembered
     try:
         from lib.qmatmul import backend
 

@@ -237,10 +237,11 @@ def main() -> None:
 
     print(f"\nBatch 8 (one prompt 8 times), {new} new tokens, best of {repeats}: decoded tokens per second, all rows")
     batch = prompts[0].repeat(8, 1)
-    b8 = {"lib.fast F32 (packed)": paths_["lib.fast F32"][0], "GGUF blocks, fused": paths_["GGUF blocks, fused"][0]}
+    f32_name = f"lib.fast F32 ({paths_['lib.fast F32'][0].kernel})"
+    b8 = {f32_name: paths_["lib.fast F32"][0], "GGUF blocks, fused": paths_["GGUF blocks, fused"][0]}
     b8_rows = {name: 8 / s for name, s in
                time_decodes({n: (lambda k, m=m: generate(m, batch, k)) for n, m in b8.items()}, new, repeats).items()}
-    base = b8_rows["lib.fast F32 (packed)"]
+    base = b8_rows[f32_name]
     for name, tok_s in b8_rows.items():
         print(f"{name:>28} {tok_s:>7.1f} tok/s  {tok_s / base:.2f}x")
     if args.matmul:

@@ -2,6 +2,7 @@
 
     from lib.fast import FastLlama
     fast = FastLlama(model)                        # shares no code path with lib.model, only the weights
+    fast.kernel_reason                             # which kernel it chose for this CPU, and why (item 9)
     ids = generate(fast, input_ids, 64)            # same tokens as generate(model, ...), faster
     fast_bf16 = FastLlama(model, dtype=torch.bfloat16)   # prefill on the CPU's matrix units (AMX), approximate
 
@@ -20,7 +21,7 @@ can follow — each one is a line below, and `benchmarks/decode.py --profile` sh
    on the matrix units; logits are then only approximately equal (the benchmark reports the error).
 6. Optional **`torch.compile`** of the per-layer step (`compile=True`); its compile time is reported by the
    benchmark, and it is off by default because on 2 cores it costs a student more than it saves.
-7. **Weights in the matmul library's own layout** (`packed=True`: chosen by measuring, below). `F.linear` on a
+7. **Weights in the matmul library's own layout** (`kernel="packed"`, or `packed=True`; item 9 chooses). `F.linear` on a
    plain `[out, in]` weight with 2–8 rows of input costs about as much as that many one-row calls here (MKL
    runs a matrix-vector product per row: measured 25 ms for 2 rows against 11.5 ms for 1 on SmolLM2's
    output layer), so the weights would be read from memory once per row. Reordering each weight once at load
@@ -28,16 +29,8 @@ can follow — each one is a line below, and `benchmarks/decode.py --profile` sh
    CPU weight freezing takes) reads them once for every small batch: 1 row ≈ 2 rows ≈ 4 rows. That is what
    makes verifying draft tokens (week 18) and decoding a batch (week 19) cost nearly one step, as the
    roofline says it should. `benchmarks/decode.py --matmul` measures both layouts side by side.
-   **Which layout is faster depends on the CPU**: on an AMD EPYC (AVX-512) the packed kernels decoded SmolLM2 at
-   2.1x plain `F.linear`; on an Intel Xeon with AMX, plain was 1.23x faster. So with `packed=None` (the default)
-   `FastLlama` times one decode step's weight matmuls both ways, with the model's own weights, at 1 and 4 rows,
-   once per machine (`choose_packing`), keeps the faster, and remembers the choice in
-   `data/cache/fast_kernels.json` (keyed by CPU model, torch version, thread count and the model's shapes);
-   `INFERENCE_LAB_FAST_KERNEL=packed|plain|measure` overrides (measure: time again). Models under 64 MB of weights
-   (the tests' tiny ones: they sit in the CPU's cache, where timing says nothing about decode) stay packed, and so
-   does a model built while other work keeps the cores busy (timed under load, oneDNN's threads wait on the
-   others: a loaded run once measured packed 9x slower than plain on a machine where it is 2x faster).
-
+   On an AMD EPYC (AVX-512) the packed kernels decoded SmolLM2 at 2.1x plain `F.linear`; on an Intel Xeon with
+   AMX, plain was 1.23x faster — which is why the kernel is chosen by measuring (item 9).
 8. **CUDA graphs for decode** (on a GPU; `graphs=None` turns them on where the model is on CUDA). A 135M model's
    decode step is ~300 small kernels; launched one by one from Python, a GPU spends its time waiting for the CPU
    (the issue measured 83 tok/s for this module on an H100, 2 % of its bandwidth roofline). A CUDA graph records
@@ -56,6 +49,30 @@ can follow — each one is a line below, and `benchmarks/decode.py --profile` sh
    each residual add inside the matmul before it (not yet timed on a GPU). `lib.fast_paged` replays the engine's
    decode steps the same way over the paged cache.
 
+9. **A one-token step in one C++ call, and the kernel chosen by measuring** (`kernel="cpp"`). Items 1–7 still
+   leave a decode step as ~400 small tensor operations with Python between them; at SmolLM2's size on 2 cores
+   they cost as much as the matmuls. `lib/csrc/qmatmul.cpp` (week 20's GGUF kernel) has a whole decode step —
+   norms, RoPE, the cache write, attention, SiLU, residuals — in one call, and plain float32 weights are one more
+   "type" for its loops (`F32`: nothing to decode, so a matmul is a stream of loads and multiply-adds, each weight
+   row read once for up to 8 rows of x). So with kernel "cpp" a one-token step on `lib.kv_cache`'s cache is one
+   call (`_cpp_step`), the final norm and LM head one more, and every other step (prefill, verify) runs the
+   Python step with that matmul for up to `lib.qmatmul.F32_MAX_ROWS` rows (torch's above). Same arithmetic in
+   float32, sums in another order: greedy tokens identical to `lib.model`'s (tests/test_fast.py).
+   Which of "cpp", "packed" and "plain" is fastest depends on the CPU, so with `kernel=None` (the default)
+   `FastLlama` times a whole step of the model in each — one token, then 4 (a verify) after a 32-token cache —
+   once per machine (`choose_kernel`), keeps the fastest, and remembers it in `data/cache/fast_kernels.json`
+   (keyed by CPU model, torch version, thread count, the kernels that run here and the model's shapes);
+   `INFERENCE_LAB_FAST_KERNEL=cpp|packed|plain|measure` overrides (measure: time again). Unmeasured — models under
+   64 MB of weights (the tests' tiny ones: they sit in the CPU's cache, where timing says nothing about decode),
+   or a machine whose other work keeps the cores busy (timed under load, a kernel's threads wait on the others:
+   a loaded run once measured packed 9x slower than plain on a machine where it is 2x faster) — the first of
+   "cpp", "packed", "plain" that runs here is used. `benchmarks/decode.py` prints the choice and why, and times
+   the kernels not chosen beside it.
+10. **Weights on 2 MB pages** (`lib.roofline.on_huge_pages`, for the "cpp" and "plain" kernels on a CPU). Decode
+   streams 538 MB per token; on 4 KB pages that is a TLB miss every 4 KB, and on a virtual machine each miss walks
+   two page tables. The weights are copied once into one buffer the kernel is asked to back with 2 MB pages
+   (`madvise`), where Linux allows it; the bandwidth probe that sets the roofline reads from such pages too.
+
 `pack_linears(model)` gives the readable `lib.model` item 7 alone, in place: its `nn.Linear`s multiply with packed
 weights, and the model's code (and a student's attention or cache plugged into it) is unchanged.
 
@@ -64,6 +81,7 @@ The call contract is the model's: `fast(input_ids [B, T], cache=None) -> logits 
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
@@ -74,9 +92,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from lib import qmatmul as Q
 from lib.kv_cache import KVCache, LayerKVCache
 from lib.masks import causal_mask
-from lib.roofline import best_time
+from lib.roofline import best_time, on_huge_pages
 from lib.model import apply_rope
 
 
@@ -97,6 +116,14 @@ def packed_linear(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | 
 
 
 _CAN_PACK_CPU = can_pack("cpu", torch.float32)  # checked once: PackedLinear.forward runs 210 times per token
+
+
+def cpp_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Item 9's matmul on a plain float32 weight: up to `lib.qmatmul.F32_MAX_ROWS` rows of x by the C++ loops
+    (decode, verify, small batches), more (a prefill) by oneDNN on the same plain weight where torch has it —
+    torch's own `F.linear` took 117 ms where oneDNN took 88 for 256 rows through SmolLM2's output layer on the
+    lab's EPYC — else by `F.linear`."""
+    return Q.linear_f32(x, w, large=packed_linear if _CAN_PACK_CPU else F.linear)
 
 
 class PackedLinear(nn.Linear):
@@ -172,19 +199,45 @@ def _machine() -> str:
     return platform.processor() or platform.machine()
 
 
-def choose_packing(weights: list[torch.Tensor], cache_file=None, repeats: int = 5) -> tuple[bool, str]:
-    """(packed, why): whether one decode step's weight matmuls (`weights`, each [out, in] fp32) run faster packed
-    (item 7) or plain on this CPU, at 1 row (a decode step) and 4 rows (a verify or a small batch), summed.
-    Measured once per machine, model shapes and thread count, and remembered in `cache_file`
-    (`data/cache/fast_kernels.json`); `INFERENCE_LAB_FAST_KERNEL=packed|plain|measure` overrides."""
+KERNELS = ("cpp", "packed", "plain")  # item 9: how one decode step multiplies, chosen by measuring
+
+
+def kernels_for(weights: list[torch.Tensor]) -> list[str]:
+    """The kernels that can multiply by `weights` here: "cpp" (lib/csrc/qmatmul.cpp built, every weight's input
+    width a multiple of 16), "packed" (oneDNN), "plain" (always)."""
+    if not weights or not all(w.device.type == "cpu" and w.dtype == torch.float32 for w in weights):
+        return ["plain"]
+    out = ["cpp"] if all(w.shape[1] % Q.F32_BLOCK == 0 for w in weights) and Q.kernel() is not None else []
+    return out + (["packed"] if can_pack("cpu", torch.float32) else []) + ["plain"]
+
+
+def choose_kernel(weights: list[torch.Tensor], cache_file=None, repeats: int = 5, timer=None) -> tuple[str, str]:
+    """(kernel, why): which of `kernels_for(weights)` runs one decode step's weights (`weights`, each [out, in]
+    fp32) fastest on this CPU, at 1 row (a decode step) and 4 rows (a verify or a small batch), summed:
+    `timer(kernel, rows)` gives a step's seconds (FastLlama passes whole steps of the model, so the C++ step's
+    saving outside the matmuls counts), else the weights' matmuls alone are timed. Measured once per machine,
+    model shapes and thread count, and remembered in `cache_file` (`data/cache/fast_kernels.json`);
+    `INFERENCE_LAB_FAST_KERNEL=cpp|packed|plain|measure` overrides."""
+    avail = kernels_for(weights)
     forced = os.environ.get("INFERENCE_LAB_FAST_KERNEL", "")
-    if forced in ("packed", "plain"):
-        return forced == "packed", f"INFERENCE_LAB_FAST_KERNEL={forced}"
+    if forced in KERNELS:
+        if forced not in avail:
+            raise ValueError(f"INFERENCE_LAB_FAST_KERNEL={forced}, but that kernel cannot run here (available: "
+                             f"{', '.join(avail)}); unset it, or set it to one of those")
+        return forced, f"INFERENCE_LAB_FAST_KERNEL={forced}"
+    if forced not in ("", "measure"):
+        raise ValueError(f"INFERENCE_LAB_FAST_KERNEL={forced!r}: use one of {', '.join(KERNELS)} or measure")
+    default = avail[0]
     nbytes = sum(w.numel() * w.element_size() for w in weights)
     if nbytes < MEASURE_MIN_BYTES:
-        return True, f"packed: {nbytes >> 20} MB of weights sit in the CPU's caches, too small to measure the layouts"
+        return default, (f"{default} (the default): {nbytes >> 20} MB of weights sit in the CPU's caches, too "
+                         f"small to measure the kernels")
+    if len(avail) == 1:
+        return default, f"{default}: the only kernel that runs here"
+    what = "a step at 1 and 4 rows" if timer is not None else "one step's matmuls at 1 and 4 rows"
     shapes = sorted({tuple(w.shape) for w in weights})
-    key = f"{_machine()} | torch {torch.__version__} | {torch.get_num_threads()} threads | {len(weights)} x {shapes}"
+    key = (f"{_machine()} | torch {torch.__version__} | {torch.get_num_threads()} threads | {','.join(avail)} | "
+           f"{len(weights)} x {shapes}")
     if cache_file is None:
         from lib import paths
 
@@ -193,38 +246,21 @@ def choose_packing(weights: list[torch.Tensor], cache_file=None, repeats: int = 
         known = json.loads(open(cache_file).read())
     except (OSError, ValueError):
         known = {}
-    if forced != "measure" and isinstance(known.get(key), dict) and "packed" in known[key]:
-        got = known[key]
-        return bool(got["packed"]), (f"{'packed' if got['packed'] else 'plain'}: measured on this machine "
-                                     f"{got.get('when', '')}: plain {got['plain_ms']:.1f} ms, packed "
-                                     f"{got['packed_ms']:.1f} ms (one step at 1 and 4 rows)")
+    got = known.get(key)
+    if forced != "measure" and isinstance(got, dict) and got.get("kernel") in avail and isinstance(got.get("ms"), dict):
+        return got["kernel"], (f"{got['kernel']}: measured on this machine {got.get('when', '')}: "
+                               + _times(got["ms"]) + f" ({got.get('what', what)})")
     try:
         load, cores = os.getloadavg()[0], os.cpu_count() or 1
     except (OSError, AttributeError):  # no load average (Windows): measure
         load, cores = 0.0, os.cpu_count() or 1
     if forced != "measure" and load > max(0.5, cores - torch.get_num_threads() + 0.5):
-        return True, (f"packed (the default), not measured: load average {load:.1f} on {cores} cores; the layouts "
-                      f"are timed, and the choice remembered, when the machine is quieter")
-    packed = [pack_weight(w) for w in weights]
-    d_in = {w.shape[1] for w in weights}
-    xs = {(rows, d): torch.randn(rows, d, dtype=weights[0].dtype, device=weights[0].device)
-          for rows in (1, 4) for d in d_in}
-
-    def plain_step(rows):
-        with torch.inference_mode():
-            for w in weights:
-                F.linear(xs[(rows, w.shape[1])], w)
-
-    def packed_step(rows):
-        with torch.inference_mode():
-            for w, p in zip(weights, packed):
-                packed_linear(xs[(rows, w.shape[1])], p)
-
-    plain_s = sum(best_time(lambda r=r: plain_step(r), repeats) for r in (1, 4))
-    packed_s = sum(best_time(lambda r=r: packed_step(r), repeats) for r in (1, 4))
-    choice = packed_s < plain_s
-    known[key] = {"packed": choice, "plain_ms": plain_s * 1e3, "packed_ms": packed_s * 1e3,
-                  "when": time.strftime("%Y-%m-%d")}
+        return default, (f"{default} (the default), not measured: load average {load:.1f} on {cores} cores; the "
+                         f"kernels are timed, and the choice remembered, when the machine is quieter")
+    timer = timer or _matmul_timer(weights, repeats)
+    ms = {name: 1e3 * (timer(name, 1) + timer(name, 4)) for name in avail}
+    choice = min(ms, key=ms.get)
+    known[key] = {"kernel": choice, "ms": ms, "what": what, "when": time.strftime("%Y-%m-%d")}
     try:
         os.makedirs(os.path.dirname(str(cache_file)), exist_ok=True)
         tmp = f"{cache_file}.{os.getpid()}.tmp"
@@ -233,32 +269,75 @@ def choose_packing(weights: list[torch.Tensor], cache_file=None, repeats: int = 
         os.replace(tmp, cache_file)
     except OSError:
         pass  # a read-only data folder: measured again next time
-    return choice, (f"{'packed' if choice else 'plain'}: measured now: plain {plain_s * 1e3:.1f} ms, packed "
-                    f"{packed_s * 1e3:.1f} ms (one step at 1 and 4 rows)")
+    return choice, f"{choice}: measured now: " + _times(ms) + f" ({what})"
+
+
+def _matmul_timer(weights: list[torch.Tensor], repeats: int):
+    """timer(kernel, rows): seconds of `rows` rows through every weight's matmul in that kernel, best of
+    `repeats` (the packed copies made once per kernel)."""
+    xs = {(rows, w.shape[1]): torch.randn(rows, w.shape[1]) for rows in (1, 4) for w in weights}
+    laid = {}
+
+    def timer(name, rows):
+        if name not in laid:
+            laid.clear()  # one layout's copy at a time
+            laid[name] = [pack_weight(w) for w in weights] if name == "packed" else weights
+        mul = {"cpp": cpp_linear, "packed": packed_linear, "plain": F.linear}[name]
+
+        def step():
+            with torch.inference_mode():
+                for w, wk in zip(weights, laid[name]):
+                    mul(xs[(rows, w.shape[1])], wk)
+
+        return best_time(step, repeats)
+
+    return timer
+
+
+def _step_timer(model, dtype, repeats: int = 5):
+    """timer(kernel, rows): seconds of one whole FastLlama step in that kernel over `rows` new tokens after a
+    32-token cache, best of `repeats` (a decode step at 1 row; a verify step at 4)."""
+    built = {}
+    ids = torch.randint(0, model.config.vocab_size, (1, 36), generator=torch.Generator().manual_seed(0))
+
+    def timer(name, rows):
+        if name not in built:
+            built.clear()  # one copy of the weights at a time
+            built[name] = FastLlama(model, dtype=dtype, kernel=name, graphs=False)
+        fast = built[name]
+        cache = fast.new_cache(1, 36)
+        with torch.inference_mode():
+            fast(ids[:, :32], cache)
+
+            def step():
+                cache.truncate(32)
+                fast(ids[:, 32:32 + rows], cache)
+
+            return best_time(step, repeats)
+
+    return timer
+
+
+def _times(ms: dict) -> str:
+    return ", ".join(f"{k} {v:.1f} ms" for k, v in ms.items())
 
 
 class FastLlama:
     """A fused, inference-only view of a `lib.model.LlamaModel` (the weights are copied once, concatenated)."""
 
     def __init__(self, model, dtype: torch.dtype | None = None, compile: bool = False, packed: bool | None = None,
-                 graphs: bool | None = None):
+                 graphs: bool | None = None, kernel: str | None = None):
         cfg = model.config
         self.config = cfg
         self.dtype = dtype if dtype is not None else model.embed.weight.dtype
         dev = model.embed.weight.device
-        measure = packed is None and can_pack(dev, self.dtype) and not compile
-        if packed is None:  # inductor cannot lower the packed op (torch 2.13): compiled code packs on its own
-            packed = measure
-            self.packing = ("packed: the default where oneDNN can pack" if packed else
-                            "plain: " + ("torch.compile packs on its own" if compile else f"{self.dtype} on {dev}"))
-        elif packed and not can_pack(dev, self.dtype):
-            raise ValueError(f"packed=True needs float32 weights on a CPU with oneDNN; got {self.dtype} on {dev} "
-                             f"(pass packed=False or leave it unset to choose automatically)")
-        elif packed and compile:
-            raise ValueError("packed=True cannot be combined with compile=True (torch.compile cannot lower the "
-                             "packed matmul); leave packed unset")
-        else:
-            self.packing = f"{'packed' if packed else 'plain'}: asked for"
+        if packed is not None:  # the older switch: packed=True is kernel="packed", packed=False kernel="plain"
+            if kernel is not None and kernel != ("packed" if packed else "plain"):
+                raise ValueError(f"packed={packed} and kernel={kernel!r} disagree; pass one of them")
+            kernel = "packed" if packed else "plain"
+        if kernel is not None and kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {', '.join(KERNELS)} (or None: chosen by measuring); "
+                             f"got {kernel!r}")
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         cast = lambda w: w.detach().to(device=dev, dtype=self.dtype).contiguous()  # noqa: E731
         self.embed = cast(model.embed.weight)  # [vocab, d_model], looked up by row: stays plain
@@ -273,10 +352,36 @@ class FastLlama:
                 w_gate_up=cast(torch.cat([m.gate_proj.weight, m.up_proj.weight])),  # [2 d_ff, D]
                 w_down=cast(m.down_proj.weight),
             ))
-        if measure:  # which layout decodes faster on this CPU, with the model's own weights (choose_packing)
-            packed, self.packing = choose_packing([lw[k] for lw in self.layers for k in _MATRICES])
-        self.packed = packed
-        if packed:  # the weights a matmul reads, in oneDNN's layout
+        weights = [lw[k] for lw in self.layers for k in _MATRICES] + [self.lm_head]
+        avail = [] if compile else kernels_for(weights)
+        if kernel is None:  # which kernel decodes fastest on this CPU, with the model's own weights (item 9)
+            if compile:  # inductor cannot lower the packed op (torch 2.13): compiled code packs on its own
+                kernel, self.kernel_reason = "plain", "plain: torch.compile packs on its own"
+            elif avail == ["plain"]:
+                kernel, self.kernel_reason = "plain", f"plain: {self.dtype} on {dev}"
+            else:
+                kernel, self.kernel_reason = choose_kernel(weights, timer=_step_timer(model, self.dtype))
+        elif kernel != "plain" and kernel not in avail:
+            if compile:
+                raise ValueError(f"kernel={kernel!r} cannot be combined with compile=True (torch.compile cannot "
+                                 f"lower it); leave the kernel unset")
+            if kernel == "packed":
+                raise ValueError(f"packed=True needs float32 weights on a CPU with oneDNN; got {self.dtype} on {dev} "
+                                 f"(pass packed=False or leave it unset to choose automatically)")
+            raise ValueError(f"kernel='cpp' needs float32 weights on the CPU, every matmul's input width a multiple "
+                             f"of {Q.F32_BLOCK}, and lib/csrc/qmatmul.cpp built; here {', '.join(avail) or 'plain'}"
+                             f" can run (leave the kernel unset to choose automatically)")
+        else:
+            self.kernel_reason = f"{kernel}: asked for"
+        self.kernel = kernel
+        self.packed = kernel == "packed"
+        if kernel != "packed" and dev.type == "cpu":  # item 10: the weights decode streams, on 2 MB pages
+            where = [(lw, k) for lw in self.layers for k in _MATRICES]
+            moved = on_huge_pages([lw[k] for lw, k in where] + [self.lm_head])
+            for (lw, k), w in zip(where, moved):
+                lw[k] = w
+            self.lm_head = moved[-1]
+        if self.packed:  # the weights a matmul reads, in oneDNN's layout
             self.lm_head = pack_weight(self.lm_head)
             for lw in self.layers:
                 lw.update({k: pack_weight(lw[k]) for k in _MATRICES})
@@ -288,7 +393,7 @@ class FastLlama:
                                                          dtype=torch.float32) / self.head_dim)
         emb = torch.cat([pos[:, None] * inv_freq] * 2, dim=-1)
         self.cos, self.sin = emb.cos(), emb.sin()
-        self.linear = packed_linear if packed else F.linear
+        self.linear = {"cpp": cpp_linear, "packed": packed_linear, "plain": F.linear}[kernel]
         self._layer = torch.compile(self._layer_step, dynamic=True) if compile else self._layer_step
         self._positions = torch.arange(cfg.max_seq_len, device=dev)  # the replayed step's mask reads it (item 8)
         half = self.head_dim // 2
@@ -304,6 +409,8 @@ class FastLlama:
             raise ValueError("graphs=True cannot be combined with compile=True; use one or the other")
         use = on_cuda and not compile if graphs is None else bool(graphs)
         self.graphs = GraphedDecode(self, capture=True) if use else None
+        self._step = self._decode_step_args() if kernel == "cpp" else None  # item 9's one-call decode step
+        self._kv_ptrs = (None, None)  # (weak reference to the cache, its buffers' pointer arrays)
 
     @property
     def device(self) -> torch.device:
@@ -364,6 +471,10 @@ class FastLlama:
         with torch.inference_mode():
             if t == 1 and self.graphs is not None and self.graphs.owns(cache):
                 return self.graphs.step(input_ids, cache)
+            if t == 1 and self._step is not None and type(cache) is KVCache:
+                out = self._cpp_step(input_ids, cache)
+                if out is not None:
+                    return out
             cos, sin = self.cos[start:start + t], self.sin[start:start + t]
             x = self.embed[input_ids.to(self.device)]  # [B, T, D]
             for i, lw in enumerate(self.layers):
@@ -371,6 +482,76 @@ class FastLlama:
             h = self._rms(x, self.norm)  # [B, T, D]
             return self.linear(h, self.lm_head).float(), h  # [B, T, vocab], [B, T, D]
 
+
+    # --- item 9: a one-token step in one C++ call ----------------------------------------------------------
+
+    def _step_parts(self, lw: dict, key: str) -> list[tuple[str, torch.Tensor]]:
+        """How the C++ decode step reads one of a layer's weights: [(type, tensor)], parts stacked along the
+        output. Here the float32 weight itself; lib.quant_linear.GGUFFastLlama gives its GGUF blocks."""
+        return [("F32", lw[key])]
+
+    def _decode_step_args(self):
+        """The C++ decode step's arguments (lib/csrc/qmatmul.cpp `decode_step`), or None where it cannot run
+        (no kernel, not float32 on the CPU, or a weight of more than 3 parts)."""
+        lib = Q.kernel() if self.device.type == "cpu" and self.dtype == torch.float32 else None
+        parts = {k: self._step_parts(self.layers[0], k) for k in _MATRICES}
+        if lib is None or any(len(p) > 3 for lw in self.layers for p in (self._step_parts(lw, k) for k in _MATRICES)):
+            return None
+        cfg = self.config
+        layers = (Q.DecodeLayer * len(self.layers))()
+        for dst, lw in zip(layers, self.layers):
+            dst.attn_norm, dst.mlp_norm = lw["attn_norm"].data_ptr(), lw["mlp_norm"].data_ptr()
+            for k in _MATRICES:
+                setattr(dst, k, Q.qweight(self._step_parts(lw, k)))
+        d_ff = sum(b.shape[0] for _, b in parts["w_gate_up"]) // 2
+        dims = Q.DecodeDims(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, d_ff, 0, cfg.norm_eps)
+        return lib, layers, dims
+
+    def _cpp_step(self, input_ids: torch.Tensor, cache: KVCache):
+        """One new token per row on lib.kv_cache's preallocated cache, every layer in one C++ call (the same
+        computation as `_layer_step`, without Python between the operations), then the final norm and the LM
+        head: (logits [B, 1, vocab], hidden [B, 1, D]). None where the cache is not one the call can write
+        (another layout or dtype, a length it cannot take): the caller's Python step then runs, and raises
+        the clear error where there is one."""
+        pos = cache.length
+        if input_ids.shape[0] != cache[0].k.shape[0] or pos + 1 > min(cache.max_len, self.config.max_seq_len) or any(
+                layer.length != pos for layer in cache.layers):
+            return None
+        kv = self._cache_pointers(cache)
+        if kv is None:
+            return None
+        lib, layers, _ = self._step
+        x = self.embed[input_ids[:, 0].to(self.device)]  # [B, D], a new tensor: written in place
+        rc = lib.decode_step(ctypes.addressof(layers), len(self.layers), kv[2], x.data_ptr(), x.shape[0], pos,
+                             self.cos[pos].data_ptr(), self.sin[pos].data_ptr(), kv[0], kv[1],
+                             torch.get_num_threads())
+        if rc != 0:
+            raise RuntimeError("lib.qmatmul decode_step failed (unsupported type or shape)")
+        for layer in cache.layers:
+            layer.length = pos + 1
+        h = self._rms(x, self.norm)[:, None, :]  # [B, 1, D]
+        return self.linear(h, self.lm_head).float(), h
+
+    def _cache_pointers(self, cache):
+        """Pointers to every layer's K and V buffers and to the step's dimensions for this cache (kept while the
+        same cache is used), or None when a layer is not a float32, contiguous `LayerKVCache` on the CPU."""
+        ref, ptrs = self._kv_ptrs
+        if ref is not None and ref() is cache and ptrs[3] is cache[0].k and ptrs[4] is cache[-1].v:
+            return ptrs
+        n = len(self.layers)
+        want = (cache[0].k.shape[0], self.n_kv_heads, cache.max_len, self.head_dim)
+        if len(cache) != n or any(type(lay) is not LayerKVCache or any(
+                t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() or t.shape != want
+                for t in (lay.k, lay.v)) for lay in cache.layers):
+            return None
+        ks = (ctypes.c_void_p * n)(*[lay.k.data_ptr() for lay in cache.layers])
+        vs = (ctypes.c_void_p * n)(*[lay.v.data_ptr() for lay in cache.layers])
+        dims = Q.DecodeDims.from_buffer_copy(self._step[2])  # this cache's length of buffer
+        dims.max_len = cache.max_len
+        ptrs = (ctypes.addressof(ks), ctypes.addressof(vs), ctypes.addressof(dims), cache[0].k, cache[-1].v, ks, vs,
+                dims)
+        self._kv_ptrs = (weakref.ref(cache), ptrs)
+        return ptrs
 
     def window_step(self, tok: torch.Tensor, pos: torch.Tensor, ks, vs, width: int):
         """One decode step as a CUDA graph replays it (item 8): `tok` [B, 1] ids and `pos` [1] (the position they

@@ -55,12 +55,20 @@ from lib.qformats import BLOCK_SIZES, dequantize
 
 QTYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")  # every type lib.qformats decodes
 _CODES = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2, "Q4_K": 3, "Q6_K": 4, "Q5_0": 5, "Q5_1": 6, "Q5_K": 7}  # the C++ enum
+# Not a GGUF type: plain float32 weights [out, in] through the same loops and the same whole-step call
+# (lib.fast's "cpp" kernel); `in` must be a multiple of F32_BLOCK.
+_STEP_CODES = {**_CODES, "F32": 8}
+F32_BLOCK = 16
 SOURCE = Path(__file__).resolve().parent / "csrc" / "qmatmul.cpp"
 CXXFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
 # Rows of x above which decoding the whole weight to float32 once and calling torch's matmul is faster than
 # the fused kernel (a prefill), measured with `benchmarks/quant.py --matmul`: on SmolLM2's gate+up (Q4_1) the
 # two cross between 24 and 32 rows; on its output layer (Q8_0, 113 MB as float32) the fused kernel wins at 64.
 FUSED_MAX_ROWS = 32
+# The same crossing for plain float32 weights (`linear_f32`): nothing to decode, so torch's matmul wins sooner.
+# All of SmolLM2's weight matmuls (AMD EPYC, 2 threads) against oneDNN on the same plain weights: 8 rows 48 ms
+# here and 50 there, 12 rows 51 and 52, 16 rows 74 and 57.
+F32_MAX_ROWS = 12
 
 
 # --- the block dot product, to be read ---------------------------------------------------------------------
@@ -194,14 +202,15 @@ class DecodeDims(ctypes.Structure):
 
 
 def qweight(parts: list[tuple[str, torch.Tensor]]) -> QWeight:
-    """A `QWeight` over `[(type, blocks)]` (contiguous CPU blocks, kept alive by the caller)."""
+    """A `QWeight` over `[(type, blocks)]` (contiguous CPU blocks, kept alive by the caller; type "F32": a
+    float32 weight [out, in] itself)."""
     if not 1 <= len(parts) <= 3:
         raise ValueError(f"a decode-step weight has 1 to 3 parts, got {len(parts)}")
     w = QWeight(nparts=len(parts))
     for i, (qtype, b) in enumerate(parts):
         if not b.is_contiguous() or b.device.type != "cpu":
             raise ValueError("decode-step blocks must be contiguous CPU tensors")
-        w.qtype[i], w.rows[i], w.blocks[i] = _CODES[qtype], b.shape[0], b.data_ptr()
+        w.qtype[i], w.rows[i], w.blocks[i] = _STEP_CODES[qtype], b.shape[0], b.data_ptr()
     return w
 
 
@@ -285,3 +294,27 @@ def qmatmul(x: torch.Tensor, blocks: torch.Tensor, qtype: str, weight_cache: dic
     else:
         w = dequantize_blocks(blocks, qtype)
     return F.linear(x, w)
+
+
+def f32_kernel_fits(w: torch.Tensor) -> bool:
+    """Whether `linear_f32` and the decode step can multiply by `w` with the C++ kernel: a contiguous float32
+    [out, in] CPU weight whose `in` is a multiple of F32_BLOCK, and the kernel built."""
+    return (w.dtype == torch.float32 and w.device.type == "cpu" and w.dim() == 2 and w.is_contiguous()
+            and w.shape[1] % F32_BLOCK == 0 and _load() is not None)
+
+
+def linear_f32(x: torch.Tensor, w: torch.Tensor, max_rows: int = F32_MAX_ROWS, large=None) -> torch.Tensor:
+    """`F.linear(x, w)` for float32 x `[..., in]` and a weight that `f32_kernel_fits`: up to `F32_MAX_ROWS` rows
+    of x by the C++ kernel (each weight row read once for up to 8 rows of x, two threads streaming the weight:
+    the read a decode step is made of), more rows by `large(x, w)` (default `F.linear`). Same numbers up to the order of the float32
+    sum."""
+    k = w.shape[1]
+    flat = x.reshape(-1, k)
+    rows = flat.shape[0]
+    if rows > max_rows or x.dtype != torch.float32 or x.device.type != "cpu":
+        return large(x, w) if large is not None else F.linear(x, w)
+    flat = flat.contiguous()
+    y = torch.empty(rows, w.shape[0], dtype=torch.float32)
+    _load().qmatmul_f32(_STEP_CODES["F32"], w.data_ptr(), w.shape[0], k, flat.data_ptr(), rows, k, y.data_ptr(),
+                        torch.get_num_threads())
+    return y.reshape(*x.shape[:-1], w.shape[0])

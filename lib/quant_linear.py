@@ -29,18 +29,14 @@ The file's own blocks (lib.qmatmul), with no requantization: the model is exactl
 from __future__ import annotations
 
 import copy
-import ctypes
 import os
-import weakref
 
 import numpy as np
 import torch
 import torch.nn as nn
 
 from lib import paths
-from lib import qmatmul as Q
 from lib.fast import FastLlama
-from lib.kv_cache import KVCache, LayerKVCache
 from lib.qmatmul import check_blocks
 from lib.qmatmul import dequantize_blocks, qmatmul
 
@@ -281,69 +277,10 @@ class GGUFFastLlama(FastLlama):
                       w_gate_up=weight(f"{p}mlp.gate_proj.weight", f"{p}mlp.up_proj.weight"),
                       w_down=weight(f"{p}mlp.down_proj.weight"))
         self.linear = self._multiply
-        self._step = self._decode_step_args(model)
-        self._kv_ptrs = (None, None)  # (weak reference to the cache, its buffers' pointer arrays)
+        self._step = self._decode_step_args()  # lib.fast's one-call decode step (item 9), on these blocks
 
-    def _decode_step_args(self, model):
-        """The C++ decode step's arguments (lib/csrc/qmatmul.cpp `decode_step`), or None where it cannot run
-        (no kernel, not on the CPU, or a weight of more than 3 parts)."""
-        lib = Q.kernel() if self.device.type == "cpu" else None
-        parts = [lw[k] for lw in self.layers for k in ("wqkv", "wo", "w_gate_up", "w_down")]
-        if lib is None or any(len(p) > 3 for p in parts):
-            return None
-        cfg = self.config
-        layers = (Q.DecodeLayer * len(self.layers))()
-        for dst, lw in zip(layers, self.layers):
-            dst.attn_norm, dst.mlp_norm = lw["attn_norm"].data_ptr(), lw["mlp_norm"].data_ptr()
-            for k in ("wqkv", "wo", "w_gate_up", "w_down"):
-                setattr(dst, k, Q.qweight([(t, b) for t, b, _ in lw[k]]))
-        d_ff = sum(b.shape[0] for _, b, _ in self.layers[0]["w_gate_up"]) // 2
-        dims = Q.DecodeDims(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, d_ff, 0, cfg.norm_eps)
-        return lib, layers, dims
-
-    def __call__(self, input_ids: torch.Tensor, cache=None) -> torch.Tensor:
-        """One new token per row on lib.kv_cache's preallocated cache: every layer in one C++ call (the same
-        computation as `_layer_step`, without Python between the operations); anything else: lib.fast's path."""
-        if (self._step is None or input_ids.dim() != 2 or input_ids.shape[1] != 1 or type(cache) is not KVCache
-                or input_ids.shape[0] != cache[0].k.shape[0]):
-            return super().__call__(input_ids, cache)
-        pos = cache.length
-        kv = self._cache_pointers(cache)
-        if kv is None or pos + 1 > min(cache.max_len, self.config.max_seq_len) or any(
-                layer.length != pos for layer in cache.layers):
-            return super().__call__(input_ids, cache)  # raises the overflow / length errors
-        lib, layers, _ = self._step
-        with torch.inference_mode():
-            x = self.embed[input_ids[:, 0].to(self.device)]  # [B, D], a new tensor: written in place
-            rc = lib.decode_step(ctypes.addressof(layers), len(self.layers), kv[2], x.data_ptr(),
-                                 x.shape[0], pos, self.cos[pos].data_ptr(), self.sin[pos].data_ptr(), kv[0], kv[1],
-                                 torch.get_num_threads())
-            if rc != 0:
-                raise RuntimeError("lib.qmatmul decode_step failed (unsupported type or shape)")
-            for layer in cache.layers:
-                layer.length = pos + 1
-            return self.linear(self._rms(x, self.norm), self.lm_head)[:, None, :]  # [B, 1, vocab]
-
-    def _cache_pointers(self, cache):
-        """Pointers to every layer's K and V buffers and to the step's dimensions for this cache (kept while the
-        same cache is used), or None when a layer is not a float32, contiguous `LayerKVCache` on the CPU."""
-        ref, ptrs = self._kv_ptrs
-        if ref is not None and ref() is cache and ptrs[3] is cache[0].k and ptrs[4] is cache[-1].v:
-            return ptrs
-        n = len(self.layers)
-        want = (cache[0].k.shape[0], self.n_kv_heads, cache.max_len, self.head_dim)
-        if len(cache) != n or any(type(lay) is not LayerKVCache or any(
-                t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() or t.shape != want
-                for t in (lay.k, lay.v)) for lay in cache.layers):
-            return None
-        ks = (ctypes.c_void_p * n)(*[lay.k.data_ptr() for lay in cache.layers])
-        vs = (ctypes.c_void_p * n)(*[lay.v.data_ptr() for lay in cache.layers])
-        dims = Q.DecodeDims.from_buffer_copy(self._step[2])  # this cache's length of buffer
-        dims.max_len = cache.max_len
-        ptrs = (ctypes.addressof(ks), ctypes.addressof(vs), ctypes.addressof(dims), cache[0].k, cache[-1].v, ks, vs,
-                dims)
-        self._kv_ptrs = (weakref.ref(cache), ptrs)
-        return ptrs
+    def _step_parts(self, lw: dict, key: str) -> list[tuple[str, torch.Tensor]]:
+        return [(qtype, b) for qtype, b, _ in lw[key]]
 
     @staticmethod
     def _multiply(x: torch.Tensor, parts: list[tuple[str, torch.Tensor, dict]]) -> torch.Tensor:

@@ -62,6 +62,53 @@ def best_time(fn, repeats: int) -> float:
     return best
 
 
+HUGE_PAGE = 2 << 20  # x86-64's large page: one TLB entry maps 2 MB instead of 4 KB
+
+
+def huge_page_empty(nbytes: int) -> torch.Tensor:
+    """An uninitialized uint8 CPU tensor of `nbytes`, starting on a 2 MB boundary, whose memory the kernel is
+    asked to back with 2 MB pages (Linux `madvise(MADV_HUGEPAGE)`, before anything touches it). A streaming
+    read of hundreds of MB on 4 KB pages takes a TLB miss every 4 KB — on a virtual machine each is a walk of
+    two page tables — so decode's weights and the bandwidth probe both live on large pages where the system
+    allows them (`/sys/kernel/mm/transparent_hugepage/enabled` is `madvise` or `always`); elsewhere (`never`,
+    not Linux) this is plain memory and nothing else changes."""
+    buf = torch.empty(nbytes + HUGE_PAGE, dtype=torch.uint8)
+    view = buf[-buf.data_ptr() % HUGE_PAGE:][:nbytes]  # keeps `buf`'s storage alive
+    if nbytes >= HUGE_PAGE:
+        _madvise_huge(view.data_ptr(), nbytes)
+    return view
+
+
+def _madvise_huge(addr: int, nbytes: int) -> None:
+    global _LIBC
+    try:
+        if _LIBC is None:
+            import ctypes
+            import ctypes.util
+
+            _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            _LIBC.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        _LIBC.madvise(addr, nbytes - nbytes % 4096, 14)  # 14: MADV_HUGEPAGE; refused (EINVAL) where unknown
+    except (OSError, AttributeError):
+        _LIBC = False  # no libc or no madvise here: plain pages
+
+
+_LIBC = None
+
+
+def on_huge_pages(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Copies of CPU `tensors` laid one after another in one `huge_page_empty` buffer (each at a 64-byte
+    boundary), same dtypes and shapes."""
+    sizes = [-(-t.numel() * t.element_size() // 64) * 64 for t in tensors]
+    buf = huge_page_empty(sum(sizes))
+    out, at = [], 0
+    for t, size in zip(tensors, sizes):
+        n = t.numel() * t.element_size()
+        out.append(buf[at:at + n].view(t.dtype).view(t.shape).copy_(t))
+        at += size
+    return out
+
+
 @torch.no_grad()
 def measure_flops_per_s(n: int = 2048, repeats: int = 5, dtype: torch.dtype = torch.float32, device=None) -> float:
     """This machine's matmul throughput: the best of `repeats` `[n, n] @ [n, n]` products, in FLOP/s."""
@@ -92,6 +139,8 @@ def measure_bandwidth(mib: int = 256, repeats: int = 5, dtype: torch.dtype = tor
     cols = 4096
     rows = mib * 2 ** 20 // (cols * torch.finfo(dtype).bits // 8)
     w = torch.randn(rows, cols, dtype=dtype, device=device)
+    if w.device.type == "cpu":  # on large pages, as lib.fast keeps its weights: the best read, not a TLB test
+        w = on_huge_pages([w])[0]
     sync = torch.cuda.synchronize if w.is_cuda else (lambda: None)
     if how == "stream":
         words = w.view(-1).view(torch.float32)  # the same bytes as float32 words: torch's fastest sum for any dtype

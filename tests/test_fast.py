@@ -7,21 +7,26 @@ import pytest
 import torch
 import torch.nn as nn
 
-from lib.fast import FastLlama, PackedLinear, can_pack, pack_linears
+from lib import qmatmul as Q
+from lib.fast import FastLlama, PackedLinear, can_pack, choose_kernel, kernels_for, pack_linears
 from lib.generate import generate
 from lib.model import tiny_model
 from lib.roofline import matmul_params
 
 
 PACKED = [False] + ([True] if can_pack("cpu", torch.float32) else [])
+KERNELS = kernels_for([torch.zeros(16, 16)])  # cpp (with a C++ compiler), packed (oneDNN), plain
+if Q._compiler() is not None:
+    assert "cpp" in KERNELS, "the C++ kernel did not build, though this machine has a compiler"
 
 
-@pytest.mark.parametrize("packed", PACKED)
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("n_heads,n_kv_heads", [(4, 4), (4, 2), (4, 1), (6, 3)])
-def test_tiny_logits_cached_and_uncached(n_heads, n_kv_heads, packed):
+def test_tiny_logits_cached_and_uncached(n_heads, n_kv_heads, kernel):
     model = tiny_model(seed=n_heads + n_kv_heads, n_heads=n_heads, n_kv_heads=n_kv_heads, d_model=48 if n_heads == 6 else 64)
-    fast = FastLlama(model, packed=packed)
-    assert fast.packed == packed
+    fast = FastLlama(model, kernel=kernel)
+    assert fast.kernel == kernel and fast.packed == (kernel == "packed")
+    assert (fast._step is not None) == (kernel == "cpp")
     ids = torch.randint(0, model.config.vocab_size, (2, 11), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         torch.testing.assert_close(fast(ids), model(ids), atol=1e-4, rtol=0)
@@ -93,14 +98,146 @@ def test_meta_device_creates_nothing_on_the_cpu():
 
 
 @pytest.mark.model
-@pytest.mark.parametrize("packed", PACKED)
-def test_smollm2_logits_and_64_greedy_tokens(smollm2, packed):
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_smollm2_logits_and_64_greedy_tokens(smollm2, kernel):
     model, tok = smollm2
-    fast = FastLlama(model, packed=packed)
+    fast = FastLlama(model, kernel=kernel)
     ids = torch.tensor([tok.encode("The history of the printing press begins")])
     with torch.no_grad():
         torch.testing.assert_close(fast(ids), model(ids), atol=1e-4, rtol=1e-5)
     assert torch.equal(generate(fast, ids, 64), generate(model, ids, 64))
+
+
+# --- item 9: the kernel, chosen by measuring; the one-call C++ step -----------------------------------------------
+
+@pytest.mark.skipif("cpp" not in KERNELS, reason="no C++ compiler: the one-call step is C++")
+def test_the_cpp_kernel_decodes_in_one_call_and_verifies_in_its_matmuls(monkeypatch):
+    """kernel="cpp": a one-token step on lib.kv_cache's cache runs no Python layer step at all (the layer step is
+    switched off after the prefill, and decoding still gives lib.model's logits, for every row of a batch); a
+    multi-token verify step runs the Python step with the C++ matmul; a rolling cache takes the Python step."""
+    from lib.kv_cache import KVCache
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # the kernel's two-thread split runs
+    model = tiny_model(seed=5, n_heads=4, n_kv_heads=2, d_model=64)
+    fast = FastLlama(model, kernel="cpp")
+    ids = torch.randint(0, model.config.vocab_size, (3, 12), generator=torch.Generator().manual_seed(3))
+    c_ref, c_fast = model.new_cache(3, 40), fast.new_cache(3, 40)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(ids[:, :8], c_fast), model(ids[:, :8], c_ref), atol=1e-4, rtol=0)
+        python_step = fast._layer
+        fast._layer = lambda *a: pytest.fail("a one-token step ran lib.fast's Python layer step")
+        for i in range(8, 10):
+            logits, hidden = fast.forward_hidden(ids[:, i:i + 1], c_fast)
+            torch.testing.assert_close(logits, model(ids[:, i:i + 1], c_ref), atol=1e-4, rtol=0)
+            assert hidden.shape == (3, 1, model.config.d_model) and c_fast.length == i + 1
+        fast._layer = python_step
+        calls = []
+        monkeypatch.setattr(Q, "linear_f32", lambda x, w, f=Q.linear_f32, **kw: calls.append(x.shape) or f(x, w, **kw))
+        torch.testing.assert_close(fast(ids[:, 10:], c_fast), model(ids[:, 10:], c_ref), atol=1e-4, rtol=0)
+        assert calls and all(s[:2] == (3, 2) for s in calls)  # the verify step's matmuls: 6 rows, C++
+        rolling = KVCache.rolling(model.config, 40, batch=3)
+        fast(ids[:, :8], rolling)
+        assert fast._cache_pointers(rolling) is None
+        full = fast.new_cache(3, 40)
+        fast(ids[:, :8], full)
+        torch.testing.assert_close(fast(ids[:, 8:9], rolling), fast(ids[:, 8:9], full), atol=1e-5, rtol=0)
+
+
+def test_choose_kernel_measures_once_remembers_and_obeys_the_override(tmp_path, monkeypatch):
+    """Over 64 MB of weights the kernels are timed and the fastest remembered (the second call reads the file);
+    INFERENCE_LAB_FAST_KERNEL forces one, refuses one that cannot run here, and `measure` times again; a busy
+    machine gets the default, unmeasured and not remembered; tiny weights are not measured."""
+    cache = tmp_path / "fast_kernels.json"
+    gen = torch.Generator().manual_seed(0)
+    weights = [torch.randn(2048, 2048, generator=gen) for _ in range(5)]  # 80 MB, over MEASURE_MIN_BYTES
+    avail = kernels_for(weights)
+    monkeypatch.delenv("INFERENCE_LAB_FAST_KERNEL", raising=False)
+    monkeypatch.setattr("os.getloadavg", lambda: (9.0, 9.0, 9.0))
+    kernel, why = choose_kernel(weights, cache, repeats=1)
+    assert kernel == avail[0] and "not measured: load average 9.0" in why and not cache.exists()
+    monkeypatch.setattr("os.getloadavg", lambda: (0.0, 0.0, 0.0))
+    kernel, why = choose_kernel(weights, cache, repeats=1)
+    assert kernel in avail and why.startswith(f"{kernel}: measured now") and all(k in why for k in avail)
+    again, why2 = choose_kernel(weights, cache, repeats=1)
+    assert again == kernel and "measured on this machine" in why2
+    for k in avail:
+        monkeypatch.setenv("INFERENCE_LAB_FAST_KERNEL", k)
+        assert choose_kernel(weights, cache) == (k, f"INFERENCE_LAB_FAST_KERNEL={k}")
+    monkeypatch.setenv("INFERENCE_LAB_FAST_KERNEL", "measure")
+    assert "measured now" in choose_kernel(weights, cache, repeats=1)[1]
+    monkeypatch.setenv("INFERENCE_LAB_FAST_KERNEL", "fastest")
+    with pytest.raises(ValueError, match="use one of cpp, packed, plain or measure"):
+        choose_kernel(weights, cache)
+    monkeypatch.setenv("INFERENCE_LAB_FAST_KERNEL", "cpp")
+    with pytest.raises(ValueError, match="cannot run here"):  # a width the C++ loops do not take
+        choose_kernel([torch.randn(8, 20)], cache)
+    monkeypatch.delenv("INFERENCE_LAB_FAST_KERNEL")
+    kernel, why = choose_kernel([torch.randn(8, 32)], cache)
+    assert kernel == kernels_for([torch.randn(8, 32)])[0] and "too small to measure" in why
+
+
+@pytest.mark.model
+def test_smollm2_chooses_its_kernel_by_timing_whole_steps(smollm2, tmp_path, monkeypatch):
+    """On the real model the choice is measured on whole steps of it (not skipped as tiny), remembered, and read
+    back by the next FastLlama; the chosen kernel is one that runs here."""
+    from lib import paths
+
+    monkeypatch.setattr(paths, "CACHE_DIR", tmp_path)
+    monkeypatch.setenv("INFERENCE_LAB_FAST_KERNEL", "measure")  # a loaded test machine would otherwise not time
+    model, _ = smollm2
+    fast = FastLlama(model)
+    assert fast.kernel in KERNELS and "measured now" in fast.kernel_reason
+    assert "a step at 1 and 4 rows" in fast.kernel_reason and all(k in fast.kernel_reason for k in KERNELS)
+    monkeypatch.delenv("INFERENCE_LAB_FAST_KERNEL")
+    again = FastLlama(model)
+    assert again.kernel == fast.kernel and "measured on this machine" in again.kernel_reason
+
+
+def test_weights_are_copied_onto_one_buffer_of_large_pages():
+    """Item 10: the "cpp" and "plain" kernels' weights lie in one buffer starting on a 2 MB boundary, which Linux
+    was asked to back with 2 MB pages (smaps says the region is eligible where transparent huge pages are
+    `madvise` or `always`); the model's own weights are left alone."""
+    import re
+
+    from lib.roofline import HUGE_PAGE, huge_page_empty
+
+    model = tiny_model(seed=1)
+    for kernel in [k for k in KERNELS if k != "packed"]:
+        fast = FastLlama(model, kernel=kernel)
+        ws = [lw[k] for lw in fast.layers for k in ("wqkv", "wo", "w_gate_up", "w_down")] + [fast.lm_head]
+        base = ws[0].untyped_storage().data_ptr()
+        assert all(w.untyped_storage().data_ptr() == base for w in ws) and ws[0].data_ptr() % HUGE_PAGE == 0
+        assert fast.lm_head.data_ptr() != model.embed.weight.data_ptr()
+    buf = huge_page_empty(8 * HUGE_PAGE)
+    assert buf.numel() == 8 * HUGE_PAGE and buf.data_ptr() % HUGE_PAGE == 0
+    try:
+        mode = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+        smaps = open("/proc/self/smaps").read()
+    except OSError:
+        pytest.skip("no transparent huge pages here (not Linux)")
+    if "[never]" in mode or "THPeligible" not in smaps:
+        pytest.skip(f"transparent huge pages are off here ({mode.strip()})")
+    addr = buf.data_ptr()
+    for block in re.split(r"\n(?=[0-9a-f]+-[0-9a-f]+ )", smaps):
+        lo, hi = (int(x, 16) for x in block.split(" ", 1)[0].split("-"))
+        if lo <= addr < hi:
+            assert re.search(r"THPeligible:\s+1", block), f"the buffer's mapping is not eligible for 2 MB pages:\n{block}"
+            break
+    else:
+        pytest.fail("the buffer's address is in no mapping of /proc/self/smaps")
+
+
+def test_kernel_and_packed_arguments_are_checked():
+    model = tiny_model(seed=0)
+    assert FastLlama(model, packed=False).kernel == "plain"
+    with pytest.raises(ValueError, match="disagree"):
+        FastLlama(model, packed=True, kernel="plain")
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        FastLlama(model, kernel="avx512")
+    with pytest.raises(ValueError, match="kernel='cpp' needs float32"):
+        FastLlama(model, dtype=torch.bfloat16, kernel="cpp")
+    odd = tiny_model(seed=0, d_model=40, n_heads=4, n_kv_heads=2)  # 40 inputs: not a multiple of 16
+    assert FastLlama(odd).kernel != "cpp"
 
 
 # --- item 8: the decode step CUDA graphs replay -----------------------------------------------------------------

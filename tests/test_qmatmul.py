@@ -99,6 +99,30 @@ def test_the_avx2_and_portable_loops_equal_the_reference(isa, flags, tmp_path):
             assert_matches_reference(y, x, blocks, qtype, f"{isa} {qtype} out={n} rows={rows}")
 
 
+@pytest.mark.parametrize("flags", [(), ("-mno-avx512f",), ("-mno-avx512f", "-mno-avx2")])
+def test_plain_float32_weights_through_every_loop(flags, tmp_path):
+    """lib.fast's "cpp" kernel: the F32 "type" (plain float32 weights, no blocks) in this CPU's widest loops and
+    in the narrower ones, against a float64 product, for 1-8 rows per pass and more; `linear_f32` likewise."""
+    import ctypes
+
+    if Q._compiler() is None:
+        pytest.skip("no C++ compiler")
+    lib = ctypes.CDLL(str(Q.build(tmp_path, extra_flags=flags)))
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.qmatmul_f32.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, i64, ptr, ctypes.c_int]
+    for i, (n, k, rows) in enumerate([(37, 16, 1), (9, 48, 2), (64, 576, 3), (5, 80, 4), (300, 1536, 8), (7, 32, 11)]):
+        w = torch.randn(n, k, generator=generator(500 + i))
+        x = torch.randn(rows, k, generator=generator(600 + i))
+        y = torch.full((rows, n), float("nan"))
+        assert lib.qmatmul_f32(Q._STEP_CODES["F32"], w.data_ptr(), n, k, x.data_ptr(), rows, k, y.data_ptr(), 2) == 0
+        want = x.double() @ w.double().T
+        err = (y.double() - want).abs().max().item()
+        assert err < 1e-5 * k ** 0.5 * (1 + want.abs().max().item()), f"{flags} n={n} k={k} rows={rows}: {err:.3g}"
+        if not flags:
+            got = Q.linear_f32(x.reshape(1, rows, k), w)
+            assert got.shape == (1, rows, n) and (got.double()[0] - want).abs().max().item() < 1e-4
+
+
 def test_leading_dimensions_a_strided_x_and_unchanged_arguments():
     blocks = random_blocks("Q4_1", 40, 3, offset=11)
     x = torch.randn(2, 3, 4 * 96, generator=generator(12))[..., ::4]  # [2, 3, 96], not contiguous

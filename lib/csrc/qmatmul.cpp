@@ -21,7 +21,9 @@
 
 namespace {
 
-enum QType : int { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2, Q4_K = 3, Q6_K = 4, Q5_0 = 5, Q5_1 = 6, Q5_K = 7 };
+enum QType : int { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2, Q4_K = 3, Q6_K = 4, Q5_0 = 5, Q5_1 = 6, Q5_K = 7, F32 = 8 };
+// F32 is not a GGUF block type: plain float32 weights, read as "blocks" of 16 (lib.fast's fp32 decode step uses
+// the same loops and the same whole-step call as the quantized model, with nothing to decode).
 constexpr int kMaxRows = 8;  // rows of x per pass over a weight row
 // Below this many weights a call runs on one thread: waking the others costs more than it saves (torch's own
 // grain size is 32768 elements), and far more on a busy machine, where a woken thread may wait for a core.
@@ -58,6 +60,8 @@ inline void decode_q8_0(const uint8_t* b, float* w) {  // 34 bytes: d f16, 32 x 
     const int8_t* q = reinterpret_cast<const int8_t*>(b + 2);
     for (int i = 0; i < 32; ++i) w[i] = d * (float)q[i];
 }
+
+inline void decode_f32(const uint8_t* b, float* w) { std::memcpy(w, b, 16 * sizeof(float)); }  // 64 bytes
 
 inline void decode_q4_0(const uint8_t* b, float* w) {  // 18 bytes: d f16, 16 bytes of nibbles
     const float d = half_to_float(b);
@@ -173,6 +177,7 @@ inline bool format_of(int qtype, Format* f) {
         case Q5_0: *f = {32, 22, decode_q5_0}; return true;
         case Q5_1: *f = {32, 24, decode_q5_1}; return true;
         case Q5_K: *f = {256, 176, decode_q5_k}; return true;
+        case F32: *f = {16, 64, decode_f32}; return true;
         default: return false;
     }
 }
@@ -274,6 +279,33 @@ void row_dots_q8_0_avx512(const uint8_t* wrow, int64_t nblocks, const float* x, 
         y[r * ldy] = _mm512_reduce_add_ps(sum);
     }
 }
+
+// Plain float32 weights (lib.fast's decode step): nothing to decode, so the loop is a stream of loads and FMAs,
+// and what it costs is the memory read. Chains: 4 per row for one row of x, fewer as rows add their own.
+template <int R>
+void row_dots_f32_avx512(const uint8_t* wrow, int64_t nblocks, const float* x, int64_t ldx, float* y, int64_t ldy) {
+    constexpr int C = R == 1 ? 4 : (R == 2 ? 2 : 1);
+    const float* w = reinterpret_cast<const float*>(wrow);
+    __m512 acc[R][C];
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+    int64_t blk = 0;
+    for (; blk + C <= nblocks; blk += C)
+        for (int c = 0; c < C; ++c) {
+            const __m512 wv = _mm512_loadu_ps(w + (blk + c) * 16);
+            for (int r = 0; r < R; ++r)
+                acc[r][c] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + r * ldx + (blk + c) * 16), acc[r][c]);
+        }
+    for (; blk < nblocks; ++blk) {
+        const __m512 wv = _mm512_loadu_ps(w + blk * 16);
+        for (int r = 0; r < R; ++r) acc[r][0] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + r * ldx + blk * 16), acc[r][0]);
+    }
+    for (int r = 0; r < R; ++r) {
+        __m512 sum = acc[r][0];
+        for (int c = 1; c < C; ++c) sum = _mm512_add_ps(sum, acc[r][c]);
+        y[r * ldy] = _mm512_reduce_add_ps(sum);
+    }
+}
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 // The same two types 8 lanes at a time (AVX2 CPUs): weights decoded as the decoder does (Q4_1: d·q is exact,
 // so one FMA d·q + m rounds as multiply-then-add), one FMA per 8 weights per row of x.
@@ -330,12 +362,15 @@ void row_dots(int qtype, const uint8_t* wrow, int64_t nblocks, const float* x, i
 #if defined(__AVX512F__)
         case Q4_1: return row_dots_q4_1_avx512<R>(wrow, nblocks, x, ldx, y, ldy);
         case Q8_0: return row_dots_q8_0_avx512<R>(wrow, nblocks, x, ldx, y, ldy);
+        case F32: return row_dots_f32_avx512<R>(wrow, nblocks, x, ldx, y, ldy);
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
         case Q4_1: return row_dots_q4_1_avx2<R>(wrow, nblocks, x, ldx, y, ldy);
         case Q8_0: return row_dots_q8_0_avx2<R>(wrow, nblocks, x, ldx, y, ldy);
+        case F32: return row_dots_generic<R, 16, 64, decode_f32>(wrow, nblocks, x, ldx, y, ldy);
 #else
         case Q4_1: return row_dots_generic<R, 32, 20, decode_q4_1>(wrow, nblocks, x, ldx, y, ldy);
         case Q8_0: return row_dots_generic<R, 32, 34, decode_q8_0>(wrow, nblocks, x, ldx, y, ldy);
+        case F32: return row_dots_generic<R, 16, 64, decode_f32>(wrow, nblocks, x, ldx, y, ldy);
 #endif
         case Q4_0: return row_dots_generic<R, 32, 18, decode_q4_0>(wrow, nblocks, x, ldx, y, ldy);
         case Q4_K: return row_dots_generic<R, 256, 144, decode_q4_k>(wrow, nblocks, x, ldx, y, ldy);
