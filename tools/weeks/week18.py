@@ -954,18 +954,23 @@ the prompts below), and the head learned to predict the target's next hidden sta
 answers (`tools/train_draft_head.py`; its command, seed, data and time are stored with the weights and printed
 below). The committed weights (`data/draft_head/head.pt`, int8 per row) are loaded here, not trained.
 
-The target here is `lib.fast.FastLlama` — the same model with its weights in the matmul library's packed layout —
-because that is what a server would run, and its **verify curve is different from section 1's**: packed weights
-are read once for a few rows, so scoring m ≤ 8 tokens costs about one step. Both curves are measured below, with
-each draft's cost c relative to this target, and greedy speculation on three chat prompts, side by side with the
-int8 copy and prompt lookup (tokens checked identical to the target's).
+The target here is `lib.fast.FastLlama` — the same model, run by the kernel that decodes fastest on this CPU
+(`lib.fast` times its kernels once per machine and prints which it chose, below) — because that is what a server
+would run, and its **verify curve is different from section 1's**. Each of its kernels reads a weight once for a
+few rows, but what one step costs differs: with oneDNN's packed weights a one-token step is slow enough that
+scoring m ≤ 8 tokens costs about one step; the one-call C++ step (chosen on the lab's EPYC) makes the one-token
+step much cheaper — it no longer runs Python between its operations — while a verify step still does, so its
+curve rises. Both curves are measured below, with each draft's cost c relative to this target, and greedy
+speculation on three chat prompts, side by side with the int8 copy and prompt lookup (tokens checked identical to
+the target's).
 """)
 
 nb.code("""
 from lib import draft_head as dh
 from lib.fast import FastLlama
 
-fast = FastLlama(model)  # packed weights: same tokens as `model`, faster
+fast = FastLlama(model)  # same tokens as `model`, faster
+print("FastLlama's kernel:", fast.kernel_reason)
 head = dh.load_draft_head(model)  # shares the model's embedding; one layer + fc, 4096 output rows
 print("trained by:", head.meta.get("command"), "| seed", head.meta.get("seed"), "|", head.meta.get("steps"), "steps in",
       head.meta.get("train_seconds"), "s on", head.meta.get("threads"), "threads, after",
@@ -1041,7 +1046,7 @@ print(f"with lib.model's verify curve instead: α needed = "
       f"{min((a / 100 for a in range(101) if best_speed(a / 100, c_head, plain_curve) >= 1.5), default=float('nan')):.2f}")
 alphas = [a / 50 for a in range(50)]
 fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
-axes[0].plot(m_sizes, [fast_curve[m] for m in m_sizes], "o-", label="FastLlama (packed weights)")
+axes[0].plot(m_sizes, [fast_curve[m] for m in m_sizes], "o-", label=f"FastLlama ({fast.kernel} kernel)")
 axes[0].plot(m_sizes, [plain_curve[m] for m in m_sizes], "s-", label="lib.model (section 1)")
 axes[0].plot(m_sizes, m_sizes, "--", color="gray", label="m separate steps")
 axes[0].set_xlabel("tokens scored in one forward (K + 1)"); axes[0].set_ylabel("steps"); axes[0].set_title("verify curves")
@@ -1061,9 +1066,11 @@ What to read off (your numbers are above). While writing this lab the two cores 
 
 * **The head is cheap**: c ≈ 0.05–0.09 of a FastLlama step (one block and 4096 output rows against 30 blocks and
   49152 rows), against 0.8–1.6 for the int8 copy and ≈ 0 for prompt lookup. That is the regime the speedup
-  model needs; on a quiet machine FastLlama's verify curve stays near 1 for a few tokens (packed weights are read
-  once for every row), while `lib.model`'s rises (section 1) — with `lib.model` as the target the head would need
-  a far higher α, which the cell above computes.
+  model needs. How steep FastLlama's verify curve is depends on its kernel: packed weights kept it near 1 for a
+  few tokens on a quiet machine; the C++ step's one-token step is about twice as fast, so relative to it a
+  verify costs more (1.3–1.7 steps for 2–5 tokens on the lab's EPYC) — a faster target leaves less for
+  speculation to win. With `lib.model` as the target (section 1's curve) the head would need another α, which
+  the cell above computes.
 * **What it lacks is α.** Trained for 8 minutes (1,085 steps) on 40,636 tokens of the target's own answers to 368
   template prompts, it agrees with the target on 0.55 of held-out next tokens (teacher forced, one token ahead;
   `data/README.md`), but far less on the benchmark's chat prompts, which no template resembles, and less again on

@@ -1297,6 +1297,7 @@ decoders = {  # name: (decoder, bytes of weights read per token); on the CPU, li
     "Q8_0 blocks": (GGUFFastLlama(model_of_blocks(q8_blocks), q8_blocks), sum(b.numel() for _, b in q8_blocks.values())),
     "Q4_1 blocks (the file)": (GGUFFastLlama(qmodel, gguf_blocks), sum(b.numel() for _, b in gguf_blocks.values())),
 }
+print("lib.fast's kernel:", decoders["F32 (lib.fast)"][0].kernel_reason)
 N_STEPS, REPEATS = (32, 5) if FULL else (16, 3)
 best = {name: float("inf") for name in decoders}
 with torch.no_grad():
@@ -1337,7 +1338,7 @@ gets moves from minute to minute: on the lab's 2-core VM the same probe read 38â
 Compare shares measured in one run, never across runs.)
 The GGUF decoder runs a
 one-token step of all 30 layers in one C++ call (`decode_step`, the same arithmetic as lib.fast's Python
-step), because at 135M parameters the Python and tensor bookkeeping between ~300 small operations cost as
+step; lib.fast's float32 decoder makes the same call where it chose its "cpp" kernel, printed above), because at 135M parameters the Python and tensor bookkeeping between ~300 small operations cost as
 much as the matmuls themselves. `python benchmarks/quant.py` repeats this measurement with more paths,
 perplexity with its standard error, batch 8, and llama.cpp on the same file when it is installed.
 """)
