@@ -222,6 +222,9 @@ def test_text_stream_wrong_routes_fail(wrong, route):
 
 @pytest.mark.parametrize("route", list(LOOP_ROUTES))
 def test_serving_loop_wrong_routes_fail(wrong, route):
+    from grader.checks import run_seed
+
+    print(f"INFERENCE_LAB_SEED={run_seed()}")  # a route that passes for one seed is reproduced with it
     with pytest.raises(AssertionError, match=LOOP_ROUTES[route][1]):
         checks.check_ServingLoop(getattr(wrong, f"ServingLoop_{route}"))
 
