@@ -494,16 +494,16 @@ class FastLlama:
         """The C++ decode step's arguments (lib/csrc/qmatmul.cpp `decode_step`), or None where it cannot run
         (no kernel, not float32 on the CPU, or a weight of more than 3 parts)."""
         lib = Q.kernel() if self.device.type == "cpu" and self.dtype == torch.float32 else None
-        parts = {k: self._step_parts(self.layers[0], k) for k in _MATRICES}
-        if lib is None or any(len(p) > 3 for lw in self.layers for p in (self._step_parts(lw, k) for k in _MATRICES)):
+        parts = [{k: self._step_parts(lw, k) for k in _MATRICES} for lw in self.layers]
+        if lib is None or any(len(p) > 3 for layer in parts for p in layer.values()):
             return None
         cfg = self.config
         layers = (Q.DecodeLayer * len(self.layers))()
-        for dst, lw in zip(layers, self.layers):
+        for dst, lw, layer in zip(layers, self.layers, parts):
             dst.attn_norm, dst.mlp_norm = lw["attn_norm"].data_ptr(), lw["mlp_norm"].data_ptr()
-            for k in _MATRICES:
-                setattr(dst, k, Q.qweight(self._step_parts(lw, k)))
-        d_ff = sum(b.shape[0] for _, b in parts["w_gate_up"]) // 2
+            for k, p in layer.items():
+                setattr(dst, k, Q.qweight(p))
+        d_ff = sum(b.shape[0] for _, b in parts[0]["w_gate_up"]) // 2
         dims = Q.DecodeDims(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, d_ff, 0, cfg.norm_eps)
         return lib, layers, dims
 
