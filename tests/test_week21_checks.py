@@ -135,7 +135,7 @@ LOOP_ROUTES = {
                 out = super().run_once()
                 self.queue.extend(waiting)
                 return out
-        """, "at the next run_once|did not step the engine|was cancelled before run"),  # held back: a step or a cancel late
+        """, "at the next run_once"),  # req-1 arrives while req-0 runs: held back, it shows no token at its run
     "sends_eos": ("""
         class ServingLoop_sends_eos(ServingLoop):
             def __init__(self, engine, eos_token_id=None):
