@@ -219,25 +219,38 @@ def choose_kernel(weights: list[torch.Tensor], cache_file=None, repeats: int = 5
     model shapes and thread count, and remembered in `cache_file` (`data/cache/fast_kernels.json`);
     `INFERENCE_LAB_FAST_KERNEL=cpp|packed|plain|measure` overrides."""
     avail = kernels_for(weights)
-    forced = os.environ.get("INFERENCE_LAB_FAST_KERNEL", "")
-    if forced in KERNELS:
-        if forced not in avail:
-            raise ValueError(f"INFERENCE_LAB_FAST_KERNEL={forced}, but that kernel cannot run here (available: "
-                             f"{', '.join(avail)}); unset it, or set it to one of those")
-        return forced, f"INFERENCE_LAB_FAST_KERNEL={forced}"
-    if forced not in ("", "measure"):
-        raise ValueError(f"INFERENCE_LAB_FAST_KERNEL={forced!r}: use one of {', '.join(KERNELS)} or measure")
-    default = avail[0]
     nbytes = sum(w.numel() * w.element_size() for w in weights)
+    shapes = sorted({tuple(w.shape) for w in weights})
+    return choose_measured(
+        KERNELS, avail, "INFERENCE_LAB_FAST_KERNEL", f"{len(weights)} x {shapes}", nbytes,
+        timer or _matmul_timer(weights, repeats),
+        "a step at 1 and 4 rows" if timer is not None else "one step's matmuls at 1 and 4 rows", cache_file)
+
+
+def choose_measured(names: tuple[str, ...], avail: list[str], env: str, shapes: str, nbytes: int, timer, what: str,
+                    cache_file=None) -> tuple[str, str]:
+    """(choice, why): the fastest of `avail` (a subset of `names`, the first the default) by `timer(name, rows)`
+    summed over 1 and 4 rows, measured once per machine (CPU model, torch, threads, `avail`, `shapes`) and
+    remembered in `cache_file` (default `data/cache/fast_kernels.json`). `$env` set to a name forces it, to
+    "measure" measures again. Not measured (the default) when the weights fit the caches (`nbytes` below
+    MEASURE_MIN_BYTES) or the machine is busy. Used for lib.fast's kernel and for the GGUF kernel's layout
+    (lib.quant_linear.choose_gguf_layout)."""
+    forced = os.environ.get(env, "")
+    if forced in names:
+        if forced not in avail:
+            raise ValueError(f"{env}={forced}, but that cannot run here (available: {', '.join(avail)}); unset it, "
+                             f"or set it to one of those")
+        return forced, f"{env}={forced}"
+    if forced not in ("", "measure"):
+        raise ValueError(f"{env}={forced!r}: use one of {', '.join(names)} or measure")
+    default = avail[0]
     if nbytes < MEASURE_MIN_BYTES:
         return default, (f"{default} (the default): {nbytes >> 20} MB of weights sit in the CPU's caches, too "
-                         f"small to measure the kernels")
+                         f"small to measure")
     if len(avail) == 1:
-        return default, f"{default}: the only kernel that runs here"
-    what = "a step at 1 and 4 rows" if timer is not None else "one step's matmuls at 1 and 4 rows"
-    shapes = sorted({tuple(w.shape) for w in weights})
+        return default, f"{default}: the only one that runs here"
     key = (f"{_machine()} | torch {torch.__version__} | {torch.get_num_threads()} threads | {','.join(avail)} | "
-           f"{len(weights)} x {shapes}")
+           f"{shapes}")
     if cache_file is None:
         from lib import paths
 
@@ -256,8 +269,7 @@ def choose_kernel(weights: list[torch.Tensor], cache_file=None, repeats: int = 5
         load, cores = 0.0, os.cpu_count() or 1
     if forced != "measure" and load > max(0.5, cores - torch.get_num_threads() + 0.5):
         return default, (f"{default} (the default), not measured: load average {load:.1f} on {cores} cores; the "
-                         f"kernels are timed, and the choice remembered, when the machine is quieter")
-    timer = timer or _matmul_timer(weights, repeats)
+                         f"choices are timed, and remembered, when the machine is quieter")
     ms = {name: 1e3 * (timer(name, 1) + timer(name, 4)) for name in avail}
     choice = min(ms, key=ms.get)
     known[key] = {"kernel": choice, "ms": ms, "what": what, "when": time.strftime("%Y-%m-%d")}
@@ -294,16 +306,18 @@ def _matmul_timer(weights: list[torch.Tensor], repeats: int):
     return timer
 
 
-def _step_timer(model, dtype, repeats: int = 5):
+def step_timer(model, dtype, repeats: int = 5, make=None):
     """timer(kernel, rows): seconds of one whole FastLlama step in that kernel over `rows` new tokens after a
-    32-token cache, best of `repeats` (a decode step at 1 row; a verify step at 4)."""
+    32-token cache, best of `repeats` (a decode step at 1 row; a verify step at 4). `make(name)` builds the
+    engine to time (default: `FastLlama(model, kernel=name)`)."""
     built = {}
     ids = torch.randint(0, model.config.vocab_size, (1, 36), generator=torch.Generator().manual_seed(0))
+    make = make or (lambda name: FastLlama(model, dtype=dtype, kernel=name, graphs=False))
 
     def timer(name, rows):
         if name not in built:
             built.clear()  # one copy of the weights at a time
-            built[name] = FastLlama(model, dtype=dtype, kernel=name, graphs=False)
+            built[name] = make(name)
         fast = built[name]
         cache = fast.new_cache(1, 36)
         with torch.inference_mode():
@@ -360,7 +374,7 @@ class FastLlama:
             elif avail == ["plain"]:
                 kernel, self.kernel_reason = "plain", f"plain: {self.dtype} on {dev}"
             else:
-                kernel, self.kernel_reason = choose_kernel(weights, timer=_step_timer(model, self.dtype))
+                kernel, self.kernel_reason = choose_kernel(weights, timer=step_timer(model, self.dtype))
         elif kernel != "plain" and kernel not in avail:
             if compile:
                 raise ValueError(f"kernel={kernel!r} cannot be combined with compile=True (torch.compile cannot "

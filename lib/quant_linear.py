@@ -21,6 +21,9 @@ The file's own blocks (lib.qmatmul), with no requantization: the model is exactl
 - `GGUFLinear`: holds a weight as GGUF blocks (uint8 `[out, bytes per row]`) and multiplies through
   `lib.qmatmul.qmatmul` (float32 activations, the weights decoded in registers).
 - `GGUFFastLlama`: lib.fast's fused decoder on the blocks; its one-token steps run every layer in one C++ call.
+  Its Q4_1 weights are read as the file lays them out or "wide" (d and m widened to float32,
+  `lib.qmatmul.repack_q4_1`: fewer shuffles per block, 20 % more bytes); `choose_gguf_layout` times both once
+  per machine and remembers the faster (`INFERENCE_LAB_GGUF_LAYOUT=file|wide|measure` overrides).
 - `read_gguf_blocks(path)`: every matmul weight of a llama GGUF file as `(type, blocks)` under the lab's
   parameter names (Q and K rows put in the lab's RoPE order, as `lib.model.read_gguf_llama` does; a row of
   blocks moves as a whole, so this reorders bytes and changes no value). The LM head of a tied model is
@@ -36,8 +39,10 @@ import torch
 import torch.nn as nn
 
 from lib import paths
-from lib.fast import FastLlama
+from lib import qmatmul as Q
+from lib.fast import FastLlama, step_timer, choose_measured
 from lib.qmatmul import check_blocks
+from lib.roofline import on_huge_pages
 from lib.qmatmul import dequantize_blocks, qmatmul
 
 
@@ -243,6 +248,30 @@ def gguf_linears(model, blocks: dict[str, tuple[str, torch.Tensor]] | None = Non
     return other.eval()
 
 
+GGUF_LAYOUTS = ("file", "wide")
+
+
+def gguf_layouts(blocks: dict[str, tuple[str, torch.Tensor]]) -> list[str]:
+    """The layouts GGUFFastLlama can read `blocks` in here: "file" always; "wide" where the C++ kernel is built
+    and some weight is Q4_1."""
+    wide = Q.kernel() is not None and any(qtype in Q.WIDE for qtype, _ in blocks.values())
+    return ["file", "wide"] if wide else ["file"]
+
+
+def choose_gguf_layout(model, blocks: dict[str, tuple[str, torch.Tensor]], cache_file=None,
+                       repeats: int = 5) -> tuple[str, str]:
+    """(layout, why): "file" or "wide" for GGUFFastLlama, whichever runs whole steps (1 and 4 new tokens after
+    a 32-token cache) faster here; measured once per machine and remembered next to lib.fast's kernel choice
+    (`lib.fast.choose_measured`)."""
+    nbytes = sum(b.numel() for _, b in blocks.values())
+    types = sorted({qtype for qtype, _ in blocks.values()})
+    timer = step_timer(model, torch.float32, repeats,
+                        make=lambda name: GGUFFastLlama(model, blocks, layout=name))
+    return choose_measured(GGUF_LAYOUTS, gguf_layouts(blocks), "INFERENCE_LAB_GGUF_LAYOUT",
+                           f"GGUF {'+'.join(types)}, {len(blocks)} weights, {nbytes >> 20} MB", nbytes, timer,
+                           "GGUFFastLlama steps at 1 and 4 rows", cache_file)
+
+
 class GGUFFastLlama(FastLlama):
     """`lib.fast.FastLlama` (one QKV and one gate-up matmul per layer, no per-step setup) multiplying GGUF
     blocks: the fused matrices are the blocks' rows stacked (a row of blocks is self-contained), the LM head is
@@ -253,8 +282,17 @@ class GGUFFastLlama(FastLlama):
     call (prefill, verify steps, other caches, no compiler). At SmolLM2's size the ~300 small tensor operations
     and the Python between them cost as much per token as the matmuls; in C++ they cost a fraction of that."""
 
-    def __init__(self, model, blocks: dict[str, tuple[str, torch.Tensor]] | None = None):
+    def __init__(self, model, blocks: dict[str, tuple[str, torch.Tensor]] | None = None, layout: str | None = None):
         blocks = read_gguf_blocks() if blocks is None else blocks
+        avail = gguf_layouts(blocks)
+        if layout is None:
+            layout, self.layout_reason = choose_gguf_layout(model, blocks)
+        elif layout not in avail:
+            raise ValueError(f"layout must be one of {', '.join(avail)} here (or None: chosen by measuring); got "
+                             f"{layout!r}")
+        else:
+            self.layout_reason = f"{layout}: asked for"
+        self.layout = layout
         super().__init__(model, dtype=torch.float32, packed=False)
         params = dict(model.named_parameters())
 
@@ -263,6 +301,8 @@ class GGUFFastLlama(FastLlama):
             for n in names:
                 qtype, b = blocks[n]
                 b = _matching(n, params[n], qtype, b)
+                if layout == "wide" and qtype in Q.WIDE:
+                    qtype, b = Q.WIDE[qtype], Q.repack_q4_1(b)
                 if parts and parts[-1][0] == qtype:
                     parts[-1] = (qtype, torch.cat([parts[-1][1], b]), {})
                 else:
@@ -276,6 +316,14 @@ class GGUFFastLlama(FastLlama):
             lw.update(wqkv=weight(*(f"{p}attn.{x}_proj.weight" for x in "qkv")), wo=weight(f"{p}attn.o_proj.weight"),
                       w_gate_up=weight(f"{p}mlp.gate_proj.weight", f"{p}mlp.up_proj.weight"),
                       w_down=weight(f"{p}mlp.down_proj.weight"))
+        if Q.kernel() is not None:  # every block on 2 MB pages, one buffer (lib.fast's item 10): a step reads them all
+            slots = [(lw, key) for lw in self.layers for key in ("wqkv", "wo", "w_gate_up", "w_down")]
+            lists = [self.lm_head] + [lw[key] for lw, key in slots]
+            moved = iter(on_huge_pages([b for parts in lists for _, b, _ in parts]))
+            lists = [[(qtype, next(moved), cache) for qtype, _, cache in parts] for parts in lists]
+            self.lm_head = lists[0]
+            for (lw, key), parts in zip(slots, lists[1:]):
+                lw[key] = parts
         self.linear = self._multiply
         self._step = self._decode_step_args()  # lib.fast's one-call decode step (item 9), on these blocks
 

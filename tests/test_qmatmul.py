@@ -123,6 +123,40 @@ def test_plain_float32_weights_through_every_loop(flags, tmp_path):
             assert got.shape == (1, rows, n) and (got.double()[0] - want).abs().max().item() < 1e-4
 
 
+@pytest.mark.parametrize("flags", [(), ("-mno-avx512f",), ("-mno-avx512f", "-mno-avx2")])
+def test_the_wide_q4_1_layout_is_the_same_weights_in_every_loop(flags, tmp_path):
+    """`repack_q4_1` (d and m as float32, "Q4_1F") changes how the kernel reads a block, not what it computes:
+    in this CPU's widest loops and the narrower ones the products equal the Q4_1 ones bit for bit (same
+    arithmetic, same order), and every decoder (C++, the PyTorch fallback's) gives lib.qformats' weights."""
+    import ctypes
+
+    if Q._compiler() is None:
+        pytest.skip("no C++ compiler")
+    lib = ctypes.CDLL(str(Q.build(tmp_path, extra_flags=flags)))
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.qmatmul_f32.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, i64, ptr, ctypes.c_int]
+    lib.dequantize_f32.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, ctypes.c_int]
+    for i, (n, nblocks, rows) in enumerate([(37, 3, 1), (9, 2, 3), (64, 18, 4), (5, 2, 8), (300, 18, 1), (7, 1, 11)]):
+        blocks = random_blocks("Q4_1", n, nblocks, offset=700 + 10 * i)
+        wide = Q.repack_q4_1(blocks)
+        assert wide.shape == (n, nblocks * 24) and wide.dtype == torch.uint8
+        k = nblocks * 32
+        x = torch.randn(rows, k, generator=generator(800 + i))
+        ys = []
+        for qtype, b in (("Q4_1", blocks), ("Q4_1F", wide)):
+            y = torch.full((rows, n), float("nan"))
+            assert lib.qmatmul_f32(Q._STEP_CODES[qtype], b.data_ptr(), n, k, x.data_ptr(), rows, k, y.data_ptr(), 2) == 0
+            ys.append(y)
+        assert torch.equal(ys[0], ys[1]), f"{flags} out={n} rows={rows}: the wide layout's products differ"
+        assert_matches_reference(ys[1], x, blocks, "Q4_1", f"{flags} Q4_1F out={n} rows={rows}")
+        want = torch.from_numpy(dequantize(blocks, "Q4_1"))
+        w = torch.empty(n, k)
+        assert lib.dequantize_f32(Q._STEP_CODES["Q4_1F"], wide.data_ptr(), n, k, w.data_ptr(), 2) == 0
+        assert torch.equal(w, want) and torch.equal(torch.from_numpy(Q._dequantize_q4_1f(wide)), want)
+    with pytest.raises(ValueError, match="20 bytes"):
+        Q.repack_q4_1(torch.zeros(2, 30, dtype=torch.uint8))
+
+
 def test_leading_dimensions_a_strided_x_and_unchanged_arguments():
     blocks = random_blocks("Q4_1", 40, 3, offset=11)
     x = torch.randn(2, 3, 4 * 96, generator=generator(12))[..., ::4]  # [2, 3, 96], not contiguous
@@ -251,15 +285,25 @@ def test_a_tiny_model_on_blocks_is_the_fp32_model_of_those_blocks(qtype):
     before = {k: v.clone() for k, v in model.state_dict().items()}
     qmodel = gguf_linears(model, blocks)
     qfast = GGUFFastLlama(model, blocks)
+    assert qfast.layout == "file" and "too small to measure" in qfast.layout_reason  # a tiny model: the default
+    fasts = [("GGUFFastLlama", qfast)]
+    if Q.kernel() is not None and qtype == "Q4_1":  # Q4_1's other layout (d and m widened), chosen where faster
+        fasts.append(("GGUFFastLlama wide", GGUFFastLlama(model, blocks, layout="wide")))
+        assert fasts[1][1].layers[0]["wqkv"][0][0] == "Q4_1F"
+    else:
+        with pytest.raises(ValueError, match="layout must be one of file here"):
+            GGUFFastLlama(model, blocks, layout="wide")
     assert isinstance(qmodel.lm_head, GGUFLinear) and isinstance(qmodel.layers[0].mlp.up_proj, GGUFLinear)
     prompt = torch.randint(0, model.config.vocab_size, (2, 7), generator=generator(61))
     with torch.no_grad():
         want = model(prompt)
-        for name, m in (("gguf_linears", qmodel), ("GGUFFastLlama", qfast)):
+        for name, m in [("gguf_linears", qmodel)] + fasts:
             got = m(prompt)
             assert (got - want).abs().max().item() < 1e-4, f"{name} {qtype} {seed_note()}"
     ref = generate(model, prompt, 8)
-    assert torch.equal(generate(qmodel, prompt, 8), ref) and torch.equal(generate(qfast, prompt, 8), ref)
+    assert torch.equal(generate(qmodel, prompt, 8), ref)
+    for name, m in fasts:
+        assert torch.equal(generate(m, prompt, 8), ref), f"{name} {qtype} {seed_note()}"
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items()), "the float model changed"
     # the step CUDA graphs replay (lib.fast item 8), run uncaptured: it multiplies through the blocks too
     from lib.fast import GraphedDecode
@@ -274,7 +318,7 @@ def test_a_tiny_model_on_blocks_is_the_fp32_model_of_those_blocks(qtype):
             x = want[:, -1:].argmax(-1)
 
 
-@pytest.mark.parametrize("qtype", ["Q4_1", "Q4_K_M"])
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q4_1 wide", "Q4_K_M"])
 def test_the_cpp_decode_step_is_the_python_step(qtype, monkeypatch):
     """GGUFFastLlama runs a one-token step on a KVCache as one C++ call (decode_step); the same model with that
     call switched off runs lib.fast's Python step. Both must give the same logits, step after step, for every
@@ -286,6 +330,7 @@ def test_the_cpp_decode_step_is_the_python_step(qtype, monkeypatch):
 
     if Q._compiler() is None:
         pytest.skip("no C++ compiler: the decode step is C++ only")
+    qtype, _, layout = qtype.partition(" ")
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # the step's thread count: its split paths run
     # Q4_1: heads of 64 and a 90-token prompt, so batch · heads · positions · head_dim passes the C++ step's
     # threshold for splitting attention over threads (its parallel branch); the mix: heads of 32, serial
@@ -295,7 +340,7 @@ def test_the_cpp_decode_step_is_the_python_step(qtype, monkeypatch):
     base = tiny_model(seed=run_seed() % 1000, **cfg)
     blocks = quantize_blocks(base, q4_k_m_plan(base) if qtype == "Q4_K_M" else qtype)
     model = _weights_from_blocks(base, blocks)
-    fast, slow = GGUFFastLlama(model, blocks), GGUFFastLlama(model, blocks)
+    fast, slow = GGUFFastLlama(model, blocks, layout=layout or None), GGUFFastLlama(model, blocks)
     slow._step = None
     assert fast._step is not None, "the C++ decode step is not in use though the kernel built"
     prompt = torch.randint(0, model.config.vocab_size, (3, prompt_len), generator=generator(71))
@@ -345,11 +390,36 @@ def test_smollm2_on_its_own_blocks_gives_the_fp32_models_tokens(smollm2):
     assert {t for t, _ in blocks.values()} == {"Q4_1", "Q8_0"} and blocks["embed.weight"][0] == "Q8_0"
     prompt = tok("The history of the printing press begins", return_tensors="pt").input_ids
     ref = generate(model, prompt, 16)
-    for m in (gguf_linears(model, blocks), GGUFFastLlama(model, blocks)):
+    for m in (gguf_linears(model, blocks), GGUFFastLlama(model, blocks, layout="file"),
+              GGUFFastLlama(model, blocks, layout="wide")):
         with torch.no_grad():
             # measured 4e-5 (float32 sums in another order through 30 layers); 1e-3 leaves a 25x margin
             assert (m(prompt) - model(prompt)).abs().max().item() < 1e-3
         assert torch.equal(generate(m, prompt, 16), ref)
+
+
+@pytest.mark.model
+def test_smollm2_chooses_its_gguf_layout_by_timing_whole_steps(smollm2, tmp_path, monkeypatch):
+    """GGUFFastLlama's layout ("file" or "wide") is timed on whole steps once per machine and remembered;
+    INFERENCE_LAB_GGUF_LAYOUT forces one, or measures again; a name it does not know is refused."""
+    from lib.quant_linear import choose_gguf_layout, read_gguf_blocks
+
+    if Q.kernel() is None:
+        pytest.skip("no C++ kernel: the file's layout is the only one")
+    model, _ = smollm2
+    blocks = read_gguf_blocks()
+    cache = tmp_path / "kernels.json"
+    monkeypatch.setenv("INFERENCE_LAB_GGUF_LAYOUT", "measure")  # whatever the load: time them now
+    layout, why = choose_gguf_layout(model, blocks, cache, repeats=1)
+    assert layout in ("file", "wide") and "measured now" in why and "file" in why and "wide" in why, why
+    monkeypatch.delenv("INFERENCE_LAB_GGUF_LAYOUT")
+    again, why = choose_gguf_layout(model, blocks, cache)
+    assert again == layout and "measured on this machine" in why, why
+    monkeypatch.setenv("INFERENCE_LAB_GGUF_LAYOUT", "wide")
+    assert choose_gguf_layout(model, blocks, cache) == ("wide", "INFERENCE_LAB_GGUF_LAYOUT=wide")
+    monkeypatch.setenv("INFERENCE_LAB_GGUF_LAYOUT", "narrow")
+    with pytest.raises(ValueError, match="narrow"):
+        choose_gguf_layout(model, blocks, cache)
 
 
 @pytest.mark.model

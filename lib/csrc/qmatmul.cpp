@@ -21,9 +21,12 @@
 
 namespace {
 
-enum QType : int { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2, Q4_K = 3, Q6_K = 4, Q5_0 = 5, Q5_1 = 6, Q5_K = 7, F32 = 8 };
+enum QType : int { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2, Q4_K = 3, Q6_K = 4, Q5_0 = 5, Q5_1 = 6, Q5_K = 7, F32 = 8, Q4_1F = 9 };
 // F32 is not a GGUF block type: plain float32 weights, read as "blocks" of 16 (lib.fast's fp32 decode step uses
 // the same loops and the same whole-step call as the quantized model, with nothing to decode).
+// Q4_1F is not one either: Q4_1 blocks with d and m widened to float32 (24 bytes: d, m, the same 16 bytes of
+// nibbles; lib.qmatmul.repack_q4_1). The same weights; the kernel broadcasts d and m straight from memory
+// instead of converting and shuffling them (port-5 work that bounds the Q4_1 loop on Intel cores).
 constexpr int kMaxRows = 8;  // rows of x per pass over a weight row
 // Below this many weights a call runs on one thread: waking the others costs more than it saves (torch's own
 // grain size is 32768 elements), and far more on a busy machine, where a woken thread may wait for a core.
@@ -75,6 +78,17 @@ inline void decode_q4_0(const uint8_t* b, float* w) {  // 18 bytes: d f16, 16 by
 inline void decode_q4_1(const uint8_t* b, float* w) {  // 20 bytes: d f16, m f16, 16 bytes of nibbles
     const float d = half_to_float(b), m = half_to_float(b + 2);
     const uint8_t* qs = b + 4;
+    for (int i = 0; i < 16; ++i) {
+        w[i] = d * (float)(qs[i] & 0x0F) + m;
+        w[i + 16] = d * (float)(qs[i] >> 4) + m;
+    }
+}
+
+inline void decode_q4_1f(const uint8_t* b, float* w) {  // 24 bytes: d f32, m f32, 16 bytes of nibbles
+    float d, m;
+    std::memcpy(&d, b, 4);
+    std::memcpy(&m, b + 4, 4);
+    const uint8_t* qs = b + 8;
     for (int i = 0; i < 16; ++i) {
         w[i] = d * (float)(qs[i] & 0x0F) + m;
         w[i + 16] = d * (float)(qs[i] >> 4) + m;
@@ -178,6 +192,7 @@ inline bool format_of(int qtype, Format* f) {
         case Q5_1: *f = {32, 24, decode_q5_1}; return true;
         case Q5_K: *f = {256, 176, decode_q5_k}; return true;
         case F32: *f = {16, 64, decode_f32}; return true;
+        case Q4_1F: *f = {32, 24, decode_q4_1f}; return true;
         default: return false;
     }
 }
@@ -216,7 +231,7 @@ void row_dots_generic(const uint8_t* wrow, int64_t nblocks, const float* x, int6
 template <int R>
 constexpr int chains_per_row() { return R == 1 ? 4 : 2; }
 
-template <int R>
+template <int R, bool WIDE = false>  // WIDE: the Q4_1F layout (float32 d, m)
 void row_dots_q4_1_avx512(const uint8_t* wrow, int64_t nblocks, const float* x, int64_t ldx, float* y, int64_t ldy) {
     constexpr int C = chains_per_row<R>(), NB = C / 2;  // NB blocks per step, each half of a block its own chain
     __m512 acc[R][C];
@@ -225,13 +240,20 @@ void row_dots_q4_1_avx512(const uint8_t* wrow, int64_t nblocks, const float* x, 
     const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     int64_t blk = 0;
     auto one_block = [&](int64_t i, int c) {
-        const uint8_t* b = wrow + i * 20;
-        int32_t dm_bits;
-        std::memcpy(&dm_bits, b, 4);
-        const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(dm_bits));  // d, m
-        const __m512 d = _mm512_broadcastss_ps(dm), m = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));
+        const uint8_t* b = wrow + i * (WIDE ? 24 : 20);
+        __m512 d, m;
+        if constexpr (WIDE) {
+            d = _mm512_broadcastss_ps(_mm_load_ss(reinterpret_cast<const float*>(b)));  // broadcast loads
+            m = _mm512_broadcastss_ps(_mm_load_ss(reinterpret_cast<const float*>(b + 4)));
+        } else {
+            int32_t dm_bits;
+            std::memcpy(&dm_bits, b, 4);
+            const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(dm_bits));  // d, m
+            d = _mm512_broadcastss_ps(dm);
+            m = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));
+        }
         const __m512 table = _mm512_fmadd_ps(d, iota, m);  // the block's 16 possible weights
-        const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 4)));
+        const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + (WIDE ? 8 : 4))));
         const __m512 w0 = _mm512_permutexvar_ps(q, table);                         // low nibbles: weights 0-15
         const __m512 w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table);  // high nibbles: 16-31
         for (int r = 0; r < R; ++r) {
@@ -316,16 +338,24 @@ inline float hsum256(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-template <int R>
+template <int R, bool WIDE = false>  // WIDE: the Q4_1F layout (float32 d, m)
 void row_dots_q4_1_avx2(const uint8_t* wrow, int64_t nblocks, const float* x, int64_t ldx, float* y, int64_t ldy) {
     __m256 acc[R], acc_hi[R];  // two chains per row (low and high nibbles): an FMA waits for the one before
     for (int r = 0; r < R; ++r) acc[r] = acc_hi[r] = _mm256_setzero_ps();
     const __m256i low4 = _mm256_set1_epi32(0x0F);
     for (int64_t blk = 0; blk < nblocks; ++blk) {
-        const uint8_t* b = wrow + blk * 20;
-        const __m256 d = _mm256_set1_ps(half_to_float(b)), m = _mm256_set1_ps(half_to_float(b + 2));
+        const uint8_t* b = wrow + blk * (WIDE ? 24 : 20);
+        float dm[2];
+        if constexpr (WIDE) {
+            std::memcpy(dm, b, 8);
+        } else {
+            dm[0] = half_to_float(b);
+            dm[1] = half_to_float(b + 2);
+        }
+        const __m256 d = _mm256_set1_ps(dm[0]), m = _mm256_set1_ps(dm[1]);
+        const uint8_t* qs = b + (WIDE ? 8 : 4);
         for (int half = 0; half < 2; ++half) {  // nibble bytes 0-7, then 8-15
-            const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 4 + 8 * half)));
+            const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + 8 * half)));
             const __m256 w_lo = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(q, low4)), m);
             const __m256 w_hi = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_srli_epi32(q, 4)), m);
             for (int r = 0; r < R; ++r) {
@@ -361,14 +391,17 @@ void row_dots(int qtype, const uint8_t* wrow, int64_t nblocks, const float* x, i
     switch (qtype) {
 #if defined(__AVX512F__)
         case Q4_1: return row_dots_q4_1_avx512<R>(wrow, nblocks, x, ldx, y, ldy);
+        case Q4_1F: return row_dots_q4_1_avx512<R, true>(wrow, nblocks, x, ldx, y, ldy);
         case Q8_0: return row_dots_q8_0_avx512<R>(wrow, nblocks, x, ldx, y, ldy);
         case F32: return row_dots_f32_avx512<R>(wrow, nblocks, x, ldx, y, ldy);
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
         case Q4_1: return row_dots_q4_1_avx2<R>(wrow, nblocks, x, ldx, y, ldy);
+        case Q4_1F: return row_dots_q4_1_avx2<R, true>(wrow, nblocks, x, ldx, y, ldy);
         case Q8_0: return row_dots_q8_0_avx2<R>(wrow, nblocks, x, ldx, y, ldy);
         case F32: return row_dots_generic<R, 16, 64, decode_f32>(wrow, nblocks, x, ldx, y, ldy);
 #else
         case Q4_1: return row_dots_generic<R, 32, 20, decode_q4_1>(wrow, nblocks, x, ldx, y, ldy);
+        case Q4_1F: return row_dots_generic<R, 32, 24, decode_q4_1f>(wrow, nblocks, x, ldx, y, ldy);
         case Q8_0: return row_dots_generic<R, 32, 34, decode_q8_0>(wrow, nblocks, x, ldx, y, ldy);
         case F32: return row_dots_generic<R, 16, 64, decode_f32>(wrow, nblocks, x, ldx, y, ldy);
 #endif

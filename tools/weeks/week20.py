@@ -1295,7 +1295,10 @@ decoders = {  # name: (decoder, bytes of weights read per token); on the CPU, li
     "F32 (lib.fast)": (FastLlama(qmodel), n_weights * 4),
     "int4 g32 (torch)": (quantize_linears(qmodel, "int4", 32), n_weights * 5 / 8),
     "Q8_0 blocks": (GGUFFastLlama(model_of_blocks(q8_blocks), q8_blocks), sum(b.numel() for _, b in q8_blocks.values())),
-    "Q4_1 blocks (the file)": (GGUFFastLlama(qmodel, gguf_blocks), sum(b.numel() for _, b in gguf_blocks.values())),
+    # layout="file": the blocks as the file lays them out (lib.quant_linear's "wide" layout, d and m widened to
+    # float32, reads 20 % more bytes with fewer shuffles; `python benchmarks/quant.py` times both)
+    "Q4_1 blocks (the file)": (GGUFFastLlama(qmodel, gguf_blocks, layout="file"),
+                               sum(b.numel() for _, b in gguf_blocks.values())),
 }
 print("lib.fast's kernel:", decoders["F32 (lib.fast)"][0].kernel_reason)
 N_STEPS, REPEATS = (32, 5) if FULL else (16, 3)
