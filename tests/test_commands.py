@@ -53,7 +53,7 @@ QUICK = [
      lambda m: f".venv/bin/python tools/distill_draft.py --minutes 0.05{m[2]} --out distilled-test.pt"),
     (r"^(\.venv/bin/)?python tools/train_draft_head\.py --minutes \S+(.*)$",
      lambda m: f".venv/bin/python tools/train_draft_head.py --minutes 0.05{m[2]} --prompts 18 --length 64 "
-               f"--gen-batch 18 --out head-test.pt"),
+               f"--gen-batch 18 --eval-tokens 16 --out head-test.pt"),
     (r"^(INFERENCE_LAB_SEED=\d+ )?(\.venv/bin/)?pytest (weeks/\d\d)(.*)$", lambda m: f".venv/bin/pytest {m[3]}{m[4]}"),
 ]
 

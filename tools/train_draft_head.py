@@ -85,6 +85,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8, help="sequences per training step")
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eval-tokens", type=int, default=64, help="new tokens per chat prompt in the final check")
     parser.add_argument("--out", default=None, help="default: lib.draft_head.HEAD_PATH (data/draft_head/head.pt)")
     args = parser.parse_args()
 
@@ -183,12 +184,13 @@ def main() -> None:
           f"forced): fp32 {top1_fp32:.3f}, saved int8 {top1:.3f}")
     chat = ["What are three tips for staying healthy?", "Explain what a hash table is to a beginner.",
             "Write a short story about a robot who learns to paint."]  # benchmarks/speculative.py's CHAT
+    chat_ids = [spec.chat_ids(tok, text) for text in chat]
+    greedy = [generate(target, ids, args.eval_tokens) for ids in chat_ids]  # once, for every K
     for k in (2, 3, 4):
         st, same = spec.SpecStats(), True
-        for text in chat:
-            ids = spec.chat_ids(tok, text)
-            same &= torch.equal(dh.head_speculative_generate(target, saved, ids, 64, k=k, stats=st),
-                                generate(target, ids, 64))
+        for ids, want in zip(chat_ids, greedy):
+            same &= torch.equal(dh.head_speculative_generate(target, saved, ids, args.eval_tokens, k=k, stats=st),
+                                want)
         print(f"benchmark chat prompts, K={k}: α {st.acceptance_rate:.3f}, tokens per target call "
               f"{st.tokens_per_call:.2f}, identical to greedy: {same}")
     print(f"saved {out} ({out.stat().st_size / 1e6:.1f} MB); total {(time.perf_counter() - t_start) / 60:.1f} min")

@@ -226,7 +226,7 @@ class Counting:
 
 prompt_ids = tok(checks.SMOLLM2_PROMPT, return_tensors="pt").input_ids.to(model.device)
 N_NEW = 64
-greedy_ids = checks.smollm2_case()[2]  # lib_generate(model, prompt_ids, 64), already computed by the check
+greedy_ids = checks.smollm2_case()[2]  # the greedy 64 tokens, already computed by the check (same as lib_generate)
 drafts = {"prompt lookup": lab.PromptLookupDraft(cfg.vocab_size, device=model.device),  # drafts on the model's device
           "int8 copy": lab.quantized_draft(model)}
 for name, d in drafts.items():
