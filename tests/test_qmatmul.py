@@ -73,8 +73,15 @@ def test_kernel_equals_the_reference_on_random_blocks(qtype):
     assert torch.equal(got, torch.from_numpy(dequantize(blocks, qtype))), f"{qtype} decode {seed_note()}"
 
 
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory):
+    """One folder for this module's builds with narrower instruction sets: Q.build names each by its source and
+    flags, so the tests that build the same flags share one compile."""
+    return tmp_path_factory.mktemp("qmatmul-builds")
+
+
 @pytest.mark.parametrize("isa, flags", [("avx2", ("-mno-avx512f",)), ("generic", ("-mno-avx512f", "-mno-avx2"))])
-def test_the_avx2_and_portable_loops_equal_the_reference(isa, flags, tmp_path):
+def test_the_avx2_and_portable_loops_equal_the_reference(isa, flags, builds):
     """This CPU's build takes the widest loops it has; the narrower ones (for CPUs without AVX-512 or AVX2) are
     built here with those instructions switched off and held to the same reference."""
     import ctypes
@@ -83,7 +90,7 @@ def test_the_avx2_and_portable_loops_equal_the_reference(isa, flags, tmp_path):
         pytest.skip("no C++ compiler")
     if isa == "avx2" and "avx2" not in Q._cpu_flags().split():
         pytest.skip("this CPU has no AVX2")
-    lib = ctypes.CDLL(str(Q.build(tmp_path, extra_flags=flags)))
+    lib = ctypes.CDLL(str(Q.build(builds, extra_flags=flags)))
     lib.qmatmul_isa.restype = ctypes.c_char_p
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.qmatmul_f32.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, i64, ptr, ctypes.c_int]
@@ -100,14 +107,14 @@ def test_the_avx2_and_portable_loops_equal_the_reference(isa, flags, tmp_path):
 
 
 @pytest.mark.parametrize("flags", [(), ("-mno-avx512f",), ("-mno-avx512f", "-mno-avx2")])
-def test_plain_float32_weights_through_every_loop(flags, tmp_path):
+def test_plain_float32_weights_through_every_loop(flags, builds):
     """lib.fast's "cpp" kernel: the F32 "type" (plain float32 weights, no blocks) in this CPU's widest loops and
     in the narrower ones, against a float64 product, for 1-8 rows per pass and more; `linear_f32` likewise."""
     import ctypes
 
     if Q._compiler() is None:
         pytest.skip("no C++ compiler")
-    lib = ctypes.CDLL(str(Q.build(tmp_path, extra_flags=flags)))
+    lib = ctypes.CDLL(str(Q.build(builds, extra_flags=flags)))
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.qmatmul_f32.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, i64, ptr, ctypes.c_int]
     for i, (n, k, rows) in enumerate([(37, 16, 1), (9, 48, 2), (64, 576, 3), (5, 80, 4), (300, 1536, 8), (7, 32, 11)]):
@@ -124,7 +131,7 @@ def test_plain_float32_weights_through_every_loop(flags, tmp_path):
 
 
 @pytest.mark.parametrize("flags", [(), ("-mno-avx512f",), ("-mno-avx512f", "-mno-avx2")])
-def test_the_wide_q4_1_layout_is_the_same_weights_in_every_loop(flags, tmp_path):
+def test_the_wide_q4_1_layout_is_the_same_weights_in_every_loop(flags, builds):
     """`repack_q4_1` (d and m as float32, "Q4_1F") changes how the kernel reads a block, not what it computes:
     in this CPU's widest loops and the narrower ones the products equal the Q4_1 ones bit for bit (same
     arithmetic, same order), and every decoder (C++, the PyTorch fallback's) gives lib.qformats' weights."""
@@ -132,7 +139,7 @@ def test_the_wide_q4_1_layout_is_the_same_weights_in_every_loop(flags, tmp_path)
 
     if Q._compiler() is None:
         pytest.skip("no C++ compiler")
-    lib = ctypes.CDLL(str(Q.build(tmp_path, extra_flags=flags)))
+    lib = ctypes.CDLL(str(Q.build(builds, extra_flags=flags)))
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.qmatmul_f32.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, i64, ptr, ctypes.c_int]
     lib.dequantize_f32.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, ctypes.c_int]
