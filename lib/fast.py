@@ -54,10 +54,12 @@ can follow — each one is a line below, and `benchmarks/decode.py --profile` sh
    they cost as much as the matmuls. `lib/csrc/qmatmul.cpp` (week 20's GGUF kernel) has a whole decode step —
    norms, RoPE, the cache write, attention, SiLU, residuals — in one call, and plain float32 weights are one more
    "type" for its loops (`F32`: nothing to decode, so a matmul is a stream of loads and multiply-adds, each weight
-   row read once for up to 8 rows of x). So with kernel "cpp" a one-token step on `lib.kv_cache`'s cache is one
-   call (`_cpp_step`), the final norm and LM head one more, and every other step (prefill, verify) runs the
-   Python step with that matmul for up to `lib.qmatmul.F32_MAX_ROWS` rows (torch's above). Same arithmetic in
-   float32, sums in another order: greedy tokens identical to `lib.model`'s (tests/test_fast.py).
+   row read once for up to 8 rows of x). So with kernel "cpp" a step on `lib.kv_cache`'s cache of up to
+   `step_max_rows` rows (batch x new tokens: a one-token decode step, or a verify step of K + 1 tokens, the causal
+   mask applied inside the new ones) is one call (`_cpp_step`), the final norm and LM head one more; a larger
+   step (a prefill) runs the Python step with torch's matmul. That flattens week 18's verify curve: on the lab's
+   EPYC a 2-token step costs 1.18 one-token steps, a 4-token one 1.25 (the Python step: 1.62 and 1.72). Same
+   arithmetic in float32, sums in another order: greedy tokens identical to `lib.model`'s (tests/test_fast.py).
    Which of "cpp", "packed" and "plain" is fastest depends on the CPU, so with `kernel=None` (the default)
    `FastLlama` times a whole step of the model in each — one token, then 4 (a verify) after a 32-token cache —
    once per machine (`choose_kernel`), keeps the fastest, and remembers it in `data/cache/fast_kernels.json`
@@ -339,6 +341,10 @@ def _times(ms: dict) -> str:
 class FastLlama:
     """A fused, inference-only view of a `lib.model.LlamaModel` (the weights are copied once, concatenated)."""
 
+    # rows (batch x new tokens) up to which a step on a KVCache is one C++ call, where the kernel is "cpp": up
+    # to the C++ loops' crossing with oneDNN (lib.qmatmul.F32_MAX_ROWS); above, the Python step with oneDNN
+    step_max_rows = Q.F32_MAX_ROWS
+
     def __init__(self, model, dtype: torch.dtype | None = None, compile: bool = False, packed: bool | None = None,
                  graphs: bool | None = None, kernel: str | None = None):
         cfg = model.config
@@ -485,7 +491,7 @@ class FastLlama:
         with torch.inference_mode():
             if t == 1 and self.graphs is not None and self.graphs.owns(cache):
                 return self.graphs.step(input_ids, cache)
-            if t == 1 and self._step is not None and type(cache) is KVCache:
+            if self._step is not None and b * t <= self.step_max_rows and type(cache) is KVCache:
                 out = self._cpp_step(input_ids, cache)
                 if out is not None:
                     return out
@@ -522,28 +528,30 @@ class FastLlama:
         return lib, layers, dims
 
     def _cpp_step(self, input_ids: torch.Tensor, cache: KVCache):
-        """One new token per row on lib.kv_cache's preallocated cache, every layer in one C++ call (the same
-        computation as `_layer_step`, without Python between the operations), then the final norm and the LM
-        head: (logits [B, 1, vocab], hidden [B, 1, D]). None where the cache is not one the call can write
-        (another layout or dtype, a length it cannot take): the caller's Python step then runs, and raises
-        the clear error where there is one."""
+        """T new tokens per row (a decode step, T = 1; a verify step of week 18, T = K + 1) on lib.kv_cache's
+        preallocated cache, every layer in one C++ call (the same computation as `_layer_step`, causal mask
+        included, without Python between the operations), then the final norm and the LM head:
+        (logits [B, T, vocab], hidden [B, T, D]). None where the cache is not one the call can write (another
+        layout or dtype, a length it cannot take): the caller's Python step then runs, and raises the clear
+        error where there is one."""
+        b, t = input_ids.shape
         pos = cache.length
-        if input_ids.shape[0] != cache[0].k.shape[0] or pos + 1 > min(cache.max_len, self.config.max_seq_len) or any(
+        if b != cache[0].k.shape[0] or pos + t > min(cache.max_len, self.config.max_seq_len) or any(
                 layer.length != pos for layer in cache.layers):
             return None
         kv = self._cache_pointers(cache)
         if kv is None:
             return None
         lib, layers, _ = self._step
-        x = self.embed[input_ids[:, 0].to(self.device)]  # [B, D], a new tensor: written in place
-        rc = lib.decode_step(ctypes.addressof(layers), len(self.layers), kv[2], x.data_ptr(), x.shape[0], pos,
-                             self.cos[pos].data_ptr(), self.sin[pos].data_ptr(), kv[0], kv[1],
-                             torch.get_num_threads())
+        x = self.embed[input_ids.reshape(-1).to(self.device)]  # [B·T, D], a new tensor: written in place
+        rc = lib.decode_steps(ctypes.addressof(layers), len(self.layers), kv[2], x.data_ptr(), b, t, pos,
+                              self.cos[pos].data_ptr(), self.sin[pos].data_ptr(), kv[0], kv[1],
+                              torch.get_num_threads())  # cos, sin: rows pos .. pos + T - 1, contiguous
         if rc != 0:
             raise RuntimeError("lib.qmatmul decode_step failed (unsupported type or shape)")
         for layer in cache.layers:
-            layer.length = pos + 1
-        h = self._rms(x, self.norm)[:, None, :]  # [B, 1, D]
+            layer.length = pos + t
+        h = self._rms(x, self.norm).view(b, t, -1)  # [B, T, D]
         return self.linear(h, self.lm_head).float(), h
 
     def _cache_pointers(self, cache):

@@ -32,9 +32,9 @@ blocks out "wide" (d and m as float32, 24 bytes: "Q4_1F") — the same weights, 
 read with fewer shuffles; GGUFFastLlama times both layouts and keeps the faster (measured: about 1.2x on the
 Q4_1 matmuls alone on the AMD EPYC, a tie on an Intel Xeon's whole step).
 
-The same library holds `decode_step`: a whole one-token step of a llama model on these blocks (norms, RoPE, the
-KV-cache write, attention, SiLU between the matmuls) in one call, which `lib.quant_linear.GGUFFastLlama` uses
-(`QWeight`, `DecodeLayer`, `DecodeDims` below describe its arguments).
+The same library holds `decode_steps`: a whole step of a llama model (one new token per sequence, or a few: a
+verify step) on these blocks (norms, RoPE, the KV-cache write, attention, SiLU between the matmuls) in one call,
+which `lib.quant_linear.GGUFFastLlama` uses (`QWeight`, `DecodeLayer`, `DecodeDims` below describe its arguments).
 """
 from __future__ import annotations
 
@@ -180,6 +180,8 @@ def _load():
                 lib.qmatmul_f32.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, i64, ptr, ctypes.c_int]
                 lib.dequantize_f32.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, ctypes.c_int]
                 lib.decode_step.argtypes = [ptr, ctypes.c_int, ptr, ptr, i64, i64, ptr, ptr, ptr, ptr, ctypes.c_int]
+                lib.decode_steps.argtypes = [ptr, ctypes.c_int, ptr, ptr, i64, i64, i64, ptr, ptr, ptr, ptr,
+                                             ctypes.c_int]
             except (RuntimeError, OSError) as e:
                 lib, why = None, str(e)
         if lib is None:
@@ -222,7 +224,7 @@ def qweight(parts: list[tuple[str, torch.Tensor]]) -> QWeight:
 
 
 def kernel():
-    """The loaded C++ library (its `decode_step` is called by lib.quant_linear.GGUFFastLlama), or None where
+    """The loaded C++ library (its `decode_steps` is called by lib.quant_linear.GGUFFastLlama), or None where
     the PyTorch fallback is in use."""
     return _load()
 

@@ -277,9 +277,10 @@ class GGUFFastLlama(FastLlama):
     blocks: the fused matrices are the blocks' rows stacked (a row of blocks is self-contained), the LM head is
     the token embedding's blocks. Same call contract as the model; float32 activations.
 
-    A one-token step (any batch) on a `lib.kv_cache.KVCache` of plain layers runs all layers in one call of the
-    C++ `decode_step` (lib/csrc/qmatmul.cpp): the same arithmetic as `_layer_step`, which serves every other
-    call (prefill, verify steps, other caches, no compiler). At SmolLM2's size the ~300 small tensor operations
+    A step of up to `step_max_rows` rows (batch x new tokens: a decode step, a verify step, a short prefill) on a
+    `lib.kv_cache.KVCache` of plain layers runs all layers in one call of the C++ `decode_steps`
+    (lib/csrc/qmatmul.cpp): the same arithmetic as `_layer_step`, which serves every other call (longer
+    prefills, other caches, no compiler). At SmolLM2's size the ~300 small tensor operations
     and the Python between them cost as much per token as the matmuls; in C++ they cost a fraction of that."""
 
     def __init__(self, model, blocks: dict[str, tuple[str, torch.Tensor]] | None = None, layout: str | None = None):
@@ -326,6 +327,8 @@ class GGUFFastLlama(FastLlama):
                 lw[key] = parts
         self.linear = self._multiply
         self._step = self._decode_step_args()  # lib.fast's one-call decode step (item 9), on these blocks
+
+    step_max_rows = Q.FUSED_MAX_ROWS  # the fused kernel's rows: the C++ step up to there, as qmatmul
 
     def _step_parts(self, lw: dict, key: str) -> list[tuple[str, torch.Tensor]]:
         return [(qtype, b) for qtype, b, _ in lw[key]]

@@ -111,30 +111,42 @@ def test_smollm2_logits_and_64_greedy_tokens(smollm2, kernel):
 # --- item 9: the kernel, chosen by measuring; the one-call C++ step -----------------------------------------------
 
 @pytest.mark.skipif("cpp" not in KERNELS, reason="no C++ compiler: the one-call step is C++")
-def test_the_cpp_kernel_decodes_in_one_call_and_verifies_in_its_matmuls(monkeypatch):
-    """kernel="cpp": a one-token step on lib.kv_cache's cache runs no Python layer step at all (the layer step is
-    switched off after the prefill, and decoding still gives lib.model's logits, for every row of a batch); a
-    multi-token verify step runs the Python step with the C++ matmul; a rolling cache takes the Python step."""
+def test_the_cpp_kernel_decodes_and_verifies_in_one_call(monkeypatch):
+    """kernel="cpp": a step on lib.kv_cache's cache of up to `step_max_rows` rows (batch x new tokens) runs no
+    Python layer step at all — one-token decode steps and a multi-token verify step alike (the layer step is
+    switched off after the prefill, and the logits are still lib.model's, for every row of a batch and every
+    new position: the causal mask inside the new tokens holds); a larger step runs the Python step; a rolling
+    cache takes the Python step."""
     from lib.kv_cache import KVCache
 
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # the kernel's two-thread split runs
     model = tiny_model(seed=5, n_heads=4, n_kv_heads=2, d_model=64)
     fast = FastLlama(model, kernel="cpp")
-    ids = torch.randint(0, model.config.vocab_size, (3, 12), generator=torch.Generator().manual_seed(3))
+    assert fast.step_max_rows == Q.F32_MAX_ROWS
+    ids = torch.randint(0, model.config.vocab_size, (3, 17), generator=torch.Generator().manual_seed(3))
     c_ref, c_fast = model.new_cache(3, 40), fast.new_cache(3, 40)
     with torch.no_grad():
         torch.testing.assert_close(fast(ids[:, :8], c_fast), model(ids[:, :8], c_ref), atol=1e-4, rtol=0)
         python_step = fast._layer
-        fast._layer = lambda *a: pytest.fail("a one-token step ran lib.fast's Python layer step")
+        fast._layer = lambda *a: pytest.fail("a step of at most step_max_rows rows ran lib.fast's Python layer step")
         for i in range(8, 10):
             logits, hidden = fast.forward_hidden(ids[:, i:i + 1], c_fast)
             torch.testing.assert_close(logits, model(ids[:, i:i + 1], c_ref), atol=1e-4, rtol=0)
             assert hidden.shape == (3, 1, model.config.d_model) and c_fast.length == i + 1
-        fast._layer = python_step
+        for start, t in ((10, 2), (12, 4)):  # verify steps of 6 and 12 rows: one C++ call each
+            logits, hidden = fast.forward_hidden(ids[:, start:start + t], c_fast)
+            torch.testing.assert_close(logits, model(ids[:, start:start + t], c_ref), atol=1e-4, rtol=0)
+            assert hidden.shape == (3, t, model.config.d_model) and c_fast.length == start + t
+        for a, b in zip(c_fast.layers, c_ref.layers):  # the keys and values it wrote, at their positions
+            torch.testing.assert_close(a.k[:, :, :16], b.k[:, :, :16], atol=1e-5, rtol=0)
+            torch.testing.assert_close(a.v[:, :, :16], b.v[:, :, :16], atol=1e-5, rtol=0)
         calls = []
-        monkeypatch.setattr(Q, "linear_f32", lambda x, w, f=Q.linear_f32, **kw: calls.append(x.shape) or f(x, w, **kw))
-        torch.testing.assert_close(fast(ids[:, 10:], c_fast), model(ids[:, 10:], c_ref), atol=1e-4, rtol=0)
-        assert calls and all(s[:2] == (3, 2) for s in calls)  # the verify step's matmuls: 6 rows, C++
+        fast._layer = lambda *a, f=python_step: calls.append(1) or f(*a)
+        c_ref.truncate(12)
+        c_fast.truncate(12)
+        torch.testing.assert_close(fast(ids[:, 12:17], c_fast), model(ids[:, 12:17], c_ref), atol=1e-4, rtol=0)
+        assert len(calls) == len(fast.layers), "15 rows (over step_max_rows): the Python step, layer by layer"
+        fast._layer = python_step
         rolling = KVCache.rolling(model.config, 40, batch=3)
         fast(ids[:, :8], rolling)
         assert fast._cache_pointers(rolling) is None

@@ -327,8 +327,8 @@ def test_a_tiny_model_on_blocks_is_the_fp32_model_of_those_blocks(qtype):
 
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q4_1 wide", "Q4_K_M"])
 def test_the_cpp_decode_step_is_the_python_step(qtype, monkeypatch):
-    """GGUFFastLlama runs a one-token step on a KVCache as one C++ call (decode_step); the same model with that
-    call switched off runs lib.fast's Python step. Both must give the same logits, step after step, for every
+    """GGUFFastLlama runs a step on a KVCache (one token per row, or a few: a verify step) as one C++ call
+    (decode_steps); the same model with that call switched off runs lib.fast's Python step. Both must give the same logits, step after step, for every
     row of a batch, and leave the same keys and values in the cache; other caches take the Python path."""
     from lib.kv_cache import KVCache
     from lib.model import tiny_model
@@ -360,6 +360,11 @@ def test_the_cpp_decode_step_is_the_python_step(qtype, monkeypatch):
         err = (logits[0] - logits[1]).abs().max().item()
         assert err < 1e-4, f"step {step}: logits differ by {err:.3g} {seed_note()}"
         assert caches[0].length == caches[1].length == prompt_len + 1 + step
+    chunk = torch.randint(0, model.config.vocab_size, (3, 4), generator=generator(72))  # a verify step: 4 tokens
+    logits = [m(chunk, c) for m, c in zip((fast, slow), caches)]
+    assert logits[0].shape == (3, 4, model.config.vocab_size)
+    err = (logits[0] - logits[1]).abs().max().item()
+    assert err < 1e-4, f"a 4-token step: logits differ by {err:.3g} {seed_note()}"
     for a, b in zip(caches[0].layers, caches[1].layers):
         assert (a.k[:, :, :a.length] - b.k[:, :, :b.length]).abs().max() < 1e-4
         assert (a.v[:, :, :a.length] - b.v[:, :, :b.length]).abs().max() < 1e-4

@@ -530,12 +530,16 @@ extern "C" {
 // x [batch, d_model] (the embedded tokens) becomes the last layer's output, in place. pos: the position of the
 // new token (the cache's length before the step); k_caches[l], v_caches[l]: layer l's buffers [batch,
 // n_kv_heads, max_len, head_dim], written at pos. cos, sin: the RoPE row of pos [head_dim]. Returns 0, or -1.
-int decode_step(const DecodeLayer* layers, int n_layers, const DecodeDims* dims, float* x, int64_t batch,
-                int64_t pos, const float* cos, const float* sin, float* const* k_caches, float* const* v_caches,
-                int threads) {
+// `tokens` new positions per sequence (pos .. pos + tokens - 1: a verify step of week 18 when > 1); x holds
+// batch · tokens rows, sequence by sequence; cos and sin the rows for those positions ([tokens, head_dim]).
+int decode_steps(const DecodeLayer* layers, int n_layers, const DecodeDims* dims, float* x, int64_t batch,
+                 int64_t tokens, int64_t pos, const float* cos, const float* sin, float* const* k_caches,
+                 float* const* v_caches, int threads) {
     const int64_t D = dims->d_model, H = dims->n_heads, Hkv = dims->n_kv_heads, hd = dims->head_dim;
-    const int64_t F = dims->d_ff, L = dims->max_len, S = pos + 1, g = H / Hkv, nqkv = (H + 2 * Hkv) * hd;
-    if (pos < 0 || pos >= L || H % Hkv) return -1;
+    const int64_t F = dims->d_ff, L = dims->max_len, S = pos + tokens, g = H / Hkv, nqkv = (H + 2 * Hkv) * hd;
+    if (pos < 0 || tokens < 1 || pos + tokens > L || H % Hkv) return -1;
+    const int64_t batch_rows = batch;
+    batch = batch_rows * tokens;  // rows of x from here on
     std::vector<float> xn(batch * D), qkv(batch * nqkv), att(batch * H * hd), tmp(batch * D);
     std::vector<float> gu(batch * 2 * F), act(batch * F);
     const float scale = 1.0f / std::sqrt((float)hd);
@@ -544,28 +548,29 @@ int decode_step(const DecodeLayer* layers, int n_layers, const DecodeDims* dims,
         float *kc = k_caches[l], *vc = v_caches[l];
         for (int64_t r = 0; r < batch; ++r) rms_norm(x + r * D, lw.attn_norm, D, dims->eps, xn.data() + r * D);
         if (weight_matmul(lw.wqkv, D, xn.data(), batch, qkv.data(), nqkv, threads)) return -1;
-        for (int64_t r = 0; r < batch; ++r) {  // RoPE on q and k; k and v into the cache at pos
-            float* q = qkv.data() + r * nqkv;
-            for (int64_t h = 0; h < H + Hkv; ++h) rope(q + h * hd, cos, sin, hd);
+        for (int64_t ri = 0; ri < batch; ++ri) {  // RoPE on q and k; k and v into the cache at pos + t
+            const int64_t r = ri / tokens, t = ri % tokens;
+            float* q = qkv.data() + ri * nqkv;
+            for (int64_t h = 0; h < H + Hkv; ++h) rope(q + h * hd, cos + t * hd, sin + t * hd, hd);
             for (int64_t h = 0; h < Hkv; ++h) {
-                const int64_t at = ((r * Hkv + h) * L + pos) * hd;
+                const int64_t at = ((r * Hkv + h) * L + pos + t) * hd;
                 std::memcpy(kc + at, q + (H + h) * hd, hd * sizeof(float));
                 std::memcpy(vc + at, q + (H + Hkv + h) * hd, hd * sizeof(float));
             }
         }
-        // attention of the one new query per head over positions 0..pos (no mask needed); GQA: query head h
-        // reads KV head h / g
+        // attention of each new query over positions 0..pos + t (the causal mask: a query never reads a later
+        // position, though all of them are in the cache now); GQA: query head h reads KV head h / g
 #pragma omp parallel num_threads(threads) if (batch * H * S * hd >= kMinParallelWeights)
         {
             std::vector<float> p(S);
 #pragma omp for schedule(static)
             for (int64_t rh = 0; rh < batch * H; ++rh) {
-                const int64_t r = rh / H, h = rh % H;
-                const float* q = qkv.data() + r * nqkv + h * hd;
+                const int64_t ri = rh / H, h = rh % H, r = ri / tokens, St = pos + ri % tokens + 1;  // this query's positions
+                const float* q = qkv.data() + ri * nqkv + h * hd;
                 const float* K = kc + (r * Hkv + h / g) * L * hd;
                 const float* V = vc + (r * Hkv + h / g) * L * hd;
                 float mx = -INFINITY;
-                for (int64_t s = 0; s < S; ++s) {
+                for (int64_t s = 0; s < St; ++s) {
                     float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
                     for (int64_t i = 0; i < hd; ++i) dot += q[i] * K[s * hd + i];
@@ -573,13 +578,13 @@ int decode_step(const DecodeLayer* layers, int n_layers, const DecodeDims* dims,
                     mx = p[s] > mx ? p[s] : mx;
                 }
                 float sum = 0.0f;
-                for (int64_t s = 0; s < S; ++s) {
+                for (int64_t s = 0; s < St; ++s) {
                     p[s] = std::exp(p[s] - mx);
                     sum += p[s];
                 }
-                float* o = att.data() + r * H * hd + h * hd;
+                float* o = att.data() + ri * H * hd + h * hd;
                 for (int64_t i = 0; i < hd; ++i) o[i] = 0.0f;
-                for (int64_t s = 0; s < S; ++s) {
+                for (int64_t s = 0; s < St; ++s) {
                     const float w = p[s] / sum;
 #pragma omp simd
                     for (int64_t i = 0; i < hd; ++i) o[i] += w * V[s * hd + i];
@@ -598,6 +603,12 @@ int decode_step(const DecodeLayer* layers, int n_layers, const DecodeDims* dims,
         for (int64_t i = 0; i < batch * D; ++i) x[i] += tmp[i];
     }
     return 0;
+}
+
+int decode_step(const DecodeLayer* layers, int n_layers, const DecodeDims* dims, float* x, int64_t batch,
+                int64_t pos, const float* cos, const float* sin, float* const* k_caches, float* const* v_caches,
+                int threads) {  // one new token per sequence
+    return decode_steps(layers, n_layers, dims, x, batch, 1, pos, cos, sin, k_caches, v_caches, threads);
 }
 
 }  // extern "C"

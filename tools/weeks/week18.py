@@ -958,9 +958,9 @@ The target here is `lib.fast.FastLlama` — the same model, run by the kernel th
 (`lib.fast` times its kernels once per machine and prints which it chose, below) — because that is what a server
 would run, and its **verify curve is different from section 1's**. Each of its kernels reads a weight once for a
 few rows, but what one step costs differs: with oneDNN's packed weights a one-token step is slow enough that
-scoring m ≤ 8 tokens costs about one step; the one-call C++ step (chosen on the lab's EPYC) makes the one-token
-step much cheaper — it no longer runs Python between its operations — while a verify step still does, so its
-curve rises. Both curves are measured below, with each draft's cost c relative to this target, and greedy
+scoring m ≤ 8 tokens costs about one step; the one-call C++ step (chosen on the lab's EPYC) makes every step of a
+few rows much cheaper — no Python between its operations, the verify step's K + 1 tokens included — and its curve
+stays low while the rows fit its loops. Both curves are measured below, with each draft's cost c relative to this target, and greedy
 speculation on three chat prompts, side by side with the int8 copy and prompt lookup (tokens checked identical to
 the target's).
 """)
@@ -1067,9 +1067,10 @@ What to read off (your numbers are above). While writing this lab the two cores 
 * **The head is cheap**: c ≈ 0.05–0.09 of a FastLlama step (one block and 4096 output rows against 30 blocks and
   49152 rows), against 0.8–1.6 for the int8 copy and ≈ 0 for prompt lookup. That is the regime the speedup
   model needs. How steep FastLlama's verify curve is depends on its kernel: packed weights kept it near 1 for a
-  few tokens on a quiet machine; the C++ step's one-token step is about twice as fast, so relative to it a
-  verify costs more (1.3–1.7 steps for 2–5 tokens on the lab's EPYC) — a faster target leaves less for
-  speculation to win. With `lib.model` as the target (section 1's curve) the head would need another α, which
+  few tokens on a quiet machine; the C++ step is about twice as fast per token, and relative to it a verify
+  costs 1.13 / 1.23 / 1.38 steps for 2 / 3 / 4 tokens on the lab's EPYC (1.6–1.8 while the verify step still ran
+  Python between its operations) — a faster target leaves less for speculation to win unless its verify step is
+  as lean as its decode step. With `lib.model` as the target (section 1's curve) the head would need another α, which
   the cell above computes.
 * **What it lacks is α.** Trained for 8 minutes (1,085 steps) on 40,636 tokens of the target's own answers to 368
   template prompts, it agrees with the target on 0.55 of held-out next tokens (teacher forced, one token ahead;
