@@ -511,7 +511,7 @@ class FastLlama:
         return [("F32", lw[key])]
 
     def _decode_step_args(self):
-        """The C++ decode step's arguments (lib/csrc/qmatmul.cpp `decode_step`), or None where it cannot run
+        """The C++ decode step's arguments (lib/csrc/qmatmul.cpp `decode_steps`), or None where it cannot run
         (no kernel, not float32 on the CPU, or a weight of more than 3 parts)."""
         lib = Q.kernel() if self.device.type == "cpu" and self.dtype == torch.float32 else None
         parts = [{k: self._step_parts(lw, k) for k in _MATRICES} for lw in self.layers]
@@ -548,7 +548,7 @@ class FastLlama:
                               self.cos[pos].data_ptr(), self.sin[pos].data_ptr(), kv[0], kv[1],
                               torch.get_num_threads())  # cos, sin: rows pos .. pos + T - 1, contiguous
         if rc != 0:
-            raise RuntimeError("lib.qmatmul decode_step failed (unsupported type or shape)")
+            raise RuntimeError("lib.qmatmul decode_steps failed (unsupported type or shape)")
         for layer in cache.layers:
             layer.length = pos + t
         h = self._rms(x, self.norm).view(b, t, -1)  # [B, T, D]

@@ -179,7 +179,6 @@ def _load():
                 i64, ptr = ctypes.c_int64, ctypes.c_void_p
                 lib.qmatmul_f32.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, i64, ptr, ctypes.c_int]
                 lib.dequantize_f32.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, ctypes.c_int]
-                lib.decode_step.argtypes = [ptr, ctypes.c_int, ptr, ptr, i64, i64, ptr, ptr, ptr, ptr, ctypes.c_int]
                 lib.decode_steps.argtypes = [ptr, ctypes.c_int, ptr, ptr, i64, i64, i64, ptr, ptr, ptr, ptr,
                                              ctypes.c_int]
             except (RuntimeError, OSError) as e:
@@ -194,7 +193,7 @@ def _load():
 
 
 class QWeight(ctypes.Structure):
-    """One matmul weight for `decode_step` (lib/csrc/qmatmul.cpp): up to 3 parts of GGUF blocks stacked along
+    """One matmul weight for `decode_steps` (lib/csrc/qmatmul.cpp): up to 3 parts of GGUF blocks stacked along
     the output, each of one type."""
     _fields_ = [("nparts", ctypes.c_int32), ("qtype", ctypes.c_int32 * 3), ("rows", ctypes.c_int64 * 3),
                 ("blocks", ctypes.c_void_p * 3)]

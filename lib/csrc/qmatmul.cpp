@@ -470,7 +470,8 @@ int dequantize_f32(int qtype, const uint8_t* w, int64_t n, int64_t k, float* out
 
 // --- one decode step of a llama model on GGUF blocks: every layer in one call ---------------------------------
 //
-// lib.quant_linear.GGUFFastLlama calls this for a one-token step (batch rows >= 1, one new position each) on
+// lib.fast.FastLlama (kernel "cpp") and lib.quant_linear.GGUFFastLlama call `decode_steps` for a step of a few
+// rows (batch rows >= 1, one or a few new positions each) on
 // lib.kv_cache's preallocated cache: the same computation as lib.fast.FastLlama._layer_step, layer after layer,
 // without returning to Python between operations (which, at SmolLM2's size, cost as much as the matmuls).
 // Float32 throughout; the results equal the Python step's up to the order of float32 sums.
@@ -603,12 +604,6 @@ int decode_steps(const DecodeLayer* layers, int n_layers, const DecodeDims* dims
         for (int64_t i = 0; i < batch * D; ++i) x[i] += tmp[i];
     }
     return 0;
-}
-
-int decode_step(const DecodeLayer* layers, int n_layers, const DecodeDims* dims, float* x, int64_t batch,
-                int64_t pos, const float* cos, const float* sin, float* const* k_caches, float* const* v_caches,
-                int threads) {  // one new token per sequence
-    return decode_steps(layers, n_layers, dims, x, batch, 1, pos, cos, sin, k_caches, v_caches, threads);
 }
 
 }  // extern "C"

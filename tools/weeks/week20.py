@@ -1340,7 +1340,7 @@ good as the bandwidth probe of section 1, a streaming sum, and the memory bandwi
 gets moves from minute to minute: on the lab's 2-core VM the same probe read 38–69 GB/s within one quiet hour.
 Compare shares measured in one run, never across runs.)
 The GGUF decoder runs a
-one-token step of all 30 layers in one C++ call (`decode_step`, the same arithmetic as lib.fast's Python
+one-token step of all 30 layers in one C++ call (`decode_steps`, the same arithmetic as lib.fast's Python
 step; lib.fast's float32 decoder makes the same call where it chose its "cpp" kernel, printed above), because at 135M parameters the Python and tensor bookkeeping between ~300 small operations cost as
 much as the matmuls themselves. `python benchmarks/quant.py` repeats this measurement with more paths,
 perplexity with its standard error, batch 8, and llama.cpp on the same file when it is installed.
