@@ -341,8 +341,9 @@ def _times(ms: dict) -> str:
 class FastLlama:
     """A fused, inference-only view of a `lib.model.LlamaModel` (the weights are copied once, concatenated)."""
 
-    # rows (batch x new tokens) up to which a step on a KVCache is one C++ call, where the kernel is "cpp": up
-    # to the C++ loops' crossing with oneDNN (lib.qmatmul.F32_MAX_ROWS); above, the Python step with oneDNN
+    # rows (batch x new tokens) up to which a multi-token step on a KVCache is one C++ call, where the kernel is
+    # "cpp": up to the C++ loops' crossing with oneDNN (lib.qmatmul.F32_MAX_ROWS); above, the Python step with
+    # oneDNN. One-token steps take the C++ call at any batch.
     step_max_rows = Q.F32_MAX_ROWS
 
     def __init__(self, model, dtype: torch.dtype | None = None, compile: bool = False, packed: bool | None = None,
@@ -491,7 +492,7 @@ class FastLlama:
         with torch.inference_mode():
             if t == 1 and self.graphs is not None and self.graphs.owns(cache):
                 return self.graphs.step(input_ids, cache)
-            if self._step is not None and b * t <= self.step_max_rows and type(cache) is KVCache:
+            if self._step is not None and (t == 1 or b * t <= self.step_max_rows) and type(cache) is KVCache:
                 out = self._cpp_step(input_ids, cache)
                 if out is not None:
                     return out

@@ -112,8 +112,8 @@ def test_smollm2_logits_and_64_greedy_tokens(smollm2, kernel):
 
 @pytest.mark.skipif("cpp" not in KERNELS, reason="no C++ compiler: the one-call step is C++")
 def test_the_cpp_kernel_decodes_and_verifies_in_one_call(monkeypatch):
-    """kernel="cpp": a step on lib.kv_cache's cache of up to `step_max_rows` rows (batch x new tokens) runs no
-    Python layer step at all — one-token decode steps and a multi-token verify step alike (the layer step is
+    """kernel="cpp": a one-token step on lib.kv_cache's cache (any batch), and a multi-token step of up to
+    `step_max_rows` rows (batch x new tokens), runs no Python layer step at all — decode steps and verify steps alike (the layer step is
     switched off after the prefill, and the logits are still lib.model's, for every row of a batch and every
     new position: the causal mask inside the new tokens holds); a larger step runs the Python step; a rolling
     cache takes the Python step."""
@@ -146,6 +146,13 @@ def test_the_cpp_kernel_decodes_and_verifies_in_one_call(monkeypatch):
         c_fast.truncate(12)
         torch.testing.assert_close(fast(ids[:, 12:17], c_fast), model(ids[:, 12:17], c_ref), atol=1e-4, rtol=0)
         assert len(calls) == len(fast.layers), "15 rows (over step_max_rows): the Python step, layer by layer"
+        wide = torch.randint(0, model.config.vocab_size, (16, 5), generator=torch.Generator().manual_seed(4))
+        c_wide, c_wide_ref = fast.new_cache(16, 8), model.new_cache(16, 8)
+        fast(wide[:, :4], c_wide)
+        model(wide[:, :4], c_wide_ref)
+        calls.clear()  # a one-token step of 16 rows: still one C++ call, whatever the batch
+        torch.testing.assert_close(fast(wide[:, 4:], c_wide), model(wide[:, 4:], c_wide_ref), atol=1e-4, rtol=0)
+        assert not calls, "a one-token step of a batch of 16 ran the Python layer step"
         fast._layer = python_step
         rolling = KVCache.rolling(model.config, 40, batch=3)
         fast(ids[:, :8], rolling)
