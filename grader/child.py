@@ -884,6 +884,7 @@ def _child_main(rfd, wfd, memory, sandbox, memory_kind="as"):
     from grader.fingerprint import warm
 
     warm()  # lib's fingerprints, taken before the student's code can touch lib's modules
+    observe.warm_up()  # the first observation's fixed cost, paid at start-up rather than in an exercise's time
     _CHILD = _Child(rfd, wfd, memory, sandbox)
     _CHILD.memory_kind = memory_kind
     _CHILD.guard.remember()
