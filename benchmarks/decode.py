@@ -226,7 +226,7 @@ def main() -> None:
         decode_table(engines, model, hf, tok, prompt.repeat(batch, 1), args, device, per_token, bw, roof)
     if device.type == "cpu" and args.batch == [1]:  # the optional peer: pip install -e '.[llamacpp]' (minutes)
         from quant import llama_cpp_model, llama_cpp_step  # benchmarks/quant.py
-        llm = llama_cpp_model(str(paths.MODELS_DIR / paths.SMOLLM2_FILE))
+        llm = llama_cpp_model(str(paths.MODELS_DIR / paths.SMOLLM2_FILE), n_ctx=max(args.new_tokens) + 64)
         if llm is None:
             print(f"  {'llama.cpp (Q4_1 file)':40s}  not installed: pip install -e '.[llamacpp]' adds this row")
         else:  # it reads the Q4_1 weights (~4.5x fewer bytes than fp32), so its roofline is higher than ours

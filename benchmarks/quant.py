@@ -39,13 +39,14 @@ PROMPTS = ["The history of the printing press begins",
 CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile")
 
 
-def llama_cpp_model(path: str):
-    """llama.cpp (llama-cpp-python) on the GGUF file with torch's thread count, or None when not installed."""
+def llama_cpp_model(path: str, n_ctx: int = 512):
+    """llama.cpp (llama-cpp-python) on the GGUF file with torch's thread count, or None when not installed.
+    `n_ctx`: the prompt and every token it will be asked for must fit (it stops early, not with an error)."""
     from lib.quant import llama_cpp_model as load
 
     threads = torch.get_num_threads()
     try:
-        return load(path, n_ctx=512, n_threads_batch=threads)
+        return load(path, n_ctx=n_ctx, n_threads_batch=threads)
     except ImportError:
         return None
 
