@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from grader.fingerprint import lib_name
+from grader.status import TAMPERED_TAIL
 from grader.wire import GENERATOR_STATE, TENSOR_CHANGED, apply_operation, exception_info, rebuild_exception, recv_message, send_message
 
 LIB_DIR = str(Path(__file__).resolve().parent.parent / "lib") + os.sep
@@ -331,6 +332,9 @@ class _Child:
             import grader.observe
 
             root = self.current_root
+            if other_threads():  # started before the call (at load, say) and still there: a worker waiting for work
+                self.guard.flag(root, f"had {other_threads()} thread(s) of its own running when it was observed: "
+                                      + SPAWNED.split("(", 1)[1].rstrip(")"))
             grader.observe.EVENT_HOOK = lambda frame, event, arg: self.guard.event(root, frame, event, arg)
             try:
                 with self.watch(profile=False):
@@ -454,7 +458,7 @@ class _Child:
         for name in names:
             tampered = self.guard.reasons(name)
             if tampered:
-                found[name] = f"`{name}` {tampered[0]} — the grader judges its result only when it is left alone"
+                found[name] = f"`{name}` {tampered[0]} — {TAMPERED_TAIL}"
                 continue
             obj = self.module.__dict__.get(name) if self.module is not None else None
             if obj is None:
@@ -688,6 +692,17 @@ def _same(a, b) -> bool:
 
 # --- what the notebook's code may not do to the grader in its process -----------------------------------------
 
+SPAWNED = ("started a thread or a process (the checks watch the thread that runs the graded code: a forbidden op or "
+           "a whole score matrix computed elsewhere goes unseen, so the result cannot be judged; compute on the "
+           "calling thread)")
+
+
+def other_threads() -> int:
+    """How many Python threads other than this one the process has (sys._current_frames sees threads started any
+    way, `threading` or not)."""
+    return len(sys._current_frames()) - 1
+
+
 class _Guard:
     """Second line behind `grader.view` (which keeps the answers out of this process): the notebook's code must not
     switch off the watching (`sys.setprofile`), pop the checks' dispatch modes, walk the garbage collector to the
@@ -708,6 +723,22 @@ class _Guard:
             fn = getattr(torch._C, name, None)
             if fn is not None:
                 self.watched_c[id(fn)] = f"called torch._C.{name} (the checks observe through a dispatch mode)"
+        # Threads and processes: a torch dispatch mode, the profiler and the memory meter watch the thread that
+        # calls the graded code, so work handed to another thread (or a forked process) runs unseen — a forbidden
+        # op, a whole score matrix. Whoever calls these (the notebook's code, or threading/subprocess/
+        # multiprocessing on its behalf) while a check runs the notebook's code, or while its cells load, starts one.
+        import _posixsubprocess
+        import _thread
+
+        self.spawners = set()
+        for module, names in ((_thread, ("start_new_thread", "start_new", "start_joinable_thread")),
+                              (os, ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system")),
+                              (_posixsubprocess, ("fork_exec",))):
+            for name in names:
+                fn = getattr(module, name, None)
+                if fn is not None:
+                    self.watched_c[id(fn)] = SPAWNED
+                    self.spawners.add(id(fn))
         self.watched_code = {}
         for fn, label in ((threading.setprofile, "called threading.setprofile"),
                           (threading.settrace, "called threading.settrace")):
@@ -753,7 +784,7 @@ class _Guard:
                 self.flag(root, label)
         elif event == "c_call":
             label = self.watched_c.get(id(arg))
-            if label is not None and self.student(frame):
+            if label is not None and (id(arg) in self.spawners or self.student(frame)):
                 self.flag(root, label)
 
     def reasons(self, name) -> list[str]:

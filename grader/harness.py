@@ -29,6 +29,7 @@ from pathlib import Path
 
 from grader.notebook import (ExerciseMissing, NotImplementedYet, ReferenceUse, exercise_cells, exercise_module,
                              read_notebook)
+from grader.status import TAMPERED_TAIL
 
 
 def _session_of(args, kwargs):
@@ -111,9 +112,11 @@ class Week:
                         session.end_check()
                 used = _reference_use(name, args, kwargs)
                 if used:
-                    raise ReferenceUse(
-                        f"exercise {number}, `{name}`: {used}. The check passed, but on lib's implementation, "
-                        f"not yours: write `{name}` yourself (lib/ is the answer key).")
+                    tail = (f"The check passed, but on lib's implementation, not yours: write `{name}` yourself "
+                            f"(lib/ is the answer key)." if not used.endswith(TAMPERED_TAIL) else
+                            "Its numbers do not count: let the graded code run as plain code, on the thread that "
+                            "calls it, with the grader's watch left as it is.")
+                    raise ReferenceUse(f"exercise {number}, `{name}`: {used}. {tail}")
                 return result
 
             wrapper.exercise = (self.number, number, name)

@@ -60,7 +60,7 @@ from pathlib import Path
 
 from grader.processes import is_subreaper, pids_cgroup, remove_cgroup, process_start_time, become_subreaper, kill_tree
 from grader.proxy import ChildProxy, autograd_function_of
-from grader.status import (DEFAULT_BUDGET, DEFAULT_CALL_TIMEOUT, DEFAULT_CPU, DEFAULT_EXERCISE_TIMEOUT,
+from grader.status import (TAMPERED_TAIL, DEFAULT_BUDGET, DEFAULT_CALL_TIMEOUT, DEFAULT_CPU, DEFAULT_EXERCISE_TIMEOUT,
                             DEFAULT_MEMORY, limits, one_line)
 from grader.similarity import similar_to_reference
 from grader.view import ViewSpec, build_view, readable_paths
@@ -599,7 +599,7 @@ class Session:
         for name in names:
             whys = self.tampered.get(name, []) + self.tampered.get(None, []) + self.tampered.get("*", [])
             if whys and name not in found:
-                found[name] = f"`{name}` {whys[0]} — the grader judges a result only when the code left it alone"
+                found[name] = f"`{name}` {whys[0]} — {TAMPERED_TAIL}"
         if self.dead is not None:
             return found
         try:

@@ -45,6 +45,9 @@ def status_files(root: str | Path) -> list[tuple[str, str]]:
 
 DEFAULT_CALL_TIMEOUT = 60.0  # seconds of silence from the child in one call
 DEFAULT_BUDGET = 900.0  # seconds for a whole notebook
+# How a verdict of the student's process's guard ends (grader.child, grader.isolation): the harness words its
+# message for it (the code tampered with the watching; not "lib's implementation").
+TAMPERED_TAIL = "the grader judges a result only when the code left it alone"
 DEFAULT_EXERCISE_TIMEOUT = 180.0  # seconds of the student's code per graded test (autograde), summed over its calls
 DEFAULT_MEMORY = 4 << 30  # bytes of address space the child may add after importing torch
 DEFAULT_CPU = 600  # CPU seconds for one child

@@ -256,11 +256,76 @@ def test_pytest_path_is_isolated_too(course_root, tmp_path):
         checks.check_causal_mask(ex.causal_mask)
     checks.check_step_flops(ex.step_flops)  # a fresh child for the next exercise
 
+    # Work handed to another thread or process runs where the checks' dispatch mode and profiler do not watch: a
+    # forbidden op there would go unseen, so starting one while graded is a verdict, as is a worker left running.
+    for route, source in _ELSEWHERE.items():
+        path.write_text(json.dumps(_edit(honest, "gqa_attention", _SDPA_ROUTE + source)))
+        ex = load_exercises(path)
+        with pytest.raises(AssertionError, match="started a thread or a process|thread\\(s\\) of its own running"):
+            checks.check_gqa_attention(ex.gqa_attention)
+        if route == "worker_at_load":  # started while the cells loaded: every exercise's verdict
+            with pytest.raises(AssertionError, match="thread"):
+                checks.check_causal_mask(ex.causal_mask)
+        else:
+            checks.check_causal_mask(ex.causal_mask)
+        ex.close()
+
     path.write_text(json.dumps(crafted["reference_import"][0]))
     ex = load_exercises(path, week=checks.WEEK)
     with pytest.raises(AssertionError, match="lib.masks.causal_mask is not available to your code while this week "
                                              "is graded: it is the answer to week 16's exercise 2"):
         checks.check_causal_mask(ex.causal_mask)
+
+
+# gqa_attention by torch's fused attention (forbidden), run elsewhere than the thread the checks watch.
+_SDPA_ROUTE = """
+def _sdpa(q, k, v, causal):
+    import torch, torch.nn.functional as F
+    g = q.shape[1] // k.shape[1]
+    kk, vv = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    i = torch.arange(q.shape[2], device=q.device)[:, None] + (kk.shape[2] - q.shape[2])
+    mask = torch.arange(kk.shape[2], device=q.device)[None, :] <= i if causal else None
+    return F.scaled_dot_product_attention(q.float(), kk.float(), vv.float(), attn_mask=mask).to(q.dtype)
+"""
+_ELSEWHERE = {
+    "thread": """
+import threading
+def gqa_attention(q, k, v, causal=True):
+    box = []
+    t = threading.Thread(target=lambda: box.append(_sdpa(q, k, v, causal)))
+    t.start(); t.join()
+    return box[0]
+""",
+    "raw_thread": """
+import _thread, time
+def gqa_attention(q, k, v, causal=True):
+    box = []
+    _thread.start_new_thread(lambda: box.append(_sdpa(q, k, v, causal)), ())
+    while not box:
+        time.sleep(0.001)
+    return box[0]
+""",
+    "worker_at_load": """
+import threading, queue
+_jobs, _done = queue.Queue(), queue.Queue()
+threading.Thread(target=lambda: [_done.put(_sdpa(*_jobs.get())) for _ in iter(int, 1)], daemon=True).start()
+def gqa_attention(q, k, v, causal=True):
+    _jobs.put((q, k, v, causal))
+    return _done.get()
+""",
+    "fork": """
+import os, pickle
+def gqa_attention(q, k, v, causal=True):
+    r, w = os.pipe()
+    if os.fork() == 0:
+        os.write(w, pickle.dumps(_sdpa(q, k, v, causal)))
+        os._exit(0)
+    os.close(w)
+    data = b"".join(iter(lambda: os.read(r, 1 << 20), b""))
+    os.wait()
+    return pickle.loads(data)
+""",
+}
 
 
 # Started by an exercise cell when it loads: each process carries `MARKER` and its kind in its argv.
