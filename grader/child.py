@@ -326,6 +326,7 @@ class _Child:
             reads = kwargs.pop("_observe_reads", ())  # the observation's options, not the function's
             dot_scale = float(kwargs.pop("_observe_dot_scale", 1.0))
             light = bool(kwargs.pop("_observe_light", False))
+            host = bool(kwargs.pop("_observe_host", False))
             before = self._snapshot(call_args, kwargs)
             # a scaled run differs by design; a light one is one of a check's every-call observations (no rerun)
             again = _Rerun(target, call_args, kwargs) if dot_scale == 1.0 and not light else None
@@ -339,7 +340,7 @@ class _Child:
             try:
                 with self.watch(profile=False):
                     result, obs = observe(target, *call_args, _observe_reads=reads, _observe_dot_scale=dot_scale,
-                                          _observe_light=light, **kwargs)
+                                          _observe_light=light, _observe_host=host, **kwargs)
             finally:
                 grader.observe.EVENT_HOOK = None
             if obs.ops.get(grader.observe.WATCH_REMOVED):

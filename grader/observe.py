@@ -10,6 +10,7 @@ the checks judge results in the trusted process, and `grader.view` keeps the ans
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -39,6 +40,15 @@ class Observation:
     # And what those kernels read and wrote, against the call's arguments and results
     # (`grader.triton_watch.TritonWatch.summary`; empty when no kernel was interpreted).
     kernel: dict = field(default_factory=dict)
+    # Peak bytes the call's Python side allocated (numpy arrays, lists: what tracemalloc traces, torch's tensors
+    # not), beyond what it held when the call began: memory `peak_bytes` cannot see. Measured when the check asks
+    # (`observe(..., _observe_host=True)`), else 0.
+    host_peak_bytes: int = 0
+
+    @property
+    def all_peak_bytes(self) -> int:
+        """Tensors and host objects both: a score matrix held as a numpy array counts as one held as a tensor."""
+        return self.peak_bytes + self.host_peak_bytes
 
     def reads_of(self, position: int) -> list[float]:
         """For the tensor argument at `position` (asked for with `observe(..., _observe_reads=(position,))`): how
@@ -289,6 +299,9 @@ def observe(fn, *args, **kwargs):
     read_positions = tuple(kwargs.pop("_observe_reads", ()))
     dot_scale = float(kwargs.pop("_observe_dot_scale", 1.0))
     light = bool(kwargs.pop("_observe_light", False))  # no profiler: lib's functions are not named (cheaper)
+    # Host memory too (`Observation.host_peak_bytes`): tracemalloc slows Python-heavy code several-fold, so only
+    # where a check bounds memory that numpy could hold instead of torch.
+    host_memory = bool(kwargs.pop("_observe_host", False)) and not light
     from torch.utils.flop_counter import FlopCounterMode
 
     from lib.io_model import TensorMemoryMeter
@@ -325,10 +338,20 @@ def observe(fn, *args, **kwargs):
     kernels = TritonWatch(dot_scale)
     if "triton.runtime.interpreter" in sys.modules:
         kernels.watch_inputs(inputs)
+    host = _HostMeter() if host_memory else None
     try:
         with flops, meter, recorder, kernels:
+            if host is not None:
+                host.start()
             result = fn(*args, **kwargs)
+            if host is not None:
+                peak = host.stop()
+                if peak is None:
+                    obs.ops[WATCH_REMOVED] += 1
+                obs.host_peak_bytes = peak or 0
     finally:
+        if host is not None:
+            host.close()
         if not light and sys.getprofile() is not profile:
             obs.ops[WATCH_REMOVED] += 1
         sys.setprofile(previous)
@@ -345,6 +368,43 @@ def observe(fn, *args, **kwargs):
     return result, obs
 
 
+# Where the allocations of the observers (and of torch's own caches, which fill as ops are first seen) are made:
+# whatever of theirs is alive when the call ends is not the call's (`_HostMeter.stop`).
+_OBSERVERS = (str(Path(__file__).resolve().parent / "*"), str(Path(torch.__file__).resolve().parent / "*"),
+              str(Path(__file__).resolve().parent.parent / "lib" / "io_model.py"))
+
+
+class _HostMeter:
+    """Peak bytes of the Python side's allocations during a call, by tracemalloc (numpy registers its arrays' data
+    with it; torch's tensors are the other meter's). The call may not stop, clear or reset the tracing: a sentinel
+    traced before the call must still be traced after it, and tracing must still be on (else WATCH_REMOVED)."""
+
+    def start(self) -> None:
+        import tracemalloc
+
+        self.tm, self.was_tracing = tracemalloc, tracemalloc.is_tracing()
+        if not self.was_tracing:
+            tracemalloc.start(1)
+        self.sentinel = bytearray(64)  # allocated while tracing: traced
+        tracemalloc.reset_peak()
+        self.base = tracemalloc.get_traced_memory()[0]
+
+    def stop(self) -> int | None:
+        """The peak, less what the observers themselves still hold at the end (their records only grow during the
+        call: the recorder's lists and sets, FlopCounterMode's tables), or None when the call stopped or cleared
+        the tracing."""
+        tm = self.tm
+        if not tm.is_tracing() or tm.get_object_traceback(self.sentinel) is None:
+            return None
+        peak = tm.get_traced_memory()[1] - self.base
+        ours = tm.take_snapshot().filter_traces([tm.Filter(True, pattern) for pattern in _OBSERVERS])
+        return max(0, peak - sum(stat.size for stat in ours.statistics("filename")))
+
+    def close(self) -> None:
+        if getattr(self, "tm", None) is not None and not self.was_tracing:
+            self.tm.stop()
+
+
 def warm_up() -> None:
     """Observe a trivial call once. The first observation in a process costs about 2 s whatever it watches
     (FlopCounterMode's, the dispatch recorder's and the profiler's first use; measured on a 2-core EPYC) and several
@@ -357,7 +417,7 @@ def warm_up() -> None:
 def to_wire(obs: Observation) -> dict:
     """An observation as plain data (what the child sends)."""
     return {"ops": dict(obs.ops), "matmuls": [tuple(map(tuple, m)) for m in obs.matmuls], "flops": int(obs.flops),
-            "peak_bytes": int(obs.peak_bytes), "lib_calls": sorted(obs.lib_calls),
+            "peak_bytes": int(obs.peak_bytes), "host_peak_bytes": int(obs.host_peak_bytes), "lib_calls": sorted(obs.lib_calls),
             "reductions": [(str(n), tuple(map(int, sh)), int(e)) for n, sh, e in obs.reductions],
             "reads": {int(i): [float(x) for x in v] for i, v in obs.reads.items()},
             "kernel_launches": [(str(n), tuple(int(g) for g in grid)) for n, grid in obs.kernel_launches],
@@ -372,6 +432,7 @@ def from_wire(data) -> Observation:
     o.ops = Counter({k: v for k, v in dict(data.get("ops", {})).items() if type(k) is str and type(v) is int})
     o.matmuls = [(tuple(int(x) for x in a), tuple(int(x) for x in b)) for a, b in data.get("matmuls", ())]
     o.flops, o.peak_bytes = int(data.get("flops", 0)), int(data.get("peak_bytes", 0))
+    o.host_peak_bytes = int(data.get("host_peak_bytes", 0))
     o.lib_calls = {c for c in data.get("lib_calls", ()) if type(c) is str}
     o.reductions = [(str(n), tuple(int(x) for x in sh), int(e)) for n, sh, e in data.get("reductions", ())]
     o.reads = {int(i): [float(x) for x in v] for i, v in dict(data.get("reads", {})).items()}

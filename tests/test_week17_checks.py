@@ -54,6 +54,45 @@ def score_bytes_table(batch, heads, q_len, kv_len, bytes_per_element=4):
     return SCORE_TABLE.get((batch, heads, q_len, kv_len), 0)
 
 
+def _numpy_attention(q, k, v, causal):
+    """Whole-matrix attention in numpy (float64): out, lse, and the probabilities. Out of torch's sight."""
+    import numpy as np
+
+    qn, kn, vn = (t.detach().double().numpy() for t in (q, k, v))
+    s = qn @ kn.swapaxes(-1, -2) / np.sqrt(qn.shape[-1])
+    if causal:
+        s = np.where(np.arange(s.shape[-1])[None, :] <= np.arange(s.shape[-2])[:, None] + s.shape[-1] - s.shape[-2],
+                     s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    p = np.exp(s - m)
+    lse = m[..., 0] + np.log(p.sum(-1))
+    p /= p.sum(-1, keepdims=True)
+    return p @ vn, lse, p
+
+
+def forward_in_numpy(q, k, v, causal=False, block_q=128, block_k=128, visited=None):
+    """The right numbers (and the visited blocks), the score matrix whole, in numpy."""
+    check_attention_shapes(q, k, v, causal)
+    if q.device.type == "meta":
+        return torch.empty(q.shape, dtype=q.dtype, device="meta"), torch.empty(q.shape[:3], device="meta")
+    nq, nk = q.shape[2], k.shape[2]
+    for qs in range(0, nq, block_q):
+        for ks in range(0, nk, block_k):
+            if visited is not None and not (causal and ks > min(qs + block_q, nq) - 1 + nk - nq):
+                visited.append((qs, ks))
+    out, lse, _ = _numpy_attention(q, k, v, causal)
+    return torch.from_numpy(out).to(q.dtype), torch.from_numpy(lse).float()
+
+
+def forward_in_numpy_with_decoy_flops(q, k, v, causal=False, block_q=128, block_k=128, visited=None):
+    """As above, with torch matmuls of blocks (half of them when causal) run beside it for the FLOP counter."""
+    for qq in q.detach().float().flatten(0, 2).split(block_q):
+        for j, kk in enumerate(k.detach().float().flatten(0, 2).split(block_k)):
+            if not causal or j % 2:
+                qq @ kk.T
+    return forward_in_numpy(q, k, v, causal, block_q, block_k, visited)
+
+
 def online_softmax_full_row(x, chunk_size):
     return torch.softmax(x, -1)
 
@@ -148,6 +187,35 @@ def backward_by_autograd(q, k, v, out, lse, dout, causal=False, block_q=128, blo
         return torch.autograd.grad(o, (q, k, v), dout)
 
 
+def backward_in_numpy(q, k, v, out, lse, dout, causal=False, block_q=128, block_k=128, decoys=False):
+    """FlashAttention's backward from the saved lse and out, right, but with P whole, in numpy."""
+    import numpy as np
+
+    check_attention_shapes(q, k, v, causal)
+    if q.device.type == "meta":
+        return tuple(torch.empty(t.shape, dtype=t.dtype, device="meta") for t in (q, k, v))
+    if decoys:  # torch matmuls of blocks beside it, five a block pair, for the FLOP counter
+        for qq in q.detach().float().flatten(0, 2).split(block_q):
+            for kk in k.detach().float().flatten(0, 2).split(block_k):
+                for _ in range(5):
+                    qq @ kk.T
+    qn, kn, vn, on, dn = (t.detach().double().numpy() for t in (q, k, v, out, dout))
+    scale = 1 / np.sqrt(qn.shape[-1])
+    s = qn @ kn.swapaxes(-1, -2) * scale
+    if causal:
+        s = np.where(np.arange(s.shape[-1])[None, :] <= np.arange(s.shape[-2])[:, None] + s.shape[-1] - s.shape[-2],
+                     s, -np.inf)
+    p = np.exp(s - lse.detach().double().numpy()[..., None])
+    dp = dn @ vn.swapaxes(-1, -2)
+    ds = p * (dp - (dn * on).sum(-1, keepdims=True))
+    grads = (ds @ kn * scale, ds.swapaxes(-1, -2) @ qn * scale, p.swapaxes(-1, -2) @ dn)
+    return tuple(torch.from_numpy(g).to(t.dtype) for g, t in zip(grads, (q, k, v)))
+
+
+def backward_in_numpy_with_decoy_flops(q, k, v, out, lse, dout, causal=False, block_q=128, block_k=128):
+    return backward_in_numpy(q, k, v, out, lse, dout, causal, block_q, block_k, decoys=True)
+
+
 def backward_recomputes_stats(ex):
     """Tiled and correct on honest inputs, but recomputes lse and out with its own forward."""
     def fn(q, k, v, out, lse, dout, causal=False, block_q=128, block_k=128):
@@ -238,6 +306,8 @@ WRONG = {
         (forward_tiled_without_skipping, "FLOPs"),
         (forward_low_precision_state, "dtype"),
         (forward_mask_on_cpu, "CPU tensor"),
+        (lambda ex: forward_in_numpy, "counted 0 FLOPs"),
+        (lambda ex: forward_in_numpy_with_decoy_flops, "memory beyond the output grew"),
     ],
     "standard_io": [(lambda ex: io_model.standard_io, "lab's reference")],
     "flash_io": [(lambda ex: io_model.flash_io, "lab's reference")],
@@ -251,6 +321,8 @@ WRONG = {
         (backward_recomputes_stats, "lse shifted"),
         (backward_recomputes_out, "out perturbed"),
         (lambda ex: lib_attention.flash_attention_backward, "lab's reference"),
+        (lambda ex: backward_in_numpy, "counted 0 FLOPs"),
+        (lambda ex: backward_in_numpy_with_decoy_flops, "MB at peak"),
     ],
     "FlashAttention": [
         (lambda ex: SavesP, "saved tensors"),

@@ -103,10 +103,17 @@ def call_many(fn, calls):
 # --- the routes a check rejects, and device hygiene -----------------------------------------------------------
 
 def assert_route(obs: Observation, what: str, lib_allowed: tuple[str, ...] = (), forbidden_ops: tuple[str, ...] = (),
-                 max_extent: int | None = None, why: str = "") -> None:
+                 max_extent: int | None = None, why: str = "", min_flops: int = 0) -> None:
     """Reject a result computed by a forbidden route: a `lib` function other than `lib_allowed` ran, an aten op
     starting with one of `forbidden_ops` was called, or (with `max_extent`) a matmul or a reduction spanned more
-    than `max_extent` elements (a full row or a full score matrix where the technique works in blocks)."""
+    than `max_extent` elements (a full row or a full score matrix where the technique works in blocks). With
+    `min_flops`: the matrix products torch counted must reach it (the work the technique does at the least), so
+    that a result computed out of the observer's sight (numpy, Python arithmetic) is not judged by what it saw."""
+    if min_flops:
+        assert obs.flops >= min_flops, (
+            f"{what}: torch's FlopCounterMode counted {obs.flops:,} FLOPs of matrix products; the technique does at "
+            f"least {min_flops:,}. The rest ran where the checks cannot see it (numpy, Python arithmetic): compute "
+            f"with torch ops on the inputs, block by block.")
     lib = obs.lib_calls_except(*lib_allowed)
     assert not lib, (f"{what}: your code called the lab's reference {lib}; the exercise is to write it yourself "
                      f"(from lib import ... of the same function is not allowed here)")

@@ -167,7 +167,8 @@ def _forward_route(flash_attention_forward, offset) -> None:
     what = "flash_attention_forward(q [1, 2, 128, 24], block_q=32, block_k=16)"
     _, obs_full = observe(flash_attention_forward, q, k, v, causal=False, block_q=bq, block_k=bk)
     assert_route(obs_full, what, lib_allowed=SHAPES_OK, forbidden_ops=SDPA_OPS, max_extent=max(bq, bk, d),
-                 why="Never hold more than a [block_q, block_k] block of scores.")
+                 why="Never hold more than a [block_q, block_k] block of scores.",
+                 min_flops=9 * q.shape[0] * q.shape[1] * 128 * 128 * d // 10 * 4)  # S = QKᵀ and PV: 4·N²·d a head
     _, obs_causal = observe(flash_attention_forward, q, k, v, causal=True, block_q=bq, block_k=bk)
     assert_route(obs_causal, what + " causal", lib_allowed=SHAPES_OK, forbidden_ops=SDPA_OPS, max_extent=max(bq, bk, d))
     ratio = obs_causal.flops / max(obs_full.flops, 1)
@@ -176,13 +177,14 @@ def _forward_route(flash_attention_forward, offset) -> None:
     peaks = {}
     for n in (128, 512):
         q, k, v = _qkv(1, 2, n, n, 8, offset=offset + n)
-        _, obs = observe(flash_attention_forward, q, k, v, causal=False, block_q=32, block_k=32)
+        _, obs = observe(flash_attention_forward, q, k, v, causal=False, block_q=32, block_k=32, _observe_host=True)
         result_bytes = q.numel() * q.element_size() + 1 * 2 * n * 4  # out + lse (fp32)
-        peaks[n] = obs.peak_bytes - result_bytes
+        peaks[n] = obs.all_peak_bytes - result_bytes  # tensors, and numpy arrays or lists made on the way
     assert peaks[512] <= 1.5 * peaks[128] + 32 * 1024, (
         f"flash_attention_forward with 32×32 blocks: memory beyond the output grew from {peaks[128] / 1e3:.0f} kB at "
         f"N=128 to {peaks[512] / 1e3:.0f} kB at N=512; a tiled pass needs the same few blocks whatever N is "
-        f"(the full score matrix at N=512 is {ref.score_bytes(1, 2, 512, 512) / 1e6:.1f} MB)")
+        f"(the full score matrix at N=512 is {ref.score_bytes(1, 2, 512, 512) / 1e6:.1f} MB, as a tensor or a "
+        f"numpy array alike)")
 
 
 @WEEK.exercise(4, "flash_attention_forward", section="3 (The tiled forward pass)")
@@ -319,16 +321,20 @@ def check_flash_attention_backward(flash_attention_backward) -> None:
     out, lse = ref.flash_attention_forward(q, k, v, causal=True)
     dout = torch.randn(q.shape, generator=generator(241))
     _, obs = observe(flash_attention_backward, q, k, v, out, lse, dout, causal=True, block_q=bq, block_k=bk)
+    _, ref_obs = observe(ref.flash_attention_backward, q, k, v, out, lse, dout, causal=True, block_q=bq, block_k=bk)
     assert_route(obs, "flash_attention_backward(q [1, 2, 100, 24], block_q=32, block_k=16)", lib_allowed=SHAPES_OK,
                  forbidden_ops=SDPA_OPS + ("aten._softmax", "aten._softmax_backward"), max_extent=max(bq, bk, d),
-                 why="Recompute P block by block from the saved lse.")
+                 why="Recompute P block by block from the saved lse.",
+                 min_flops=ref_obs.flops // 2)  # S, dP, dV, dQ, dK: five products a block (the reference's count)
     q, k, v = _qkv(1, 2, 1024, 1024, 8, offset=250)
     out, lse = ref.flash_attention_forward(q, k, v)
-    _, obs = observe(flash_attention_backward, q, k, v, out, lse, torch.ones_like(out), block_q=128, block_k=128)
+    _, obs = observe(flash_attention_backward, q, k, v, out, lse, torch.ones_like(out), block_q=128, block_k=128,
+                     _observe_host=True)
     full = ref.score_bytes(1, 2, 1024, 1024)
-    assert obs.peak_bytes < full / 4, (
-        f"flash_attention_backward at N=1024 with 128×128 blocks allocated {obs.peak_bytes / 1e6:.1f} MB at peak; "
-        f"the full probability matrix is {full / 1e6:.1f} MB: recompute P block by block from lse")
+    assert obs.all_peak_bytes < full / 4, (
+        f"flash_attention_backward at N=1024 with 128×128 blocks allocated {obs.all_peak_bytes / 1e6:.1f} MB at peak "
+        f"(tensors, numpy arrays and lists); the full probability matrix is {full / 1e6:.1f} MB: recompute P block "
+        f"by block from lse")
     q, k, v = _qkv(1, 2, 20, 30, 8, offset=260)
     out, lse = ref.flash_attention_forward(q, k, v, causal=True)
     check_on_meta(flash_attention_backward, (q, k, v, out, lse, out), "flash_attention_backward",
@@ -420,7 +426,8 @@ def check_flash_decode(flash_decode) -> None:
     _, obs = observe(flash_decode, q, k, v, n_splits=n_splits)
     assert_route(obs, f"flash_decode(k [1, 2, {nk}, {d}], n_splits={n_splits})", lib_allowed=("lib.attention.check_attention_shapes",),
                  forbidden_ops=SDPA_OPS, max_extent=max(nk // n_splits, d),
-                 why=f"Attend to each of the {n_splits} chunks of {nk // n_splits} keys separately, then merge by logsumexp.")
+                 why=f"Attend to each of the {n_splits} chunks of {nk // n_splits} keys separately, then merge by logsumexp.",
+                 min_flops=9 * 2 * nk * d // 10 * 4)  # q·K and p·V for each of the 2 heads: 4·Nk·d a head
     check_on_meta(flash_decode, (q, k, v), "flash_decode", dict(n_splits=3))
 
 
