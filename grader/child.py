@@ -912,7 +912,7 @@ def _child_main(rfd, wfd, memory, sandbox, memory_kind="as"):
     import lib  # noqa: F401
     from grader import notebook  # noqa: F401
 
-    from grader import observe  # noqa: F401  (the guard remembers its code)
+    from grader import observe  # the guard remembers its code; warm_up below
     from grader.fingerprint import warm
 
     warm()  # lib's fingerprints, taken before the student's code can touch lib's modules
