@@ -333,9 +333,9 @@ class _Child:
             import grader.observe
 
             root = self.current_root
-            if other_threads():  # started before the call (at load, say) and still there: a worker waiting for work
-                self.guard.flag(root, f"had {other_threads()} thread(s) of its own running when it was observed: "
-                                      + SPAWNED.split("(", 1)[1].rstrip(")"))
+            running = other_threads()  # started before the call (at load, say) and still there: a worker
+            if running:
+                self.guard.flag(root, f"had {running} thread(s) of its own running when it was observed: {_ELSEWHERE}")
             grader.observe.EVENT_HOOK = lambda frame, event, arg: self.guard.event(root, frame, event, arg)
             try:
                 with self.watch(profile=False):
@@ -693,9 +693,9 @@ def _same(a, b) -> bool:
 
 # --- what the notebook's code may not do to the grader in its process -----------------------------------------
 
-SPAWNED = ("started a thread or a process (the checks watch the thread that runs the graded code: a forbidden op or "
-           "a whole score matrix computed elsewhere goes unseen, so the result cannot be judged; compute on the "
-           "calling thread)")
+_ELSEWHERE = ("the checks watch the thread that runs the graded code: a forbidden op or a whole score matrix computed "
+              "elsewhere goes unseen, so the result cannot be judged; compute on the calling thread")
+SPAWNED = f"started a thread or a process ({_ELSEWHERE})"
 
 
 def other_threads() -> int:

@@ -10,9 +10,9 @@ the checks judge results in the trusted process, and `grader.view` keeps the ans
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 

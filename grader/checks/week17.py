@@ -168,7 +168,7 @@ def _forward_route(flash_attention_forward, offset) -> None:
     _, obs_full = observe(flash_attention_forward, q, k, v, causal=False, block_q=bq, block_k=bk)
     assert_route(obs_full, what, lib_allowed=SHAPES_OK, forbidden_ops=SDPA_OPS, max_extent=max(bq, bk, d),
                  why="Never hold more than a [block_q, block_k] block of scores.",
-                 min_flops=9 * q.shape[0] * q.shape[1] * 128 * 128 * d // 10 * 4)  # S = QKᵀ and PV: 4·N²·d a head
+                 min_flops=int(0.9 * 4 * q.shape[0] * q.shape[1] * 128 * 128 * d))  # QKᵀ and PV: 4·N²·d a head
     _, obs_causal = observe(flash_attention_forward, q, k, v, causal=True, block_q=bq, block_k=bk)
     assert_route(obs_causal, what + " causal", lib_allowed=SHAPES_OK, forbidden_ops=SDPA_OPS, max_extent=max(bq, bk, d))
     ratio = obs_causal.flops / max(obs_full.flops, 1)
@@ -427,7 +427,7 @@ def check_flash_decode(flash_decode) -> None:
     assert_route(obs, f"flash_decode(k [1, 2, {nk}, {d}], n_splits={n_splits})", lib_allowed=("lib.attention.check_attention_shapes",),
                  forbidden_ops=SDPA_OPS, max_extent=max(nk // n_splits, d),
                  why=f"Attend to each of the {n_splits} chunks of {nk // n_splits} keys separately, then merge by logsumexp.",
-                 min_flops=9 * 2 * nk * d // 10 * 4)  # q·K and p·V for each of the 2 heads: 4·Nk·d a head
+                 min_flops=int(0.9 * 4 * 2 * nk * d))  # q·K and p·V for each of the 2 heads: 4·Nk·d a head
     check_on_meta(flash_decode, (q, k, v), "flash_decode", dict(n_splits=3))
 
 
