@@ -345,6 +345,13 @@ class _Child:
                 grader.observe.EVENT_HOOK = None
             if obs.ops.get(grader.observe.WATCH_REMOVED):
                 self.guard.flag(root, "switched off the grader's watch of its calls while it was observed")
+            if obs.ops.get(grader.observe.DISPATCH_OFF):
+                self.guard.flag(root, "ran code with torch's dispatch to the checks' observers switched off (the "
+                                      "Python dispatch key excluded or dropped): what ran then went unseen")
+            own = sorted(k.split()[-1] for k in obs.ops if k.startswith(grader.observe.OWN_OPERATOR + " "))
+            if own:
+                self.guard.flag(root, f"ran an operator it registered itself ({', '.join(own[:3])}, torch.library): "
+                                      f"what its kernel computes is out of the checks' sight")
             self.lib_seen.setdefault(self.current_root, set()).update(obs.lib_calls)
             copied = self._copied(call_args, kwargs, before)
             with self.watch():
@@ -696,6 +703,47 @@ def _same(a, b) -> bool:
 _ELSEWHERE = ("the checks watch the thread that runs the graded code: a forbidden op or a whole score matrix computed "
               "elsewhere goes unseen, so the result cannot be judged; compute on the calling thread")
 SPAWNED = f"started a thread or a process ({_ELSEWHERE})"
+REGISTERED = ("registered an operator or a kernel with torch.library: it runs inside the dispatch modes' handlers, "
+              "out of the sight of the modes the checks observe through")
+_TORCH_LIBRARY = tuple(str(Path(__import__("torch").__file__).parent / part) for part in ("library.py", "_library" + os.sep))
+DISPATCH_GUARD = ("made one of torch._C's dispatch-key guards, which hide torch's operations from the dispatch modes "
+                  "the checks observe through")
+# torch._C's types that change which dispatch keys run (each hides ops from a TorchDispatchMode, measured on torch
+# 2.13, or can: a forced or preserved key set)
+DISPATCH_GUARDS = ("_DisableTorchDispatch", "ExcludeDispatchKeyGuard", "_ExcludeDispatchKeyGuard",
+                   "_SetExcludeDispatchKeyGuard", "_ForceDispatchKeyGuard", "_IncludeDispatchKeyGuard",
+                   "_PreserveDispatchKeyGuard", "_RestorePythonTLSSnapshot", "_EnablePreDispatch")
+
+
+REDISPATCHED = "redispatched an operator below the dispatch modes the checks observe through"
+
+
+def _traced(fn):
+    def call(*args, **kwargs):
+        return fn(*args, **kwargs)
+    return call
+
+
+def _guarded_redispatch(self, *args, **kwargs):
+    return type(self)._grader_redispatch(self, *args, **kwargs)
+
+
+def _guarded_init(self, *args, **kwargs):
+    return type(self)._grader_init(self, *args, **kwargs)
+
+
+def _guarded_enter(self, *args):
+    return type(self)._grader_enter(self, *args)
+
+
+def _guard_type(cls) -> None:
+    """Route `cls`'s construction (and `with`) through Python code the child's profiler sees (`_Guard`)."""
+    cls._grader_init = vars(cls)["__init__"]
+    cls.__init__ = _guarded_init
+    if "__enter__" in vars(cls):
+        cls._grader_enter = vars(cls)["__enter__"]
+        cls.__enter__ = _guarded_enter
+    cls._grader_guarded = True
 
 
 def other_threads() -> int:
@@ -719,11 +767,26 @@ class _Guard:
         self.flags: dict = {}
         self.watched_c = {}
 
-        for name in ("_pop_torch_dispatch_mode", "_set_dispatch_mode", "_unset_dispatch_mode",
-                     "_push_on_torch_dispatch_stack"):
+        for name in ("_pop_torch_dispatch_stack", "_pop_torch_dispatch_mode", "_set_dispatch_mode",
+                     "_unset_dispatch_mode", "_push_on_torch_dispatch_stack", "_dispatch_tls_set_dispatch_key_excluded",
+                     "_dispatch_tls_set_dispatch_key_included", "_disabled_torch_dispatch_impl"):
             fn = getattr(torch._C, name, None)
             if fn is not None:
                 self.watched_c[id(fn)] = f"called torch._C.{name} (the checks observe through a dispatch mode)"
+        # torch.library (custom_op, Library(...).define/impl): an operator or a kernel of the notebook's own runs
+        # inside the dispatch modes' handlers, where they are popped: what it computes goes unseen. Asked for by
+        # the notebook's code through torch.library's functions (see `event`).
+        self.registrar = None
+        library = getattr(torch._C, "_dispatch_library", None)
+        if library is not None:
+            self.registrar = id(library)
+            self.watched_c[id(library)] = REGISTERED
+        # Running an operator below the dispatch modes: OpOverload.redispatch and the handle's redispatch_boxed (a
+        # bound method of pybind's, which `f(*args)` calls without a profiler event: Python code here, see below).
+        handle = getattr(torch._C, "_DispatchOperatorHandle", None)
+        if handle is not None and "redispatch_boxed" in vars(handle) and "_grader_redispatch" not in vars(handle):
+            handle._grader_redispatch = vars(handle)["redispatch_boxed"]
+            handle.redispatch_boxed = _guarded_redispatch
         # Threads and processes: a torch dispatch mode, the profiler and the memory meter watch the thread that
         # calls the graded code, so work handed to another thread (or a forked process) runs unseen — a forbidden
         # op, a whole score matrix. Whoever calls these (the notebook's code, or threading/subprocess/
@@ -749,6 +812,33 @@ class _Guard:
             code = getattr(getattr(fn, "__wrapped__", fn), "__code__", None)
             if code is not None:
                 self.watched_code[code] = f"called torch.utils._python_dispatch.{name} (the checks observe through a dispatch mode)"
+        redispatch = getattr(torch._ops.OpOverload, "redispatch", None)
+        if getattr(redispatch, "__code__", None) is not None:
+            self.watched_code[redispatch.__code__] = REDISPATCHED
+        self.watched_code[_guarded_redispatch.__code__] = REDISPATCHED
+        # torch._C's dispatch-key guards switch the modes off for as long as they live; made from Python they leave
+        # no profiler event (a type's call is not a function's), so their __init__ and __enter__ become Python code
+        # here, which does: made by the notebook's code (directly or through functools.partial), a verdict.
+        # tracemalloc measures what numpy and Python hold during a call (grader.observe's host meter): resetting its
+        # peak, clearing or stopping it would hide memory. Its functions become Python code here, so that a call
+        # through functools.partial or map (no profiler event for a builtin called from C) is seen too.
+        import _tracemalloc
+        import tracemalloc
+
+        for name in ("reset_peak", "clear_traces", "stop"):
+            fn = getattr(_tracemalloc, name, None)
+            if fn is not None and getattr(fn, "__code__", None) is None:
+                shim = _traced(fn)
+                setattr(_tracemalloc, name, shim)
+                setattr(tracemalloc, name, shim)
+        self.watched_code[_traced(None).__code__] = ("reset, cleared or stopped tracemalloc, through which the checks "
+                                                     "measure the memory numpy and Python hold")
+        self.watched_code[_guarded_init.__code__] = DISPATCH_GUARD
+        self.watched_code[_guarded_enter.__code__] = DISPATCH_GUARD
+        for name in DISPATCH_GUARDS:
+            cls = getattr(torch._C, name, None)
+            if isinstance(cls, type) and "__init__" in vars(cls) and not getattr(cls, "_grader_guarded", False):
+                _guard_type(cls)
         import site
 
         trusted = [str(Path(__file__).resolve().parent.parent), sys.prefix, sys.base_prefix, sys.exec_prefix]
@@ -785,7 +875,12 @@ class _Guard:
                 self.flag(root, label)
         elif event == "c_call":
             label = self.watched_c.get(id(arg))
-            if label is not None and (id(arg) in self.spawners or self.student(frame)):
+            if label is None:
+                return
+            if id(arg) == self.registrar:  # torch.library's own code calls it: whose request is it?
+                while frame is not None and frame.f_code.co_filename.startswith(_TORCH_LIBRARY):
+                    frame = frame.f_back
+            if id(arg) in self.spawners or self.student(frame):
                 self.flag(root, label)
 
     def reasons(self, name) -> list[str]:

@@ -136,6 +136,42 @@ WATCH_REMOVED = "<the profiler watching the call was switched off>"  # counted a
 EVENT_HOOK = None
 INPUTS_WRITTEN = "<write into an argument>"  # the key of Observation.inputs_written in Observation.ops
 PREMADE_WRITTEN = "<bytes written into buffers made before the call>"  # Observation.premade_bytes
+# The observed code ran with torch's dispatch to the observers switched off: the Python dispatch key excluded or
+# dropped (torch._C._DisableTorchDispatch, a dispatch-key guard, torch._C._dispatch_tls_set_dispatch_key_*, through
+# functools.partial or not): whatever ran then went unseen. Counted among Observation.ops, one per builtin it called
+# in that state. (A popped mode stack is the state inside the observers' own handlers, so it is not counted here:
+# the functions that pop it, and torch.library's registrations, are grader.child's verdicts.)
+DISPATCH_OFF = "<code ran with the observers' dispatch switched off>"
+# An operator registered after grader.observe was imported (torch.library: the observed code's own): the observers
+# see the operator, not what its kernel runs.
+OWN_OPERATOR = "<an operator of the observed code's own>"
+_OPS_AT_START = frozenset(name.split(".")[0] for name in torch._C._dispatch_get_all_op_names())
+
+
+def _dispatch_state() -> tuple:
+    """What decides whether an op reaches the observers: the Python dispatch key included and not excluded in this
+    thread, and how many dispatch modes are on the stack."""
+    key = torch._C.DispatchKey.Python
+    return (torch._C._dispatch_tls_is_dispatch_key_included(key), torch._C._dispatch_tls_is_dispatch_key_excluded(key),
+            torch._C._len_torch_dispatch_stack())
+
+
+def _observer_dirs() -> tuple:
+    """Where the code of Python, the installed packages, torch and the grader is: code run while the observers'
+    own dispatch handlers run (the mode stack popped) lives there, not in the notebook."""
+    import site
+    import sysconfig
+
+    dirs = {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"], str(Path(torch.__file__).parent),
+            str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent / "lib" / "io_model.py")}
+    dirs.update(p for p in sys.path if p.endswith(("site-packages", "dist-packages")))
+    try:
+        dirs.update(site.getsitepackages())
+    except AttributeError:
+        pass
+    import os
+
+    return tuple(d.rstrip(os.sep) + (os.sep if not d.endswith(".py") else "") for d in dirs if d)
 
 
 def _tensors(values) -> list:
@@ -255,6 +291,10 @@ class OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
         name = str(func.overloadpacket) if hasattr(func, "overloadpacket") else str(func)
         name = name if name.startswith("aten.") else f"aten.{name}"
         self.obs.ops[name] += 1
+        schema = getattr(func, "_schema", None)
+        if schema is not None and schema.name not in _OPS_AT_START:
+            self.obs.ops[OWN_OPERATOR] += 1
+            self.obs.ops[f"{OWN_OPERATOR} {schema.name}"] += 1
         if self._writes_input(func, args, kwargs):
             self.obs.ops[INPUTS_WRITTEN] += 1
         if name in ("aten.mm", "aten.bmm"):
@@ -314,12 +354,30 @@ def observe(fn, *args, **kwargs):
     warm()  # builds the tables of lib's (and the oracles') code before the code observed runs
 
     hook = EVENT_HOOK
+    # While the observed code runs: the dispatch state the observers set up, which its own code must not change
+    # (checked at each call it makes: DISPATCH_OFF).
+    expected: list = [None]
+    mine = _OUTSIDE_CODE
 
     def profile(frame, event, arg):
         if event == "call":  # lib's (or an oracle's) code by file, or by fingerprint wherever it was loaded from
             name = lib_name(frame.f_code) or oracle_name(frame.f_code)
             if name is not None and not name.startswith("lib.io_model.TensorMemoryMeter"):  # the meter observing
                 seen.add(name)
+        # At each builtin the observed code calls (a torch function, a tensor method, len): the state it runs in.
+        # Not at Python-level calls: torch's dispatcher calls Python from C, whose caller then looks like the code's.
+        elif event == "c_call" and expected[0] is not None:
+            code = frame.f_code
+            inside = mine.get(code)
+            if inside is None:
+                inside = mine[code] = not _observers_code(code, frame.f_globals)
+            if inside:
+                state = _dispatch_state()
+                # Fewer modes than set up: torch is running one of them (its handler, or the Python code the
+                # dispatcher runs first), which calls code of torch's and Python's own. With the modes all there,
+                # the Python key must be as it was: excluded or dropped, no mode sees an op.
+                if state[2] >= expected[0][2] and state[:2] != expected[0][:2]:
+                    obs.ops[DISPATCH_OFF] += 1
         if hook is not None:
             hook(frame, event, arg)
 
@@ -343,7 +401,11 @@ def observe(fn, *args, **kwargs):
         with flops, meter, recorder, kernels:
             if host is not None:
                 host.start()
-            result = fn(*args, **kwargs)
+            expected[0] = _dispatch_state()
+            try:
+                result = fn(*args, **kwargs)
+            finally:
+                expected[0] = None
             if host is not None:
                 peak = host.stop()
                 if peak is None:
@@ -366,6 +428,21 @@ def observe(fn, *args, **kwargs):
     obs.reads = {i: counted[args[i].untyped_storage().data_ptr()].per_slice() for i in read_positions
                  if args[i].untyped_storage().data_ptr() in counted}
     return result, obs
+
+
+_OBSERVER_DIRS = _observer_dirs()
+
+
+def _observers_code(code, globals_: dict) -> bool:
+    """Whether `code` is Python's, a package's, torch's or the grader's (not the observed code's): by its file, or,
+    for a frozen module of Python's (abc, importlib), by its globals being that module's own."""
+    if code.co_filename.startswith(_OBSERVER_DIRS):
+        return True
+    spec = globals_.get("__spec__")
+    module = sys.modules.get(getattr(spec, "name", None) or "")
+    return (code.co_filename.startswith("<frozen ") and module is not None and vars(module) is globals_
+            and getattr(spec, "origin", None) == "frozen")
+_OUTSIDE_CODE: dict = {}  # code object -> whether it is the observed code's (not in _OBSERVER_DIRS)
 
 
 # Where the allocations of the observers (and of torch's own caches, which fill as ops are first seen) are made:

@@ -328,6 +328,144 @@ def gqa_attention(q, k, v, causal=True):
 }
 
 
+# gqa_attention by an attention whose ops torch's dispatch hides from the checks' modes (each passed before the
+# child watched for it): a dispatch-key guard, made directly or through functools.partial (no profiler event of
+# its own), the Python key excluded through partial'd setters, an operator redispatched below the modes, and an
+# operator or kernel of the notebook's own (torch.library), which runs inside the modes' handlers.
+_ATTENTION_BY = """
+import torch
+def _attn(run, q, k, v, causal):
+    A = torch.ops.aten
+    g = q.shape[1] // k.shape[1]
+    kk, vv = k.repeat_interleave(g, 1).float(), v.repeat_interleave(g, 1).float()
+    s = run(A.matmul.default, q.float(), kk.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
+    if causal:
+        i = torch.arange(q.shape[2], device=q.device)[:, None] + (kk.shape[2] - q.shape[2])
+        s = s.masked_fill(~(torch.arange(kk.shape[2], device=q.device)[None, :] <= i), float("-inf"))
+    return run(A.matmul.default, run(A._softmax.default, s, -1, False), vv).to(q.dtype)
+def _below(q):
+    return torch._C.DispatchKeySet(torch._C.DispatchKey.Meta if q.is_meta else torch._C.DispatchKey.CPU)
+"""
+_UNSEEN = {
+    "disable_torch_dispatch": """
+def gqa_attention(q, k, v, causal=True):
+    with torch._C._DisableTorchDispatch():
+        return _sdpa(q, k, v, causal)
+""",
+    "guard_through_partial": """
+import functools
+def gqa_attention(q, k, v, causal=True):
+    guard = functools.partial(torch._C.ExcludeDispatchKeyGuard, torch._C.DispatchKeySet(torch._C.DispatchKey.Python))()
+    out = _sdpa(q, k, v, causal)
+    del guard
+    return out
+""",
+    "key_excluded_through_partial": """
+import functools
+_set = torch._C._dispatch_tls_set_dispatch_key_excluded
+def gqa_attention(q, k, v, causal=True):
+    functools.partial(_set, torch._C.DispatchKey.Python, True)()
+    try:
+        return _sdpa(q, k, v, causal)
+    finally:
+        functools.partial(_set, torch._C.DispatchKey.Python, False)()
+""",
+    "redispatch": """
+def gqa_attention(q, k, v, causal=True):
+    return _attn(lambda op, *a: op.redispatch(_below(q), *a), q, k, v, causal)
+""",
+    "redispatch_boxed": """
+def gqa_attention(q, k, v, causal=True):
+    return _attn(lambda op, *a: op._handle.redispatch_boxed(_below(q), *a), q, k, v, causal)
+""",
+    "custom_op": """
+@torch.library.custom_op("hostile::attn", mutates_args=())
+def _own(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+    return _sdpa(q, k, v, causal).clone()
+def gqa_attention(q, k, v, causal=True):
+    return _own(q, k, v, causal)
+""",
+    "kernel_of_an_aten_op": """
+_lib, _box = torch.library.Library("aten", "IMPL"), {}
+_lib.impl("cos", lambda x: _sdpa(*_box["args"]), "CPU")
+def gqa_attention(q, k, v, causal=True):
+    _box["args"] = (q, k, v, causal)
+    return torch.cos(torch.empty(0))
+""",
+}
+
+
+@pytest.mark.parametrize("route", sorted(_UNSEEN))
+def test_ops_hidden_from_the_dispatch_modes_are_a_verdict(course_root, tmp_path, route):
+    """Each route computes gqa_attention with torch's fused attention (or aten's matmul and softmax redispatched
+    below the modes), so the route and the ops the check forbids go unseen; it must not pass, and the verdict
+    names tampering."""
+    from grader.checks import week16 as checks
+
+    release_path = next((course_root / "weeks" / WEEK).glob("*.ipynb"))
+    honest = _honest(_nb(course_root / "solutions" / WEEK / release_path.name), _nb(release_path))
+    path = tmp_path / release_path.name
+    path.write_text(json.dumps(_edit(honest, "gqa_attention", _SDPA_ROUTE + _ATTENTION_BY + _UNSEEN[route])))
+    ex = load_exercises(path)
+    try:
+        # (torch.library's registration reads sys._getframe from the notebook's frame: the first verdict named)
+        with pytest.raises(AssertionError, match="dispatch|redispatched|registered|torch.library|sys._getframe"):
+            checks.check_gqa_attention(ex.gqa_attention)
+    finally:
+        ex.close()
+
+
+# Week 17's forward by the whole score matrix in numpy (out of torch's sight), decoy block products for the FLOP
+# counter, then tracemalloc's peak reset — through functools.partial, which calls a builtin without a profiler
+# event — so that the host meter sees only what was left: it passed before the child made tracemalloc's functions
+# Python code of its own.
+_FORWARD_IN_NUMPY_THEN_RESET = """
+import functools, _tracemalloc
+import numpy as np
+def flash_attention_forward(q, k, v, causal=False, block_q=128, block_k=128, visited=None):
+    check_attention_shapes(q, k, v, causal)
+    if q.device.type == "meta":
+        return torch.empty(q.shape, dtype=q.dtype, device="meta"), torch.empty(q.shape[:3], device="meta")
+    nq, nk = q.shape[2], k.shape[2]
+    for qs in range(0, nq, block_q):
+        for ks in range(0, nk, block_k):
+            if visited is not None and not (causal and ks > min(qs + block_q, nq) - 1 + nk - nq):
+                visited.append((qs, ks))
+    for qq in q.detach().float().flatten(0, 2).split(block_q):
+        for j, kk in enumerate(k.detach().float().flatten(0, 2).split(block_k)):
+            if not causal or j % 2:
+                qq @ kk.T
+    qn, kn, vn = (t.detach().numpy() if t.dtype == torch.float32 else t.detach().float().numpy() for t in (q, k, v))
+    s = qn @ kn.swapaxes(-1, -2) / np.sqrt(qn.shape[-1])
+    if causal:
+        s = np.where(np.arange(nk)[None, :] <= np.arange(nq)[:, None] + nk - nq, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    p = np.exp(s - m)
+    lse = m[..., 0] + np.log(p.sum(-1))
+    out = (p / p.sum(-1, keepdims=True)) @ vn
+    res = (torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32)).to(q.dtype),
+           torch.from_numpy(np.ascontiguousarray(lse, dtype=np.float32)))
+    del s, p, out, lse, m
+    functools.partial(_tracemalloc.reset_peak)()
+    return res
+"""
+
+
+def test_resetting_the_host_meter_is_a_verdict(tmp_path):
+    from grader.checks import week17 as checks
+
+    release_path = next((REPO / "weeks" / "17").glob("*.ipynb"))
+    honest = _honest(_nb(REPO / "solutions" / "17" / release_path.name), _nb(release_path))
+    path = tmp_path / release_path.name
+    path.write_text(json.dumps(_edit(honest, "flash_attention_forward", _FORWARD_IN_NUMPY_THEN_RESET)))
+    ex = load_exercises(path)
+    try:
+        with pytest.raises(AssertionError, match="reset, cleared or stopped tracemalloc"):
+            checks.check_flash_attention_forward(ex.flash_attention_forward)
+    finally:
+        ex.close()
+
+
 # Started by an exercise cell when it loads: each process carries `MARKER` and its kind in its argv.
 _SPAWN_AT_LOAD = r'''
 import ctypes, os, subprocess, sys
