@@ -819,20 +819,26 @@ class _Guard:
         # torch._C's dispatch-key guards switch the modes off for as long as they live; made from Python they leave
         # no profiler event (a type's call is not a function's), so their __init__ and __enter__ become Python code
         # here, which does: made by the notebook's code (directly or through functools.partial), a verdict.
-        # tracemalloc measures what numpy and Python hold during a call (grader.observe's host meter): resetting its
-        # peak, clearing or stopping it would hide memory. Its functions become Python code here, so that a call
-        # through functools.partial or map (no profiler event for a builtin called from C) is seen too.
+        # tracemalloc measures what numpy and Python hold during some calls (grader.observe's host meter): resetting
+        # its peak, clearing or stopping it would hide memory, and asking whether it runs would tell the code which
+        # calls are measured. The notebook's code has no use for it: any use is a verdict. Its C functions become
+        # Python code here, so that a call through functools.partial or map (no profiler event for a builtin called
+        # from C) is seen too; its Python ones are watched as they are.
         import _tracemalloc
         import tracemalloc
+        import types
 
-        for name in ("reset_peak", "clear_traces", "stop"):
-            fn = getattr(_tracemalloc, name, None)
-            if fn is not None and getattr(fn, "__code__", None) is None:
+        for name, fn in list(vars(_tracemalloc).items()):
+            if callable(fn) and not name.startswith("__") and getattr(fn, "__code__", None) is None:
                 shim = _traced(fn)
                 setattr(_tracemalloc, name, shim)
-                setattr(tracemalloc, name, shim)
-        self.watched_code[_traced(None).__code__] = ("reset, cleared or stopped tracemalloc, through which the checks "
-                                                     "measure the memory numpy and Python hold")
+                if getattr(tracemalloc, name, None) is fn:
+                    setattr(tracemalloc, name, shim)
+        used = "used tracemalloc, through which the checks measure the memory numpy and Python hold"
+        self.watched_code[_traced(None).__code__] = used
+        for fn in vars(tracemalloc).values():
+            if isinstance(fn, types.FunctionType) and fn.__module__ == "tracemalloc":
+                self.watched_code[fn.__code__] = used
         self.watched_code[_guarded_init.__code__] = DISPATCH_GUARD
         self.watched_code[_guarded_enter.__code__] = DISPATCH_GUARD
         for name in DISPATCH_GUARDS:

@@ -425,6 +425,13 @@ def numpy_route(q, k_pool, v_pool, block_tables, context_lens):  # .numpy() fail
     return torch.from_numpy(out)
 
 
+def numpy_per_head_decoy_exp(q, k_pool, v_pool, block_tables, context_lens):
+    """The numpy route with a torch.exp beside it for the check that wants an exponential seen: torch allocates
+    nothing and reads no block of the pool."""
+    torch.exp(torch.zeros(1, device=q.device))
+    return numpy_route(q, k_pool, v_pool, block_tables, context_lens)
+
+
 def sdpa_popped(q, k_pool, v_pool, block_tables, context_lens):
     """SDPA after taking every dispatch mode (the observer's) off the stack, put back afterwards."""
     from torch.utils import _python_dispatch as pd
@@ -651,7 +658,8 @@ WRONG = [rounds_down, one_too_many, full_block_wasted, seed_constant, NoRefCount
          gather_then_attend, sdpa_on_materialized, calls_lib_attention, ignores_lengths, workspace_gather,
          _online_over, workspace_online, workspace_by_block, chunked_gather_full_row, _chunks, two_pass_softmax,
          per_query_head_online,
-         per_head_full_row, per_sequence_all_heads, _solution_like, scale_quarter, no_device, scales_pool_in_place,
+         per_head_full_row, per_sequence_all_heads, _solution_like, numpy_per_head_decoy_exp, scale_quarter, no_device,
+         scales_pool_in_place,
          numpy_route, sdpa_popped, unchained, with_partial, chained_sum, additive_chain, twenty_bits, thirty_two_bits,
          _flawed_schedule, ignores_budget, last_come_first, preempts_oldest, never_chunks, never_preempts,
          fixed_chunk, admits_while_preempting, credits_blocks, slot_per_request, calls_lib_schedule, decode_steps_only,
@@ -754,6 +762,7 @@ def test_paged_attention_accepts_the_solution(ex):
     ("no_device", "mixed in a CPU tensor"),
     ("scales_pool_in_place", "changed argument|changed its arguments"),  # k_pool scaled: later steps read it
     ("numpy_route", "no exponential"),
+    ("numpy_per_head_decoy_exp", "read by torch ops 0.00 times"),
     ("sdpa_popped", "no exponential"),
     ("two_pass_softmax", "read 2.0 times"),  # the MHA case, every run
 ])

@@ -178,8 +178,9 @@ def check_slot_mapping(slot_mapping) -> None:
 def check_paged_attention(paged_attention) -> None:
     """Ragged lengths, random block sizes, head_dim, batch and GQA/MHA/MQA, against contiguous attention (<= 1e-5,
     fp32); reads the pool in place: no lib, no SDPA, no copy of a sequence's whole K/V, no full-row softmax, all
-    of it visible to the observer (torch ops, not numpy), each block of K read once (once per query head at most:
-    no second pass over the scores), inputs unchanged, tensors made on the inputs' device."""
+    of it visible to the observer (torch ops, not numpy), each block of K read by torch ops at least once and at
+    most once per query head (no second pass over the scores), inputs unchanged, tensors made on the inputs'
+    device."""
     g = generator(5)
     heads = [(4, 2), (4, 4), (6, 1), (6, 3), (8, 2)]
     dims = [[16, 32, 64][i] for i in torch.randperm(3, generator=g)] + [int(16 * torch.randint(1, 5, (1,), generator=g))]
@@ -242,6 +243,12 @@ def check_paged_attention(paged_attention) -> None:
         reads = obs.reads_of(1)  # per block of k_pool: how many ops read each of its elements, on average
         full = [blk for t, n in zip(tables, lens) for j, blk in enumerate(t) if (j + 1) * bs <= n]
         if reads and full:
+            fewest = min(reads[blk] for blk in full)
+            assert fewest >= 0.999, (
+                f"{what}: a full block of K was read by torch ops {fewest:.2f} times on average per element; every key "
+                f"of a sequence takes part in its attention, so each of its blocks is read at least once. The rest "
+                f"was read out of the observer's sight (numpy, .tolist()): compute with torch ops on the inputs. "
+                f"{seed_note()}")
             median = sorted(reads[blk] for blk in full)[len(full) // 2]
             group = h // hkv
             assert median <= group + 0.5, (
