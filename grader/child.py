@@ -189,6 +189,7 @@ class _Child:
         self.lib_codes: dict = {}  # code object -> "lib.module.qualname", or None when not lib's
         self.roots: dict[int, str] = {}  # id of an exported object -> the exercise name it came from
         self.current_root: str | None = None
+        self.watching = 0  # how many `watch()`es are open: the notebook's code is running
         self._next_req = 0
         self.guard = _Guard()
 
@@ -397,6 +398,7 @@ class _Child:
 
         class _Watch:
             def __enter__(self):
+                child.watching += 1
                 self.prev = sys.getprofile()
                 seen = child.lib_seen.setdefault(child.current_root, set())
                 codes = child.lib_codes
@@ -426,6 +428,7 @@ class _Child:
                     child.guard.flag(child.current_root, "switched off the grader's watch of its calls "
                                                          "(sys.setprofile)")
                 sys.setprofile(self.prev)
+                child.watching -= 1
 
         return _Watch()
 
@@ -713,15 +716,25 @@ DISPATCH_GUARD = ("made one of torch._C's dispatch-key guards, which hide torch'
 DISPATCH_GUARDS = ("_DisableTorchDispatch", "ExcludeDispatchKeyGuard", "_ExcludeDispatchKeyGuard",
                    "_SetExcludeDispatchKeyGuard", "_ForceDispatchKeyGuard", "_IncludeDispatchKeyGuard",
                    "_PreserveDispatchKeyGuard", "_RestorePythonTLSSnapshot", "_EnablePreDispatch")
-
-
 REDISPATCHED = "redispatched an operator below the dispatch modes the checks observe through"
+# The checks tell the notebook's code from Python's, torch's and the grader's by file name: code compiled under one of
+# theirs (or a frozen module's) would pass for theirs.
+IMPERSONATED = ("compiled code under the file name of Python's, a package's or the grader's own code, which the "
+                "checks would take for theirs")
 
 
 def _traced(fn):
+    """`fn` (a builtin) behind Python code, whose call the child's profiler sees however it is made (`_Guard`)."""
     def call(*args, **kwargs):
         return fn(*args, **kwargs)
     return call
+
+
+def _spawning(fn):
+    """`fn` (a thread starter) behind Python code, whose call the child's profiler sees however it is made."""
+    def start(*args, **kwargs):
+        return fn(*args, **kwargs)
+    return start
 
 
 def _guarded_redispatch(self, *args, **kwargs):
@@ -804,6 +817,14 @@ class _Guard:
                     self.watched_c[id(fn)] = SPAWNED
                     self.spawners.add(id(fn))
         self.watched_code = {}
+        # ... and called from C (functools.partial(_thread.start_new_thread, f, ())()) a builtin leaves no profiler
+        # event, and Python raises no audit event for a thread: the starters become Python code here (threading's
+        # own reference too), whose every call is seen. Processes do raise audit events (`audit`).
+        for module, name in ((_thread, "start_new_thread"), (_thread, "start_new"), (threading, "_start_new_thread")):
+            fn = getattr(module, name, None)
+            if fn is not None and getattr(fn, "__code__", None) is None:
+                setattr(module, name, _spawning(fn))
+        self.watched_code[_spawning(None).__code__] = SPAWNED
         for fn, label in ((threading.setprofile, "called threading.setprofile"),
                           (threading.settrace, "called threading.settrace")):
             self.watched_code[fn.__code__] = label
@@ -816,9 +837,6 @@ class _Guard:
         if getattr(redispatch, "__code__", None) is not None:
             self.watched_code[redispatch.__code__] = REDISPATCHED
         self.watched_code[_guarded_redispatch.__code__] = REDISPATCHED
-        # torch._C's dispatch-key guards switch the modes off for as long as they live; made from Python they leave
-        # no profiler event (a type's call is not a function's), so their __init__ and __enter__ become Python code
-        # here, which does: made by the notebook's code (directly or through functools.partial), a verdict.
         # tracemalloc measures what numpy and Python hold during some calls (grader.observe's host meter): resetting
         # its peak, clearing or stopping it would hide memory, and asking whether it runs would tell the code which
         # calls are measured. The notebook's code has no use for it: any use is a verdict. Its C functions become
@@ -839,6 +857,9 @@ class _Guard:
         for fn in vars(tracemalloc).values():
             if isinstance(fn, types.FunctionType) and fn.__module__ == "tracemalloc":
                 self.watched_code[fn.__code__] = used
+        # torch._C's dispatch-key guards switch the modes off for as long as they live; made from Python they leave
+        # no profiler event (a type's call is not a function's), so their __init__ and __enter__ become Python code
+        # here, which does: made by the notebook's code (directly or through functools.partial), a verdict.
         self.watched_code[_guarded_init.__code__] = DISPATCH_GUARD
         self.watched_code[_guarded_enter.__code__] = DISPATCH_GUARD
         for name in DISPATCH_GUARDS:
@@ -855,12 +876,13 @@ class _Guard:
             pass
         self.trusted = tuple(os.path.realpath(p) + os.sep for p in trusted if p) + tuple(p + os.sep for p in trusted if p)
         self.intact: dict = {}
+        self.compiled: set = set()  # the file names the notebook's code compiled code under ("<string>", say)
 
     def student(self, frame) -> bool:
         """Whether `frame` runs the notebook's code (or code it compiled), not Python's, torch's or the grader's:
         by the module the code runs in (a dataclass's generated `__init__` runs in its class's module)."""
-        if frame is None:
-            return True
+        if frame is None or frame.f_code.co_filename in self.compiled:
+            return True  # code the notebook compiled, run in any module's globals (exec(source, vars(functools)))
         g = frame.f_globals
         where = g.get("__file__")
         if isinstance(where, str) and where:
@@ -877,7 +899,7 @@ class _Guard:
         """A profiler event (`sys.setprofile`'s): note a call of a watched function by the notebook's code."""
         if event == "call":
             label = self.watched_code.get(frame.f_code)
-            if label is not None and self.student(frame.f_back):
+            if label is not None and (label is SPAWNED or self.student(frame.f_back)):
                 self.flag(root, label)
         elif event == "c_call":
             label = self.watched_c.get(id(arg))
@@ -933,12 +955,27 @@ class _Guard:
                   "gc.get_objects": "called gc.get_objects", "gc.get_referrers": "called gc.get_referrers",
                   "gc.get_referents": "called gc.get_referents", "ctypes.dlopen": "called C code through ctypes",
                   "ctypes.dlsym": "called C code through ctypes", "ctypes.dlsym/handle": "called C code through ctypes",
-                  "object.__setattr__": "changed a class of the grader's", "object.__delattr__": "changed a class of the grader's"}
-        reach = {"sys.setprofile": 8, "sys.settrace": 8, "ctypes.dlopen": 2, "ctypes.dlsym": 2, "ctypes.dlsym/handle": 2}
+                  "object.__setattr__": "changed a class of the grader's", "object.__delattr__": "changed a class of the grader's",
+                  "compile": IMPERSONATED, "code.__new__": IMPERSONATED,
+                  "marshal.loads": "loaded code with marshal (a code object's file name is whatever its bytes say)",
+                  "marshal.load": "loaded code with marshal (a code object's file name is whatever its bytes say)"}
+        # compile: through importlib's source_to_code too (one frame up); an import's compile is further away
+        reach = {"sys.setprofile": 8, "sys.settrace": 8, "ctypes.dlopen": 2, "ctypes.dlsym": 2, "ctypes.dlsym/handle": 2,
+                 "compile": 2}
+        impersonated = tuple(self.trusted) + ("<frozen",)
+        compiled = self.compiled
+        # a process started however it is called (functools.partial of os.fork leaves no profiler event)
+        spawns = {"os.fork", "os.forkpty", "os.posix_spawn", "os.system", "subprocess.Popen", "os.exec", "os.spawn"}
         getframe = sys._getframe
         grader_dir = str(Path(__file__).resolve().parent) + os.sep
 
         def hook(event, args):
+            if event in spawns and child.watching and not busy[0]:  # whoever asks, while graded code runs
+                root = child.current_root if type(child.current_root) is str else None
+                if (root, SPAWNED) not in sent:
+                    sent.add((root, SPAWNED))
+                    send(wfd, _pickle.dumps(("flag", root, SPAWNED), protocol=_pickle.HIGHEST_PROTOCOL))
+                return
             label = labels.get(event)
             if label is None or busy[0]:
                 return
@@ -953,6 +990,12 @@ class _Guard:
                     frame = frame.f_back
                 if frame is None or not student(frame):
                     return
+                if label is IMPERSONATED:
+                    name = args[1] if len(args) > 1 and isinstance(args[1], str) else None
+                    if name is not None:
+                        compiled.add(name)  # code of that name is the notebook's, whatever globals it runs in
+                    if name is None or not name.startswith(impersonated):
+                        return  # compiled under a name of the notebook's own
                 root = child.current_root if type(child.current_root) is str else None
                 if (root, label) not in sent:
                     sent.add((root, label))

@@ -9,6 +9,7 @@ the checks judge results in the trusted process, and `grader.view` keeps the ans
 """
 from __future__ import annotations
 
+import os
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -169,8 +170,6 @@ def _observer_dirs() -> tuple:
         dirs.update(site.getsitepackages())
     except AttributeError:
         pass
-    import os
-
     return tuple(d.rstrip(os.sep) + (os.sep if not d.endswith(".py") else "") for d in dirs if d)
 
 
@@ -444,7 +443,9 @@ def _observers_code(code, globals_: dict) -> bool:
     module = sys.modules.get(getattr(spec, "name", None) or "")
     return (code.co_filename.startswith("<frozen ") and module is not None and vars(module) is globals_
             and getattr(spec, "origin", None) == "frozen")
-_OUTSIDE_CODE: dict = {}  # code object -> whether it is the observed code's (not in _OBSERVER_DIRS)
+
+
+_OUTSIDE_CODE: dict = {}  # code object -> whether it is the observed code's (not `_observers_code`)
 
 
 # Where the allocations of the observers (and of torch's own caches, which fill as ops are first seen) are made:

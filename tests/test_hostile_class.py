@@ -325,13 +325,35 @@ def gqa_attention(q, k, v, causal=True):
     os.wait()
     return pickle.loads(data)
 """,
+    "thread_through_partial": """
+import _thread, functools, time
+def gqa_attention(q, k, v, causal=True):
+    box = []
+    functools.partial(_thread.start_new_thread, lambda: box.append(_sdpa(q, k, v, causal)), ())()
+    while not box:
+        time.sleep(0.001)
+    return box[0]
+""",
+    "fork_through_partial": """
+import functools, os, pickle
+def gqa_attention(q, k, v, causal=True):
+    r, w = os.pipe()
+    if functools.partial(os.fork)() == 0:
+        os.write(w, pickle.dumps(_sdpa(q, k, v, causal)))
+        os._exit(0)
+    os.close(w)
+    data = b"".join(iter(lambda: os.read(r, 1 << 20), b""))
+    os.wait()
+    return pickle.loads(data)
+""",
 }
 
 
 # gqa_attention by an attention whose ops torch's dispatch hides from the checks' modes (each passed before the
 # child watched for it): a dispatch-key guard, made directly or through functools.partial (no profiler event of
 # its own), the Python key excluded through partial'd setters, an operator redispatched below the modes, and an
-# operator or kernel of the notebook's own (torch.library), which runs inside the modes' handlers.
+# operator or kernel of the notebook's own (torch.library), which runs inside the modes' handlers; and code
+# compiled under a file name of Python's and run in its module's globals, which the child took for Python's own.
 _ATTENTION_BY = """
 import torch
 def _attn(run, q, k, v, causal):
@@ -385,6 +407,32 @@ def _own(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> tor
 def gqa_attention(q, k, v, causal=True):
     return _own(q, k, v, causal)
 """,
+    "compiled_as_pythons_own": """
+import functools
+_SOURCE = '''
+def _hidden(q, k, v, causal):
+    import torch
+    g, n, m = q.shape[1] // k.shape[1], q.shape[2], k.shape[2]
+    i = torch.arange(n, device=q.device)[:, None] + (m - n)
+    mask = torch.arange(m, device=q.device)[None, :] <= i if causal else None
+    with torch._C._DisableTorchDispatch():
+        return torch.nn.functional.scaled_dot_product_attention(
+            q.float(), k.repeat_interleave(g, 1).float(), v.repeat_interleave(g, 1).float(), attn_mask=mask).to(q.dtype)
+'''
+_ns = vars(functools)  # run as functools' own code, by its globals and its file name
+exec(compile(_SOURCE, functools.__file__, "exec"), _ns)
+_hidden = _ns.pop("_hidden")
+def gqa_attention(q, k, v, causal=True):
+    return _hidden(q, k, v, causal)
+""",
+    "run_in_pythons_globals": """
+import functools
+_ns = vars(functools)  # run in functools' globals (its __file__), compiled as "<string>"
+exec("def _run(below):\\n    return lambda op, *a: op.redispatch(below, *a)\\n", _ns)
+_run = _ns.pop("_run")
+def gqa_attention(q, k, v, causal=True):
+    return _attn(_run(_below(q)), q, k, v, causal)
+""",
     "kernel_of_an_aten_op": """
 _lib, _box = torch.library.Library("aten", "IMPL"), {}
 _lib.impl("cos", lambda x: _sdpa(*_box["args"]), "CPU")
@@ -409,7 +457,8 @@ def test_ops_hidden_from_the_dispatch_modes_are_a_verdict(course_root, tmp_path,
     ex = load_exercises(path)
     try:
         # (torch.library's registration reads sys._getframe from the notebook's frame: the first verdict named)
-        with pytest.raises(AssertionError, match="dispatch|redispatched|registered|torch.library|sys._getframe"):
+        with pytest.raises(AssertionError, match="dispatch|redispatched|registered|torch.library|sys._getframe|"
+                                                 "compiled code under the file name"):
             checks.check_gqa_attention(ex.gqa_attention)
     finally:
         ex.close()
