@@ -730,6 +730,13 @@ def _traced(fn):
     return call
 
 
+def _internal(fn):
+    """`fn` (one of torch._C's dispatch-mode functions) behind Python code, whose call the child's profiler sees."""
+    def dispatch_internal(*args, **kwargs):
+        return fn(*args, **kwargs)
+    return dispatch_internal
+
+
 def _spawning(fn):
     """`fn` (a thread starter) behind Python code, whose call the child's profiler sees however it is made."""
     def start(*args, **kwargs):
@@ -784,8 +791,14 @@ class _Guard:
                      "_unset_dispatch_mode", "_push_on_torch_dispatch_stack", "_dispatch_tls_set_dispatch_key_excluded",
                      "_dispatch_tls_set_dispatch_key_included", "_disabled_torch_dispatch_impl"):
             fn = getattr(torch._C, name, None)
-            if fn is not None:
+            if fn is not None and getattr(fn, "__code__", None) is None:
                 self.watched_c[id(fn)] = f"called torch._C.{name} (the checks observe through a dispatch mode)"
+                # ... and as Python code (torch._C's attribute, and torch.utils._python_dispatch's import of it), so
+                # that a call through functools.partial is seen too
+                shim = _internal(fn)
+                setattr(torch._C, name, shim)
+                if getattr(pd, name, None) is fn:
+                    setattr(pd, name, shim)
         # torch.library (custom_op, Library(...).define/impl): an operator or a kernel of the notebook's own runs
         # inside the dispatch modes' handlers, where they are popped: what it computes goes unseen. Asked for by
         # the notebook's code through torch.library's functions (see `event`).
@@ -833,6 +846,8 @@ class _Guard:
             code = getattr(getattr(fn, "__wrapped__", fn), "__code__", None)
             if code is not None:
                 self.watched_code[code] = f"called torch.utils._python_dispatch.{name} (the checks observe through a dispatch mode)"
+        self.watched_code[_internal(None).__code__] = ("called torch._C's dispatch-mode internals (the checks observe "
+                                                       "through a dispatch mode)")
         redispatch = getattr(torch._ops.OpOverload, "redispatch", None)
         if getattr(redispatch, "__code__", None) is not None:
             self.watched_code[redispatch.__code__] = REDISPATCHED

@@ -351,9 +351,10 @@ def gqa_attention(q, k, v, causal=True):
 
 # gqa_attention by an attention whose ops torch's dispatch hides from the checks' modes (each passed before the
 # child watched for it): a dispatch-key guard, made directly or through functools.partial (no profiler event of
-# its own), the Python key excluded through partial'd setters, an operator redispatched below the modes, and an
-# operator or kernel of the notebook's own (torch.library), which runs inside the modes' handlers; and code
-# compiled under a file name of Python's and run in its module's globals, which the child took for Python's own.
+# its own), the Python key excluded (or the modes popped) through partial'd setters, an operator redispatched below
+# the modes, an operator or kernel of the notebook's own (torch.library), which runs inside the modes' handlers; and
+# code compiled under a file name of Python's, or run in a module of Python's globals, which the child took for
+# Python's own.
 _ATTENTION_BY = """
 import torch
 def _attn(run, q, k, v, causal):
@@ -432,6 +433,19 @@ exec("def _run(below):\\n    return lambda op, *a: op.redispatch(below, *a)\\n",
 _run = _ns.pop("_run")
 def gqa_attention(q, k, v, causal=True):
     return _attn(_run(_below(q)), q, k, v, causal)
+""",
+    "modes_popped_through_partial": """
+import functools
+from torch.utils import _python_dispatch as _pd
+def gqa_attention(q, k, v, causal=True):
+    popped = []
+    while torch._C._len_torch_dispatch_stack():
+        popped.append(functools.partial(_pd._pop_torch_dispatch_stack, None)())
+    try:
+        return _sdpa(q, k, v, causal)
+    finally:
+        for mode in reversed(popped):
+            functools.partial(_pd._push_on_torch_dispatch_stack, mode)()
 """,
     "kernel_of_an_aten_op": """
 _lib, _box = torch.library.Library("aten", "IMPL"), {}
