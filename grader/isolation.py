@@ -108,10 +108,14 @@ def triton_interpreted_in_child() -> bool:
     wherever the interpreter works: always on a CPU (the lab's triton pin), and on a GPU machine when its triton's
     interpreter runs lib's tiled matmul here (probed once per process, in a subprocess: the triton a CUDA build of
     torch requires may be older than the pin, and 3.6's interpreter fails on numpy 2.4, a scalar used in range()).
-    Where it does not, the child compiles the kernels and the checks judge their numbers and wrappers only."""
+    Where it does not, the child compiles the kernels and the checks judge their numbers and wrappers only. Without a
+    GPU the probe is skipped (it cost every grading process ~5 s of a core): there Triton runs interpreted or not
+    at all, and a broken interpreter fails the notebook's own Triton cells as it fails the checks."""
     global _INTERPRETER_WORKS
     if os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes"):
         return True
+    if _INTERPRETER_WORKS is None and not _uses_cuda():
+        _INTERPRETER_WORKS = True  # no GPU to compile for: the interpreter is the only way Triton runs here
     if _INTERPRETER_WORKS is None:
         try:
             done = subprocess.run([sys.executable, "-c", _INTERPRETER_PROBE], cwd=str(REPO_ROOT), timeout=120,

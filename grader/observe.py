@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch.utils.flop_counter
 
 from grader.triton_watch import TritonWatch
 
@@ -229,6 +230,10 @@ class _ReadCounter:
 
 
 class OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:  # see _without_dynamo_import
+        return False
+
     def __init__(self, obs: Observation, inputs: set[int] = frozenset(), counted: dict | None = None):
         super().__init__()
         self.obs = obs
@@ -488,10 +493,25 @@ class _HostMeter:
 _WARMED: list = []
 
 
+def _without_dynamo_import(mode_class) -> None:
+    """Call `mode_class`'s own `__torch_dispatch__`, not the wrapper TorchDispatchMode puts around it to keep
+    torch.compile out of it: that wrapper imports torch._dynamo at its first call, 2.5-5 s of a core in every
+    process that observes anything (measured on a 2-core EPYC: the child at start-up, each test process, each
+    notebook kernel). Nothing here is compiled; a notebook that calls torch.compile inside an observed call
+    compiles through the observers (torch's `_should_skip_dynamo() -> False` route, which our own mode classes
+    take)."""
+    raw = getattr(mode_class.__dict__.get("__torch_dispatch__"), "__wrapped__", None)
+    if raw is not None:
+        mode_class.__torch_dispatch__ = raw
+
+
+_without_dynamo_import(getattr(torch.utils.flop_counter, "_FlopCounterMode", object))  # FlopCounterMode's mode
+
+
 def warm_up() -> None:
-    """Observe a trivial call once. The first observation in a process costs about 2 s whatever it watches
-    (FlopCounterMode's, the dispatch recorder's and the profiler's first use; measured on a 2-core EPYC) and several
-    times that under load. The student's process calls this while it starts, a time no exercise is charged for,
+    """Observe a trivial call once. The first observation in a process used to cost 2.5-5 s whatever it watched
+    (torch._dynamo's import, by the dispatch modes' wrappers: `_without_dynamo_import`) and still costs the
+    observers' first-use imports. The student's process calls this while it starts, a time no exercise is charged for,
     so that an exercise's time limit measures the notebook's code: a fresh process after a crash used to spend
     it inside the next exercise's limit."""
     _WARMED.append(True)

@@ -152,6 +152,10 @@ class TensorMemoryMeter(TorchDispatchMode):
         meter.peak  # bytes
     """
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:  # its first use would import torch._dynamo (seconds): nothing is compiled
+        return False
+
     def __init__(self):
         super().__init__()
         self._live: dict[int, list] = {}  # storage data_ptr -> [nbytes, live tensors]
