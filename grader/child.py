@@ -191,6 +191,12 @@ class _Child:
         self.current_root: str | None = None
         self.watching = 0  # how many `watch()`es are open: the notebook's code is running
         self._next_req = 0
+        # Copies of the answer key (grader.similarity): (cell index, or the file name code was compiled under;
+        # qualname) -> why. A copy that runs while an exercise's call does is that exercise's reference use.
+        self.copies: dict = {}
+        self.cell_files: dict[str, int] = {}  # file name a cell's code was compiled under -> the cell's index
+        self.reference_units: dict | None = None  # the references' statement hashes (for code compiled later)
+        self.copies_sent: set = set()
         self.guard = _Guard()
 
     # encoding --------------------------------------------------------------------------------------------
@@ -337,7 +343,14 @@ class _Child:
             running = other_threads()  # started before the call (at load, say) and still there: a worker
             if running:
                 self.guard.flag(root, f"had {running} thread(s) of its own running when it was observed: {_ELSEWHERE}")
-            grader.observe.EVENT_HOOK = lambda frame, event, arg: self.guard.event(root, frame, event, arg)
+            guard, copies = self.guard, self.copies
+
+            def hook(frame, event, arg):
+                if event == "call" and copies:
+                    self.copy_ran(root, frame.f_code)
+                guard.event(root, frame, event, arg)
+
+            grader.observe.EVENT_HOOK = hook
             try:
                 with self.watch(profile=False):
                     result, obs = observe(target, *call_args, _observe_reads=reads, _observe_dot_scale=dot_scale,
@@ -407,9 +420,13 @@ class _Child:
 
                 watched_code, watched_c = guard.watched_code, guard.watched_c
 
+                copies = child.copies
+
                 def prof(frame, event, arg):
                     if event == "call":
                         code = frame.f_code
+                        if copies:
+                            child.copy_ran(root, code)
                         try:
                             name = codes[code]
                         except KeyError:  # lib's by file, or lib's bytecode loaded from anywhere else
@@ -432,17 +449,60 @@ class _Child:
 
         return _Watch()
 
-    def load(self, notebook, cells):
+    def load(self, notebook, cells, copies=(), references=None):
+        from collections import Counter
+
         from grader.notebook import exercise_module
 
+        # the trusted side found these copies in the cells' source; code compiled later is judged here
+        self.copies.update({(int(index), str(qualname)): str(why) for index, qualname, why in copies})
+        if references:
+            self.reference_units = {str(k): Counter(v) for k, v in references.items()}
         self._apply_memory_limit()  # before the cells run: what they allocate counts too
         previous, self.current_root = self.current_root, None
         try:
             with self.watch():
-                self.module = exercise_module(notebook, cells)
+                self.module = exercise_module(notebook, cells, self.cell_files)
         finally:
             self.current_root = previous
         return {"stubbed": list(self.module._stubbed_cells), "broken": dict(self.module._broken_cells)}
+
+    def judge_compiled(self, source, filename: str) -> None:
+        """Code the notebook's code compiles while it runs (`exec` of decoded text, a file it wrote and imports):
+        its functions that copy the answer key are noted (`copy_ran`)."""
+        if not self.reference_units:
+            return
+        import ast
+
+        from grader.similarity import copies_in_source
+
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            source = bytes(source).decode("utf-8", "replace")
+        elif isinstance(source, ast.AST):
+            try:
+                source = ast.unparse(source)
+            except Exception:  # noqa: BLE001  (a tree ast.unparse cannot print cannot be judged either)
+                return
+        if not isinstance(source, str):
+            return
+        try:
+            found = copies_in_source(source, self.reference_units)
+        except (RecursionError, MemoryError, ValueError):  # a source too deep to parse is not judged
+            return
+        for qualname, why in found.items():
+            self.copies[(filename, qualname)] = why
+
+    def copy_ran(self, root, code) -> None:
+        """A function of the notebook's that copies the answer key ran: sent to the trusted side at once, as the
+        reference use of the exercise whose call it ran in (at load: of every exercise)."""
+        key = (self.cell_files.get(code.co_filename, code.co_filename), getattr(code, "co_qualname", code.co_name))
+        why = self.copies.get(key)
+        if why is None or (root, why) in self.copies_sent:
+            return
+        self.copies_sent.add((root, why))
+        import pickle as _pickle
+
+        send_message(self.w, _pickle.dumps(("copied", root, why), protocol=_pickle.HIGHEST_PROTOCOL))
 
     def _apply_memory_limit(self):
         """`memory` bytes beyond what the process holds now. By address space (RLIMIT_AS) where the child does not
@@ -721,6 +781,8 @@ REDISPATCHED = "redispatched an operator below the dispatch modes the checks obs
 # theirs (or a frozen module's) would pass for theirs.
 IMPERSONATED = ("compiled code under the file name of Python's, a package's or the grader's own code, which the "
                 "checks would take for theirs")
+CODE_MADE = ("made a code object itself (types.CodeType, code.replace): bytecode put together without source is code "
+             "the checks cannot read, a copy of the answer key's included")
 
 
 def _traced(fn):
@@ -971,7 +1033,7 @@ class _Guard:
                   "gc.get_referents": "called gc.get_referents", "ctypes.dlopen": "called C code through ctypes",
                   "ctypes.dlsym": "called C code through ctypes", "ctypes.dlsym/handle": "called C code through ctypes",
                   "object.__setattr__": "changed a class of the grader's", "object.__delattr__": "changed a class of the grader's",
-                  "compile": IMPERSONATED, "code.__new__": IMPERSONATED,
+                  "compile": IMPERSONATED, "code.__new__": CODE_MADE,
                   "marshal.loads": "loaded code with marshal (a code object's file name is whatever its bytes say)",
                   "marshal.load": "loaded code with marshal (a code object's file name is whatever its bytes say)"}
         # compile: through importlib's source_to_code too (one frame up); an import's compile is further away
@@ -983,6 +1045,8 @@ class _Guard:
         spawns = {"os.fork", "os.forkpty", "os.posix_spawn", "os.system", "subprocess.Popen", "os.exec", "os.spawn"}
         getframe = sys._getframe
         grader_dir = str(Path(__file__).resolve().parent) + os.sep
+        # the child's own folder (its cwd at start-up), the one place the notebook's code can write a file to import
+        workdir = os.path.realpath(os.getcwd()) + os.sep
 
         def hook(event, args):
             if event in spawns and child.watching and not busy[0]:  # whoever asks, while graded code runs
@@ -998,6 +1062,11 @@ class _Guard:
             try:
                 if event.startswith("object.") and not str(getattr(args[0], "__module__", "")).startswith("grader."):
                     return
+                if (event == "compile" and len(args) > 1 and isinstance(args[1], str) and args[1].startswith(os.sep)
+                        and os.path.realpath(args[1]).startswith(workdir)):
+                    compiled.add(args[1])  # a file the notebook's code wrote, imported (importlib compiles it)
+                    child.judge_compiled(args[0], args[1])
+                    return
                 frame = getframe(1)
                 for _ in range(reach.get(event, 1)):  # the nearest frame of the notebook's code or the grader's
                     if frame is None or student(frame) or frame.f_code.co_filename.startswith(grader_dir):
@@ -1009,6 +1078,7 @@ class _Guard:
                     name = args[1] if len(args) > 1 and isinstance(args[1], str) else None
                     if name is not None:
                         compiled.add(name)  # code of that name is the notebook's, whatever globals it runs in
+                        child.judge_compiled(args[0], name)  # a copy of the answer key, decoded and exec'd?
                     if name is None or not name.startswith(impersonated):
                         return  # compiled under a name of the notebook's own
                 root = child.current_root if type(child.current_root) is str else None
@@ -1069,7 +1139,7 @@ def _child_main(rfd, wfd, memory, sandbox, memory_kind="as"):
     import torch  # noqa: F401  (imported before the student's code, and before the memory limit)
 
     import lib  # noqa: F401
-    from grader import notebook  # noqa: F401
+    from grader import notebook, similarity  # noqa: F401  (similarity: judges code compiled later, see judge_compiled)
 
     from grader import observe  # the guard remembers its code; warm_up below
     from grader.fingerprint import warm

@@ -62,7 +62,7 @@ from grader.processes import is_subreaper, pids_cgroup, remove_cgroup, process_s
 from grader.proxy import ChildProxy, autograd_function_of
 from grader.status import (TAMPERED_TAIL, DEFAULT_BUDGET, DEFAULT_CALL_TIMEOUT, DEFAULT_CPU, DEFAULT_EXERCISE_TIMEOUT,
                             DEFAULT_MEMORY, limits, one_line)
-from grader.similarity import similar_to_reference
+from grader.similarity import copies_in_cells, reference_units, similar_to_reference
 from grader.view import ViewSpec, build_view, readable_paths
 from grader.wire import (ArgumentChanged, IsolationError, StudentCrash, StudentTimeout, ByValue, SafeUnpickler,
                          TrustedPickler, apply_operation, copy_back, exception_info, rebuild_exception, recv_message, send_message)
@@ -217,6 +217,9 @@ class Session:
         self.received = 0  # bytes of data the child has sent (MAX_RECEIVED)
         self.similar: dict[str, str] = {}  # exercise -> a copy of the answer key its source holds
         self.tampered: dict[str | None, list[str]] = {}  # exercise (None: at load, "*": any) -> what its code did
+        self.copied: dict[str | None, list[str]] = {}  # exercise (None: at load) -> a copy of the answer key it ran
+        self.copies: list = []  # (cell index, qualname, why): see `load`
+        self.reference_units: dict = {}
         self.cells = cells
         lim = limits()  # the grader's --timeout, else the environment's knobs, else the defaults
         self.call_timeout = call_timeout or lim.call_timeout
@@ -292,7 +295,8 @@ class Session:
             hello = self._wait_reply(None, timeout=max(120.0, self.call_timeout))
             self.sandbox = hello
             if self.cells is not None:
-                self.load_info = self._request_raw("load", None, (self.notebook, self.cells))
+                self.load_info = self._request_raw("load", None, (self.notebook, self.cells, self.copies,
+                                                                  self.reference_units))
         finally:
             self.exercise_limit = limit
 
@@ -300,6 +304,10 @@ class Session:
         self.cells = cells
         # Read here, from the source: a renamed or padded copy of lib's code or of the solution (grader.similarity).
         self.similar = similar_to_reference(self.notebook, cells, self.view.week)
+        # ... and for the child, which names the exercise a copy runs for (one parked in another cell, or compiled
+        # by the notebook's code while it runs): the copies in every cell, and the references' statement hashes
+        self.copies = copies_in_cells(self.notebook, cells, self.view.week)
+        self.reference_units = reference_units(self.notebook, self.view.week)
         self.start()
         return self.load_info
 
@@ -493,10 +501,11 @@ class Session:
             if kind == "req" and len(msg) == 5:
                 self._serve(msg)
                 continue
-            if kind == "flag" and len(msg) == 3 and (msg[1] is None or type(msg[1]) is str) and type(msg[2]) is str:
-                found = self.tampered.setdefault(msg[1], [])  # what the child's guard saw: kept here, for good
-                if len(found) < 10 and msg[2][:300] not in found:
-                    found.append(msg[2][:300])
+            if kind in ("flag", "copied") and len(msg) == 3 and (msg[1] is None or type(msg[1]) is str) and type(msg[2]) is str:
+                # what the child's guard saw, or a copy of the answer key that ran: kept here, for good
+                found = (self.tampered if kind == "flag" else self.copied).setdefault(msg[1], [])
+                if len(found) < 10 and msg[2][:400] not in found:
+                    found.append(msg[2][:400])
                 continue
             self._kill("malformed message")
             raise StudentCrash("the student's process broke the protocol")
@@ -601,6 +610,9 @@ class Session:
         do: what the source shows (`grader.similarity`, judged here), then what the child saw."""
         found = {name: self.similar[name] for name in names if name in self.similar}
         for name in names:
+            copied = self.copied.get(name, []) + self.copied.get(None, [])
+            if copied and name not in found:
+                found[name] = f"`{name}` ran code copied from the answer key: {copied[0]}"
             whys = self.tampered.get(name, []) + self.tampered.get(None, []) + self.tampered.get("*", [])
             if whys and name not in found:
                 found[name] = f"`{name}` {whys[0]} — {TAMPERED_TAIL}"

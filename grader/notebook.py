@@ -93,14 +93,18 @@ def remember_source(name: str, lines: list[str]) -> str:
     return name
 
 
-def run_cells(module: ExerciseModule, path: Path, cells) -> None:
-    """Execute `cells` into `module`; a cell that raises is noted (its name then fails with the reason)."""
+def run_cells(module: ExerciseModule, path: Path, cells, files: dict | None = None) -> None:
+    """Execute `cells` into `module`; a cell that raises is noted (its name then fails with the reason). `files`
+    gets the file name each cell's code was compiled under -> the cell's index."""
     for index, grade_id, source in cells:
         # IPython magics and shell escapes mean nothing outside Jupyter; skip those lines.
         lines = [ln for ln in source.splitlines() if not ln.lstrip().startswith(("%", "!"))]
         label = grade_id or f"cell {index}"
         try:
-            code = compile("\n".join(lines), remember_source(f"{path.name}[cell {index}]", lines), "exec")
+            name = remember_source(f"{path.name}[cell {index}]", lines)
+            if files is not None:
+                files[name] = index
+            code = compile("\n".join(lines), name, "exec")
             exec(code, module.__dict__)
         except NotImplementedError:  # a stub at the top level of a cell (e.g. `answer = ...` left undone)
             module._stubbed_cells.append(label)
@@ -121,13 +125,13 @@ def read_notebook(path: Path) -> dict:
                          f"(your work is in the broken file: copy it out first)") from None
 
 
-def exercise_module(path: Path, cells) -> ExerciseModule:
+def exercise_module(path: Path, cells, files: dict | None = None) -> ExerciseModule:
     """A new module holding what `cells` (from `exercise_cells`) define, run in order; see `run_cells`."""
     module = ExerciseModule(Path(path).stem)
     module.__file__ = str(path)
     module._stubbed_cells = []
     module._broken_cells = {}
-    run_cells(module, Path(path), cells)
+    run_cells(module, Path(path), cells, files)
     return module
 
 

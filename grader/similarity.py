@@ -173,37 +173,83 @@ def _given(source: str) -> Counter:
     return units
 
 
-def similar_to_reference(notebook: str | Path, cells, week: int | None) -> dict[str, str]:
-    """{grade_id: why} for the exercise cells of `cells` (`grader.notebook.exercise_cells`) whose functions contain
-    most of a lib function or of the instructor's solution. The solution is not compared with itself, nor at
-    all when `INFERENCE_LAB_SOLUTION_COPIES=allow` (the lab's own tests grade copies of the solution)."""
-    notebook = Path(notebook)
+def _references(notebook: Path, week: int | None) -> tuple[dict[str, Counter], dict[str, str]]:
+    """(reference name -> statement multiset, the solution's exercise cells by grade_id): lib's functions, and the
+    instructor's solution unless `notebook` is that solution or `INFERENCE_LAB_SOLUTION_COPIES=allow`."""
     solutions = _solution_cells(week, notebook.name)
     solution_file = REPO_ROOT / "solutions" / str(week) / notebook.name if week is not None else None
     compare_solution = os.environ.get("INFERENCE_LAB_SOLUTION_COPIES") != "allow" and not (
         solution_file is not None and notebook.resolve() == solution_file.resolve())
     references = {f"lib's {name}": units for name, units in lib_functions().items()}
     if compare_solution:
-        for grade_id, src in solutions.items():
+        for src in solutions.values():
             for name, units in functions(src).items():
                 references[f"the instructor's solution (its `{name}`)"] = units
+    return references, solutions
+
+
+def _copies(source: str, references: dict[str, Counter], given: Counter) -> dict[str, tuple[float, str]]:
+    """{qualname: (share, reference name)} for the functions of `source` that hold THRESHOLD of a reference
+    function of MIN_STATEMENTS or more (what `given` holds, the release's own code, taken out of both)."""
+    found = {}
+    for fn_name, units in functions(source).items():
+        mine = units - given
+        best = (0.0, None)
+        for ref_name, ref in references.items():
+            ref = ref - given
+            if sum(ref.values()) < MIN_STATEMENTS:
+                continue
+            share = containment(ref, mine)
+            if share > best[0]:
+                best = (share, ref_name)
+        if best[0] >= THRESHOLD:
+            found[fn_name] = best
+    return found
+
+
+def _why(fn_name: str, share: float, ref_name: str) -> str:
+    return (f"`{fn_name}` is a copy of {ref_name}: it holds {share:.0%} of that code's statements (names, constants, "
+            f"order and added statements aside)")
+
+
+def similar_to_reference(notebook: str | Path, cells, week: int | None) -> dict[str, str]:
+    """{grade_id: why} for the exercise cells of `cells` (`grader.notebook.exercise_cells`) whose functions contain
+    most of a lib function or of the instructor's solution. The solution is not compared with itself, nor at
+    all when `INFERENCE_LAB_SOLUTION_COPIES=allow` (the lab's own tests grade copies of the solution)."""
+    references, solutions = _references(Path(notebook), week)
     found = {}
     for _, grade_id, source in cells:
         if not grade_id:
             continue
         given = _given(solutions[grade_id]) if grade_id in solutions else Counter()
-        best = (0.0, None, None)
-        for fn_name, units in functions(source).items():
-            mine = units - given
-            for ref_name, ref in references.items():
-                ref = ref - given
-                if sum(ref.values()) < MIN_STATEMENTS:
-                    continue
-                share = containment(ref, mine)
-                if share > best[0]:
-                    best = (share, fn_name, ref_name)
-        if best[0] >= THRESHOLD:
-            share, fn_name, ref_name = best
-            found[grade_id] = (f"`{fn_name}` is a copy of {ref_name}: it holds {share:.0%} of that code's "
-                               f"statements (names, constants, order and added statements aside)")
+        copies = _copies(source, references, given)
+        if copies:
+            fn_name, (share, ref_name) = max(copies.items(), key=lambda kv: kv[1][0])
+            found[grade_id] = _why(fn_name, share, ref_name)
     return found
+
+
+def copies_in_cells(notebook: str | Path, cells, week: int | None) -> list[tuple[int, str, str]]:
+    """(cell index, qualname, why) for every function of every cell the student's process runs — setup cells and
+    the other exercises' cells too — that is a copy of the answer key: the child names the exercise during whose
+    call such a function runs (a copy parked in one cell and called from another exercise's)."""
+    references, solutions = _references(Path(notebook), week)
+    out = []
+    for index, grade_id, source in cells:
+        given = _given(solutions[grade_id]) if grade_id in solutions else Counter()
+        for fn_name, (share, ref_name) in _copies(source, references, given).items():
+            out.append((int(index), fn_name, _why(fn_name, share, ref_name)))
+    return out
+
+
+def reference_units(notebook: str | Path, week: int | None) -> dict[str, dict[str, int]]:
+    """The references as plain data, for the student's process: it judges the code the notebook's code compiles
+    while it runs (an encoded copy decoded and exec'd) with `copies_in_source`. Statement hashes only: nothing of
+    the answer key can be read back from them."""
+    return {name: dict(units) for name, units in _references(Path(notebook), week)[0].items()}
+
+
+def copies_in_source(source: str, references: dict) -> dict[str, str]:
+    """{qualname: why} for the functions of `source` that are copies of `references` (`reference_units`)."""
+    refs = {name: units if isinstance(units, Counter) else Counter(units) for name, units in references.items()}
+    return {fn: _why(fn, share, ref) for fn, (share, ref) in _copies(source, refs, Counter()).items()}

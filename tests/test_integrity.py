@@ -209,6 +209,49 @@ def test_a_renamed_and_padded_copy_of_lib_is_reference_use(tmp_path):
         week17.check_flash_attention_forward(ex.flash_attention_forward)
 
 
+def _copy_elsewhere(route: str) -> dict:
+    """The renamed and padded copy of lib's flash_attention_forward, out of the exercise cell's own source."""
+    import base64
+
+    from lib import attention
+
+    copy = "import math\nimport torch\n" + _renamed_and_padded(
+        attention._causal_block, attention.accumulation_dtype, attention.flash_attention_forward)
+    encoded = base64.b64encode(copy.encode()).decode()
+    decode = f"import base64\n_src = base64.b64decode({encoded!r}).decode()\n"
+    return {
+        # parked in another exercise's cell (that one is lost; this one used to pass)
+        "parked_in_another_cell": dict(prepend={"score_bytes": copy.replace("def flash_attention_forward(", "def _mine(")},
+                                       edits={"flash_attention_forward": "flash_attention_forward = _mine\n"}),
+        # the source check reads a string constant; the copy is compiled while the cells run
+        "decoded_and_exec_d": dict(edits={"flash_attention_forward": decode + "exec(_src)\n"}),
+        "written_to_a_file_and_imported": dict(edits={"flash_attention_forward": decode + (
+            "import sys\nopen('mine_fa.py', 'w').write(_src)\nsys.path.insert(0, '.')\nimport mine_fa\n"
+            "vars(mine_fa).update({k: v for k, v in globals().items() if k not in vars(mine_fa)})\n"
+            "flash_attention_forward = mine_fa.flash_attention_forward\n")}),
+        # bytecode rebuilt under another file name (what it was compiled under is what the child judged)
+        "code_object_rebuilt": dict(edits={"flash_attention_forward": decode + (
+            "import types\n"
+            "def _moved(c):\n"
+            "    return c.replace(co_filename='mine.py', co_consts=tuple(_moved(k) if isinstance(k, types.CodeType) "
+            "else k for k in c.co_consts))\n"
+            "exec(_moved(compile(_src, '<s>', 'exec')))\n")}),
+    }[route]
+
+
+@pytest.mark.parametrize("route", ["parked_in_another_cell", "decoded_and_exec_d", "written_to_a_file_and_imported",
+                                   "code_object_rebuilt"])
+def test_a_copy_of_lib_out_of_the_exercise_cells_source_is_reference_use(tmp_path, route):
+    """The source check reads each exercise cell; a copy parked in another cell, or decoded and compiled while the
+    cells run, is judged in the child when it runs for an exercise (all four passed before)."""
+    from grader.checks import week17
+
+    ex = _load(tmp_path, 17, **_copy_elsewhere(route))
+    with pytest.raises(AssertionError, match=r"ran code copied from the answer key: `\w+` is a copy of lib's "
+                                             r"lib.attention.flash_attention_forward|made a code object itself"):
+        week17.check_flash_attention_forward(ex.flash_attention_forward)
+
+
 def test_a_copy_of_the_solution_is_reference_use(tmp_path, monkeypatch):
     from grader.checks import week17
 
@@ -228,6 +271,9 @@ def test_honest_solutions_are_not_flagged():
     for week in range(16, 22):
         path, nb = _solution(week)
         assert similarity.similar_to_reference(path, exercise_cells(nb), week) == {}
+        assert similarity.copies_in_cells(path, exercise_cells(nb), week) == []  # setup cells included
+        release = next((REPO / "weeks" / str(week)).glob("*.ipynb"))
+        assert similarity.copies_in_cells(release, exercise_cells(json.loads(release.read_text())), week) == []
 
 
 # --- behaving differently under observation, switching the watch off ---------------------------------------------

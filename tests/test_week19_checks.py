@@ -689,7 +689,10 @@ def child(tmp_path_factory):
     source += "\n".join(["\nfrom collections import OrderedDict", cells["BlockAllocator"], cells["PrefixCache"], PREFIX_CACHE_ROUTES])
     # Most routes are lib's parts with one thing broken: they need lib whole, as on a machine without Landlock's
     # read restriction (grader.view); what the week's view does to them is tests/test_integrity.py's subject.
-    session = Session(tmp_path_factory.mktemp("nb") / "week19_wrong_routes.ipynb", view=ViewSpec.everything(19))
+    # Each route must be rejected by its own rule, not by the per-call time limit: a slow one (a whole-row route
+    # took 36 s quiet) ran past 60 s on a loaded 2-core machine and was stopped instead.
+    session = Session(tmp_path_factory.mktemp("nb") / "week19_wrong_routes.ipynb", view=ViewSpec.everything(19),
+                      call_timeout=300)
     session.load([(0, None, source)])
     yield session
     session.close()
