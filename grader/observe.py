@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.utils.flop_counter
 
 from grader.triton_watch import TritonWatch
 
@@ -346,7 +345,10 @@ def observe(fn, *args, **kwargs):
     # Host memory too (`Observation.host_peak_bytes`): tracemalloc slows Python-heavy code several-fold, so only
     # where a check bounds memory that numpy could hold instead of torch.
     host_memory = bool(kwargs.pop("_observe_host", False)) and not light
+    from torch.utils import flop_counter  # here, not at import: it imports triton (set TRITON_INTERPRET first: lib)
     from torch.utils.flop_counter import FlopCounterMode
+
+    _without_dynamo_import(getattr(flop_counter, "_FlopCounterMode", object))  # FlopCounterMode's own mode
 
     from lib.io_model import TensorMemoryMeter
 
@@ -503,9 +505,6 @@ def _without_dynamo_import(mode_class) -> None:
     raw = getattr(mode_class.__dict__.get("__torch_dispatch__"), "__wrapped__", None)
     if raw is not None:
         mode_class.__torch_dispatch__ = raw
-
-
-_without_dynamo_import(getattr(torch.utils.flop_counter, "_FlopCounterMode", object))  # FlopCounterMode's mode
 
 
 def warm_up() -> None:
