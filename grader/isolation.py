@@ -607,23 +607,25 @@ class Session:
 
     def reference_use(self, names: list[str]) -> dict[str, str]:
         """{exercise name: how it uses lib's own implementation, or a copy of the answer key} for the names that
-        do: what the source shows (`grader.similarity`, judged here), then what the child saw."""
+        do: what the source shows (`grader.similarity`, judged here), then what the child saw (lib's own bytecode,
+        the more exact finding, before a copy of the answer key that ran for the exercise)."""
         found = {name: self.similar[name] for name in names if name in self.similar}
+        copied = {}
         for name in names:
-            copied = self.copied.get(name, []) + self.copied.get(None, [])
-            if copied and name not in found:
-                found[name] = f"`{name}` ran code copied from the answer key: {copied[0]}"
+            whys = self.copied.get(name, []) + self.copied.get(None, [])
+            if whys and name not in found:
+                copied[name] = f"`{name}` ran code copied from the answer key: {whys[0]}"
             whys = self.tampered.get(name, []) + self.tampered.get(None, []) + self.tampered.get("*", [])
             if whys and name not in found:
                 found[name] = f"`{name}` {whys[0]} — {TAMPERED_TAIL}"
         if self.dead is not None:
-            return found
+            return {**copied, **found}
         try:
             seen = self._request_raw("refs", None, (list(names),), during="the reference-use query")
         except IsolationError:
-            return found
+            return {**copied, **found}
         seen = {k: v for k, v in seen.items() if type(k) is str and type(v) is str}
-        return {**seen, **found}
+        return {**copied, **seen, **found}
 
     def proxy(self, oid: int, info: dict) -> ChildProxy:
         """A proxy of the child's object `oid` (the codec's `R` tag)."""
