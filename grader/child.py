@@ -24,6 +24,10 @@ from grader.wire import GENERATOR_STATE, TENSOR_CHANGED, apply_operation, except
 LIB_DIR = str(Path(__file__).resolve().parent.parent / "lib") + os.sep
 
 _CHILD = None
+# The grader's own modules in this process, as they were loaded before the notebook's code ran: taken from here, not
+# from sys.modules, which they leave (`_hide_modules`) so that the notebook's `import grader.child` finds a fresh copy
+# of the file rather than this process's records. Also lib's memory meter, which a check may ask to measure a call.
+_OWN: dict = {}
 
 
 class _ParentProxy:
@@ -319,7 +323,7 @@ class _Child:
             with self.watch():
                 return [target(*a, **k) for a, k in calls]
         if op == "metered":
-            from lib.io_model import TensorMemoryMeter
+            TensorMemoryMeter = _OWN["TensorMemoryMeter"]
 
             call_args, kwargs = args
             before = self._snapshot(call_args, kwargs)
@@ -327,7 +331,8 @@ class _Child:
                 result = target(*call_args, **kwargs)
             return (result, int(meter.peak), self._copied(call_args, kwargs, before))
         if op == "observe":
-            from grader.observe import observe, to_wire
+            own_observe = _OWN["grader.observe"]
+            observe, to_wire = own_observe.observe, own_observe.to_wire
 
             call_args, kwargs = args
             reads = kwargs.pop("_observe_reads", ())  # the observation's options, not the function's
@@ -337,7 +342,6 @@ class _Child:
             before = self._snapshot(call_args, kwargs)
             # a scaled run differs by design; a light one is one of a check's every-call observations (no rerun)
             again = _Rerun(target, call_args, kwargs) if dot_scale == 1.0 and not light else None
-            import grader.observe
 
             root = self.current_root
             running = other_threads()  # started before the call (at load, say) and still there: a worker
@@ -350,19 +354,19 @@ class _Child:
                     self.copy_ran(root, frame.f_code)
                 guard.event(root, frame, event, arg)
 
-            grader.observe.EVENT_HOOK = hook
+            own_observe.EVENT_HOOK = hook
             try:
                 with self.watch(profile=False):
                     result, obs = observe(target, *call_args, _observe_reads=reads, _observe_dot_scale=dot_scale,
                                           _observe_light=light, _observe_host=host, **kwargs)
             finally:
-                grader.observe.EVENT_HOOK = None
-            if obs.ops.get(grader.observe.WATCH_REMOVED):
+                own_observe.EVENT_HOOK = None
+            if obs.ops.get(own_observe.WATCH_REMOVED):
                 self.guard.flag(root, "switched off the grader's watch of its calls while it was observed")
-            if obs.ops.get(grader.observe.DISPATCH_OFF):
+            if obs.ops.get(own_observe.DISPATCH_OFF):
                 self.guard.flag(root, "ran code with torch's dispatch to the checks' observers switched off (the "
                                       "Python dispatch key excluded or dropped): what ran then went unseen")
-            own = sorted(k.split()[-1] for k in obs.ops if k.startswith(grader.observe.OWN_OPERATOR + " "))
+            own = sorted(k.split()[-1] for k in obs.ops if k.startswith(own_observe.OWN_OPERATOR + " "))
             if own:
                 self.guard.flag(root, f"ran an operator it registered itself ({', '.join(own[:3])}, torch.library): "
                                       f"what its kernel computes is out of the checks' sight")
@@ -452,7 +456,7 @@ class _Child:
     def load(self, notebook, cells, copies=(), references=None):
         from collections import Counter
 
-        from grader.notebook import exercise_module
+        exercise_module = _OWN["grader.notebook"].exercise_module
 
         # the trusted side found these copies in the cells' source; code compiled later is judged here
         self.copies.update({(int(index), str(qualname)): str(why) for index, qualname, why in copies})
@@ -469,13 +473,11 @@ class _Child:
 
     def judge_compiled(self, source, filename: str) -> None:
         """Code the notebook's code compiles while it runs (`exec` of decoded text, a file it wrote and imports):
-        its functions that copy the answer key are noted (`copy_ran`)."""
-        if not self.reference_units:
-            return
+        its functions that copy the answer key are noted (`copy_ran`), and a use of the attributes that lead to
+        the grader's objects is a verdict at once (as in the cells' own source: `introspection_in_cells`)."""
         import ast
 
-        from grader.similarity import copies_in_source
-
+        similarity = _OWN["grader.similarity"]
         if isinstance(source, (bytes, bytearray, memoryview)):
             source = bytes(source).decode("utf-8", "replace")
         elif isinstance(source, ast.AST):
@@ -486,11 +488,19 @@ class _Child:
         if not isinstance(source, str):
             return
         try:
-            found = copies_in_source(source, self.reference_units)
+            peeks = similarity.introspection_in_source(source)
+            found = similarity.copies_in_source(source, self.reference_units) if self.reference_units else {}
         except (RecursionError, MemoryError, ValueError):  # a source too deep to parse is not judged
             return
         for qualname, why in found.items():
             self.copies[(filename, qualname)] = why
+        if peeks:
+            import pickle as _pickle
+
+            line, name = peeks[0]
+            root = self.current_root if type(self.current_root) is str else None
+            why = similarity.introspection_why(name, f"line {line} of code it compiled as {filename!r}")
+            send_message(self.w, _pickle.dumps(("flag", root, why), protocol=_pickle.HIGHEST_PROTOCOL))
 
     def copy_ran(self, root, code) -> None:
         """A function of the notebook's that copies the answer key ran: sent to the trusted side at once, as the
@@ -781,6 +791,12 @@ REDISPATCHED = "redispatched an operator below the dispatch modes the checks obs
 # theirs (or a frozen module's) would pass for theirs.
 IMPERSONATED = ("compiled code under the file name of Python's, a package's or the grader's own code, which the "
                 "checks would take for theirs")
+PEEKED = ("asked for the grader's profiler function (sys.getprofile, sys.gettrace): what it holds is the grader's "
+          "record of what ran")
+FRAME_TAKEN = ("took a frame (sys._getframe, inspect, a traceback's tb_frame, a generator's gi_frame, a signal "
+               "handler): a frame's f_back leads to the grader's own frames and objects")
+CODE_REPLACED = "replaced a function's code (`__code__`): the checks would read one function and run another"
+_FRAME_ATTRIBUTES = frozenset(("tb_frame", "gi_frame", "cr_frame", "ag_frame"))
 CODE_MADE = ("made a code object itself (types.CodeType, code.replace): bytecode put together without source is code "
              "the checks cannot read, a copy of the answer key's included")
 
@@ -806,6 +822,13 @@ def _spawning(fn):
     return start
 
 
+def _peeking(fn):
+    """`fn` (a builtin that hands out the grader's objects: sys.getprofile) behind Python code the profiler sees."""
+    def peek(*args, **kwargs):
+        return fn(*args, **kwargs)
+    return peek
+
+
 def _guarded_redispatch(self, *args, **kwargs):
     return type(self)._grader_redispatch(self, *args, **kwargs)
 
@@ -816,6 +839,22 @@ def _guarded_init(self, *args, **kwargs):
 
 def _guarded_enter(self, *args):
     return type(self)._grader_enter(self, *args)
+
+
+# The shims above are put where the notebook's code can reach them (torch._C's attributes, a class's methods); a
+# function's `__globals__` is readable without an audit event, so theirs hold nothing but the builtins (and the file
+# name, which tells the checks that the code is the grader's): not this module, whose `_CHILD` is the grader's record.
+_BARE = {"__builtins__": __builtins__, "__file__": __file__, "__name__": __name__}
+
+
+def _bare(fn):
+    import types
+
+    return types.FunctionType(fn.__code__, _BARE, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+_traced, _internal, _spawning, _peeking = _bare(_traced), _bare(_internal), _bare(_spawning), _bare(_peeking)
+_guarded_redispatch, _guarded_init, _guarded_enter = _bare(_guarded_redispatch), _bare(_guarded_init), _bare(_guarded_enter)
 
 
 def _guard_type(cls) -> None:
@@ -834,10 +873,14 @@ def other_threads() -> int:
     return len(sys._current_frames()) - 1
 
 
+_MISSING = object()
+
+
 class _Guard:
     """Second line behind `grader.view` (which keeps the answers out of this process): the notebook's code must not
-    switch off the watching (`sys.setprofile`), pop the checks' dispatch modes, walk the garbage collector to the
-    grader's objects, call C through ctypes, or rewrite the grader's own modules here. What it did is a verdict
+    switch off the watching (`sys.setprofile`), pop the checks' dispatch modes, walk the garbage collector, a frame
+    or the profiler function to the grader's objects, call C through ctypes, or rewrite the grader's own modules
+    here or what its observers run on (`_machinery`). What it did is a verdict
     for the exercise it was running (or for every exercise, when it did it while the cells loaded)."""
 
     def __init__(self):
@@ -851,7 +894,8 @@ class _Guard:
 
         for name in ("_pop_torch_dispatch_stack", "_pop_torch_dispatch_mode", "_set_dispatch_mode",
                      "_unset_dispatch_mode", "_push_on_torch_dispatch_stack", "_dispatch_tls_set_dispatch_key_excluded",
-                     "_dispatch_tls_set_dispatch_key_included", "_disabled_torch_dispatch_impl"):
+                     "_dispatch_tls_set_dispatch_key_included", "_disabled_torch_dispatch_impl",
+                     "_get_dispatch_stack_at", "_get_dispatch_mode"):  # the last two hand out the modes themselves
             fn = getattr(torch._C, name, None)
             if fn is not None and getattr(fn, "__code__", None) is None:
                 self.watched_c[id(fn)] = f"called torch._C.{name} (the checks observe through a dispatch mode)"
@@ -903,7 +947,8 @@ class _Guard:
         for fn, label in ((threading.setprofile, "called threading.setprofile"),
                           (threading.settrace, "called threading.settrace")):
             self.watched_code[fn.__code__] = label
-        for name in ("_pop_mode", "_pop_mode_temporarily", "_disable_current_modes"):
+        for name in ("_pop_mode", "_pop_mode_temporarily", "_disable_current_modes", "_get_current_dispatch_mode",
+                     "_get_current_dispatch_mode_stack"):
             fn = getattr(pd, name, None)
             code = getattr(getattr(fn, "__wrapped__", fn), "__code__", None)
             if code is not None:
@@ -943,6 +988,28 @@ class _Guard:
             cls = getattr(torch._C, name, None)
             if isinstance(cls, type) and "__init__" in vars(cls) and not getattr(cls, "_grader_guarded", False):
                 _guard_type(cls)
+        # The ways to the grader's objects here that no audit event reports (frames taken by the notebook's code are
+        # `audit`'s): the profiler function (sys.getprofile; its closure holds what this process records), the
+        # functions that hand out frames (a frame's f_back leads to the grader's frames and their locals), and a
+        # signal handler (it is given the running frame). Their builtins become Python code the profiler sees.
+        import inspect
+        import signal
+        import traceback
+
+        import _signal
+
+        for module, name in ((sys, "getprofile"), (sys, "gettrace")):
+            fn = getattr(module, name, None)
+            if fn is not None and getattr(fn, "__code__", None) is None:
+                self.watched_c[id(fn)] = PEEKED
+                setattr(module, name, _peeking(fn))
+        self.watched_code[_peeking(None).__code__] = PEEKED
+        for fn in (inspect.currentframe, inspect.stack, inspect.trace, inspect.getouterframes, inspect.getinnerframes,
+                   traceback.walk_stack, traceback.walk_tb, signal.signal):
+            code = getattr(fn, "__code__", None)
+            if code is not None:
+                self.watched_code[code] = FRAME_TAKEN
+        self.watched_c[id(_signal.signal)] = FRAME_TAKEN
         import site
 
         trusted = [str(Path(__file__).resolve().parent.parent), sys.prefix, sys.base_prefix, sys.exec_prefix]
@@ -952,7 +1019,8 @@ class _Guard:
         except AttributeError:
             pass
         self.trusted = tuple(os.path.realpath(p) + os.sep for p in trusted if p) + tuple(p + os.sep for p in trusted if p)
-        self.intact: dict = {}
+        self.intact: list = []
+        self.machinery: list = []
         self.compiled: set = set()  # the file names the notebook's code compiled code under ("<string>", say)
 
     def student(self, frame) -> bool:
@@ -992,30 +1060,77 @@ class _Guard:
         return self.flags.get(name, []) + self.flags.get(None, []) + self.flags.get("*", [])
 
     @staticmethod
-    def _members():
-        import grader.fingerprint
-        import grader.notebook
-        import grader.observe
-        import grader.wire
+    def _members() -> list:
+        """The grader's code here: [(label, the live mapping that holds it, name, the object)] — compared by
+        identity later (`_changes`), with the objects themselves kept (an id can be reused)."""
+        observe, fingerprint, wire, notebook = (_OWN[f"grader.{m}"] for m in ("observe", "fingerprint", "wire", "notebook"))
+        out = []
+        for holder in (_OWN.get("grader.child") or sys.modules[__name__], observe, fingerprint, wire, notebook, _Child,
+                       _ChildPickler, _ChildUnpickler, _ParentProxy, _Guard, _Rerun, observe.OpRecorder,
+                       observe.Observation):
+            mapping, name = vars(holder), getattr(holder, "__name__", str(holder))
+            out += [(f"{name}.{k}", mapping, k, v) for k, v in mapping.items()
+                    if callable(v) or isinstance(v, (staticmethod, classmethod, property))]
+        return out
 
-        out = {}
-        for holder in (sys.modules[__name__], grader.observe, grader.fingerprint, grader.wire, grader.notebook,
-                       _Child, _ChildPickler, _ChildUnpickler, _ParentProxy, _Guard, _Rerun,
-                       grader.observe.OpRecorder, grader.observe.Observation):
-            for k, v in vars(holder).items():
-                if callable(v) or isinstance(v, (staticmethod, classmethod, property)):
-                    out[(getattr(holder, "__name__", str(holder)), k)] = id(v)
+    @staticmethod
+    def _machinery() -> list:
+        """What the observers run on that is not the grader's, as `_members`: torch's dispatch-mode machinery
+        (TorchDispatchMode, the mode stack's functions in torch._C and torch.utils._python_dispatch, OpOverload, the
+        Tensor class), FlopCounterMode with its table of formulas, lib's memory meter, the profiler's functions —
+        and that each of their modules is still the one `sys.modules` names. The notebook's code that replaced one
+        (`torch.utils._python_dispatch._push_mode = ...`: no mode is pushed, nothing is seen) would change what
+        every check measures."""
+        import torch
+        import torch._ops
+        import torch.utils._python_dispatch as pd
+
+        flop_counter = sys.modules.get("torch.utils.flop_counter")
+        meter = _OWN.get("TensorMemoryMeter")
+        holders = [torch._C, pd, torch._ops, pd.TorchDispatchMode, torch._ops.OpOverload, torch._ops.OpOverloadPacket,
+                   torch.Tensor, torch._C.TensorBase]
+        if flop_counter is not None:
+            holders += [flop_counter, flop_counter.FlopCounterMode, getattr(flop_counter, "_FlopCounterMode", None)]
+        if meter is not None:
+            holders += [sys.modules.get(meter.__module__), meter]
+        out = []
+        for holder in holders:
+            if holder is None:
+                continue
+            mapping, name = vars(holder), getattr(holder, "__name__", str(holder))
+            if isinstance(holder, type(sys)):
+                out.append((f"sys.modules[{name!r}]", sys.modules, name, holder))
+            out += [(f"{name}.{k}", mapping, k, v) for k, v in mapping.items()
+                    if callable(v) or isinstance(v, (staticmethod, classmethod, property))]
+        out += [(f"sys.{k}", vars(sys), k, getattr(sys, k)) for k in
+                ("setprofile", "getprofile", "settrace", "gettrace", "_getframe", "_current_frames") if hasattr(sys, k)]
+        registry = getattr(flop_counter, "flop_registry", None)
+        if isinstance(registry, dict):
+            out.append(("torch.utils.flop_counter.flop_registry", vars(flop_counter), "flop_registry", registry))
+            out += [(f"torch.utils.flop_counter.flop_registry[{k}]", registry, k, v) for k, v in registry.items()]
         return out
 
     def remember(self) -> None:
-        """What the grader's code in this process is, before the notebook's code runs."""
+        """What the grader's code in this process is, and what it observes through, before the notebook's code runs."""
         self.intact = self._members()
+        self.machinery = self._machinery()
+
+    @staticmethod
+    def _changes(intact: list, machinery: list) -> list[str]:
+        out = []
+        missing = _MISSING
+        changed = [label for label, mapping, key, obj in intact if mapping.get(key, missing) is not obj]
+        if changed:
+            out.append(f"replaced the grader's own code in its process ({', '.join(sorted(changed)[:3])})")
+        changed = [label for label, mapping, key, obj in machinery if mapping.get(key, missing) is not obj]
+        if changed:
+            out.append(f"changed what the checks observe through ({', '.join(sorted(changed)[:3])}): the dispatch "
+                       f"modes, meters and formulas that see every operation of a call")
+        return out
 
     def check_intact(self) -> None:
-        now = self._members()
-        changed = sorted(f"{m}.{k}" for (m, k), v in self.intact.items() if now.get((m, k)) != v)
-        if changed:
-            self.flag("*", f"replaced the grader's own code in its process ({', '.join(changed[:3])})")
+        for why in self._changes(self.intact, self.machinery):
+            self.flag("*", why)
 
     def audit(self, child, wfd) -> None:
         """A `sys.addaudithook` hook — which no code in this process can remove — for what the profiler cannot see:
@@ -1024,21 +1139,25 @@ class _Guard:
         Done by the notebook's code, each is sent to the trusted process at once, as a verdict it keeps."""
         import pickle as _pickle
 
-        from grader.wire import send_message as send
-
+        send = send_message
+        changed_class = "changed a class of the grader's"
         student, busy, sent = self.student, [False], set()
         labels = {"sys.setprofile": "called sys.setprofile", "sys.settrace": "called sys.settrace",
-                  "sys._getframe": "called sys._getframe (the grader's frames are not the notebook's to read)",
+                  "sys._getframe": FRAME_TAKEN, "sys._current_frames": FRAME_TAKEN,
                   "gc.get_objects": "called gc.get_objects", "gc.get_referrers": "called gc.get_referrers",
                   "gc.get_referents": "called gc.get_referents", "ctypes.dlopen": "called C code through ctypes",
                   "ctypes.dlsym": "called C code through ctypes", "ctypes.dlsym/handle": "called C code through ctypes",
-                  "object.__setattr__": "changed a class of the grader's", "object.__delattr__": "changed a class of the grader's",
+                  "object.__setattr__": changed_class, "object.__delattr__": changed_class,
                   "compile": IMPERSONATED, "code.__new__": CODE_MADE,
                   "marshal.loads": "loaded code with marshal (a code object's file name is whatever its bytes say)",
                   "marshal.load": "loaded code with marshal (a code object's file name is whatever its bytes say)"}
         # compile: through importlib's source_to_code too (one frame up); an import's compile is further away
+        # a frame: only the notebook's own reading counts (collections.namedtuple reads its caller's module name from
+        # sys._getframe; the functions that hand a frame to their caller are watched instead: `_Guard.__init__`)
         reach = {"sys.setprofile": 8, "sys.settrace": 8, "ctypes.dlopen": 2, "ctypes.dlsym": 2, "ctypes.dlsym/handle": 2,
-                 "compile": 2}
+                 "compile": 2, "sys._getframe": 0, "sys._current_frames": 0, "object.__getattr__": 0,
+                 "object.__setattr__": 0}
+        frame_attributes = _FRAME_ATTRIBUTES
         impersonated = tuple(self.trusted) + ("<frozen",)
         compiled = self.compiled
         # a process started however it is called (functools.partial of os.fork leaves no profiler event)
@@ -1056,11 +1175,15 @@ class _Guard:
                     send(wfd, _pickle.dumps(("flag", root, SPAWNED), protocol=_pickle.HIGHEST_PROTOCOL))
                 return
             label = labels.get(event)
+            if event == "object.__getattr__":  # (every `__code__` read, too)
+                label = FRAME_TAKEN if len(args) > 1 and args[1] in frame_attributes else None
+            elif event == "object.__setattr__" and len(args) > 1 and args[1] == "__code__":
+                label = CODE_REPLACED
             if label is None or busy[0]:
                 return
             busy[0] = True
             try:
-                if event.startswith("object.") and not str(getattr(args[0], "__module__", "")).startswith("grader."):
+                if label is changed_class and not str(getattr(args[0], "__module__", "")).startswith("grader."):
                     return
                 if (event == "compile" and len(args) > 1 and isinstance(args[1], str) and args[1].startswith(os.sep)
                         and os.path.realpath(args[1]).startswith(workdir)):
@@ -1094,13 +1217,14 @@ class _Guard:
         """A check bound now, before the notebook's code runs: it compares the grader's code with what it was and
         returns the verdicts not yet sent. Rebinding `_Guard`'s methods or the guard's record later changes
         nothing for it (it holds its own copies)."""
-        intact, members, flags, guard, sent = dict(self.intact), self._members, self.flags, self, set()
+        intact, machinery, changes = list(self.intact), list(self.machinery), self._changes
+        flags, guard, sent = self.flags, self, set()
 
         def check():
-            now = members()
-            changed = sorted(f"{m}.{k}" for (m, k), v in intact.items() if now.get((m, k)) != v)
-            if changed:
-                flags.setdefault("*", []).append(f"replaced the grader's own code in its process ({', '.join(changed[:3])})")
+            for why in changes(intact, machinery):
+                found = flags.setdefault("*", [])
+                if why not in found:
+                    found.append(why)
             if guard.__dict__.get("flags") is not flags:
                 flags.setdefault("*", []).append("replaced the grader's record of what it saw")
             out = []
@@ -1116,6 +1240,10 @@ class _Guard:
 
 class _ChildUnpickler(pickle.Unpickler):
     """In the child: the trusted side's messages (trusted, so a normal unpickler) with its references resolved."""
+
+    def find_class(self, module, name):
+        own = _OWN.get(module)  # the grader's modules are no longer in sys.modules (`_hide_modules`)
+        return getattr(own, name) if own is not None else super().find_class(module, name)
 
     def persistent_load(self, pid):
         tag = pid[0]
@@ -1138,17 +1266,39 @@ def _child_main(rfd, wfd, memory, sandbox, memory_kind="as"):
     global _CHILD
     import torch  # noqa: F401  (imported before the student's code, and before the memory limit)
 
-    import lib  # noqa: F401
+    import lib.io_model  # lib first: it sets TRITON_INTERPRET before anything imports triton
     from grader import notebook, similarity  # noqa: F401  (similarity: judges code compiled later, see judge_compiled)
 
     from grader import observe  # the guard remembers its code; warm_up below
     from grader.fingerprint import warm
 
+    _OWN.update((name, module) for name, module in list(sys.modules.items())
+                if name == "grader" or name.startswith("grader."))
+    _OWN["TensorMemoryMeter"] = lib.io_model.TensorMemoryMeter
     warm()  # lib's fingerprints, taken before the student's code can touch lib's modules
     observe.warm_up()  # the first observation's fixed cost, paid at start-up rather than in an exercise's time
     _CHILD = _Child(rfd, wfd, memory, sandbox)
     _CHILD.memory_kind = memory_kind
     _CHILD.guard.remember()
     _CHILD.guard.audit(_CHILD, wfd)
+    _hide_modules()
     _CHILD.send(("ok", None, sandbox))
     _CHILD.loop()
+
+
+def _hide_modules() -> None:
+    """The grader's modules leave `sys.modules` (and the `grader` package's attributes, and the start-up script's
+    globals, `__main__`): the notebook's `import grader.child` then loads a fresh copy of the file, whose `_CHILD`
+    is None, instead of handing it this process's records of what ran (which it could clear). The grader's own code
+    keeps its modules (`_OWN`). `grader.checks` is a stub either way."""
+    for name in [n for n in sys.modules if n == "grader" or n.startswith("grader.")]:
+        _OWN.setdefault(name, sys.modules[name])
+        del sys.modules[name]
+    package = _OWN.get("grader")
+    for name in list(vars(package)) if package is not None else ():
+        if isinstance(getattr(package, name), type(sys)):
+            delattr(package, name)
+    main = sys.modules.get("__main__")
+    if main is not None:
+        for name in [n for n in vars(main) if not n.startswith("__")]:  # the script never returns to use them
+            delattr(main, name)

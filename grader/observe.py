@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from grader.fingerprint import lib_name, oracle_name, warm
 from grader.triton_watch import TritonWatch
 
 
@@ -345,17 +346,10 @@ def observe(fn, *args, **kwargs):
     # Host memory too (`Observation.host_peak_bytes`): tracemalloc slows Python-heavy code several-fold, so only
     # where a check bounds memory that numpy could hold instead of torch.
     host_memory = bool(kwargs.pop("_observe_host", False)) and not light
-    from torch.utils import flop_counter  # here, not at import: it imports triton (set TRITON_INTERPRET first: lib)
-    from torch.utils.flop_counter import FlopCounterMode
-
-    _without_dynamo_import(getattr(flop_counter, "_FlopCounterMode", object))  # FlopCounterMode's own mode
-
-    from lib.io_model import TensorMemoryMeter
+    FlopCounterMode, TensorMemoryMeter, formulas = _observer_classes()
 
     obs = Observation()
     seen: set[str] = set()
-
-    from grader.fingerprint import lib_name, oracle_name, warm
 
     warm()  # builds the tables of lib's (and the oracles') code before the code observed runs
 
@@ -388,6 +382,7 @@ def observe(fn, *args, **kwargs):
             hook(frame, event, arg)
 
     flops = FlopCounterMode(display=False)
+    flops.flop_registry = dict(formulas)  # the formulas as they were before the observed code could change them
     meter = TensorMemoryMeter()
     previous = sys.getprofile()
     if not light:
@@ -493,6 +488,22 @@ class _HostMeter:
 
 
 _WARMED: list = []
+_OBSERVER_CLASSES: list = []
+
+
+def _observer_classes() -> list:
+    """[FlopCounterMode, lib's TensorMemoryMeter, FlopCounterMode's formulas] as first looked up — in the student's
+    process at start-up (`warm_up`), before its code runs: a class or a formula it later puts in their modules'
+    place is not the one used (and is a verdict there: grader.child's `_Guard._machinery`). Imported here, not at
+    this module's import: torch.utils.flop_counter imports triton, after lib has set TRITON_INTERPRET."""
+    if not _OBSERVER_CLASSES:
+        from torch.utils import flop_counter
+
+        from lib.io_model import TensorMemoryMeter
+
+        _without_dynamo_import(getattr(flop_counter, "_FlopCounterMode", object))  # FlopCounterMode's own mode
+        _OBSERVER_CLASSES.extend((flop_counter.FlopCounterMode, TensorMemoryMeter, dict(flop_counter.flop_registry)))
+    return _OBSERVER_CLASSES
 
 
 def _without_dynamo_import(mode_class) -> None:

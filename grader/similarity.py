@@ -253,3 +253,45 @@ def copies_in_source(source: str, references: dict) -> dict[str, str]:
     """{qualname: why} for the functions of `source` that are copies of `references` (`reference_units`)."""
     refs = {name: units if isinstance(units, Counter) else Counter(units) for name, units in references.items()}
     return {fn: _why(fn, share, ref) for fn, (share, ref) in _copies(source, refs, Counter()).items()}
+
+
+# --- reaching the grader's objects ---------------------------------------------------------------------------------
+
+# The attributes through which code walks from a function or a frame to the objects behind it: a function's module
+# globals and closure, a frame's caller and namespaces. In the student's process every one of them leads to the
+# grader's own objects (its records of what ran, what it watches), and no audit event reports reading them. An
+# exercise has no use for any of them; the notebook's source (and source it compiles while it runs) may not name them.
+INTROSPECTION = ("__globals__", "__closure__", "cell_contents", "f_back", "f_locals", "f_globals", "f_builtins")
+
+
+def introspection_in_source(source: str) -> list[tuple[int, str]]:
+    """(line, name) for each use of an `INTROSPECTION` attribute in `source`: read as an attribute (`f.__globals__`)
+    or named by a string (`getattr(f, "__closure__")`)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in INTROSPECTION:
+            out.append((node.lineno, node.attr))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in INTROSPECTION:
+            out.append((node.lineno, node.value))
+    return sorted(set(out))
+
+
+def introspection_why(name: str, where: str) -> str:
+    return (f"reads `{name}` ({where}): through a function's globals or closure, or a frame's caller, code reaches "
+            f"the grader's own objects in its process; an exercise has no use for it (remove it)")
+
+
+def introspection_in_cells(cells) -> list[str]:
+    """One reason per cell of `cells` (`grader.notebook.exercise_cells`) whose source uses an `INTROSPECTION`
+    attribute (`introspection_in_source`)."""
+    out = []
+    for index, _, source in cells:
+        found = introspection_in_source(source)
+        if found:
+            line, name = found[0]
+            out.append(introspection_why(name, f"cell {index}, line {line}"))
+    return out

@@ -21,6 +21,8 @@ import weakref
 import numpy as np
 import torch
 
+from grader.fingerprint import lib_name
+
 # The builtins a kernel may call (Triton's frontend accepts these in a kernel).
 INPUT_COPY_LIMIT = 64 << 20  # bytes of tensor arguments copied to see that a kernel read them as passed
 KERNEL_BUILTINS = {"range", "float", "int", "bool", "min", "max", "abs", "len", "print", "isinstance", "tuple"}
@@ -304,10 +306,6 @@ def kernel_argument_problems(name: str, args, kwargs) -> list[str]:
 
 def _lib_kernel(fn) -> str | None:
     """The lab's name for `fn` if it is one of lib's functions (by file or by fingerprint: grader.fingerprint)."""
-    try:
-        from grader.fingerprint import lib_name
-    except ImportError:
-        return None
     code = getattr(fn, "__code__", None)
     return lib_name(code) if code is not None else None
 

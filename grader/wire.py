@@ -27,6 +27,8 @@ import struct
 import time
 import types
 
+from grader.notebook import ExerciseMissing, NotImplementedYet
+
 MAX_MESSAGE = 1 << 30  # 1 GiB: a bigger message from the child is a protocol violation
 STORAGE_BUDGET = 2 << 30  # bytes of child buffers the trusted side keeps a local twin of, per child
 
@@ -139,8 +141,6 @@ _SAFE_EXC["StopIteration"] = StopIteration
 
 def rebuild_exception(info) -> BaseException:
     """An exception from (MRO names, message), using only built-in classes (and grader.notebook's two)."""
-    from grader.notebook import ExerciseMissing, NotImplementedYet
-
     names, msg = info
     if not (isinstance(names, list) and all(type(n) is str for n in names) and type(msg) is str):
         return IsolationError("malformed exception from the student's process")

@@ -252,6 +252,43 @@ def test_a_copy_of_lib_out_of_the_exercise_cells_source_is_reference_use(tmp_pat
         week17.check_flash_attention_forward(ex.flash_attention_forward)
 
 
+# Each reaches the child's records (the `_Child` whose `reference_units` judge compiled code) without a word the
+# source check reads, switches the judging off, then runs the decoded copy. All three (and the profiler's closure)
+# passed before.
+_REACH_THE_RECORDS = {
+    "import_grader_child": "import grader.child\n_child = grader.child._CHILD\n",
+    "the_start_up_scripts_globals": "import __main__\n_child = __main__.child._CHILD\n",
+    # a shim the grader put on torch._C: its module globals (the name is built, so that no source check reads it)
+    "a_shims_globals": "import torch\n_child = getattr(torch._C._pop_torch_dispatch_stack, '__glo' + 'bals__')['_CHILD']\n",
+}
+
+
+@pytest.mark.parametrize("route", sorted(_REACH_THE_RECORDS))
+def test_the_graders_records_are_out_of_the_notebooks_reach(tmp_path, route):
+    """The child's records (what ran, which copies to look for) were plain Python objects the notebook's code could
+    reach and clear: through `sys.modules`, the start-up script, a shim's globals (and the profiler's closure:
+    `test_asking_for_the_profiler_function_is_a_verdict`)."""
+    from grader.checks import week17
+
+    route_edits = _copy_elsewhere("decoded_and_exec_d")["edits"]
+    source = _REACH_THE_RECORDS[route] + "_child.reference_units = None\n" + route_edits["flash_attention_forward"]
+    ex = _load(tmp_path, 17, edits={"flash_attention_forward": source})
+    with pytest.raises(AssertionError, match=r"copied from the answer key|is not defined"):
+        week17.check_flash_attention_forward(ex.flash_attention_forward)
+
+
+def test_asking_for_the_profiler_function_is_a_verdict(tmp_path):
+    """The profiler function's closure holds the child (its records of what ran): asking for it is a verdict,
+    whatever the notebook does with it next (here: forget which lib functions ran)."""
+    from grader.checks import week16
+
+    ex = _load(tmp_path, 16, prepend={"causal_mask": (
+        "import sys\n_child = [getattr(c, 'cell_' + 'contents') for c in getattr(sys.getprofile(), '__clo' + 'sure__')"
+        " if type(getattr(c, 'cell_' + 'contents')).__name__ == '_Child'][0]\n_child.lib_seen.clear()\n")})
+    with pytest.raises(AssertionError, match=r"asked for the grader's profiler function"):
+        week16.check_causal_mask(ex.causal_mask)
+
+
 def test_a_copy_of_the_solution_is_reference_use(tmp_path, monkeypatch):
     from grader.checks import week17
 
@@ -274,6 +311,8 @@ def test_honest_solutions_are_not_flagged():
         assert similarity.copies_in_cells(path, exercise_cells(nb), week) == []  # setup cells included
         release = next((REPO / "weeks" / str(week)).glob("*.ipynb"))
         assert similarity.copies_in_cells(release, exercise_cells(json.loads(release.read_text())), week) == []
+        for nb_cells in (exercise_cells(nb), exercise_cells(json.loads(release.read_text()))):
+            assert similarity.introspection_in_cells(nb_cells) == []  # nothing reaches for the grader's objects
 
 
 # --- behaving differently under observation, switching the watch off ---------------------------------------------
@@ -285,7 +324,7 @@ def test_a_function_that_takes_another_route_when_not_observed_fails(tmp_path):
         _tiled = flash_attention_forward
 
         def flash_attention_forward(q, k, v, causal=False, block_q=128, block_k=128, visited=None):
-            if torch.utils._python_dispatch._get_current_dispatch_mode_stack() or visited is not None:  # watched
+            if torch._C._len_torch_dispatch_stack() or visited is not None:  # watched
                 return _tiled(q, k, v, causal, block_q, block_k, visited)
             check_attention_shapes(q, k, v, causal)
             r = q.shape[1] // k.shape[1]
@@ -330,14 +369,83 @@ def step_flops(*args, **kwargs):
     week16.check_roofline_time(ex.roofline_time)  # the other exercises keep their grade
 
 
-def test_rewriting_the_graders_code_in_the_process_is_a_verdict(tmp_path):
+def test_the_graders_code_in_the_process_is_out_of_reach(tmp_path):
+    """`import grader.child` in the notebook loads a fresh copy of the file (the grader's own modules left
+    sys.modules before the cells ran): rewriting it changes nothing the grader runs, and its `_CHILD` is None."""
     from grader.checks import week16
 
     ex = _load(tmp_path, 16, prepend={"causal_mask": """
         import grader.child
         grader.child._Child.references = lambda self, names: {}
+        def _fresh_copy():
+            return grader.child._CHILD is None
+        """, "roofline_time": "import sys\nsys.settrace(None)\n"})  # a verdict the rewritten code would have hidden
+    assert ex._fresh_copy() is True
+    with pytest.raises(AssertionError, match="called sys.settrace"):
+        week16.check_causal_mask(ex.causal_mask)
+
+
+# Changes to what the observers run on (torch's dispatch-mode machinery, FlopCounterMode, lib's meter), made while
+# the cells load: with `_push_mode` a no-op no mode is pushed and a call runs unseen (FLOPs faked to match).
+_MACHINERY = {
+    "push_mode": ("import torch.utils._python_dispatch as pd\n"
+                  "pd._push_mode = lambda *a, **k: None\npd._pop_mode = lambda *a, **k: None\n"),
+    "flop_formula": ("import torch, torch.utils.flop_counter as fc\n"
+                     "fc.flop_registry[torch.ops.aten.mm] = lambda *a, **k: 0\n"),
+    "meter_in_sys_modules": ("import sys, types, lib.io_model\n_m = types.ModuleType('lib.io_model')\n"
+                             "_m.TensorMemoryMeter = lib.io_model.TensorMemoryMeter\nsys.modules['lib.io_model'] = _m\n"),
+    "a_formulas_code": ("import torch.utils.flop_counter as fc\n"
+                        "fc.conv_flop_count.__code__ = (lambda *a, **k: 0).__code__\n"),
+}
+
+
+@pytest.mark.parametrize("route", sorted(_MACHINERY))
+def test_changing_what_the_checks_observe_through_is_a_verdict(tmp_path, route):
+    from grader.checks import week16
+
+    ex = _load(tmp_path, 16, prepend={"causal_mask": _MACHINERY[route]})
+    with pytest.raises(AssertionError, match="changed what the checks observe through|replaced a function's code"):
+        week16.check_causal_mask(ex.causal_mask)
+
+
+def test_taking_a_frame_is_a_verdict_and_a_namedtuple_is_not(tmp_path):
+    """A frame's f_back leads to the grader's frames (and their locals: the `_Child`). Taken by the notebook's own
+    code it is a verdict; a library that reads its caller's frame for a name (collections.namedtuple) is not the
+    notebook taking one (it was: every exercise of a notebook with a namedtuple in a cell failed)."""
+    from grader.checks import week16
+
+    ex = _load(tmp_path, 16, prepend={"causal_mask": """
+        from collections import namedtuple
+        import typing
+        Pair = namedtuple("Pair", "a b")
+        T = typing.TypeVar("T")
         """})
-    with pytest.raises(AssertionError, match="replaced the grader's own code in its process"):
+    week16.check_causal_mask(ex.causal_mask)
+    walk = """
+        def _up():
+            try:
+                raise ValueError
+            except ValueError as e:
+                frame = getattr(e.__traceback__, "tb_" + "frame")
+            while frame is not None and "self" not in getattr(frame, "f_" + "locals"):
+                frame = getattr(frame, "f_" + "back")
+            return frame
+        """
+    ex = _load(tmp_path / "walk", 16, prepend={"causal_mask": textwrap.dedent(walk) + "_up()\n"})
+    with pytest.raises(AssertionError, match="took a frame"):
+        week16.check_causal_mask(ex.causal_mask)
+
+
+def test_naming_a_functions_globals_or_closure_is_a_verdict(tmp_path):
+    """No audit event reports reading `__globals__`, `__closure__` or a frame's `f_back`: the source may not name
+    them (read in the trusted process; code the notebook compiles while it runs is read in the child)."""
+    from grader.checks import week16
+
+    ex = _load(tmp_path, 16, prepend={"causal_mask": "def _peek(f):\n    return f.__globals__\n"})
+    with pytest.raises(AssertionError, match=r"reads `__globals__` \(cell \d+, line 2\)"):
+        week16.check_causal_mask(ex.causal_mask)
+    ex = _load(tmp_path / "compiled", 16, prepend={"causal_mask": "exec('def _peek(f):\\n    return f.' + '__clo' + 'sure__')\n"})
+    with pytest.raises(AssertionError, match=r"reads `__closure__` \(line 2 of code it compiled"):
         week16.check_causal_mask(ex.causal_mask)
 
 
