@@ -968,13 +968,14 @@ class _Guard:
         import tracemalloc
         import types
 
+        used = "used tracemalloc, through which the checks measure the memory numpy and Python hold"
         for name, fn in list(vars(_tracemalloc).items()):
             if callable(fn) and not name.startswith("__") and getattr(fn, "__code__", None) is None:
                 shim = _traced(fn)
                 setattr(_tracemalloc, name, shim)
                 if getattr(tracemalloc, name, None) is fn:
                     setattr(tracemalloc, name, shim)
-        used = "used tracemalloc, through which the checks measure the memory numpy and Python hold"
+                self.watched_c[id(fn)] = used  # the original, taken out of the shim's closure and called
         self.watched_code[_traced(None).__code__] = used
         for fn in vars(tracemalloc).values():
             if isinstance(fn, types.FunctionType) and fn.__module__ == "tracemalloc":

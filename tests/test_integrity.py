@@ -277,6 +277,17 @@ def test_the_graders_records_are_out_of_the_notebooks_reach(tmp_path, route):
         week17.check_flash_attention_forward(ex.flash_attention_forward)
 
 
+def test_a_shims_original_taken_out_of_its_closure_is_still_seen(tmp_path):
+    """tracemalloc's functions are shims whose closure holds the builtin: called directly, the builtin is a
+    verdict too (it passed before). Wrapped in functools.partial it is not seen: README, "does not protect"."""
+    from grader.checks import week16
+
+    ex = _load(tmp_path, 16, prepend={"causal_mask": (
+        "import tracemalloc\ngetattr(tracemalloc.is_tracing, '__clo' + 'sure__')[0].cell_contents()\n")})
+    with pytest.raises(AssertionError, match=r"used tracemalloc"):
+        week16.check_causal_mask(ex.causal_mask)
+
+
 def test_asking_for_the_profiler_function_is_a_verdict(tmp_path):
     """The profiler function's closure holds the child (its records of what ran): asking for it is a verdict,
     whatever the notebook does with it next (here: forget which lib functions ran)."""
