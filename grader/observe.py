@@ -502,6 +502,11 @@ def _observer_classes() -> list:
     place is not the one used (and is a verdict there: grader.child's `_Guard._machinery`). Imported here, not at
     this module's import: torch.utils.flop_counter imports triton, after lib has set TRITON_INTERPRET."""
     if not _OBSERVER_CLASSES:
+        # As lib's __init__ does — which does not run where another `lib` folder shadows the lab's (llama-cpp-python
+        # installs one into site-packages, and then `import lib` outside the repo is a namespace package): without
+        # it, a notebook whose check observed a call before its Triton cell could not interpret kernels.
+        if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+            os.environ["TRITON_INTERPRET"] = "1"
         from torch.utils import flop_counter
 
         from lib.io_model import TensorMemoryMeter

@@ -6,6 +6,9 @@ interpreter (lib.triton_attention sets TRITON_INTERPRET=1 where there is no GPU)
 isolated child, as `pytest weeks/17` grades a student.
 """
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -441,3 +444,21 @@ def test_the_graded_child_interprets_where_the_grader_does_not(tmp_path, monkeyp
     finally:
         ex.close()
     assert not tri.interpreting(), "outside a graded check, this process's own setting decides"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU kernels are compiled, not interpreted")
+def test_kernels_interpret_where_another_lib_folder_shadows_the_labs(tmp_path):
+    """llama-cpp-python (the optional extra) installs a `lib` folder into site-packages: outside the repo, `import
+    lib` is then a namespace package and lib's `__init__` (which sets TRITON_INTERPRET) never runs. A notebook whose
+    check observed a call before its Triton cell (torch.utils.flop_counter imports triton) could not interpret
+    kernels ("triton was imported before TRITON_INTERPRET=1 was set"). A `lib` folder beside the code stands in."""
+    (tmp_path / "lib").mkdir()
+    code = ("import lib, lib.attention, grader.observe as o\n"
+            "print('shadowed' if getattr(lib, '__file__', None) is None else 'not shadowed')\n"
+            "o.observe(lambda: 1)\n"
+            "import lib.triton_attention as ta\n"
+            "assert ta.interpreting()\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
