@@ -1156,8 +1156,7 @@ class _Guard:
         # a frame: only the notebook's own reading counts (collections.namedtuple reads its caller's module name from
         # sys._getframe; the functions that hand a frame to their caller are watched instead: `_Guard.__init__`)
         reach = {"sys.setprofile": 8, "sys.settrace": 8, "ctypes.dlopen": 2, "ctypes.dlsym": 2, "ctypes.dlsym/handle": 2,
-                 "compile": 2, "sys._getframe": 0, "sys._current_frames": 0, "object.__getattr__": 0,
-                 "object.__setattr__": 0}
+                 "compile": 2, "sys._getframe": 0, "sys._current_frames": 0, "object.__getattr__": 0}
         frame_attributes = _FRAME_ATTRIBUTES
         impersonated = tuple(self.trusted) + ("<frozen",)
         compiled = self.compiled
