@@ -22,6 +22,13 @@ from grader.status import TAMPERED_TAIL
 from grader.wire import GENERATOR_STATE, TENSOR_CHANGED, apply_operation, exception_info, rebuild_exception, recv_message, send_message
 
 LIB_DIR = str(Path(__file__).resolve().parent.parent / "lib") + os.sep
+# What this process's grader code runs on, bound before the notebook's code runs (as `grader.wire`'s framing):
+# `io.BytesIO`, `pickle.dumps` or `os._exit` replaced by the notebook's code by plain names changes nothing here.
+_BytesIO, _dumps, _exit, _realpath = io.BytesIO, pickle.dumps, os._exit, os.path.realpath
+# The modules whose functions the grader's code here calls by plain names; one of their functions replaced by the
+# notebook's code is a verdict (`_Guard._runtime`): it could change what the grader's code does in this process.
+_RUNTIME_MODULES = ("builtins", "os", "posix", "posixpath", "io", "select", "struct", "pickle", "_pickle", "ast",
+                    "types", "marshal", "sys", "collections", "hashlib")
 
 _CHILD = None
 # The grader's own modules in this process, as they were loaded before the notebook's code ran: taken from here, not
@@ -199,7 +206,6 @@ class _Child:
         # qualname) -> why. A copy that runs while an exercise's call does is that exercise's reference use.
         self.copies: dict = {}
         self.cell_files: dict[str, int] = {}  # file name a cell's code was compiled under -> the cell's index
-        self.reference_units: dict | None = None  # the references' statement hashes (for code compiled later)
         self.copies_sent: set = set()
         self.guard = _Guard()
 
@@ -239,7 +245,7 @@ class _Child:
                 int(storage.data_ptr()), int(storage.nbytes()), data)
 
     def encode(self, msg) -> bytes:
-        buf = io.BytesIO()
+        buf = _BytesIO()
         _ChildPickler(buf, self).dump(msg)
         return buf.getvalue()
 
@@ -270,12 +276,12 @@ class _Child:
             try:
                 data = recv_message(self.r, None)
             except EOFError:
-                os._exit(0)
-            msg = _ChildUnpickler(io.BytesIO(data)).load()
+                _exit(0)
+            msg = _ChildUnpickler(_BytesIO(data)).load()
             kind = msg[0]
             if kind in ("ok", "err"):
                 if msg[1] != waiting_for:
-                    os._exit(3)
+                    _exit(3)
                 if kind == "ok":
                     return msg[2]
                 raise rebuild_exception(msg[2])
@@ -460,8 +466,8 @@ class _Child:
 
         # the trusted side found these copies in the cells' source; code compiled later is judged here
         self.copies.update({(int(index), str(qualname)): str(why) for index, qualname, why in copies})
-        if references:
-            self.reference_units = {str(k): Counter(v) for k, v in references.items()}
+        if references:  # to the audit hook, which alone keeps them (`_Guard.audit`): nothing here can clear them
+            sys.audit(REFERENCES_EVENT, {str(k): Counter(v) for k, v in references.items()})
         self._apply_memory_limit()  # before the cells run: what they allocate counts too
         previous, self.current_root = self.current_root, None
         try:
@@ -471,36 +477,33 @@ class _Child:
             self.current_root = previous
         return {"stubbed": list(self.module._stubbed_cells), "broken": dict(self.module._broken_cells)}
 
-    def judge_compiled(self, source, filename: str) -> None:
+    @staticmethod
+    def judge_compiled(source, filename: str, references: dict | None, similarity) -> tuple[dict, str | None]:
         """Code the notebook's code compiles while it runs (`exec` of decoded text, a file it wrote and imports):
-        its functions that copy the answer key are noted (`copy_ran`), and a use of the attributes that lead to
-        the grader's objects is a verdict at once (as in the cells' own source: `introspection_in_cells`)."""
+        ({qualname: why} for its functions that copy the answer key — `references`, the statement hashes: the audit
+        hook then refuses the compile —, why it is a verdict that it names an attribute that leads to the grader's
+        objects, as in the cells' own source: `introspection_in_cells`). `similarity` is the module as it was when
+        the hook was made."""
         import ast
 
-        similarity = _OWN["grader.similarity"]
         if isinstance(source, (bytes, bytearray, memoryview)):
             source = bytes(source).decode("utf-8", "replace")
         elif isinstance(source, ast.AST):
             try:
                 source = ast.unparse(source)
             except Exception:  # noqa: BLE001  (a tree ast.unparse cannot print cannot be judged either)
-                return
+                return {}, None
         if not isinstance(source, str):
-            return
+            return {}, None
         try:
             peeks = similarity.introspection_in_source(source)
-            found = similarity.copies_in_source(source, self.reference_units) if self.reference_units else {}
+            found = similarity.copies_in_source(source, references) if references else {}
         except (RecursionError, MemoryError, ValueError):  # a source too deep to parse is not judged
-            return
-        for qualname, why in found.items():
-            self.copies[(filename, qualname)] = why
+            return {}, None
         if peeks:
-            import pickle as _pickle
-
             line, name = peeks[0]
-            root = self.current_root if type(self.current_root) is str else None
-            why = similarity.introspection_why(name, f"line {line} of code it compiled as {filename!r}")
-            send_message(self.w, _pickle.dumps(("flag", root, why), protocol=_pickle.HIGHEST_PROTOCOL))
+            return found, similarity.introspection_why(name, f"line {line} of code it compiled as {filename!r}")
+        return found, None
 
     def copy_ran(self, root, code) -> None:
         """A function of the notebook's that copies the answer key ran: sent to the trusted side at once, as the
@@ -510,9 +513,7 @@ class _Child:
         if why is None or (root, why) in self.copies_sent:
             return
         self.copies_sent.add((root, why))
-        import pickle as _pickle
-
-        send_message(self.w, _pickle.dumps(("copied", root, why), protocol=_pickle.HIGHEST_PROTOCOL))
+        send_message(self.w, _dumps(("copied", root, why), protocol=pickle.HIGHEST_PROTOCOL))
 
     def _apply_memory_limit(self):
         """`memory` bytes beyond what the process holds now. By address space (RLIMIT_AS) where the child does not
@@ -789,6 +790,9 @@ DISPATCH_GUARDS = ("_DisableTorchDispatch", "ExcludeDispatchKeyGuard", "_Exclude
 REDISPATCHED = "redispatched an operator below the dispatch modes the checks observe through"
 # The checks tell the notebook's code from Python's, torch's and the grader's by file name: code compiled under one of
 # theirs (or a frozen module's) would pass for theirs.
+COMPILED_COPY = ("the grader does not compile a copy of the answer key (decoded, written to a file, or put together "
+                 "while the notebook runs): write the function yourself")
+REFERENCES_EVENT = "grader.child.references"  # `_Child.load` -> the audit hook: see `_Guard.audit`
 IMPERSONATED = ("compiled code under the file name of Python's, a package's or the grader's own code, which the "
                 "checks would take for theirs")
 PEEKED = ("asked for the grader's profiler function (sys.getprofile, sys.gettrace): what it holds is the grader's "
@@ -890,6 +894,7 @@ class _Guard:
         from torch.utils import _python_dispatch as pd
 
         self.flags: dict = {}
+        self.out = None  # (the pipe to the trusted side, what was sent): set by `audit`; see `flag`
         self.watched_c = {}
 
         for name in ("_pop_torch_dispatch_stack", "_pop_torch_dispatch_mode", "_set_dispatch_mode",
@@ -1037,9 +1042,15 @@ class _Guard:
         return origin not in ("frozen", "built-in")
 
     def flag(self, root, why: str) -> None:
+        """A verdict: noted (`reasons`), and sent to the trusted process at once — the notebook's code that clears
+        the record afterwards (the guard is reachable from any of the grader's classes) takes nothing back."""
         found = self.flags.setdefault(root, [])
         if why not in found:
             found.append(why)
+        if self.out is not None and (root, why) not in self.out[1]:
+            self.out[1].add((root, why))
+            send_message(self.out[0], _dumps(("flag", root if root is None or type(root) is str else None, why),
+                                             protocol=pickle.HIGHEST_PROTOCOL))
 
     def event(self, root, frame, event, arg) -> None:
         """A profiler event (`sys.setprofile`'s): note a call of a watched function by the notebook's code."""
@@ -1072,6 +1083,11 @@ class _Guard:
             mapping, name = vars(holder), getattr(holder, "__name__", str(holder))
             out += [(f"{name}.{k}", mapping, k, v) for k, v in mapping.items()
                     if callable(v) or isinstance(v, (staticmethod, classmethod, property))]
+        out += [(f"_OWN[{k!r}]", _OWN, k, v) for k, v in _OWN.items()]  # what the grader's code here takes its modules from
+        # the judge of compiled code (the audit hook's): its constants too (`MIN_STATEMENTS`, `THRESHOLD`, ...)
+        similarity = _OWN["grader.similarity"]
+        out += [(f"grader.similarity.{k}", vars(similarity), k, v) for k, v in vars(similarity).items()
+                if not k.startswith("__")]
         return out
 
     @staticmethod
@@ -1111,10 +1127,30 @@ class _Guard:
             out += [(f"torch.utils.flop_counter.flop_registry[{k}]", registry, k, v) for k, v in registry.items()]
         return out
 
+    @staticmethod
+    def _runtime() -> list:
+        """As `_members`: the functions of the modules the grader's code here calls by plain names
+        (`_RUNTIME_MODULES`: builtins, os, io, pickle, ast, ...). The framing and the encoder are bound at import
+        (`grader.wire._write`, `_BytesIO`), but the rest calls `len`, `isinstance`, `ast.parse` as any code does:
+        `builtins.len` replaced could silence the audit hook, `ast.parse` the judging of compiled code."""
+        out = []
+        for name in _RUNTIME_MODULES:
+            module = sys.modules.get(name)
+            if module is None:
+                continue
+            mapping = vars(module)
+            out.append((f"sys.modules[{name!r}]", sys.modules, name, module))
+            out += [(f"{name}.{k}", mapping, k, v) for k, v in list(mapping.items())
+                    if callable(v) and not (name == "sys" and k.endswith("hook"))]  # sys.excepthook & co. are settings
+        from collections import Counter  # what the judging of compiled code counts statements with
+
+        out += [(f"Counter.{k}", vars(Counter), k, v) for k, v in vars(Counter).items() if callable(v)]
+        return out
+
     def remember(self) -> None:
         """What the grader's code in this process is, and what it observes through, before the notebook's code runs."""
         self.intact = self._members()
-        self.machinery = self._machinery()
+        self.machinery = self._machinery() + self._runtime()
 
     @staticmethod
     def _changes(intact: list, machinery: list) -> list[str]:
@@ -1126,7 +1162,8 @@ class _Guard:
         changed = [label for label, mapping, key, obj in machinery if mapping.get(key, missing) is not obj]
         if changed:
             out.append(f"changed what the checks observe through ({', '.join(sorted(changed)[:3])}): the dispatch "
-                       f"modes, meters and formulas that see every operation of a call")
+                       f"modes, meters and formulas that see every operation of a call, and the functions of Python's "
+                       f"the grader's code in its process runs on")
         return out
 
     def check_intact(self) -> None:
@@ -1138,9 +1175,8 @@ class _Guard:
         `sys.setprofile`/`sys.settrace` however they are reached (`map(sys.setprofile, [None])`, cProfile, bdb),
         `sys._getframe`, the garbage collector's object lists, ctypes, and attributes set on the grader's classes.
         Done by the notebook's code, each is sent to the trusted process at once, as a verdict it keeps."""
-        import pickle as _pickle
-
-        send = send_message
+        send, dumps, protocol, realpath = send_message, _dumps, pickle.HIGHEST_PROTOCOL, _realpath
+        self.out = (wfd, set())  # `flag` sends from now on
         changed_class = "changed a class of the grader's"
         student, busy, sent = self.student, [False], set()
         labels = {"sys.setprofile": "called sys.setprofile", "sys.settrace": "called sys.settrace",
@@ -1166,13 +1202,32 @@ class _Guard:
         grader_dir = str(Path(__file__).resolve().parent) + os.sep
         # the child's own folder (its cwd at start-up), the one place the notebook's code can write a file to import
         workdir = os.path.realpath(os.getcwd()) + os.sep
+        # the references' statement hashes, which `_Child.load` hands over by an audit event before the cells run:
+        # held only here (no code can reach an audit hook), and the judging function as it is now
+        references, judge, refused, similarity = [], _Child.judge_compiled, COMPILED_COPY, _OWN["grader.similarity"]
+
+        def copies_refused(source, name) -> None:
+            """A copy of the answer key compiled while the notebook runs is refused, and reported at once (and a
+            name that leads to the grader's objects, as a verdict)."""
+            found, peeked = judge(source, name, references[0] if references else None, similarity)
+            root = child.current_root if type(child.current_root) is str else None
+            if peeked:
+                send(wfd, dumps(("flag", root, peeked), protocol=protocol))
+            if found:
+                qualname, why = next(iter(found.items()))
+                send(wfd, dumps(("copied", root, why), protocol=protocol))
+                raise RuntimeError(f"{why} — {refused}")
 
         def hook(event, args):
+            if event == REFERENCES_EVENT:
+                if not references and len(args) == 1 and type(args[0]) is dict:
+                    references.append(args[0])  # the first only: load's, before any of the notebook's code ran
+                return
             if event in spawns and child.watching and not busy[0]:  # whoever asks, while graded code runs
                 root = child.current_root if type(child.current_root) is str else None
                 if (root, SPAWNED) not in sent:
                     sent.add((root, SPAWNED))
-                    send(wfd, _pickle.dumps(("flag", root, SPAWNED), protocol=_pickle.HIGHEST_PROTOCOL))
+                    send(wfd, dumps(("flag", root, SPAWNED), protocol=protocol))
                 return
             label = labels.get(event)
             if event == "object.__getattr__":  # (every `__code__` read, too)
@@ -1186,9 +1241,9 @@ class _Guard:
                 if label is changed_class and not str(getattr(args[0], "__module__", "")).startswith("grader."):
                     return
                 if (event == "compile" and len(args) > 1 and isinstance(args[1], str) and args[1].startswith(os.sep)
-                        and os.path.realpath(args[1]).startswith(workdir)):
+                        and realpath(args[1]).startswith(workdir)):
                     compiled.add(args[1])  # a file the notebook's code wrote, imported (importlib compiles it)
-                    child.judge_compiled(args[0], args[1])
+                    copies_refused(args[0], args[1])
                     return
                 frame = getframe(1)
                 for _ in range(reach.get(event, 1)):  # the nearest frame of the notebook's code or the grader's
@@ -1201,13 +1256,13 @@ class _Guard:
                     name = args[1] if len(args) > 1 and isinstance(args[1], str) else None
                     if name is not None:
                         compiled.add(name)  # code of that name is the notebook's, whatever globals it runs in
-                        child.judge_compiled(args[0], name)  # a copy of the answer key, decoded and exec'd?
+                        copies_refused(args[0], name)  # a copy of the answer key, decoded and exec'd?
                     if name is None or not name.startswith(impersonated):
                         return  # compiled under a name of the notebook's own
                 root = child.current_root if type(child.current_root) is str else None
                 if (root, label) not in sent:
                     sent.add((root, label))
-                    send(wfd, _pickle.dumps(("flag", root, label), protocol=_pickle.HIGHEST_PROTOCOL))
+                    send(wfd, dumps(("flag", root, label), protocol=protocol))
             finally:
                 busy[0] = False
 
@@ -1218,15 +1273,36 @@ class _Guard:
         returns the verdicts not yet sent. Rebinding `_Guard`'s methods or the guard's record later changes
         nothing for it (it holds its own copies)."""
         intact, machinery, changes = list(self.intact), list(self.machinery), self._changes
-        flags, guard, sent = self.flags, self, set()
+        flags, guard, sent, pipe, child = self.flags, self, set(), self.out, _CHILD
+        # a method shadowed by an instance attribute (`guard.flag = print`) is not in any class's dict: `_members`
+        # would not see it
+        shadowable = [(obj, {k for k, v in vars(type(obj)).items() if callable(v) or isinstance(v, (staticmethod, property))})
+                      for obj in (guard, child) if obj is not None]
+
+        # the guard's tables of what it watches and whose code is whose, fixed once the cells may run: emptied (and
+        # not put back within the call), a whole kind of verdict would be off for the rest of the run
+        def copy(value):
+            return dict(value) if type(value) is dict else set(value) if type(value) is set else value
+
+        tables = [(name, vars(guard)[name], copy(vars(guard)[name])) for name in
+                  ("watched_code", "watched_c", "trusted", "registrar", "spawners") if name in vars(guard)]
+
+        def note(why):
+            found = flags.setdefault("*", [])
+            if why not in found:
+                found.append(why)
 
         def check():
             for why in changes(intact, machinery):
-                found = flags.setdefault("*", [])
-                if why not in found:
-                    found.append(why)
-            if guard.__dict__.get("flags") is not flags:
-                flags.setdefault("*", []).append("replaced the grader's record of what it saw")
+                note(why)
+            if (guard.__dict__.get("flags") is not flags or guard.__dict__.get("out") is not pipe
+                    or any(guard.__dict__.get(name) is not was or copy(was) != contents for name, was, contents in tables)):
+                note("replaced the grader's record of what it saw")
+            for obj, methods in shadowable:
+                hidden = sorted(k for k in vars(obj) if k in methods)
+                if hidden:
+                    note(f"replaced the grader's own code in its process ({type(obj).__name__}.{hidden[0]}, on the "
+                         f"instance)")
             out = []
             for root, whys in list(flags.items()):
                 for why in whys:

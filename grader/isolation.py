@@ -62,7 +62,7 @@ from grader.processes import is_subreaper, pids_cgroup, remove_cgroup, process_s
 from grader.proxy import ChildProxy, autograd_function_of
 from grader.status import (TAMPERED_TAIL, DEFAULT_BUDGET, DEFAULT_CALL_TIMEOUT, DEFAULT_CPU, DEFAULT_EXERCISE_TIMEOUT,
                             DEFAULT_MEMORY, limits, one_line)
-from grader.similarity import copies_in_cells, introspection_in_cells, reference_units, similar_to_reference
+from grader.similarity import copies_in_cells, introspection_in_cells, reference_units, similar_to_reference, without_copies
 from grader.view import ViewSpec, build_view, readable_paths
 from grader.wire import (ArgumentChanged, IsolationError, StudentCrash, StudentTimeout, ByValue, SafeUnpickler,
                          TrustedPickler, apply_operation, copy_back, exception_info, rebuild_exception, recv_message, send_message)
@@ -308,6 +308,11 @@ class Session:
         # by the notebook's code while it runs): the copies in every cell, and the references' statement hashes
         self.copies = copies_in_cells(self.notebook, cells, self.view.week)
         self.reference_units = reference_units(self.notebook, self.view.week)
+        # ... and it never gets those copies' code: each copy's body is a `raise` saying why (nothing the notebook's
+        # code does in its process — its records of what ran cleared, say — lets a copy run unseen)
+        self.cells = [(index, grade_id, without_copies(source, {q: why for i, q, why in self.copies if i == index}))
+                      if any(i == index for i, _, _ in self.copies) else (index, grade_id, source)
+                      for index, grade_id, source in cells]
         # ... and the ways from a function or a frame to the grader's objects in the child, which nothing there sees
         for why in introspection_in_cells(cells):
             found = self.tampered.setdefault("*", [])

@@ -101,25 +101,38 @@ def function_units(fn: ast.FunctionDef) -> Counter:
     return Counter(out)
 
 
-def functions(source: str, prefix: str = "") -> dict[str, Counter]:
-    """qualname -> statement multiset, for every function and method defined at the top of `source` or in
-    its classes (IPython magics dropped)."""
-    lines = [ln for ln in source.splitlines() if not ln.lstrip().startswith(("%", "!"))]
-    try:
-        tree = ast.parse("\n".join(lines))
-    except SyntaxError:
-        return {}
+def _without_magics(source: str) -> str:
+    """The cell's code as the grader runs it (`grader.notebook.run_cells`): IPython magics and shell escapes dropped."""
+    return "\n".join(ln for ln in source.splitlines() if not ln.lstrip().startswith(("%", "!")))
+
+
+def _definitions(tree: ast.AST, prefix: str = "") -> dict[str, ast.AST]:
+    """qualname (as Python spells `co_qualname`) -> node, for every function and method in `tree`, however deep: in
+    a class, in another function (`outer.<locals>.inner`), under `if`, `try`, `with` or a loop."""
     found = {}
 
-    def visit(body, qual):
-        for node in body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                found[f"{qual}{node.name}"] = function_units(node)
-            elif isinstance(node, ast.ClassDef):
-                visit(node.body, f"{qual}{node.name}.")
+    def visit(node, qual):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found.setdefault(f"{qual}{child.name}", child)
+                visit(child, f"{qual}{child.name}.<locals>.")
+            elif isinstance(child, ast.ClassDef):
+                visit(child, f"{qual}{child.name}.")
+            else:
+                visit(child, qual)
 
-    visit(tree.body, prefix)
+    visit(tree, prefix)
     return found
+
+
+def functions(source: str, prefix: str = "") -> dict[str, Counter]:
+    """qualname -> statement multiset, for every function and method defined in `source` (`_definitions`: also
+    those nested in a block or in another function; IPython magics dropped)."""
+    try:
+        tree = ast.parse(_without_magics(source))
+    except SyntaxError:
+        return {}
+    return {qual: function_units(node) for qual, node in _definitions(tree, prefix).items()}
 
 
 def containment(reference: Counter, submission: Counter) -> float:
@@ -240,6 +253,42 @@ def copies_in_cells(notebook: str | Path, cells, week: int | None) -> list[tuple
         for fn_name, (share, ref_name) in _copies(source, references, given).items():
             out.append((int(index), fn_name, _why(fn_name, share, ref_name)))
     return out
+
+
+def without_copies(source: str, copies: dict[str, str]) -> str:
+    """`source` as the student's process gets it (IPython magics dropped, as `grader.notebook.run_cells` does), with
+    the body of each function named in `copies` ({qualname: why}, from `copies_in_cells`) replaced by a `raise` that
+    says why: the copy never reaches the student's process, so nothing done there can let it run unseen. Line
+    numbers stay as they were."""
+    text = _without_magics(source)
+    if not copies:
+        return text
+    tree = ast.parse(text)
+    nodes = _definitions(tree)
+    spans = sorted(((n.body[0].lineno, n.body[0].col_offset, n.body[-1].end_lineno, n.body[-1].end_col_offset, why)
+                    for q, why in copies.items() if (n := nodes.get(q)) is not None), key=lambda s: s[:2])
+    lines = text.split("\n")
+    out, row, col = [], 1, 0  # the text before (row, col) is written
+    for start_row, start_col, end_row, end_col, why in spans:
+        if (start_row, start_col) < (row, col):
+            continue  # inside a copy already replaced
+        out.append(_text_between(lines, (row, col), (start_row, start_col)))
+        message = f"{why} — the grader does not run a copy of the answer key: write the function yourself"
+        out.append(f"raise RuntimeError({message!r})" + "\n" * (end_row - start_row))
+        row, col = end_row, end_col
+    out.append(_text_between(lines, (row, col), (len(lines), len(lines[-1]))))
+    return "".join(out)
+
+
+def _text_between(lines: list[str], start: tuple[int, int], end: tuple[int, int]) -> str:
+    """The text of `lines` from (row, column) `start` to `end` (rows from 1, columns in UTF-8 bytes, as `ast` counts)."""
+    (r0, c0), (r1, c1) = start, end
+    def part(row, a=None, b=None):
+        raw = lines[row - 1].encode("utf-8")
+        return raw[a:b].decode("utf-8")
+    if r0 == r1:
+        return part(r0, c0, c1)
+    return "\n".join([part(r0, c0)] + [lines[r - 1] for r in range(r0 + 1, r1)] + [part(r1, None, c1)])
 
 
 def reference_units(notebook: str | Path, week: int | None) -> dict[str, dict[str, int]]:

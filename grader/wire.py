@@ -47,11 +47,17 @@ class StudentCrash(IsolationError):
 
 # --- framing ----------------------------------------------------------------------------------------------
 
+# What the framing runs on, bound when this module is imported — in the student's process, before the notebook's
+# code runs: a notebook that replaces `os.write` (to drop the child's verdicts, or rewrite its replies) or `os.read`
+# by plain names changes nothing here (and `grader.child._Guard` makes such a replacement a verdict).
+_write, _read, _select, _pack, _unpack, _monotonic = os.write, os.read, select.select, struct.pack, struct.unpack, time.monotonic
+
+
 def send_message(fd: int, payload: bytes) -> None:
-    data = struct.pack(">Q", len(payload)) + payload
+    data = _pack(">Q", len(payload)) + payload
     view = memoryview(data)
     while view:
-        n = os.write(fd, view)
+        n = _write(fd, view)
         view = view[n:]
 
 
@@ -59,13 +65,13 @@ def _recv_exact(fd: int, n: int, deadline: float | None) -> bytes:
     chunks, got = [], 0
     while got < n:
         if deadline is not None:
-            left = deadline - time.monotonic()
+            left = deadline - _monotonic()
             if left <= 0:
                 raise TimeoutError
-            ready, _, _ = select.select([fd], [], [], left)
+            ready, _, _ = _select([fd], [], [], left)
             if not ready:
                 raise TimeoutError
-        chunk = os.read(fd, min(n - got, 1 << 20))
+        chunk = _read(fd, min(n - got, 1 << 20))
         if not chunk:
             raise EOFError
         chunks.append(chunk)
@@ -74,12 +80,12 @@ def _recv_exact(fd: int, n: int, deadline: float | None) -> bytes:
 
 
 def recv_message(fd: int, timeout: float | None) -> bytes:
-    deadline = None if timeout is None else time.monotonic() + timeout
-    (n,) = struct.unpack(">Q", _recv_exact(fd, 8, deadline))
+    deadline = None if timeout is None else _monotonic() + timeout
+    (n,) = _unpack(">Q", _recv_exact(fd, 8, deadline))
     if n > MAX_MESSAGE:
         raise ValueError(f"message of {n} bytes")
     # Once a message has started, its body gets a fresh allowance (big tensors take a while on a busy machine).
-    return _recv_exact(fd, n, None if timeout is None else time.monotonic() + max(timeout, 30.0))
+    return _recv_exact(fd, n, None if timeout is None else _monotonic() + max(timeout, 30.0))
 
 
 # --- operations, the same on both sides -------------------------------------------------------------------

@@ -478,6 +478,43 @@ def test_ops_hidden_from_the_dispatch_modes_are_a_verdict(course_root, tmp_path,
         ex.close()
 
 
+# The guard's record reached through any of the grader's classes (`object.__subclasses__()`, a method's module globals
+# by a built name): cleared after the hidden route ran, or its `flag` shadowed on the instance before. Both passed
+# while the guard's verdicts waited in its record for the end of the request.
+_REACH_THE_GUARD = """
+def _guard():
+    for c in object.__subclasses__():
+        if c.__name__ == '_Child':
+            return getattr(c.__init__, '__glo' + 'bals__')['_CHILD'].guard
+_inner = gqa_attention
+def gqa_attention(q, k, v, causal=True):
+    {before}
+    out = _inner(q, k, v, causal)
+    {after}
+    return out
+"""
+
+
+@pytest.mark.parametrize("how", ["cleared_after", "flag_shadowed_before"])
+def test_the_guards_verdicts_leave_before_the_notebook_can_clear_them(course_root, tmp_path, how):
+    from grader.checks import week16 as checks
+
+    release_path = next((course_root / "weeks" / WEEK).glob("*.ipynb"))
+    honest = _honest(_nb(course_root / "solutions" / WEEK / release_path.name), _nb(release_path))
+    reach = _REACH_THE_GUARD.format(before="_guard().flag = lambda *a: None" if how == "flag_shadowed_before" else "",
+                                    after="_guard().flags.clear()" if how == "cleared_after" else "")
+    path = tmp_path / release_path.name
+    path.write_text(json.dumps(_edit(honest, "gqa_attention", _SDPA_ROUTE + _ATTENTION_BY + _UNSEEN["disable_torch_dispatch"]
+                                     + reach)))
+    ex = load_exercises(path)
+    try:
+        with pytest.raises(AssertionError, match=r"made one of torch._C's dispatch-key guards|replaced the grader's own "
+                                                 r"code in its process \(_Guard.flag, on the instance\)"):
+            checks.check_gqa_attention(ex.gqa_attention)
+    finally:
+        ex.close()
+
+
 # Week 17's forward by the whole score matrix in numpy (out of torch's sight), decoy block products for the FLOP
 # counter, then tracemalloc's peak reset — through functools.partial, which calls a builtin without a profiler
 # event — so that the host meter sees only what was left: it passed before the child made tracemalloc's functions

@@ -242,13 +242,14 @@ def _copy_elsewhere(route: str) -> dict:
 @pytest.mark.parametrize("route", ["parked_in_another_cell", "decoded_and_exec_d", "written_to_a_file_and_imported",
                                    "code_object_rebuilt"])
 def test_a_copy_of_lib_out_of_the_exercise_cells_source_is_reference_use(tmp_path, route):
-    """The source check reads each exercise cell; a copy parked in another cell, or decoded and compiled while the
-    cells run, is judged in the child when it runs for an exercise (all four passed before)."""
+    """The source check reads each exercise cell; a copy parked in another cell never reaches the child (its body is
+    a `raise`), and one decoded and compiled while the cells run is refused by the child's audit hook (all four
+    passed before)."""
     from grader.checks import week17
 
     ex = _load(tmp_path, 17, **_copy_elsewhere(route))
-    with pytest.raises(AssertionError, match=r"ran code copied from the answer key: `\w+` is a copy of lib's "
-                                             r"lib.attention.flash_attention_forward|made a code object itself"):
+    with pytest.raises(AssertionError, match=r"(ran code copied from the answer key: |RuntimeError: )`\w+` is a copy "
+                                             r"of lib's lib.attention.flash_attention_forward|made a code object itself"):
         week17.check_flash_attention_forward(ex.flash_attention_forward)
 
 
@@ -298,6 +299,127 @@ def test_asking_for_the_profiler_function_is_a_verdict(tmp_path):
         " if type(getattr(c, 'cell_' + 'contents')).__name__ == '_Child'][0]\n_child.lib_seen.clear()\n")})
     with pytest.raises(AssertionError, match=r"asked for the grader's profiler function"):
         week16.check_causal_mask(ex.causal_mask)
+
+
+# Through any class of the grader's (`object.__subclasses__()` lists them all), a method's module globals lead to the
+# child and its records; no name the source check reads, no audit event. Both routes passed before the copies' code
+# stopped reaching the child (cells: `similarity.without_copies`) and the references stopped being the child's (code
+# compiled while the notebook runs: the audit hook alone holds them).
+_CLEAR_THE_RECORDS = textwrap.dedent("""
+    for _c in object.__subclasses__():
+        if _c.__name__ == '_Child':
+            _child = getattr(_c.__init__, '__glo' + 'bals__')['_CHILD']
+            _child.copies.clear()
+            _child.reference_units = None
+    """)
+
+
+@pytest.mark.parametrize("route", ["parked_in_another_cell", "decoded_and_exec_d"])
+def test_a_copy_runs_nowhere_whatever_the_notebook_does_to_the_childs_records(tmp_path, route):
+    from grader.checks import week17
+
+    spec = _copy_elsewhere(route)
+    spec["edits"] = {**spec["edits"], "flash_attention_forward": _CLEAR_THE_RECORDS + spec["edits"]["flash_attention_forward"]}
+    ex = _load(tmp_path, 17, **spec)
+    with pytest.raises(AssertionError, match=r"is a copy of lib's lib.attention.flash_attention_forward: it holds \d+% "
+                                             r"of that code's statements .* the grader does not (run|compile) a copy"):
+        week17.check_flash_attention_forward(ex.flash_attention_forward)
+
+
+def test_the_guards_tables_emptied_are_a_verdict(tmp_path):
+    """What the guard watches (the functions that hide ops, take frames, start threads) is a table the notebook's code
+    can reach and empty, after which that whole kind of verdict is off: emptied, it is a verdict itself."""
+    from grader.checks import week16
+
+    ex = _load(tmp_path, 16, prepend={"causal_mask": _CLEAR_THE_RECORDS.replace(
+        "_child.copies.clear()", "_child.guard.watched_c.clear()")})
+    with pytest.raises(AssertionError, match=r"replaced the grader's record of what it saw"):
+        week16.check_causal_mask(ex.causal_mask)
+
+
+def test_a_replaced_os_write_drops_no_verdict(tmp_path):
+    """Every verdict the child sends went through `os.write`: replaced by plain names with a filter, it dropped them
+    (and could have rewritten any reply). The framing now writes with the function it was imported with, and the
+    replacement is a verdict of its own."""
+    from grader.checks import week16
+
+    ex = _load(tmp_path, 16, prepend={"causal_mask": textwrap.dedent("""
+        import os as _os, pickle as _pk, gc as _gc
+        _write = _os.write
+        def _filtered(fd, data):
+            data = bytes(data)
+            try:
+                if _pk.loads(data[8:])[0] in ("flag", "copied"):
+                    return len(data)
+            except Exception:
+                pass
+            return _write(fd, data)
+        _os.write = _filtered
+        """)}, edits={"causal_mask": textwrap.dedent("""
+        def causal_mask(t_q, t_k, device=None):
+            _gc.get_objects()
+            i = torch.arange(t_q, device=device)[:, None] + (t_k - t_q)
+            return torch.arange(t_k, device=device)[None, :] <= i
+        """)})
+    with pytest.raises(AssertionError, match=r"called gc.get_objects|changed what the checks observe through \(os.write\)"):
+        week16.check_causal_mask(ex.causal_mask)
+
+
+@pytest.mark.parametrize("wrap", ["if", "try", "factory", "class"])
+def test_a_copy_inside_a_block_or_another_function_is_found(wrap):
+    """The source check read the functions at a cell's top level and in its classes: the same copy under `if True:`,
+    in a `try:` or returned by a factory function passed (found now, with the qualname Python gives it)."""
+    from grader import similarity
+    from lib import attention
+
+    copy = "import math\nimport torch\n" + _renamed_and_padded(
+        attention._causal_block, attention.accumulation_dtype, attention.flash_attention_forward) + "\n"
+    inner = textwrap.indent(copy, "    ")
+    source, qualname = {
+        "if": ("if True:\n" + inner, "flash_attention_forward"),
+        "try": ("try:\n" + inner + "except Exception:\n    pass\n", "flash_attention_forward"),
+        "factory": ("def make():\n" + inner + "    return flash_attention_forward\n", "make.<locals>.flash_attention_forward"),
+        "class": ("class Mine:\n" + inner.replace("def flash_attention_forward(", "def forward(self, "), "Mine.forward"),
+    }[wrap]
+    references = similarity.reference_units(_solution(17)[0], 17)
+    found = similarity.copies_in_source(source, references)
+    assert qualname in found and "lib.attention.flash_attention_forward" in found[qualname]
+
+
+def test_a_copys_body_never_reaches_the_childs_cells():
+    """`without_copies`: each named function's body becomes one `raise` with the reason, the rest of the cell and its
+    line numbers stay; a copy inside another copy goes with the outer one."""
+    from grader import similarity
+
+    source = textwrap.dedent('''\
+        %matplotlib inline
+        import torch
+        def mine(x):  # a copy
+            """doc"""
+            y = x + 1
+            return y
+        class A:
+            def m(self): return 2
+            def kept(self):
+                return 3
+        def outer():
+            def inner():
+                return 4
+            return inner
+        z = 5
+        ''')
+    out = similarity.without_copies(source, {"mine": "mine is a copy", "A.m": "m is a copy", "outer": "outer copies",
+                                             "outer.<locals>.inner": "inner copies"})
+    lines = out.split("\n")  # the magic's line is dropped, as the child does; every other line stays where it was
+    assert len(lines) == len(source.splitlines()) - 1 and lines.index("z = 5") == source.splitlines().index("z = 5") - 1
+    namespace = {}
+    exec(compile(out, "cell", "exec"), namespace)
+    for call, why in [(lambda: namespace["mine"](1), "mine is a copy"), (lambda: namespace["A"]().m(), "m is a copy"),
+                      (namespace["outer"], "outer copies")]:
+        with pytest.raises(RuntimeError, match=why):
+            call()
+    assert namespace["A"]().kept() == 3 and namespace["z"] == 5
+    assert similarity.without_copies(source, {}) == "\n".join(source.splitlines()[1:])
 
 
 def test_a_copy_of_the_solution_is_reference_use(tmp_path, monkeypatch):
