@@ -230,7 +230,7 @@ def similar_to_reference(notebook: str | Path, cells, week: int | None) -> dict[
     most of a lib function or of the instructor's solution. The solution is not compared with itself, nor at
     all when `INFERENCE_LAB_SOLUTION_COPIES=allow` (the lab's own tests grade copies of the solution)."""
     references, solutions = _references(Path(notebook), week)
-    found = {}
+    found, defined = {}, None
     for _, grade_id, source in cells:
         if not grade_id:
             continue
@@ -239,7 +239,60 @@ def similar_to_reference(notebook: str | Path, cells, week: int | None) -> dict[
         if copies:
             fn_name, (share, ref_name) = max(copies.items(), key=lambda kv: kv[1][0])
             found[grade_id] = _why(fn_name, share, ref_name)
+            continue
+        if defined is None:
+            defined = _defined(cells, solutions)
+        split = _split_copy(grade_id, source, defined, {g for _, g, _ in cells if g}, references, solutions)
+        if split is not None:
+            found[grade_id] = split
     return found
+
+
+def _defined(cells, solutions: dict[str, str]) -> dict[str, list]:
+    """A function's name -> [("grade_id:qualname", its statements beyond what the release gives, its node)], for
+    every function of every cell."""
+    defined: dict[str, list] = {}
+    for index, g, src in cells:
+        try:
+            nodes = _definitions(ast.parse(_without_magics(src)))
+        except SyntaxError:
+            continue
+        given = _given(solutions[g]) if g in solutions else Counter()
+        for qual, node in nodes.items():
+            defined.setdefault(qual.split(".")[-1], []).append((f"{g or index}:{qual}", function_units(node) - given, node))
+    return defined
+
+
+def _split_copy(grade_id: str, source: str, defined: dict, grade_ids: set, references: dict[str, Counter],
+                solutions: dict[str, str]) -> str | None:
+    """Why an exercise cell's function, taken together with the notebook's functions it calls (by name, however
+    deep: `defined`), is a copy of a reference although no one of them is: a copy split across helpers. Another
+    exercise's graded function is the student's own answer to it, and is not counted in."""
+    try:
+        tree = ast.parse(_without_magics(source))
+    except SyntaxError:
+        return None
+    given = _given(solutions[grade_id]) if grade_id in solutions else Counter()
+    for qual, node in _definitions(tree).items():
+        units, seen, todo, helpers = function_units(node) - given, {f"{grade_id}:{qual}"}, [node], []
+        while todo:
+            for used in ast.walk(todo.pop()):
+                name = used.id if isinstance(used, ast.Name) else used.attr if isinstance(used, ast.Attribute) else None
+                for key, helper_units, helper in defined.get(name, ()):
+                    if key in seen or (name in grade_ids and name != grade_id):
+                        continue
+                    seen.add(key)
+                    units += helper_units
+                    helpers.append(key.split(":", 1)[1])
+                    todo.append(helper)
+        if not helpers:
+            continue
+        for ref_name, ref in references.items():
+            ref = ref - given
+            if sum(ref.values()) >= MIN_STATEMENTS and (share := containment(ref, units)) >= THRESHOLD:
+                return (f"`{qual}` with the functions it calls ({', '.join(f'`{h}`' for h in helpers[:4])}) is a copy of "
+                        f"{ref_name} split across them: together they hold {share:.0%} of that code's statements")
+    return None
 
 
 def copies_in_cells(notebook: str | Path, cells, week: int | None) -> list[tuple[int, str, str]]:

@@ -386,6 +386,30 @@ def test_a_copy_inside_a_block_or_another_function_is_found(wrap):
     assert qualname in found and "lib.attention.flash_attention_forward" in found[qualname]
 
 
+def test_a_copy_split_across_helpers_is_found(monkeypatch, tmp_path):
+    """Each piece holds half of the reference, under the threshold; the exercise's function with the helpers it calls
+    (in any cell, however deep) holds all of it. Another exercise's graded function is the student's own answer and
+    is not counted in: the solutions' exercise functions with their helpers stay where they were (week 17's forward
+    at 81 %, the most)."""
+    from grader import similarity
+
+    steps = [f"v{i} = v{i - 1} * {i} + x" for i in range(1, 17)]
+    reference = "def ref(x):\n    v0 = x\n" + "".join(f"    {s}\n" for s in steps) + "    return v16\n"
+    first = "def answer(x):\n    v0 = x\n" + "".join(f"    {s}\n" for s in steps[:8]) + "    return _rest(x, v8)\n"
+    rest = "def _rest(x, v8):\n" + "".join(f"    {s}\n" for s in steps[8:12]) + "    return _last(x, v12)\n"
+    last = "def _last(x, v12):\n" + "".join(f"    {s}\n" for s in steps[12:]) + "    return v16\n"
+    references = {"lib's toy.ref": similarity.functions(reference)["ref"]}
+    monkeypatch.setattr(similarity, "_references", lambda notebook, week: (references, {}))
+    cells = [(0, None, rest), (1, "helper_exercise", last), (2, "answer", first)]
+    assert similarity.copies_in_cells(tmp_path / "nb.ipynb", cells, None) == []  # no one piece is a copy
+    found = similarity.similar_to_reference(tmp_path / "nb.ipynb", cells, None)
+    assert list(found) == ["answer"] and "`answer` with the functions it calls (`_rest`, `_last`)" in found["answer"]
+    # `_last` named as another exercise's graded function: the student's own answer to it, not counted in
+    cells = [(0, None, rest.replace("_last", "helper_exercise")),
+             (1, "helper_exercise", last.replace("_last", "helper_exercise")), (2, "answer", first)]
+    assert similarity.similar_to_reference(tmp_path / "nb.ipynb", cells, None) == {}
+
+
 def test_a_copys_body_never_reaches_the_childs_cells():
     """`without_copies`: each named function's body becomes one `raise` with the reason, the rest of the cell and its
     line numbers stay; a copy inside another copy goes with the outer one."""
