@@ -29,6 +29,10 @@ _BytesIO, _dumps, _exit, _realpath = io.BytesIO, pickle.dumps, os._exit, os.path
 # notebook's code is a verdict (`_Guard._runtime`): it could change what the grader's code does in this process.
 _RUNTIME_MODULES = ("builtins", "os", "posix", "posixpath", "io", "select", "struct", "pickle", "_pickle", "ast",
                     "types", "marshal", "sys", "collections", "hashlib")
+# ... and of torch's, those the grader's code here calls (torch.equal judges whether a call changed its arguments);
+# not all of torch's: torch._dynamo, once imported, wraps some of them itself (torch.manual_seed)
+_RUNTIME_TORCH = ("equal", "no_grad", "frombuffer", "empty", "empty_strided", "zeros", "ones_like", "arange", "max",
+                  "allclose", "device", "get_rng_state", "set_rng_state", "is_tensor", "Generator")
 
 _CHILD = None
 # The grader's own modules in this process, as they were loaded before the notebook's code ran: taken from here, not
@@ -1142,6 +1146,9 @@ class _Guard:
             out.append((f"sys.modules[{name!r}]", sys.modules, name, module))
             out += [(f"{name}.{k}", mapping, k, v) for k, v in list(mapping.items())
                     if callable(v) and not (name == "sys" and k.endswith("hook"))]  # sys.excepthook & co. are settings
+        import torch
+
+        out += [(f"torch.{k}", vars(torch), k, vars(torch)[k]) for k in _RUNTIME_TORCH if k in vars(torch)]
         from collections import Counter  # what the judging of compiled code counts statements with
 
         out += [(f"Counter.{k}", vars(Counter), k, v) for k, v in vars(Counter).items() if callable(v)]

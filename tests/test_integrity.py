@@ -337,6 +337,23 @@ def test_the_guards_tables_emptied_are_a_verdict(tmp_path):
         week16.check_causal_mask(ex.causal_mask)
 
 
+def test_a_replaced_torch_equal_hides_no_change_to_the_arguments(tmp_path):
+    """The child tells the trusted side which tensor arguments a call changed, comparing them with `torch.equal`:
+    replaced by plain names (always True), a call that wrote into the caller's tensors passed as if it had not."""
+    from grader.checks import week16
+
+    ex = _load(tmp_path, 16, prepend={"gqa_attention": "torch.equal = lambda *a, **k: True\n"},
+               edits={"gqa_attention": _solution_cells(16)["gqa_attention"].replace(
+                   "def gqa_attention(", "def _honest_gqa(") + textwrap.dedent("""
+                   def gqa_attention(q, k, v, causal=True):
+                       out = _honest_gqa(q, k, v, causal)
+                       k.zero_()
+                       return out
+                   """)})
+    with pytest.raises(AssertionError, match=r"changed what the checks observe through \(torch.equal\)|changed its argument"):
+        week16.check_gqa_attention(ex.gqa_attention)
+
+
 def test_a_replaced_os_write_drops_no_verdict(tmp_path):
     """Every verdict the child sends went through `os.write`: replaced by plain names with a filter, it dropped them
     (and could have rewritten any reply). The framing now writes with the function it was imported with, and the
