@@ -1214,15 +1214,15 @@ class _Guard:
         references, judge, refused, similarity = [], _Child.judge_compiled, COMPILED_COPY, _OWN["grader.similarity"]
 
         def copies_refused(source, name) -> None:
-            """A copy of the answer key compiled while the notebook runs is refused, and reported at once (and a
-            name that leads to the grader's objects, as a verdict)."""
+            """A copy of the answer key compiled while the notebook runs is refused: the compile raises, and the copy
+            never exists (as a copy in a cell never reaches this process). A name that leads to the grader's objects
+            is a verdict, sent at once."""
             found, peeked = judge(source, name, references[0] if references else None, similarity)
-            root = child.current_root if type(child.current_root) is str else None
             if peeked:
+                root = child.current_root if type(child.current_root) is str else None
                 send(wfd, dumps(("flag", root, peeked), protocol=protocol))
             if found:
                 qualname, why = next(iter(found.items()))
-                send(wfd, dumps(("copied", root, why), protocol=protocol))
                 raise RuntimeError(f"{why} — {refused}")
 
         def hook(event, args):

@@ -217,6 +217,7 @@ class Session:
         self.received = 0  # bytes of data the child has sent (MAX_RECEIVED)
         self.similar: dict[str, str] = {}  # exercise -> a copy of the answer key its source holds
         self.tampered: dict[str | None, list[str]] = {}  # exercise (None: at load, "*": any) -> what its code did
+        self._root_now: str | None = None  # the exercise the request in flight runs for (`_request_raw`)
         self.copied: dict[str | None, list[str]] = {}  # exercise (None: at load) -> a copy of the answer key it ran
         self.copies: list = []  # (cell index, qualname, why): see `load`
         self.reference_units: dict = {}
@@ -512,13 +513,19 @@ class Session:
                 self._serve(msg)
                 continue
             if kind in ("flag", "copied") and len(msg) == 3 and (msg[1] is None or type(msg[1]) is str) and type(msg[2]) is str:
-                # what the child's guard saw, or a copy of the answer key that ran: kept here, for good
-                found = (self.tampered if kind == "flag" else self.copied).setdefault(msg[1], [])
-                if len(found) < 10 and msg[2][:400] not in found:
-                    found.append(msg[2][:400])
+                self._note(kind, msg[1], msg[2])
                 continue
             self._kill("malformed message")
             raise StudentCrash("the student's process broke the protocol")
+
+    def _note(self, kind: str, root: str | None, why: str) -> None:
+        """What the child's guard saw, or a copy of the answer key that ran: kept here, for good — for the exercise
+        the child names and for the one this side's request ran for (None, while the cells load: every exercise)."""
+        book = self.tampered if kind == "flag" else self.copied
+        for where in {root, self._root_now} if root != "*" else {root}:
+            found = book.setdefault(where, [])
+            if len(found) < 10 and why[:400] not in found:
+                found.append(why[:400])
 
     def _serve(self, msg) -> None:
         """The child asks something of one of our objects (a model, a spy, a ctx). Only public attributes: the
@@ -553,13 +560,24 @@ class Session:
         self._next_req += 1
         rid = self._next_req
         payload = self._encode(("req", rid, op, target, args))
+        # The exercise this request runs the notebook's code for, as this side knows it (a name looked up, or the
+        # exercise an object came from): a verdict arriving meanwhile counts for it, whatever exercise the child
+        # names — its record of which exercise runs is the notebook's to rewrite (`_note`).
+        previous = self._root_now
+        if op == "getname":
+            self._root_now = str(args[0])
+        elif isinstance(target, ChildProxy):
+            self._root_now = target._root
         try:
-            send_message(self._w, payload)
-        except OSError:
-            why = self._death_reason(during or op)
-            self._kill(why)
-            raise StudentCrash(why) from None
-        return self._wait_reply(rid, self.call_timeout, during or self._describe(op, target))
+            try:
+                send_message(self._w, payload)
+            except OSError:
+                why = self._death_reason(during or op)
+                self._kill(why)
+                raise StudentCrash(why) from None
+            return self._wait_reply(rid, self.call_timeout, during or self._describe(op, target))
+        finally:
+            self._root_now = previous
 
     def _describe(self, op: str, target) -> str:
         name = target._info.get("name") if isinstance(target, ChildProxy) else None
@@ -638,8 +656,8 @@ class Session:
         return {**copied, **seen, **found}
 
     def proxy(self, oid: int, info: dict) -> ChildProxy:
-        """A proxy of the child's object `oid` (the codec's `R` tag)."""
-        return ChildProxy(self, oid, info)
+        """A proxy of the child's object `oid` (the codec's `R` tag), of the exercise whose request it came in."""
+        return ChildProxy(self, oid, info, root=self._root_now)
 
 
 _CHILD_BOOT = r"""

@@ -16,14 +16,15 @@ class ChildProxy(Remote):
     """An object that lives in the student's process. Attribute access, calls, indexing and iteration are sent
     there; equality and hashing are by identity (a student's object cannot claim to equal the answer)."""
 
-    __slots__ = ("_session", "_oid", "_generation", "_info", "_name", "__weakref__")
+    __slots__ = ("_session", "_oid", "_generation", "_info", "_name", "_root", "__weakref__")
 
-    def __init__(self, session, oid, info, name=None):
+    def __init__(self, session, oid, info, name=None, root=None):
         object.__setattr__(self, "_session", session)
         object.__setattr__(self, "_oid", oid)
         object.__setattr__(self, "_generation", session.generation)
         object.__setattr__(self, "_info", info)
         object.__setattr__(self, "_name", name)  # the notebook name it was looked up by, if any
+        object.__setattr__(self, "_root", root)  # the exercise it came from (`Session._request_raw`)
 
     def _do(self, op, *args):
         return self._session.request(op, self, args)

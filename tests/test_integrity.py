@@ -354,6 +354,33 @@ def test_a_replaced_torch_equal_hides_no_change_to_the_arguments(tmp_path):
         week16.check_gqa_attention(ex.gqa_attention)
 
 
+def test_a_verdict_counts_for_the_exercise_that_ran_whatever_the_child_says(tmp_path):
+    """The child names the exercise a verdict is for from its record of which exercise runs, which the notebook's code
+    can rewrite around what it wants unseen (here: gc.get_objects in gqa_attention, sent as causal_mask's). The
+    trusted side counts it for the exercise its own request ran for as well."""
+    from grader.checks import week16
+
+    reach = textwrap.dedent("""
+        def _child():
+            for c in object.__subclasses__():
+                if c.__name__ == '_Child':
+                    return getattr(c.__init__, '__glo' + 'bals__')['_CHILD']
+        """)
+    ex = _load(tmp_path, 16, prepend={"gqa_attention": reach},
+               edits={"gqa_attention": _solution_cells(16)["gqa_attention"].replace(
+                   "def gqa_attention(", "def _honest_gqa(") + textwrap.dedent("""
+                   def gqa_attention(q, k, v, causal=True):
+                       child = _child()
+                       was, child.current_root = child.current_root, "causal_mask"
+                       import gc
+                       gc.get_objects()
+                       child.current_root = was
+                       return _honest_gqa(q, k, v, causal)
+                   """)})
+    with pytest.raises(AssertionError, match=r"`gqa_attention` called gc.get_objects"):
+        week16.check_gqa_attention(ex.gqa_attention)
+
+
 def test_a_replaced_os_write_drops_no_verdict(tmp_path):
     """Every verdict the child sends went through `os.write`: replaced by plain names with a filter, it dropped them
     (and could have rewritten any reply). The framing now writes with the function it was imported with, and the

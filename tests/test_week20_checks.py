@@ -757,7 +757,8 @@ ISOLATED_CASES = [
     ("dequantize_q4_k", "dq4_k_gguf_class", "calls gguf-py"),
     ("quantize_q8_0", "q8_0_gguf", "calls gguf-py"),
     ("quantize_q8_0", "q8_0_gguf_source", "calls gguf-py"),
-    ("quantize_q8_0", "q8_0_lib_source", "calls the lab's reference"),
+    # (behind the view: compiling lib's source is refused, its functions being copies of the answer key)
+    ("quantize_q8_0", "q8_0_lib_source", "is a copy of lib's lib.qformats"),
     ("quantize_q8_0", "q8_0_trunc_in_float32", "differ"),
     ("quantize_q8_0", "q8_0_flush_subnormal", "differ"),
     ("quantize_q4_1", "q4_1_exact_half_up", "differ"),
