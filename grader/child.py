@@ -206,8 +206,9 @@ class _Child:
         self.current_root: str | None = None
         self.watching = 0  # how many `watch()`es are open: the notebook's code is running
         self._next_req = 0
-        # Copies of the answer key (grader.similarity): (cell index, or the file name code was compiled under;
-        # qualname) -> why. A copy that runs while an exercise's call does is that exercise's reference use.
+        # Copies of the answer key the trusted side found in the cells (grader.similarity): (cell index, qualname) ->
+        # why. Their bodies arrive as a `raise` (`similarity.without_copies`); one that runs while an exercise's call
+        # does is that exercise's reference use as well. (Code compiled later: the audit hook refuses a copy.)
         self.copies: dict = {}
         self.cell_files: dict[str, int] = {}  # file name a cell's code was compiled under -> the cell's index
         self.copies_sent: set = set()
@@ -468,7 +469,7 @@ class _Child:
 
         exercise_module = _OWN["grader.notebook"].exercise_module
 
-        # the trusted side found these copies in the cells' source; code compiled later is judged here
+        # the trusted side found these copies in the cells' source; code compiled later is judged by the audit hook
         self.copies.update({(int(index), str(qualname)): str(why) for index, qualname, why in copies})
         if references:  # to the audit hook, which alone keeps them (`_Guard.audit`): nothing here can clear them
             sys.audit(REFERENCES_EVENT, {str(k): Counter(v) for k, v in references.items()})
@@ -1202,7 +1203,8 @@ class _Guard:
                  "compile": 2, "sys._getframe": 0, "sys._current_frames": 0, "object.__getattr__": 0}
         frame_attributes = _FRAME_ATTRIBUTES
         impersonated = tuple(self.trusted) + ("<frozen",)
-        compiled = self.compiled
+        compiled, own = self.compiled, set()  # `own`: the hook's copy, which only `checker` sees too
+        self._compiled_own = own
         # a process started however it is called (functools.partial of os.fork leaves no profiler event)
         spawns = {"os.fork", "os.forkpty", "os.posix_spawn", "os.system", "subprocess.Popen", "os.exec", "os.spawn"}
         getframe = sys._getframe
@@ -1250,6 +1252,7 @@ class _Guard:
                 if (event == "compile" and len(args) > 1 and isinstance(args[1], str) and args[1].startswith(os.sep)
                         and realpath(args[1]).startswith(workdir)):
                     compiled.add(args[1])  # a file the notebook's code wrote, imported (importlib compiles it)
+                    own.add(args[1])
                     copies_refused(args[0], args[1])
                     return
                 frame = getframe(1)
@@ -1263,6 +1266,7 @@ class _Guard:
                     name = args[1] if len(args) > 1 and isinstance(args[1], str) else None
                     if name is not None:
                         compiled.add(name)  # code of that name is the notebook's, whatever globals it runs in
+                        own.add(name)
                         copies_refused(args[0], name)  # a copy of the answer key, decoded and exec'd?
                     if name is None or not name.startswith(impersonated):
                         return  # compiled under a name of the notebook's own
@@ -1293,6 +1297,9 @@ class _Guard:
 
         tables = [(name, vars(guard)[name], copy(vars(guard)[name])) for name in
                   ("watched_code", "watched_c", "trusted", "registrar", "spawners") if name in vars(guard)]
+        # the file names the notebook compiled code under (its code, whatever module's globals it runs in): the audit
+        # hook's own copy, handed over here before the cells run and then out of reach
+        compiled, compiled_own = self.compiled, self.__dict__.pop("_compiled_own", set())
 
         def note(why):
             found = flags.setdefault("*", [])
@@ -1303,7 +1310,8 @@ class _Guard:
             for why in changes(intact, machinery):
                 note(why)
             if (guard.__dict__.get("flags") is not flags or guard.__dict__.get("out") is not pipe
-                    or any(guard.__dict__.get(name) is not was or copy(was) != contents for name, was, contents in tables)):
+                    or any(guard.__dict__.get(name) is not was or copy(was) != contents for name, was, contents in tables)
+                    or guard.__dict__.get("compiled") is not compiled or not compiled_own <= compiled):
                 note("replaced the grader's record of what it saw")
             for obj, methods in shadowable:
                 hidden = sorted(k for k in vars(obj) if k in methods)
