@@ -23,7 +23,10 @@ The file's own blocks (lib.qmatmul), with no requantization: the model is exactl
 - `GGUFFastLlama`: lib.fast's fused decoder on the blocks; its one-token steps run every layer in one C++ call.
   Its Q4_1 weights are read as the file lays them out or "wide" (d and m widened to float32,
   `lib.qmatmul.repack_q4_1`: fewer shuffles per block, 20 % more bytes); `choose_gguf_layout` times both once
-  per machine and remembers the faster (`INFERENCE_LAB_GGUF_LAYOUT=file|wide|measure` overrides).
+  per machine and remembers the faster (`INFERENCE_LAB_GGUF_LAYOUT=file|wide|measure` overrides). Before that,
+  `choose_gguf_prefetch` times the loops with and without software prefetch (`lib.qmatmul.set_prefetch`: on
+  an Intel Xeon VM the hardware prefetcher left the decoding loops waiting on memory), the same way
+  (`INFERENCE_LAB_GGUF_PREFETCH=on|off|measure`).
 - `read_gguf_blocks(path)`: every matmul weight of a llama GGUF file as `(type, blocks)` under the lab's
   parameter names (Q and K rows put in the lab's RoPE order, as `lib.model.read_gguf_llama` does; a row of
   blocks moves as a whole, so this reorders bytes and changes no value). The LM head of a tied model is
@@ -258,18 +261,39 @@ def gguf_layouts(blocks: dict[str, tuple[str, torch.Tensor]]) -> list[str]:
     return ["file", "wide"] if wide else ["file"]
 
 
-def choose_gguf_layout(model, blocks: dict[str, tuple[str, torch.Tensor]], cache_file=None,
-                       repeats: int = 5) -> tuple[str, str]:
-    """(layout, why): "file" or "wide" for GGUFFastLlama, whichever runs whole steps (1 and 4 new tokens after
-    a 32-token cache) faster here; measured once per machine and remembered next to lib.fast's kernel choice
-    (`lib.fast.choose_measured`)."""
+def _shapes(blocks: dict[str, tuple[str, torch.Tensor]]) -> tuple[str, int]:
     nbytes = sum(b.numel() for _, b in blocks.values())
     types = sorted({qtype for qtype, _ in blocks.values()})
+    return f"GGUF {'+'.join(types)}, {len(blocks)} weights, {nbytes >> 20} MB", nbytes
+
+
+def choose_gguf_layout(model, blocks: dict[str, tuple[str, torch.Tensor]], cache_file=None,
+                       repeats: int = 5, prefetch: str = "on") -> tuple[str, str]:
+    """(layout, why): "file" or "wide" for GGUFFastLlama, whichever runs whole steps (1 and 4 new tokens after
+    a 32-token cache) faster here, read with `prefetch`; measured once per machine and remembered next to
+    lib.fast's kernel choice (`lib.fast.choose_measured`)."""
+    shapes, nbytes = _shapes(blocks)
     timer = step_timer(model, torch.float32, repeats,
-                        make=lambda name: GGUFFastLlama(model, blocks, layout=name))
+                       make=lambda name: GGUFFastLlama(model, blocks, layout=name, prefetch=prefetch))
     return choose_measured(GGUF_LAYOUTS, gguf_layouts(blocks), "INFERENCE_LAB_GGUF_LAYOUT",
-                           f"GGUF {'+'.join(types)}, {len(blocks)} weights, {nbytes >> 20} MB", nbytes, timer,
-                           "GGUFFastLlama steps at 1 and 4 rows", cache_file)
+                           f"{shapes}, prefetch {prefetch}", nbytes, timer, "GGUFFastLlama steps at 1 and 4 rows",
+                           cache_file)
+
+
+GGUF_PREFETCH = ("on", "off")
+
+
+def choose_gguf_prefetch(model, blocks: dict[str, tuple[str, torch.Tensor]], cache_file=None,
+                         repeats: int = 5) -> tuple[str, str]:
+    """(prefetch, why): "on" (the Q4_1 and Q8_0 loops ask for blocks `lib.qmatmul.PREFETCH_BYTES` ahead) or
+    "off", whichever runs whole steps of the file's layout faster here; measured once per machine and remembered
+    like the layout (`INFERENCE_LAB_GGUF_PREFETCH=on|off|measure` overrides)."""
+    shapes, nbytes = _shapes(blocks)
+    timer = step_timer(model, torch.float32, repeats,
+                       make=lambda name: GGUFFastLlama(model, blocks, layout="file", prefetch=name))
+    avail = list(GGUF_PREFETCH) if Q.kernel() is not None else ["off"]
+    return choose_measured(GGUF_PREFETCH, avail, "INFERENCE_LAB_GGUF_PREFETCH", f"{shapes}, prefetch", nbytes,
+                           timer, "GGUFFastLlama steps at 1 and 4 rows, file layout", cache_file)
 
 
 class GGUFFastLlama(FastLlama):
@@ -283,11 +307,21 @@ class GGUFFastLlama(FastLlama):
     prefills, other caches, no compiler). At SmolLM2's size the ~300 small tensor operations
     and the Python between them cost as much per token as the matmuls; in C++ they cost a fraction of that."""
 
-    def __init__(self, model, blocks: dict[str, tuple[str, torch.Tensor]] | None = None, layout: str | None = None):
+    def __init__(self, model, blocks: dict[str, tuple[str, torch.Tensor]] | None = None, layout: str | None = None,
+                 prefetch: str | None = None):
         blocks = read_gguf_blocks() if blocks is None else blocks
+        if prefetch is None:
+            prefetch, self.prefetch_reason = choose_gguf_prefetch(model, blocks)
+        elif prefetch not in GGUF_PREFETCH:
+            raise ValueError(f"prefetch must be one of {', '.join(GGUF_PREFETCH)} (or None: chosen by measuring); "
+                             f"got {prefetch!r}")
+        else:
+            self.prefetch_reason = f"{prefetch}: asked for"
+        self.prefetch = prefetch
+        self._prefetch_bytes = Q.PREFETCH_BYTES if prefetch == "on" else 0
         avail = gguf_layouts(blocks)
         if layout is None:
-            layout, self.layout_reason = choose_gguf_layout(model, blocks)
+            layout, self.layout_reason = choose_gguf_layout(model, blocks, prefetch=prefetch)
         elif layout not in avail:
             raise ValueError(f"layout must be one of {', '.join(avail)} here (or None: chosen by measuring); got "
                              f"{layout!r}")
@@ -329,6 +363,10 @@ class GGUFFastLlama(FastLlama):
         self._step = self._decode_step_args()  # lib.fast's one-call decode step (item 9), on these blocks
 
     step_max_rows = Q.FUSED_MAX_ROWS  # the fused kernel's rows: the C++ step up to there, as qmatmul
+
+    def forward_hidden(self, input_ids: torch.Tensor, cache=None):
+        Q.set_prefetch(self._prefetch_bytes)  # one setting per process: this engine's, for its step
+        return super().forward_hidden(input_ids, cache)
 
     def _step_parts(self, lw: dict, key: str) -> list[tuple[str, torch.Tensor]]:
         return [(qtype, b) for qtype, b, _ in lw[key]]

@@ -434,6 +434,69 @@ def test_smollm2_chooses_its_gguf_layout_by_timing_whole_steps(smollm2, tmp_path
         choose_gguf_layout(model, blocks, cache)
 
 
+def test_prefetch_changes_when_bytes_arrive_not_the_products():
+    """Software prefetch (`set_prefetch`) in the Q4_1 (both layouts) and Q8_0 loops: the same products bit for
+    bit, on and off, for 1-8 rows and more, and the setting reads back."""
+    if Q.kernel() is None:
+        pytest.skip("no C++ kernel")
+    before = Q.set_prefetch(0)
+    try:
+        for i, (qtype, n, nblocks, rows) in enumerate([("Q4_1", 300, 18, 1), ("Q4_1", 97, 48, 3), ("Q8_0", 211, 18, 1),
+                                                       ("Q8_0", 64, 5, 9)]):
+            blocks = random_blocks(qtype, n, nblocks, offset=500 + i)
+            x = torch.randn(rows, nblocks * 32, generator=generator(600 + i))
+            layouts = [(qtype, blocks)] + ([(Q.WIDE[qtype], Q.repack_q4_1(blocks))] if qtype in Q.WIDE else [])
+            for code, b in layouts:
+                ys = []
+                for ahead in (0, Q.PREFETCH_BYTES, 64):
+                    Q.set_prefetch(ahead)
+                    y = torch.empty(rows, n)
+                    assert Q.kernel().qmatmul_f32(Q._STEP_CODES[code], b.data_ptr(), n, nblocks * 32, x.data_ptr(), rows,
+                                                  nblocks * 32, y.data_ptr(), 2) == 0
+                    ys.append(y)
+                assert all(torch.equal(ys[0], y) for y in ys[1:]), f"{code} rows={rows}: prefetch changed a product"
+                if code == qtype:
+                    assert_matches_reference(ys[0], x, blocks, qtype, f"{code} rows={rows}")
+        assert Q.set_prefetch(4096) == 64 and Q.set_prefetch(-5) == 4096 and Q.set_prefetch(0) == 0  # < 0: off
+    finally:
+        Q.set_prefetch(before)
+
+
+@pytest.mark.model
+def test_smollm2_chooses_prefetch_by_timing_whole_steps(smollm2, tmp_path, monkeypatch):
+    """GGUFFastLlama's prefetch ("on" or "off") is timed on whole steps once per machine and remembered;
+    INFERENCE_LAB_GGUF_PREFETCH forces it, or measures again; a name it does not know is refused; an engine
+    applies its own setting before each step, whatever another engine set."""
+    from lib.generate import generate
+    from lib.quant_linear import GGUFFastLlama, choose_gguf_prefetch, read_gguf_blocks
+
+    if Q.kernel() is None:
+        pytest.skip("no C++ kernel: nothing to prefetch")
+    model, tok = smollm2
+    blocks = read_gguf_blocks()
+    cache = tmp_path / "kernels.json"
+    monkeypatch.setenv("INFERENCE_LAB_GGUF_PREFETCH", "measure")
+    choice, why = choose_gguf_prefetch(model, blocks, cache, repeats=1)
+    assert choice in ("on", "off") and "measured now" in why and "on" in why and "off" in why, why
+    monkeypatch.delenv("INFERENCE_LAB_GGUF_PREFETCH")
+    again, why = choose_gguf_prefetch(model, blocks, cache)
+    assert again == choice and "measured on this machine" in why, why
+    monkeypatch.setenv("INFERENCE_LAB_GGUF_PREFETCH", "off")
+    assert choose_gguf_prefetch(model, blocks, cache) == ("off", "INFERENCE_LAB_GGUF_PREFETCH=off")
+    monkeypatch.setenv("INFERENCE_LAB_GGUF_PREFETCH", "sometimes")
+    with pytest.raises(ValueError, match="sometimes"):
+        choose_gguf_prefetch(model, blocks, cache)
+    with pytest.raises(ValueError, match="prefetch must be one of"):
+        GGUFFastLlama(model, blocks, layout="file", prefetch="sometimes")
+    on = GGUFFastLlama(model, blocks, layout="wide", prefetch="on")
+    off = GGUFFastLlama(model, blocks, layout="wide", prefetch="off")  # built last: the process's setting is off
+    prompt = tok("The history of the printing press begins", return_tensors="pt").input_ids
+    assert torch.equal(generate(on, prompt, 8), generate(off, prompt, 8))
+    Q.set_prefetch(0)
+    on(prompt)
+    assert Q.set_prefetch(0) == Q.PREFETCH_BYTES, "the engine did not apply its own prefetch setting"
+
+
 @pytest.mark.model
 def test_the_quick_benchmark_runs_as_documented():
     out = subprocess.run([sys.executable, "benchmarks/quant.py", "--quick"], cwd=REPO, capture_output=True,

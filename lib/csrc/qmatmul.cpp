@@ -28,6 +28,14 @@ enum QType : int { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2, Q4_K = 3, Q6_K = 4, Q5_0 = 5, Q
 // nibbles; lib.qmatmul.repack_q4_1). The same weights; the kernel broadcasts d and m straight from memory
 // instead of converting and shuffling them (port-5 work that bounds the Q4_1 loop on Intel cores).
 constexpr int kMaxRows = 8;  // rows of x per pass over a weight row
+// Software prefetch, bytes ahead of the block being read (0: off; set by qmatmul_set_prefetch, chosen by measuring
+// in lib.quant_linear). The quantized loops below spend several cycles decoding each block, and on some machines
+// (an Intel Xeon VM, measured) the hardware prefetcher then runs too little ahead: the loop waits on memory at half
+// the bandwidth a plain read gets. Asking for the block 4 KB ahead (a few rows of a matrix) keeps the stream
+// going. A thread's rows are consecutive (static schedule), so the blocks ahead are the ones it reads next.
+int64_t g_prefetch = 0;
+inline void prefetch_ahead(const uint8_t* b, int64_t ahead) { __builtin_prefetch(b + ahead, 0, 3); }
+
 // Below this many weights a call runs on one thread: waking the others costs more than it saves (torch's own
 // grain size is 32768 elements), and far more on a busy machine, where a woken thread may wait for a core.
 constexpr int64_t kMinParallelWeights = 1 << 16;
@@ -238,9 +246,11 @@ void row_dots_q4_1_avx512(const uint8_t* wrow, int64_t nblocks, const float* x, 
     for (int r = 0; r < R; ++r)
         for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
     const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const int64_t ahead = g_prefetch;  // 0: the block itself, already being read (off)
     int64_t blk = 0;
     auto one_block = [&](int64_t i, int c) {
         const uint8_t* b = wrow + i * (WIDE ? 24 : 20);
+        prefetch_ahead(b, ahead);
         __m512 d, m;
         if constexpr (WIDE) {
             d = _mm512_broadcastss_ps(_mm_load_ss(reinterpret_cast<const float*>(b)));  // broadcast loads
@@ -278,9 +288,11 @@ void row_dots_q8_0_avx512(const uint8_t* wrow, int64_t nblocks, const float* x, 
     __m512 acc[R][C];
     for (int r = 0; r < R; ++r)
         for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+    const int64_t ahead = g_prefetch;
     int64_t blk = 0;
     auto one_block = [&](int64_t i, int c) {
         const uint8_t* b = wrow + i * 34;
+        prefetch_ahead(b, ahead);
         const __m512 d = _mm512_set1_ps(half_to_float(b));
         const __m512i q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2)));
         const __m512i q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 18)));
@@ -343,8 +355,10 @@ void row_dots_q4_1_avx2(const uint8_t* wrow, int64_t nblocks, const float* x, in
     __m256 acc[R], acc_hi[R];  // two chains per row (low and high nibbles): an FMA waits for the one before
     for (int r = 0; r < R; ++r) acc[r] = acc_hi[r] = _mm256_setzero_ps();
     const __m256i low4 = _mm256_set1_epi32(0x0F);
+    const int64_t ahead = g_prefetch;
     for (int64_t blk = 0; blk < nblocks; ++blk) {
         const uint8_t* b = wrow + blk * (WIDE ? 24 : 20);
+        prefetch_ahead(b, ahead);
         float dm[2];
         if constexpr (WIDE) {
             std::memcpy(dm, b, 8);
@@ -372,8 +386,10 @@ template <int R>
 void row_dots_q8_0_avx2(const uint8_t* wrow, int64_t nblocks, const float* x, int64_t ldx, float* y, int64_t ldy) {
     __m256 acc[R][2];  // two chains per row: an FMA waits for the one before into the same register
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    const int64_t ahead = g_prefetch;
     for (int64_t blk = 0; blk < nblocks; ++blk) {
         const uint8_t* b = wrow + blk * 34;
+        prefetch_ahead(b, ahead);
         const __m256 d = _mm256_set1_ps(half_to_float(b));
         for (int part = 0; part < 4; ++part) {
             const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + 8 * part)));
@@ -431,6 +447,13 @@ const char* qmatmul_isa() {
 #else
     return "generic";
 #endif
+}
+
+// The software prefetch distance of the quantized loops in bytes (0: off); returns the one before.
+int64_t qmatmul_set_prefetch(int64_t bytes) {
+    const int64_t before = g_prefetch;
+    g_prefetch = bytes < 0 ? 0 : bytes;
+    return before;
 }
 
 // y[m, n] = sum_k x[m, k] · W[n, k]; x float32 [m, k] (rows ldx apart), w the n rows of GGUF blocks
