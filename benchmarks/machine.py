@@ -8,7 +8,8 @@ First the facts a speed choice depends on: the CPU's model name, vendor and the 
 (AVX2, FMA, AVX-512 and its VNNI / BF16 extensions, AMX tiles), cores, torch's threads, memory, the load average,
 the streaming bandwidth (`lib.roofline.measure_bandwidth`), and the kernels the lab chose here: `lib.fast`'s matmul
 kernel (`lib.fast.choose_kernel`: C++ step, oneDNN-packed or plain, measured once per machine and remembered), the GGUF
-kernel's build and its Q4_1 layout (`lib.quant_linear.choose_gguf_layout`: as in the file, or d and m widened). Then the
+kernel's build, whether its loops prefetch (`lib.quant_linear.choose_gguf_prefetch`) and its Q4_1 layout
+(`lib.quant_linear.choose_gguf_layout`: as in the file, or d and m widened), each measured once and remembered. Then the
 two speed tables, each as its own benchmark prints it: fp32 decode (`lib.model`, `lib.fast`, transformers, the
 roofline) and quantized decode (the GGUF file's blocks, torch's int8/int4, llama.cpp when installed).
 The README keeps one such table per machine class measured. Timing, not a test: run it on quiet cores.
@@ -84,10 +85,12 @@ def main(argv=None) -> int:
     try:
         from lib.qmatmul import backend
 
-        from lib.quant_linear import choose_gguf_layout, read_gguf_blocks
+        from lib.quant_linear import choose_gguf_layout, choose_gguf_prefetch, read_gguf_blocks
 
-        print(f"GGUF kernel (lib.qmatmul, built for this CPU on first use): {backend()}; Q4_1 layout: "
-              f"{choose_gguf_layout(model, read_gguf_blocks())[1]}")
+        blocks = read_gguf_blocks()
+        prefetch, why = choose_gguf_prefetch(model, blocks)
+        print(f"GGUF kernel (lib.qmatmul, built for this CPU on first use): {backend()}; software prefetch: {why}; "
+              f"Q4_1 layout: {choose_gguf_layout(model, blocks, prefetch=prefetch)[1]}")
     except Exception as e:  # noqa: BLE001  (the facts are printed whatever the kernel's state)
         print(f"GGUF kernel: not available ({type(e).__name__}: {e})")
     sys.stdout.flush()

@@ -179,7 +179,7 @@ def main() -> None:
         paths_["int4 g32 (torch, bf16 act.)"] = (quantize_linears(model, "int4", 32), n_w * 5 / 8)
     paths_["GGUF blocks, lib.model"] = (gguf_linears(model, blocks), gguf_bytes)
     fused = GGUFFastLlama(model, blocks)  # its Q4_1 layout chosen by timing whole steps (once per machine)
-    print(f"GGUF layout here: {fused.layout_reason}")
+    print(f"GGUF software prefetch here: {fused.prefetch_reason}\nGGUF layout here: {fused.layout_reason}")
     fused_name = f"GGUF blocks, fused ({fused.layout})"
     wide_bytes = sum(b.numel() * 6 // 5 if t in Q.WIDE else b.numel() for t, b in blocks.values())  # 24 B, not 20
     paths_[fused_name] = (fused, wide_bytes if fused.layout == "wide" else gguf_bytes)
@@ -187,6 +187,10 @@ def main() -> None:
         other = "file" if fused.layout == "wide" else "wide"
         paths_[f"GGUF blocks, fused ({other})"] = (GGUFFastLlama(model, blocks, layout=other),
                                                    wide_bytes if other == "wide" else gguf_bytes)
+    if not args.quick and Q.kernel() is not None:  # the chosen layout with the other prefetch setting
+        flip = "off" if fused.prefetch == "on" else "on"
+        paths_[f"GGUF blocks, fused ({fused.layout}, prefetch {flip})"] = (
+            GGUFFastLlama(model, blocks, layout=fused.layout, prefetch=flip), paths_[fused_name][1])
 
     hf = None
     if not (args.quick or args.skip_transformers):
@@ -235,11 +239,11 @@ def main() -> None:
           f"greedy: tokens equal to the lab F32 model's before the first difference, {len(prompts)} prompts; "
           f"perplexity ± 1 s.e. (across windows) on {eval_ids.numel() - 1} held-out tokens of Hamlet, "
           f"ΔPPL against lab F32 paired window by window")
-    print(f"{'path':>28} {'tok/s':>7} {'MB/tok':>7} {'roofline':>9} {'share':>6} {'vs F32':>7} {'vs llama.cpp':>12} "
+    print(f"{'path':>40} {'tok/s':>7} {'MB/tok':>7} {'roofline':>9} {'share':>6} {'vs F32':>7} {'vs llama.cpp':>12} "
           f"{'greedy = F32':>12} {'perplexity':>17} {'ΔPPL':>17}")
     for name, tok_s, roof, nbytes, agree, ppl, dppl in rows:
         vs_peer = f"{tok_s / peer:.2f}x" if peer else "-"
-        print(f"{name:>28} {tok_s:>7.1f} {nbytes / 1e6:>7.1f} {roof:>9.0f} {tok_s / roof:>6.0%} {tok_s / f32:>6.2f}x "
+        print(f"{name:>40} {tok_s:>7.1f} {nbytes / 1e6:>7.1f} {roof:>9.0f} {tok_s / roof:>6.0%} {tok_s / f32:>6.2f}x "
               f"{vs_peer:>12} {agree:>12} {ppl:>17} {dppl:>17}")
     if peer is None:
         print("llama.cpp: not installed (optional: pip install -e '.[llamacpp]', several minutes; platform-facts.md)")
@@ -252,7 +256,7 @@ def main() -> None:
                time_decodes({n: (lambda k, m=m: generate(m, batch, k)) for n, m in b8.items()}, new, repeats).items()}
     base = b8_rows[f32_name]
     for name, tok_s in b8_rows.items():
-        print(f"{name:>28} {tok_s:>7.1f} tok/s  {tok_s / base:.2f}x")
+        print(f"{name:>40} {tok_s:>7.1f} tok/s  {tok_s / base:.2f}x")
     if args.matmul:
         matmul_table(blocks, max(repeats, 5))
     print(f"\nload average at end: {load_average()}")
