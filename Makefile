@@ -36,7 +36,8 @@ help:
 	@echo "make bench-18     speculative decoding: each draft's tok/s vs target greedy (identical tokens)"
 	@echo "make bench-19     serving: static vs continuous vs prefix-cached batching; batch 8 vs batch 1 decode"
 	@echo "make bench-20     quantized decode: F32 vs int8 vs int4 paths (and llama.cpp when installed)"
-	@echo "make serve        an OpenAI-compatible server on 127.0.0.1:8000 (SmolLM2, the week-19 engine); PORT=8001 to move it"
+	@echo "make serve        an OpenAI-compatible server on 127.0.0.1:8000 (SmolLM2, the week-19 engine); PORT=8001 to move it,"
+	@echo "                  ARGS=--max-num-seqs=16 (python -m lib.server --help lists the options)"
 	@echo "make bench-load   load-test the server with the openai client: throughput, TTFT/TPOT p50/p95, KV use"
 	@echo "make machine      this machine's whole table: CPU and flags, bandwidth, kernels chosen, both decode benchmarks"
 	@echo "make gpu-check    (GPU owners) every solution notebook and the test suite on this CUDA machine: one line each"
@@ -103,7 +104,7 @@ bench-20: setup
 
 PORT ?= 8000
 serve: setup
-	$(BIN)/python -m lib.server --port $(PORT)
+	$(BIN)/python -m lib.server --port $(PORT) $(ARGS)
 
 bench-load: setup
 	$(BIN)/python benchmarks/load.py $(ARGS)

@@ -601,7 +601,12 @@ def main(argv=None) -> None:
                          weights=args.weights, long_prefill_token_threshold=args.long_prefill_token_threshold,
                          model_name=args.served_model_name, api_key=args.api_key)
     print(f"serving {server.model_name} on http://{args.host}:{args.port}/v1 "
-          f"(weights {args.weights}, prefix caching {'on' if args.prefix_caching else 'off'})", flush=True)
+          f"(weights {args.weights}, prefix caching {'on' if args.prefix_caching else 'off'}, "
+          f"{args.max_num_seqs} requests decoding at once)", flush=True)
+    from lib import THREADS
+    from lib.threads import describe
+
+    print(describe(THREADS), flush=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")  # the access log, on stderr
     uvicorn.run(build_app(server), host=args.host, port=args.port, log_level="warning")
 

@@ -199,7 +199,9 @@ def test_request_error_body_is_openais_shape():
 
 
 def test_make_serve_as_typed_then_nothing_left_listening():
-    """`make serve PORT=...` as the README says: it answers /health and a completion, and stops on SIGTERM."""
+    """`make serve PORT=... ARGS=--max-num-seqs=16` as the README says: the option reaches the server, which says
+    how many requests decode at once and how many threads torch uses, answers /health and a completion, and stops
+    on SIGTERM."""
     import os
     import signal
     import subprocess
@@ -207,7 +209,7 @@ def test_make_serve_as_typed_then_nothing_left_listening():
 
     root = Path(__file__).resolve().parent.parent
     port = free_port()
-    proc = subprocess.Popen(["make", "serve", f"PORT={port}"], cwd=root, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(["make", "serve", f"PORT={port}", "ARGS=--max-num-seqs=16"], cwd=root, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 180
@@ -225,6 +227,8 @@ def test_make_serve_as_typed_then_nothing_left_listening():
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=60)
+    printed = proc.stdout.read()
+    assert "16 requests decoding at once" in printed and "torch threads: " in printed, printed[-2000:]
     with socket.socket() as s, pytest.raises(OSError):
         s.settimeout(1)
         s.connect(("127.0.0.1", port))
