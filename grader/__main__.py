@@ -273,10 +273,11 @@ def roster(csv_path: Path, root: Path = REPO_ROOT) -> list[str]:
     return refused
 
 
-def _report(failures: list[str], what: str) -> int:
+def _report(failures: list[str], one: str, many: str) -> int:
+    """Print the failures under one heading ("1 roster row was refused:", "3 submissions failed:"); 1 if any."""
     if not failures:
         return 0
-    print(f"\n{len(failures)} {what} failed:", file=sys.stderr)
+    print(f"\n{len(failures)} {one if len(failures) == 1 else many}:", file=sys.stderr)
     for line in failures:
         print(f"  {line}", file=sys.stderr)
     return 1
@@ -305,15 +306,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "release":
         release(args.week, repo=REPO_ROOT)
     elif args.cmd == "roster":
-        return _report(roster(args.csv, root=REPO_ROOT), "roster rows were refused and")
+        return _report(roster(args.csv, root=REPO_ROOT), "roster row was refused", "roster rows were refused")
     elif args.cmd == "collect":
-        return _report(collect(args.week, args.folder, root=REPO_ROOT), "submissions were refused and")
+        return _report(collect(args.week, args.folder, root=REPO_ROOT), "submission was refused",
+                       "submissions were refused")
     elif args.cmd == "autograde":
         grading_worker()  # --jobs 1 grades in this process
         return _report(autograde(args.week, args.students, jobs=args.jobs, timeout=args.timeout, root=REPO_ROOT),
-                       "submissions")
+                       "submission failed", "submissions failed")
     elif args.cmd == "feedback":
-        return _report(feedback(args.week, args.students, root=REPO_ROOT), "feedback reports")
+        return _report(feedback(args.week, args.students, root=REPO_ROOT), "feedback report failed",
+                       "feedback reports failed")
     elif args.cmd == "export":
         course = Course(REPO_ROOT)
         path, ungraded = course.export(args.csv), course.ungraded()
