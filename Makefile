@@ -49,8 +49,9 @@ help:
 $(VENV)/.installed: pyproject.toml $(if $(filter-out $(shell cat $(VENV)/.torch-index 2>/dev/null),$(TORCH_INDEX)),FORCE)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 ifeq ($(TORCH_INDEX),)
-	$(PIP) $(TORCH)
-	$(PIP) -e .
+	@tools/setup_stage.sh "$(TORCH), the CPU wheel" $(VENV) $(PIP) $(TORCH)
+	@tools/setup_stage.sh "the lab and its dependencies from pyproject.toml" \
+	    $(VENV) $(PIP) -e .
 else
 	$(BIN)/python -c 'import sys, torch; sys.exit(torch.version.cuda is None)' 2>/dev/null || $(BIN)/python -m pip uninstall -y -q torch
 	$(PIP) --index-url $(TORCH_INDEX) $(TORCH)

@@ -51,7 +51,7 @@ def release(week: str, repo: Path = REPO_ROOT) -> list[Path]:
     src = repo / "solutions" / week
     if not src.is_dir():
         raise SystemExit(f"no such week: {src}")
-    backups = []
+    backups, written = [], 0
     (repo / "grader").mkdir(exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     with tempfile.TemporaryDirectory() as tmp:
@@ -73,6 +73,9 @@ def release(week: str, repo: Path = REPO_ROOT) -> list[Path]:
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(data)
             print(f"wrote {dest.relative_to(repo)}")
+            written += 1
+    if not written:
+        print(f"weeks/{week} is up to date with solutions/{week}: nothing written")
     return backups
 
 

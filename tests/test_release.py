@@ -60,7 +60,7 @@ def test_untouched_release_fails_every_exercise_test(week, tmp_path):
     assert not unfriendly, f"these fail without the 'not implemented yet' message: {unfriendly}"
 
 
-def test_release_keeps_a_students_edits(tmp_path):
+def test_release_keeps_a_students_edits(tmp_path, capsys):
     week = WEEKS[0]
     repo = tmp_path / "repo"
     shutil.copytree(REPO / "solutions" / week, repo / "solutions" / week,
@@ -83,7 +83,9 @@ def test_release_keeps_a_students_edits(tmp_path):
     assert len(backups) == 1 and "my notes, do not lose them" in backups[0].read_text()
     assert nb.read_bytes() == (REPO / "weeks" / week / nb.name).read_bytes()  # the fresh release
     assert scratch.read_text() == "x = 1\n"  # files only the student has stay
+    capsys.readouterr()
     assert release(week, repo=repo) == []  # nothing edited now: nothing to back up
+    assert f"weeks/{week} is up to date" in capsys.readouterr().out  # and it says so
 
 
 def test_a_student_sees_each_message_whole_and_the_readme_quotes_it():
