@@ -158,6 +158,8 @@ def _process_limit() -> str:
     uid = os.getuid()
     if uid == 0:
         cgroup = os.environ.pop("INFERENCE_LAB_PIDS_CGROUP", "")
+        if not cgroup:  # (an empty path would write `cgroup.procs` into the working folder)
+            return "no process-count limit (root, and no writable pids cgroup)"
         try:
             with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:  # before Landlock: this is a file write
                 f.write(str(os.getpid()))

@@ -62,6 +62,7 @@ from lib import speculative as lab  # the lab's reference, to compare against (n
 from lib.generate import generate as lib_generate
 from lib.model import shared_smollm2
 from lib.text import load_text
+from lib.timing import Conditions, Timed, impossible_verify_curve, warning
 
 FULL = False  # True: more repeats, positions and tokens (several minutes)
 torch.manual_seed(0)
@@ -101,6 +102,7 @@ def forward_time(m):
     sync()
     return time.perf_counter() - t0
 
+conditions = Conditions.now()  # the load around the measurement: a busy machine makes curves that are noise
 with torch.no_grad():
     model(text_ids[:, :CONTEXT], cache=cache)
     forward_time(1)  # warm-up
@@ -112,15 +114,23 @@ with torch.no_grad():
             ratios[m].append(forward_time(m) / t1)
             step_time[1] = min(step_time.get(1, math.inf), t1)
 verify_cost = {m: float(torch.tensor(ratios[m]).median()) for m in sizes}  # in units of one decode step
-print(f"one decode step after {CONTEXT} tokens: {1e3 * step_time[1]:.1f} ms")
+conditions.done()
+print(f"one decode step after {CONTEXT} tokens: {1e3 * step_time[1]:.1f} ms; {conditions.line()}")
 for m in sizes:
-    print(f"m = {m:2d} new tokens: {verify_cost[m]:.2f} steps  ({verify_cost[m] / m:.2f} per token)")
+    lo, hi = min(ratios[m]), max(ratios[m])
+    print(f"m = {m:2d} new tokens: {verify_cost[m]:.2f} steps  ({verify_cost[m] / m:.2f} per token; "
+          f"{repeats} repeats {lo:.2f}–{hi:.2f})")
+disturbed = impossible_verify_curve(verify_cost) or warning(
+    [Timed(f"m = {m}", ratios[m]) for m in sizes], conditions)
+if disturbed:
+    print(disturbed)
 plt.figure(figsize=(6, 3.5))
 plt.plot(sizes, [verify_cost[m] for m in sizes], "o-", label="measured")
 plt.plot(sizes, sizes, "--", color="gray", label="m separate steps")
 plt.axhline(1, color="gray", lw=0.5)
 plt.xlabel("tokens scored in one forward (K + 1)"); plt.ylabel("time / one decode step")
-plt.title("The verify-cost curve (SmolLM2, fp32, this CPU)"); plt.legend(); plt.show()
+plt.title("The verify-cost curve (SmolLM2, fp32, this CPU)" + ("\nMEASUREMENT DISTURBED: rerun when quieter" if disturbed else ""))
+plt.legend(); plt.show()
 """)
 
 nb.md(r"""
