@@ -48,7 +48,7 @@ SERVERS = r"make (lab|grade-ui)( ARGS=.*)?$"  # run by test_servers_answer_and_s
 # A documented command -> the command run for it here (quick modes); None: run as typed.
 QUICK = [
     (r"^(\.venv/bin/)?python (benchmarks/\S+\.py)(.*)$", lambda m: f".venv/bin/python {m[2]}{m[3]} --quick"),
-    (r"^make (bench(-\d\d)?|machine)$", lambda m: f"make {m[1]} ARGS=--quick"),
+    (r"^make (bench(-\d\d)?|machine)( ARGS=--record)?$", lambda m: f"make {m[1]} ARGS=--quick"),
     (r"^(\.venv/bin/)?python tools/distill_draft\.py --minutes \S+(.*)$",
      lambda m: f".venv/bin/python tools/distill_draft.py --minutes 0.05{m[2]} --out distilled-test.pt"),
     (r"^(\.venv/bin/)?python tools/train_draft_head\.py --minutes \S+(.*)$",
@@ -218,6 +218,15 @@ def test_make_help_and_setup(scratch, repo):
     run(scratch, repo, ".venv/bin/python -m lib.fetch")
     out = run(scratch, repo, "make lint")
     assert "All checks passed" in out, out
+
+
+def test_make_results_renders_what_is_committed(scratch, repo):
+    """`make results` as typed: it renders README.md's table and docs/performance.md from the committed records, so
+    on a clean tree it changes nothing (tests/test_results.py shows that an edit by hand is caught)."""
+    before = {p: (repo / p).read_text() for p in ("README.md", "docs/performance.md")}
+    out = run(scratch, repo, "make results")
+    assert "rendered README.md's results block" in out, out
+    assert {p: (repo / p).read_text() for p in before} == before
 
 
 def test_class_hub_help(scratch, repo):

@@ -1,0 +1,102 @@
+"""Results as data (lib/records.py, tools/results.py): the speed figures the README and docs/performance.md show are
+rendered from the committed records, so a figure edited by hand, or a record changed without `make results`, fails
+here; and the README quotes no measured figure outside its rendered table."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lib import records
+from tools import results
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_machine_classes_are_named_by_vendor_line_and_feature():
+    assert records.machine_class({"vendor": "GenuineIntel", "cpu": "Intel(R) Xeon(R) Processor",
+                                  "flags": ["avx2", "avx512f", "amx_tile"]}) == "intel-xeon-amx"
+    assert records.machine_class({"vendor": "AuthenticAMD", "cpu": "AMD EPYC 9R14",
+                                  "flags": ["avx2", "avx512f"]}) == "amd-epyc-avx512"
+    assert records.machine_class({"vendor": "GenuineIntel", "cpu": "12th Gen Intel(R) Core(TM) i7-1260P",
+                                  "flags": ["avx2"]}) == "intel-core-avx2"
+    assert records.machine_class({"gpu": "NVIDIA H100 80GB HBM3"}) == "nvidia-h100-80gb-hbm3"
+    m = records.machine()
+    assert m["class"] == records.machine_class(m) and m["cores"] >= 1
+
+
+def test_a_record_keeps_every_repeat_and_where_it_ran(tmp_path, monkeypatch):
+    monkeypatch.setattr(records, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(records, "RESULTS", tmp_path / "results")
+    r = records.Record("probe", command="probe.py --x")
+    r.add("rate", [10.0, 12.0, 11.0], "tok/s", True)
+    r.note("kernel", "cpp")
+    paths = r.write(commit_as_reference=True)
+    data = json.loads(paths[-1].read_text())
+    assert paths[-1] == tmp_path / "results" / data["machine"]["class"] / "probe.json"
+    assert data["figures"]["rate"] == {"unit": "tok/s", "samples": [10.0, 12.0, 11.0], "min": 10.0, "median": 11.0,
+                                       "max": 12.0, "higher_is_better": True}
+    assert data["notes"] == {"kernel": "cpp"} and data["command"] == "probe.py --x"
+    assert {"commit", "dirty", "date", "versions", "load", "threads"} <= set(data)
+
+
+def test_the_committed_text_is_what_the_records_give():
+    done = subprocess.run([sys.executable, "tools/results.py", "--check"], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+def test_a_figure_edited_by_hand_is_caught(tmp_path):
+    """The drift test can fail: a copy of the repo's README, docs and records with one rendered figure changed by
+    hand, and with one record's figure changed, each fails --check."""
+    copy = tmp_path / "repo"
+    for part in ("README.md", "docs", "results", "tools/results.py", "tools/__init__.py", "lib"):
+        src = REPO / part
+        if src.is_dir():
+            shutil.copytree(src, copy / part, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            (copy / part).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(src, copy / part)
+    readme = (copy / "README.md").read_text()
+    block = readme.split(results.BEGIN, 1)[1].split(results.END, 1)[0]
+    figure = re.search(r"\d+\.\d", block)
+    assert figure, "the README's results block shows no figure"
+    edited = block.replace(figure[0], f"{float(figure[0]) + 1:.1f}", 1)
+    (copy / "README.md").write_text(readme.replace(block, edited))
+    check = [sys.executable, "tools/results.py", "--check"]
+    assert subprocess.run(check, cwd=copy, capture_output=True).returncode == 1
+    (copy / "README.md").write_text(readme)
+    assert subprocess.run(check, cwd=copy, capture_output=True).returncode == 0
+    rec = next((copy / "results").glob("*/decode.json"))
+    data = json.loads(rec.read_text())
+    fig = next(iter(data["figures"].values()))
+    fig["samples"] = [x * 2 for x in fig["samples"]]
+    fig["min"], fig["median"], fig["max"] = (x * 2 for x in (fig["min"], fig["median"], fig["max"]))
+    rec.write_text(json.dumps(data))
+    assert subprocess.run(check, cwd=copy, capture_output=True).returncode == 1
+
+
+# A number of a measured kind: a rate, a time, a bandwidth, a ratio or a share.
+MEASURED = re.compile(r"\b\d[\d,]*(\.\d+)?\s*(tok/s|ms\b|GB/s|×|x\b|%|s\b|min\b)")
+
+
+@pytest.mark.parametrize("doc", ["README.md"])
+def test_no_measured_figure_is_typed_into_the_prose(doc):
+    """Outside the rendered block, the README states no measured figure: figures live in records (rendered) or are
+    derived where they are shown. (Thresholds and settings are not measurements: `≤ 60 s`, `4 GiB`, `90 %` of a
+    threshold are written as such and listed here when they match.)"""
+    text = (REPO / doc).read_text()
+    if results.BEGIN in text:
+        head, rest = text.split(results.BEGIN, 1)
+        text = head + rest.split(results.END, 1)[1]
+    typed = [m[0] for m in MEASURED.finditer(text)]
+    assert not typed, f"{doc} quotes measured figures outside its rendered table: {typed[:20]}"
+
+
+def test_the_readme_is_short():
+    lines = (REPO / "README.md").read_text().count("\n")
+    assert lines <= 150, f"README.md has {lines} lines: the detail belongs in docs/ (the performance page, the guides)"
