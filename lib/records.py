@@ -185,3 +185,25 @@ def latest(benchmark: str, cls: str | None = None) -> dict | None:
     cls = cls or machine()["class"]
     runs = sorted((RUNS / cls).glob(f"{benchmark}-*.json"))
     return json.loads(runs[-1].read_text()) if runs else load(benchmark, cls)
+
+
+def best_bandwidth(cls: str | None = None, measured_now: float | None = None) -> tuple[float | None, str]:
+    """The streaming bandwidth a roofline should use on machine class `cls` (bytes/s): the best any record of the class
+    measured (committed, or this machine's runs), or `measured_now` if higher — never one run's alone, since a shared
+    machine's probe swings from run to run (one run once put lib.fast at 103 % of "the roofline"). With a phrase
+    saying where it came from."""
+    cls = cls or machine()["class"]
+    found = []
+    for path in [RESULTS / cls] + [RUNS / cls]:
+        for rec_path in sorted(path.glob("*.json")) if path.is_dir() else []:
+            try:
+                fig = json.loads(rec_path.read_text())["figures"].get("streaming bandwidth")
+            except (OSError, ValueError, KeyError):
+                continue
+            if fig:
+                found.append((fig["max"] * 1e9, rec_path.name))
+    best = max(found, default=(None, ""))
+    if measured_now is not None and (best[0] is None or measured_now >= best[0]):
+        return measured_now, "measured in this run (the best for this machine class so far)"
+    return best[0], (f"the best of {len(found)} recorded runs of this machine class ({best[1]}), above this run's "
+                     f"{measured_now / 1e9:.1f} GB/s" if measured_now else f"recorded ({best[1]})")
