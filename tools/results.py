@@ -102,6 +102,16 @@ def headline(records: dict) -> list[tuple[str, str]]:
         if chat:
             k = max(chat, key=lambda k: best(figs[k]))
             rows.append((f"chat speculation, best draft ({k.split(': ')[1]})", fmt(best(figs[k]), "×")))
+    fc = records.get("fresh-clone")
+    if fc:
+        figs = fc["figures"]
+        if "make setup" in figs:
+            size = figs.get("size after set-up")
+            rows.append(("`make setup`, fresh clone", fmt(best(figs["make setup"]), "min")
+                         + (f", {fmt(best(size), 'GB')} on disk" if size else "")))
+        if "make test" in figs:
+            rows.append(("`make test`, fresh clone", fmt(best(figs["make test"]), "min")
+                         + (f" ({fc['notes']['make test']})" if fc.get("notes", {}).get("make test") else "")))
     sv = records.get("serving")
     if sv and "decode b8 / b1" in sv["figures"]:
         rows.append(("engine decode, batch 8 over batch 1", fmt(best(sv["figures"]["decode b8 / b1"]), "×")))
