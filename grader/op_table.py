@@ -540,7 +540,7 @@ MATMULS = MappingProxyType({
         linalg_inv_ex _linalg_solve_ex linalg_solve_triangular triangular_solve _linalg_det _linalg_slogdet
         _linalg_eigh _linalg_eigvals linalg_eig _linalg_svd linalg_qr geqrf ormqr linalg_householder_product
         linalg_lstsq linalg_lu linalg_lu_factor_ex linalg_lu_solve linalg_ldl_factor_ex linalg_ldl_solve
-        linalg_matrix_exp lu_unpack""".split()},
+        linalg_matrix_exp linalg_pinv linalg_eigvals lu_unpack""".split()},
 })
 
 
