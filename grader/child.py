@@ -1093,6 +1093,9 @@ class _Guard:
         similarity = _OWN["grader.similarity"]
         out += [(f"grader.similarity.{k}", vars(similarity), k, v) for k, v in vars(similarity).items()
                 if not k.startswith("__")]
+        # the table the recorder classifies ops by: its tables too (an op moved among ELEMENTWISE goes unmeasured)
+        op_table = _OWN["grader.op_table"]
+        out += [(f"grader.op_table.{k}", vars(op_table), k, v) for k, v in vars(op_table).items() if not k.startswith("__")]
         return out
 
     @staticmethod

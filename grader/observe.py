@@ -18,14 +18,16 @@ from pathlib import Path
 import torch
 
 from grader.fingerprint import lib_name, oracle_name, warm
+from grader.op_table import classify
 from grader.triton_watch import TritonWatch
 
 
 @dataclass
 class Observation:
-    """What one call did. `ops`: aten op name -> count; `matmuls`: (shape of a, shape of b) of every mm/bmm/
-    matmul-like op; `flops`: FLOPs counted by torch's FlopCounterMode; `peak_bytes`: peak tensor bytes
-    allocated during the call (inputs excluded); `lib_calls`: qualified names of `lib` functions that ran
+    """What one call did. `ops`: aten op name -> count; `matmuls`: (shape of a, shape of b) of every matrix product
+    (mm, bmm, a conv as its im2col product, cdist, ...: `grader.op_table`), a's last dim the contraction; `flops`:
+    FLOPs counted by torch's FlopCounterMode; `peak_bytes`: peak tensor bytes allocated during the call (inputs
+    excluded); `lib_calls`: qualified names of `lib` functions that ran
     (recognised by `grader.fingerprint`: lib's bytecode counts wherever it was loaded from), and of the
     oracles' (`grader.fingerprint.ORACLE_MODULES`, e.g. "gguf.quants.dequantize"), recognised the same way."""
     ops: Counter = field(default_factory=Counter)
@@ -33,7 +35,7 @@ class Observation:
     flops: int = 0
     peak_bytes: int = 0
     lib_calls: set = field(default_factory=set)
-    reductions: list = field(default_factory=list)  # (op name, input shape, reduced extent) of every reduction
+    reductions: list = field(default_factory=list)  # (op name, input shape, extent) of every reduction (op_table)
     reads: dict = field(default_factory=dict)  # argument position -> [mean reads of each slice along its dim 0]
     # Triton kernels run by the interpreter (TRITON_INTERPRET=1) during the call: one (kernel name, grid) per
     # launch, and the (M, K, N) of every `tl.dot` its programs executed (a compiled GPU kernel is not seen).
@@ -86,9 +88,16 @@ class Observation:
         return max((max(d) for d in self.kernel_dots), default=0)
 
     def max_reduction_extent(self) -> int:
-        """The most elements any one reduction (sum, amax, max, logsumexp, softmax, mean, ...) combined per
-        output element: a chunked softmax keeps it <= the chunk size, a full-row softmax makes it the row length."""
+        """The most elements any one reduction (sum, amax, softmax, a pool's window, a cumulative scan, a sort, a
+        scatter-add's contributions to one slot, ...: `grader.op_table`) combined per output element: a chunked
+        softmax keeps it <= the chunk size, a full-row softmax makes it the row length."""
         return max((extent for _, _, extent in self.reductions), default=0)
+
+    @property
+    def unclassified(self) -> list[str]:
+        """The aten ops the call ran that `grader.op_table` cannot classify (neither known to combine nothing nor a
+        reduction or matrix product it measures): what they combined went unmeasured. Kept among `ops`."""
+        return sorted(k[len(UNCLASSIFIED) + 1:] for k in self.ops if k.startswith(UNCLASSIFIED + " "))
 
     @property
     def inputs_written(self) -> int:
@@ -111,28 +120,6 @@ class Observation:
 
 
 
-_REDUCTIONS = {"aten.sum", "aten.amax", "aten.amin", "aten.max", "aten.min", "aten.logsumexp", "aten._softmax",
-               "aten._log_softmax", "aten.mean", "aten.prod", "aten.nansum", "aten.cumsum", "aten.logcumsumexp",
-               "aten.norm", "aten.linalg_vector_norm", "aten.softmax", "aten.log_softmax"}
-
-
-def _reduced_extent(args, kwargs) -> int | None:
-    """How many elements a reduction op combines per output (None: not a reduction, e.g. max(a, b))."""
-    x = args[0]
-    if not isinstance(x, torch.Tensor) or x.dim() == 0:
-        return None
-    dims = args[1] if len(args) > 1 else (kwargs or {}).get("dim")
-    if isinstance(dims, torch.Tensor):  # torch.max(a, b): elementwise
-        return None
-    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
-        return x.numel()
-    dims = [dims] if isinstance(dims, int) else list(dims)
-    extent = 1
-    for d in dims:
-        extent *= x.shape[d]
-    return extent
-
-
 WATCH_REMOVED = "<the profiler watching the call was switched off>"  # counted among Observation.ops
 # In the student's process, grader.child sees every profiler event of an observed call through this hook.
 EVENT_HOOK = None
@@ -147,6 +134,9 @@ DISPATCH_OFF = "<code ran with the observers' dispatch switched off>"
 # An operator registered after grader.observe was imported (torch.library: the observed code's own): the observers
 # see the operator, not what its kernel runs.
 OWN_OPERATOR = "<an operator of the observed code's own>"
+# An op `grader.op_table` does not classify (neither known to combine nothing nor a reduction or matrix product it
+# measures): counted among Observation.ops as f"{UNCLASSIFIED} aten.X" (Observation.unclassified).
+UNCLASSIFIED = "<an op the observer cannot classify>"
 _OPS_AT_START = frozenset(name.split(".")[0] for name in torch._C._dispatch_get_all_op_names())
 
 
@@ -301,24 +291,26 @@ class OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
             self.obs.ops[f"{OWN_OPERATOR} {schema.name}"] += 1
         if self._writes_input(func, args, kwargs):
             self.obs.ops[INPUTS_WRITTEN] += 1
-        if name in ("aten.mm", "aten.bmm"):
-            self.obs.matmuls.append((tuple(args[0].shape), tuple(args[1].shape)))
-        elif name in ("aten.addmm", "aten.baddbmm"):
-            self.obs.matmuls.append((tuple(args[1].shape), tuple(args[2].shape)))
-        elif name == "aten.mv":
-            self.obs.matmuls.append((tuple(args[0].shape), tuple(args[1].shape) + (1,)))
-        elif name in ("aten.dot", "aten.vdot"):
-            self.obs.matmuls.append(((1,) + tuple(args[0].shape), tuple(args[1].shape) + (1,)))
-        elif name in _REDUCTIONS:
-            extent = _reduced_extent(args, kwargs)
-            if extent is not None:
-                self.obs.reductions.append((name, tuple(args[0].shape), extent))
         if self.counted:
             with torch.utils._python_dispatch._disable_current_modes():
                 self._note_reads(func, name, args, kwargs)
         result = func(*args, **(kwargs or {}))
         self._note_storages(func, args, kwargs, result)
+        self._classify(func, name, args, kwargs, result)
         return result
+
+    def _classify(self, func, name, args, kwargs, result) -> None:
+        """The op's matmuls and reductions (`grader.op_table`), or, for an op the table does not know, its name
+        among `Observation.unclassified`."""
+        try:
+            found = classify(name, func, args, kwargs, result)
+        except (RuntimeError, TypeError, ValueError, IndexError, KeyError, AttributeError, ZeroDivisionError):
+            found = None  # arguments the table's reading of the op did not expect: not classified
+        if found is None:
+            self.obs.ops[f"{UNCLASSIFIED} {name}"] += 1
+            return
+        self.obs.matmuls += found[0]
+        self.obs.reductions += found[1]
 
 
 

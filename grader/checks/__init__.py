@@ -102,13 +102,27 @@ def call_many(fn, calls):
 
 # --- the routes a check rejects, and device hygiene -----------------------------------------------------------
 
+def assert_classified(obs: Observation, what: str, allowed: tuple[str, ...] = ()) -> None:
+    """Reject a call that ran an aten op the observer cannot classify (`grader.op_table`: neither known to combine
+    nothing nor a reduction or matrix product whose extent it measures), unless its name starts with one of
+    `allowed`: what such an op combined went unmeasured, so a route check would pass on what it did not see."""
+    unknown = [op for op in obs.unclassified if not (allowed and op.startswith(allowed))]
+    assert not unknown, (
+        f"{what}: used {unknown[0]}{f' (and {len(unknown) - 1} more)' if len(unknown) > 1 else ''}, which the checks "
+        f"cannot classify: compute it with elementwise ops, reductions (sum, amax, ...), matmuls and indexing, "
+        f"whose extents the checks measure")
+
+
 def assert_route(obs: Observation, what: str, lib_allowed: tuple[str, ...] = (), forbidden_ops: tuple[str, ...] = (),
-                 max_extent: int | None = None, why: str = "", min_flops: int = 0) -> None:
+                 max_extent: int | None = None, why: str = "", min_flops: int = 0,
+                 unclassified_allowed: tuple[str, ...] = ()) -> None:
     """Reject a result computed by a forbidden route: a `lib` function other than `lib_allowed` ran, an aten op
     starting with one of `forbidden_ops` was called, or (with `max_extent`) a matmul or a reduction spanned more
     than `max_extent` elements (a full row or a full score matrix where the technique works in blocks). With
     `min_flops`: the matrix products torch counted must reach it (the work the technique does at the least), so
-    that a result computed out of the observer's sight (numpy, Python arithmetic) is not judged by what it saw."""
+    that a result computed out of the observer's sight (numpy, Python arithmetic) is not judged by what it saw.
+    Always: every op that ran is one the observer classifies (`assert_classified`), but those starting with one of
+    `unclassified_allowed`."""
     if min_flops:
         assert obs.flops >= min_flops, (
             f"{what}: torch's FlopCounterMode counted {obs.flops:,} FLOPs of matrix products; the technique does at "
@@ -119,6 +133,7 @@ def assert_route(obs: Observation, what: str, lib_allowed: tuple[str, ...] = (),
                      f"(from lib import ... of the same function is not allowed here)")
     ops = obs.called(*forbidden_ops) if forbidden_ops else []
     assert not ops, f"{what}: your code called {ops}, which this exercise asks you to do without. {why}".rstrip()
+    assert_classified(obs, what, unclassified_allowed)
     if max_extent is not None:
         mm, red = obs.max_matmul_dim(), obs.max_reduction_extent()
         assert mm <= max_extent, (f"{what}: a matrix product of {mm} rows/columns ran, more than the {max_extent} "

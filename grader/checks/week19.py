@@ -13,7 +13,7 @@ import random
 
 import torch
 
-from grader.checks import assert_close, check_on_meta, generator, observe, run_seed, seed_note
+from grader.checks import assert_classified, assert_close, check_on_meta, generator, observe, run_seed, seed_note
 from grader.checks.week19_sim import (cache_trial, context_model, contiguous_reference, engine_workload, expect_error,
                                       judge_plan, lib_parts, shared_step, simulate, step_workload, workload)
 from grader.harness import Week
@@ -225,6 +225,7 @@ def check_paged_attention(paged_attention) -> None:
         assert not lib_used, f"{what}: calls {lib_used}; write the attention yourself"
         sdpa = obs.called("aten._scaled_dot_product")
         assert not sdpa, f"{what}: calls {sdpa}; compute the scores and the softmax yourself, block by block"
+        assert_classified(obs, what)  # an op the observer cannot measure could hold the whole-row softmax
         assert obs.called("aten.exp", "aten._softmax", "aten.softmax", "aten.exp2", "aten.special_exp2"), (
             f"{what}: the observer saw no exponential: the softmax ran out of its sight (numpy, which breaks on "
             f"CUDA tensors, or a popped dispatch-mode stack). Compute with torch ops on the inputs' device.")
