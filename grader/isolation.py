@@ -58,7 +58,8 @@ import warnings
 import weakref
 from pathlib import Path
 
-from grader.processes import is_subreaper, pids_cgroup, remove_cgroup, process_start_time, become_subreaper, kill_tree
+from grader.processes import (is_subreaper, pids_cgroup, remove_cgroup, process_start_time, become_subreaper, kill_tree,
+                              child_environment, make_undumpable)
 from grader.proxy import ChildProxy, autograd_function_of
 from grader.status import (TAMPERED_TAIL, DEFAULT_BUDGET, DEFAULT_CALL_TIMEOUT, DEFAULT_CPU, DEFAULT_EXERCISE_TIMEOUT,
                             DEFAULT_MEMORY, limits, one_line)
@@ -73,11 +74,6 @@ __all__ = ["Session", "ChildProxy", "IsolationError", "StudentTimeout", "Student
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-# The variables of the grader's environment the child keeps (locale, libraries, devices, threads); the rest —
-# tokens, paths, the seed of the checks' inputs — is the instructor's.
-_CHILD_ENV = {"PATH", "LANG", "LANGUAGE", "TZ", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_HOME",
-              "NVIDIA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "SYSTEMROOT"}
-_CHILD_ENV_PREFIXES = ("LC_", "TRITON_", "CUBLAS_", "NCCL_")
 MAX_RECEIVED = 8 << 30  # bytes the child may send the trusted side in all, per session: beyond it, a verdict
 
 
@@ -261,13 +257,13 @@ class Session:
         self._exports.clear()
         self._storages.clear()
         self.workdir = tempfile.mkdtemp(prefix="inference-lab-student-")
+        make_undumpable()  # this process's /proc files (environ, memory, maps, fds) out of the child's reach
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         view = build_view(self.view)
         paths = child_import_path()
         readable = None if self.view.open else readable_paths(view, extra=paths)
-        # The instructor's environment is theirs: the child gets the few variables a Python process needs.
-        env = {k: v for k, v in os.environ.items() if k in _CHILD_ENV or k.startswith(_CHILD_ENV_PREFIXES)}
+        env = child_environment()  # the instructor's environment is theirs: the few variables Python needs
         env.update(HOME=self.workdir, TMPDIR=self.workdir, MPLCONFIGDIR=self.workdir, XDG_CACHE_HOME=self.workdir,
                    PYTHONDONTWRITEBYTECODE="1", MPLBACKEND="Agg")
         env.setdefault("OMP_NUM_THREADS", "1")
