@@ -462,7 +462,7 @@ TENSOR_CHANGED = "__tensor_changed_in_place__"
 def _permuted32(x: int) -> int:
     """A permutation of the 32-bit integers drawn from the run's seed (four Feistel rounds on 16-bit halves, each
     round a keyed hash of it): distinct seeds stay distinct, and nothing about `x` can be read from the result."""
-    from grader.checks import derived_seed
+    from grader.seeds import derived_seed
 
     left, right = x >> 16, x & 0xFFFF
     for i in range(4):
@@ -472,7 +472,7 @@ def _permuted32(x: int) -> int:
 
 def handed_generator_seed(gen) -> int:
     """The seed of the generator the child gets for the trusted side's `gen` (one of its device): drawn from `gen`'s
-    state and the run's seed one-way (`grader.checks.derived_seed`), so that neither the child's `initial_seed()`
+    state and the run's seed one-way (`grader.seeds.derived_seed`), so that neither the child's `initial_seed()`
     nor its state tells it the run's seed, or the seed of any other generator. Equal states give equal seeds (a
     check comparing two runs from equal states still can). A CPU generator's Mersenne Twister keeps only its seed's
     low 32 bits; a freshly seeded generator's are permuted (`_permuted32`), so generators whose seeds' low 32 bits
@@ -481,7 +481,7 @@ def handed_generator_seed(gen) -> int:
 
     import torch
 
-    from grader.checks import derived_seed
+    from grader.seeds import derived_seed
 
     state, seed = gen.get_state(), gen.initial_seed()
     if torch.equal(torch.Generator(device=gen.device).manual_seed(seed).get_state(), state):
@@ -495,7 +495,7 @@ def _reseed_returned(target, raw: bytes) -> None:
     foresee, and equal final states still give equal generators."""
     import hashlib
 
-    from grader.checks import derived_seed
+    from grader.seeds import derived_seed
 
     target.manual_seed(derived_seed("returned generator", str(target.device), hashlib.sha256(raw).hexdigest()))
 

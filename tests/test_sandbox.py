@@ -90,6 +90,12 @@ def _findings():
     libc = ctypes.CDLL(None, use_errno=True)
     out["calls"]["user namespace"] = "done" if libc.unshare(0x10000000) == 0 else os.strerror(ctypes.get_errno())
     return json.dumps(out)
+
+def _leaks():
+    """What a student would send out: the secrets found, first, in a few hundred characters (a message is cut at 400)."""
+    import re
+    found = re.findall(r"[A-Z_]*(?:TOKEN|SECRET)[A-Z_]*=[^\x00\s\"\\]+", _findings())
+    return "PROBE-RAN " + " ".join(dict.fromkeys(found))
 '''
 
 
@@ -203,13 +209,13 @@ def test_a_generator_handed_to_the_childs_code_carries_no_seed_of_the_run(tmp_pa
     run's seed nor any generator's from `initial_seed()` or the state, each handed generator's seed differs from
     every other's, equal states still give equal generators, and the caller's generator afterwards is not the
     child's to set."""
-    from grader.checks import derived_seed, generator, run_seed
+    from grader.checks import generator, run_seed
 
     ex = load_exercises(_notebook(tmp_path, 16, {"answer_q1": _GENERATORS + "\ndef answer_q1():\n    return 26.0\n"}))
     seed = run_seed()
     given = [torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed + 1), generator(0), generator(1),
              torch.Generator().manual_seed(seed)]
-    known = {seed + k for k in range(-5, 1000)} | {derived_seed("generator", k) for k in range(100)} | \
+    known = {seed + k for k in range(-5, 1000)} | {generator(k).initial_seed() for k in range(100)} | \
         {g.initial_seed() for g in given}
     got = ex.draws(given)
     seeds = [s for s, _, _ in got]
@@ -230,7 +236,7 @@ def test_a_generator_handed_to_the_childs_code_carries_no_seed_of_the_run(tmp_pa
 def test_a_check_hands_no_seed_of_the_run(tmp_path):
     """Week 18's `check_verify` hands `verify` a generator seeded from the run's seed (and many more): a `verify` that
     reports its generator's seed and state in its error — which the failure message carries — tells nothing."""
-    from grader.checks import derived_seed, run_seed
+    from grader.checks import generator, run_seed
     from grader.checks import week18 as checks
 
     ex = load_exercises(_notebook(tmp_path, 18, {"verify": """
@@ -245,7 +251,7 @@ def test_a_check_hands_no_seed_of_the_run(tmp_path):
     assert match, message[:500]
     seed, state = run_seed(), bytes.fromhex(match[2])
     known = {(seed * k + j) % 2**62 for k in (1, 1000) for j in range(-10, 10)} | \
-        {derived_seed("generator", k) for k in range(100)}
+        {generator(k).initial_seed() for k in range(100)}
     assert int(match[1]) not in known, f"the check handed the run's seed ({seed}) to the notebook's code"
     assert not any(b in state for k in known for b in _seed_bytes(k)), "the handed state holds the run's seed"
 
@@ -253,10 +259,11 @@ def test_a_check_hands_no_seed_of_the_run(tmp_path):
 def test_the_seed_note_still_reproduces_a_run(monkeypatch):
     """`INFERENCE_LAB_SEED=<seed>` (what every failure prints) gives the same inputs and the same handed generators."""
     import grader.checks as checks
+    from grader import seeds
     from grader.wire import handed_generator_seed
 
     def inputs():
-        monkeypatch.setattr(checks, "_SEED", None)
+        monkeypatch.setattr(seeds, "_SEED", None)
         return (torch.rand(5, generator=checks.generator(3)), handed_generator_seed(checks.generator(4)),
                 checks.seed_note())
 
@@ -304,14 +311,15 @@ _NOT_ROOT = r'''
 import json, os, sys, tempfile
 sys.path.insert(0, sys.argv[1])
 from grader import _sandbox, processes
-processes.make_undumpable()
+getattr(processes, "make_undumpable", lambda: None)()
 w = tempfile.mkdtemp()
 r, wfd = os.pipe()
 pid = os.fork()
 if pid == 0:
     line = _sandbox.confine(w, 60, [("read", "/proc"), ("read", "/usr"), ("read", "/etc"), ("read", "/lib"), ("read", "/dev")])
     parent = os.getppid()
-    out = {"line": line, "creds": _sandbox.credentials()}
+    status = dict(ln.rstrip("\n").split(":\t", 1) for ln in open("/proc/self/status") if ":\t" in ln)
+    out = {"line": line, "creds": {k: status.get(k, "").strip() for k in ("Uid", "CapEff", "NoNewPrivs")}}
     for what in ("environ", "cmdline", "maps", "status", "fd"):
         try:
             p = f"/proc/{parent}/{what}"
@@ -396,11 +404,11 @@ def test_a_secret_of_the_instructors_shell_reaches_no_grade_feedback_or_worker(s
     probe = _PROBE.replace("EXTRA_PID", "1")
     prober = with_cell_source(with_cell_source(release, "answer_q1", probe + """
 def answer_q1():
-    raise AssertionError("found: " + _findings())
+    raise AssertionError(_leaks())
 """), "causal_mask", probe + """
 def causal_mask(q_len, kv_len, device=None):
-    import os, sys
-    print("found:", _findings()[-3000:], flush=True)
+    import os
+    print(_leaks(), flush=True)
     os._exit(3)
 """)
     subs = tmp_path / "subs"
@@ -408,7 +416,7 @@ def causal_mask(q_len, kv_len, device=None):
     (subs / "prober.ipynb").write_text(json.dumps(prober))
     (subs / "returner.ipynb").write_text(json.dumps(with_cell_source(release, "answer_q1", probe + """
 def answer_q1():
-    return _findings()
+    return _leaks()
 """)))
     env = scratch.env(root, INFERENCE_LAB_EXERCISE_TIMEOUT=120, INFERENCE_LAB_CALL_TIMEOUT=120,
                       INFERENCE_LAB_TEST_SECRET=secrets[1])
@@ -418,21 +426,25 @@ def answer_q1():
     shell = subprocess.Popen(["bash", "-c", f'export API_TOKEN={secrets[0]}; "$0" -m grader autograde 16 --jobs 2; '
                               'echo "exit $?"', py], cwd=root, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
-    leaked, graders = [], set()
+    # while a student's process runs, the grading process above it and the student's own hold no secret
+    leaked, graders = set(), set()
     while shell.poll() is None:
-        for pid in _tree(shell.pid)[1:]:
+        for pid in _tree(shell.pid):
             try:
-                environ = Path(f"/proc/{pid}/environ").read_bytes()
-            except OSError:
+                if b"_sandbox.confine" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    continue
+                stat = Path(f"/proc/{pid}/stat").read_bytes()
+                parent = int(stat[stat.rindex(b")") + 2:].split()[1])
+                environs = {pid: Path(f"/proc/{pid}/environ").read_bytes(),
+                            parent: Path(f"/proc/{parent}/environ").read_bytes()}
+            except (OSError, ValueError):
                 continue
-            graders.add(pid)
-            leaked += [pid for s in secrets if s.encode() in environ]
+            graders.add(parent)
+            leaked |= {p for p, environ in environs.items() for s in secrets if s.encode() in environ}
         time.sleep(0.2)
     out = shell.stdout.read()
     print(out)
     assert "exit 0" in out, out
-    assert len(graders) >= 3, f"saw {len(graders)} grading processes (the command and its two workers expected)"
-    assert not leaked, f"a grading process started with the instructor's secret in its environment: {leaked}"
     subprocess.run([py, "-m", "grader", "feedback", "16"], cwd=root, env=env, check=True, capture_output=True)
     subprocess.run([py, "-m", "grader", "export", str(tmp_path / "grades.csv")], cwd=root, env=env,
                    capture_output=True)
@@ -445,3 +457,5 @@ def answer_q1():
         data = path.read_bytes()
         for secret in secrets:
             assert secret.encode() not in data, f"the instructor's secret reached {path.relative_to(tmp_path)}"
+    assert len(graders) == 2, f"saw {len(graders)} grading processes run a student's process (two workers expected)"
+    assert not leaked, f"a grading process or a student's process holds the instructor's secret: {leaked}"

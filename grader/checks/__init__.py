@@ -8,7 +8,7 @@ Three rules every week's checks follow (see docs/authoring-a-week.md, "Checks th
 2. **Randomized, reproducible inputs.** Inputs come from `generator(...)`, seeded from `run_seed()`: a fresh
    seed per run (so a lookup table of inputs fails), printed in every failure (so a student can reproduce it
    with `INFERENCE_LAB_SEED=<seed> pytest weeks/NN`). The run's seed never reaches the student's process: each
-   generator's seed is drawn from it one-way (`derived_seed`), and a generator handed to the student's code
+   generator's seed is drawn from it one-way (`grader.seeds`), and a generator handed to the student's code
    crosses as another one, seeded one-way from it (`grader.wire.handed_generator_seed`).
 3. **The technique, not just the numbers.** Where an exercise forbids a route (calling the library op or lib's
    reference, materializing what the technique avoids), the check runs the student's function under
@@ -17,42 +17,16 @@ Three rules every week's checks follow (see docs/authoring-a-week.md, "Checks th
 """
 from __future__ import annotations
 
-import hashlib
 import os
-import random
 from pathlib import Path
 
 import torch
 
 from grader.observe import (INPUTS_WRITTEN, PREMADE_WRITTEN, Observation, OpRecorder,  # noqa: F401  (re-exported)
                             argument_storages, observe)
+from grader.seeds import derived_seed, run_seed  # the checks import both from here
 
 _LIB_DIR = str(Path(__file__).resolve().parent.parent.parent / "lib") + os.sep
-_SEED: int | None = None
-
-
-def run_seed() -> int:
-    """This run's seed: `INFERENCE_LAB_SEED` if set, else drawn once per process (and kept for the run) from 2**62
-    values — too many to try them all against a seed drawn from it (`derived_seed`)."""
-    global _SEED
-    if _SEED is None:
-        env = os.environ.get("INFERENCE_LAB_SEED")
-        _SEED = int(env) if env not in (None, "") else random.SystemRandom().randrange(1, 2**62)
-    return _SEED
-
-
-_KEYS: dict[int, bytes] = {}
-
-
-def derived_seed(*label) -> int:
-    """A seed (63 bits) drawn one-way from this run's seed and `label` (BLAKE2b keyed by the run's seed): knowing it
-    tells nothing of the run's seed or of another label's seed."""
-    seed = run_seed()
-    key = _KEYS.get(seed)
-    if key is None:
-        key = _KEYS[seed] = hashlib.sha512(f"inference-lab run seed {seed}".encode()).digest()
-    digest = hashlib.blake2b(repr(label).encode(), key=key, digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
 
 
 def generator(offset: int = 0, device: str | torch.device = "cpu") -> torch.Generator:
