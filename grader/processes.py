@@ -232,9 +232,9 @@ def child_environment(environ=None) -> dict[str, str]:
 def exec_clean() -> None:
     """Restart this process (`python -m grader ...`, as typed) with `worker_environment` alone, unless that is all it
     has: `/proc/<pid>/environ` shows the environment a process was *started* with, whatever it removes from
-    `os.environ` afterwards, and the `--jobs` workers inherit it. Linux and macOS; returns where it cannot."""
+    `os.environ` afterwards, and the `--jobs` workers inherit it. POSIX only (Windows' exec starts another process)."""
     clean = worker_environment()
-    if clean == dict(os.environ) or not hasattr(os, "execve"):
+    if clean == dict(os.environ) or os.name != "posix":
         return
     sys.stdout.flush()
     sys.stderr.flush()
