@@ -66,7 +66,7 @@ from grader.status import (TAMPERED_TAIL, DEFAULT_BUDGET, DEFAULT_CALL_TIMEOUT, 
 from grader.similarity import copies_in_cells, introspection_in_cells, reference_units, similar_to_reference, without_copies
 from grader.view import ViewSpec, build_view, readable_paths
 from grader.wire import (ArgumentChanged, IsolationError, StudentCrash, StudentTimeout, ByValue, SafeUnpickler,
-                         TrustedPickler, apply_operation, copy_back, exception_info, rebuild_exception, recv_message, send_message)
+                         TrustedPickler, apply_operation, copy_back, exception_for_child, rebuild_exception, recv_message, send_message)
 
 __all__ = ["Session", "ChildProxy", "IsolationError", "StudentTimeout", "StudentCrash", "ArgumentChanged",
            "kill_tree", "become_subreaper", "DEFAULT_CALL_TIMEOUT", "DEFAULT_BUDGET", "DEFAULT_EXERCISE_TIMEOUT",
@@ -543,11 +543,11 @@ class Session:
             try:
                 payload = self._encode(reply)
             except Exception as e:  # noqa: BLE001
-                payload = self._encode(("err", rid, exception_info(e)))
+                payload = self._encode(("err", rid, exception_for_child(e)))
         except BaseException as e:
             if isinstance(e, KeyboardInterrupt):
                 raise
-            payload = self._encode(("err", rid, exception_info(e)))
+            payload = self._encode(("err", rid, exception_for_child(e)))
         send_message(self._w, payload)
 
     def _request_raw(self, op: str, target, args: tuple, during: str | None = None):

@@ -28,6 +28,11 @@ def run_seed() -> int:
     return _SEED
 
 
+def drawn_seed() -> int | None:
+    """The run's seed if it has been drawn (or read) in this process, else None (nothing to keep from anyone yet)."""
+    return _SEED
+
+
 def derived_seed(*label) -> int:
     """A seed (63 bits) drawn one-way from this run's seed and `label` (BLAKE2b keyed by the run's seed): knowing it
     tells nothing of the run's seed or of another label's seed."""

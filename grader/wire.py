@@ -145,6 +145,17 @@ def exception_info(e: BaseException) -> tuple[list[str], str]:
     return names[:20], msg[:20000]
 
 
+def exception_for_child(e: BaseException) -> tuple[list[str], str]:
+    """`exception_info` of an exception the trusted side sends the child (a check's object failed when the child
+    called it), with the run's seed taken out: failure messages print it (`checks.seed_note`), and the child must
+    not learn it (`grader.seeds`)."""
+    from grader.seeds import drawn_seed
+
+    names, msg = exception_info(e)
+    seed = drawn_seed()
+    return names, msg if seed is None else msg.replace(str(seed), "<the run's seed>")
+
+
 _SAFE_EXC = {name: obj for name, obj in vars(builtins).items()
              if isinstance(obj, type) and issubclass(obj, Exception)}
 _SAFE_EXC["StopIteration"] = StopIteration

@@ -197,6 +197,12 @@ def draws(generators):
 def overwrite(g):
     g.manual_seed(42)
     return 0
+
+def relay(check_object):
+    try:
+        check_object()
+    except Exception as e:
+        return str(e)
 '''
 
 
@@ -208,8 +214,8 @@ def test_a_generator_handed_to_the_childs_code_carries_no_seed_of_the_run(tmp_pa
     """A check's generators cross as others, seeded one-way from them and the run's seed: the child reads neither the
     run's seed nor any generator's from `initial_seed()` or the state, each handed generator's seed differs from
     every other's, equal states still give equal generators, and the caller's generator afterwards is not the
-    child's to set."""
-    from grader.checks import generator, run_seed
+    child's to set. A check's object that fails when the child calls it sends its message without the seed."""
+    from grader.checks import generator, run_seed, seed_note
 
     ex = load_exercises(_notebook(tmp_path, 16, {"answer_q1": _GENERATORS + "\ndef answer_q1():\n    return 26.0\n"}))
     seed = run_seed()
@@ -230,6 +236,12 @@ def test_a_generator_handed_to_the_childs_code_carries_no_seed_of_the_run(tmp_pa
     ex.overwrite(g)
     assert not torch.equal(g.get_state(), torch.Generator().manual_seed(42).get_state()), \
         "the child chose the state of the check's generator"
+
+    def spy():  # a check's object that fails when the notebook's code calls it, with the seed in its message
+        raise AssertionError(f"the spy saw a wrong call {seed_note()}")
+
+    relayed = ex.relay(spy)
+    assert "the spy saw a wrong call" in relayed and str(seed) not in relayed, relayed
     ex.close()
 
 
