@@ -89,6 +89,7 @@ def _findings():
     attempt("raise its CPU limit", lambda: resource.setrlimit(resource.RLIMIT_CPU, (10**6, 10**6)))
     libc = ctypes.CDLL(None, use_errno=True)
     out["calls"]["user namespace"] = "done" if libc.unshare(0x10000000) == 0 else os.strerror(ctypes.get_errno())
+    out["securebits"] = libc.prctl(27, 0, 0, 0, 0)  # PR_GET_SECUREBITS
     return json.dumps(out)
 
 def _leaks():
@@ -154,6 +155,8 @@ def test_the_child_runs_with_no_capability_and_no_new_privs(probed):
         assert int(status[field], 16) == 0, f"the child holds capabilities: {field} {status[field]} ({sandbox})"
     if ROOT:
         assert int(status["CapBnd"], 16) == 0, f"a root grader's child keeps a bounding set: {status['CapBnd']}"
+        # NOROOT, NO_SETUID_FIXUP and NO_CAP_AMBIENT_RAISE set, KEEP_CAPS clear, each locked: no way back
+        assert found["securebits"] == 0xEF, f"securebits {found['securebits']:#x}"
     assert status["NoNewPrivs"].strip() == "1", "the child may gain privileges through exec (no_new_privs unset)"
     assert status["Seccomp"].strip() == "2", "the child has no seccomp filter"
     uid = int(status["Uid"].split()[0])
