@@ -3,8 +3,9 @@
 - rlimits: CPU seconds (RLIMIT_CPU, then SIGXCPU/SIGKILL), no core files, files written at most 256 MiB
   (RLIMIT_FSIZE); the address-space limit (RLIMIT_AS) is set later, after torch is imported.
 - Linux Landlock (kernel 5.13+, no privileges needed): from here on this process and its children may create,
-  write, truncate, rename or delete files **only** under `workdir` (its own temporary folder; plus /dev/null);
-  reading stays allowed everywhere (the lab's `lib/`, torch, the checks). With Landlock ABI >= 4 it may not
+  write, truncate, rename or delete files **only** under `workdir` (its own temporary folder; plus /dev/null),
+  and read only where `readable` says (the week's view, the Python environment, the system's files: `grader.view`;
+  everywhere when it is None). With Landlock ABI >= 4 it may not
   open TCP connections or bind ports; with ABI >= 6 it may not signal processes outside its sandbox (so it
   cannot kill the grader) nor connect to abstract UNIX sockets.
 - processes: the child is the subreaper of everything it starts (a double-forked or `setsid`'d process stays in
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import platform  # here: as user nobody (no Landlock) the standard library may be out of reach
 import resource
 import sys
 
@@ -321,8 +323,6 @@ def _filter(arch: int, own_pid: int | None) -> list[tuple[int, int, int, int]]:
 
 
 def _seccomp(signals_to_self: bool = False) -> str | None:
-    import platform
-
     arch = {"x86_64": _AUDIT_ARCH_X86_64, "aarch64": _AUDIT_ARCH_AARCH64}.get(platform.machine())
     if arch is None or not sys.platform.startswith("linux"):
         return None
@@ -418,6 +418,8 @@ def confine(workdir: str, cpu_seconds: int, readable: list | None = None) -> str
         how = ("no landlock and not root: the student's code can read and write wherever you can (run it in a "
                "container)")
     who = _drop_privileges(nobody)
+    if nobody and processes.startswith("no process-count limit"):
+        processes = _process_limit()  # RLIMIT_NPROC applies to user nobody
     try:
         sockets = _seccomp(signals_to_self=abi < 6)
     except (OSError, AttributeError):
