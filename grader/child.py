@@ -1350,9 +1350,7 @@ class _ChildUnpickler(pickle.Unpickler):
         if tag == "G":
             import torch
 
-            gen = torch.Generator(device=pid[1])
-            gen.set_state(torch.frombuffer(bytearray(pid[2]), dtype=torch.uint8).clone())
-            return gen
+            return torch.Generator(device=pid[1]).manual_seed(pid[2])  # a seed drawn for it (grader.wire)
         raise pickle.UnpicklingError(f"unknown tag {tag!r}")
 
 

@@ -340,10 +340,13 @@ def grading_worker() -> None:
     """Set up a process that grades submissions (each `--jobs` worker, and `python -m grader autograde` itself with
     `--jobs 1`): it becomes the subreaper of what it starts, so a process a submission leaves behind (double fork,
     `setsid`) is handed to it rather than to init, and is killed when that submission's child is stopped
-    (`grader.processes.kill_tree`)."""
-    from grader.processes import become_subreaper
+    (`grader.processes.kill_tree`). And it is made non-dumpable, so that a child (no capabilities, the same uid or
+    root without capabilities) cannot read its memory, environment, maps or open files under /proc
+    (`grader.processes.make_undumpable`)."""
+    from grader.processes import become_subreaper, make_undumpable
 
     become_subreaper()
+    make_undumpable()
 
 
 def shared_models_state() -> tuple:

@@ -58,14 +58,15 @@ import warnings
 import weakref
 from pathlib import Path
 
-from grader.processes import is_subreaper, pids_cgroup, remove_cgroup, process_start_time, become_subreaper, kill_tree
+from grader.processes import (is_subreaper, pids_cgroup, remove_cgroup, process_start_time, become_subreaper, kill_tree,
+                              child_environment, make_undumpable)
 from grader.proxy import ChildProxy, autograd_function_of
 from grader.status import (TAMPERED_TAIL, DEFAULT_BUDGET, DEFAULT_CALL_TIMEOUT, DEFAULT_CPU, DEFAULT_EXERCISE_TIMEOUT,
                             DEFAULT_MEMORY, limits, one_line)
 from grader.similarity import copies_in_cells, introspection_in_cells, reference_units, similar_to_reference, without_copies
 from grader.view import ViewSpec, build_view, readable_paths
 from grader.wire import (ArgumentChanged, IsolationError, StudentCrash, StudentTimeout, ByValue, SafeUnpickler,
-                         TrustedPickler, apply_operation, copy_back, exception_info, rebuild_exception, recv_message, send_message)
+                         TrustedPickler, apply_operation, copy_back, exception_for_child, rebuild_exception, recv_message, send_message)
 
 __all__ = ["Session", "ChildProxy", "IsolationError", "StudentTimeout", "StudentCrash", "ArgumentChanged",
            "kill_tree", "become_subreaper", "DEFAULT_CALL_TIMEOUT", "DEFAULT_BUDGET", "DEFAULT_EXERCISE_TIMEOUT",
@@ -73,11 +74,6 @@ __all__ = ["Session", "ChildProxy", "IsolationError", "StudentTimeout", "Student
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-# The variables of the grader's environment the child keeps (locale, libraries, devices, threads); the rest —
-# tokens, paths, the seed of the checks' inputs — is the instructor's.
-_CHILD_ENV = {"PATH", "LANG", "LANGUAGE", "TZ", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_HOME",
-              "NVIDIA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "SYSTEMROOT"}
-_CHILD_ENV_PREFIXES = ("LC_", "TRITON_", "CUBLAS_", "NCCL_")
 MAX_RECEIVED = 8 << 30  # bytes the child may send the trusted side in all, per session: beyond it, a verdict
 
 
@@ -261,13 +257,13 @@ class Session:
         self._exports.clear()
         self._storages.clear()
         self.workdir = tempfile.mkdtemp(prefix="inference-lab-student-")
+        make_undumpable()  # this process's /proc files (environ, memory, maps, fds) out of the child's reach
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         view = build_view(self.view)
         paths = child_import_path()
         readable = None if self.view.open else readable_paths(view, extra=paths)
-        # The instructor's environment is theirs: the child gets the few variables a Python process needs.
-        env = {k: v for k, v in os.environ.items() if k in _CHILD_ENV or k.startswith(_CHILD_ENV_PREFIXES)}
+        env = child_environment()  # the instructor's environment is theirs: the few variables Python needs
         env.update(HOME=self.workdir, TMPDIR=self.workdir, MPLCONFIGDIR=self.workdir, XDG_CACHE_HOME=self.workdir,
                    PYTHONDONTWRITEBYTECODE="1", MPLBACKEND="Agg")
         env.setdefault("OMP_NUM_THREADS", "1")
@@ -547,11 +543,11 @@ class Session:
             try:
                 payload = self._encode(reply)
             except Exception as e:  # noqa: BLE001
-                payload = self._encode(("err", rid, exception_info(e)))
+                payload = self._encode(("err", rid, exception_for_child(e)))
         except BaseException as e:
             if isinstance(e, KeyboardInterrupt):
                 raise
-            payload = self._encode(("err", rid, exception_info(e)))
+            payload = self._encode(("err", rid, exception_for_child(e)))
         send_message(self._w, payload)
 
     def _request_raw(self, op: str, target, args: tuple, during: str | None = None):

@@ -13,6 +13,11 @@ names of its MRO and its message, rebuilt as the nearest built-in class), the tr
 (`TrustedPickler`: plain data by value, anything with identity or behaviour by reference), and what a call
 copies back into its caller's arguments (`copy_back`: lists, dicts and generators; a changed tensor is a
 verdict, `ArgumentChanged`). The child's own pickler and unpickler are in `grader.child`.
+
+A `torch.Generator` never crosses as it is: its state holds its seed (`initial_seed()`, and the first word of the
+Mersenne Twister's state), and the checks' seeds come from the run's seed, so the child could recompute every
+randomized input. The child gets a generator seeded one-way from it and the run's seed (`handed_generator_seed`),
+and the caller's generator is then reseeded one-way from the child's final state (`copy_back`).
 """
 from __future__ import annotations
 
@@ -140,6 +145,17 @@ def exception_info(e: BaseException) -> tuple[list[str], str]:
     return names[:20], msg[:20000]
 
 
+def exception_for_child(e: BaseException) -> tuple[list[str], str]:
+    """`exception_info` of an exception the trusted side sends the child (a check's object failed when the child
+    called it), with the run's seed taken out: failure messages print it (`checks.seed_note`), and the child must
+    not learn it (`grader.seeds`)."""
+    from grader.seeds import drawn_seed
+
+    names, msg = exception_info(e)
+    seed = drawn_seed()
+    return names, msg if seed is None else msg.replace(str(seed), "<the run's seed>")
+
+
 _SAFE_EXC = {name: obj for name, obj in vars(builtins).items()
              if isinstance(obj, type) and issubclass(obj, Exception)}
 _SAFE_EXC["StopIteration"] = StopIteration
@@ -207,8 +223,8 @@ class TrustedPickler(pickle.Pickler):
             return ("t", obj.detach())  # a Parameter, a subclass, or part of an autograd graph: its data only
         if isinstance(obj, (torch.UntypedStorage, torch.storage.TypedStorage)):
             return None
-        if t is torch.Generator:  # by state; the child's final state is copied back (see copy_back)
-            return ("G", str(obj.device), bytes(obj.get_state().numpy().tobytes()))
+        if t is torch.Generator:  # another generator, in a state drawn one-way from this one's (see copy_back)
+            return ("G", str(obj.device), handed_generator_seed(obj))
         if isinstance(obj, (torch.dtype, torch.device, torch.Size, torch.memory_format, torch.layout)):
             return None
         if isinstance(obj, torch.nn.Module):
@@ -454,6 +470,47 @@ GENERATOR_STATE = "__torch_generator_state__"
 TENSOR_CHANGED = "__tensor_changed_in_place__"
 
 
+def _permuted32(x: int) -> int:
+    """A permutation of the 32-bit integers drawn from the run's seed (four Feistel rounds on 16-bit halves, each
+    round a keyed hash of it): distinct seeds stay distinct, and nothing about `x` can be read from the result."""
+    from grader.seeds import derived_seed
+
+    left, right = x >> 16, x & 0xFFFF
+    for i in range(4):
+        left, right = right, left ^ (derived_seed("handed generator: round", i, right) & 0xFFFF)
+    return (left << 16) | right
+
+
+def handed_generator_seed(gen) -> int:
+    """The seed of the generator the child gets for the trusted side's `gen` (one of its device): drawn from `gen`'s
+    state and the run's seed one-way (`grader.seeds.derived_seed`), so that neither the child's `initial_seed()`
+    nor its state tells it the run's seed, or the seed of any other generator. Equal states give equal seeds (a
+    check comparing two runs from equal states still can). A CPU generator's Mersenne Twister keeps only its seed's
+    low 32 bits; a freshly seeded generator's are permuted (`_permuted32`), so generators whose seeds' low 32 bits
+    differ — a law test's thousands of trials, seeds s + t — never share a stream."""
+    import hashlib
+
+    import torch
+
+    from grader.seeds import derived_seed
+
+    state, seed = gen.get_state(), gen.initial_seed()
+    if torch.equal(torch.Generator(device=gen.device).manual_seed(seed).get_state(), state):
+        return (derived_seed("handed generator: high", str(gen.device), seed) >> 32 << 32) | _permuted32(seed & 0xFFFFFFFF)
+    return derived_seed("handed generator: advanced", str(gen.device), hashlib.sha256(state.numpy().tobytes()).hexdigest())
+
+
+def _reseed_returned(target, raw: bytes) -> None:
+    """After a call, the caller's generator `target` is seeded one-way from the state the child's generator ended in
+    (and the run's seed): its next draws — a check's next inputs — are neither the child's to choose nor to
+    foresee, and equal final states still give equal generators."""
+    import hashlib
+
+    from grader.seeds import derived_seed
+
+    target.manual_seed(derived_seed("returned generator", str(target.device), hashlib.sha256(raw).hexdigest()))
+
+
 def _is_generator(obj) -> bool:
     import torch
 
@@ -479,9 +536,7 @@ def copy_back(args: tuple, kwargs: dict, copied) -> None:
         target = args[key] if type(key) is int and 0 <= key < len(args) else kwargs.get(key) if type(key) is str else None
         if (type(value) is tuple and len(value) == 2 and value[0] == GENERATOR_STATE and type(value[1]) is bytes
                 and _is_generator(target)):
-            import torch
-
-            target.set_state(torch.frombuffer(bytearray(value[1]), dtype=torch.uint8).clone())
+            _reseed_returned(target, value[1])
         elif type(value) is tuple and len(value) == 2 and value[0] == TENSOR_CHANGED:
             changed.append(f"{_describe_arg(key)} ({value[1]})")
         elif type(target) is list and type(value) is list:

@@ -7,7 +7,9 @@ Three rules every week's checks follow (see docs/authoring-a-week.md, "Checks th
    data they return. That is what lets the grader run the student's code in another process than the check.
 2. **Randomized, reproducible inputs.** Inputs come from `generator(...)`, seeded from `run_seed()`: a fresh
    seed per run (so a lookup table of inputs fails), printed in every failure (so a student can reproduce it
-   with `INFERENCE_LAB_SEED=<seed> pytest weeks/NN`).
+   with `INFERENCE_LAB_SEED=<seed> pytest weeks/NN`). The run's seed never reaches the student's process: each
+   generator's seed is drawn from it one-way (`grader.seeds`), and a generator handed to the student's code
+   crosses as another one, seeded one-way from it (`grader.wire.handed_generator_seed`).
 3. **The technique, not just the numbers.** Where an exercise forbids a route (calling the library op or lib's
    reference, materializing what the technique avoids), the check runs the student's function under
    `observe(...)` and judges what it did: the aten ops it called, the matmul shapes, FLOPs, peak tensor
@@ -16,30 +18,21 @@ Three rules every week's checks follow (see docs/authoring-a-week.md, "Checks th
 from __future__ import annotations
 
 import os
-import random
 from pathlib import Path
 
 import torch
 
 from grader.observe import (INPUTS_WRITTEN, PREMADE_WRITTEN, Observation, OpRecorder,  # noqa: F401  (re-exported)
                             argument_storages, observe)
+from grader.seeds import derived_seed, run_seed  # the checks import both from here
 
 _LIB_DIR = str(Path(__file__).resolve().parent.parent.parent / "lib") + os.sep
-_SEED: int | None = None
-
-
-def run_seed() -> int:
-    """This run's seed: `INFERENCE_LAB_SEED` if set, else drawn once per process (and kept for the run)."""
-    global _SEED
-    if _SEED is None:
-        env = os.environ.get("INFERENCE_LAB_SEED")
-        _SEED = int(env) if env not in (None, "") else random.SystemRandom().randrange(1, 2**31 - 1)
-    return _SEED
 
 
 def generator(offset: int = 0, device: str | torch.device = "cpu") -> torch.Generator:
-    """A torch.Generator seeded from this run's seed (+ `offset`, so two cases of one check differ)."""
-    return torch.Generator(device=device).manual_seed(run_seed() + offset)
+    """A torch.Generator seeded from this run's seed and `offset` (so two cases of one check differ), one-way: from
+    one generator's seed or draws nothing follows about another's."""
+    return torch.Generator(device=device).manual_seed(derived_seed("generator", offset))
 
 
 def seed_note() -> str:
