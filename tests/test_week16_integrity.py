@@ -124,6 +124,20 @@ def generate(model, input_ids, max_new_tokens, use_cache=True, return_logits=Fal
         logits = local(ids)[:, -1]
 ''' + _LOOP_TAIL
 
+# The same copy, its linear maps written as a product and a sum (not a matrix product to torch's FLOP counter).
+GENERATE_A_LOCAL_COPY_WITHOUT_MATMULS = GENERATE_A_LOCAL_COPY.replace('''
+    local = LlamaModel(model.config, attention_fn=model.attention_fn)
+    local.load_state_dict(model.state_dict())
+''', '''
+    local = LlamaModel(model.config.replace(tie_embeddings=False), attention_fn=model.attention_fn)
+    state = dict(model.state_dict())
+    state["lm_head.weight"] = state["embed.weight"]
+    local.load_state_dict(state)
+    for m in local.modules():
+        if isinstance(m, torch.nn.Linear):
+            m.forward = lambda x, w=m.weight: (x.unsqueeze(-2) * w).sum(-1)
+''')
+
 # Honest, written apart from the solution: the notebook's own pieces plugged into the model (its attention, a cache
 # of its LayerKVCache), the model called through forward, one extra forward at the end.
 GENERATE_OWN_PIECES = '''
@@ -238,6 +252,7 @@ NOTEBOOKS = {
           "RollingKVCache": ROLLING_LIST_OF_CHUNKS},
     "d": {"generate": GENERATE_THROUGH_THE_LAYERS},
     "e": {"generate": GENERATE_A_LOCAL_COPY},
+    "f": {"generate": GENERATE_A_LOCAL_COPY_WITHOUT_MATMULS},
     "honest": {"generate": GENERATE_OWN_PIECES},
 }
 
@@ -250,6 +265,7 @@ ROUTES = [
     ("c", "generate", "prompt .* once, then one token per step"),
     ("d", "generate", "not its layers one by one"),
     ("e", "generate", "in your own process"),
+    ("f", "generate", "in your own process"),
     ("a", "LayerKVCache", "allocate them whole, once, in __init__"),
     ("b", "LayerKVCache", "LayerKVCache\\(max_len=\\d+\\) holding \\d+, append of \\d+: the append"),
     ("a", "RollingKVCache", "wrote nothing into buffers made before it"),

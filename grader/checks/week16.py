@@ -13,7 +13,8 @@ way elsewhere is graded on what it did when watched. What each rejects besides w
 - causal_mask: top-left alignment; `lib`'s mask; a mask built on the CPU when `device=` says otherwise.
 - LayerKVCache (`week16_caches`): buffers not allocated whole in `__init__` (a cache of 8 positions that grows
   past them); `torch.cat` growth or copies (what an append allocates is bounded by what it appends, at every length
-  up to a `max_len` drawn from the run's seed, filled to the last position, on the host too at the end); an append
+  up to a `max_len` in [48, 400) drawn from the run's seed, filled to the last position, on the host too at the
+  end); an append
   that writes nothing into the buffers; returned keys that are not views of one buffer; `lib`'s class; buffers on
   the CPU when a device is given; a refused append that changes the cache.
 - gqa_attention: SDPA (or fused attention ops) or `lib`'s reference, on every call: MHA, GQA, MQA, batch 1 to 3,
@@ -22,8 +23,10 @@ way elsewhere is graded on what it did when watched. What each rejects besides w
 - generate: re-running the whole sequence when `use_cache=True`, however the model is reached. The model handed
   in is the model itself (no wrapper, nothing a model lacks): `grader.checks.ModelMeter` counts, in this process
   where it runs, the tokens each of its forwards embeds and the FLOPs done with its weights, via `model(...)`,
-  `model.forward(...)` or its layers one by one; the student's process may not compute with a copy of the weights
-  (its matrix-product FLOPs, observed, stay under one token's). Every call observed and metered; `lib.generate`.
+  `model.forward(...)` or its layers one by one; the student's process may run attention (its own, plugged in) but
+  not a copy of the weights: its observed matrix-product FLOPs and summed elements stay within what the forwards'
+  attention can need (a copy run there, with matmuls or as products and sums, exceeds it). Every call observed and
+  metered; `lib.generate`. Not seen: a copy of the weights run in numpy.
 - pool_kv_heads: `lib.gqa`; changing the original model; the pooled model's state_dict and forward observed.
 - RollingKVCache (`week16_caches`): buffers not allocated in `__init__`; an append that writes nothing into them
   (a list of the appended chunks, numpy history); what an append allocates growing past the window, over a stream
@@ -34,6 +37,7 @@ way elsewhere is graded on what it did when watched. What each rejects besides w
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -110,10 +114,12 @@ def _run_generate(generate, model, ids, n, use_cache, light=True):
     if _remote(generate):  # the student's process may run attention (its own, plugged in), not the model's weights
         cfg = model.config
         attention = 4 * cfg.n_layers * cfg.d_model * (t + n) * seen.tokens  # the most the forwards' attention needs
-        assert obs.flops <= attention + per_token // 2, (
-            f"generate computed {obs.flops:,} FLOPs of matrix products in your own process, more than the attention "
-            f"of the model's forwards could need ({attention:,}): run the model you are given (model(ids, "
-            f"cache=...)), not a copy of its weights")
+        # matrix products, and elements summed (a product written as a multiply and a sum is not a matmul to torch)
+        work = obs.flops + 2 * sum(math.prod(shape) for _, shape, _ in obs.reductions)
+        assert work <= attention + per_token // 2, (
+            f"generate computed {work:,} FLOPs of matrix products and sums in your own process, more than the "
+            f"attention of the model's forwards could need ({attention:,}): run the model you are given "
+            f"(model(ids, cache=...)), not a copy of its weights")
     if use_cache:
         assert seen.calls, "generate never ran the model it was given: call it as model(ids, cache=...)"
         assert seen.calls[0] == t and all(c == 1 for c in seen.calls[1:]) and seen.tokens <= b * (t + n), (

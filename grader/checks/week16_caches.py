@@ -63,7 +63,7 @@ def layer_fill(LayerKVCache) -> None:
     each observed: right contents, views of one buffer, no allocation that grows with the length held (on the host
     too, at the end), then an overflow that changes nothing."""
     b, h, d = 2, 4, 32
-    max_len = ints(42, 1, 48, 161)[0]
+    max_len = ints(42, 1, 48, 400)[0]
     cache, obs = observe(LayerKVCache, b, h, max_len, d, torch.float32, None)
     assert_route(obs, "LayerKVCache(...)", why="Write the class yourself; do not subclass lib.kv_cache.LayerKVCache.")
     nbytes = 2 * b * h * max_len * d * 4
@@ -72,7 +72,7 @@ def layer_fill(LayerKVCache) -> None:
         f"LayerKVCache({b}, {h}, max_len={max_len}, {d}) allocated {obs.peak_bytes:,} bytes of tensors in __init__; "
         f"its K and V buffers for max_len positions are {nbytes:,}: allocate them whole, once, in __init__ {seed_note()}")
     g = generator(43)
-    sizes = ints(44, max_len, 1, 9)
+    sizes = ints(44, max_len, 1, max(9, max_len // 10))
     held_k, held_v, length, ptr = [], [], 0, None
     while length < max_len:
         t = min(sizes[len(held_k)], max_len - length)
