@@ -43,8 +43,8 @@ import torch
 
 from grader.checks import (ModelMeter, assert_close, assert_route, check_on_meta, generator, observe,
                            seed_note)
-from grader.checks.week16_caches import (Watched, append_observed, ints, layer_fill, layer_limit, overflow,
-                                        rolling_limit, rolling_new, rolling_positions)
+from grader.checks.week16_caches import (Watched, append_observed, constructed, ints, layer_fill, layer_limit,
+                                        overflow, rolling_limit, rolling_new, rolling_positions)
 from grader.harness import Week
 from lib import kv_cache as ref
 from lib.masks import causal_mask as ref_causal_mask
@@ -221,7 +221,7 @@ def check_LayerKVCache(LayerKVCache) -> None:
     overflow(cache, b, h, d, max_len, 6, 5)
     layer_fill(LayerKVCache)
     # Another dtype, and a device given: the buffers must be made there (meta stands in for a GPU).
-    half = LayerKVCache(1, 2, 6, 8, torch.float16, None)
+    half = constructed(LayerKVCache, 1, 2, 6, 8, torch.float16, None)
     assert half.nbytes == 2 * 1 * 2 * 6 * 8 * 2, f"an fp16 cache of [1, 2, 6, 8] has nbytes {half.nbytes}; expected {2 * 2 * 6 * 8 * 2}"
     meta = LayerKVCache(1, 2, 6, 8, torch.float32, "meta")
     try:
@@ -236,7 +236,8 @@ def check_LayerKVCache(LayerKVCache) -> None:
     cfg = model.config
     n = ints(45, 1, 16, 41)[0]
     ids = torch.randint(0, cfg.vocab_size, (2, n), generator=generator(41))
-    layers = [LayerKVCache(2, cfg.n_kv_heads, n, cfg.head_dim, torch.float32, None) for _ in range(cfg.n_layers)]
+    layers = [constructed(LayerKVCache, 2, cfg.n_kv_heads, n, cfg.head_dim, torch.float32, None)
+              for _ in range(cfg.n_layers)]
     kv = ref.KVCache([Watched(layer, f"LayerKVCache.append, layer {i} of a model", layer_limit)
                       for i, layer in enumerate(layers)])
     bounds = [0, 5, 6, 7, 10, 11, 16] + list(range(19, n, 3)) + [n]
@@ -469,7 +470,8 @@ def check_RollingKVCache(RollingKVCache) -> None:
         model = tiny_model(**conf)
         model.attention_fn = ref.sliding_window_attention(window)
         cfg = model.config
-        layers = [RollingKVCache(2, cfg.n_kv_heads, window, cfg.head_dim, torch.float32, None) for _ in range(cfg.n_layers)]
+        layers = [constructed(RollingKVCache, 2, cfg.n_kv_heads, window, cfg.head_dim, torch.float32, None)
+                  for _ in range(cfg.n_layers)]
         cache = ref.KVCache([Watched(layer, f"RollingKVCache(window={window}).append, layer {i} of a model",
                                       functools.partial(lambda w, k, v: rolling_limit(w, k), window))
                              for i, layer in enumerate(layers)])

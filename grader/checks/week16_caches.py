@@ -11,6 +11,13 @@ import torch
 from grader.checks import assert_route, generator, observe, seed_note
 
 
+def constructed(cls, *args, what=None):
+    """`cls(*args)`, observed, its route judged: a cache whose numbers (nbytes, length) a check grades."""
+    obj, obs = observe(cls, *args, _observe_light=True)
+    assert_route(obs, what or f"{getattr(cls, '__name__', 'the class')}(...)")
+    return obj
+
+
 def ints(offset, n, low, high):
     """n random ints in [low, high) from this run's seed."""
     return [int(x) for x in torch.randint(low, high, (n,), generator=generator(offset))]
@@ -59,8 +66,8 @@ def layer_limit(k, v) -> int:
 
 
 def layer_fill(LayerKVCache) -> None:
-    """A cache of a length drawn from this run's seed, filled to the last position by appends of 1 to 8 positions,
-    each observed: right contents, views of one buffer, no allocation that grows with the length held (on the host
+    """A cache of a length drawn from this run's seed, filled to the last position by appends of 1 to max(8,
+    max_len / 10) positions, each observed: right contents, views of one buffer, no allocation that grows with the length held (on the host
     too, at the end), then an overflow that changes nothing."""
     b, h, d = 2, 4, 32
     max_len = ints(42, 1, 48, 400)[0]
@@ -140,7 +147,7 @@ def rolling_positions(RollingKVCache, window, schedule, heads=2, d=3, host_at=()
         new = pos[None, None, :, None].expand(1, heads, t, d).contiguous()
         what = f"RollingKVCache(window={window}) after {length} positions, append of {t}"
         k, v = append_observed(cache, new, -new, what, rolling_limit(window, new), host=i in host_at,
-                       light=i > 1 and i not in host_at)
+                               light=i > 1 and i not in host_at)
         held = min(length, window)
         want = list(range(length - held, length + t))
         assert k.dim() == 4 and tuple(k.shape) == (1, heads, held + t, d), (
