@@ -21,6 +21,8 @@ import os
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from grader.observe import (INPUTS_WRITTEN, PREMADE_WRITTEN, Observation, OpRecorder,  # noqa: F401  (re-exported)
                             argument_storages, observe)
@@ -62,20 +64,41 @@ def assert_close(got, want, what: str, atol: float, rtol: float = 0.0, dtype: to
                              f"(allowed {atol:g} + {rtol:g}·|reference|) {seed_note()}")
 
 
-class CountingModel:
-    """Wraps a model and records how many tokens each forward call receives (to see that a cache is used, or
-    how many positions a verify step sends); every other attribute is the model's."""
+class ModelMeter(TorchFunctionMode):
+    """The work a check's model does while the student's code runs it, counted in this process (where the model
+    lives) however the code reaches it: `model(...)`, `model.forward(...)`, a submodule or a submodule's
+    `forward`. Nothing is attached to the model, so the code sees the very object it would see anywhere else.
+
+        with ModelMeter(model) as seen:
+            generate(model, ids, n)
+        seen.calls   # tokens per sequence of each embedding lookup of the model's own (one per forward)
+        seen.tokens  # tokens embedded in all (every sequence)
+        seen.flops   # FLOPs of the products with the model's weights (2 * rows * in * out each)
+
+    Only this process's work: code that copies the weights out and computes elsewhere is for `observe` to see."""
 
     def __init__(self, model):
-        self._model = model
+        super().__init__()
+        self.weights = {p.untyped_storage().data_ptr() for p in model.parameters() if p.device.type != "meta"}
         self.calls: list[int] = []
+        self.tokens = 0
+        self.flops = 0
 
-    def __call__(self, input_ids, *args, **kwargs):
-        self.calls.append(input_ids.shape[1])
-        return self._model(input_ids, *args, **kwargs)
+    def _mine(self, w) -> bool:
+        return isinstance(w, torch.Tensor) and w.device.type != "meta" and w.untyped_storage().data_ptr() in self.weights
 
-    def __getattr__(self, name):
-        return getattr(self._model, name)
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear and len(args) + len(kwargs) >= 2:
+            x, w = args[0] if args else kwargs.get("input"), args[1] if len(args) > 1 else kwargs.get("weight")
+            if self._mine(w) and isinstance(x, torch.Tensor) and x.dim():
+                self.flops += 2 * (x.numel() // max(1, x.shape[-1])) * w.numel()
+        elif func is F.embedding and len(args) + len(kwargs) >= 2:
+            ids, w = args[0] if args else kwargs.get("input"), args[1] if len(args) > 1 else kwargs.get("weight")
+            if self._mine(w) and isinstance(ids, torch.Tensor):
+                self.calls.append(int(ids.shape[-1]) if ids.dim() else 1)
+                self.tokens += ids.numel()
+        return func(*args, **kwargs)
 
 
 def call_many(fn, calls):
