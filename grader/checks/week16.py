@@ -122,7 +122,8 @@ def _run_generate(generate, model, ids, n, use_cache, full=False):
         cfg = model.config
         attention = 4 * cfg.n_layers * cfg.d_model * (t + n) * seen.tokens  # the most the forwards' attention needs
         # matrix products, and elements summed (a product written as a multiply and a sum is not a matmul to torch)
-        work = obs.flops + 2 * sum(math.prod(shape) for _, shape, _ in obs.reductions)
+        # (sums only: choosing the next token — argmax, topk, sort over the logits — multiplies nothing)
+        work = obs.flops + 2 * sum(math.prod(shape) for name, shape, _ in obs.reductions if name in _SUMS)
         assert work <= attention + per_token // 2, (
             f"generate computed {work:,} FLOPs of matrix products and sums in your own process, more than the "
             f"attention of the model's forwards could need ({attention:,}): run the model you are given "
@@ -134,6 +135,12 @@ def _run_generate(generate, model, ids, n, use_cache, full=False):
             f"forwards were fed {seen.calls[:6]}{'...' if len(seen.calls) > 6 else ''} tokens per sequence "
             f"({len(seen.calls)} forwards, {seen.tokens} tokens in all for {b} x ({t} + {n}))")
     return got_ids, logits
+
+
+# The reductions that add up products: what a copy of the weights run as a multiply and a sum would call.
+_SUMS = frozenset(f"aten.{n}" for n in ("sum", "nansum", "mean", "cumsum", "linalg__powsum", "scatter_add",
+                                        "index_add", "embedding_bag", "_embedding_bag", "segment_reduce",
+                                        "scatter_reduce", "index_reduce", "bincount", "addcmul"))
 
 
 # --- 1 ------------------------------------------------------------------------------------------------
