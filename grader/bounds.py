@@ -109,23 +109,27 @@ def device_ceiling(extra: int):
     import sys
 
     torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_initialized():
-        yield
-        return
-    device = torch.cuda.current_device()
-    total = torch.cuda.get_device_properties(device).total_memory
-    before = torch.cuda.get_per_process_memory_fraction(device)
-    fraction = min(before, (torch.cuda.memory_reserved(device) + extra) / total)
-    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    before = None
+    if torch is not None and torch.cuda.is_initialized():
+        try:
+            device = torch.cuda.current_device()
+            total = torch.cuda.get_device_properties(device).total_memory
+            before = torch.cuda.get_per_process_memory_fraction(device)
+            torch.cuda.set_per_process_memory_fraction(
+                min(before, (torch.cuda.memory_reserved(device) + extra) / total), device)
+        except (AttributeError, RuntimeError, ValueError):  # a torch without the fraction's getter
+            before = None
     try:
         yield
     finally:
-        torch.cuda.set_per_process_memory_fraction(before, device)
+        if before is not None:
+            torch.cuda.set_per_process_memory_fraction(before, device)
 
 
 def is_memory_error(e: BaseException) -> bool:
-    """An allocation of this process refused (not the student's process running out: `StudentMemoryError`)."""
-    if isinstance(e, StudentMemoryError):
+    """An allocation of this process refused (not the student's process running out: `StudentMemoryError`, or an
+    exception of the other process's)."""
+    if isinstance(e, StudentMemoryError) or getattr(e, "from_child", False):
         return False
     if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":
         return True

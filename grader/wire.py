@@ -162,7 +162,14 @@ _SAFE_EXC["StopIteration"] = StopIteration
 
 
 def rebuild_exception(info) -> BaseException:
-    """An exception from (MRO names, message), using only built-in classes (and grader.notebook's two)."""
+    """An exception from (MRO names, message), using only built-in classes (and grader.notebook's two); its
+    `from_child` is True (`grader.bounds`: a MemoryError of the other process is not a refusal of this one's)."""
+    exc = _rebuild(info)
+    exc.from_child = True
+    return exc
+
+
+def _rebuild(info) -> BaseException:
     names, msg = info
     if not (isinstance(names, list) and all(type(n) is str for n in names) and type(msg) is str):
         return IsolationError("malformed exception from the student's process")

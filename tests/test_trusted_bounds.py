@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from grader.harness import load_exercises, with_cell_source
 from grader.notebook import exercise_cells
@@ -274,3 +275,50 @@ def test_autograde_keeps_the_childs_report_out_of_the_gradebook(tmp_path):
         longest = max((len(str(v)) for table in tables for row in db.execute(f'SELECT * FROM "{table}"') for v in row),
                       default=0)
     assert longest < 100_000, f"the gradebook holds a value of {longest} characters"
+
+
+def test_the_ceilings_refuse_before_allocating_and_come_off_after():
+    """`bounds.ceiling`: an allocation past it is refused (nothing is held), nested ones never loosen the outer, and
+    the limit is what it was afterwards; `lifted` takes every ceiling off for a process started inside."""
+    import resource
+
+    from grader import bounds
+
+    before = resource.getrlimit(resource.RLIMIT_DATA)
+    with _Peak() as peak:
+        with bounds.ceiling(256 * MiB):
+            with bounds.ceiling(4 << 30):  # never above the enclosing ceiling
+                with pytest.raises(MemoryError):
+                    bytearray(512 * MiB)
+                with bounds.lifted():
+                    assert resource.getrlimit(resource.RLIMIT_DATA) == before
+            held = bytearray(64 * MiB)  # within it
+            with pytest.raises(RuntimeError, match="allocate"):
+                torch_empty(512 * MiB)
+        del held
+        assert resource.getrlimit(resource.RLIMIT_DATA) == before
+        big = torch_empty(512 * MiB)  # the ceiling is off (and the pages are never touched)
+        del big
+    assert peak.growth < 256 * MiB
+
+
+def torch_empty(n: int):
+    return torch.empty(n, dtype=torch.uint8)
+
+
+def test_a_gpu_gets_the_same_ceiling(monkeypatch):
+    """Where CUDA runs in the grader's process, a call into a check's object may make torch's caching allocator
+    reserve `CALLBACK_MEMORY` more than it holds (its per-process fraction), and the fraction is put back after.
+    (Faked here: no GPU on the machines this lab is tested on.)"""
+    from grader import bounds
+
+    total, reserved, calls = 80 << 30, 3 << 30, []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: type("P", (), {"total_memory": total})())
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda d: 1.0)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d: reserved)
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d: calls.append(f))
+    with pytest.raises(ValueError), bounds.device_ceiling(bounds.CALLBACK_MEMORY):
+        raise ValueError("the call failed")
+    assert calls == [(reserved + bounds.CALLBACK_MEMORY) / total, 1.0]
