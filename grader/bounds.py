@@ -17,9 +17,11 @@ it held before** — denied, not detected: the kernel refuses the allocation, so
 
 The budgets come from the solutions (weeks 16-21, `pytest solutions/NN`, measured in the trusted process): the
 largest message 12.6 MB (week 16's SmolLM2 logits), at most 14.5 MB received and 14.3 MB of twins in a session,
-the heaviest callback (a SmolLM2 forward of 13 tokens) 19.6 MB of tensors at its peak and 0.4 s, 26,010 objects
-exported in a check (week 18's law test), 8,003 references received in a session (week 19), model calls of at
-most 50 tokens. Each budget is 20x that or more; the wire's own are in `grader.wire`.
+the heaviest callback (a SmolLM2 forward of 13 tokens) 2.6 MB of tensors at its peak (19.6 MB before callbacks ran
+without autograd) and 0.74 s, 26,010 objects exported in a check (week 18's law test), 8,003 references received in a
+session (week 19), model calls of at most 50 tokens. The margins: 5x for one message (64 MiB), 10x and more for the
+counts, 18x for the twins, 20x for the model's tokens, 70x for all a child sends, 200x for a callback's memory; the
+wire's own budgets are in `grader.wire`.
 """
 from __future__ import annotations
 

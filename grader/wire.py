@@ -34,7 +34,7 @@ from grader.notebook import ExerciseMissing, NotImplementedYet
 
 MAX_MESSAGE = 1 << 30  # what the child reads from the trusted side in one message (its memory: its own limit applies)
 # What the trusted side reads from the child — a bigger message is refused before its body is read — and holds for
-# it (`grader.bounds` has the rest, and where the numbers come from: 20x the solutions' largest or more).
+# it (`grader.bounds` has the rest, and where the numbers come from: 5x the solutions' largest or more).
 MAX_FROM_CHILD = 64 << 20  # one message (the solutions' largest: 12.6 MB, week 16's SmolLM2 logits)
 STORAGE_BUDGET = 256 << 20  # local twins of the child's buffers, per child (the solutions': 14.3 MB at most)
 MAX_REFERENCES = 100_000  # references to the child's objects in one message (the solutions': 8,003 in a session)

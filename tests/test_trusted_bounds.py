@@ -150,23 +150,31 @@ def test_the_honest_calls_still_pass_beside_a_refused_one(tmp_path):
         ex.close()
 
 
-def test_results_the_checks_keep_are_bounded(tmp_path):
-    """A result of 60 MiB each time (bytes, so the student's process keeps none of them), kept by a check that calls
-    150 times: 9.4 GB in all. Within a check the grader's process holds at most a GiB for the notebook's code."""
+@pytest.mark.parametrize("how", ["returned", "written into an out-parameter"])
+def test_results_the_checks_keep_are_bounded(tmp_path, how):
+    """60 MiB each time (bytes, so the student's process keeps none of them), returned or written into a list the
+    check passes (copied back into the check's list, as `visited=[]` is), kept by a check that calls 150 times: 9.4
+    GB in all. Within a check the grader's process holds at most a GiB for the notebook's code."""
     from grader.isolation import IsolationError
 
-    ex = _load(tmp_path, 16, {"answer_q1": "def answer_q1():\n    return bytes(60 << 20)\n"})
+    ex = _load(tmp_path, 16, {"answer_q1": "def answer_q1(out=None):\n"
+                                           "    return bytes(60 << 20) if out is None else out.append(bytes(60 << 20))\n"})
     session, kept = ex._session, []
     try:
         with _Peak() as peak, pytest.raises(IsolationError) as stopped:
             session.begin_check()
             try:
                 for _ in range(150):
-                    kept.append(ex.answer_q1())
+                    if how == "returned":
+                        kept.append(ex.answer_q1())
+                    else:
+                        kept.append([])
+                        ex.answer_q1(kept[-1])
             finally:
                 session.end_check()
-        assert len(kept) <= 17 and any(why in str(stopped.value) for why in (
-            "no room for", "during this check", "of data in all")), str(stopped.value)
+        assert sum(map(len, kept)) <= 17 * (60 * MiB if how == "returned" else 1), len(kept)
+        assert any(why in str(stopped.value) for why in ("no room for", "during this check", "of data in all")), \
+            str(stopped.value)
         kept.clear()
         assert peak.growth < 1536 * MiB, f"the grader's process grew by {peak.growth / MiB:.0f} MiB"
     finally:
