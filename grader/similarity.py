@@ -12,30 +12,35 @@ defines —, numbers and strings placeholders; commutative operands are sorted (
 `b < a`, `x += y` is `x = x + y`, keywords are sorted, `torch.matmul(a, b)` is `a @ b`; docstrings, `pass`,
 annotations, decorators and signatures are dropped. torch's names and the attributes of other objects stay.
 
-Two measures of how much of a reference R a submission S holds, each on that form:
-- **tokens**, as MOSS and JPlag do: R's token sequences of `K` tokens are hashed and winnowed (of every `WINDOW`
-  consecutive hashes the smallest is kept: any run of `K + WINDOW - 1` tokens the two share is seen); the share
-  of R's winnowed fingerprints found among all of S's k-gram hashes. Robust to edits inside statements.
+Two measures of how much a submission S and a reference R share, each on that form:
+- **tokens**, as MOSS and JPlag do: token sequences of `K` tokens are hashed and winnowed (of every `WINDOW`
+  consecutive hashes the smallest is kept: any run of `K + WINDOW - 1` tokens the two share is seen). The token
+  share is the larger of the share of R's fingerprints found among S's k-grams (padding S does not dilute it) and
+  the share of S's fingerprints found among R's (leaving out R's options and checks does not dilute it).
+  Robust to edits inside statements.
 - **statements**: each statement (a compound one by its header) hashed; the share of R's statements, with
   multiplicity, S has too. Robust to reordering and to dead statements between every two.
+Fingerprints and statements that many functions of lib and of the solutions share are idiom, no evidence: the
+trusted side (`grader.copies`) gives them as `common`, and they are taken out of both sides.
 
 The units compared: every function and method alone; every class as a whole (all its methods: methods of a few
 lines are judged together); every function or class together with the functions of the same file or notebook it
 calls by name, however deep (a copy split across helpers; an exercise's graded function is the student's own
 answer to it and is not counted into another's). The code the release itself gives (outside `### BEGIN/END
-SOLUTION`) is taken out of both sides. A unit that holds `TOKEN_THRESHOLD` of a reference unit of at least
-`MIN_FINGERPRINTS` fingerprints, or `THRESHOLD` of one of at least `MIN_STATEMENTS` statements, is a copy:
-`reference_use`, and the exercise scores 0 like any use of lib's implementation. Smaller references (a two-line
-mask) are not judged: independent solutions of a few lines coincide.
+SOLUTION`) is taken out of both sides. A unit with `TOKEN_THRESHOLD` of the tokens of a reference unit (the side
+the share is of having at least `MIN_FINGERPRINTS` fingerprints), or `THRESHOLD` of the statements of one of at
+least `MIN_STATEMENTS`, is a copy (`ratio` >= 1): `reference_use`, and the exercise scores 0 like any use of lib's
+implementation. Smaller references (a two-line mask) are not judged: independent solutions of a few lines coincide.
 
-The thresholds are sized on honest code written apart from lib and from the solution (tests/fixtures/honest/,
-the solutions against lib) and on reworded copies (tests/test_similarity.py; grader/README.md, "Reference use").
+The thresholds are sized on honest variants written from the release notebooks alone and on reworded copies
+(tests/fixtures/, tests/test_similarity.py; grader/README.md, "Reference use").
 """
 from __future__ import annotations
 
 import ast
 import hashlib
 import re
+import sys
 from collections import Counter
 
 THRESHOLD = 0.8  # statements
@@ -109,7 +114,17 @@ class _Normalise(ast.NodeTransformer):
                                                                          right=self.visit(node.value))))
 
     def visit_BinOp(self, node):
-        return _canonical(self.generic_visit(node))
+        if not isinstance(node.op, _COMMUTATIVE):
+            return self.generic_visit(node)
+        terms, todo = [], [node]  # a chain of one commutative operator, flattened without recursion into it
+        while todo:
+            n = todo.pop()
+            if isinstance(n, ast.BinOp) and type(n.op) is type(node.op):
+                todo += [n.left, n.right]
+            else:
+                terms.append(self.visit(n))
+        return _canonical(ast.BinOp(left=terms[0], op=node.op, right=terms[1]) if len(terms) == 2 else
+                          _chain(terms, node.op))
 
     def visit_Compare(self, node):
         node = self.generic_visit(node)
@@ -134,6 +149,13 @@ class _Normalise(ast.NodeTransformer):
         return node
 
 
+def _chain(terms: list, op) -> ast.AST:
+    out = terms[0]
+    for term in terms[1:]:
+        out = ast.BinOp(left=out, op=type(op)(), right=term)
+    return out
+
+
 def _canonical(node: ast.BinOp) -> ast.AST:
     """A chain of one commutative operator with its operands sorted: `c + a + b` is `a + b + c`."""
     if not isinstance(node.op, _COMMUTATIVE):
@@ -145,11 +167,8 @@ def _canonical(node: ast.BinOp) -> ast.AST:
             todo += [n.left, n.right]
         else:
             terms.append(n)
-    terms.sort(key=_by_dump)
-    out = terms[0]
-    for term in terms[1:]:
-        out = ast.BinOp(left=out, op=type(node.op)(), right=term)
-    return out
+    terms.sort(key=_by_dump)  # each term dumped once: linear in the chain's length
+    return _chain(terms, node.op)
 
 
 def _fill_empty(tree: ast.AST) -> ast.AST:
@@ -294,6 +313,16 @@ class Source:
     `members[qualname]` a class's methods, `where[qualname]` the key of the text it is in."""
 
     def __init__(self, texts: list[tuple[object, str]], prefix: str = ""):
+        # what ast.parse accepts can nest deeper than Python's default recursion limit lets the normalisation walk
+        # (`x + x + ... + x`, 1000 terms): a deep expression must not make a copy unjudgeable
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(limit, 50_000))
+        try:
+            self._read(texts, prefix)
+        finally:
+            sys.setrecursionlimit(limit)
+
+    def _read(self, texts: list[tuple[object, str]], prefix: str) -> None:
         trees = []
         for key, text in texts:
             try:  # parsed twice: one tree to read, one that the normalisation rewrites

@@ -82,6 +82,24 @@ def test_the_red_teams_copy_with_four_operands_swapped_is_whole(monkeypatch):
     assert ref == "lib's lib.attention.flash_attention_forward" and tok >= 0.95 and st >= 0.9
 
 
+def test_a_deep_expression_neither_hides_a_copy_nor_stalls_the_grader(monkeypatch):
+    """`x + x + ... + x` of 1,500 terms parses and runs, but nests deeper than Python's recursion limit lets a tree
+    walk go (the source check raised RecursionError), and sorting the operands level by level took seconds per
+    thousand terms: the chain is flattened without recursion and each term sorted once."""
+    import time
+
+    path = FIXTURES / "copies" / "w19_schedule__lib_reworded.py"
+    padded = path.read_text().replace('    """Plan one step."""\n',
+                                      '    """Plan one step."""\n    _pad = ' + " + ".join(["token_budget"] * 1500) + "\n")
+    assert "_pad" in padded
+    monkeypatch.delenv("INFERENCE_LAB_SOLUTION_COPIES", raising=False)
+    started = time.process_time()
+    tok, st, ref, _, _ = copies.scores(REPO / "submitted" / "student.ipynb", _as_students(19, {"schedule": padded}),
+                                       19)["schedule"]
+    assert similarity.ratio((tok, st)) >= 1 and ref == "lib's lib.engine.schedule"
+    assert time.process_time() - started < 10
+
+
 @pytest.mark.parametrize("path", UNCAUGHT, ids=lambda p: p.stem)
 def test_copies_of_the_shortest_answers_are_not_judged(path, monkeypatch):
     """The known limit (grader/README.md): these answers are too short for either measure — under MIN_FINGERPRINTS
