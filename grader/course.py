@@ -20,6 +20,7 @@ from pathlib import Path
 from traitlets.config import Config
 
 from grader.notebook import validate_notebook
+from grader.similarity import match_label
 from grader.status import (GradingError, limits_set, one_line, read_status, status_files, status_path,
                             write_status)
 
@@ -225,7 +226,7 @@ class Course:
         self.record_status(week, student, status="graded", error="", missing_cells=missing, nbgrader_warnings=caught,
                            **{k: v for k, v in status.items() if k not in ("status", "error", "time")})
         manual = " (written answers still to grade by hand)" if s["needs_manual_grade"] else ""
-        extra = f"; reference use: {', '.join(refs)}" if refs else ""
+        extra = f"; reference use: {', '.join(reference_use_text(status))}" if refs else ""
         extra += f"; failed: {', '.join(failed)}" if failed else ""
         extra += f"; missing cells (0 points): {', '.join(missing)}" if missing else ""
         extra += f"; out of time: {', '.join(status['timed_out'])}" if status.get("timed_out") else ""
@@ -300,7 +301,7 @@ class Course:
                         "written_score": float(sum(nb.written_score for nb in nbs)),
                         "max_written_score": float(sum(nb.max_written_score for nb in nbs)),
                         "needs_manual_grade": bool(sub.needs_manual_grade),
-                        "reference_use": " ".join(status.get("reference_use", [])),
+                        "reference_use": "; ".join(reference_use_text(status)),
                         "failed_exercises": " ".join(status.get("failed", [])),
                         "error": status.get("error", ""), "timestamp": sub.timestamp or "",
                     })
@@ -429,3 +430,12 @@ def nbgrader_cause(result: dict) -> str:
 def read_csv(path: str | Path) -> list[dict]:
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
+
+
+def reference_use_text(status: dict) -> list[str]:
+    """Each exercise of a submission's reference use, with what it copied and how much where it is a copy of the
+    answer key (`grader.similarity.match_label`): "flash_attention_forward (copy of lib.attention.flash_attention_forward
+    93%)". The one-line autograde summary and the grades' CSV show these."""
+    whys = status.get("reference_use_why") or {}
+    return [f"{name} (copy of {label})" if (label := match_label(whys.get(name, ""))) else name
+            for name in status.get("reference_use", [])]

@@ -64,7 +64,8 @@ from grader.processes import (is_subreaper, pids_cgroup, remove_cgroup, process_
 from grader.proxy import ChildProxy, autograd_function_of
 from grader.status import (TAMPERED_TAIL, DEFAULT_BUDGET, DEFAULT_CALL_TIMEOUT, DEFAULT_CPU, DEFAULT_EXERCISE_TIMEOUT,
                             DEFAULT_MEMORY, limits, one_line)
-from grader.similarity import copies_in_cells, introspection_in_cells, reference_units, similar_to_reference, without_copies
+from grader.copies import copies_in_cells, reference_units, similar_to_reference, without_copies
+from grader.similarity import introspection_in_cells
 from grader.view import ViewSpec, build_view, readable_paths
 from grader.wire import (MAX_FROM_CHILD, ArgumentChanged, IsolationError, ResourceRefused, StudentCrash, StudentMemoryError,
                          StudentTimeout, ByValue, SafeUnpickler, TrustedPickler, apply_operation, copy_back, exception_for_child,
