@@ -8,7 +8,8 @@ named, and each is rejected every run:
 - a scheduler that preempts every newer request at once (the order was checked, not the amount);
 - paged attention in two passes whenever n_heads > n_kv_heads (the read bound allowed group + 0.5), or one pass per
   query head (each block of K read once per query head of its group instead of once per KV head);
-- a whole row of keys gathered per sequence and KV head, then chunked reductions (passed about one run in three);
+- a whole row of keys gathered per sequence and KV head, then chunked reductions (passed whenever no case drew a
+  single KV head: about one run in two);
 - answers that are junk only while observed (the checks threw the observed result away and judged other calls),
   and paged attention that switches to SDPA inside the engine.
 """
@@ -131,10 +132,11 @@ def two_pass_when_grouped(q, k_pool, v_pool, block_tables, context_lens):
         kb = k_pool[ids].permute(0, 2, 1, 3, 4).reshape(b, hkv, -1, d)
         return (qg @ kb.transpose(-1, -2)).masked_fill(~valid[:, None, None, :], float("-inf"))
 
-    m = torch.full((b, hkv, h // hkv), float("-inf"))
+    dev = q.device
+    m = torch.full((b, hkv, h // hkv), float("-inf"), device=dev)
     for valid, ids in _chunks(q, k_pool, block_tables, context_lens):
         m = torch.maximum(m, scores(valid, ids).amax(-1))
-    l, acc = torch.zeros(b, hkv, h // hkv), torch.zeros(b, hkv, h // hkv, d)
+    l, acc = torch.zeros(b, hkv, h // hkv, device=dev), torch.zeros(b, hkv, h // hkv, d, device=dev)
     for valid, ids in _chunks(q, k_pool, block_tables, context_lens):
         p = torch.exp(scores(valid, ids) - m[..., None])
         l = l + p.sum(-1)
@@ -143,8 +145,9 @@ def two_pass_when_grouped(q, k_pool, v_pool, block_tables, context_lens):
 
 
 def whole_row_per_kv_head(q, k_pool, v_pool, block_tables, context_lens):
-    """Per sequence and KV head, that head's whole row of keys and values gathered, then an online softmax over it
-    in chunks of 32 (every reduction short): a copy of 1 / n_kv_heads of the sequence's cache at a time."""
+    """Per sequence and KV head, that head's whole row of keys gathered (the values read 32 positions at a time from
+    the pool), then an online softmax in chunks of 32, every reduction short: a copy of 1 / n_kv_heads of the
+    sequence's keys at a time, under the old bound (half of all its K and V) whenever n_kv_heads >= 2."""
     b, h, d = q.shape
     _, hkv, bs, _ = k_pool.shape
     group = h // hkv
@@ -152,16 +155,19 @@ def whole_row_per_kv_head(q, k_pool, v_pool, block_tables, context_lens):
     for i, n in enumerate(context_lens.tolist()):
         ids = block_tables[i, :-(-n // bs)]
         for kv in range(hkv):
-            k = k_pool[ids, kv].reshape(-1, d)[:n]  # [n, d]: the head's whole row
-            v = v_pool[ids, kv].reshape(-1, d)[:n]
+            k = k_pool[ids, kv].reshape(-1, d)[:n]  # [n, d]: the head's whole row of keys
             qh = q[i, kv * group:(kv + 1) * group] / math.sqrt(d)  # [group, d]
-            m, l, acc = torch.full((group,), float("-inf")), torch.zeros(group), torch.zeros(group, d)
+            dev = q.device
+            m = torch.full((group,), float("-inf"), device=dev)
+            l, acc = torch.zeros(group, device=dev), torch.zeros(group, d, device=dev)
             for s0 in range(0, n, 32):
+                pos = torch.arange(s0, min(n, s0 + 32), device=dev)
                 s = qh @ k[s0:s0 + 32].T
                 m_new = torch.maximum(m, s.amax(-1))
                 p, a = torch.exp(s - m_new[:, None]), torch.exp(m - m_new)
-                l, acc, m = l * a + p.sum(-1), acc * a[:, None] + p @ v[s0:s0 + 32], m_new
+                l, acc, m = l * a + p.sum(-1), acc * a[:, None] + p @ v_pool[ids[pos // bs], kv, pos % bs], m_new
             out[i, kv * group:(kv + 1) * group] = acc / l[:, None]
+            del k  # one row alive at a time
     return out
 
 
@@ -173,7 +179,9 @@ def per_query_head(q, k_pool, v_pool, block_tables, context_lens):
     out = torch.empty_like(q)
     for j in range(h):
         kv = j // (h // hkv)
-        m, l, acc = torch.full((b,), float("-inf")), torch.zeros(b), torch.zeros(b, d)
+        dev = q.device
+        m = torch.full((b,), float("-inf"), device=dev)
+        l, acc = torch.zeros(b, device=dev), torch.zeros(b, d, device=dev)
         for valid, ids in _chunks(q, k_pool, block_tables, context_lens):
             s = (k_pool[ids, kv].reshape(b, -1, d) @ q[:, j, :, None])[..., 0].masked_fill(~valid, float("-inf"))
             s = s / math.sqrt(d)
@@ -277,14 +285,14 @@ def test_paged_attention_rejects(child, name, match):
 
 
 def test_the_long_case_alone_rejects_a_whole_row_per_kv_head(child):
-    """Whatever the other cases draw (a whole row per KV head passed them about one run in three: with 3 or 4 KV heads
-    it is under half a sequence's whole K and V), the long case (B = 2, 2 KV heads, 4500-5000 keys, head_dim 64) sees
-    it hold at least one KV head's keys and values, four times its bound of half one head's keys; one pass in chunks
+    """Whatever the other cases draw (a whole row of keys per KV head passed them whenever no case had a single KV
+    head: with 2 or more it is under half a sequence's whole K and V), the long case (B = 2, 2 KV heads, 4500-5000
+    keys, head_dim 64) sees it hold at least one KV head's keys, twice its bound of half of them; one pass in chunks
     of about 32 keys holds less than a quarter of the bound."""
     c = paged_case(torch.Generator().manual_seed(0), LONG_CASE, 64)
     bound = max(c["lens"]) * 64 * 4 / 2
     _, obs = observe(child.get("whole_row_per_kv_head"), *c["args"])
-    assert obs.peak_bytes + obs.premade_bytes >= 4 * bound
+    assert obs.peak_bytes + obs.premade_bytes >= 2 * bound
     _, obs = observe(child.get("one_pass"), *c["args"])
     assert obs.peak_bytes + obs.premade_bytes < bound / 4
 
