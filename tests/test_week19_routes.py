@@ -119,6 +119,31 @@ def one_pass(q, k_pool, v_pool, block_tables, context_lens):
     return (acc / l[..., None]).reshape(b, h, d)
 
 
+def per_sequence_blocks(q, k_pool, v_pool, block_tables, context_lens):
+    """Honest, written apart from the solution: one sequence at a time, whole blocks covering about 32 keys per step,
+    an online softmax over them (each block of K read once, for all the query heads of its group)."""
+    b, h, d = q.shape
+    _, hkv, bs, _ = k_pool.shape
+    dev = q.device
+    out = torch.empty_like(q)
+    step = max(1, 32 // bs)
+    for i, n in enumerate(context_lens.tolist()):
+        qg = q[i].reshape(hkv, h // hkv, d) / math.sqrt(d)
+        m = torch.full((hkv, h // hkv), float("-inf"), device=dev)
+        l, acc = torch.zeros(hkv, h // hkv, device=dev), torch.zeros(hkv, h // hkv, d, device=dev)
+        for j0 in range(0, -(-n // bs), step):
+            ids = block_tables[i, j0:min(j0 + step, -(-n // bs))]
+            kb = k_pool[ids].permute(1, 0, 2, 3).reshape(hkv, -1, d)  # [Hkv, c*bs, d]
+            vb = v_pool[ids].permute(1, 0, 2, 3).reshape(hkv, -1, d)
+            valid = torch.arange(j0 * bs, j0 * bs + kb.shape[1], device=dev) < n
+            s = (qg @ kb.transpose(-1, -2)).masked_fill(~valid, float("-inf"))  # [Hkv, group, c*bs]
+            m_new = torch.maximum(m, s.amax(-1))
+            p, a = torch.exp(s - m_new[..., None]), torch.exp(m - m_new)
+            l, acc, m = l * a + p.sum(-1), acc * a[..., None] + p @ vb, m_new
+        out[i] = (acc / l[..., None]).reshape(h, d)
+    return out
+
+
 def two_pass_when_grouped(q, k_pool, v_pool, block_tables, context_lens):
     """One pass for MHA; with n_heads > n_kv_heads a first pass over the blocks for the max, a second for the
     exponentials: K read twice (the old bound allowed group + 0.5 reads, so every GQA case let it through)."""
@@ -212,7 +237,7 @@ def sdpa_in_the_engine(q, k_pool, v_pool, block_tables, context_lens):
 
 
 ROUTES = [_plan, schedule_apart, preempts_all_newer, _watched, schedule_junk_observed, _chunks, one_pass,
-          two_pass_when_grouped, whole_row_per_kv_head, per_query_head, sdpa_in_the_engine]
+          per_sequence_blocks, two_pass_when_grouped, whole_row_per_kv_head, per_query_head, sdpa_in_the_engine]
 
 # The solution notebook's PrefixCache, misbehaving in an instance made while observed (the check used to observe a
 # PrefixCache(4) and throw it away): every lookup misses, every free is dropped.
@@ -250,9 +275,9 @@ def ex():
 
 
 def test_the_honest_routes_pass(child):
-    """The scheduler and the one-pass attention the wrong routes are built on pass their checks."""
+    """A scheduler and a one-pass attention written apart from the solution pass their checks."""
     checks.check_schedule(child.get("schedule_apart"))
-    checks.check_paged_attention(child.get("one_pass"))
+    checks.check_paged_attention(child.get("per_sequence_blocks"))
 
 
 def test_preempting_every_newer_request_at_once_is_rejected(child):
@@ -274,7 +299,7 @@ def test_preemptions_needed_follows_the_rule():
 
 
 @pytest.mark.parametrize("name, match", [
-    ("two_pass_when_grouped", "read more than once per element"),
+    ("two_pass_when_grouped", "median full block of K was read 2.0 times"),
     ("per_query_head", "not once per query head"),
     ("whole_row_per_kv_head", "one KV head's keys|contiguous copy of the longest"),
 ])
@@ -298,7 +323,7 @@ def test_the_long_case_alone_rejects_a_whole_row_per_kv_head(child):
 
 
 def test_observed_plans_are_judged(child):
-    with pytest.raises(AssertionError, match="runs nothing|leaves it waiting|got no tokens"):
+    with pytest.raises(AssertionError, match="the plan"):  # runs nothing, leaves a request without tokens, ...
         checks.check_schedule(child.get("schedule_junk_observed"))
 
 

@@ -401,8 +401,8 @@ every run); it watches the peak memory (less than half a contiguous copy of the 
 and with one sequence of ~5,000 keys less than half of one KV head's keys: no whole row per head either), the
 longest reduction (no softmax over a whole row), how often each block of K is read (once per KV head: the
 query heads of a GQA group share it, so read it once for all of them — not once per query head, not a first
-pass for the max and a second for the exponentials) and your inputs (unchanged); no SDPA, no `lib`, no
-numpy, and every
+pass for the max and a second for the exponentials, not twice by chunks of positions that split a block) and
+your inputs (unchanged); no SDPA, no `lib`, no numpy, and every
 tensor you make on the inputs' device (`device=q.device`: the check also runs it on `meta` tensors).
 """)
 nb.exercise("paged_attention", """
