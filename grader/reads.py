@@ -36,6 +36,10 @@ _MOVES = {"_to_copy", "cat", "stack", "index", "_unsafe_index", "index_select", 
           "pixel_unshuffle", "channel_shuffle", "unfold_copy", "expand_copy", "permute_copy", "transpose_copy",
           "t_copy", "view_copy", "unsqueeze_copy", "squeeze_copy", "alias_copy", "detach_copy", "slice_copy",
           "select_copy", "diagonal_copy", "as_strided_copy", "lift_fresh_copy", "_reshape_copy", "movedim_copy"}
+# Ops that read their tensor arguments' shapes and dtypes, not their data.
+_NO_DATA = {"empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "randint_like", "new_empty",
+            "new_zeros", "new_ones", "new_full", "new_empty_strided", "empty_strided", "resize_", "is_same_size",
+            "_has_compatible_shallow_copy_type", "resize_as_"}
 # Reductions along `dim` that `torch.Tag.reduction` does not mark, and cumulative ones (a prefix is a group).
 _ALONG_DIM = {"sort", "topk", "kthvalue", "median", "nanmedian", "mode", "msort"}
 _CUMULATIVE = {"cumsum", "cumprod", "logcumsumexp", "cummax", "cummin", "_cummax_helper", "_cummin_helper"}
@@ -153,6 +157,10 @@ class Visits:
             if _ptr(t) in self.maps and _ptr(t) not in sources:
                 del self.maps[_ptr(t)]
         name = _name(func)
+        if name in _NO_DATA:
+            for t in outputs:
+                self._store(t, None)
+            return
         # what the op read: its arguments but pure destinations (copy_'s self, out=)
         reading = [(n, v) for n, v in bound.items() if n not in written or (name.endswith("_") and n == "self"
                                                                                and name not in ("copy_", "fill_", "zero_"))]

@@ -46,6 +46,7 @@ HONEST_NOTEBOOKS = [
      "flash_decode": "a small score matrix per split"},
     {"flash_attention_forward": "outputs concatenated", "online_softmax": "running logsumexp"},
     {"flash_attention_forward": "one flat loop over block pairs"},
+    {"flash_attention_forward": "helpers for the scores and the blocks"},
 ]
 _LOADED: dict = {}
 

@@ -154,6 +154,25 @@ def flash_attention_forward(q, k, v, causal=False, block_q=128, block_k=128, vis
         return found
 '''
 
+FORWARD_HELPERS = _FORWARD_HEAD + '''
+    for qs in range(0, nq, block_q):  # per query block, one pass: helpers for the scores and the blocks to visit
+        qe = min(qs + block_q, nq)
+        qi = q[:, :, qs:qe].to(wide) / math.sqrt(d)
+        m = torch.full(qi.shape[:3], float("-inf"), dtype=wide, device=q.device)
+        l = torch.zeros_like(m)
+        acc = torch.zeros(qi.shape[:3] + (v.shape[-1],), dtype=wide, device=q.device)
+        for ks in keys(qs, qe):
+            s = scores(qi, qs, qe, ks)
+            grown = torch.maximum(m, s.amax(-1))
+            shift = torch.where(grown == float("-inf"), torch.zeros_like(grown), grown)
+            p = torch.exp(s - shift[..., None])
+            back = torch.exp(m - shift)
+            l, acc, m = l * back + p.sum(-1), acc * back[..., None] + p @ v[:, :, ks:min(ks + block_k, nk)].to(wide), grown
+        out[:, :, qs:qe] = (acc / l[..., None]).to(q.dtype)
+        lse[:, :, qs:qe] = m + torch.log(l)
+    return out, lse
+'''
+
 FORWARD_TWO_PASS = _FORWARD_HEAD + '''
     for qs in range(0, nq, block_q):  # per query block: every key block for the max, then again for the sum
         qe = min(qs + block_q, nq)
@@ -231,7 +250,17 @@ def _whole(q, k, v, causal):
     return (torch.softmax(s, -1) @ v.float()).to(q.dtype), torch.logsumexp(s, -1)
 '''
 
-FORWARD_NAIVE_UNLESS_DIVIDES = FORWARD_CONCAT.replace("def flash_attention_forward(", "def _tiled(") + _NAIVE_LSE + '''
+# A result computed while observed is stashed (by the inputs' shapes and sums) and handed to the next unobserved call
+# with the same inputs: the rerun the checks make right after an observed call gets the same object.
+_STASH = '''
+_STASH = {}
+
+
+def _key(*tensors):  # by numpy: no torch op for the observers to see
+    return tuple((tuple(t.shape), float(t.detach().float().numpy().sum())) for t in tensors)
+'''
+
+FORWARD_NAIVE_UNLESS_DIVIDES = FORWARD_HELPERS.replace("def flash_attention_forward(", "def _tiled(") + _NAIVE_LSE + '''
 def flash_attention_forward(q, k, v, causal=False, block_q=128, block_k=128, visited=None):
     """Tiled where the blocks divide the lengths (as the checks' route call had it), the whole matrix elsewhere."""
     if q.shape[2] % block_q == 0 and k.shape[2] % block_k == 0:
@@ -242,12 +271,18 @@ def flash_attention_forward(q, k, v, causal=False, block_q=128, block_k=128, vis
     return _whole(q, k, v, causal)
 '''
 
-FORWARD_JUNK_WHEN_OBSERVED = FORWARD_CONCAT.replace("def flash_attention_forward(", "def _tiled(") + _NAIVE_LSE + '''
+FORWARD_JUNK_WHEN_OBSERVED = FORWARD_HELPERS.replace("def flash_attention_forward(", "def _tiled(") + _NAIVE_LSE + _STASH + '''
 def flash_attention_forward(q, k, v, causal=False, block_q=128, block_k=128, visited=None):
     """Blocks, with wrong numbers, while a dispatch mode watches; the whole matrix otherwise."""
+    key = _key(q, k, v)
     if torch._C._len_torch_dispatch_stack():
         out, lse = _tiled(q, k, v, causal, block_q, block_k, visited)
-        return out * 0.5, lse
+        _STASH[key] = (out * 0.5, lse)
+        return _STASH[key]
+    if key in _STASH:
+        return _STASH.pop(key)
+    if visited is not None:
+        _tiled(q, k, v, causal, block_q, block_k, visited)
     check_attention_shapes(q, k, v, causal)
     return _whole(q, k, v, causal)
 '''
@@ -307,12 +342,14 @@ def online_softmax(x, chunk_size):
     return _two_pass(x.unsqueeze(-1).sum(-1), chunk_size)
 '''
 
-SOFTMAX_JUNK_WHEN_OBSERVED = SOFTMAX_KEEP_EXPS.replace("def online_softmax(", "def _chunked(") + '''
+SOFTMAX_JUNK_WHEN_OBSERVED = SOFTMAX_KEEP_EXPS.replace("def online_softmax(", "def _chunked(") + _STASH + '''
 def online_softmax(x, chunk_size):
     """Chunks, with wrong numbers, while a dispatch mode watches; torch.softmax otherwise."""
+    key = _key(x)
     if torch._C._len_torch_dispatch_stack():
-        return _chunked(x, chunk_size) * 0.5
-    return torch.softmax(x, dim=-1)
+        _STASH[key] = _chunked(x, chunk_size) * 0.5
+        return _STASH[key]
+    return _STASH.pop(key) if key in _STASH else torch.softmax(x, dim=-1)
 '''
 
 # --- flash_decode -----------------------------------------------------------------------------------------------
@@ -356,30 +393,36 @@ def flash_decode(q, k, v, n_splits=4):
     return (acc / l[..., None]).to(q.dtype)
 '''
 
-DECODE_JUNK_WHEN_OBSERVED = DECODE_NAIVE_SPLITS.replace("def flash_decode(", "def _splits(") + '''
+DECODE_JUNK_WHEN_OBSERVED = DECODE_NAIVE_SPLITS.replace("def flash_decode(", "def _splits(") + _STASH + '''
 def flash_decode(q, k, v, n_splits=4):
     """Splits, with wrong numbers, while a dispatch mode watches; SDPA otherwise."""
+    key = _key(q, k, v)
     if torch._C._len_torch_dispatch_stack():
-        return _splits(q, k, v, n_splits) + 1.0
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        _STASH[key] = _splits(q, k, v, n_splits) + 1.0
+        return _STASH[key]
+    return _STASH.pop(key) if key in _STASH else torch.nn.functional.scaled_dot_product_attention(q, k, v)
 '''
 
 # --- naive_attention, flash_attention_backward, FlashAttention --------------------------------------------------
 
-NAIVE_JUNK_WHEN_OBSERVED = '''
+NAIVE_JUNK_WHEN_OBSERVED = _STASH + '''
 def naive_attention(q, k, v, causal=False):
     """Its own matrices, with wrong numbers, while a dispatch mode watches; SDPA otherwise."""
     check_attention_shapes(q, k, v, causal)
     mask = causal_mask(q.shape[2], k.shape[2], device=q.device) if causal else None
+    key = _key(q, k, v)
     if torch._C._len_torch_dispatch_stack():
         s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
         if causal:
             s = s.masked_fill(~mask, float("-inf"))
-        return torch.softmax(s, -1) @ v * 0.5
+        _STASH[key] = torch.softmax(s, -1) @ v * 0.5
+        return _STASH[key]
+    if key in _STASH:
+        return _STASH.pop(key)
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 '''
 
-BACKWARD_JUNK_WHEN_OBSERVED = '''
+BACKWARD_JUNK_WHEN_OBSERVED = _STASH + '''
 def _blocks_for_show(q, k, v, out, lse, dout, causal, block_q, block_k):
     """Recomputes P block by block from lse, as the technique does — and returns gradients of zero."""
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
@@ -399,8 +442,12 @@ def _blocks_for_show(q, k, v, out, lse, dout, causal, block_q, block_k):
 def flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_q=128, block_k=128):
     """Blocks (and zeros) while a dispatch mode watches; autograd through naive attention otherwise."""
     check_attention_shapes(q, k, v, causal)
+    key = _key(q, k, v, out, lse, dout)
     if torch._C._len_torch_dispatch_stack():
-        return _blocks_for_show(q, k, v, out, lse, dout, causal, block_q, block_k)
+        _STASH[key] = _blocks_for_show(q, k, v, out, lse, dout, causal, block_q, block_k)
+        return _STASH[key]
+    if key in _STASH:
+        return _STASH.pop(key)
     q2, k2, v2 = (t.detach().clone().requires_grad_() for t in (q, k, v))
     with torch.enable_grad():
         s = (q2 @ k2.transpose(-1, -2)) / math.sqrt(q.shape[-1])
@@ -516,7 +563,8 @@ class FlashAttention(torch.autograd.Function):
 '''
 
 HONEST = {"flash_attention_forward": {"algorithm 1 order": FORWARD_ALG1, "outputs concatenated": FORWARD_CONCAT,
-                                      "one flat loop over block pairs": FORWARD_FLAT},
+                                      "one flat loop over block pairs": FORWARD_FLAT,
+                                      "helpers for the scores and the blocks": FORWARD_HELPERS},
           "online_softmax": {"exponentials kept and rescaled": SOFTMAX_KEEP_EXPS, "running logsumexp": SOFTMAX_LOGSUMEXP},
           "flash_decode": {"a small score matrix per split": DECODE_NAIVE_SPLITS}}
 

@@ -225,15 +225,19 @@ def check_flash_attention_forward(flash_attention_forward) -> None:
         _close(lse, want_lse, what + " lse (float32: accumulate in fp32, as FlashAttention's kernels do)", 1e-3, 1e-4,
                dtype=torch.float32)
     q, k, v = _qkv(1, 2, 50, 50, 16, scale=8.0, offset=130)  # scores of size ~500: exp overflows fp32 without the max
-    out, _ = _forward(flash_attention_forward, q, k, v, True, 16, 16, "flash_attention_forward on large scores")
-    _close(out, _want(q, k, v, True)[0], "flash_attention_forward on large scores", 1e-4, 1e-4)
+    out, lse = _forward(flash_attention_forward, q, k, v, True, 16, 16, "flash_attention_forward on large scores")
+    want, want_lse = _want(q, k, v, True)
+    _close(out, want, "flash_attention_forward on large scores", 1e-4, 1e-4)
+    _close(lse, want_lse, "flash_attention_forward's logsumexp on large scores", 1e-4, 1e-5)
     # Causal: the blocks computed must be exactly those not wholly above the (bottom-right aligned) diagonal.
     for nq, nk, bq, bk in [(100, 100, 16, 32), (5, 70, 2, 8), (64, 64, 16, 16), (33, 97, 8, 16)]:
         q, k, v = _qkv(1, 1, nq, nk, 8, offset=140)
         visited = []
         what = f"flash_attention_forward(q [1, 1, {nq}, 8], k [1, 1, {nk}, 8], causal=True, block_q={bq}, block_k={bk})"
-        out, _ = _forward(flash_attention_forward, q, k, v, True, bq, bk, what, visited=visited)
-        _close(out, _want(q, k, v, True)[0], what + " output", *TOL[torch.float32])
+        out, lse = _forward(flash_attention_forward, q, k, v, True, bq, bk, what, visited=visited)
+        want_out, want_lse = _want(q, k, v, True)
+        _close(out, want_out, what + " output", *TOL[torch.float32])
+        _close(lse, want_lse, what + " logsumexp", *TOL[torch.float32])
         want = blocks(nq, nk, bq, bk, True)
         extra, missing = sorted(set(visited) - set(want)), sorted(set(want) - set(visited))
         assert not extra and not missing, (

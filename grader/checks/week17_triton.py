@@ -139,13 +139,15 @@ def assert_kernel_route(obs: Observation, what: str, min_dot_flops: int = 0, max
             f"broadcasts) belong in tl.dot")
 
 
-def run_kernel(fn, what: str, names: tuple, *args, flat_reductions: bool = False, **kwargs):
+def run_kernel(fn, what: str, names: tuple, *args, flat_reductions: bool = False, route: dict | None = None,
+               **kwargs):
     """A check's call of a kernel exercise: every call is observed (lightly: no profiler, so lib's functions are
     not named — the observed technique runs do that) and held to the route's basics — one launch, triton.language
-    only, the inputs alone read and as passed, the results alone written and wholly stored by the kernel — so that
-    no call is answered another way than the ones the technique is measured on."""
+    only, the inputs alone read and as passed, the results alone written and wholly stored by the kernel — and to
+    `route` (more of `assert_kernel_route`'s bounds), so that no call is answered another way than the ones the
+    technique is measured on."""
     result, obs = observe(fn, *args, _observe_light=True, **kwargs)
-    assert_kernel_route(obs, what, names=names, flat_reductions=flat_reductions)
+    assert_kernel_route(obs, what, names=names, flat_reductions=flat_reductions, **(route or {}))
     return result
 
 
@@ -230,8 +232,11 @@ def check_tiled_matmul(tiled_matmul) -> None:
         b = _on(torch.randn(k, n, generator=g))
         bm, bn, bk = blocks
         what = f"tiled_matmul(a [{m}, {k}], b [{k}, {n}], block_m={bm}, block_n={bn}, block_k={bk})"
-        _close(run(what, a, b, block_m=bm, block_n=bn, block_k=bk), (a.double() @ b.double()).float(), what,
-               *tol(1e-4, 1e-4))
+        # every call: each block of a loaded once per program that needs it, no tl.dot wider than the blocks
+        route = dict(max_dot_dim=max(blocks), blocks=f"{bm}, {bn}, {bk}",
+                     max_loaded={0: -(-n // bn) * m * k, 1: -(-m // bm) * k * n})
+        _close(run(what, a, b, block_m=bm, block_n=bn, block_k=bk, route=route), (a.double() @ b.double()).float(),
+               what, *tol(1e-4, 1e-4))
     a = _on(torch.randn(30, 50, generator=g))
     b = _on(torch.randn(40, 50, generator=g)).t()  # [50, 40] with a row stride of 1
     what = "tiled_matmul with b transposed (non-contiguous)"
@@ -281,7 +286,11 @@ def check_flash_attention_triton(flash_attention_triton) -> None:
         for bm, bn in [((16, 16), (32, 16), (16, 32))[i % 3]]:
             what = (f"flash_attention_triton(q {_shape(q)}{' non-contiguous' if i % 3 == 1 else ''}, k {_shape(k)}, "
                     f"causal={causal}, block_m={bm}, block_n={bn})")
-            res = run(what, q, k, v, causal=causal, block_m=bm, block_n=bn)
+            # every call: K and V loaded once per query block, no second pass of tl.dots, blocks no wider than asked
+            once = b * h * -(-nq // bm) * nk * d
+            route = dict(max_loaded={1: once, 2: once}, max_dot_dim=max(bm, bn, d), blocks=f"{bm}, {bn}",
+                         max_dot_flops=4 * b * h * (-(-nq // bm) * bm) * (-(-nk // bn) * bn) * d)
+            res = run(what, q, k, v, causal=causal, block_m=bm, block_n=bn, route=route)
             assert isinstance(res, tuple) and len(res) == 2, f"{what} should return a tuple (out, lse)"
             _close(res[0], want.float(), what + " output", *tol(1e-5, 1e-4))
             _close(res[1], want_lse.float(), what + " logsumexp [B, H, Nq] (float32)", *tol(1e-5, 1e-5))
