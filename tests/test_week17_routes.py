@@ -31,7 +31,7 @@ WRONG_NOTEBOOKS = [
     {"flash_attention_forward": "junk when observed, the whole matrix otherwise",
      "online_softmax": "junk when observed, torch.softmax otherwise", "flash_decode": "junk when observed, SDPA otherwise",
      "naive_attention": "junk when observed, SDPA otherwise",
-     "flash_attention_backward": "zeros from blocks when observed, autograd otherwise",
+     "flash_attention_backward": "zeros from blocks when observed, the whole matrix otherwise",
      "FlashAttention": "naive forward, autograd backward"},
     {"flash_attention_forward": "the whole matrix unless the blocks divide the lengths",
      "online_softmax": "max pass, then sum pass", "flash_decode": "a global max pass over the splits first",
@@ -46,7 +46,6 @@ HONEST_NOTEBOOKS = [
      "flash_decode": "a small score matrix per split"},
     {"flash_attention_forward": "outputs concatenated", "online_softmax": "running logsumexp"},
     {"flash_attention_forward": "one flat loop over block pairs"},
-    {"flash_attention_forward": "helpers for the scores and the blocks"},
 ]
 _LOADED: dict = {}
 

@@ -16,11 +16,13 @@ The bounds, by exercise (`grader.reads` says what a terminal read and a visit ar
   the key blocks visits K 2·T_r times, or Q 2·T_c times.
 - a chunked softmax (`softmax_route`): reductions of one chunk at most, each element visited once (the running
   max and the rescaled sum take one pass; the output exp(x - m) / l is elementwise and reads nothing terminally),
-  at most 4 terminal reads, and (a product is not needed) matrix-product FLOPs of 4 per element at most — a copy
-  through a product with an identity matrix is not a way around the counter.
-- split-K decoding (`decode_route`): each split's keys alone in a product or reduction, each element of K and V
-  visited once, the FLOPs of one pass (at least 0.9x, at most 2x: an identity product per split costs more).
-- the backward (`backward_route`): blocks only, no softmax of a row, the five products of each visible pair.
+  at most 4 terminal reads, every element read, and (a product is not needed) matrix-product FLOPs of 4 per element
+  at most — a copy through a product with an identity matrix is not a way around the counter. Chunks of one element
+  are not counted (a running max of single values is elementwise), nor a last chunk of one element's reads.
+- split-K decoding (`decode_route`): each split's keys alone in a product or reduction (the merge may reduce over
+  the splits), each element of K and V visited once and read, the FLOPs of one pass (at least 0.9x, at most 2x:
+  an identity product per split costs more).
+- the backward (`backward_route`): blocks only, no softmax, the five products of each visible pair at least.
 - memory (`assert_memory_growth`): what a forward holds beyond its results may grow with N by O(N·d) — output-sized
   state, m and l for every row, per-block outputs kept for a concatenation: 3·(d + 2) numbers a row and head, with
   64 kB of slack for the host meter's noise — but not by a row of scores per query block (block_q numbers a row and
