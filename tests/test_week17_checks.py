@@ -418,9 +418,10 @@ def test_check_rejects_wrong_route(ex, name, i):
         getattr(checks, f"check_{name}")(make(ex))
 
 
-@pytest.mark.parametrize("name, route", [(name, route) for name, routes in HONEST.items() for route in routes])
+@pytest.mark.parametrize("name, route", [(name, route) for name, routes in HONEST.items() for route in routes
+                                         if name != "flash_attention_forward"])  # those: test_week17_routes, in the child
 def test_check_accepts_honest_variants(name, route):
-    """Written apart from the solution: the paper's Algorithm 1 order, outputs concatenated, other loops."""
+    """Written apart from the solution: softmax and split-K variants (the forward's run through the isolated child)."""
     getattr(checks, f"check_{name}")(variant(HONEST[name][route], name))
 
 

@@ -33,7 +33,9 @@ tests/test_week17_routes.py runs the named routes and honest variants through th
   most 2x the FLOPs); `lib`'s reference; more splits than keys must work.
 - softmax_rows, tiled_matmul, flash_attention_triton (Triton, `week17_triton`): a wrapper doing torch arithmetic,
   no kernel launched or too few `tl.dot` FLOPs (numpy, Python), a `tl.dot` wider than the blocks, one program for
-  all rows, causal blocks loaded (FLOPs), P stored (memory), no rescaling, wrong mask fill values, strides ignored.
+  all rows, causal blocks loaded (FLOPs), P stored (memory), no rescaling, wrong mask fill values, strides ignored;
+  on every call of tiled_matmul and flash_attention_triton, not only the technique's: each block loaded once per
+  program that needs it (a second pass over K and V, on whatever shapes), `tl.dot`s of one (padded) pass.
 """
 from __future__ import annotations
 
