@@ -7,6 +7,9 @@
         logits = model(input_ids)
     engine.add_request(prompt, 32, params=SamplingParams(lora=adapter))   # per request, inside a shared batch
 
+    python -m lib.lora train --out data/cache/lora/hamlet.lora   # a real one: 30 Adam steps on Hamlet (~1 CPU-min)
+    python -m lib.server --lora-modules hamlet=data/cache/lora/hamlet.lora   # then: model="hamlet" in a request
+
 An adapter holds, for some of a model's linears y = x·Wᵀ (SmolLM2's q/k/v/o_proj and gate/up/down_proj, per layer),
 two small matrices A [r, in] and B [out, r]; with it the linear computes x·Wᵀ + (α/r)·(x·Aᵀ)·Bᵀ, which is what the
 merged weight W + (α/r)·B·A gives, up to fp32 rounding. Merging makes a model per adapter. Serving many adapters
@@ -19,6 +22,10 @@ request without an adapter gets W's product alone, and a step with no adapter in
 after it. A hook acts only in the thread that registered it, so another thread running the same model meanwhile
 (the server's echo logprobs) sees the base model. The hooks work on any module at those paths (lib.fast's packed
 linears, lib.quant_linear's quantized ones): the adapter adds to whatever the base linear computes.
+
+`train` fits a small adapter to a text (LoRA's initialization, B = 0, so it starts as the base model); its command
+above, rank 8 on q_proj and v_proj, batch 4 × 64 tokens, took SmolLM2's perplexity on Hamlet's held-out last tenth
+(1,024 tokens) from 47.5 to 38.8 in 30 steps (55 CPU-seconds on the Intel Xeon class, a busy 2-core VM).
 """
 from __future__ import annotations
 

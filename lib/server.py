@@ -631,7 +631,8 @@ def main(argv=None) -> None:
                          model_name=args.served_model_name, api_key=args.api_key, lora_modules=adapters)
     print(f"serving {server.model_name} on http://{args.host}:{args.port}/v1 "
           f"(weights {args.weights}, prefix caching {'on' if args.prefix_caching else 'off'}, "
-          f"{args.max_num_seqs} requests decoding at once)", flush=True)
+          f"{args.max_num_seqs} requests decoding at once{'; LoRA adapters: ' if adapters else ''}{', '.join(adapters)})",
+          flush=True)
     from lib import THREADS
     from lib.threads import describe
 
