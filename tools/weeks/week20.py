@@ -269,8 +269,8 @@ within 0.8–1.25× of the measurement passes. Why the model works, and where it
 
 nb.code(r"""
 g2 = np.random.default_rng(2)
-offset_weights = (0.02 * (1 + 0.3 * g2.standard_normal((64, 1024)))).astype(np.float32)  # around +0.02, never 0
-my_guess = None  # your guess before reading on: Q4_0's RMS error / Q4_1's on offset_weights (e.g. 0.9 or 2.5)
+offset_weights = (0.02 * (1 + 0.3 * g2.standard_normal((64, 1024)))).astype(np.float32)  # around +0.02, spread 0.006
+my_guess = None  # your guess before reading on: Q4_0's RMS error divided by Q4_1's on offset_weights
 """)
 
 nb.exercise("predict_rmse", r'''
@@ -763,7 +763,7 @@ rows), and the inputs the model really sees can be measured: hook a linear and r
 the model reads calibration text. llama.cpp does exactly this (`llama-imatrix` writes the vectors,
 `llama-quantize --imatrix` hands them to the search; every modern low-bit GGUF is made that way).
 
-**Exercise 8 (derivation).** Which c makes Σ_i c_i Δw_i² the expected squared output error E[e²] over the
+**Exercise 7 (derivation).** Which c makes Σ_i c_i Δw_i² the expected squared output error E[e²] over the
 calibration tokens? Expand E[e²] yourself; in the cell after the check, say which terms you had to drop for it to
 take that form, and for which inputs dropping them costs the most. Then write `column_importance(x)`: from the
 inputs one linear saw, `x [..., in]` (every dim but the last counts tokens; any float dtype — half-precision
