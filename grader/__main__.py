@@ -27,6 +27,7 @@ from pathlib import Path
 from grader.course import REPO_ROOT, Course, grade_one, grading_worker
 from grader.harness import threads_per_worker as _threads_per_worker
 from grader.notebook import validate_notebook
+from grader.processes import clean_environ, exec_clean
 from grader.status import one_line, status_path
 
 
@@ -205,9 +206,12 @@ def autograde(week: str, students: list[str], jobs: int = 1, timeout: float | No
         # spawn, not fork: a forked copy of a process holding torch threads and a sqlite connection is fragile.
         # The worker function lives in grader.course, not here: a spawned worker imports it by module name, and
         # `python -m grader` runs this file as `__main__`, which spawn does not re-import.
+        # The workers start with the instructor's non-secret settings alone (`grader.processes.WORKER_ENV`), whatever
+        # this process holds: a submission's child must find no secret in its grading process's environment.
         pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
                                    initializer=grading_worker)
-        futures = {pool.submit(grade_one, week, s, str(root), timeout, threads): s for s in students}
+        with clean_environ():  # a spawn pool starts its workers within `submit`
+            futures = {pool.submit(grade_one, week, s, str(root), timeout, threads): s for s in students}
 
         def _results():
             for future in as_completed(futures):
@@ -305,6 +309,10 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("export").add_argument("csv", type=Path, nargs="?", default=REPO_ROOT / "grader" / "grades.csv")
     sub.add_parser("roster").add_argument("csv", type=Path)
     args = p.parse_args(argv)
+    if args.cmd == "autograde" and argv is None:
+        # As typed: grading starts again from the instructor's non-secret settings alone (`/proc/<pid>/environ` of
+        # this process and of its `--jobs` workers shows the environment it was started with)
+        exec_clean()
 
     if args.cmd == "release":
         release(args.week, repo=REPO_ROOT)

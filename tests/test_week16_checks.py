@@ -77,6 +77,32 @@ class CatCache:
         return self.k, self.v
 
 
+class Prealloc8Cache(CatCache):
+    """Preallocates the first 8 positions (as far as a short check reaches), then grows with torch.cat."""
+
+    def __init__(self, batch, n_kv_heads, max_len, head_dim, dtype=torch.float32, device=None):
+        super().__init__(batch, n_kv_heads, max_len, head_dim, dtype, device)
+        self.k = torch.zeros(batch, n_kv_heads, min(max_len, 8), head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self._length = 0
+
+    @property
+    def length(self):
+        return self._length
+
+    def append(self, k, v):
+        end = self._length + k.shape[2]
+        if end > self.max_len:
+            raise CacheOverflowError("full")
+        if end > self.k.shape[2]:
+            self.k = torch.cat([self.k[:, :, :self._length], k], 2)
+            self.v = torch.cat([self.v[:, :, :self._length], v], 2)
+        else:
+            self.k[:, :, self._length:end], self.v[:, :, self._length:end] = k, v
+        self._length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+
 def cache_on_cpu(ex):
     class OnCPU(ex.LayerKVCache):
         def __init__(self, batch, n_kv_heads, max_len, head_dim, dtype=torch.float32, device=None):
@@ -105,6 +131,19 @@ def generate_always_uncached(ex):
     def fn(model, input_ids, max_new_tokens, use_cache=True, return_logits=False):
         return ex.generate(model, input_ids, max_new_tokens, use_cache=False, return_logits=return_logits)
     return fn
+
+
+@torch.no_grad()
+def generate_forward_past_the_counter(model, input_ids, max_new_tokens, use_cache=True, return_logits=False):
+    """The prompt through model(...), then model.forward over the whole sequence at every step."""
+    b, t = input_ids.shape
+    if use_cache:
+        model(input_ids, cache=model.new_cache(batch=b, max_len=t + max_new_tokens))
+    ids, steps = input_ids, []
+    for _ in range(max_new_tokens):
+        steps.append(model.forward(ids)[:, -1])
+        ids = torch.cat([ids, steps[-1].argmax(-1, keepdim=True)], 1)
+    return (ids, torch.stack(steps, 1)) if return_logits else ids
 
 
 def roofline_sum(flops, bytes_moved, flops_per_s, bytes_per_s):
@@ -172,6 +211,28 @@ def rolling_one_at_a_time(ex):
     return OneAtATime
 
 
+class RollingListOfChunks(RollingKeepsEverything):
+    """Keeps every appended chunk in a list (by reference: nothing allocated, memory that grows with the sequence) and
+    returns the held positions from the last ones; its buffers are allocated, and never written."""
+
+    def __init__(self, batch, n_kv_heads, window, head_dim, dtype=torch.float32, device=None):
+        super().__init__(batch, n_kv_heads, window, head_dim, dtype, device)
+        self.k = torch.zeros(batch, n_kv_heads, window, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+
+    def append(self, k, v):
+        held, chunks = min(self.length, self.window), getattr(self, "chunks", [])
+        tail, n = [], 0
+        while n < held:  # the chunks that hold the last `held` positions
+            tail.insert(0, chunks[-1 - len(tail)])
+            n += tail[0][0].shape[2]
+        keys = torch.cat([c[0] for c in tail] + [k], 2)
+        values = torch.cat([c[1] for c in tail] + [v], 2)
+        self.chunks = chunks + [(k, v)]  # every chunk ever appended
+        self.length += k.shape[2]
+        return keys[:, :, keys.shape[2] - held - k.shape[2]:], values[:, :, values.shape[2] - held - k.shape[2]:]
+
+
 def rolling_on_cpu(ex):
     class OnCPU(ex.RollingKVCache):
         def __init__(self, batch, n_kv_heads, window, head_dim, dtype=torch.float32, device=None):
@@ -190,7 +251,8 @@ WRONG = {
         (lambda ex: mask_without_device_argument, "device"),
     ],
     "LayerKVCache": [
-        (lambda ex: CatCache, "preallocated buffer"),
+        (lambda ex: CatCache, "allocated in __init__|preallocated buffer"),
+        (lambda ex: Prealloc8Cache, "allocate them whole, once, in __init__"),
         (lambda ex: lib_kv.LayerKVCache, "lab's reference"),
         (cache_on_cpu, "meta"),
     ],
@@ -202,6 +264,7 @@ WRONG = {
     "generate": [
         (lambda ex: lib_generate.generate, "lab's reference"),
         (generate_always_uncached, "one token per step"),
+        (lambda ex: generate_forward_past_the_counter, "one token per step"),
     ],
     "roofline_time": [(lambda ex: lib_roofline.roofline_time, "lab's reference"), (lambda ex: roofline_sum, "overlap")],
     "kv_cache_bytes": [(lambda ex: lib_kv.kv_cache_bytes, "lab's reference"), (lambda ex: kv_bytes_table, "expected")],
@@ -210,6 +273,7 @@ WRONG = {
         (lambda ex: RollingKeepsEverything, "bytes alive|allocated"),
         (lambda ex: lib_kv.RollingKVCache, "lab's reference"),
         (rolling_one_at_a_time, "positions"),
+        (lambda ex: RollingListOfChunks, "wrote nothing into buffers made before it"),
         (rolling_on_cpu, "meta"),
     ],
 }
