@@ -40,7 +40,8 @@ concurrency (graded on configurations it has not seen, then measured against you
 latency** from TTFT and the time between tokens, and the **cost of a million tokens**. The last section
 answers seed 002's deployment scenarios with your own numbers.
 
-**Time.** About 5 hours. The notebook runs top to bottom in about 3 minutes on a 2-core CPU.
+**Time.** About 5 hours. The notebook is sized to run top to bottom within 3 minutes on two quiet cores; its load
+tests pace themselves by the clock, so on a busy machine it takes longer (each timed cell prints the load).
 `pytest weeks/21 -k ex01` checks one exercise from a terminal.
 """)
 
