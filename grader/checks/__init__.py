@@ -116,6 +116,23 @@ def call_many(fn, calls):
     return [fn(*a, **k) for a, k in calls]
 
 
+def call_many_observing(fn, calls, observed, **options):
+    """`call_many(fn, calls)`, but the calls whose indices are in `observed` run under `observe(fn, ..., **options)`,
+    in their place in the order: returns (results in call order, {index: Observation}). For a check that judges
+    many calls and observes some of them, chosen at random, whose results it counts with the others' (a check
+    judges what it observed; it never throws an observed result away)."""
+    calls = [(tuple(a), dict(k)) for a, k in calls]
+    results, observations, start = [], {}, 0
+    for i in sorted(set(observed)):
+        results += call_many(fn, calls[start:i]) if i > start else []
+        a, k = calls[i]
+        result, observations[i] = observe(fn, *a, **k, **options)
+        results.append(result)
+        start = i + 1
+    results += call_many(fn, calls[start:]) if start < len(calls) else []
+    return results, observations
+
+
 # --- the routes a check rejects, and device hygiene -----------------------------------------------------------
 
 def assert_classified(obs: Observation, what: str, allowed: tuple[str, ...] = ()) -> None:

@@ -376,10 +376,13 @@ nb.md(r"""
 max_new_tokens, k=4, temperature=1.0, generator=None)`. It is exercise 1's loop with three changes: the draft
 *samples* its tokens from q = softmax(draft logits / T) (keep each q row), the target's K + 1 rows become
 p = softmax(target logits / T), and your `verify` decides what is kept; roll both caches back as before. Pass
-`generator` to every draw. The check runs it with counted models (the work rules of exercise 1), then 1,500
-times per temperature on a 4-token Markov chain (T = 1 and 0.5) and tests the law of the first two new tokens
-against the target's, cell by cell; it runs your loop from generators in equal states (the ids must be equal)
-and in different ones (they must differ); and last with torch's default device set to `meta`, as in exercise 1.
+`generator` to every draw. The check runs it with counted models (the work rules of exercise 1), then 760
+times on models whose law is set per position, at K = 4, 8, 1 and 2 and T = 1, 0.5 and 2, and tests the law
+of **every** new token against the target's — each position of a round, the token after a rejection and the
+bonus token after K acceptances — under the same work rules; it runs your loop from generators in equal states
+(the ids must be equal) and in different ones (they must differ); and last with torch's default device set to
+`meta`, as in exercise 1. A draft token that is q's argmax instead of a sample of q, one uniform reused for a
+round's draft positions, or a loop exact for two tokens and wrong after them fails it every run.
 """)
 
 nb.exercise("speculative_sample", '''
