@@ -129,7 +129,7 @@ plt.plot(sizes, [verify_cost[m] for m in sizes], "o-", label="measured")
 plt.plot(sizes, sizes, "--", color="gray", label="m separate steps")
 plt.axhline(1, color="gray", lw=0.5)
 plt.xlabel("tokens scored in one forward (K + 1)"); plt.ylabel("time / one decode step")
-plt.title("The verify-cost curve (SmolLM2, fp32, this CPU)" + ("\nMEASUREMENT DISTURBED: rerun when quieter" if disturbed else ""))
+plt.title("The verify-cost curve (SmolLM2, fp32, this CPU)" + ("\\nMEASUREMENT DISTURBED: rerun when quieter" if disturbed else ""))
 plt.legend(); plt.show()
 """)
 
