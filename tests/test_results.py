@@ -88,6 +88,19 @@ MEASURED = re.compile(r"\b\d[\d,]*(\.\d+)?\s*(tok/s|ms\b|GB/s|×|x\b|%|s\b|min\b
 # with its operands, a regex false positive ("min(0, min x)"). Each is a literal substring, removed before the
 # search; anything else that matches is a measured figure typed by hand.
 NOT_MEASURED = {
+    "solutions/16/README.md": ("≤ 3 min", "4 KV heads give 8×", "32 / 8 = 4×"),
+    "solutions/16/week16_kv_cache.ipynb": (
+        "(≤ 60 s)", "a 2048×2048 product", "the 2048×2048 matmul's", "about 5 % of the original pre-training compute",
+        "at 3× the memory", "cuts the cache 3×", "is 3× against", "32 / 8 = 4×",
+        "(32× for a 32-head model, only 9× for SmolLM2)", "saves 8× because", "does give 8×", "the saving is 4×"),
+    "solutions/20/README.md": (
+        "within 0.8–1.25×", "within 0.5 %", "(5 % on heavy-tailed rows)", "within 1 % (3 % heavy-tailed)",
+        "below 0.95× Q4_1's", "≤ 3 min", "at least 90 %", "within 5 %", "a share above 100 %"),
+    "solutions/20/week20_quantization.ipynb": (
+        "within 0.8–1.25×", "within 0.5 % of llama.cpp's", "(5 % on heavy-tailed rows;", "the plain RMSE within 1 % of it",
+        "(3 % heavy-tailed)", "below 0.95× Q4_1's", "`lo = min(0, min x)`", "1536 = 6 × 256", "(1 % by default)",
+        "With 1 % damping", "We use 10 % below", "keeping just **1 % of the weights**", "the 1 % columns",
+        "a share above 100 %", "choosing the 1 % by activation"),
     "solutions/19/README.md": ("≤ 3 min", "on 4×A100", "projections scaled 8×"),
     "solutions/19/week19_paged_batching.ipynb": (
         "half 4× longer", "each swap is 2 × 30 separate copies", "(32 GB/s theoretical for PCIe 4.0 x16",
