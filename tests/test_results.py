@@ -105,6 +105,10 @@ NOT_MEASURED = {
         "within 1.2× with one slot", "1.35× with several", "on 4×A100"),
     "solutions/21/week21_serving.ipynb": (
         "p95 TTFT under 200 ms", "4×A100", "(4× one GPU)", "2×A100", "2×80 GB", "TTFT under 100 ms", "8×A100"),
+    "solutions/19/README.md": ("≤ 3 min", "on 4×A100", "projections scaled 8×"),
+    "solutions/19/week19_paged_batching.ipynb": (
+        "half 4× longer", "each swap is 2 × 30 separate copies", "(32 GB/s theoretical for PCIe 4.0 x16",
+        "runs on 4×A100"),
 }
 NOTEBOOKS = [doc for doc in NOT_MEASURED if doc.endswith(".ipynb")]
 
