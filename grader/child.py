@@ -1080,9 +1080,10 @@ class _Guard:
         identity later (`_changes`), with the objects themselves kept (an id can be reused)."""
         observe, fingerprint, wire, notebook = (_OWN[f"grader.{m}"] for m in ("observe", "fingerprint", "wire", "notebook"))
         out = []
+        reads = _OWN["grader.reads"]
         for holder in (_OWN.get("grader.child") or sys.modules[__name__], observe, fingerprint, wire, notebook, _Child,
                        _ChildPickler, _ChildUnpickler, _ParentProxy, _Guard, _Rerun, observe.OpRecorder,
-                       observe.Observation):
+                       observe.Observation, reads, reads.Visits):
             mapping, name = vars(holder), getattr(holder, "__name__", str(holder))
             out += [(f"{name}.{k}", mapping, k, v) for k, v in mapping.items()
                     if callable(v) or isinstance(v, (staticmethod, classmethod, property))]

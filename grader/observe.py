@@ -19,6 +19,7 @@ import torch
 
 from grader.fingerprint import lib_name, oracle_name, warm
 from grader.op_table import classify
+from grader.reads import Visits, note_op
 from grader.triton_watch import TritonWatch
 
 
@@ -37,6 +38,7 @@ class Observation:
     lib_calls: set = field(default_factory=set)
     reductions: list = field(default_factory=list)  # (op name, input shape, extent) of every reduction (op_table)
     reads: dict = field(default_factory=dict)  # argument position -> [mean reads of each slice along its dim 0]
+    visits: dict = field(default_factory=dict)  # argument position -> `visits_of`'s list (grader.reads.Visits)
     # Triton kernels run by the interpreter (TRITON_INTERPRET=1) during the call: one (kernel name, grid) per
     # launch, and the (M, K, N) of every `tl.dot` its programs executed (a compiled GPU kernel is not seen).
     kernel_launches: list = field(default_factory=list)
@@ -60,6 +62,12 @@ class Observation:
         slice's elements of the number of ops that read each element (views read nothing; an indexing op reads
         what it gathers; any other op reads each element of its view once)."""
         return list(self.reads.get(position, []))
+
+    def visits_of(self, position: int) -> list[list[int]]:
+        """For the tensor argument at `position` (asked for with `observe(..., _observe_reads=((position, dim),))`):
+        per slice along `dim`, [the most visits, the fewest visits, the most terminal reads] of its elements
+        (`grader.reads`: reads followed through copies, in visits: runs of reads no other read breaks)."""
+        return [list(v) for v in self.visits.get(position, [])]
 
     def called(self, *prefixes: str) -> list[str]:
         """The aten ops called whose names start with any of `prefixes` (e.g. "aten._scaled_dot_product")."""
@@ -224,8 +232,10 @@ class OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
     def _should_skip_dynamo(cls) -> bool:  # see _without_dynamo_import
         return False
 
-    def __init__(self, obs: Observation, inputs: set[int] = frozenset(), counted: dict | None = None):
+    def __init__(self, obs: Observation, inputs: set[int] = frozenset(), counted: dict | None = None,
+                 visits: list | None = None):
         super().__init__()
+        self.visits, self.views = visits or [], {}  # grader.reads.Visits of arguments whose reads are followed
         self.obs = obs
         self.inputs = inputs  # data pointers of the observed call's tensor arguments' storages
         self.fresh: set[int] = set()  # storages that ops made during the call
@@ -297,6 +307,9 @@ class OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
         result = func(*args, **(kwargs or {}))
         self._note_storages(func, args, kwargs, result)
         self._classify(func, name, args, kwargs, result)
+        if self.visits:
+            with torch.utils._python_dispatch._disable_current_modes():
+                note_op(self.visits, func, args, kwargs, result, self.views)
         return result
 
     def _classify(self, func, name, args, kwargs, result) -> None:
@@ -379,11 +392,16 @@ def observe(fn, *args, **kwargs):
     previous = sys.getprofile()
     if not light:
         sys.setprofile(profile)
-    counted = {}
+    counted, visits = {}, {}
     for i in read_positions:
-        if isinstance(args[i], torch.Tensor) and args[i].device.type != "meta":
+        if isinstance(i, (tuple, list)):  # (position, dim): followed through copies, in visits (grader.reads)
+            i, dim = int(i[0]), int(i[1])
+            if isinstance(args[i], torch.Tensor) and args[i].device.type != "meta" and args[i].numel():
+                visits[i] = Visits(args[i], dim)
+        elif isinstance(args[i], torch.Tensor) and args[i].device.type != "meta":
             counted[args[i].untyped_storage().data_ptr()] = _ReadCounter(args[i])
-    recorder = OpRecorder(obs, argument_storages(args, kwargs), counted)
+    read_positions = tuple(i for i in read_positions if not isinstance(i, (tuple, list)))
+    recorder = OpRecorder(obs, argument_storages(args, kwargs), counted, list(visits.values()))
     inputs = {i: a for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
     inputs.update({k: a for k, a in kwargs.items() if isinstance(a, torch.Tensor)})
     kernels = TritonWatch(dot_scale)
@@ -422,6 +440,7 @@ def observe(fn, *args, **kwargs):
         obs.kernel_launches, obs.kernel_dots = list(kernels.launches), list(kernels.dots)
     obs.reads = {i: counted[args[i].untyped_storage().data_ptr()].per_slice() for i in read_positions
                  if args[i].untyped_storage().data_ptr() in counted}
+    obs.visits = {i: v.summary() for i, v in visits.items()}
     return result, obs
 
 
@@ -536,6 +555,7 @@ def to_wire(obs: Observation) -> dict:
             "peak_bytes": int(obs.peak_bytes), "host_peak_bytes": int(obs.host_peak_bytes), "lib_calls": sorted(obs.lib_calls),
             "reductions": [(str(n), tuple(map(int, sh)), int(e)) for n, sh, e in obs.reductions],
             "reads": {int(i): [float(x) for x in v] for i, v in obs.reads.items()},
+            "visits": {int(i): [[int(x) for x in s][:3] for s in v] for i, v in obs.visits.items()},
             "kernel_launches": [(str(n), tuple(int(g) for g in grid)) for n, grid in obs.kernel_launches],
             "kernel_dots": [tuple(int(x) for x in d) for d in obs.kernel_dots], "kernel": _kernel_data(obs.kernel)}
 
@@ -552,6 +572,7 @@ def from_wire(data) -> Observation:
     o.lib_calls = {c for c in data.get("lib_calls", ()) if type(c) is str}
     o.reductions = [(str(n), tuple(int(x) for x in sh), int(e)) for n, sh, e in data.get("reductions", ())]
     o.reads = {int(i): [float(x) for x in v] for i, v in dict(data.get("reads", {})).items()}
+    o.visits = {int(i): [[int(x) for x in s][:3] for s in v] for i, v in dict(data.get("visits", {})).items()}
     o.kernel_launches = [(str(n), tuple(int(g) for g in grid)) for n, grid in data.get("kernel_launches", ())]
     o.kernel_dots = [(int(m), int(k), int(n)) for m, k, n in data.get("kernel_dots", ())]
     o.kernel = _kernel_data(data.get("kernel", {}))

@@ -310,10 +310,10 @@ def test_week17_a_whole_row_softmax_by_pooling_or_convolution_fails(tmp_path, ro
     online, decode = {"pooling": (ONLINE_SOFTMAX_POOLED, FLASH_DECODE_POOLED),
                       "conv1d": (ONLINE_SOFTMAX_CONV, FLASH_DECODE_CONV)}[route]
     ex = _load(tmp_path, 17, {"online_softmax": online, "flash_decode": decode})
-    seen = "a reduction .* combined 200 elements" if route == "pooling" else "a matrix product of 200 rows/columns"
+    # the row's length in the message is whichever of the check's (randomized) calls the route first failed on
+    seen = r"a reduction .* combined \d+ elements" if route == "pooling" else r"a matrix product of \d+ rows/columns"
     with pytest.raises(AssertionError, match=f"online_softmax.*{seen}"):
         week17.check_online_softmax(ex.online_softmax)
-    seen = "a reduction .* combined 240 elements" if route == "pooling" else "a matrix product of 240 rows/columns"
     with pytest.raises(AssertionError, match=f"flash_decode.*{seen}"):
         week17.check_flash_decode(ex.flash_decode)
     week17.check_merge_partials(ex.merge_partials)  # the solution's other exercises still pass
@@ -340,10 +340,15 @@ def test_week17_a_row_sum_by_an_op_the_observer_cannot_classify_fails(tmp_path, 
 
     source = ONLINE_SOFTMAX_UNKNOWN_OP if table == "as it is" else _TABLE_REWRITTEN + ONLINE_SOFTMAX_UNKNOWN_OP
     ex = _load(tmp_path, 17, {"online_softmax": source})
-    seen = ("used aten.prims.sum, which the checks cannot classify" if table == "as it is" else
-            r"replaced the grader's own code in its process \(grader.op_table.COMBINE_NOTHING\)")
-    with pytest.raises(AssertionError, match=f"online_softmax.*{seen}"):
+    if table == "as it is":
+        with pytest.raises(AssertionError, match="online_softmax.*used aten.prims.sum, which the checks cannot classify"):
+            week17.check_online_softmax(ex.online_softmax)
+        return
+    with pytest.raises(AssertionError, match="online_softmax"):  # whichever the check meets first (two passes, say)
         week17.check_online_softmax(ex.online_softmax)
+    # ... and the rewritten table is a verdict for the exercise whatever else failed
+    verdicts = " ".join(w for whys in ex._session.tampered.values() for w in whys)
+    assert "replaced the grader's own code in its process (grader.op_table.COMBINE_NOTHING)" in verdicts, verdicts
 
 
 # Scores a few blocks at a time (every product within ~32 keys, each block of K read once), kept for the whole

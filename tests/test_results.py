@@ -84,17 +84,93 @@ def test_a_figure_edited_by_hand_is_caught(tmp_path):
 MEASURED = re.compile(r"\b\d[\d,]*(\.\d+)?\s*(tok/s|ms\b|GB/s|×|x\b|%|s\b|min\b)")
 
 
-@pytest.mark.parametrize("doc", ["README.md"])
-def test_no_measured_figure_is_typed_into_the_prose(doc):
-    """Outside the rendered block, the README states no measured figure: figures live in records (rendered) or are
-    derived where they are shown. (Thresholds and settings are not measurements: `≤ 60 s`, `4 GiB`, `90 %` of a
-    threshold are written as such and listed here when they match.)"""
-    text = (REPO / doc).read_text()
+# Phrases of a document that match MEASURED but quote no measurement: a check's bound or a setting, arithmetic shown
+# with its operands, a regex false positive ("min(0, min x)"). Each is a literal substring, removed before the
+# search; anything else that matches is a measured figure typed by hand.
+NOT_MEASURED = {
+    "solutions/16/README.md": ("≤ 3 min", "4 KV heads give 8×", "32 / 8 = 4×"),
+    "solutions/16/week16_kv_cache.ipynb": (
+        "(≤ 60 s)", "a 2048×2048 product", "the 2048×2048 matmul's", "about 5 % of the original pre-training compute",
+        "at 3× the memory", "cuts the cache 3×", "is 3× against", "32 / 8 = 4×",
+        "(32× for a 32-head model, only 9× for SmolLM2)", "saves 8× because", "does give 8×", "the saving is 4×"),
+    "solutions/20/README.md": (
+        "within 0.8–1.25×", "within 0.5 %", "(5 % on heavy-tailed rows)", "within 1 % (3 % heavy-tailed)",
+        "below 0.95× Q4_1's", "≤ 3 min", "at least 90 %", "within 5 %", "a share above 100 %"),
+    "solutions/20/week20_quantization.ipynb": (
+        "within 0.8–1.25×", "within 0.5 % of llama.cpp's", "(5 % on heavy-tailed rows;", "the plain RMSE within 1 % of it",
+        "(3 % heavy-tailed)", "below 0.95× Q4_1's", "`lo = min(0, min x)`", "1536 = 6 × 256", "(1 % by default)",
+        "With 1 % damping", "We use 10 % below", "keeping just **1 % of the weights**", "the 1 % columns",
+        "a share above 100 %", "choosing the 1 % by activation"),
+}
+NOTEBOOKS = [doc for doc in NOT_MEASURED if doc.endswith(".ipynb")]
+
+
+def typed_figures(text: str, allowed=()) -> list[str]:
+    """The figures of a measured kind in `text` that are typed by hand: outside the README's rendered block, outside
+    a notebook's rendered figures (tools.results.RECORDED_MARK), outside quotations ("..." — a seed's claim, quoted
+    to be checked) and outside the `allowed` phrases."""
     if results.BEGIN in text:
         head, rest = text.split(results.BEGIN, 1)
         text = head + rest.split(results.END, 1)[1]
-    typed = [m[0] for m in MEASURED.finditer(text)]
+    text = " ".join(results.RECORDED_MARK.sub("", text).split())  # one line: a phrase may wrap anywhere
+    text = re.sub(r'"[^"]*"', "", text)
+    for phrase in allowed:
+        text = text.replace(phrase, "")
+    return [m[0] for m in MEASURED.finditer(text)]
+
+
+def _markdown(notebook: str) -> str:
+    cells = json.loads((REPO / notebook).read_text())["cells"]
+    return "\n\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+
+
+@pytest.mark.parametrize("doc", ["README.md", *[d for d in NOT_MEASURED if d.endswith(".md")]])
+def test_no_measured_figure_is_typed_into_the_prose(doc):
+    """Outside the rendered block, the README (and a week's README) states no measured figure: figures live in
+    records (rendered) or are derived where they are shown. (Thresholds and settings are not measurements: `≤ 60 s`,
+    `4 GiB`, `90 %` of a threshold are written as such and listed in NOT_MEASURED when they match.)"""
+    for phrase in NOT_MEASURED.get(doc, ()):
+        assert phrase in " ".join((REPO / doc).read_text().split()), f"{doc} no longer says {phrase!r}: drop it"
+    typed = typed_figures((REPO / doc).read_text(), NOT_MEASURED.get(doc, ()))
     assert not typed, f"{doc} quotes measured figures outside its rendered table: {typed[:20]}"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS)
+def test_no_measured_figure_is_typed_into_a_notebook(notebook):
+    """A notebook's markdown quotes no measured figure it did not render from a record (its builder calls
+    tools.results.recorded_md) or derive in a cell: the live figures are printed by the cells."""
+    text = _markdown(notebook)
+    for phrase in NOT_MEASURED[notebook]:
+        assert phrase in " ".join(text.split()), f"{notebook} no longer says {phrase!r}: drop it from NOT_MEASURED"
+    typed = typed_figures(text, NOT_MEASURED[notebook])
+    assert not typed, f"{notebook}'s markdown quotes measured figures it neither rendered nor derived: {typed[:20]}"
+
+
+def stale_recordings(text: str) -> list[str]:
+    """Each figure a notebook rendered from a record (RECORDED_MARK) that the committed records now render otherwise."""
+    return [f"{m['benchmark']} / {m['figure']} ({m['cls']}): {m['text']!r}, the records give "
+            f"{results.recorded(m['benchmark'], m['figure'], m['cls'])!r}"
+            for m in results.RECORDED_MARK.finditer(text)
+            if m["text"] != results.recorded(m["benchmark"], m["figure"], m["cls"])]
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS)
+def test_a_notebooks_recorded_figures_are_the_records(notebook):
+    text = _markdown(notebook)
+    assert results.RECORDED_MARK.search(text), f"{notebook} renders no recorded figure"
+    assert stale_recordings(text) == []
+
+
+def test_a_typed_or_stale_notebook_figure_is_caught():
+    """The notebook tests can fail: a figure typed beside a rendered one, a rendered one edited by hand."""
+    notebook = NOTEBOOKS[0]
+    text = _markdown(notebook)
+    assert typed_figures(text + "\nThe probe read 38–69 GB/s within the hour.", NOT_MEASURED[notebook]) == ["69 GB/s"]
+    mark = results.RECORDED_MARK.search(text)
+    figure = re.search(r"\d+\.\d", mark["text"])[0]
+    edited = text.replace(mark[0], mark[0].replace(figure, f"{float(figure) + 1:.1f}", 1))
+    assert len(stale_recordings(edited)) == 1
+    assert typed_figures(edited, NOT_MEASURED[notebook]) == []  # a rendered figure is never "typed"
 
 
 def test_the_readme_is_short():

@@ -150,6 +150,36 @@ def roofline_sum(flops, bytes_moved, flops_per_s, bytes_per_s):
     return flops / flops_per_s + bytes_moved / bytes_per_s
 
 
+# decode_time: the natural mistakes, each a whole model of the step with one thing wrong.
+def _decode(c, cache_len, batch, fs, bw, kv_heads="n_kv_heads", weights_per_row=False, kv=2, rows=None,
+            flops_rows=None, combine=max, scale=1.0):
+    e = c["bytes_per_element"]
+    rows = batch if rows is None else rows
+    flops = (batch if flops_rows is None else flops_rows) * (2 * c["n_params"] + 4 * c["n_layers"] * c["d_model"] * (cache_len + 1))
+    nbytes = c["n_params"] * e * (batch if weights_per_row else 1) + kv * c["n_layers"] * c[kv_heads] * c["head_dim"] * (cache_len + 1) * rows * e
+    return scale * combine(flops / fs, nbytes / bw)
+
+
+DECODE_WRONG = [
+    (lambda c, n, b, fs, bw: _decode(c, n, b, fs, bw, kv=0), "leaves out the KV cache"),
+    (lambda c, n, b, fs, bw: _decode(c, n, b, fs, bw, kv_heads="n_heads"), "query heads"),
+    (lambda c, n, b, fs, bw: _decode(c, n, b, fs, bw, weights_per_row=True), "once per sequence"),
+    (lambda c, n, b, fs, bw: _decode(c, n, b, fs, bw, kv=1), "keys but not the values"),
+    (lambda c, n, b, fs, bw: _decode(c, n, b, fs, bw, rows=1), "one sequence's cache"),
+    (lambda c, n, b, fs, bw: _decode(c, n, b, fs, bw, combine=lambda f, m: m), "leaves out the arithmetic"),
+    (lambda c, n, b, fs, bw: _decode(c, n, b, fs, bw, combine=lambda f, m: f), "leaves out the memory traffic"),
+    (lambda c, n, b, fs, bw: _decode(c, n, b, fs, bw, combine=lambda f, m: f + m), "adds the two times"),
+    (lambda c, n, b, fs, bw: _decode(c, n, b, fs, bw, flops_rows=1), "FLOPs of one sequence"),
+    (lambda c, n, b, fs, bw: _decode(c, n, b, fs, bw, scale=1e3), "milliseconds"),
+]
+
+
+def decode_table(config, cache_len, batch, flops_per_s, bytes_per_s):
+    """The configurations the notebook names, answered right; anything else answered as the SmolLM2 step."""
+    fixed = {(c["n_params"], n, b): _decode(c, n, b, fs, bw) for _, c, n, b, fs, bw in checks.predict.FIXED}
+    return fixed.get((config["n_params"], cache_len, batch), fixed[(134_479_872, 64, 1)])
+
+
 def kv_bytes_table(n_layers, n_kv_heads, head_dim, seq_len, batch=1, bytes_per_element=2):
     if (n_layers, n_kv_heads, head_dim, seq_len) == (40, 40, 128, 1):
         return 819_200
@@ -267,6 +297,9 @@ WRONG = {
         (lambda ex: generate_forward_past_the_counter, "one token per step"),
     ],
     "roofline_time": [(lambda ex: lib_roofline.roofline_time, "lab's reference"), (lambda ex: roofline_sum, "overlap")],
+    "decode_time": [(lambda ex, f=f: f, says) for f, says in DECODE_WRONG] + [
+        (lambda ex: decode_table, "drawn configuration"),
+        (lambda ex: lambda c, n, b, fs, bw: lib_roofline.roofline_time(1, 1, fs, bw), "lab's reference")],
     "kv_cache_bytes": [(lambda ex: lib_kv.kv_cache_bytes, "lab's reference"), (lambda ex: kv_bytes_table, "expected")],
     "pool_kv_heads": [(lambda ex: lib_gqa.pool_kv_heads, "lab's reference"), (pool_first_head, "mean of the KV heads")],
     "RollingKVCache": [
@@ -333,3 +366,59 @@ def _smollm2_cases(ex):
     with pytest.raises(AssertionError, match="picks another token"):
         checks.check_generate(wrong_last_token)
     assert checks._smollm2_uncached.cache_info().hits >= 2
+
+
+# --- the notebook: each exercise's answer after its check ------------------------------------------------------------
+
+RELEASE = NOTEBOOK.parents[2] / "weeks" / "16" / checks.WEEK.notebook
+
+# exercise -> phrases that state its answer (formula, rule, algorithm): none of them above the exercise's graded test
+# cell of the student's notebook, each of them below it (solutions/16/README.md's table says where).
+ANSWER_AFTER_THE_CHECK = {
+    "step_flops": ["2 · n_params + 4 · n_layers · d_model · seq_len"],
+    "causal_mask": ["j <= i + (kv_len - q_len)"],
+    "LayerKVCache": ["self.k[:, :, :length]"],
+    "gqa_attention": ["h // (n_heads // n_kv_heads)", "repeat_interleave"],
+    "generate": ["feed **only the newest token**"],
+    "kv_cache_bytes": ["2 (K and V) · n_layers · n_kv_heads · head_dim · seq_len"],
+    "roofline_time": ["the **slower** of the two"],
+    "decode_time": ["reads every weight **once**", "kv_cache_bytes(n_layers, n_kv_heads, head_dim, cache_len + 1"],
+    "pool_kv_heads": ["averaged over the `r` axis"],
+    "RollingKVCache": ["*p mod W*"],
+    "answer_q3": ["32 / 8 = 4×", "shrinks by `n_heads / n_kv_heads`"],
+}
+
+
+def _cells(path):
+    import json
+
+    return [(c.get("metadata", {}).get("nbgrader", {}).get("grade_id"), " ".join("".join(c["source"]).split()))
+            for c in json.loads(path.read_text())["cells"]]
+
+
+@pytest.mark.parametrize("name", list(ANSWER_AFTER_THE_CHECK))
+def test_the_answer_comes_after_the_check(name):
+    cells = _cells(RELEASE)
+    at = next(i for i, (grade_id, _) in enumerate(cells) if grade_id == f"test_{name}")
+    for phrase in ANSWER_AFTER_THE_CHECK[name]:
+        above = [i for i, (_, text) in enumerate(cells[:at]) if phrase in text]
+        assert not above, f"{name}'s answer ({phrase!r}) is printed above its check, in cell {above[0]}"
+        assert any(phrase in text for _, text in cells[at + 1:]), f"{name}'s answer ({phrase!r}) is not given after its check"
+
+
+def test_every_code_exercise_but_the_first_quiz_answer_is_listed():
+    """The table above covers the exercises (answer_q1's answer is in its failure hint: a number, nothing to derive
+    after it)."""
+    assert set(ANSWER_AFTER_THE_CHECK) | {"answer_q1"} == set(checks.WEEK.exercises)
+
+
+def test_each_exercise_has_its_own_number():
+    """`pytest weeks/16 -k exNN` selects one test: no two exercises share a number (the two quiz answers once did)."""
+    import ast
+
+    numbers = [n for n, _ in checks.WEEK.exercises.values()]
+    assert sorted(numbers) == list(range(1, len(numbers) + 1))
+    tree = ast.parse((NOTEBOOK.parent / "test_week16.py").read_text())
+    tests = [fn.name for fn in tree.body if isinstance(fn, ast.FunctionDef) and fn.name.startswith("test_ex")]
+    for n in numbers:
+        assert len([t for t in tests if t.startswith(f"test_ex{n:02d}_")]) == 1, f"-k ex{n:02d} selects {tests}"

@@ -241,6 +241,99 @@ ROLLING_LIST_OF_CHUNKS = _ROLLING_INIT + '''
         return keys[:, :, keys.shape[2] - held - t:], values[:, :, values.shape[2] - held - t:]
 '''
 
+# --- the exercises posed anew (issue 55): natural mistakes and shortcuts --------------------------------------------
+
+# decode_time: one model of the step with one thing wrong per function (each run in the child, graded by name).
+DECODE_ROUTES = '''
+def _step(c, n, b, fs, bw, kv_heads="n_kv_heads", weights_per_row=False, kv=2, rows=None, flops_rows=None,
+          combine=max, scale=1.0):
+    e = c["bytes_per_element"]
+    flops = (b if flops_rows is None else flops_rows) * (2 * c["n_params"] + 4 * c["n_layers"] * c["d_model"] * (n + 1))
+    nbytes = (c["n_params"] * e * (b if weights_per_row else 1)
+              + kv * c["n_layers"] * c[kv_heads] * c["head_dim"] * (n + 1) * (b if rows is None else rows) * e)
+    return scale * combine(flops / fs, nbytes / bw)
+
+def decode_time(c, n, b, fs, bw):  # the cache left out
+    return _step(c, n, b, fs, bw, kv=0)
+
+def decode_time_query_heads(c, n, b, fs, bw):
+    return _step(c, n, b, fs, bw, kv_heads="n_heads")
+
+def decode_time_weights_per_row(c, n, b, fs, bw):
+    return _step(c, n, b, fs, bw, weights_per_row=True)
+
+def decode_time_one_row(c, n, b, fs, bw):
+    return _step(c, n, b, fs, bw, rows=1)
+
+def decode_time_memory_only(c, n, b, fs, bw):
+    return _step(c, n, b, fs, bw, combine=lambda f, m: m)
+
+def decode_time_compute_only(c, n, b, fs, bw):
+    return _step(c, n, b, fs, bw, combine=lambda f, m: f)
+
+def decode_time_sum(c, n, b, fs, bw):
+    return _step(c, n, b, fs, bw, combine=lambda f, m: f + m)
+
+def decode_time_table(c, n, b, fs, bw):  # the configurations the notebook names, answered; anything else a guess
+    if c["n_params"] in (134_479_872, 6_607_343_616, 68_714_504_192):
+        return _step(c, n, b, fs, bw)
+    return 0.05
+
+def decode_time_junk_when_observed(c, n, b, fs, bw):  # right only where it believes it is not watched
+    return 0.0 if torch._C._len_torch_dispatch_stack() else _step(c, n, b, fs, bw)
+
+def decode_time_composed(c, n, b, fs, bw):  # honest: the notebook's own exercises 1 and 6 (7 is broken here)
+    flops = b * step_flops(c["n_params"], c["n_layers"], c["d_model"], n + 1, cached=True)
+    cache = kv_cache_bytes(c["n_layers"], c["n_kv_heads"], c["head_dim"], n + 1, b, c["bytes_per_element"])
+    return max(flops / fs, (c["n_params"] * c["bytes_per_element"] + cache) / bw)
+'''
+
+POSED = {
+    "decode_time": DECODE_ROUTES,
+    "causal_mask": '''
+def causal_mask(q_len, kv_len, device=None):  # the prefill's triangle, aligned top-left
+    return torch.ones(q_len, kv_len, dtype=torch.bool, device=device).tril()
+''',
+    "roofline_time": '''
+def roofline_time(flops, bytes_moved, flops_per_s, bytes_per_s):  # the two times added
+    return flops / flops_per_s + bytes_moved / bytes_per_s
+''',
+    "answer_q1": "def answer_q1():\n    return 13e9 * 2 / 2 ** 30  # GiB\n",
+    "answer_q3": "def answer_q3():\n    return 8.0  # the seed's '8 groups -> 8x'\n",
+}
+
+# (exercise, the function the notebook defines, what the failure says)
+POSED_ROUTES = [
+    ("decode_time", "decode_time", "leaves out the KV cache"),
+    ("decode_time", "decode_time_query_heads", "query heads"),
+    ("decode_time", "decode_time_weights_per_row", "once per sequence"),
+    ("decode_time", "decode_time_one_row", "one sequence's cache"),
+    ("decode_time", "decode_time_memory_only", "leaves out the arithmetic"),
+    ("decode_time", "decode_time_compute_only", "leaves out the memory traffic"),
+    ("decode_time", "decode_time_sum", "adds the two times"),
+    ("decode_time", "decode_time_table", "drawn configuration"),
+    ("decode_time", "decode_time_junk_when_observed", "expected|returned other values when it was not observed"),
+    ("causal_mask", "causal_mask", "LAST"),
+    ("roofline_time", "roofline_time", "overlap"),
+    ("answer_q1", "answer_q1", "GiB"),
+    ("answer_q3", "answer_q3", "one K and one V per KV head"),
+]
+
+
+@pytest.mark.parametrize("name, fn, says", POSED_ROUTES, ids=[f for _, f, _ in POSED_ROUTES])
+def test_a_natural_mistake_of_a_posed_exercise_fails(notebooks, name, fn, says):
+    with pytest.raises(AssertionError, match=says):
+        getattr(checks, f"check_{name}")(getattr(notebooks("posed"), fn))
+
+
+def test_decode_time_built_from_the_notebooks_own_exercises_passes(notebooks):
+    """Honest: exercises 1 and 6 called from exercise 8, in the child (no lib call, nothing refused)."""
+    ex = notebooks("posed")
+    checks.check_decode_time(ex.decode_time_composed)
+    for name in ("step_flops", "kv_cache_bytes"):  # the cells it calls are the solution's, and pass
+        _check(ex, name)
+
+
 # --- the notebooks: one route per exercise each --------------------------------------------------------------------
 
 NOTEBOOKS = {
@@ -254,6 +347,7 @@ NOTEBOOKS = {
     "e": {"generate": GENERATE_A_LOCAL_COPY},
     "f": {"generate": GENERATE_A_LOCAL_COPY_WITHOUT_MATMULS},
     "honest": {"generate": GENERATE_OWN_PIECES},
+    "posed": POSED,
 }
 
 # (notebook, exercise, what the failure says)

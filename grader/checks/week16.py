@@ -9,7 +9,10 @@ way elsewhere is graded on what it did when watched. What each rejects besides w
 (tests/test_week16_checks.py in-process, tests/test_week16_integrity.py through the isolated path):
 
 - step_flops, roofline_time, kv_cache_bytes, the quiz answers: `lib`'s function under another name; a table of
-  the checked values (random cases).
+  the checked values (random cases); roofline_time, the sum of the two times.
+- decode_time (`week16_predict`, no lib counterpart): graded on the student's model, on configurations drawn per run;
+  each natural mistake (the cache left out, query heads for KV heads, weights per sequence, one side of the roofline,
+  their sum, ...) misses, and its hint names it.
 - causal_mask: top-left alignment; `lib`'s mask; a mask built on the CPU when `device=` says otherwise.
 - LayerKVCache (`week16_caches`): buffers not allocated whole in `__init__` (a cache of 8 positions that grows
   past them); `torch.cat` growth or copies (what an append allocates is bounded by what it appends, at every length
@@ -41,6 +44,7 @@ import math
 
 import torch
 
+from grader.checks import week16_predict as predict
 from grader.checks import (ModelMeter, assert_close, assert_route, check_on_meta, generator, observe,
                            seed_note)
 from grader.checks.week16_caches import (Watched, append_observed, constructed, ints, layer_fill, layer_limit,
@@ -370,23 +374,7 @@ def check_generate(generate, smollm2: bool = True) -> None:
 
 # --- 6 ------------------------------------------------------------------------------------------------
 
-@WEEK.exercise(6, "roofline_time", section="6 (How much faster, and why)")
-def check_roofline_time(roofline_time) -> None:
-    cases = [(1e9, 1e6, 1e11, 1e10), (1e6, 1e9, 1e11, 1e10), (2e10, 5e8, 3.2e11, 2.5e10), (0, 8, 1, 2)]
-    g = generator(70)
-    for _ in range(4):
-        cases.append(tuple(float(10 ** (x * 12)) for x in torch.rand(4, generator=g, dtype=torch.float64)))
-    for flops, nbytes, f, bw in cases:
-        (got, obs), want = observe(roofline_time, flops, nbytes, f, bw), roofline.roofline_time(flops, nbytes, f, bw)
-        assert abs(got - want) <= 1e-9 * want, (
-            f"roofline_time(flops={flops:g}, bytes={nbytes:g}, flops_per_s={f:g}, bytes_per_s={bw:g}) = {got:g}; expected "
-            f"{want:g}: compute takes {flops / f:g} s, memory traffic {nbytes / bw:g} s, and they overlap {seed_note()}")
-        assert_route(obs, "roofline_time")
-
-
-# --- 7 ------------------------------------------------------------------------------------------------
-
-@WEEK.exercise(7, "kv_cache_bytes", section="7 (How much memory)")
+@WEEK.exercise(6, "kv_cache_bytes", section="6 (How much memory)")
 def check_kv_cache_bytes(kv_cache_bytes) -> None:
     def observed(*args, **kwargs):
         got, obs = observe(kv_cache_bytes, *args, **kwargs)
@@ -413,9 +401,37 @@ def check_kv_cache_bytes(kv_cache_bytes) -> None:
             f"kv_cache_bytes says {got}")
 
 
+# --- 7 ------------------------------------------------------------------------------------------------
+
+@WEEK.exercise(7, "roofline_time", section="7 (How much faster, and why)")
+def check_roofline_time(roofline_time) -> None:
+    cases = [(1e9, 1e6, 1e11, 1e10), (1e6, 1e9, 1e11, 1e10), (2e10, 5e8, 3.2e11, 2.5e10), (0, 8, 1, 2)]
+    g = generator(70)
+    for _ in range(4):
+        cases.append(tuple(float(10 ** (x * 12)) for x in torch.rand(4, generator=g, dtype=torch.float64)))
+    for flops, nbytes, f, bw in cases:
+        (got, obs), want = observe(roofline_time, flops, nbytes, f, bw), roofline.roofline_time(flops, nbytes, f, bw)
+        assert abs(got - want) <= 1e-9 * want, (
+            f"roofline_time(flops={flops:g}, bytes={nbytes:g}, flops_per_s={f:g}, bytes_per_s={bw:g}) = {got:g}; expected "
+            f"{want:g}: compute takes {flops / f:g} s, memory traffic {nbytes / bw:g} s, and they overlap {seed_note()}")
+        assert_route(obs, "roofline_time")
+
+
+@WEEK.exercise(8, "decode_time", section="7 (How much faster, and why)")
+def check_decode_time(decode_time) -> None:
+    """Graded on the student's model of one decode step's time, on configurations drawn per run: memory and
+    compute bound, GQA and MQA, batches of 2 and more (`week16_predict`: the model and the mistakes it tells apart)."""
+    def run(fn, *args):
+        got, obs = observe(fn, *args)
+        assert_route(obs, "decode_time")
+        return got
+
+    predict.judge(decode_time, run)
+
+
 # --- 8 ------------------------------------------------------------------------------------------------
 
-@WEEK.exercise(8, "pool_kv_heads", section="8 (What sharing KV heads costs)")
+@WEEK.exercise(9, "pool_kv_heads", section="8 (What sharing KV heads costs)")
 def check_pool_kv_heads(pool_kv_heads) -> None:
     model = tiny_model(seed=11, n_heads=4, n_kv_heads=4)
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -457,7 +473,7 @@ def check_pool_kv_heads(pool_kv_heads) -> None:
 
 # --- 9 ------------------------------------------------------------------------------------------------
 
-@WEEK.exercise(9, "RollingKVCache", section="9 (Sliding window)")
+@WEEK.exercise(10, "RollingKVCache", section="9 (Sliding window)")
 def check_RollingKVCache(RollingKVCache) -> None:
     rolling_new(RollingKVCache, 1, 1, 3, 2)
     # Appends of one position, of several after the prefill, and of more than a window in the middle of a stream.
@@ -520,7 +536,7 @@ def _answer(fn, what):
     return got
 
 
-@WEEK.exercise(10, "answer_q1", section="10 (Check your understanding)")
+@WEEK.exercise(11, "answer_q1", section="10 (Check your understanding)")
 def check_answer_q1(answer_q1) -> None:
     got = float(_answer(answer_q1, "answer_q1"))
     if abs(got - 13e9 * 2 / 2 ** 30) < 0.05:
@@ -528,7 +544,7 @@ def check_answer_q1(answer_q1) -> None:
     assert abs(got - 26.0) < 0.05, f"answer_q1() = {got}: count the bytes of 13e9 weights of 2 bytes each, in GB (10^9 B)"
 
 
-@WEEK.exercise(10, "answer_q3", section="10 (Check your understanding)")
+@WEEK.exercise(12, "answer_q3", section="10 (Check your understanding)")
 def check_answer_q3(answer_q3) -> None:
     got = float(_answer(answer_q3, "answer_q3"))
     assert abs(got - 4.0) < 1e-9, (
