@@ -8,6 +8,12 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from tools.nbbuild import Notebook  # noqa: E402
+from tools.results import recorded_md  # noqa: E402
+
+EPYC = "amd-epyc-avx512"
+FAST_DECODE = "decode b1 n64: lib.generate (lib.fast, C++ step)"  # FastLlama's one-call C++ step, SmolLM2 fp32
+PACKED_DECODE = "decode b1 n64: lib.generate (lib.fast, packed)"
+MODEL_DECODE = "decode b1 n64: lib.generate (lib.model)"
 
 nb = Notebook()
 
@@ -502,7 +508,7 @@ verifies **token by token** — each position accepted or rejected given the pre
 that verify a **block** jointly accept strictly more in expectation (block verification, Sun et al. 2024): "no
 unbiased rejection scheme does better", as it is often quoted, is false.
 
-**Exercise 4.** Write `expected_rejections(p [n, V], q [n, V]) -> 0-dim tensor`: the expected number of rejected
+**Exercise 4 (derive).** Write `expected_rejections(p [n, V], q [n, V]) -> 0-dim tensor`: the expected number of rejected
 draft tokens when at each of the n positions a token is drawn from q_i and tested against p_i. Return it in the
 inputs' dtype and device; raise a `ValueError` for mismatched shapes; do not write into p or q.
 """)
@@ -707,8 +713,9 @@ for k in tqdm([2, 8], desc="prompt lookup, edit request"):
 """)
 
 nb.md(r"""
-**Exercise 5: your prompt-lookup draft.** Prompt lookup guesses that the text repeats itself: take the longest
-n-gram that ends the text (n from `max_ngram` down to `min_ngram`) and also occurs earlier, take its **latest**
+**Exercise 5 (practice): your prompt-lookup draft.** The rule is given here; turning it into a search with its
+edge cases (the longest n-gram, its latest occurrence, nothing when none matches) is the exercise. Prompt lookup
+guesses that the text repeats itself: take the longest n-gram that ends the text (n from `max_ngram` down to `min_ngram`) and also occurs earlier, take its **latest**
 earlier occurrence, and propose the (up to) k tokens that followed it there. No n-gram of at least `min_ngram`
 tokens seen before: propose nothing — which is adaptive K: the round verifies only what the draft is sure of.
 Write `lookup_draft(tokens: list[int], k, max_ngram=3, min_ngram=1) -> list[int]` (a `ValueError` for k < 0 or
@@ -1454,6 +1461,15 @@ What to read off (your numbers are above, with the load; a busy machine makes si
   for hours on tens of thousands of real conversations — the gap here is the data (template prompts, one topic
   list), not the construction, and `tools/train_draft_head.py` is where to spend more.
 * **Exactness never moved**: every run is checked identical to the target's greedy tokens.
+""")
+
+nb.md(f"""
+**Your target beside the lab's recorded runs.** `benchmarks/decode.py --record` decoded the same model greedily on the
+lab's machine: `FastLlama` with the one-call C++ step at {recorded_md("decode", FAST_DECODE, EPYC)}, with packed
+weights at {recorded_md("decode", PACKED_DECODE, EPYC)}, and `lib.model` at {recorded_md("decode", MODEL_DECODE, EPYC)}.
+Your target's figure is printed above with your machine's load; the two machines differ, and so does the kernel
+`lib.fast` chose (named above). Speculation competes with the target's own step: the faster that step, the less a
+verify step of K + 1 tokens saves.
 """)
 
 # --- 11 ------------------------------------------------------------------------------------------------------
