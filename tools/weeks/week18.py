@@ -697,19 +697,30 @@ so the n-gram guesses are right for long runs, and a long K is cheap where the v
 nb.code("""
 edit_ids = chat_ids(tok, EDIT_REQUEST, model.device)
 N_EDIT = 48
-edit_ref, edit_t = None, math.inf
-for _ in range(2):
-    sync(); t0 = time.perf_counter(); edit_ref = lib_generate(model, edit_ids, N_EDIT); sync()
-    edit_t = min(edit_t, time.perf_counter() - t0)
+edit_ref = lib_generate(model, edit_ids, N_EDIT)
 print(repr(tok.decode(edit_ref[0, edit_ids.shape[1]:])))
 lookup = lib_drafts.PromptLookupDraft(cfg.vocab_size, device=model.device)
-for k in tqdm([2, 8], desc="prompt lookup, edit request"):
-    st = SpecStats()
-    sync(); t0 = time.perf_counter()
-    ids = lib_speculative_generate(model, lookup, edit_ids, N_EDIT, k=k, stats=st, min_draft_prob=0.5)
-    sync(); dt = time.perf_counter() - t0
-    print(f"K={k}: {edit_t / dt:.2f}x the target's greedy ({N_EDIT / edit_t:.1f} tok/s), identical={torch.equal(ids, edit_ref)}, "
-          f"acceptance {st.acceptance_rate:.2f}, tokens per target call {st.tokens_per_call:.2f}")
+edit_out, edit_stats = {}, {}
+
+
+def edit_lookup(k):
+    def run():
+        edit_stats[k] = SpecStats()
+        edit_out[k] = lib_speculative_generate(model, lookup, edit_ids, N_EDIT, k=k, stats=edit_stats[k],
+                                               min_draft_prob=0.5)
+    return run
+
+
+conditions = Conditions.now()  # greedy and lookup at K = 2 and 8, interleaved: a disturbance falls on all three
+edit_timings = interleaved({"greedy": lambda: lib_generate(model, edit_ids, N_EDIT),
+                            **{f"lookup K={k}": edit_lookup(k) for k in (2, 8)}}, repeats=2, warmup=0, device=dev)
+conditions.done()
+edit_t = edit_timings["greedy"].best
+for k, st in edit_stats.items():
+    print(f"K={k}: {edit_t / edit_timings[f'lookup K={k}'].best:.2f}x the target's greedy ({N_EDIT / edit_t:.1f} tok/s), "
+          f"identical={torch.equal(edit_out[k], edit_ref)}, acceptance {st.acceptance_rate:.2f}, tokens per target "
+          f"call {st.tokens_per_call:.2f}")
+print(report(edit_timings, conditions, unit="s", scale=1.0))
 """)
 
 nb.md(r"""
