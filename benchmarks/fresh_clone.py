@@ -48,6 +48,10 @@ def main() -> int:
     from lib.records import Record
     from lib.timing import Conditions
 
+    if subprocess.run(["git", "rev-parse", "--verify", "-q", "HEAD"], cwd=ROOT, capture_output=True).returncode:
+        print(f"{ROOT} is not a git checkout with a commit: this script clones a checkout's HEAD, as CI does. Run it "
+              "in your clone of the lab (`git clone ...`), after committing what you want measured.", file=sys.stderr)
+        return 2
     conditions, record = Conditions.now(), Record("fresh-clone")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "INFERENCE_LAB_", "PYTEST"))}
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if ".venv" not in p)

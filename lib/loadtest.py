@@ -5,6 +5,7 @@ it (TPOT). Used by benchmarks/load.py (the command line) and week 21's notebook.
     from lib.loadtest import run_load_test
     row = run_load_test("http://127.0.0.1:8000/v1", "SmolLM2-135M-Instruct", rate=1.0, n_requests=16, max_tokens=32)
     row["throughput"], row["ttft50"], row["ttft95"], row["tpot50"], row["tpot95"], row["kv"]
+    row["requests"]  # each answered request: its ttft, tpot, e2e (submission to last piece, s) and chunks (pieces)
 
 Traffic goes only to the URL given; the number of requests and the run's time are bounded.
 """
@@ -17,6 +18,8 @@ import statistics
 import threading
 import time
 
+from lib.engine_load import percentile
+
 SYSTEM = ("You are the help desk of a small public library. Answer in one or two short sentences, politely and "
           "plainly. The library opens at nine in the morning and closes at six in the evening on weekdays, and "
           "at one on Saturdays; it is closed on Sundays. Members may borrow up to eight books for three weeks.")
@@ -25,9 +28,6 @@ QUESTIONS = ["When do you open on Saturday?", "How many books can I borrow?", "A
              "Is the library open at eight in the morning?", "Who can borrow books?",
              "What are your weekday hours?", "Can I come in on Sunday afternoon?",
              "Do you close early on Saturdays?", "How long is the loan period?"]
-def pct(values, q):
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
 
 
 def kv_utilization(base_url: str) -> float | None:
@@ -42,8 +42,9 @@ def kv_utilization(base_url: str) -> float | None:
 
 
 def run_load_test(base_url: str, model: str, rate: float, n_requests: int, max_tokens: int, seed: int,
-             max_seconds: float) -> dict:
-    """Send `n_requests` streamed chat requests with Poisson arrivals at `rate` per second; measure each."""
+                  max_seconds: float, ignore_eos: bool = False) -> dict:
+    """Send `n_requests` streamed chat requests with Poisson arrivals at `rate` per second; measure each.
+    `ignore_eos`: every answer runs to `max_tokens` (vLLM's extra field, which the lab's server takes too)."""
     from openai import OpenAI
 
     client = OpenAI(base_url=base_url, api_key=os.environ.get("OPENAI_API_KEY", "none"), max_retries=0,
@@ -69,6 +70,7 @@ def run_load_test(base_url: str, model: str, rate: float, n_requests: int, max_t
         try:
             stream = client.chat.completions.create(
                 model=model, stream=True, max_tokens=max_tokens, temperature=0, seed=i,
+                extra_body={"ignore_eos": True} if ignore_eos else None,
                 messages=[{"role": "system", "content": SYSTEM},
                           {"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}])
             for chunk in stream:
@@ -84,7 +86,7 @@ def run_load_test(base_url: str, model: str, rate: float, n_requests: int, max_t
         with lock:
             results.append({"ttft": stamps[0] - t0 if stamps else float("nan"), "chunks": len(stamps),
                             "tpot": (stamps[-1] - stamps[0]) / (len(stamps) - 1) if len(stamps) > 1 else None,
-                            "end": stamps[-1] if stamps else t0})
+                            "e2e": stamps[-1] - t0 if stamps else float("nan"), "end": stamps[-1] if stamps else t0})
 
     kv: list[float] = []
     stop = threading.Event()
@@ -111,9 +113,10 @@ def run_load_test(base_url: str, model: str, rate: float, n_requests: int, max_t
     return {"rate": rate, "ok": len(ok), "failed": len(results) - len(ok), "sent": n_requests,
             "errors": sorted({r["error"][:120] for r in results if "error" in r}),
             "throughput": tokens / wall if ok else float("nan"),
-            "ttft50": pct([r["ttft"] for r in ok], 0.5), "ttft95": pct([r["ttft"] for r in ok], 0.95),
-            "tpot50": pct([r["tpot"] for r in ok if r["tpot"]], 0.5),
-            "tpot95": pct([r["tpot"] for r in ok if r["tpot"]], 0.95),
-            "kv": statistics.fmean(kv) if kv else None}
+            "ttft50": percentile([r["ttft"] for r in ok], 50), "ttft95": percentile([r["ttft"] for r in ok], 95),
+            "tpot50": percentile([r["tpot"] for r in ok if r["tpot"]], 50),
+            "tpot95": percentile([r["tpot"] for r in ok if r["tpot"]], 95),
+            "kv": statistics.fmean(kv) if kv else None,
+            "requests": [{k: r[k] for k in ("ttft", "tpot", "e2e", "chunks")} for r in ok]}
 
 

@@ -470,9 +470,10 @@ def test_ops_hidden_from_the_dispatch_modes_are_a_verdict(course_root, tmp_path,
     path.write_text(json.dumps(_edit(honest, "gqa_attention", _SDPA_ROUTE + _ATTENTION_BY + _UNSEEN[route])))
     ex = load_exercises(path)
     try:
-        # (torch.library's registration reads sys._getframe from the notebook's frame: the first verdict named)
+        # (torch.library's registration reads sys._getframe from the notebook's frame: the first verdict named; a
+        # custom op that registers unseen still reaches the dispatch modes as an op the op table cannot classify)
         with pytest.raises(AssertionError, match="dispatch|redispatched|registered|torch.library|sys._getframe|"
-                                                 "compiled code under the file name"):
+                                                 "compiled code under the file name|which the checks cannot classify"):
             checks.check_gqa_attention(ex.gqa_attention)
     finally:
         ex.close()

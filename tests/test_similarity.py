@@ -142,7 +142,9 @@ def test_the_instructors_screen_names_the_match_and_its_share(monkeypatch):
     assert ref == "lib's lib.serving.TextStream"
     status = {"reference_use": ["TextStream", "ServingLoop"],
               "reference_use_why": {"TextStream": why, "ServingLoop": "`ServingLoop` ran lib's lib.serving.ServingLoop"}}
-    assert reference_use_text(status) == [f"TextStream (copy of lib.serving.TextStream {max(tok, st):.0%})", "ServingLoop"]
+    # a reference use that is not a copy says what it ran, in one line
+    assert reference_use_text(status) == [f"TextStream (copy of lib.serving.TextStream {max(tok, st):.0%})",
+                                          "ServingLoop (`ServingLoop` ran lib's lib.serving.ServingLoop)"]
     solution_why = why.replace("lib's lib.serving.TextStream", "the instructor's solution (its `TextStream._take`)")
     assert similarity.match_label(solution_why) == f"the solution's TextStream._take {max(tok, st):.0%}"
 
