@@ -25,7 +25,8 @@ trusted side (`grader.copies`) gives them as `common`, and they are taken out of
 
 The units compared: every function and method alone; every class as a whole (all its methods: methods of a few
 lines are judged together); every function or class together with the functions of the same file or notebook it
-calls by name, however deep (a copy split across helpers; an exercise's graded function is the student's own
+calls by name, however deep, or reaches through a module-level table or a name in a string (`_OPS = {"t": _tile}`,
+`globals()["_tile"]`) (a copy split across helpers; an exercise's graded function is the student's own
 answer to it and is not counted into another's). The code the release itself gives (outside `### BEGIN/END
 SOLUTION`) is taken out of both sides. A unit with `TOKEN_THRESHOLD` of the tokens of a reference unit (the side
 the share is of having at least `MIN_FINGERPRINTS` fingerprints), or `THRESHOLD` of the statements of one of at
@@ -333,6 +334,19 @@ class Source:
                  for key, tree, copy in trees]
         names = {q.rsplit(".", 1)[-1] for _, defs, _, _ in found for q in defs}  # what it defines: its own names
         self.units, self.calls, self.members, self.where = {}, {}, {}, {}
+        # A function reached through a module-level name rather than by its own (`_OPS = {"t": _tile}`, then
+        # `_OPS["t"](...)`): each global a top-level statement mentions links to the source's functions and classes
+        # that statement names, so a unit that uses the global uses them.
+        links: dict[str, set[str]] = {}
+        imported = {(a.asname or a.name).split(".")[0] for _, tree, _ in trees for n in ast.walk(tree)
+                    if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+        names_and_modules = names | imported
+        for _, tree, _ in trees:
+            for stmt in tree.body:
+                if isinstance(stmt, (*_DEFS, ast.ClassDef)):
+                    continue
+                for g in _bound(stmt) - names_and_modules:
+                    links.setdefault(g, set()).update(_referenced(stmt) & names)
         for key, defs, rewritten, roots in found:
             context = {}  # a definition's names are normalised as those of the outermost one it is in
             for root in roots:
@@ -353,7 +367,8 @@ class Source:
                 else:
                     unit = _unit(rewritten[qual], *context[id(node)])
                 self.units[name] = unit
-                self.calls[name] = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} & names
+                used = _referenced(node)
+                self.calls[name] = (used & names).union(*(links.get(g, ()) for g in used - names))
                 self.where[name] = key
 
     def closure(self, name: str, exclude=frozenset()) -> tuple[Unit, list[str]]:
@@ -372,6 +387,41 @@ class Source:
                     helpers.append(q)
                     todo.append(q)
         return unit, helpers
+
+
+def _referenced(node: ast.AST) -> set[str]:
+    """The names `node` uses: its identifiers, and its string constants that are identifiers (a function looked up
+    as `globals()["_tile"]` or `getattr(module, "_tile")`)."""
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | {
+        n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+        and n.value.isidentifier()}
+
+
+_FILLS = {"update", "append", "extend", "insert", "add", "setdefault", "__setitem__"}  # methods that store into a global
+
+
+def _bound(stmt: ast.stmt) -> set[str]:
+    """The globals a top-level statement fills: assigned (`_OPS = {...}`, `_OPS["t"] = f`, `a, b = f, g`) or changed by
+    a method (`_OPS.update(t=f)`, `_OPS.append(f)`); an import or a use is not a binding of what it uses."""
+    def base(node):
+        while isinstance(node, (ast.Subscript, ast.Attribute, ast.Starred)):
+            node = node.value
+        return node
+
+    targets = []
+    if isinstance(stmt, ast.Assign):
+        targets = stmt.targets
+    elif isinstance(stmt, (ast.AugAssign, ast.AnnAssign)):
+        targets = [stmt.target]
+    elif (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and isinstance(stmt.value.func, ast.Attribute)
+          and stmt.value.func.attr in _FILLS):
+        targets = [stmt.value.func.value]
+    found = set()
+    for t in targets:
+        for n in ast.walk(t) if isinstance(t, (ast.Tuple, ast.List)) else [t]:
+            if isinstance(base(n), ast.Name):
+                found.add(base(n).id)
+    return found
 
 
 def _roots(tree: ast.AST) -> list[ast.AST]:
