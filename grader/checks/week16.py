@@ -221,7 +221,9 @@ def check_gqa_attention(gqa_attention) -> None:
                                                           f"output in the inputs' dtype)", atol=atol, rtol=atol)
     g = generator(61)
     q, k, v = torch.randn(1, 6, 7, 24, generator=g), torch.randn(1, 2, 9, 24, generator=g), torch.randn(1, 2, 9, 24, generator=g)
-    _, obs = observe(gqa_attention, q, k, v, causal=True)
+    got, obs = observe(gqa_attention, q, k, v, causal=True)
+    _close(got, ref_gqa_attention(q, k, v, causal=True), "gqa_attention (q [1, 6, 7, 24], k [1, 2, 9, 24], causal), the "
+           "call whose route is judged", atol=1e-5, rtol=1e-5)
     assert_route(obs, "gqa_attention", lib_allowed=("lib.masks.causal_mask",),
                  forbidden_ops=("aten._scaled_dot_product", "aten.scaled_dot_product", "aten._flash_attention"),
                  why="Write softmax(q kᵀ/√d) v with your causal_mask yourself.")

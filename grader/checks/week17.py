@@ -152,7 +152,9 @@ def check_online_softmax(online_softmax) -> None:
     _close(online_softmax(x, 4), torch.softmax(x, dim=-1), "online_softmax on a non-contiguous float64 input", 1e-12)
     # The technique: no reduction may see more than one chunk of a row.
     x = torch.randn(4, 200, generator=g)
-    _, obs = observe(online_softmax, x, 16)
+    got, obs = observe(online_softmax, x, 16)
+    _close(got, torch.softmax(x, dim=-1), "online_softmax(x [4, 200], chunk_size=16), the call whose route is judged",
+           1e-6, 1e-5)
     assert_route(obs, "online_softmax(x [4, 200], chunk_size=16)", forbidden_ops=("aten._softmax", "aten._log_softmax"),
                  max_extent=16, why="Read each row 16 entries at a time, keeping a running max and a rescaled running sum.")
     check_on_meta(online_softmax, (x, 16), "online_softmax")
