@@ -145,6 +145,9 @@ DISPATCH_OFF = "<code ran with the observers' dispatch switched off>"
 # An operator registered after grader.observe was imported (torch.library: the observed code's own): the observers
 # see the operator, not what its kernel runs.
 OWN_OPERATOR = "<an operator of the observed code's own>"
+# An op the observers could not record (their own code raised on its arguments: a tensor subclass without storage,
+# say): counted among Observation.ops, the op itself ran as it would unobserved.
+UNRECORDED = "<an op the observers could not record>"
 _OPS_AT_START = frozenset(name.split(".")[0] for name in torch._C._dispatch_get_all_op_names())
 
 
@@ -404,6 +407,10 @@ class Recording:
                 self.flops += formula(*args, **kwargs, out_val=out)
         self.meter.note(args, kwargs, out)
 
+    def failed(self, func) -> None:
+        self.obs.ops[UNRECORDED] += 1
+        self.obs.ops[f"{UNRECORDED} {getattr(func, '__name__', func)}"] += 1
+
     def start(self, collect: bool = True) -> None:
         """Just before the call, inside the observers (`collect`: the garbage collector runs first, for `host`)."""
         if self.kernels is not None:
@@ -544,6 +551,9 @@ def warm_up() -> None:
     it inside the next exercise's limit."""
     _WARMED.append(True)
     observe(lambda: torch.zeros(2) + 1)
+    # tracemalloc's snapshots and the read counters import modules of their own: not mid-call, where a check's
+    # first such observation would show the notebook's code modules that no other call has
+    observe(lambda x: (x + 1)[x.long()], torch.zeros(2), _observe_host=True, _observe_reads=(0,))
 
 
 def to_wire(obs: Observation) -> dict:

@@ -37,8 +37,10 @@ def _composite(func) -> bool:
 
 
 class Observers(TorchDispatchMode):
-    """Runs every op, and tells `recordings` (objects with `before(func, args, kwargs)` and `after(func, args,
-    kwargs, out, counted)`) about it. `counted` is False for a decomposed op, whose parts were counted themselves."""
+    """Runs every op, and tells `recordings` (objects with `before(func, args, kwargs)`, `after(func, args, kwargs,
+    out, counted)` and `failed(func)`) about it. `counted` is False for a decomposed op, whose parts were counted
+    themselves. What a recording raises is its own failure (`failed`), never the op's: a recorded call behaves as an
+    unrecorded one (a tensor subclass whose storage cannot be read fails no op because it is observed)."""
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:  # see grader.observe._without_dynamo_import
@@ -52,20 +54,30 @@ class Observers(TorchDispatchMode):
         kwargs = kwargs or {}
         recordings = self.recordings
         for r in recordings:
-            r.before(func, args, kwargs)
-        composite = _COMPOSITE.get(func)
-        if composite is None:
+            try:
+                r.before(func, args, kwargs)
+            except Exception:  # noqa: BLE001  (a recording never changes what the op does: noted, not raised)
+                r.failed(func)
+        try:
+            composite = _COMPOSITE[func]
+        except KeyError:
             composite = _composite(func)
         if composite:
             with self:
                 out = func.decompose(*args, **kwargs)
             if out is not NotImplemented:
                 for r in recordings:
-                    r.after(func, args, kwargs, out, False)
+                    try:
+                        r.after(func, args, kwargs, out, False)
+                    except Exception:  # noqa: BLE001
+                        r.failed(func)
                 return out
         out = func(*args, **kwargs)
         for r in recordings:
-            r.after(func, args, kwargs, out, True)
+            try:
+                r.after(func, args, kwargs, out, True)
+            except Exception:  # noqa: BLE001
+                r.failed(func)
         return out
 
 
