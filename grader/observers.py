@@ -22,18 +22,22 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 _COMPOSITE_KEY = torch._C.DispatchKey.CompositeImplicitAutograd
-_COMPOSITE: dict = {}  # op -> whether it runs as its CompositeImplicitAutograd decomposition (fixed per op)
+# op -> (whether it runs as its CompositeImplicitAutograd decomposition, what runs it otherwise): fixed per op. An
+# OpOverload runs through its C++ handle (`_op`, what its `__call__` calls), one Python frame less on every op.
+_PLAN: dict = {}
 
 
-def _composite(func) -> bool:
+def _plan(func) -> tuple:
     try:
-        found = (isinstance(func, torch._ops.OpOverload) and func is not torch.ops.prim.device.default
-                 and (_COMPOSITE_KEY in func.py_kernels
-                      or torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), _COMPOSITE_KEY)))
+        overload = isinstance(func, torch._ops.OpOverload)
+        composite = (overload and func is not torch.ops.prim.device.default
+                     and (_COMPOSITE_KEY in func.py_kernels
+                          or torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), _COMPOSITE_KEY)))
+        run = func._op if overload and type(func).__call__ is torch._ops.OpOverload.__call__ else func
     except Exception:  # noqa: BLE001  (an operator torch cannot describe is run as it is)
-        found = False
-    _COMPOSITE[func] = found
-    return found
+        composite, run = False, func
+    _PLAN[func] = (composite, run)
+    return composite, run
 
 
 class Observers(TorchDispatchMode):
@@ -59,9 +63,9 @@ class Observers(TorchDispatchMode):
             except Exception:  # noqa: BLE001  (a recording never changes what the op does: noted, not raised)
                 r.failed(func)
         try:
-            composite = _COMPOSITE[func]
+            composite, run = _PLAN[func]
         except KeyError:
-            composite = _composite(func)
+            composite, run = _plan(func)
         if composite:
             with self:
                 out = func.decompose(*args, **kwargs)
@@ -72,7 +76,7 @@ class Observers(TorchDispatchMode):
                     except Exception:  # noqa: BLE001
                         r.failed(func)
                 return out
-        out = func(*args, **kwargs)
+        out = run(*args, **kwargs)
         for r in recordings:
             try:
                 r.after(func, args, kwargs, out, True)
