@@ -121,39 +121,45 @@ class _Entry:
 
     def __init__(self, scope: Scope, job: Job | None):
         self.scope, self.job = scope, job
-        self.outermost, self.device, self.before = False, None, ()
+        self.outermost, self.device, self.before, self.prof, self.started = False, None, (), None, False
 
     def __enter__(self):
         scope, child, job = self.scope, self.scope.child, self.job
         child.watching += 1
-        self.outermost = scope.mode is None
-        if self.outermost:
-            scope.mode, scope.kernels = Observers(), TritonWatch()
-            scope.mode.__enter__()
-            scope.kernels.__enter__()
-        self.previous = _getprofile()
-        self.prof = scope.hook(child.current_root)
-        _setprofile(self.prof)
-        if job is not None and job.device is not None:
-            import torch
+        try:
+            if scope.mode is None:
+                mode, kernels = Observers(), TritonWatch()
+                mode.__enter__()
+                scope.mode, self.outermost = mode, True
+                kernels.__enter__()
+                scope.kernels = kernels
+            self.previous = _getprofile()
+            self.prof = scope.hook(child.current_root)
+            _setprofile(self.prof)
+            if job is not None and job.device is not None:
+                import torch
 
-            self.device = torch.device(job.device)
-            self.device.__enter__()
-        if self.outermost:
-            scope.collect()
-        rec = job.recording if job is not None else None
-        if rec is not None:
-            self.before = scope.mode.recordings
-            rec.kernels = scope.kernels
-            rec.start(collect=False)
-            scope.mode.recordings = self.before + (rec,)
-            if not rec.light:
-                scope.profiles.append(rec.hook)
+                self.device = torch.device(job.device)
+                self.device.__enter__()
+            if self.outermost:
+                scope.collect()
+            rec = job.recording if job is not None else None
+            if rec is not None:
+                self.before = scope.mode.recordings
+                rec.kernels = scope.kernels
+                rec.start(collect=False)
+                self.started = True
+                scope.mode.recordings = self.before + (rec,)
+                if not rec.light:
+                    scope.profiles.append(rec.hook)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
         return self
 
     def __exit__(self, *exc):
         scope, child, job = self.scope, self.scope.child, self.job
-        rec = job.recording if job is not None else None
+        rec = job.recording if job is not None and self.started else None
         try:
             if rec is not None:
                 if not rec.light and rec.hook in scope.profiles:
@@ -162,26 +168,38 @@ class _Entry:
                 rec.stop()
             if self.device is not None:
                 self.device.__exit__(None, None, None)
-            if _getprofile() is not self.prof:
-                child.guard.flag(child.current_root, "switched off the grader's watch of its calls (sys.setprofile)")
-                if rec is not None:
-                    rec.obs.ops[WATCH_REMOVED] += 1
-            _setprofile(self.previous)
+            if self.prof is not None:
+                if _getprofile() is not self.prof:
+                    child.guard.flag(child.current_root, "switched off the grader's watch of its calls (sys.setprofile)")
+                    if rec is not None:
+                        rec.obs.ops[WATCH_REMOVED] += 1
+                _setprofile(self.previous)
         finally:
             if self.outermost:
                 mode, kernels = scope.mode, scope.kernels
                 scope.mode = scope.kernels = None
                 try:
-                    kernels.__exit__(None, None, None)
-                    if any(_TRITON_REPLACED in p for p in kernels.problems):
-                        child.guard.flag(child.current_root, f"the grader's {_TRITON_REPLACED} during the call")
+                    if kernels is not None:
+                        kernels.__exit__(None, None, None)
+                        if any(_TRITON_REPLACED in p for p in kernels.problems):
+                            child.guard.flag(child.current_root, f"the grader's {_TRITON_REPLACED} during the call")
                 finally:
                     try:
+                        _pop_to(mode)
                         mode.__exit__(None, None, None)
                     except Exception:  # noqa: BLE001  (the stack popped by the notebook's code: a verdict already)
                         pass
             child.watching -= 1
         return False
+
+
+def _pop_to(mode) -> None:
+    """Modes the notebook's code pushed and left on the stack above ours go: the next call starts as every other."""
+    import torch
+    from torch.utils import _python_dispatch as pd
+
+    while torch._C._len_torch_dispatch_stack() > 1 and pd._get_current_dispatch_mode() is not mode:
+        pd._pop_mode()
 
 
 class Calls:
@@ -294,11 +312,11 @@ class Rerun:
 
         copier = _Copier()
         try:
-            if isinstance(target, (types.FunctionType, type)):
+            if issubclass(type(target), (types.FunctionType, type)):
                 fn, what = target, "its arguments"
-            elif isinstance(target, types.MethodType) and isinstance(target.__self__, type):
+            elif type(target) is types.MethodType and issubclass(type(target.__self__), type):
                 fn, what = target, "its arguments"  # a classmethod: its class is not copied
-            elif isinstance(target, types.MethodType) and isinstance(target.__func__, types.FunctionType):
+            elif type(target) is types.MethodType and type(target.__func__) is types.FunctionType:
                 fn, what = types.MethodType(target.__func__, copier.copy(target.__self__)), "its arguments and its object"
             elif _instance(type(target)) and callable(target):
                 fn, what = copier.copy(target), "its arguments and the object"
@@ -389,7 +407,7 @@ class _Copier:
         import torch
 
         t = type(v)
-        if t in (torch.dtype, torch.device, torch.Size, torch.layout, torch.memory_format) or isinstance(v, _SHARED):
+        if t in (torch.dtype, torch.device, torch.Size, torch.layout, torch.memory_format) or issubclass(t, _SHARED):
             return v
         if t in (torch.Tensor, torch.nn.Parameter):
             return self._tensor(v, t)
@@ -413,8 +431,9 @@ class _Copier:
             out = t(v.default_factory) if t is collections.defaultdict else t()
             dict.update(out, items)
             return out
-        if isinstance(v, types.MethodType) and isinstance(v.__func__, types.FunctionType):
-            return types.MethodType(v.__func__, v.__self__ if isinstance(v.__self__, type) else self.copy(v.__self__, depth))
+        if t is types.MethodType and type(v.__func__) is types.FunctionType:
+            owner = v.__self__
+            return types.MethodType(v.__func__, owner if issubclass(type(owner), type) else self.copy(owner, depth))
         if _instance(t):
             return self._object(v, t, depth)
         raise _NotCopied(t.__name__)
@@ -498,8 +517,9 @@ def _same(a, b) -> bool:
     notebook's are judged by the checks, here only by their class."""
     import torch
 
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+    ta, tb = issubclass(type(a), torch.Tensor), issubclass(type(b), torch.Tensor)  # (no `__class__` of theirs read)
+    if ta or tb:
+        if not (ta and tb):
             return False
         if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
             return False

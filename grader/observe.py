@@ -163,7 +163,7 @@ def _tensors(values) -> list:
     """The tensors among `values` (one level into lists and tuples)."""
     out = []
     for v in values:
-        out += [t for t in (v if isinstance(v, (list, tuple)) else [v]) if isinstance(t, torch.Tensor)]
+        out += [t for t in (v if issubclass(type(v), (list, tuple)) else [v]) if issubclass(type(t), torch.Tensor)]
     return out
 
 
@@ -318,8 +318,8 @@ def argument_storages(args, kwargs) -> set[int]:
     """Data pointers of the storages of the tensors among `args` and `kwargs` (one level into lists/tuples)."""
     found = set()
     for a in list(args) + list(kwargs.values()):
-        for t in (a if isinstance(a, (list, tuple)) else [a]):
-            if isinstance(t, torch.Tensor) and t.device.type != "meta" and t.untyped_storage().data_ptr():
+        for t in (a if type(a) in (list, tuple) else [a]):  # (type: no `__class__` of the notebook's objects read)
+            if issubclass(type(t), torch.Tensor) and t.device.type != "meta" and t.untyped_storage().data_ptr():
                 found.add(t.untyped_storage().data_ptr())
     return found
 
@@ -346,11 +346,11 @@ class Recording:
         self.host = HostMeter() if host and not self.light else None
         counted, self.reading = {}, {}
         for i in reads:
-            if isinstance(args[i], torch.Tensor) and args[i].device.type != "meta":
+            if issubclass(type(args[i]), torch.Tensor) and args[i].device.type != "meta":
                 self.reading[i] = counted[args[i].untyped_storage().data_ptr()] = _ReadCounter(args[i])
         self.recorder = OpRecorder(obs, argument_storages(args, kwargs or {}), counted)
-        self.inputs = {i: a for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
-        self.inputs.update({k: a for k, a in (kwargs or {}).items() if isinstance(a, torch.Tensor)})
+        self.inputs = {i: a for i, a in enumerate(args) if issubclass(type(a), torch.Tensor)}
+        self.inputs.update({k: a for k, a in (kwargs or {}).items() if issubclass(type(a), torch.Tensor)})
         self.kernels = None  # the TritonWatch the call runs under, set by whoever runs it
         self._kernels_before = self._kernel_records = None
         self.remote: list[Observation] = []  # calls observed in the student's process during this one (`merge`)
@@ -448,7 +448,7 @@ class Recording:
         obs.lib_calls = self.seen
         records = self._kernel_records
         if records is not None and (records.launches or records.problems):
-            obs.kernel = records.summary(self.inputs, _tensors(result if isinstance(result, (list, tuple)) else [result]))
+            obs.kernel = records.summary(self.inputs, _tensors(result if issubclass(type(result), (list, tuple)) else [result]))
             obs.kernel_launches, obs.kernel_dots = list(records.launches), list(records.dots)
         obs.reads = {i: counter.per_slice() for i, counter in self.reading.items()}
         for other in self.remote:

@@ -347,3 +347,74 @@ def test_observe_many_observes_every_call_and_makes_each_again(tmp_path):
     assert any("returned other values when called a second time" in why for why in verdicts.get("online_softmax", []))
     with pytest.raises(AssertionError, match="returned other values when called a second time"):
         week17.check_online_softmax(spotted.online_softmax)
+
+
+def test_the_second_runs_copies_run_none_of_the_notebooks_code():
+    """The object of a method and the arguments are copied before an observed call without running the notebook's
+    code (which would tell it that a second run is coming): no `__deepcopy__`, `__reduce_ex__`, `__getstate__`,
+    `__init__`, `__getattribute__`, `__setattr__`, `__hash__`. Views keep sharing the copied storage; what cannot be
+    copied that way is not (no second run)."""
+    import random
+
+    from grader.child_observe import Rerun
+
+    ran = []
+
+    class Key:
+        def __hash__(self):
+            ran.append("__hash__")
+            return 1
+
+    class Cache:
+        __slots__ = ("buf", "view", "n", "__dict__")
+
+        def __init__(self):
+            ran.append("__init__")
+
+        def __deepcopy__(self, memo):
+            ran.append("__deepcopy__")
+
+        def __reduce_ex__(self, protocol):
+            ran.append("__reduce_ex__")
+
+        def __getstate__(self):
+            ran.append("__getstate__")
+
+        def __getattribute__(self, name):
+            if name not in ("buf", "view", "n", "append", "rows"):  # `__class__` too: isinstance reads it
+                ran.append("__getattribute__ " + name)
+            return object.__getattribute__(self, name)
+
+        def __setattr__(self, name, value):
+            ran.append("__setattr__")
+            object.__setattr__(self, name, value)
+
+        def append(self, x):
+            self.buf[self.n] = x
+            self.n += 1
+            return self.view[:self.n].clone()
+
+        def __call__(self, x):
+            return self.append(x)
+
+    cache = object.__new__(Cache)
+    object.__setattr__(cache, "buf", torch.zeros(4, 2))
+    object.__setattr__(cache, "view", cache.buf[:, :])
+    object.__setattr__(cache, "n", 0)
+    cache.__dict__["rows"] = [1, (2, 3), {"k": torch.ones(1)}]
+    ran.clear()
+    again = Rerun.of(cache.append, (torch.ones(2),), {})
+    assert again is not None and ran == []
+    called = Rerun.of(cache, (torch.ones(2),), {})  # the object itself, called
+    assert called is not None and type(called.fn) is Cache and called.fn is not cache and ran == []
+    twin = again.fn.__self__
+    assert twin is not cache and twin.buf.data_ptr() != cache.buf.data_ptr()
+    assert twin.view.data_ptr() == twin.buf.data_ptr()  # the view shares the copied buffer, as it shared the original
+    assert twin.rows == [1, (2, 3), {"k": torch.ones(1)}] and twin.rows is not cache.rows
+    cache.append(torch.ones(2))
+    assert twin.n == 0 and not twin.buf.any()  # taken before the call: the call changed the original only
+    keyed = {Key(): 1}
+    ran.clear()
+    assert Rerun.of(cache.append, (keyed,), {}) is None and ran == []  # a dict keyed by an object of the notebook's
+    object.__setattr__(cache, "n", random.Random(0))
+    assert Rerun.of(cache.append, (torch.ones(2),), {}) is None  # C state: not copied
