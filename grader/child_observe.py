@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import time
 import types
 
 import numpy.random  # noqa: F401  (imported now: the second run takes its state, which would import it mid-call)
@@ -35,8 +36,7 @@ from grader.triton_watch import TritonWatch
 
 # What this module calls by plain names, bound before the notebook's code runs (as grader.child does)
 _getprofile, _setprofile, _current_frames = sys.getprofile, sys.setprofile, sys._current_frames
-_collect, _freeze, _unfreeze = gc.collect, gc.freeze, gc.unfreeze
-_THAW_EVERY = 1000  # calls: then the collection before a call looks at everything again, frozen objects included
+_collect, _freeze, _unfreeze, _clock = gc.collect, gc.freeze, gc.unfreeze, time.perf_counter
 
 CALLS = ("callback", "on_device", "map", "metered", "observe", "observe_many")  # the requests `Calls.run` answers
 ELSEWHERE = ("the checks watch the thread that runs the graded code: a forbidden op or a whole score matrix computed "
@@ -70,18 +70,26 @@ class Scope:
         self.mode = None  # the Observers mode, while the outermost request's call runs
         self.kernels = None  # its Triton interpreter watch
         self.profiles: list = []  # the profiler functions of the recordings in effect (light ones have none)
-        self.calls = 0
+        self.calls, self.thaw_at = 0, 2000  # the call at which the collection looks at everything again
 
     def collect(self) -> None:
         """Before every outermost call alike: garbage of earlier calls (reference cycles) is freed now, its finalizers
         run here, never first inside an observed call (whose host meter wants what it measures to be the call's).
-        What survives is then frozen (`gc.freeze`), so that the next collection looks only at what came after (a
-        full one over everything the process holds takes ~40 ms; every `_THAW_EVERY` calls one does)."""
+        The process froze what it held once the cells had run (`gc.freeze`: torch's objects, the notebook's), so
+        this looks only at what came after; once it takes over a millisecond, what survives is frozen too. Now
+        and then (every 2,000 calls at least, less often the longer it takes: at most ~2 % of the calls' time) a
+        collection looks at everything, frozen objects included: cycles that died frozen are freed then."""
         self.calls += 1
-        if self.calls % _THAW_EVERY == 0:
+        began = _clock()
+        if self.calls >= self.thaw_at:
             _unfreeze()
+            _collect()
+            _freeze()
+            self.thaw_at = self.calls + max(2000, int((_clock() - began) / 2e-5))
+            return
         _collect()
-        _freeze()
+        if _clock() - began > 1e-3:
+            _freeze()
 
     def entry(self, job: Job | None = None) -> _Entry:
         return _Entry(self, job)
