@@ -73,7 +73,7 @@ class Scope:
         self.calls, self.thaw_at = 0, 2000  # the call at which the collection looks at everything again
 
     def collect(self) -> None:
-        """Before every outermost call alike: garbage of earlier calls (reference cycles) is freed now, its finalizers
+        """Before every call alike: garbage of earlier calls (reference cycles) is freed now, its finalizers
         run here, never first inside an observed call (whose host meter wants what it measures to be the call's).
         The process froze what it held once the cells had run (`gc.freeze`: torch's objects, the notebook's), so
         this looks only at what came after; once it takes over a millisecond, what survives is frozen too. Now
@@ -91,8 +91,10 @@ class Scope:
         if _clock() - began > 1e-3:
             _freeze()
 
-    def entry(self, job: Job | None = None) -> _Entry:
-        return _Entry(self, job)
+    def entry(self, job: Job | None = None, batch: bool = True) -> _Entry | _Nothing:
+        """Around a call (`job`), or around what runs the notebook's code without being a call of it (the cells, an
+        attribute, an item), or around a batch of calls (`batch`: False for a request of one call: nothing)."""
+        return _Entry(self, job) if batch else _NOTHING
 
     def hook(self, root):
         """The profiler function of a call made for exercise `root`: which of lib's functions ran (by bytecode
@@ -123,6 +125,17 @@ class Scope:
         return prof
 
 
+class _Nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NOTHING = _Nothing()
+
+
 class _Entry:
     """Around one call (or the cells' load, or an attribute of the notebook's object): the scope entered, a job's
     recording started last and stopped first."""
@@ -149,7 +162,7 @@ class _Entry:
 
                 self.device = torch.device(job.device)
                 self.device.__enter__()
-            if self.outermost:
+            if job is not None:
                 scope.collect()
             rec = job.recording if job is not None else None
             if rec is not None:
@@ -219,18 +232,19 @@ class Calls:
 
     def run(self, op, target, args):
         jobs, reply = self._plan(op, target, args)
-        for job in jobs:
-            if job.fn is None:
-                continue
-            if job.setup is not None:
-                job.setup()
-            with self.scope.entry(job):
-                try:
-                    job.result = job.fn(*job.args, **job.kwargs)
-                except BaseException as e:  # (the notebook's code may raise anything)
-                    if job.again is None or isinstance(e, KeyboardInterrupt):
-                        raise
-                    job.error = e
+        with self.scope.entry(batch=len(jobs) > 1):  # a batch's calls share the mode, the watch and the profiler
+            for job in jobs:
+                if job.fn is None:
+                    continue
+                if job.setup is not None:
+                    job.setup()
+                with self.scope.entry(job):
+                    try:
+                        job.result = job.fn(*job.args, **job.kwargs)
+                    except BaseException as e:  # (the notebook's code may raise anything)
+                        if job.again is None or isinstance(e, KeyboardInterrupt):
+                            raise
+                        job.error = e
         return reply(jobs)
 
     def _plan(self, op, target, args):

@@ -22,8 +22,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 _COMPOSITE_KEY = torch._C.DispatchKey.CompositeImplicitAutograd
-# op -> (whether it runs as its CompositeImplicitAutograd decomposition, what runs it otherwise): fixed per op. An
-# OpOverload runs through its C++ handle (`_op`, what its `__call__` calls), one Python frame less on every op.
+# id(op) -> (whether it runs as its CompositeImplicitAutograd decomposition, what runs it otherwise, the op): fixed
+# per op. Keyed by id, which the op (kept here) keeps: an OpOverload's own hash is Python code, run on every op.
+# An OpOverload runs through its C++ handle (`_op`, what its `__call__` calls), one Python frame less.
 _PLAN: dict = {}
 
 
@@ -36,7 +37,7 @@ def _plan(func) -> tuple:
         run = func._op if overload and type(func).__call__ is torch._ops.OpOverload.__call__ else func
     except Exception:  # noqa: BLE001  (an operator torch cannot describe is run as it is)
         composite, run = False, func
-    _PLAN[func] = (composite, run)
+    _PLAN[id(func)] = (composite, run, func)
     return composite, run
 
 
@@ -63,7 +64,7 @@ class Observers(TorchDispatchMode):
             except Exception:  # noqa: BLE001  (a recording never changes what the op does: noted, not raised)
                 r.failed(func)
         try:
-            composite, run = _PLAN[func]
+            composite, run, _ = _PLAN[id(func)]
         except KeyError:
             composite, run = _plan(func)
         if composite:
