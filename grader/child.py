@@ -3,9 +3,10 @@
 What it guards: **the student's code runs here and only here, and what it did is reported as data.** `_Child`
 runs the notebook's exercise cells (`load`), answers the trusted side's requests (look a name up, call a
 function, `observe` a call, report reference use), and sends every result through `_ChildPickler`, which
-encodes it as plain data or as a reference (see `grader.wire`). Around each call it watches which of `lib`'s
-functions ran (`watch`, by bytecode fingerprint: `grader.fingerprint`), and compares every tensor argument
-bit for bit before and after (`_snapshot`, `_copied`). An object of the trusted process (a check's model, a
+encodes it as plain data or as a reference (see `grader.wire`). Every call into the notebook's code, observed
+or not, runs under the same observers and watches which of `lib`'s functions ran (`grader.child_observe`: by
+bytecode fingerprint, `grader.fingerprint`); every tensor argument is compared bit for bit before and after
+(`_snapshot`, `_copied`). An object of the trusted process (a check's model, a
 spy) is a `_ParentProxy` here, which calls back. `_child_main` is the entry point the session starts
 (`grader.isolation._CHILD_BOOT`); the address-space limit is set after torch and the cells are loaded.
 """

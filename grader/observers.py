@@ -22,9 +22,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 _COMPOSITE_KEY = torch._C.DispatchKey.CompositeImplicitAutograd
-# id(op) -> (whether it runs as its CompositeImplicitAutograd decomposition, what runs it otherwise, the op): fixed
-# per op. Keyed by id, which the op (kept here) keeps: an OpOverload's own hash is Python code, run on every op.
-# An OpOverload runs through its C++ handle (`_op`, what its `__call__` calls), one Python frame less.
+# op's C++ handle (`_op`) -> (whether it runs as its CompositeImplicitAutograd decomposition, what runs it
+# otherwise): fixed per op. Keyed by the handle, whose hash is C's: an OpOverload's own is Python code, which would
+# run (and be profiled) on every op. An OpOverload runs through that handle too (what its `__call__` calls).
 _PLAN: dict = {}
 
 
@@ -37,7 +37,9 @@ def _plan(func) -> tuple:
         run = func._op if overload and type(func).__call__ is torch._ops.OpOverload.__call__ else func
     except Exception:  # noqa: BLE001  (an operator torch cannot describe is run as it is)
         composite, run = False, func
-    _PLAN[id(func)] = (composite, run, func)
+    key = getattr(func, "_op", None)
+    if key is not None:
+        _PLAN[key] = (composite, run)
     return composite, run
 
 
@@ -64,8 +66,8 @@ class Observers(TorchDispatchMode):
             except Exception:  # noqa: BLE001  (a recording never changes what the op does: noted, not raised)
                 r.failed(func)
         try:
-            composite, run, _ = _PLAN[id(func)]
-        except KeyError:
+            composite, run = _PLAN[func._op]
+        except (KeyError, AttributeError):  # (AttributeError: not an OpOverload)
             composite, run = _plan(func)
         if composite:
             with self:
