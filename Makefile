@@ -22,7 +22,7 @@ LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
 # Extra arguments for the command a target runs, e.g. `make bench ARGS=--quick`, `make grade-ui ARGS=--port=8890`.
 ARGS ?=
 
-.PHONY: help setup lab grade-ui test test-quick lint bench bench-18 bench-19 bench-20 serve bench-load machine gpu-check release clean-cache
+.PHONY: help setup lab grade-ui test test-quick lint bench bench-18 bench-19 bench-20 serve bench-load machine results gpu-check release clean-cache
 
 help:
 	@echo "make setup        create .venv, install the lab, fetch and verify the model (idempotent)"
@@ -36,9 +36,12 @@ help:
 	@echo "make bench-18     speculative decoding: each draft's tok/s vs target greedy (identical tokens)"
 	@echo "make bench-19     serving: static vs continuous vs prefix-cached batching; batch 8 vs batch 1 decode"
 	@echo "make bench-20     quantized decode: F32 vs int8 vs int4 paths (and llama.cpp when installed)"
-	@echo "make serve        an OpenAI-compatible server on 127.0.0.1:8000 (SmolLM2, the week-19 engine); PORT=8001 to move it"
+	@echo "make serve        an OpenAI-compatible server on 127.0.0.1:8000 (SmolLM2, the week-19 engine); PORT=8001 to move it,"
+	@echo "                  ARGS=--max-num-seqs=16 (python -m lib.server --help lists the options)"
 	@echo "make bench-load   load-test the server with the openai client: throughput, TTFT/TPOT p50/p95, KV use"
-	@echo "make machine      this machine's whole table: CPU and flags, bandwidth, kernels chosen, both decode benchmarks"
+	@echo "make machine      this machine's whole table: CPU and flags, bandwidth, kernels measured again, both decode"
+	@echo "                  benchmarks; ARGS=--record keeps the runs as this machine class's records (results/)"
+	@echo "make results      render README.md's speed table and docs/performance.md from the records (ARGS=--check: diff only)"
 	@echo "make gpu-check    (GPU owners) every solution notebook and the test suite on this CUDA machine: one line each"
 	@echo "make release WEEK=16   regenerate weeks/16 from solutions/16 (keeps a student's edited files)"
 	@echo "ARGS=... passes arguments on: make bench ARGS=--quick (each bench-NN too: a run in seconds),"
@@ -48,8 +51,9 @@ help:
 $(VENV)/.installed: pyproject.toml $(if $(filter-out $(shell cat $(VENV)/.torch-index 2>/dev/null),$(TORCH_INDEX)),FORCE)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 ifeq ($(TORCH_INDEX),)
-	$(PIP) $(TORCH)
-	$(PIP) -e .
+	@tools/setup_stage.sh "$(TORCH), the CPU wheel" $(VENV) $(PIP) $(TORCH)
+	@tools/setup_stage.sh "the lab and its dependencies from pyproject.toml" \
+	    $(VENV) $(PIP) -e .
 else
 	$(BIN)/python -c 'import sys, torch; sys.exit(torch.version.cuda is None)' 2>/dev/null || $(BIN)/python -m pip uninstall -y -q torch
 	$(PIP) --index-url $(TORCH_INDEX) $(TORCH)
@@ -103,13 +107,16 @@ bench-20: setup
 
 PORT ?= 8000
 serve: setup
-	$(BIN)/python -m lib.server --port $(PORT)
+	$(BIN)/python -m lib.server --port $(PORT) $(ARGS)
 
 bench-load: setup
 	$(BIN)/python benchmarks/load.py $(ARGS)
 
 machine: setup
 	$(BIN)/python benchmarks/machine.py $(ARGS)
+
+results: $(VENV)/.installed
+	$(BIN)/python tools/results.py $(ARGS)
 
 # tools/gpu_check.sh says why it cannot run on a machine without CUDA (exit status 2).
 gpu-check: setup

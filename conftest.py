@@ -31,3 +31,23 @@ def pytest_collection_modifyitems(config, items):
             return 0
         return 1 if item.get_closest_marker("commands") else 2
     items.sort(key=rank)  # stable
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Each failed test's one-line message in full. pytest's short summary trims it to the terminal's width, which
+    leaves "FAILED weeks/16/test_week16.py::test_ex02_causal_mask - NotImplementedYet: ex..." on a laptop's
+    terminal: the reason is the part a student needs."""
+    from _pytest.terminal import running_on_ci
+
+    failed = terminalreporter.stats.get("failed", []) + terminalreporter.stats.get("error", [])
+    if not failed or running_on_ci() or config.option.verbose >= 2:
+        return
+    lines = []
+    for rep in failed:
+        message = getattr(getattr(rep.longrepr, "reprcrash", None), "message", None)
+        if message:
+            lines.append(f"{rep.nodeid.rsplit('::', 1)[-1]}: {message.splitlines()[0]}")
+    if lines:
+        terminalreporter.section("why each failed", sep="-")
+        for line in lines:
+            terminalreporter.line(line)

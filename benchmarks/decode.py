@@ -21,12 +21,11 @@ Not a test: timing never decides pass or fail (tests/test_fast.py proves the fas
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
 import torch
 
-from timing import sync, time_call, time_decode  # benchmarks/timing.py
+from timing import Conditions, finish, interleaved, sync, time_call, time_decodes  # benchmarks/timing.py
 
 
 def profile_step(name: str, model, prompt, steps: int = 8) -> None:
@@ -111,37 +110,50 @@ def matmul_sweep(model, repeats: int, rows: list[int] | None = None) -> None:
         print(f"  {name:28s}" + "".join(f"{s / secs[0]:8.2f}" for s in secs) + f"{secs[0] * 1e3:11.1f}")
 
 
-def decode_table(engines: dict, model, hf, tok, prompt, args, device, per_token: int, bw: float, roof: float) -> dict:
-    """Print and return {engine: [seconds per decode step, one per --new-tokens]} for `prompt` [B, T]."""
+def decode_table(engines: dict, model, hf, tok, prompt, args, device, per_token: int, bw: float, roof: float,
+                 record=None) -> dict:
+    """Print and return {engine: [Timed seconds per decode step, one per --new-tokens]} for `prompt` [B, T]: the
+    engines (and transformers) timed in turn, round by round (benchmarks/timing.py: time_decodes)."""
     from lib.generate import generate
     batch = prompt.shape[0]
     check = min(64, max(args.new_tokens))
     want = generate(model, prompt, check)
     same = {name: torch.equal(generate(m, prompt, check), want) for name, m in engines.items() if m is not model}
-    print(f"\nfp32 batch-{batch} decode after a {prompt.shape[1]}-token prompt, median of {args.repeats} "
-          f"(weights read per step {per_token / 1e6:.1f} MB; bandwidth {bw / 1e9:.1f} GB/s measured by a "
-          f"streaming sum over 256 MiB; tok/s summed over the batch)")
+    print(f"\nfp32 batch-{batch} decode after a {prompt.shape[1]}-token prompt, best of {args.repeats} rounds, engines "
+          f"in turn (weights read per step {per_token / 1e6:.1f} MB; bandwidth {bw / 1e9:.1f} GB/s measured by a "
+          f"streaming sum over 256 MiB; tok/s summed over the batch; spread = worst / best round)")
     print(f"greedy tokens identical to lib.model's ({check} tokens): "
           + ", ".join(f"{name.split('(')[-1].rstrip(')')}: {ok}" for name, ok in same.items()))
-    print(f"  {'engine':40s}" + "".join(f"{f'{n} new tok/s':>16s}{'% roof':>8s}" for n in args.new_tokens))
-    rows = {}
-    for name, m in engines.items():
-        rows[name] = [time_decode(lambda k, m=m: (generate(m, prompt, k), sync(device)), n, args.repeats)
-                      for n in args.new_tokens]
+    steps = {name: (lambda k, m=m: generate(m, prompt, k)) for name, m in engines.items()}
     if hf is not None:
         @torch.no_grad()
         def hf_step(k):
             hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=k, min_new_tokens=k,
                         do_sample=False, pad_token_id=tok.eos_token_id)
-            sync(device)
-        rows["transformers generate"] = [time_decode(hf_step, n, args.repeats) for n in args.new_tokens]
-    for name, secs in rows.items():  # a step decodes `batch` tokens and reads the weights once
-        print(f"  {name:40s}" + "".join(f"{batch / s:16.1f}{1 / s / roof:8.0%}" for s in secs))
+        steps["transformers generate"] = hf_step
+    rows = {name: [] for name in steps}
+    for n in args.new_tokens:
+        for name, t in time_decodes(steps, n, args.repeats, device).items():
+            rows[name].append(t)
+    print(f"  {'engine':40s}" + "".join(f"{f'{n} new tok/s':>16s}{'% roof':>8s}{'spread':>8s}" for n in args.new_tokens))
+    over = []
+    for name, times in rows.items():  # a step decodes `batch` tokens and reads the weights once
+        print(f"  {name:40s}" + "".join(f"{batch / t.best:16.1f}{1 / t.best / roof:8.0%}{t.spread:8.2f}" for t in times))
+        over += [name for t in times if 1 / t.best / roof > 1.0 and "transformers" not in name]
+        if record is not None:
+            for n, t in zip(args.new_tokens, times):
+                record.add(f"decode b{batch} n{n}: {name}", [batch / x for x in t.samples], "tok/s", True)
     print(f"  {'roofline (bandwidth / bytes per step)':40s}"
-          + "".join(f"{batch * roof:16.1f}{'100%':>8s}" for _ in args.new_tokens))
+          + "".join(f"{batch * roof:16.1f}{'100%':>8s}{'':8s}" for _ in args.new_tokens))
+    if over:
+        print(f"  measurement problem: {', '.join(sorted(set(over)))} above 100 % of the roofline — no engine reads "
+              f"the weights faster than memory delivers them, so the bandwidth probe read low (rerun when quiet)")
+    if record is not None:
+        record.add(f"decode b{batch}: roofline", batch * roof, "tok/s", True)
+        record.note("roofline above 100 %", sorted(set(over)) or None)
     if hf is not None:
         for name in engines:
-            ratios = ", ".join(f"{rows['transformers generate'][i] / rows[name][i]:.2f}x at {n}"
+            ratios = ", ".join(f"{rows['transformers generate'][i].best / rows[name][i].best:.2f}x at {n}"
                                for i, n in enumerate(args.new_tokens))
             print(f"  {name} / transformers: {ratios}")
     return rows
@@ -159,6 +171,9 @@ def main() -> None:
     parser.add_argument("--matmul", action="store_true",
                         help="rows-per-matmul sweep (each kernel lib.fast can choose) and the verify curve, then exit")
     parser.add_argument("--skip-transformers", action="store_true")
+    parser.add_argument("--record", action="store_true",
+                        help="also keep this run as the machine class's committed record (results/<class>/decode.json, "
+                             "rendered by `make results`) — if it was not disturbed")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run in seconds (8 new tokens, a 32-token prefill, 1 repeat; --matmul: 1, 2, 4 "
                              "rows): noisy figures")
@@ -172,10 +187,13 @@ def main() -> None:
     from lib.model import default_device, load_smollm2
     from lib.roofline import measure_bandwidth, weight_bytes_per_token
 
+    from lib.records import Record
+
     device = default_device()
     torch.manual_seed(0)
-    cores = os.cpu_count() or 1
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    conditions = Conditions.now()
+    record = Record("decode")  # every run is recorded; only a full, undisturbed one with --record becomes the reference
+    load, cores = conditions.load_before, conditions.cores
     print(f"device: {device} | torch {torch.__version__} | threads: {torch.get_num_threads()} | "
           f"cores: {cores} | load average (1 min): {load:.2f}")
     model, tok = load_smollm2(device=device)
@@ -191,9 +209,16 @@ def main() -> None:
         matmul_sweep(model, args.repeats, rows=[1, 2, 4] if args.quick else None)
         return
 
-    bw = measure_bandwidth(256, repeats=10, device=device)
+    from lib.records import best_bandwidth
+
+    bw_now = measure_bandwidth(256, repeats=10, device=device)
+    bw, where = best_bandwidth(measured_now=bw_now)  # the roofline: the class's best bandwidth, not one run's
+    print(f"bandwidth for the roofline: {bw / 1e9:.1f} GB/s, {where}")
     per_token = weight_bytes_per_token(model)
     roof = bw / per_token
+    if record is not None:
+        record.add("streaming bandwidth", bw_now / 1e9, "GB/s", True)
+        record.note("kernel", fast.kernel_reason)
     hf = None
     if not args.skip_transformers:
         from transformers import AutoModelForCausalLM
@@ -202,6 +227,7 @@ def main() -> None:
     names = {"plain": "F.linear", "packed": "packed", "cpp": "C++ step"}
     fast_name = "CUDA graphs" if fast.graphs is not None else names[fast.kernel]
     engines = {"lib.generate (lib.model)": model, f"lib.generate (lib.fast, {fast_name})": fast}
+    record.note("lib.fast engine", f"lib.generate (lib.fast, {fast_name})")
     if fast.graphs is not None:  # what the graphs buy: the same fast path, each kernel launched from Python
         engines["lib.generate (lib.fast, eager)"] = FastLlama(model, graphs=False)
         t0 = time.perf_counter()
@@ -222,8 +248,10 @@ def main() -> None:
         engines["lib.generate (lib.fast, compiled)"] = compiled
         print(f"torch.compile of FastLlama: {time.perf_counter() - t0:.1f} s before the first token")
 
+    timed = []
     for batch in args.batch:
-        decode_table(engines, model, hf, tok, prompt.repeat(batch, 1), args, device, per_token, bw, roof)
+        rows = decode_table(engines, model, hf, tok, prompt.repeat(batch, 1), args, device, per_token, bw, roof, record)
+        timed += [t for times in rows.values() for t in times]
     if device.type == "cpu" and args.batch == [1]:  # the optional peer: pip install -e '.[llamacpp]' (minutes)
         from quant import llama_cpp_model, llama_cpp_step  # benchmarks/quant.py
         llm = llama_cpp_model(str(paths.MODELS_DIR / paths.SMOLLM2_FILE), n_ctx=max(args.new_tokens) + 64)
@@ -231,8 +259,12 @@ def main() -> None:
             print(f"  {'llama.cpp (Q4_1 file)':40s}  not installed: pip install -e '.[llamacpp]' adds this row")
         else:  # it reads the Q4_1 weights (~4.5x fewer bytes than fp32), so its roofline is higher than ours
             step = llama_cpp_step(llm, "The history of the printing press begins")
-            cpp = [1 / time_decode(step, n, args.repeats) for n in args.new_tokens]
-            print(f"  {'llama.cpp (Q4_1 weights, not fp32)':40s}" + "".join(f"{t:16.1f}{'':8s}" for t in cpp))
+            cpp = [time_decodes({"llama.cpp": step}, n, args.repeats)["llama.cpp"] for n in args.new_tokens]
+            print(f"  {'llama.cpp (Q4_1 weights, not fp32)':40s}" + "".join(f"{1 / t.best:16.1f}{'':8s}{t.spread:8.2f}"
+                                                                           for t in cpp))
+            if record is not None:
+                for n, t in zip(args.new_tokens, cpp):
+                    record.add(f"decode b1 n{n}: llama.cpp (Q4_1)", [1 / x for x in t.samples], "tok/s", True)
 
     # Prefill: one forward over a long prompt (compute-bound: the matrix units matter here).
     ids = torch.randint(0, model.config.vocab_size, (1, args.prefill), generator=torch.Generator().manual_seed(0)).to(device)
@@ -241,15 +273,19 @@ def main() -> None:
         ref = model(ids)
         err = (fast_bf16(ids) - ref).abs().max().item()
         agree = (fast_bf16(ids).argmax(-1) == ref.argmax(-1)).float().mean().item()
-        pre = {"lib.model fp32": time_call(lambda: model(ids), args.repeats, device),
-               "lib.fast fp32": time_call(lambda: fast(ids), args.repeats, device),
-               "lib.fast bf16": time_call(lambda: fast_bf16(ids), args.repeats, device)}
+        fns = {"lib.model fp32": lambda: model(ids), "lib.fast fp32": lambda: fast(ids),
+               "lib.fast bf16": lambda: fast_bf16(ids)}
         if hf is not None:
-            pre["transformers fp32"] = time_call(lambda: hf(ids), args.repeats, device)
-    print(f"\n{args.prefill}-token prefill (one forward), median of {args.repeats}")
+            fns["transformers fp32"] = lambda: hf(ids)
+        pre_t = interleaved(fns, args.repeats, warmup=1, device=device)
+    timed += list(pre_t.values())
+    pre = {name: t.best for name, t in pre_t.items()}
+    print(f"\n{args.prefill}-token prefill (one forward), best of {args.repeats} rounds, in turn")
     for name, s in pre.items():
         extra = f"   vs transformers {pre['transformers fp32'] / s:.2f}x" if hf is not None else ""
-        print(f"  {name:22s} {s * 1e3:8.0f} ms  {args.prefill / s:8.0f} tok/s{extra}")
+        print(f"  {name:22s} {s * 1e3:8.0f} ms  {args.prefill / s:8.0f} tok/s  spread {pre_t[name].spread:.2f}{extra}")
+        if record is not None:
+            record.add(f"prefill {args.prefill}: {name}", [x * 1e3 for x in pre_t[name].samples], "ms", False)
     # Which is faster is read off the two timings above, not guessed from the CPU's features: without AMX tiles
     # oneDNN still has AVX-512 BF16 (or AVX2 conversion) kernels, and how they compare with fp32 depends on the chip.
     amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
@@ -262,15 +298,16 @@ def main() -> None:
     if device.type == "cpu" and torch.get_num_threads() > 1:
         n_default = torch.get_num_threads()
         step = lambda k: generate(fast, prompt, k)  # noqa: E731
-        s_default = time_decode(step, 32, args.repeats)
+        s_default = time_decodes({"fast": step}, 32, args.repeats)["fast"].best
         torch.set_num_threads(1)
-        s_one = time_decode(step, 32, args.repeats)
+        s_one = time_decodes({"fast": step}, 32, args.repeats)["fast"].best
         torch.set_num_threads(n_default)
         print(f"\nthreads: lib.fast decode {1 / s_default:.1f} tok/s with {n_default} threads, {1 / s_one:.1f} "
               f"with 1 (load average {load:.2f} on {cores} cores)")
         if s_one < 0.9 * s_default:  # more than noise: the cores are shared with another busy process
             print("  -> fewer threads are clearly faster now, so the cores are busy with something else. Use "
                   "torch.set_num_threads(1) (or OMP_NUM_THREADS=1) while it runs, or stop the other process.")
+    finish(conditions, timed, record, as_reference=args.record and not args.quick)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@
     python benchmarks/machine.py            # the facts, then benchmarks/decode.py and benchmarks/quant.py in full
     python benchmarks/machine.py --quick    # the facts and the kernels chosen only (seconds; `make bench ARGS=--quick`
                                             # and `make bench-20 ARGS=--quick` are the benchmarks' smoke runs)
+    python benchmarks/machine.py --record   # also the engine's batch decode and chat speculation, each run kept as
+                                            # this machine class's record (results/<class>/) where undisturbed
 
 First the facts a speed choice depends on: the CPU's model name, vendor and the instruction sets the kernels use
 (AVX2, FMA, AVX-512 and its VNNI / BF16 extensions, AMX tiles), cores, torch's threads, memory, the load average,
@@ -62,7 +64,13 @@ def memory_gib() -> float | None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the facts and the kernels chosen, no benchmarks")
+    ap.add_argument("--record", action="store_true",
+                    help="keep each benchmark's run as this machine class's committed record (results/<class>/), "
+                         "where it was not disturbed; then `make results` renders README.md and docs/performance.md")
     args = ap.parse_args(argv)
+    if not args.quick:  # the kernel and layout choices are measured again now, not taken from an earlier busy moment
+        for env in ("INFERENCE_LAB_FAST_KERNEL", "INFERENCE_LAB_GGUF_PREFETCH", "INFERENCE_LAB_GGUF_LAYOUT"):
+            os.environ.setdefault(env, "measure")
     import torch
 
     from lib.fast import FastLlama
@@ -96,9 +104,14 @@ def main(argv=None) -> int:
     sys.stdout.flush()
     if args.quick:
         return 0
-    for script in ("decode.py", "quant.py"):
-        print(f"\n=== benchmarks/{script}", flush=True)
-        code = subprocess.call([sys.executable, str(ROOT / "benchmarks" / script)], cwd=ROOT)
+    runs = [["decode.py"], ["quant.py"]]
+    if args.record:  # the other figures the README renders: the engine's batch-8 decode, chat speculation
+        runs += [["serving.py", "--decode-only"],
+                 ["speculative.py", "--workloads", "chat", "--drafts", "prompt lookup,draft head", "--ks", "2,4"]]
+    for script, *rest in runs:
+        print(f"\n=== benchmarks/{script} {' '.join(rest)}", flush=True)
+        code = subprocess.call([sys.executable, str(ROOT / "benchmarks" / script), *rest,
+                                *(["--record"] if args.record else [])], cwd=ROOT)
         if code:
             print(f"benchmarks/{script} exited with {code}")
             return code

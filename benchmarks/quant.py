@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from timing import time_call
+from timing import Conditions, finish, time_call, time_decodes  # benchmarks/timing.py
 
 PROMPTS = ["The history of the printing press begins",
            "def fibonacci(n):",
@@ -59,32 +59,6 @@ def llama_cpp_step(llm, prompt: str):
         if out["usage"]["completion_tokens"] != k:
             raise RuntimeError(f"llama.cpp stopped after {out['usage']['completion_tokens']} of {k} tokens")
     return step
-
-
-def time_decodes(steps: dict, new_tokens: int, repeats: int) -> dict[str, float]:
-    """Seconds per decoded token of each `steps[name](k)` (generate k tokens): (time(1 + n) - time(1)) / n, each
-    time the best of `repeats`. The paths take turns within each repeat, so a load that comes and goes (other
-    processes on a shared machine) falls on all of them alike; the best sample of each is the least disturbed
-    one. (The best of per-repeat differences would not do: one slow time(1) makes a difference too small —
-    even negative — and the best picks exactly that one.)"""
-    for step in steps.values():
-        step(1)  # warm-up
-    short = {name: float("inf") for name in steps}
-    long = dict(short)
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)  # a GPU path's work, waited for
-    for _ in range(repeats):
-        for name, step in steps.items():
-            sync()
-            t0 = time.perf_counter()
-            step(1)
-            sync()
-            t1 = time.perf_counter()
-            step(1 + new_tokens)
-            sync()
-            t2 = time.perf_counter()
-            short[name] = min(short[name], t1 - t0)
-            long[name] = min(long[name], t2 - t1)
-    return {name: max(long[name] - short[name], 1e-9) / new_tokens for name in steps}
 
 
 def cpu_flags() -> str:
@@ -141,6 +115,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch's (and the kernel's) threads")
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--matmul", action="store_true", help="also the kernel vs float32 matmuls, 1..64 rows")
+    parser.add_argument("--record", action="store_true",
+                        help="also keep this run as the machine class's committed record (results/<class>/quant.json) — "
+                             "if it was not disturbed")
     args = parser.parse_args()
     new = args.new_tokens or (8 if args.quick else 32)
     repeats = args.repeats or (1 if args.quick else 5)
@@ -155,11 +132,14 @@ def main() -> None:
     from lib.model import load_smollm2
     from lib.quant_linear import GGUFFastLlama, gguf_layouts, gguf_linears, quantize_linears, read_gguf_blocks
     from lib.roofline import matmul_params, measure_bandwidth
+    from lib.records import Record
     from lib.text import load_text, perplexity_se, token_nlls
 
     torch.manual_seed(0)
     if args.threads:
         torch.set_num_threads(args.threads)
+    conditions = Conditions.now()
+    record = Record("quant")  # every run is recorded; only a full, undisturbed one with --record becomes the reference
     t0 = time.perf_counter()
     backend = Q.backend()  # builds the kernel on first use
     built = time.perf_counter() - t0
@@ -199,6 +179,9 @@ def main() -> None:
     llm = llama_cpp_model(str(paths.smollm2_path()))
 
     bw = measure_bandwidth(256, repeats=5)
+    record.add("streaming bandwidth", bw / 1e9, "GB/s", True)
+    record.note("GGUF prefetch", fused.prefetch_reason)
+    record.note("GGUF layout", fused.layout_reason)
     refs = [generate(model, p, new) for p in prompts]
     steps = {name: (lambda k, m=m: generate(m, prompts[0], k)) for name, (m, _) in paths_.items()}
     if hf is not None:
@@ -207,7 +190,8 @@ def main() -> None:
     if llm is not None:
         steps["llama.cpp, same Q4_1 file"] = llama_cpp_step(llm, PROMPTS[0])
     print(f"timing {len(steps)} paths in turn, best of {repeats} ...", flush=True)
-    seconds = time_decodes(steps, new, repeats)
+    timed = time_decodes(steps, new, repeats)
+    seconds = {name: t.best for name, t in timed.items()}
 
     # perplexity on held-out Hamlet (the week-20 notebook's evaluation span: calibration reads 5000-6023)
     text_ids = tok(load_text("hamlet"), return_tensors="pt").input_ids[0]
@@ -243,6 +227,10 @@ def main() -> None:
           f"{'greedy = F32':>12} {'perplexity':>17} {'ΔPPL':>17}")
     for name, tok_s, roof, nbytes, agree, ppl, dppl in rows:
         vs_peer = f"{tok_s / peer:.2f}x" if peer else "-"
+        if record is not None:
+            record.add(f"decode b1 n{new}: {name}", [1 / x for x in timed[name].samples], "tok/s", True)
+            record.note(f"greedy = F32: {name}", agree)
+            record.note(f"perplexity: {name}", ppl)
         print(f"{name:>40} {tok_s:>7.1f} {nbytes / 1e6:>7.1f} {roof:>9.0f} {tok_s / roof:>6.0%} {tok_s / f32:>6.2f}x "
               f"{vs_peer:>12} {agree:>12} {ppl:>17} {dppl:>17}")
     if peer is None:
@@ -252,14 +240,16 @@ def main() -> None:
     batch = prompts[0].repeat(8, 1)
     f32_name = f"lib.fast F32 ({paths_['lib.fast F32'][0].kernel})"
     b8 = {f32_name: paths_["lib.fast F32"][0], fused_name: fused}
-    b8_rows = {name: 8 / s for name, s in
-               time_decodes({n: (lambda k, m=m: generate(m, batch, k)) for n, m in b8.items()}, new, repeats).items()}
+    b8_timed = time_decodes({n: (lambda k, m=m: generate(m, batch, k)) for n, m in b8.items()}, new, repeats)
+    b8_rows = {name: 8 / t.best for name, t in b8_timed.items()}
     base = b8_rows[f32_name]
     for name, tok_s in b8_rows.items():
-        print(f"{name:>40} {tok_s:>7.1f} tok/s  {tok_s / base:.2f}x")
+        print(f"{name:>40} {tok_s:>7.1f} tok/s  {tok_s / base:.2f}x  spread {b8_timed[name].spread:.2f}")
+        if record is not None:
+            record.add(f"decode b8 n{new}: {name}", [8 / x for x in b8_timed[name].samples], "tok/s", True)
     if args.matmul:
         matmul_table(blocks, max(repeats, 5))
-    print(f"\nload average at end: {load_average()}")
+    finish(conditions, list(timed.values()) + list(b8_timed.values()), record, as_reference=args.record and not args.quick)
 
 
 if __name__ == "__main__":

@@ -58,12 +58,20 @@ def main() -> None:
     ap.add_argument("--system", type=int, default=64)
     ap.add_argument("--decode-steps", type=int, default=8)
     ap.add_argument("--decode-only", action="store_true", help="only the batch-1 vs batch-8 decode lines")
+    ap.add_argument("--repeats", type=int, default=3, help="rounds of the batch-1 and batch-8 decode, in turn")
     ap.add_argument("--quick", action="store_true", help="a smoke run in seconds: 4 requests, short answers")
+    ap.add_argument("--record", action="store_true",
+                    help="also keep this run as the machine class's committed record (results/<class>/serving.json) "
+                         "— if it was not disturbed")
     args = ap.parse_args()
     if args.quick:
-        args.requests, args.short, args.long, args.decode_steps = 4, 2, 4, 2
+        args.requests, args.short, args.long, args.decode_steps, args.repeats = 4, 2, 4, 2, 1
+
+    from lib.records import Record
+    from lib.timing import Conditions, Timed
 
     torch.manual_seed(0)
+    conditions, record, timed = Conditions.now(), Record("serving"), []
     model, tok = shared_smollm2()
     lines = [ln.strip() for ln in load_text("hamlet").splitlines() if len(ln.strip()) > 30]
     system = tok(" ".join(lines[400:600])).input_ids[:args.system]
@@ -82,9 +90,23 @@ def main() -> None:
     if rows:
         report_policies(rows, args, tokens, lengths)
 
-    (one, one_cpu), (eight, eight_cpu) = (decode_rate(model, questions, b, args.decode_steps) for b in (1, 8))
-    print(f"\ndecode: batch 1 {one:.1f} tok/s, batch 8 {eight:.1f} tok/s: {eight / one:.2f}x by wall time, "
-          f"{eight_cpu / one_cpu:.2f}x by CPU time")
+    def rates(label, **kwargs):
+        """Batch 1 and batch 8 in turn, `args.repeats` rounds: the best of each (tok/s by wall and by CPU time)."""
+        wall, cpu = {1: [], 8: []}, {1: [], 8: []}
+        for r in range(args.repeats):
+            for b in ((1, 8) if r % 2 == 0 else (8, 1)):
+                w, c = decode_rate(model, questions, b, args.decode_steps, **kwargs)
+                wall[b].append(w)
+                cpu[b].append(c)
+        for b in (1, 8):
+            record.add(f"decode b{b}{label}", wall[b], "tok/s", True)
+            timed.append(Timed(f"batch {b}{label}", [1 / w for w in wall[b]]))
+        record.add(f"decode b8 / b1{label}", max(wall[8]) / max(wall[1]), "×", True)
+        return max(wall[1]), max(cpu[1]), max(wall[8]), max(cpu[8])
+
+    one, one_cpu, eight, eight_cpu = rates("")
+    print(f"\ndecode (best of {args.repeats} rounds, in turn): batch 1 {one:.1f} tok/s, batch 8 {eight:.1f} tok/s: "
+          f"{eight / one:.2f}x by wall time, {eight_cpu / one_cpu:.2f}x by CPU time")
     if model.device.type == "cuda":  # the rows above replayed CUDA graphs (lib.fast_paged); the same launched eagerly
         (one, _), (eight, _) = (decode_rate(model, questions, b, args.decode_steps, graphs=False) for b in (1, 8))
         print(f"decode, eager (graphs=False): batch 1 {one:.1f} tok/s, batch 8 {eight:.1f} tok/s")
@@ -93,9 +115,12 @@ def main() -> None:
         # The same engine with the model's linear layers multiplying oneDNN-packed weights (lib.fast.pack_linears):
         # F.linear reads a plain weight once per row of a small batch on this kind of CPU, packed weights once.
         pack_linears(model)
-        (one, one_cpu), (eight, eight_cpu) = (decode_rate(model, questions, b, args.decode_steps) for b in (1, 8))
+        one, one_cpu, eight, eight_cpu = rates(", packed weights")
         print(f"decode, packed weights: batch 1 {one:.1f} tok/s, batch 8 {eight:.1f} tok/s: {eight / one:.2f}x by "
               f"wall time, {eight_cpu / one_cpu:.2f}x by CPU time")
+    from timing import finish  # benchmarks/timing.py
+
+    finish(conditions, timed, record, as_reference=args.record and not args.quick)
 
 
 def report_policies(rows, args, tokens, lengths) -> None:

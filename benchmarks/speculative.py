@@ -55,6 +55,9 @@ def main() -> None:
     parser.add_argument("--drafts", default="", help="comma-separated draft names to run (default: all)")
     parser.add_argument("--workloads", default="chat,edit,quote", help="comma-separated: chat, edit, quote")
     parser.add_argument("--quick", action="store_true", help="a smoke run in seconds: 8 tokens, K = 2, the chat workload")
+    parser.add_argument("--record", action="store_true",
+                        help="also keep this run as the machine class's committed record (results/<class>/"
+                             "speculative.json) — if it was not disturbed")
     args = parser.parse_args()
     if args.quick:
         args.new_tokens, args.ks, args.workloads = 8, "2", "chat"
@@ -65,7 +68,12 @@ def main() -> None:
     from lib.generate import generate
     from lib.model import load_smollm2
 
+    from lib.records import Record
+    from lib.timing import Conditions, impossible_verify_curve
+
     torch.manual_seed(0)
+    conditions = Conditions.now()
+    record = Record("speculative")
     model, tok = load_smollm2(device="cpu")
     target = model
     if not args.plain_target:
@@ -127,6 +135,11 @@ def main() -> None:
     curve = spec.verify_curve(target, text_ids, sizes, repeats=3 if args.quick else 7)
     print("verify curve (one target forward of m tokens / one decode step, after 128 tokens): "
           + ", ".join(f"m={m}: {v:.2f}" for m, v in curve.items()))
+    disturbed = impossible_verify_curve(curve)
+    if disturbed:
+        print(disturbed)
+    for m, v in curve.items():
+        record.add(f"verify cost m={m}", v, "steps", False)
     costs = {}
     for dname, (draft, min_prob) in drafts.items():
         step = dh.head_step(draft, target, text_ids) if min_prob is None else spec.draft_step(draft, text_ids)
@@ -172,7 +185,23 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for w, d, k, b, r, s, p, same, a, tpc, c in rows:
         print(f"| {w} | {d} | {k} | {b:.1f} | {r:.1f} | {s:.2f}x | {p:.2f}x | {same} | {a:.2f} | {c:.3f} | {tpc:.2f} |")
-    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    for w, d, k, b, r, s, p, same, a, tpc, c in rows:
+        record.add(f"{w}: {d}: speedup", s, "×", True)
+        record.add(f"{w}: {d}: predicted speedup", p, "×", True)
+        record.add(f"{w}: {d}: acceptance α (T=0)", a, "", True)
+        record.add(f"{w}: {d}: tokens per target call", tpc, "tokens", True)
+        record.add(f"{w}: {d}: draft cost c", c, "steps", False)
+        record.add(f"{w}: target", b, "tok/s", True)
+        record.note(f"{w}: {d}: best K, identical", [k, same])
+    conditions.done()
+    print(conditions.line())
+    warn = disturbed or (None if not conditions.busy else
+                         f"measurement disturbed: other work kept the load at {conditions.others:.1f} on "
+                         f"{conditions.cores} cores; read the ratios, rerun when the machine is quieter")
+    if warn and not disturbed:
+        print(warn)
+    record.note("disturbed", warn)
+    record.write(commit_as_reference=args.record and not args.quick and warn is None)
 
 
 if __name__ == "__main__":

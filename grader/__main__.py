@@ -27,6 +27,7 @@ from pathlib import Path
 from grader.course import REPO_ROOT, Course, grade_one, grading_worker
 from grader.harness import threads_per_worker as _threads_per_worker
 from grader.notebook import validate_notebook
+from grader.processes import clean_environ, exec_clean
 from grader.status import one_line, status_path
 
 
@@ -51,7 +52,7 @@ def release(week: str, repo: Path = REPO_ROOT) -> list[Path]:
     src = repo / "solutions" / week
     if not src.is_dir():
         raise SystemExit(f"no such week: {src}")
-    backups = []
+    backups, written = [], 0
     (repo / "grader").mkdir(exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     with tempfile.TemporaryDirectory() as tmp:
@@ -73,6 +74,9 @@ def release(week: str, repo: Path = REPO_ROOT) -> list[Path]:
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(data)
             print(f"wrote {dest.relative_to(repo)}")
+            written += 1
+    if not written:
+        print(f"weeks/{week} is up to date with solutions/{week}: nothing written")
     return backups
 
 
@@ -202,9 +206,12 @@ def autograde(week: str, students: list[str], jobs: int = 1, timeout: float | No
         # spawn, not fork: a forked copy of a process holding torch threads and a sqlite connection is fragile.
         # The worker function lives in grader.course, not here: a spawned worker imports it by module name, and
         # `python -m grader` runs this file as `__main__`, which spawn does not re-import.
+        # The workers start with the instructor's non-secret settings alone (`grader.processes.WORKER_ENV`), whatever
+        # this process holds: a submission's child must find no secret in its grading process's environment.
         pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
                                    initializer=grading_worker)
-        futures = {pool.submit(grade_one, week, s, str(root), timeout, threads): s for s in students}
+        with clean_environ():  # a spawn pool starts its workers within `submit`
+            futures = {pool.submit(grade_one, week, s, str(root), timeout, threads): s for s in students}
 
         def _results():
             for future in as_completed(futures):
@@ -273,10 +280,11 @@ def roster(csv_path: Path, root: Path = REPO_ROOT) -> list[str]:
     return refused
 
 
-def _report(failures: list[str], what: str) -> int:
+def _report(failures: list[str], one: str, many: str) -> int:
+    """Print the failures under one heading ("1 roster row was refused:", "3 submissions failed:"); 1 if any."""
     if not failures:
         return 0
-    print(f"\n{len(failures)} {what} failed:", file=sys.stderr)
+    print(f"\n{len(failures)} {one if len(failures) == 1 else many}:", file=sys.stderr)
     for line in failures:
         print(f"  {line}", file=sys.stderr)
     return 1
@@ -301,19 +309,25 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("export").add_argument("csv", type=Path, nargs="?", default=REPO_ROOT / "grader" / "grades.csv")
     sub.add_parser("roster").add_argument("csv", type=Path)
     args = p.parse_args(argv)
+    if args.cmd == "autograde" and argv is None:
+        # As typed: grading starts again from the instructor's non-secret settings alone (`/proc/<pid>/environ` of
+        # this process and of its `--jobs` workers shows the environment it was started with)
+        exec_clean()
 
     if args.cmd == "release":
         release(args.week, repo=REPO_ROOT)
     elif args.cmd == "roster":
-        return _report(roster(args.csv, root=REPO_ROOT), "roster rows were refused and")
+        return _report(roster(args.csv, root=REPO_ROOT), "roster row was refused", "roster rows were refused")
     elif args.cmd == "collect":
-        return _report(collect(args.week, args.folder, root=REPO_ROOT), "submissions were refused and")
+        return _report(collect(args.week, args.folder, root=REPO_ROOT), "submission was refused",
+                       "submissions were refused")
     elif args.cmd == "autograde":
         grading_worker()  # --jobs 1 grades in this process
         return _report(autograde(args.week, args.students, jobs=args.jobs, timeout=args.timeout, root=REPO_ROOT),
-                       "submissions")
+                       "submission failed", "submissions failed")
     elif args.cmd == "feedback":
-        return _report(feedback(args.week, args.students, root=REPO_ROOT), "feedback reports")
+        return _report(feedback(args.week, args.students, root=REPO_ROOT), "feedback report failed",
+                       "feedback reports failed")
     elif args.cmd == "export":
         course = Course(REPO_ROOT)
         path, ungraded = course.export(args.csv), course.ungraded()

@@ -3,8 +3,9 @@
 - rlimits: CPU seconds (RLIMIT_CPU, then SIGXCPU/SIGKILL), no core files, files written at most 256 MiB
   (RLIMIT_FSIZE); the address-space limit (RLIMIT_AS) is set later, after torch is imported.
 - Linux Landlock (kernel 5.13+, no privileges needed): from here on this process and its children may create,
-  write, truncate, rename or delete files **only** under `workdir` (its own temporary folder; plus /dev/null);
-  reading stays allowed everywhere (the lab's `lib/`, torch, the checks). With Landlock ABI >= 4 it may not
+  write, truncate, rename or delete files **only** under `workdir` (its own temporary folder; plus /dev/null),
+  and read only where `readable` says (the week's view, the Python environment, the system's files: `grader.view`;
+  everywhere when it is None). With Landlock ABI >= 4 it may not
   open TCP connections or bind ports; with ABI >= 6 it may not signal processes outside its sandbox (so it
   cannot kill the grader) nor connect to abstract UNIX sockets.
 - processes: the child is the subreaper of everything it starts (a double-forked or `setsid`'d process stays in
@@ -12,14 +13,29 @@
   process-count limit: `RLIMIT_NPROC` when not root (it counts all of the user's tasks, so it is set to their
   number now plus `MAX_PROCESSES`); the kernel never applies `RLIMIT_NPROC` to uid 0, so as root the grader
   puts the child in a pids cgroup of its own instead, where one is writable (`grader.processes`).
+- /proc: with Landlock, the process may read the system's files there (`/proc/cpuinfo`, `/proc/sys`, ...) and its
+  own `/proc/<pid>`, never another process's entries (`environ`, `cmdline`, `maps`, `fd`, ...: `_proc_rules`).
+- credentials (`_drop_privileges`): `no_new_privs`, and no capability in any set (effective, permitted,
+  inheritable, ambient; the bounding set too where it can be dropped, i.e. as root). As root the process stays
+  uid 0 — a real unprivileged uid could not run the interpreter where it lives under root's 0700 home (pyenv's
+  /root/.pyenv) — but without a capability: it cannot override file permissions, trace or read the memory of a
+  process holding capabilities (the grader), raise its limits, or change its uid; securebits are set and locked
+  so that neither exec nor a uid change gives capabilities back, and it gets a SysV IPC namespace of its own.
+  What uid 0 keeps — the owner's rights over root's files — is met by Landlock (writes only in its folder) and,
+  as root, by reading only what every user may read in `/etc`, `/dev` and `/proc` (no /etc/shadow, no disk
+  device). Not as root, the process keeps the instructor's uid, with no capability.
 - Without Landlock, when running as root, the process drops to user `nobody` instead (then the repo, owned by
   root and not world-writable, cannot be written either); otherwise nothing stops it writing where the
   instructor can — `confine` says which of these applied, and the grader prints it.
+- seccomp (`_seccomp`): no sockets, io_uring, user namespaces (which would give capabilities back inside one),
+  keyrings, ptrace, perf events or bpf; and, where Landlock does not scope signals (ABI < 6), signals only to
+  itself.
 """
 from __future__ import annotations
 
 import ctypes
 import os
+import platform  # here: as user nobody (no Landlock) the standard library may be out of reach
 import resource
 import sys
 
@@ -45,12 +61,84 @@ class _PathBeneath(ctypes.Structure):
     _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
-def _landlock(workdir: str, readable: list | None = None) -> str | None:
+def _world_readable(root: str) -> list[tuple[str, str]]:
+    """`root` as rules for what every user may read beneath it: a folder that only root may enter, a file or
+    device only root may open (`/etc/shadow`, a disk's `/dev/sda`), and the sticky, world-writable folders where
+    processes leave files (`/dev/shm`) are left out — for a child that stays uid 0, whose owner rights over root's
+    files Landlock's read rules would otherwise keep."""
+    import stat
+
+    out: list[tuple[str, str]] = []
+
+    def walk(path: str, depth: int) -> bool:  # True: everything beneath `path` may be read by all
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return False
+        if stat.S_ISLNK(st.st_mode):
+            return True  # a link is followed when opened, and the rules of its target apply
+        if not stat.S_ISDIR(st.st_mode):
+            return bool(st.st_mode & stat.S_IROTH)
+        if (st.st_mode & (stat.S_IROTH | stat.S_IXOTH)) != (stat.S_IROTH | stat.S_IXOTH) or \
+                (st.st_mode & stat.S_ISVTX and st.st_mode & stat.S_IWOTH) or depth > 12:
+            return False
+        try:
+            entries = sorted(os.listdir(path))
+        except OSError:
+            return False
+        ok = [(e, walk(os.path.join(path, e), depth + 1)) for e in entries]
+        if all(fine for _, fine in ok):
+            return True
+        out.append(("list", path))
+        out.extend(("read", os.path.join(path, e)) for e, fine in ok if fine)
+        return False
+
+    if walk(root, 0):
+        out.append(("read", root))
+    return out
+
+
+_PINNED: list[int] = []  # O_PATH descriptors of this process's own /proc/<pid> (see `_proc_rules`)
+
+
+def _proc_rules(as_root: bool) -> list[tuple[str, str]]:
+    """/proc for a Landlock ruleset: the system's entries (cpuinfo, meminfo, sys, ...; as root only those every user
+    may read) and this process's own `/proc/<pid>` (where `/proc/self` leads), never another process's — not its
+    `environ` nor its `cmdline`, `maps`, `fd`, `status`; /proc itself cannot be listed (a right to list a folder
+    holds for every folder beneath it). Its own folder's descriptor stays open: a rule is held by the inode, and
+    /proc makes a new inode for a pid's folder each time its cached entry is dropped."""
+    me = str(os.getpid())
+    rules = [("read", f"/proc/{me}")]
+    _PINNED.append(os.open(f"/proc/{me}", os.O_PATH | os.O_CLOEXEC))
+    for entry in sorted(os.listdir("/proc")):
+        if entry.isdigit() or entry in ("self", "thread-self"):
+            continue
+        path = f"/proc/{entry}"
+        rules += _world_readable(path) if as_root else [("read", path)]
+    return rules
+
+
+def _expand(readable: list, as_root: bool) -> list:
+    """The view's rules, with /proc as `_proc_rules` and, as root, /etc and /dev as `_world_readable`."""
+    out = []
+    for kind, path in readable:
+        if kind == "read" and path == "/proc":
+            out += _proc_rules(as_root)
+        elif kind == "read" and as_root and path in ("/etc", "/dev"):
+            out += _world_readable(path)
+        else:
+            out.append((kind, path))
+    return out
+
+
+def _landlock(workdir: str, readable: list | None = None) -> tuple[str | None, int]:
+    """Landlock's rules for this process; (a phrase saying what applies, or None where Landlock is missing, and its
+    ABI: 0 where missing)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
     abi = libc.syscall(_SYS_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
     if abi < 1:
-        return None
+        return None, 0
     fs = _WRITE_FILE | _REMOVE_DIR | _REMOVE_FILE | _MAKE
     if abi >= 2:
         fs |= _REFER
@@ -63,11 +151,11 @@ def _landlock(workdir: str, readable: list | None = None) -> str | None:
     size = ctypes.sizeof(_RulesetAttr) if abi >= 6 else (16 if abi >= 4 else 8)
     ruleset = libc.syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
     if ruleset < 0:
-        return None
+        return None, 0
     file_rights = _EXECUTE | _WRITE_FILE | _READ_FILE | (_TRUNCATE if abi >= 3 else 0)
     rules = [(workdir, fs), ("/dev/null", (_WRITE_FILE | (_TRUNCATE if abi >= 3 else 0)) | (read if readable is not None else 0))]
     kinds = {"read": read, "list": _READ_DIR, "device": _READ_FILE | _WRITE_FILE}
-    rules += [(path, kinds.get(kind, 0) & fs) for kind, path in (readable or ())]
+    rules += [(path, kinds.get(kind, 0) & fs) for kind, path in _expand(readable or [], os.geteuid() == 0)]
     try:
         for path, access in rules:
             try:
@@ -82,22 +170,87 @@ def _landlock(workdir: str, readable: list | None = None) -> str | None:
                 rule = _PathBeneath(allowed_access=access, parent_fd=fd)
                 if libc.syscall(_SYS_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(1), ctypes.byref(rule),
                                 ctypes.c_uint32(0)) != 0:
-                    return None
+                    return None, 0
             finally:
                 os.close(fd)
         if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-            return None
+            return None, 0
         if libc.syscall(_SYS_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
-            return None
+            return None, 0
     finally:
         os.close(ruleset)
     extras = (", no TCP" if abi >= 4 else "") + (", no signals outside" if abi >= 6 else "")
-    reads = ", reads only the week's view and the Python environment" if readable is not None else ""
-    return f"landlock ABI {abi}: writes only under its temporary folder{reads}{extras}"
+    reads = (", reads only the week's view, the Python environment and the system's files (not another "
+             "process's /proc)") if readable is not None else ""
+    return f"landlock ABI {abi}: writes only under its temporary folder{reads}{extras}", abi
+
+
+# --- credentials ---------------------------------------------------------------------------------------------
+
+_PR_CAPBSET_DROP, _PR_SET_SECUREBITS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 24, 28, 47, 4
+# SECBIT_NOROOT, SECBIT_NO_SETUID_FIXUP, SECBIT_NO_CAP_AMBIENT_RAISE set, SECBIT_KEEP_CAPS clear: each locked
+_SECUREBITS = (1 << 0) | (1 << 1) | (1 << 2) | (1 << 3) | (1 << 5) | (1 << 6) | (1 << 7)
+_CAPABILITY_VERSION_3 = 0x20080522
+_CLONE_NEWIPC = 0x08000000
+_CAP_FIELDS = ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def credentials() -> dict[str, str]:
+    """This process's uids, capability sets and no_new_privs, as /proc/self/status says them."""
+    with open("/proc/self/status") as f:
+        fields = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+    return {k: fields.get(k, "").strip() for k in ("Uid", *_CAP_FIELDS, "NoNewPrivs")}
+
+
+def _drop_privileges(to_nobody: bool) -> str:
+    """`no_new_privs` and no capability in any set, for good (see the module's docstring); as root with
+    `to_nobody`, user `nobody` as well. One phrase saying what holds; RuntimeError where a capability is left."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise RuntimeError("could not set no_new_privs")
+    if os.geteuid() == 0:
+        for cap in range(64):  # EINVAL past the kernel's last capability
+            libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)
+        libc.prctl(_PR_SET_SECUREBITS, _SECUREBITS, 0, 0, 0)
+    libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    if to_nobody and os.geteuid() == 0:
+        os.setgroups([])
+        os.setgid(65534)
+        os.setuid(65534)
+    header, data = _CapHeader(_CAPABILITY_VERSION_3, 0), (_CapData * 2)()
+    if libc.capset(ctypes.byref(header), data) != 0:
+        raise RuntimeError(f"could not drop its capabilities: {os.strerror(ctypes.get_errno())}")
+    now = credentials()
+    left = [k for k in ("CapInh", "CapPrm", "CapEff", "CapAmb") if int(now[k] or "0", 16)]
+    if left or now["NoNewPrivs"] != "1":
+        raise RuntimeError(f"capabilities left after dropping them: {now}")
+    uid = os.getuid()
+    who = "uid 0 (root)" if uid == 0 else ("user nobody" if uid == 65534 else f"uid {uid} (the instructor's)")
+    bounding = "" if int(now["CapBnd"] or "0", 16) == 0 else ", bounding set kept (not root: exec cannot use it)"
+    return f"{who} with no capabilities{bounding}, no_new_privs"
+
+
+def _new_ipc_namespace() -> str:
+    """As root: a SysV IPC namespace of its own (uid 0 would otherwise own root's shared memory segments)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if os.geteuid() == 0 and libc.unshare(_CLONE_NEWIPC) == 0:
+        return ", its own IPC namespace"
+    return ""
 
 
 # seccomp: the child may not open sockets (UDP and unix-domain sockets are beyond Landlock's reach) or io_uring
-# rings (whose operations seccomp does not see). struct sock_filter / sock_fprog, and the BPF program below.
+# rings (whose operations seccomp does not see), make a user namespace (where it would hold every capability over
+# what the namespace owns), use the kernel's keyrings, trace a process, read performance counters or load bpf;
+# where Landlock does not scope signals, it may signal only itself. struct sock_filter / sock_fprog, and the BPF
+# program `_filter` assembles.
 class _SockFilter(ctypes.Structure):
     _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
 
@@ -107,26 +260,73 @@ class _SockFprog(ctypes.Structure):
 
 
 _AUDIT_ARCH_X86_64, _AUDIT_ARCH_AARCH64 = 0xC000003E, 0xC00000B7
-# syscall numbers refused: socket, io_uring_setup (x86_64: 41, 425; aarch64: 198, 425)
-_REFUSED = {_AUDIT_ARCH_X86_64: (41, 425), _AUDIT_ARCH_AARCH64: (198, 425)}
+_SYSCALLS = {  # name: (x86_64, aarch64)
+    "socket": (41, 198), "io_uring_setup": (425, 425), "unshare": (272, 97), "setns": (308, 268),
+    "add_key": (248, 217), "request_key": (249, 218), "keyctl": (250, 219), "ptrace": (101, 117),
+    "process_vm_readv": (310, 270), "process_vm_writev": (311, 271), "perf_event_open": (298, 241),
+    "bpf": (321, 280), "clone": (56, 220), "clone3": (435, 435), "kill": (62, 129), "tkill": (200, 130),
+    "tgkill": (234, 131), "rt_sigqueueinfo": (129, 138), "rt_tgsigqueueinfo": (297, 240),
+    "pidfd_send_signal": (424, 424)}
+_REFUSED = ("socket", "io_uring_setup", "unshare", "setns", "add_key", "request_key", "keyctl", "ptrace",
+            "process_vm_readv", "process_vm_writev", "perf_event_open", "bpf")
+_CLONE_NEWUSER = 0x10000000
 
 
-def _seccomp() -> str | None:
-    import platform
+def _filter(arch: int, own_pid: int | None) -> list[tuple[int, int, int, int]]:
+    """The BPF program: (code, jt, jf, k) rows. `own_pid`: signals only to that process (kill: also its group)."""
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    allow, eperm, enosys = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38  # SECCOMP_RET_ALLOW, _ERRNO | errno
+    nr = {name: numbers[0 if arch == _AUDIT_ARCH_X86_64 else 1] for name, numbers in _SYSCALLS.items()}
+    rows: list[list] = []
+    labels: dict[str, int] = {}
 
+    def op(code, k=0, jt=0, jf=0):
+        rows.append([code, jt, jf, k])
+
+    op(ld, 4)  # the calling convention's architecture: another one (int 0x80) is refused
+    op(jeq, arch, 0, "refuse")
+    op(ld, 0)  # the syscall number
+    op(jge, 0x40000000, "refuse", 0)  # x32 syscalls: another way to the same calls, refused
+    for name in _REFUSED:
+        op(jeq, nr[name], "refuse", 0)
+    op(jeq, nr["clone3"], "nosys", 0)  # its flags are in memory, out of BPF's sight: libc falls back to clone
+    op(jeq, nr["clone"], "clone", 0)
+    if own_pid is not None:
+        op(jeq, nr["kill"], "kill", 0)
+        for name in ("tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo"):
+            op(jeq, nr[name], "own", 0)
+        for name in ("tkill", "pidfd_send_signal"):
+            op(jeq, nr[name], "refuse", 0)
+    op(ret, allow)
+    labels["clone"] = len(rows)
+    op(ld, 16)  # the low half of the first argument (little-endian): clone's flags
+    op(jset, _CLONE_NEWUSER, "refuse", "allow")
+    if own_pid is not None:
+        labels["kill"] = len(rows)
+        op(ld, 16)
+        op(jeq, 0, "allow", 0)  # its own process group
+        labels["own"] = len(rows)
+        op(ld, 16)
+        op(jeq, own_pid, "allow", "refuse")
+    labels["allow"] = len(rows)
+    op(ret, allow)
+    labels["refuse"] = len(rows)
+    op(ret, eperm)
+    labels["nosys"] = len(rows)
+    op(ret, enosys)
+    for i, row in enumerate(rows):
+        for j in (1, 2):
+            if isinstance(row[j], str):
+                row[j] = labels[row[j]] - i - 1
+                assert 0 <= row[j] < 256
+    return [tuple(r) for r in rows]
+
+
+def _seccomp(signals_to_self: bool = False) -> str | None:
     arch = {"x86_64": _AUDIT_ARCH_X86_64, "aarch64": _AUDIT_ARCH_AARCH64}.get(platform.machine())
     if arch is None or not sys.platform.startswith("linux"):
         return None
-    ld_w_abs, jeq_k, jge_k, ret_k = 0x20, 0x15, 0x35, 0x06
-    allow, refuse = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
-    nrs = _REFUSED[arch]
-    refuse_at = len(nrs) + 5  # the index of the last instruction; a jump's offset counts from the next one
-    prog = [(ld_w_abs, 0, 0, 4),  # the calling convention's architecture: another one (int 0x80) is refused
-            (jeq_k, 0, refuse_at - 2, arch),
-            (ld_w_abs, 0, 0, 0),  # the syscall number
-            (jge_k, refuse_at - 4, 0, 0x40000000)]  # x32 syscalls: another way to the same calls, refused
-    prog += [(jeq_k, refuse_at - (4 + i) - 1, 0, nr) for i, nr in enumerate(nrs)]
-    prog += [(ret_k, 0, 0, allow), (ret_k, 0, 0, refuse)]
+    prog = _filter(arch, os.getpid() if signals_to_self else None)
     filters = (_SockFilter * len(prog))(*[_SockFilter(*f) for f in prog])
     fprog = _SockFprog(len(prog), filters)
     libc = ctypes.CDLL(None, use_errno=True)
@@ -134,7 +334,7 @@ def _seccomp() -> str | None:
         return None
     if libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
         return None
-    return "no sockets (seccomp)"
+    return "no sockets, user namespaces, keyrings or ptrace (seccomp)" + (", signals only to itself" if signals_to_self else "")
 
 
 def _tasks_of(uid: int) -> int:
@@ -158,6 +358,8 @@ def _process_limit() -> str:
     uid = os.getuid()
     if uid == 0:
         cgroup = os.environ.pop("INFERENCE_LAB_PIDS_CGROUP", "")
+        if not cgroup:  # (an empty path would write `cgroup.procs` into the working folder)
+            return "no process-count limit (root, and no writable pids cgroup)"
         try:
             with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:  # before Landlock: this is a file write
                 f.write(str(os.getpid()))
@@ -199,22 +401,28 @@ def confine(workdir: str, cpu_seconds: int, readable: list | None = None) -> str
     resource.setrlimit(resource.RLIMIT_FSIZE, (256 << 20, 256 << 20))
     if cpu_seconds > 0:
         resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 5))
+    if not linux:
+        return (f"not Linux: no landlock, seccomp or capability drop; CPU {cpu_seconds} s, files <= 256 MiB, "
+                f"{processes}")
+    ipc = _new_ipc_namespace()
     try:
-        how = _landlock(workdir, readable)
+        how, abi = _landlock(workdir, readable)
     except (OSError, AttributeError):
-        how = None
-    if how is None and os.geteuid() == 0:
+        how, abi = None, 0
+    nobody = how is None and os.geteuid() == 0
+    if nobody:
         os.chown(workdir, 65534, 65534)
-        os.setgroups([])
-        os.setgid(65534)
-        os.setuid(65534)
         how = ("no landlock: running as user nobody (the repo is not writable for it; files readable by all users "
                "stay readable)")
     elif how is None:
         how = ("no landlock and not root: the student's code can read and write wherever you can (run it in a "
                "container)")
+    who = _drop_privileges(nobody)
+    if nobody and processes.startswith("no process-count limit"):
+        processes = _process_limit()  # RLIMIT_NPROC applies to user nobody
     try:
-        sockets = _seccomp()
+        sockets = _seccomp(signals_to_self=abi < 6)
     except (OSError, AttributeError):
         sockets = None
-    return how + f"; CPU {cpu_seconds} s, files <= 256 MiB, {processes}; " + (sockets or "sockets allowed (no seccomp)")
+    return (how + f"; {who}{ipc}; CPU {cpu_seconds} s, files <= 256 MiB, {processes}; " +
+            (sockets or "sockets allowed (no seccomp)"))

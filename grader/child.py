@@ -350,14 +350,12 @@ class _Child:
         return out
 
     def load(self, notebook, cells, copies=(), references=None):
-        from collections import Counter
-
         exercise_module = _OWN["grader.notebook"].exercise_module
 
         # the trusted side found these copies in the cells' source; code compiled later is judged by the audit hook
         self.copies.update({(int(index), str(qualname)): str(why) for index, qualname, why in copies})
         if references:  # to the audit hook, which alone keeps them (`_Guard.audit`): nothing here can clear them
-            sys.audit(REFERENCES_EVENT, {str(k): Counter(v) for k, v in references.items()})
+            sys.audit(REFERENCES_EVENT, dict(references))  # `grader.similarity.References.data`: plain hashes
         self._apply_memory_limit()  # before the cells run: what they allocate counts too
         previous, self.current_root = self.current_root, None
         try:
@@ -830,11 +828,12 @@ class _Guard:
         observe, fingerprint, wire, notebook, observers, calls, triton = (_OWN[f"grader.{m}"] for m in (
             "observe", "fingerprint", "wire", "notebook", "observers", "child_observe", "triton_watch"))
         out = []
+        reads = _OWN["grader.reads"]
         for holder in (_OWN.get("grader.child") or sys.modules[__name__], observe, fingerprint, wire, notebook, _Child,
                        _ChildPickler, _ChildUnpickler, _ParentProxy, _Guard, observe.OpRecorder, observe.Observation,
                        observe.Recording, observers, observers.Observers, observers.HostMeter, calls, calls.Scope,
                        calls.Calls, calls.Job, calls.Rerun, vars(calls)["_Entry"], vars(calls)["_Copier"], triton,
-                       triton.TritonWatch):
+                       triton.TritonWatch, reads, reads.Visits):
             mapping, name = vars(holder), getattr(holder, "__name__", str(holder))
             out += [(f"{name}.{k}", mapping, k, v) for k, v in mapping.items()
                     if callable(v) or isinstance(v, (staticmethod, classmethod, property))]
@@ -843,6 +842,12 @@ class _Guard:
         similarity = _OWN["grader.similarity"]
         out += [(f"grader.similarity.{k}", vars(similarity), k, v) for k, v in vars(similarity).items()
                 if not k.startswith("__")]
+        # the table the recorder classifies ops by: its tables too (an op moved among ELEMENTWISE goes unmeasured)
+        op_table = _OWN["grader.op_table"]
+        out += [(f"grader.op_table.{k}", vars(op_table), k, v) for k, v in vars(op_table).items() if not k.startswith("__")]
+        for cls in (similarity.Unit, similarity.Source, similarity.References, similarity._Normalise):  # its methods
+            out += [(f"grader.similarity.{cls.__name__}.{k}", vars(cls), k, v) for k, v in vars(cls).items()
+                    if callable(v) or isinstance(v, (staticmethod, classmethod, property))]
         return out
 
     @staticmethod
@@ -1097,9 +1102,7 @@ class _ChildUnpickler(pickle.Unpickler):
         if tag == "G":
             import torch
 
-            gen = torch.Generator(device=pid[1])
-            gen.set_state(torch.frombuffer(bytearray(pid[2]), dtype=torch.uint8).clone())
-            return gen
+            return torch.Generator(device=pid[1]).manual_seed(pid[2])  # a seed drawn for it (grader.wire)
         raise pickle.UnpicklingError(f"unknown tag {tag!r}")
 
 

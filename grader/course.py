@@ -20,6 +20,7 @@ from pathlib import Path
 from traitlets.config import Config
 
 from grader.notebook import validate_notebook
+from grader.similarity import match_label
 from grader.status import (GradingError, limits_set, one_line, read_status, status_files, status_path,
                             write_status)
 
@@ -225,12 +226,38 @@ class Course:
         self.record_status(week, student, status="graded", error="", missing_cells=missing, nbgrader_warnings=caught,
                            **{k: v for k, v in status.items() if k not in ("status", "error", "time")})
         manual = " (written answers still to grade by hand)" if s["needs_manual_grade"] else ""
-        extra = f"; reference use: {', '.join(refs)}" if refs else ""
-        extra += f"; failed: {', '.join(failed)}" if failed else ""
+        why = failure_reasons(status)
+        self.comment_reasons(week, student, nbs, status, why)
+        extra = f"; reference use: {', '.join(reference_use_text(status))}" if refs else ""
+        extra += f"; failed: {', '.join(f'{t} ({why[t]})' for t in failed)}" if failed else ""
         extra += f"; missing cells (0 points): {', '.join(missing)}" if missing else ""
         extra += f"; out of time: {', '.join(status['timed_out'])}" if status.get("timed_out") else ""
         return (f"{s['score']:g} / {s['max_score']:g}; autograded code {s['code_score']:g} / "
                 f"{s['max_code_score']:g}{manual}{extra}")
+
+    def comment_reasons(self, week: str, student: str, nbs: list[Path], status: dict, why: dict[str, str]) -> None:
+        """The reason each exercise lost its points, as the autograder's comment on its solution cell: the formgrader
+        shows it beside the student's code (and the feedback under it), as the one-line summary does. A cell the
+        student left as released keeps nbgrader's own "No response."."""
+        from nbgrader.api import Gradebook, MissingEntry
+
+        reasons: dict[str, str] = {}
+        for test, reason in why.items():  # test_<exercise> -> the exercise's solution cell
+            reasons.setdefault(test.removeprefix("test_"), f"{test}: {reason}")
+        for name, label in zip(status.get("reference_use", []), reference_use_text(status)):
+            reasons[name] = f"reference use: {label}"
+        if not reasons:
+            return
+        with Gradebook(self.config.CourseDirectory.db_url) as gb:
+            for nb in nbs:
+                for cell, text in reasons.items():
+                    try:
+                        comment = gb.find_comment(cell, nb.stem, str(week), student)
+                    except MissingEntry:
+                        continue
+                    if comment.auto_comment != "No response.":
+                        comment.auto_comment = f"[autograder] {text}"
+            gb.db.commit()
 
     def feedback(self, week: str, student: str) -> Path:
         self._ok(self.api.generate_feedback(str(week), student, force=True), f"generate_feedback {week} {student}")
@@ -300,7 +327,7 @@ class Course:
                         "written_score": float(sum(nb.written_score for nb in nbs)),
                         "max_written_score": float(sum(nb.max_written_score for nb in nbs)),
                         "needs_manual_grade": bool(sub.needs_manual_grade),
-                        "reference_use": " ".join(status.get("reference_use", [])),
+                        "reference_use": "; ".join(reference_use_text(status)),
                         "failed_exercises": " ".join(status.get("failed", [])),
                         "error": status.get("error", ""), "timestamp": sub.timestamp or "",
                     })
@@ -340,10 +367,13 @@ def grading_worker() -> None:
     """Set up a process that grades submissions (each `--jobs` worker, and `python -m grader autograde` itself with
     `--jobs 1`): it becomes the subreaper of what it starts, so a process a submission leaves behind (double fork,
     `setsid`) is handed to it rather than to init, and is killed when that submission's child is stopped
-    (`grader.processes.kill_tree`)."""
-    from grader.processes import become_subreaper
+    (`grader.processes.kill_tree`). And it is made non-dumpable, so that a child (no capabilities, the same uid or
+    root without capabilities) cannot read its memory, environment, maps or open files under /proc
+    (`grader.processes.make_undumpable`)."""
+    from grader.processes import become_subreaper, make_undumpable
 
     become_subreaper()
+    make_undumpable()
 
 
 def shared_models_state() -> tuple:
@@ -426,3 +456,42 @@ def nbgrader_cause(result: dict) -> str:
 def read_csv(path: str | Path) -> list[dict]:
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
+
+
+def failure_reasons(status: dict) -> dict[str, str]:
+    """Why each failed test failed, in a few words an instructor can act on: not implemented, reference use, out of
+    time, the student's process crashed, a resource refused, or the check's own one line (a wrong answer)."""
+    out = {}
+    refs = set(status.get("reference_use", []))
+    for test in status.get("failed", []):
+        line = str(status.get("tests", {}).get(test, ""))
+        kind, _, msg = line.partition(":")
+        msg = msg.strip()
+        if test in (status.get("timed_out") or {}):
+            out[test] = f"out of time: {one_line(str(status['timed_out'][test]), 120)}"
+        elif kind == "NotImplementedYet" or "is not implemented yet" in msg:
+            out[test] = "not implemented"
+        elif test.removeprefix("test_") in refs or kind == "ReferenceUse":
+            out[test] = "reference use"
+        elif kind in ("StudentCrash", "StudentMemoryError"):
+            out[test] = f"the student's process crashed: {one_line(msg, 120)}"
+        elif kind == "StudentTimeout":
+            out[test] = f"out of time: {one_line(msg, 120)}"
+        elif kind == "ResourceRefused":
+            out[test] = f"refused: {one_line(msg, 120)}"
+        else:
+            out[test] = f"{kind}: {one_line(msg, 160)}" if msg else (kind or "failed")
+    return out
+
+
+def reference_use_text(status: dict) -> list[str]:
+    """Each exercise of a submission's reference use, with what it copied and how much where it is a copy of the
+    answer key (`grader.similarity.match_label`): "flash_attention_forward (copy of lib.attention.flash_attention_forward
+    93%)". The one-line autograde summary and the grades' CSV show these."""
+    whys = status.get("reference_use_why") or {}
+    out = []
+    for name in status.get("reference_use", []):
+        why = whys.get(name, "")
+        label = match_label(why)
+        out.append(f"{name} (copy of {label})" if label else f"{name} ({one_line(why, 160)})" if why else name)
+    return out

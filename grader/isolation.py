@@ -58,27 +58,26 @@ import warnings
 import weakref
 from pathlib import Path
 
-from grader.processes import is_subreaper, pids_cgroup, remove_cgroup, process_start_time, become_subreaper, kill_tree
+from grader import bounds
+from grader.processes import (is_subreaper, pids_cgroup, remove_cgroup, process_start_time, become_subreaper, kill_tree,
+                              child_environment, make_undumpable)
 from grader.proxy import ChildProxy, autograd_function_of
 from grader.status import (TAMPERED_TAIL, DEFAULT_BUDGET, DEFAULT_CALL_TIMEOUT, DEFAULT_CPU, DEFAULT_EXERCISE_TIMEOUT,
                             DEFAULT_MEMORY, limits, one_line)
-from grader.similarity import copies_in_cells, introspection_in_cells, reference_units, similar_to_reference, without_copies
+from grader.copies import copies_in_cells, reference_units, similar_to_reference, without_copies
+from grader.similarity import introspection_in_cells
 from grader.view import ViewSpec, build_view, readable_paths
-from grader.wire import (ArgumentChanged, IsolationError, StudentCrash, StudentTimeout, ByValue, SafeUnpickler,
-                         TrustedPickler, apply_operation, copy_back, exception_info, rebuild_exception, recv_message, send_message)
+from grader.wire import (MAX_FROM_CHILD, ArgumentChanged, IsolationError, ResourceRefused, StudentCrash, StudentMemoryError,
+                         StudentTimeout, ByValue, SafeUnpickler, TrustedPickler, apply_operation, copy_back, exception_for_child,
+                         rebuild_exception, recv_message, send_message)
 
-__all__ = ["Session", "ChildProxy", "IsolationError", "StudentTimeout", "StudentCrash", "ArgumentChanged",
+__all__ = ["Session", "ChildProxy", "IsolationError", "StudentTimeout", "StudentCrash", "ArgumentChanged", "ResourceRefused",
            "kill_tree", "become_subreaper", "DEFAULT_CALL_TIMEOUT", "DEFAULT_BUDGET", "DEFAULT_EXERCISE_TIMEOUT",
            "DEFAULT_MEMORY", "DEFAULT_CPU"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-# The variables of the grader's environment the child keeps (locale, libraries, devices, threads); the rest —
-# tokens, paths, the seed of the checks' inputs — is the instructor's.
-_CHILD_ENV = {"PATH", "LANG", "LANGUAGE", "TZ", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_HOME",
-              "NVIDIA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "SYSTEMROOT"}
-_CHILD_ENV_PREFIXES = ("LC_", "TRITON_", "CUBLAS_", "NCCL_")
-MAX_RECEIVED = 8 << 30  # bytes the child may send the trusted side in all, per session: beyond it, a verdict
+MAX_RECEIVED = bounds.MAX_RECEIVED  # bytes the child may send the trusted side in all, per session: beyond it, a verdict
 
 
 def _memory_kind() -> str:
@@ -239,6 +238,7 @@ class Session:
         self.started = time.monotonic()
         self.restarts = 0
         self._exports: dict[int, object] = {}
+        self.meter = bounds.Meter(self)  # what the notebook's code makes this process hold or do (grader.bounds)
         self._storages: dict[int, object] = {}
         self._next_req = 0
         self.workdir: str | None = None
@@ -261,13 +261,26 @@ class Session:
         self._exports.clear()
         self._storages.clear()
         self.workdir = tempfile.mkdtemp(prefix="inference-lab-student-")
+        make_undumpable()  # this process's /proc files (environ, memory, maps, fds) out of the child's reach
+        with bounds.lifted():  # the child (and the probe below) must not inherit a ceiling of this process's
+            self._spawn()
+        limit, self.exercise_limit = self.exercise_limit, None  # a fresh child's start-up is not the exercise's time
+        try:
+            hello = self._wait_reply(None, timeout=max(120.0, self.call_timeout))
+            self.sandbox = bounds.plain_text(hello, 1000)
+            if self.cells is not None:
+                self.load_info = bounds.load_info(self._request_raw("load", None, (self.notebook, self.cells, self.copies,
+                                                                                   self.reference_units)))
+        finally:
+            self.exercise_limit = limit
+
+    def _spawn(self) -> None:
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         view = build_view(self.view)
         paths = child_import_path()
         readable = None if self.view.open else readable_paths(view, extra=paths)
-        # The instructor's environment is theirs: the child gets the few variables a Python process needs.
-        env = {k: v for k, v in os.environ.items() if k in _CHILD_ENV or k.startswith(_CHILD_ENV_PREFIXES)}
+        env = child_environment()  # the instructor's environment is theirs: the few variables Python needs
         env.update(HOME=self.workdir, TMPDIR=self.workdir, MPLCONFIGDIR=self.workdir, XDG_CACHE_HOME=self.workdir,
                    PYTHONDONTWRITEBYTECODE="1", MPLBACKEND="Agg")
         env.setdefault("OMP_NUM_THREADS", "1")
@@ -291,15 +304,6 @@ class Session:
         os.close(from_child_w)
         self._w, self._r = to_child_w, from_child_r
         self.dead = None
-        limit, self.exercise_limit = self.exercise_limit, None  # a fresh child's start-up is not the exercise's time
-        try:
-            hello = self._wait_reply(None, timeout=max(120.0, self.call_timeout))
-            self.sandbox = hello
-            if self.cells is not None:
-                self.load_info = self._request_raw("load", None, (self.notebook, self.cells, self.copies,
-                                                                  self.reference_units))
-        finally:
-            self.exercise_limit = limit
 
     def load(self, cells: list[tuple[int, str | None, str]]) -> dict:
         self.cells = cells
@@ -416,6 +420,9 @@ class Session:
 
     def export(self, obj) -> tuple:
         oid = id(obj)
+        if oid not in self._exports and len(self._exports) >= bounds.MAX_EXPORTS:
+            raise self.meter.refuse(f"the notebook's code asked for more than {bounds.MAX_EXPORTS} of the checks' "
+                                    f"objects in one check; each stays in the grader's process until the check ends")
         self._exports[oid] = obj
         t = type(obj)
         return (oid, getattr(t, "__module__", ""), getattr(t, "__qualname__", t.__name__))
@@ -431,6 +438,7 @@ class Session:
         self._checks = max(0, getattr(self, "_checks", 1) - 1)
         if self._checks == 0:
             self._exports.clear()
+            self.meter.end_check()
 
     def _budget_left(self) -> float:
         return self.budget - (time.monotonic() - self.started)
@@ -467,30 +475,38 @@ class Session:
                 wait = min(wait, exercise_left)
             began = time.monotonic()
             try:
-                data = recv_message(self._r, wait)
+                data = recv_message(self._r, wait, MAX_FROM_CHILD)
             except TimeoutError:
                 self.exercise_used += time.monotonic() - began
                 if wait < timeout:
                     continue  # the budget or exercise check above reports it
                 raise self._timed_out(f"{during} took longer than {timeout:g} s (an endless loop?); the process "
                                       f"running the notebook's code was stopped") from None
-            except (EOFError, OSError, ValueError) as e:
+            except (EOFError, OSError, ValueError, MemoryError) as e:
                 self.exercise_used += time.monotonic() - began
                 time.sleep(0.05)
-                why = self._death_reason(during) if not isinstance(e, ValueError) else f"protocol violation: {e}"
+                why = (self._death_reason(during) if isinstance(e, (EOFError, OSError)) else f"protocol violation: {e}"
+                       if isinstance(e, ValueError) else f"the notebook's code sent a message the grader's process has "
+                       f"no room for (it holds at most {bounds.CHECK_MEMORY >> 20} MiB for the notebook's code in a "
+                       f"check); stopped during {during}")
                 self._kill(why)
                 raise StudentCrash(why) from None
             self.exercise_used += time.monotonic() - began
             self.received += len(data)
             if self.received > MAX_RECEIVED:
-                why = (f"the notebook's code sent the checks more than {MAX_RECEIVED >> 30} GiB of data in all; "
+                why = (f"the notebook's code sent the checks more than {MAX_RECEIVED >> 20} MiB of data in all; "
                        f"stopped during {during}")
                 self._kill(why)
                 raise StudentCrash(why)
             try:
                 msg = self._decode(data)
             except Exception as e:  # noqa: BLE001
-                self._kill(f"undecodable message ({e})")
+                size, data = len(data), None
+                self._kill(f"undecodable message ({one_line(e, limit=300)})")
+                if bounds.is_memory_error(e):
+                    raise StudentCrash(f"the student's process sent a message of {size} bytes that would take more "
+                                       f"than the {bounds.CHECK_MEMORY >> 20} MiB the grader's process gives a check "
+                                       f"to read; stopped during {during}") from None
                 raise StudentCrash(f"the student's process sent something that is not plain data ({one_line(e, limit=300)})") from None
             if type(msg) is not tuple or not msg or type(msg[0]) is not str:
                 self._kill("malformed message")
@@ -506,8 +522,8 @@ class Session:
                 if isinstance(exc, MemoryError):
                     # A process that ran out of memory may stay short of it: the next exercise gets a fresh one.
                     self._kill(f"it ran out of memory during {during}")
-                    exc = MemoryError(f"out of memory during {during} (the limit is {self.memory >> 20} MiB "
-                                      f"beyond the imports) {exc}".strip())
+                    exc = StudentMemoryError(f"out of memory during {during} (the limit is {self.memory >> 20} MiB "
+                                             f"beyond the imports) {exc}".strip())
                 raise exc
             if kind == "req" and len(msg) == 5:
                 self._serve(msg)
@@ -522,7 +538,10 @@ class Session:
         """What the child's guard saw, or a copy of the answer key that ran: kept here, for good — for the exercise
         the child names and for the one this side's request ran for (None, while the cells load: every exercise)."""
         book = self.tampered if kind == "flag" else self.copied
+        root = root[:200] if type(root) is str else root
         for where in {root, self._root_now} if root != "*" else {root}:
+            if where not in book and where != self._root_now and len(book) >= 200:
+                continue  # names the child made up: the exercise this side ran for still gets it
             found = book.setdefault(where, [])
             if len(found) < 10 and why[:400] not in found:
                 found.append(why[:400])
@@ -539,19 +558,17 @@ class Session:
                 raise AttributeError(f"the checks' objects do not expose private attributes ({args[0]!r}) "
                                      f"to the notebook's code")
             _refuse_module_change(op, target, args)
-            if op == "byvalue":
-                value = ByValue(target)
-            else:
-                value = apply_operation(op, target, args)
-            reply = ("ok", rid, value)
-            try:
-                payload = self._encode(reply)
-            except Exception as e:  # noqa: BLE001
-                payload = self._encode(("err", rid, exception_info(e)))
+            with self.meter.callback(op, target, args) as call:  # bounded, or refused (grader.bounds)
+                value = ByValue(target) if op == "byvalue" else apply_operation(op, target, args)
+                try:
+                    payload = self._encode(("ok", rid, value))
+                except Exception as e:  # noqa: BLE001
+                    del value
+                    payload = self._encode(("err", rid, exception_for_child(call.failed(e))))
         except BaseException as e:
             if isinstance(e, KeyboardInterrupt):
                 raise
-            payload = self._encode(("err", rid, exception_info(e)))
+            payload = self._encode(("err", rid, exception_for_child(e)))
         send_message(self._w, payload)
 
     def _request_raw(self, op: str, target, args: tuple, during: str | None = None):
@@ -569,13 +586,14 @@ class Session:
         elif isinstance(target, ChildProxy):
             self._root_now = target._root
         try:
-            try:
-                send_message(self._w, payload)
-            except OSError:
-                why = self._death_reason(during or op)
-                self._kill(why)
-                raise StudentCrash(why) from None
-            return self._wait_reply(rid, self.call_timeout, during or self._describe(op, target))
+            with self.meter.request():  # what the child makes this process hold meanwhile is bounded (grader.bounds)
+                try:
+                    send_message(self._w, payload)
+                except OSError:
+                    why = self._death_reason(during or op)
+                    self._kill(why)
+                    raise StudentCrash(why) from None
+                return self._wait_reply(rid, self.call_timeout, during or self._describe(op, target))
         finally:
             self._root_now = previous
 
@@ -663,7 +681,7 @@ class Session:
             seen = self._request_raw("refs", None, (list(names),), during="the reference-use query")
         except IsolationError:
             return {**copied, **found}
-        seen = {k: v for k, v in seen.items() if type(k) is str and type(v) is str}
+        seen = {k: v[:400] for k, v in seen.items() if k in names and type(v) is str} if type(seen) is dict else {}
         return {**copied, **seen, **found}
 
     def proxy(self, oid: int, info: dict) -> ChildProxy:

@@ -18,14 +18,17 @@ import torch
 
 from grader.fingerprint import lib_name, oracle_name, warm
 from grader.observers import OUTSIDE_CODE, HostMeter, Observers, observers_code
+from grader.op_table import classify
+from grader.reads import Visits, note_op
 from grader.triton_watch import TritonWatch
 
 
 @dataclass
 class Observation:
-    """What one call did. `ops`: aten op name -> count; `matmuls`: (shape of a, shape of b) of every mm/bmm/
-    matmul-like op; `flops`: FLOPs counted by torch's FlopCounterMode; `peak_bytes`: peak tensor bytes
-    allocated during the call (inputs excluded); `lib_calls`: qualified names of `lib` functions that ran
+    """What one call did. `ops`: aten op name -> count; `matmuls`: (shape of a, shape of b) of every matrix product
+    (mm, bmm, a conv as its im2col product, cdist, ...: `grader.op_table`), a's last dim the contraction; `flops`:
+    FLOPs counted by torch's FlopCounterMode; `peak_bytes`: peak tensor bytes allocated during the call (inputs
+    excluded); `lib_calls`: qualified names of `lib` functions that ran
     (recognised by `grader.fingerprint`: lib's bytecode counts wherever it was loaded from), and of the
     oracles' (`grader.fingerprint.ORACLE_MODULES`, e.g. "gguf.quants.dequantize"), recognised the same way."""
     ops: Counter = field(default_factory=Counter)
@@ -33,8 +36,9 @@ class Observation:
     flops: int = 0
     peak_bytes: int = 0
     lib_calls: set = field(default_factory=set)
-    reductions: list = field(default_factory=list)  # (op name, input shape, reduced extent) of every reduction
+    reductions: list = field(default_factory=list)  # (op name, input shape, extent) of every reduction (op_table)
     reads: dict = field(default_factory=dict)  # argument position -> [mean reads of each slice along its dim 0]
+    visits: dict = field(default_factory=dict)  # argument position -> `visits_of`'s list (grader.reads.Visits)
     # Triton kernels run by the interpreter (TRITON_INTERPRET=1) during the call: one (kernel name, grid) per
     # launch, and the (M, K, N) of every `tl.dot` its programs executed (a compiled GPU kernel is not seen).
     kernel_launches: list = field(default_factory=list)
@@ -58,6 +62,12 @@ class Observation:
         slice's elements of the number of ops that read each element (views read nothing; an indexing op reads
         what it gathers; any other op reads each element of its view once)."""
         return list(self.reads.get(position, []))
+
+    def visits_of(self, position: int) -> list[list[int]]:
+        """For the tensor argument at `position` (asked for with `observe(..., _observe_reads=((position, dim),))`):
+        per slice along `dim`, [the most visits, the fewest visits, the most terminal reads] of its elements
+        (`grader.reads`: reads followed through copies, in visits: runs of reads no other read breaks)."""
+        return [list(v) for v in self.visits.get(position, [])]
 
     def called(self, *prefixes: str) -> list[str]:
         """The aten ops called whose names start with any of `prefixes` (e.g. "aten._scaled_dot_product")."""
@@ -86,9 +96,16 @@ class Observation:
         return max((max(d) for d in self.kernel_dots), default=0)
 
     def max_reduction_extent(self) -> int:
-        """The most elements any one reduction (sum, amax, max, logsumexp, softmax, mean, ...) combined per
-        output element: a chunked softmax keeps it <= the chunk size, a full-row softmax makes it the row length."""
+        """The most elements any one reduction (sum, amax, softmax, a pool's window, a cumulative scan, a sort, a
+        scatter-add's contributions to one slot, ...: `grader.op_table`) combined per output element: a chunked
+        softmax keeps it <= the chunk size, a full-row softmax makes it the row length."""
         return max((extent for _, _, extent in self.reductions), default=0)
+
+    @property
+    def unclassified(self) -> list[str]:
+        """The aten ops the call ran that `grader.op_table` cannot classify (neither known to combine nothing nor a
+        reduction or matrix product it measures): what they combined went unmeasured. Kept among `ops`."""
+        return sorted(k[len(UNCLASSIFIED) + 1:] for k in self.ops if k.startswith(UNCLASSIFIED + " "))
 
     @property
     def inputs_written(self) -> int:
@@ -111,28 +128,6 @@ class Observation:
 
 
 
-_REDUCTIONS = {"aten.sum", "aten.amax", "aten.amin", "aten.max", "aten.min", "aten.logsumexp", "aten._softmax",
-               "aten._log_softmax", "aten.mean", "aten.prod", "aten.nansum", "aten.cumsum", "aten.logcumsumexp",
-               "aten.norm", "aten.linalg_vector_norm", "aten.softmax", "aten.log_softmax"}
-
-
-def _reduced_extent(args, kwargs) -> int | None:
-    """How many elements a reduction op combines per output (None: not a reduction, e.g. max(a, b))."""
-    x = args[0]
-    if not isinstance(x, torch.Tensor) or x.dim() == 0:
-        return None
-    dims = args[1] if len(args) > 1 else (kwargs or {}).get("dim")
-    if isinstance(dims, torch.Tensor):  # torch.max(a, b): elementwise
-        return None
-    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
-        return x.numel()
-    dims = [dims] if isinstance(dims, int) else list(dims)
-    extent = 1
-    for d in dims:
-        extent *= x.shape[d]
-    return extent
-
-
 WATCH_REMOVED = "<the profiler watching the call was switched off>"  # counted among Observation.ops
 INPUTS_WRITTEN = "<write into an argument>"  # the key of Observation.inputs_written in Observation.ops
 PREMADE_WRITTEN = "<bytes written into buffers made before the call>"  # Observation.premade_bytes
@@ -148,6 +143,9 @@ OWN_OPERATOR = "<an operator of the observed code's own>"
 # An op the observers could not record (their own code raised on its arguments: a tensor subclass without storage,
 # say): counted among Observation.ops, the op itself ran as it would unobserved.
 UNRECORDED = "<an op the observers could not record>"
+# An op `grader.op_table` does not classify (neither known to combine nothing nor a reduction or matrix product it
+# measures): counted among Observation.ops as f"{UNCLASSIFIED} aten.X" (Observation.unclassified).
+UNCLASSIFIED = "<an op the observer cannot classify>"
 _OPS_AT_START = frozenset(name.split(".")[0] for name in torch._C._dispatch_get_all_op_names())
 
 
@@ -219,8 +217,10 @@ class OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
     def _should_skip_dynamo(cls) -> bool:  # see _without_dynamo_import
         return False
 
-    def __init__(self, obs: Observation, inputs: set[int] = frozenset(), counted: dict | None = None):
+    def __init__(self, obs: Observation, inputs: set[int] = frozenset(), counted: dict | None = None,
+                 visits: list | None = None):
         super().__init__()
+        self.visits, self.views = visits or [], {}  # grader.reads.Visits of arguments whose reads are followed
         self.obs = obs
         self.inputs = inputs  # data pointers of the observed call's tensor arguments' storages
         self.fresh: set[int] = set()  # storages that ops made during the call
@@ -282,10 +282,14 @@ class OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
         self.after(func, args, kwargs, result)
         return result
 
+    @staticmethod
+    def _name(func) -> str:
+        name = str(func.overloadpacket) if hasattr(func, "overloadpacket") else str(func)
+        return name if name.startswith("aten.") else f"aten.{name}"
+
     def before(self, func, args, kwargs) -> None:
         """Note an op about to run (`grader.observers.Observers` calls this, then the op, then `after`)."""
-        name = str(func.overloadpacket) if hasattr(func, "overloadpacket") else str(func)
-        name = name if name.startswith("aten.") else f"aten.{name}"
+        name = self._name(func)
         self.obs.ops[name] += 1
         schema = getattr(func, "_schema", None)
         if schema is not None and schema.name not in _OPS_AT_START:
@@ -293,24 +297,34 @@ class OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
             self.obs.ops[f"{OWN_OPERATOR} {schema.name}"] += 1
         if self._writes_input(func, args, kwargs):
             self.obs.ops[INPUTS_WRITTEN] += 1
-        if name in ("aten.mm", "aten.bmm"):
-            self.obs.matmuls.append((tuple(args[0].shape), tuple(args[1].shape)))
-        elif name in ("aten.addmm", "aten.baddbmm"):
-            self.obs.matmuls.append((tuple(args[1].shape), tuple(args[2].shape)))
-        elif name == "aten.mv":
-            self.obs.matmuls.append((tuple(args[0].shape), tuple(args[1].shape) + (1,)))
-        elif name in ("aten.dot", "aten.vdot"):
-            self.obs.matmuls.append(((1,) + tuple(args[0].shape), tuple(args[1].shape) + (1,)))
-        elif name in _REDUCTIONS:
-            extent = _reduced_extent(args, kwargs)
-            if extent is not None:
-                self.obs.reductions.append((name, tuple(args[0].shape), extent))
+
+    def after(self, func, args, kwargs, result, counted: bool = True) -> None:
+        """Note an op that ran. `counted` is False for an op the observers ran as its decomposition: its parts were
+        noted themselves (what they read, multiplied and reduced), so it is not again."""
+        self._note_storages(func, args, kwargs, result)
+        if not counted:
+            return
+        name = self._name(func)
         if self.counted:
             with torch.utils._python_dispatch._disable_current_modes():
                 self._note_reads(func, name, args, kwargs)
+        self._classify(func, name, args, kwargs, result)
+        if self.visits:
+            with torch.utils._python_dispatch._disable_current_modes():
+                note_op(self.visits, func, args, kwargs, result, self.views)
 
-    def after(self, func, args, kwargs, result) -> None:
-        self._note_storages(func, args, kwargs, result)
+    def _classify(self, func, name, args, kwargs, result) -> None:
+        """The op's matmuls and reductions (`grader.op_table`), or, for an op the table does not know, its name
+        among `Observation.unclassified`."""
+        try:
+            found = classify(name, func, args, kwargs, result)
+        except (RuntimeError, TypeError, ValueError, IndexError, KeyError, AttributeError, ZeroDivisionError):
+            found = None  # arguments the table's reading of the op did not expect: not classified
+        if found is None:
+            self.obs.ops[f"{UNCLASSIFIED} {name}"] += 1
+            return
+        self.obs.matmuls += found[0]
+        self.obs.reductions += found[1]
 
 
 
@@ -344,11 +358,15 @@ class Recording:
         # Host memory too (`Observation.host_peak_bytes`): tracemalloc slows Python-heavy code several-fold, so only
         # where a check bounds memory that numpy could hold instead of torch.
         self.host = HostMeter() if host and not self.light else None
-        counted, self.reading = {}, {}
+        counted, self.reading, self.visits = {}, {}, {}
         for i in reads:
-            if issubclass(type(args[i]), torch.Tensor) and args[i].device.type != "meta":
+            if type(i) in (tuple, list):  # (position, dim): followed through copies, in visits (grader.reads)
+                i, dim = int(i[0]), int(i[1])
+                if issubclass(type(args[i]), torch.Tensor) and args[i].device.type != "meta" and args[i].numel():
+                    self.visits[i] = Visits(args[i], dim)
+            elif issubclass(type(args[i]), torch.Tensor) and args[i].device.type != "meta":
                 self.reading[i] = counted[args[i].untyped_storage().data_ptr()] = _ReadCounter(args[i])
-        self.recorder = OpRecorder(obs, argument_storages(args, kwargs or {}), counted)
+        self.recorder = OpRecorder(obs, argument_storages(args, kwargs or {}), counted, list(self.visits.values()))
         self.inputs = {i: a for i, a in enumerate(args) if issubclass(type(a), torch.Tensor)}
         self.inputs.update({k: a for k, a in (kwargs or {}).items() if issubclass(type(a), torch.Tensor)})
         self.kernels = None  # the TritonWatch the call runs under, set by whoever runs it
@@ -401,7 +419,7 @@ class Recording:
 
     def after(self, func, args, kwargs, out, counted: bool) -> None:
         if not self.meter_only:
-            self.recorder.after(func, args, kwargs, out)
+            self.recorder.after(func, args, kwargs, out, counted)
             formula = self.formulas.get(getattr(func, "_overloadpacket", None)) if counted else None
             if formula is not None:  # as FlopCounterMode counts an op it did not decompose
                 self.flops += formula(*args, **kwargs, out_val=out)
@@ -451,6 +469,7 @@ class Recording:
             obs.kernel = records.summary(self.inputs, _tensors(result if issubclass(type(result), (list, tuple)) else [result]))
             obs.kernel_launches, obs.kernel_dots = list(records.launches), list(records.dots)
         obs.reads = {i: counter.per_slice() for i, counter in self.reading.items()}
+        obs.visits = {i: v.summary() for i, v in self.visits.items()}
         for other in self.remote:
             obs.ops.update(other.ops)
             obs.matmuls += other.matmuls
@@ -562,6 +581,7 @@ def to_wire(obs: Observation) -> dict:
             "peak_bytes": int(obs.peak_bytes), "host_peak_bytes": int(obs.host_peak_bytes), "lib_calls": sorted(obs.lib_calls),
             "reductions": [(str(n), tuple(map(int, sh)), int(e)) for n, sh, e in obs.reductions],
             "reads": {int(i): [float(x) for x in v] for i, v in obs.reads.items()},
+            "visits": {int(i): [[int(x) for x in s][:3] for s in v] for i, v in obs.visits.items()},
             "kernel_launches": [(str(n), tuple(int(g) for g in grid)) for n, grid in obs.kernel_launches],
             "kernel_dots": [tuple(int(x) for x in d) for d in obs.kernel_dots], "kernel": _kernel_data(obs.kernel)}
 
@@ -578,6 +598,7 @@ def from_wire(data) -> Observation:
     o.lib_calls = {c for c in data.get("lib_calls", ()) if type(c) is str}
     o.reductions = [(str(n), tuple(int(x) for x in sh), int(e)) for n, sh, e in data.get("reductions", ())]
     o.reads = {int(i): [float(x) for x in v] for i, v in dict(data.get("reads", {})).items()}
+    o.visits = {int(i): [[int(x) for x in s][:3] for s in v] for i, v in dict(data.get("visits", {})).items()}
     o.kernel_launches = [(str(n), tuple(int(g) for g in grid)) for n, grid in data.get("kernel_launches", ())]
     o.kernel_dots = [(int(m), int(k), int(n)) for m, k, n in data.get("kernel_dots", ())]
     o.kernel = _kernel_data(data.get("kernel", {}))

@@ -6,16 +6,25 @@ its own tree (`grader._sandbox`), a grading worker is the subreaper of what the 
 (`become_subreaper`), and, as root where a pids cgroup can be made, the child is in one of its own
 (`pids_cgroup`). `kill_tree` stops (a stopped process cannot fork) and then kills all of them, each through
 a pidfd taken while its start time still matched, so a reused pid is never hit.
+
+And what a grading process holds that a submission must not read: **the instructor's environment** and the
+process's own memory. `worker_environment` is what a grading process keeps of the environment it was started with
+(`exec_clean` restarts `python -m grader autograde` with it, `clean_environ` starts `--jobs` workers with it; the
+child gets less still, `grader.isolation`), and `make_undumpable` puts a grading process's `/proc/<pid>` files
+out of reach of processes of the same uid without capabilities (the child).
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import signal
 import sys
 import tempfile
 import time
 
 _PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37
+_PR_SET_DUMPABLE = 4
 
 
 def _libc():
@@ -175,3 +184,81 @@ def remove_cgroup(cgroup: str | None) -> None:
                 return
             except OSError:  # still has (dying) members
                 time.sleep(0.02)
+
+
+# --- the environment a grading process keeps ---------------------------------------------------------------
+
+# What a grading process needs of the instructor's environment: where things are (PATH, HOME, TMPDIR, PYTHONPATH,
+# the virtual environment, Jupyter's and the caches' folders), the locale and time zone, thread counts, the GPU's
+# settings, and the grader's own INFERENCE_LAB_* settings. Nothing else — tokens, keys, cloud credentials, a
+# hub's API token — reaches it; and no name that looks like a secret, whatever its prefix.
+WORKER_ENV = {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "COLUMNS", "LINES", "TMPDIR", "TEMP", "TMP", "TZ",
+              "LANG", "LANGUAGE", "PYTHONPATH", "PYTHONHASHSEED", "PYTHONUTF8", "PYTHONIOENCODING", "PYTHONWARNINGS",
+              "PYTHONDONTWRITEBYTECODE", "VIRTUAL_ENV", "CONDA_PREFIX", "LD_LIBRARY_PATH", "CC", "CXX", "HF_HOME",
+              "HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_CACHE", "TRANSFORMERS_OFFLINE", "MPLBACKEND",
+              "LAB_QMATMUL", "SYSTEMROOT"}
+WORKER_ENV_PREFIXES = ("INFERENCE_LAB_", "LC_", "XDG_", "JUPYTER_", "CUDA_", "NVIDIA_", "TRITON_", "CUBLAS_", "NCCL_",
+                       "TORCH_", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOMP_")
+_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|KEY|CREDENTIAL|AUTH|COOKIE|PRIVATE|CERT", re.IGNORECASE)
+
+
+def secret_name(name: str) -> bool:
+    """Whether an environment variable's name says it holds a secret (`INFERENCE_LAB_API_TOKEN`, `HF_TOKEN`)."""
+    return bool(_SECRET_NAME.search(name))
+
+
+def worker_environment(environ=None) -> dict[str, str]:
+    """The part of `environ` (default: this process's) a grading process keeps (`WORKER_ENV`)."""
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in environ.items()
+            if (k in WORKER_ENV or k.startswith(WORKER_ENV_PREFIXES)) and not secret_name(k)}
+
+
+# The variables the child keeps (locale, libraries, devices, threads), less any whose name looks like a secret; the
+# rest — paths, the seed of the checks' inputs, the grader's own settings — is the instructor's.
+CHILD_ENV = {"PATH", "LANG", "LANGUAGE", "TZ", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_HOME",
+             "NVIDIA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "SYSTEMROOT"}
+CHILD_ENV_PREFIXES = ("LC_", "TRITON_", "CUBLAS_", "NCCL_")
+
+
+def child_environment(environ=None) -> dict[str, str]:
+    """The part of `environ` (default: this process's) the child is started with (`grader.isolation` adds its own
+    folders, HOME and TMPDIR among them)."""
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in environ.items()
+            if (k in CHILD_ENV or k.startswith(CHILD_ENV_PREFIXES)) and not secret_name(k)}
+
+
+def exec_clean() -> None:
+    """Restart this process (`python -m grader ...`, as typed) with `worker_environment` alone, unless that is all it
+    has: `/proc/<pid>/environ` shows the environment a process was *started* with, whatever it removes from
+    `os.environ` afterwards, and the `--jobs` workers inherit it. POSIX only (Windows' exec starts another process)."""
+    clean = worker_environment()
+    if clean == dict(os.environ) or os.name != "posix":
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, list(sys.orig_argv), clean)
+
+
+@contextlib.contextmanager
+def clean_environ():
+    """Within this block this process's environment is `worker_environment` alone (for starting the `--jobs`
+    workers, which inherit it); the whole environment again afterwards."""
+    saved = dict(os.environ)
+    clean = worker_environment(saved)
+    try:
+        os.environ.clear()
+        os.environ.update(clean)
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def make_undumpable() -> bool:
+    """PR_SET_DUMPABLE 0 for this process (a grading worker, pytest's process): its `/proc/<pid>` files then belong to
+    root and the kernel lets no process without CAP_SYS_PTRACE read its memory, `environ`, `maps` or `fd` — the
+    child runs with no capability, as the instructor's uid or as a root without capabilities (`grader._sandbox`).
+    No core dumps of it either; an `execve` makes a process dumpable again."""
+    return sys.platform.startswith("linux") and _libc().prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) == 0

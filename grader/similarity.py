@@ -1,59 +1,184 @@
 """Code copied from the answer key, found in the notebook's source: lib's functions and the instructor's solution.
 
-What it guards: **a renamed or padded copy of the reference is not the student's work.** The bytecode
+What it guards: **a renamed, reworded or padded copy of the reference is not the student's work.** The bytecode
 fingerprints (`grader.fingerprint`) recognise lib's code exactly, in the student's process; this module reads
 the submitted source in the trusted process, where nothing the student runs can interfere, and measures how
-much of a reference function's code the submission contains, in a form that renaming variables, adding dead
-statements, rewording comments and docstrings, changing constants or reordering statements does not change.
+much of a reference's code the submission contains, in a form that renaming, reordering, swapped operands,
+reworded comments and docstrings, changed constants and added statements do not change.
 
-How: each function is cut into statements (a compound statement counts its header: `for i in range(n):`
-without its body), each statement normalised — every local name and parameter becomes `_`, every number and
-string a placeholder, docstrings and `pass` dropped — and hashed; a function is the multiset of those hashes.
-The statements the release itself gives the student (the exercise cell outside `### BEGIN/END SOLUTION`) are
-taken out of both sides. Containment = the share of the reference's statements found in the submission's.
-A submission function that contains at least `THRESHOLD` of a reference function of at least `MIN_STATEMENTS`
-statements is reported: `reference_use`, and the exercise scores 0 like any use of lib's implementation.
-Shorter references (a two-line mask) are not judged: independent solutions of a few lines coincide.
+Normalised form (`_Normalise`): the code's own names become `_` — locals, parameters, the functions and classes
+the same file or notebook defines, the attributes a class or function sets (`self.k = ...`) and the methods it
+defines —, numbers and strings placeholders; commutative operands are sorted (`b * a` is `a * b`), `a > b` is
+`b < a`, `x += y` is `x = x + y`, keywords are sorted, `torch.matmul(a, b)` is `a @ b`; docstrings, `pass`,
+annotations, decorators and signatures are dropped. torch's names and the attributes of other objects stay.
 
-The threshold is sized on honest code (tests/test_similarity.py): the solutions of weeks 16–21 against every lib
-function, and lib's and the solutions' functions against each other, written independently of each other.
+Two measures of how much a submission S and a reference R share, each on that form:
+- **tokens**, as MOSS and JPlag do: token sequences of `K` tokens are hashed and winnowed (of every `WINDOW`
+  consecutive hashes the smallest is kept: any run of `K + WINDOW - 1` tokens the two share is seen). The token
+  share is the larger of the share of R's fingerprints found among S's k-grams (padding S does not dilute it) and
+  the share of S's fingerprints found among R's (leaving out R's options and checks does not dilute it).
+  Robust to edits inside statements.
+- **statements**: each statement (a compound one by its header) hashed; the share of R's statements, with
+  multiplicity, S has too. Robust to reordering and to dead statements between every two.
+Fingerprints and statements that many functions of lib and of the solutions share are idiom, no evidence: the
+trusted side (`grader.copies`) gives them as `common`, and they are taken out of both sides.
+
+The units compared: every function and method alone; every class as a whole (all its methods: methods of a few
+lines are judged together); every function or class together with the functions of the same file or notebook it
+calls by name, however deep (a copy split across helpers; an exercise's graded function is the student's own
+answer to it and is not counted into another's). The code the release itself gives (outside `### BEGIN/END
+SOLUTION`) is taken out of both sides. A unit with `TOKEN_THRESHOLD` of the tokens of a reference unit (the side
+the share is of having at least `MIN_FINGERPRINTS` fingerprints), or `THRESHOLD` of the statements of one of at
+least `MIN_STATEMENTS`, is a copy (`ratio` >= 1): `reference_use`, and the exercise scores 0 like any use of lib's
+implementation. Smaller references (a two-line mask) are not judged: independent solutions of a few lines coincide.
+
+The thresholds are sized on honest variants written from the release notebooks alone and on reworded copies
+(tests/fixtures/, tests/test_similarity.py; grader/README.md, "Reference use").
 """
 from __future__ import annotations
 
 import ast
 import hashlib
-import os
 import re
+import sys
 from collections import Counter
-from functools import lru_cache
-from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-THRESHOLD = 0.9
+THRESHOLD = 0.8  # statements
 MIN_STATEMENTS = 12
-_SOLUTION_BLOCK = re.compile(r"^[ \t]*### BEGIN SOLUTION.*?^[ \t]*### END SOLUTION[^\n]*\n?", re.S | re.M)
+TOKEN_THRESHOLD = 0.6  # winnowed token k-grams
+MIN_FINGERPRINTS = 60
+K = 9
+WINDOW = 4
+_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef)
+_COMMUTATIVE = (ast.Add, ast.Mult, ast.BitAnd, ast.BitOr, ast.BitXor)
+_FLIPPED = {ast.Gt: ast.Lt, ast.GtE: ast.LtE}
+_BODIES = ("body", "orelse", "finalbody", "handlers")
+
+
+def _by_dump(node) -> str:
+    return ast.dump(node)
 
 
 class _Normalise(ast.NodeTransformer):
-    """Locals and parameters -> `_`, numbers and strings -> placeholders; globals and attributes kept."""
+    """The normalised form (module docstring). `own`: names that become `_`; `attrs`: attribute names that do."""
 
-    def __init__(self, local: set[str]):
-        self.local = local
+    def __init__(self, own: set[str], attrs: set[str]):
+        self.own, self.attrs = own, attrs
 
     def visit_Name(self, node):
-        return ast.Name(id="_" if node.id in self.local else node.id, ctx=ast.Load())
+        return ast.Name(id="_" if node.id in self.own else node.id, ctx=ast.Load())
+
+    def visit_Attribute(self, node):
+        return ast.Attribute(value=self.visit(node.value), attr="_" if node.attr in self.attrs else node.attr,
+                             ctx=ast.Load())
 
     def visit_arg(self, node):
         return ast.arg(arg="_", annotation=None)
 
     def visit_Constant(self, node):
-        if isinstance(node.value, (bool, type(None))):
-            return node
+        if isinstance(node.value, (bool, type(None))) or node.value is Ellipsis:
+            return ast.Constant(value=node.value)
         return ast.Constant(value="<str>" if isinstance(node.value, (str, bytes)) else 0)
 
-    def visit_keyword(self, node):
-        self.generic_visit(node)
+    def visit_JoinedStr(self, node):
+        return ast.Constant(value="<str>")
+
+    def visit_Expr(self, node):
+        return None if isinstance(node.value, ast.Constant) else self.generic_visit(node)  # docstrings
+
+    def visit_Pass(self, node):
+        return None
+
+    def visit_FunctionDef(self, node):
+        node = self.generic_visit(node)
+        node.name, node.decorator_list, node.returns = "_", [], None
+        node.args = ast.arguments(posonlyargs=[], args=[], vararg=None, kwonlyargs=[], kw_defaults=[], kwarg=None,
+                                  defaults=[])
         return node
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_ClassDef(self, node):
+        node = self.generic_visit(node)
+        node.name, node.decorator_list = "_", []
+        return node
+
+    def visit_AnnAssign(self, node):
+        if node.value is None:
+            return None
+        return ast.Assign(targets=[self.visit(node.target)], value=self.visit(node.value))
+
+    def visit_AugAssign(self, node):
+        target = self.visit(node.target)
+        return ast.Assign(targets=[target], value=_canonical(ast.BinOp(left=target, op=node.op,
+                                                                         right=self.visit(node.value))))
+
+    def visit_BinOp(self, node):
+        if not isinstance(node.op, _COMMUTATIVE):
+            return self.generic_visit(node)
+        terms, todo = [], [node]  # a chain of one commutative operator, flattened without recursion into it
+        while todo:
+            n = todo.pop()
+            if isinstance(n, ast.BinOp) and type(n.op) is type(node.op):
+                todo += [n.left, n.right]
+            else:
+                terms.append(self.visit(n))
+        return _canonical(ast.BinOp(left=terms[0], op=node.op, right=terms[1]) if len(terms) == 2 else
+                          _chain(terms, node.op))
+
+    def visit_Compare(self, node):
+        node = self.generic_visit(node)
+        if len(node.ops) == 1:
+            op, right = node.ops[0], node.comparators[0]
+            if type(op) in _FLIPPED:
+                return ast.Compare(left=right, ops=[_FLIPPED[type(op)]()], comparators=[node.left])
+            if isinstance(op, (ast.Eq, ast.NotEq, ast.Is, ast.IsNot)):
+                left, right = sorted((node.left, right), key=_by_dump)
+                return ast.Compare(left=left, ops=[op], comparators=[right])
+        return node
+
+    def visit_Call(self, node):
+        node = self.generic_visit(node)
+        node.keywords.sort(key=lambda k: (k.arg or "", _by_dump(k.value)))
+        f = node.func
+        if isinstance(f, ast.Attribute) and f.attr == "matmul" and not node.keywords:
+            if isinstance(f.value, ast.Name) and f.value.id == "torch" and len(node.args) == 2:
+                return ast.BinOp(left=node.args[0], op=ast.MatMult(), right=node.args[1])
+            if len(node.args) == 1:
+                return ast.BinOp(left=f.value, op=ast.MatMult(), right=node.args[0])
+        return node
+
+
+def _chain(terms: list, op) -> ast.AST:
+    out = terms[0]
+    for term in terms[1:]:
+        out = ast.BinOp(left=out, op=type(op)(), right=term)
+    return out
+
+
+def _canonical(node: ast.BinOp) -> ast.AST:
+    """A chain of one commutative operator with its operands sorted: `c + a + b` is `a + b + c`."""
+    if not isinstance(node.op, _COMMUTATIVE):
+        return node
+    terms, todo = [], [node]
+    while todo:
+        n = todo.pop()
+        if isinstance(n, ast.BinOp) and type(n.op) is type(node.op):
+            todo += [n.left, n.right]
+        else:
+            terms.append(n)
+    terms.sort(key=_by_dump)  # each term dumped once: linear in the chain's length
+    return _chain(terms, node.op)
+
+
+def _fill_empty(tree: ast.AST) -> ast.AST:
+    """A body the normalisation emptied (a docstring and `pass` only) gets a `pass`, so the tree still prints."""
+    for node in ast.walk(tree):
+        for field in ("body", "finalbody"):
+            if isinstance(getattr(node, field, None), list) and not getattr(node, field) and (
+                    field == "body" or getattr(node, "handlers", None) == []):
+                setattr(node, field, [ast.Pass()] if field == "body" else [])
+    return tree
 
 
 def _locals(fn: ast.AST) -> set[str]:
@@ -63,60 +188,117 @@ def _locals(fn: ast.AST) -> set[str]:
             names.add(n.arg)
         elif isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
             names.add(n.id)
-        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n is not fn:
+        elif isinstance(n, (*_DEFS, ast.ClassDef)) and n is not fn:
             names.add(n.name)
         elif isinstance(n, ast.ExceptHandler) and n.name:
             names.add(n.name)
     return names
 
 
-_BODIES = ("body", "orelse", "finalbody", "handlers")
+def _own_attributes(node: ast.AST) -> set[str]:
+    """Attribute names `node` sets (`self.k = ...`, `self.n += 1`, `del self.x`) and the methods its classes define."""
+    out = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Attribute) and isinstance(n.ctx, (ast.Store, ast.Del)):
+            out.add(n.attr)
+        elif isinstance(n, ast.ClassDef):
+            out.update(m.name for m in n.body if isinstance(m, _DEFS))
+    return out
 
 
-def _statements(stmts: list[ast.stmt], norm: _Normalise, out: list[str]) -> None:
+def _statements(stmts: list[ast.stmt], out: list[str]) -> None:
+    """The hashes of the (normalised) statements, a compound statement counted by its header."""
     for s in stmts:
-        if isinstance(s, ast.Pass) or (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)):
-            continue  # `pass` and docstrings / bare constants: dead
+        if isinstance(s, ast.Pass):
+            continue
         head = type(s)(**{f: ([] if f in _BODIES or f == "cases" else getattr(s, f, None)) for f in s._fields})
-        if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        if isinstance(s, (*_DEFS, ast.ClassDef)):
             head = ast.Name(id=f"<{type(s).__name__}>", ctx=ast.Load())
-        out.append(hashlib.sha1(ast.dump(norm.visit(head)).encode()).hexdigest()[:16])
+        out.append(hashlib.sha1(ast.dump(head).encode()).hexdigest()[:16])
         for f in _BODIES:
+            for item in getattr(s, f, None) or []:
+                if isinstance(item, ast.ExceptHandler):
+                    _statements([ast.Expr(value=item.type or ast.Constant(value=None))], out)
+                    _statements(item.body, out)
             body = getattr(s, f, None)
-            if isinstance(body, list):
-                for item in body:
-                    if isinstance(item, ast.ExceptHandler):
-                        _statements([ast.Expr(value=item.type or ast.Constant(value=None))], norm, out)
-                        _statements(item.body, norm, out)
-                if body and not isinstance(body[0], ast.ExceptHandler):
-                    _statements(body, norm, out)
+            if isinstance(body, list) and body and not isinstance(body[0], ast.ExceptHandler):
+                _statements(body, out)
         for case in getattr(s, "cases", []) or []:
-            _statements(case.body, norm, out)
+            _statements(case.body, out)
 
 
-def function_units(fn: ast.FunctionDef) -> Counter:
-    """The multiset of normalised statement hashes of one function (nested functions included)."""
-    out: list[str] = []
-    _statements(fn.body, _Normalise(_locals(fn)), out)
-    return Counter(out)
+_TOKEN = re.compile(r"[A-Za-z_]\w*|\d[\w.]*|'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|\*\*=?|//=?|->|:=|<<=?|>>=?|[=!<>]=|"
+                    r"[-+*/%@&|^]=|\S")
 
 
-def _without_magics(source: str) -> str:
+def _tokens(tree: ast.AST) -> list[str]:
+    """The tokens of the tree as `ast.unparse` prints it (one statement a line; `{` and `}` where the indentation
+    goes in and out), read with a pattern bound at import: nothing in the student's process changes how."""
+    out, depth = [], 0
+    for line in ast.unparse(tree).split("\n"):
+        if line.strip():
+            level = (len(line) - len(line.lstrip(" "))) // 4
+            out += ["{"] * (level - depth) + ["}"] * (depth - level)
+            depth = level
+            out += _TOKEN.findall(line)
+    return out
+
+
+def _kgrams(tokens: list[str]) -> list[int]:
+    return [int.from_bytes(hashlib.blake2b("\x1f".join(tokens[i:i + K]).encode(), digest_size=6).digest(), "big")
+            for i in range(len(tokens) - K + 1)]
+
+
+def _winnow(hashes: list[int]) -> set[int]:
+    """Of every WINDOW consecutive hashes the smallest (the rightmost of equals): MOSS's fingerprints."""
+    if len(hashes) <= WINDOW:
+        return {min(hashes)} if hashes else set()
+    out = set()
+    for i in range(len(hashes) - WINDOW + 1):
+        window = hashes[i:i + WINDOW]
+        out.add(min(window))
+    return out
+
+
+class Unit:
+    """Normalised code: `kg` every k-gram hash, `fp` the winnowed ones, `st` the statement multiset."""
+
+    __slots__ = ("kg", "fp", "st")
+
+    def __init__(self, kg=frozenset(), fp=frozenset(), st=None):
+        self.kg, self.fp, self.st = frozenset(kg), frozenset(fp), st if st is not None else Counter()
+
+    def __add__(self, other: Unit) -> Unit:
+        return Unit(self.kg | other.kg, self.fp | other.fp, self.st + other.st)
+
+
+def _unit(node: ast.AST, own: set[str], attrs: set[str]) -> Unit:
+    """The unit of a function, normalised in place (a second parse's node: see `Source`)."""
+    tree = ast.fix_missing_locations(_fill_empty(_Normalise(own, attrs).visit(node)))
+    statements: list[str] = []
+    _statements(tree.body, statements)
+    hashes = _kgrams(_tokens(tree))
+    return Unit(hashes, _winnow(hashes), Counter(statements))
+
+
+def without_magics(source: str) -> str:
     """The cell's code as the grader runs it (`grader.notebook.run_cells`): IPython magics and shell escapes dropped."""
     return "\n".join(ln for ln in source.splitlines() if not ln.lstrip().startswith(("%", "!")))
 
 
-def _definitions(tree: ast.AST, prefix: str = "") -> dict[str, ast.AST]:
-    """qualname (as Python spells `co_qualname`) -> node, for every function and method in `tree`, however deep: in
-    a class, in another function (`outer.<locals>.inner`), under `if`, `try`, `with` or a loop."""
+def definitions(tree: ast.AST, prefix: str = "", classes: bool = False) -> dict[str, ast.AST]:
+    """qualname (as Python spells `co_qualname`) -> node, for every function and method in `tree` (and class, with
+    `classes`), however deep: in a class, in another function (`outer.<locals>.inner`), under `if`, `try`, `with`."""
     found = {}
 
     def visit(node, qual):
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if isinstance(child, _DEFS):
                 found.setdefault(f"{qual}{child.name}", child)
                 visit(child, f"{qual}{child.name}.<locals>.")
             elif isinstance(child, ast.ClassDef):
+                if classes:
+                    found.setdefault(f"{qual}{child.name}", child)
                 visit(child, f"{qual}{child.name}.")
             else:
                 visit(child, qual)
@@ -125,236 +307,209 @@ def _definitions(tree: ast.AST, prefix: str = "") -> dict[str, ast.AST]:
     return found
 
 
-def functions(source: str, prefix: str = "") -> dict[str, Counter]:
-    """qualname -> statement multiset, for every function and method defined in `source` (`_definitions`: also
-    those nested in a block or in another function; IPython magics dropped)."""
-    try:
-        tree = ast.parse(_without_magics(source))
-    except SyntaxError:
-        return {}
-    return {qual: function_units(node) for qual, node in _definitions(tree, prefix).items()}
+class Source:
+    """A file's or a notebook's code as units: `units[qualname]` for each function, method and class (a class's unit
+    is its methods together), `calls[qualname]` the names of the source's functions and classes it uses,
+    `members[qualname]` a class's methods, `where[qualname]` the key of the text it is in."""
 
-
-def containment(reference: Counter, submission: Counter) -> float:
-    """The share of `reference`'s statements (with multiplicity) that `submission` has too."""
-    total = sum(reference.values())
-    if not total:
-        return 0.0
-    return sum((reference & submission).values()) / total
-
-
-@lru_cache(maxsize=1)
-def lib_functions() -> dict[str, Counter]:
-    """Every function and method of lib, as `lib.module.qualname`."""
-    out = {}
-    for path in sorted((REPO_ROOT / "lib").glob("*.py")):
-        mod = "lib" if path.stem == "__init__" else f"lib.{path.stem}"
-        out.update(functions(path.read_text(encoding="utf-8"), f"{mod}."))
-    return out
-
-
-def _solution_cells(week: int | None, notebook_name: str) -> dict[str, str]:
-    """grade_id -> source of the solution notebook's exercise cells (empty when solutions/ is not here)."""
-    import json
-
-    if week is None:
-        return {}
-    path = REPO_ROOT / "solutions" / str(week) / notebook_name
-    if not path.is_file():
-        candidates = sorted((REPO_ROOT / "solutions" / str(week)).glob("*.ipynb"))
-        if len(candidates) != 1:
-            return {}
-        path = candidates[0]
-    try:
-        nb = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    out = {}
-    for cell in nb.get("cells", []):
-        meta = cell.get("metadata", {}).get("nbgrader", {})
-        if cell.get("cell_type") == "code" and meta.get("solution") and meta.get("grade_id"):
-            src = cell["source"]
-            out[meta["grade_id"]] = "".join(src) if isinstance(src, list) else src
-    return out
-
-
-def _given(source: str) -> Counter:
-    """What the release gives in a solution cell: its code outside `### BEGIN/END SOLUTION`."""
-    units = Counter()
-    for fn in functions(_SOLUTION_BLOCK.sub("", source)).values():
-        units += fn
-    return units
-
-
-def _references(notebook: Path, week: int | None) -> tuple[dict[str, Counter], dict[str, str]]:
-    """(reference name -> statement multiset, the solution's exercise cells by grade_id): lib's functions, and the
-    instructor's solution unless `notebook` is that solution or `INFERENCE_LAB_SOLUTION_COPIES=allow`."""
-    solutions = _solution_cells(week, notebook.name)
-    solution_file = REPO_ROOT / "solutions" / str(week) / notebook.name if week is not None else None
-    compare_solution = os.environ.get("INFERENCE_LAB_SOLUTION_COPIES") != "allow" and not (
-        solution_file is not None and notebook.resolve() == solution_file.resolve())
-    references = {f"lib's {name}": units for name, units in lib_functions().items()}
-    if compare_solution:
-        for src in solutions.values():
-            for name, units in functions(src).items():
-                references[f"the instructor's solution (its `{name}`)"] = units
-    return references, solutions
-
-
-def _copies(source: str, references: dict[str, Counter], given: Counter) -> dict[str, tuple[float, str]]:
-    """{qualname: (share, reference name)} for the functions of `source` that hold THRESHOLD of a reference
-    function of MIN_STATEMENTS or more (what `given` holds, the release's own code, taken out of both)."""
-    found = {}
-    for fn_name, units in functions(source).items():
-        mine = units - given
-        best = (0.0, None)
-        for ref_name, ref in references.items():
-            ref = ref - given
-            if sum(ref.values()) < MIN_STATEMENTS:
-                continue
-            share = containment(ref, mine)
-            if share > best[0]:
-                best = (share, ref_name)
-        if best[0] >= THRESHOLD:
-            found[fn_name] = best
-    return found
-
-
-def _why(fn_name: str, share: float, ref_name: str) -> str:
-    return (f"`{fn_name}` is a copy of {ref_name}: it holds {share:.0%} of that code's statements (names, constants, "
-            f"order and added statements aside)")
-
-
-def similar_to_reference(notebook: str | Path, cells, week: int | None) -> dict[str, str]:
-    """{grade_id: why} for the exercise cells of `cells` (`grader.notebook.exercise_cells`) whose functions contain
-    most of a lib function or of the instructor's solution. The solution is not compared with itself, nor at
-    all when `INFERENCE_LAB_SOLUTION_COPIES=allow` (the lab's own tests grade copies of the solution)."""
-    references, solutions = _references(Path(notebook), week)
-    found, defined = {}, None
-    for _, grade_id, source in cells:
-        if not grade_id:
-            continue
-        given = _given(solutions[grade_id]) if grade_id in solutions else Counter()
-        copies = _copies(source, references, given)
-        if copies:
-            fn_name, (share, ref_name) = max(copies.items(), key=lambda kv: kv[1][0])
-            found[grade_id] = _why(fn_name, share, ref_name)
-            continue
-        if defined is None:
-            defined = _defined(cells, solutions)
-        split = _split_copy(grade_id, source, defined, {g for _, g, _ in cells if g}, references, solutions)
-        if split is not None:
-            found[grade_id] = split
-    return found
-
-
-def _defined(cells, solutions: dict[str, str]) -> dict[str, list]:
-    """A function's name -> [("grade_id:qualname", its statements beyond what the release gives, its node)], for
-    every function of every cell."""
-    defined: dict[str, list] = {}
-    for index, g, src in cells:
+    def __init__(self, texts: list[tuple[object, str]], prefix: str = ""):
+        # what ast.parse accepts can nest deeper than Python's default recursion limit lets the normalisation walk
+        # (`x + x + ... + x`, 1000 terms): a deep expression must not make a copy unjudgeable
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(limit, 50_000))
         try:
-            nodes = _definitions(ast.parse(_without_magics(src)))
-        except SyntaxError:
-            continue
-        given = _given(solutions[g]) if g in solutions else Counter()
-        for qual, node in nodes.items():
-            defined.setdefault(qual.split(".")[-1], []).append((f"{g or index}:{qual}", function_units(node) - given, node))
-    return defined
+            self._read(texts, prefix)
+        finally:
+            sys.setrecursionlimit(limit)
 
+    def _read(self, texts: list[tuple[object, str]], prefix: str) -> None:
+        trees = []
+        for key, text in texts:
+            try:  # parsed twice: one tree to read, one that the normalisation rewrites
+                trees.append((key, ast.parse(without_magics(text)), ast.parse(without_magics(text))))
+            except (SyntaxError, ValueError, RecursionError, MemoryError):
+                continue
+        found = [(key, definitions(tree, classes=True), definitions(copy, classes=True), _roots(tree))
+                 for key, tree, copy in trees]
+        names = {q.rsplit(".", 1)[-1] for _, defs, _, _ in found for q in defs}  # what it defines: its own names
+        self.units, self.calls, self.members, self.where = {}, {}, {}, {}
+        for key, defs, rewritten, roots in found:
+            context = {}  # a definition's names are normalised as those of the outermost one it is in
+            for root in roots:
+                own, attrs = names | _locals(root), _own_attributes(root)
+                context.update({id(n): (own, attrs) for n in ast.walk(root) if isinstance(n, (*_DEFS, ast.ClassDef))})
+            # the innermost first: normalising a function rewrites the ones inside it, which the rewrite leaves as
+            # they are; a class after its methods (its unit is theirs)
+            order = sorted(defs, key=lambda q: (isinstance(defs[q], ast.ClassDef), -q.count(".")))
+            for qual in order:
+                node, name = defs[qual], f"{prefix}{qual}"
+                if name in self.units:
+                    continue
+                if isinstance(node, ast.ClassDef):
+                    self.members[name] = [f"{name}.{m.name}" for m in node.body if isinstance(m, _DEFS)]
+                    unit = Unit()
+                    for member in self.members[name]:
+                        unit = unit + self.units.get(member, Unit())
+                else:
+                    unit = _unit(rewritten[qual], *context[id(node)])
+                self.units[name] = unit
+                self.calls[name] = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} & names
+                self.where[name] = key
 
-def _split_copy(grade_id: str, source: str, defined: dict, grade_ids: set, references: dict[str, Counter],
-                solutions: dict[str, str]) -> str | None:
-    """Why an exercise cell's function, taken together with the notebook's functions it calls (by name, however
-    deep: `defined`), is a copy of a reference although no one of them is: a copy split across helpers. Another
-    exercise's graded function is the student's own answer to it, and is not counted in."""
-    try:
-        tree = ast.parse(_without_magics(source))
-    except SyntaxError:
-        return None
-    given = _given(solutions[grade_id]) if grade_id in solutions else Counter()
-    for qual, node in _definitions(tree).items():
-        units, seen, todo, helpers = function_units(node) - given, {f"{grade_id}:{qual}"}, [node], []
+    def closure(self, name: str, exclude=frozenset()) -> tuple[Unit, list[str]]:
+        """`name`'s unit with those of the functions and classes it uses by name, however deep (`exclude` aside):
+        (the unit, the helpers' qualnames)."""
+        unit, seen, todo, helpers = self.units[name], {name}, [name], []
         while todo:
-            for used in ast.walk(todo.pop()):
-                name = used.id if isinstance(used, ast.Name) else used.attr if isinstance(used, ast.Attribute) else None
-                for key, helper_units, helper in defined.get(name, ()):
-                    if key in seen or (name in grade_ids and name != grade_id):
-                        continue
-                    seen.add(key)
-                    units += helper_units
-                    helpers.append(key.split(":", 1)[1])
-                    todo.append(helper)
-        if not helpers:
-            continue
-        for ref_name, ref in references.items():
-            ref = ref - given
-            if sum(ref.values()) >= MIN_STATEMENTS and (share := containment(ref, units)) >= THRESHOLD:
-                return (f"`{qual}` with the functions it calls ({', '.join(f'`{h}`' for h in helpers[:4])}) is a copy of "
-                        f"{ref_name} split across them: together they hold {share:.0%} of that code's statements")
-    return None
+            for short in sorted(self.calls.get(todo.pop(), ())):
+                if short in exclude:
+                    continue
+                for q in self.units:
+                    if q != short or q in seen or any(s.startswith(f"{q}.") for s in seen):
+                        continue  # a function or class of the source, not one `name` is in
+                    seen.add(q)
+                    unit = unit + self.units[q]
+                    helpers.append(q)
+                    todo.append(q)
+        return unit, helpers
 
 
-def copies_in_cells(notebook: str | Path, cells, week: int | None) -> list[tuple[int, str, str]]:
-    """(cell index, qualname, why) for every function of every cell the student's process runs — setup cells and
-    the other exercises' cells too — that is a copy of the answer key: the child names the exercise during whose
-    call such a function runs (a copy parked in one cell and called from another exercise's)."""
-    references, solutions = _references(Path(notebook), week)
+def _roots(tree: ast.AST) -> list[ast.AST]:
+    """The functions and classes of `tree` not inside another one (under `if`, `try`, ... included)."""
+    roots = []
+
+    def visit(node):
+        for child in ast.iter_child_nodes(node):
+            (roots.append if isinstance(child, (*_DEFS, ast.ClassDef)) else visit)(child)
+
+    visit(tree)
+    return roots
+
+
+class References:
+    """Reference units, indexed, as plain data the child can hold too (`data`; hashes only, nothing of the code can be
+    read back): per reference its name and numbers of fingerprints and statements; `fp_index` its winnowed
+    fingerprints, `kg_index` all its k-grams, `st_index` its statements. `common` (fingerprints, statements) is
+    idiom, no evidence: taken out of the references, and marked in `kg_index` (no references) so that it is taken
+    out of a submission's fingerprints too."""
+
+    def __init__(self, units: dict[str, Unit] | None = None, common=(frozenset(), frozenset()), data=None):
+        if data is not None:
+            self.names, self.fp_len, self.st_len = data["names"], data["fp_len"], data["st_len"]
+            self.fp_index, self.kg_index, self.st_index = data["fp_index"], data["kg_index"], data["st_index"]
+            return
+        self.names, self.fp_len, self.st_len, self.fp_index, self.kg_index, self.st_index = [], [], [], {}, {}, {}
+        common_fp, common_st = common
+        for h in common_fp:
+            self.kg_index[h] = []
+        for name, unit in (units or {}).items():
+            fp, st = unit.fp - common_fp, Counter({h: n for h, n in unit.st.items() if h not in common_st})
+            if len(fp) < MIN_FINGERPRINTS and sum(st.values()) < MIN_STATEMENTS:
+                continue  # too small to judge, whatever the release gives
+            i = len(self.names)
+            self.names.append(name)
+            self.fp_len.append(len(fp))
+            self.st_len.append(sum(st.values()))
+            for h in fp:
+                self.fp_index.setdefault(h, []).append(i)
+            for h in unit.kg - common_fp:
+                self.kg_index.setdefault(h, []).append(i)
+            for h, count in st.items():
+                self.st_index.setdefault(h, []).append((i, count))
+
+    @property
+    def data(self) -> dict:
+        return {"names": self.names, "fp_len": self.fp_len, "st_len": self.st_len, "fp_index": self.fp_index,
+                "kg_index": self.kg_index, "st_index": self.st_index}
+
+    def shares(self, unit: Unit, given: Unit = Unit()) -> dict[int, tuple[float, float, float]]:
+        """{reference: (the share of its fingerprints found among the unit's k-grams, the share of the unit's
+        fingerprints found among its k-grams, the share of its statements the unit has)}, the code `given` (the
+        release's) and the idiom taken out of both sides; 0.0 where the side a share is of is too small."""
+        found, given_fp, given_st, matched, mine = Counter(), Counter(), Counter(), Counter(), Counter()
+        for h in unit.kg - given.kg:
+            found.update(self.fp_index.get(h, ()))
+        for h in given.kg:
+            given_fp.update(self.fp_index.get(h, ()))
+        own = [h for h in unit.fp - given.kg if self.kg_index.get(h, True) != []]  # the unit's, idiom aside
+        for h in own:
+            mine.update(self.kg_index.get(h, ()))
+        for h, count in given.st.items():
+            for i, ref_count in self.st_index.get(h, ()):
+                given_st[i] += min(count, ref_count)
+        for h, count in (unit.st - given.st).items():
+            for i, ref_count in self.st_index.get(h, ()):
+                matched[i] += max(0, min(count, ref_count - given.st.get(h, 0)))
+        out = {}
+        for i in set(found) | set(matched) | set(mine):
+            fp, st = self.fp_len[i] - given_fp[i], self.st_len[i] - given_st[i]
+            out[i] = (found[i] / fp if fp >= MIN_FINGERPRINTS else 0.0,
+                      mine[i] / len(own) if len(own) >= MIN_FINGERPRINTS else 0.0,
+                      matched[i] / st if st >= MIN_STATEMENTS else 0.0)
+        return out
+
+    def best(self, unit: Unit, given: Unit = Unit(), key=frozenset()) -> tuple[float, float, str] | None:
+        """(token share, statement share, name) of the reference the unit comes nearest to copying — the largest of
+        token share / TOKEN_THRESHOLD and statement share / THRESHOLD, where the token share is the larger of its
+        two directions (how much of the reference the unit holds, how much of the unit comes from the reference)
+        —, or None. A unit made wholly of `key`'s k-grams (the answer key graded as itself) is compared with
+        nothing."""
+        if unit.kg and unit.kg <= key:
+            return None
+        found = [(max(theirs, mine), st, self.names[i]) for i, (theirs, mine, st) in self.shares(unit, given).items()]
+        return max(found, key=ratio, default=None)
+
+    def copy_of(self, unit: Unit, given: Unit = Unit(), key=frozenset()) -> tuple[float, float, str] | None:
+        """`best`, if it is a copy: TOKEN_THRESHOLD of the tokens or THRESHOLD of the statements."""
+        found = self.best(unit, given, key)
+        return found if found is not None and ratio(found) >= 1 else None
+
+
+def ratio(found) -> float:
+    """How near (token share, statement share, ...) is to a copy: 1 or more is one."""
+    return max(found[0] / TOKEN_THRESHOLD, found[1] / THRESHOLD)
+
+
+def why_copy(fn_name: str, found: tuple[float, float, str], helpers: list[str] = ()) -> str:
+    tok, st, ref_name = found
+    what = (f"`{fn_name}` with the functions it calls ({', '.join(f'`{h}`' for h in helpers[:4])}) is a copy of "
+            f"{ref_name} split across them: together they hold" if helpers else
+            f"`{fn_name}` is a copy of {ref_name}: it holds")
+    return (f"{what} {max(tok, st):.0%} of that code ({tok:.0%} of its token sequences, {st:.0%} of its "
+            f"statements; names, constants, order and added statements aside)")
+
+
+_WHY = re.compile(r"is a copy of (.+?)(?: split across them)?: (?:it holds|together they hold) (\d+%) of")
+
+
+def match_label(why: str) -> str | None:
+    """What the instructor's one-line summary and the grades' CSV show of a reason `why_copy` wrote: the reference and
+    the share, 'lib.attention.flash_attention_forward 93%' or "the solution's TextStream 88%" (None for another
+    reason, such as lib's own code run)."""
+    found = _WHY.search(why or "")
+    if found is None:
+        return None
+    ref = re.sub(r" with `.*$", "", found.group(1)).removeprefix("lib's ")
+    ref = re.sub(r"^the instructor's solution [(]its `(.+)`[)]$", r"the solution's \1", ref)
+    return f"{ref} {found.group(2)}"
+
+
+def copies_of(source: Source, references: References, given_of, key=frozenset()) -> list[tuple[object, str, str]]:
+    """(where, qualname, why) for every function of `source` that is a copy, alone or as a method of a class that is
+    one (each of the class's methods is then listed)."""
     out = []
-    for index, grade_id, source in cells:
-        given = _given(solutions[grade_id]) if grade_id in solutions else Counter()
-        for fn_name, (share, ref_name) in _copies(source, references, given).items():
-            out.append((int(index), fn_name, _why(fn_name, share, ref_name)))
+    for name, unit in source.units.items():
+        hit = references.copy_of(unit, given_of(source.where[name]), key)
+        if hit is not None:
+            why = why_copy(name, hit)
+            out += [(source.where[name], member, why) for member in source.members.get(name, [name])]
     return out
-
-
-def without_copies(source: str, copies: dict[str, str]) -> str:
-    """`source` as the student's process gets it (IPython magics dropped, as `grader.notebook.run_cells` does), with
-    the body of each function named in `copies` ({qualname: why}, from `copies_in_cells`) replaced by a `raise` that
-    says why: the copy never reaches the student's process, so nothing done there can let it run unseen. Line
-    numbers stay as they were."""
-    text = _without_magics(source)
-    if not copies:
-        return text
-    tree = ast.parse(text)
-    nodes = _definitions(tree)
-    spans = sorted(((n.body[0].lineno, n.body[0].col_offset, n.body[-1].end_lineno, n.body[-1].end_col_offset, why)
-                    for q, why in copies.items() if (n := nodes.get(q)) is not None), key=lambda s: s[:2])
-    lines = text.split("\n")
-    out, row, col = [], 1, 0  # the text before (row, col) is written
-    for start_row, start_col, end_row, end_col, why in spans:
-        if (start_row, start_col) < (row, col):
-            continue  # inside a copy already replaced
-        out.append(_text_between(lines, (row, col), (start_row, start_col)))
-        message = f"{why} — the grader does not run a copy of the answer key: write the function yourself"
-        out.append(f"raise RuntimeError({message!r})" + "\n" * (end_row - start_row))
-        row, col = end_row, end_col
-    out.append(_text_between(lines, (row, col), (len(lines), len(lines[-1]))))
-    return "".join(out)
-
-
-def _text_between(lines: list[str], start: tuple[int, int], end: tuple[int, int]) -> str:
-    """The text of `lines` from (row, column) `start` to `end` (rows from 1, columns in UTF-8 bytes, as `ast` counts)."""
-    (r0, c0), (r1, c1) = start, end
-    def part(row, a=None, b=None):
-        raw = lines[row - 1].encode("utf-8")
-        return raw[a:b].decode("utf-8")
-    if r0 == r1:
-        return part(r0, c0, c1)
-    return "\n".join([part(r0, c0)] + [lines[r - 1] for r in range(r0 + 1, r1)] + [part(r1, None, c1)])
-
-
-def reference_units(notebook: str | Path, week: int | None) -> dict[str, dict[str, int]]:
-    """The references as plain data, for the student's process: it judges the code the notebook's code compiles
-    while it runs (an encoded copy decoded and exec'd) with `copies_in_source`. Statement hashes only: nothing of
-    the answer key can be read back from them."""
-    return {name: dict(units) for name, units in _references(Path(notebook), week)[0].items()}
 
 
 def copies_in_source(source: str, references: dict) -> dict[str, str]:
     """{qualname: why} for the functions of `source` that are copies of `references` (`reference_units`)."""
-    refs = {name: units if isinstance(units, Counter) else Counter(units) for name, units in references.items()}
-    return {fn: _why(fn, share, ref) for fn, (share, ref) in _copies(source, refs, Counter()).items()}
+    refs = References(data=references)
+    return {q: why for _, q, why in copies_of(Source([(0, source)]), refs, lambda _: Unit())}
 
 
 # --- reaching the grader's objects ---------------------------------------------------------------------------------

@@ -104,5 +104,6 @@ def one_line(e: BaseException | str, limit: int = 400) -> str:
         text = str(e) if isinstance(e, (GradingError, SystemExit)) else f"{type(e).__name__}: {e}"
     else:
         text = e
-    text = " ".join(str(text).split())
+    text = str(text)[:8 * limit + 64]  # a huge message is cut before it is split (its words would not fit memory)
+    text = " ".join(text.split())
     return text if len(text) <= limit else text[:limit - 1] + "…"

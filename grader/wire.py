@@ -8,11 +8,19 @@ shape and strides, a numpy array as bytes, an object that stays in the child as 
 subclass whose `__eq__` always says True arrives as a plain `int`.
 
 Also here, because both sides must agree on them: the framing (`send_message`/`recv_message`: 8-byte length, then the
-pickle; at most `MAX_MESSAGE`), the operations a proxy forwards (`apply_operation`), how an exception crosses (class
-names of its MRO and its message, rebuilt as the nearest built-in class), the trusted side's pickler
+pickle; the trusted side reads at most `MAX_FROM_CHILD`, refusing a bigger message before its body is read), the
+limits on what one message of the child's makes the trusted side hold (`STORAGE_BUDGET` of twins, `MAX_REFERENCES`
+proxies, `MAX_TEXT` of an exception's message; `grader.bounds` holds the rest), the operations a proxy forwards
+(`apply_operation`), how an exception crosses (class names of its MRO and its message, rebuilt as the nearest
+built-in class), the trusted side's pickler
 (`TrustedPickler`: plain data by value, anything with identity or behaviour by reference), and what a call
 copies back into its caller's arguments (`copy_back`: lists, dicts and generators; a changed tensor is a
 verdict, `ArgumentChanged`). The child's own pickler and unpickler are in `grader.child`.
+
+A `torch.Generator` never crosses as it is: its state holds its seed (`initial_seed()`, and the first word of the
+Mersenne Twister's state), and the checks' seeds come from the run's seed, so the child could recompute every
+randomized input. The child gets a generator seeded one-way from it and the run's seed (`handed_generator_seed`),
+and the caller's generator is then reseeded one-way from the child's final state (`copy_back`).
 """
 from __future__ import annotations
 
@@ -29,8 +37,13 @@ import types
 
 from grader.notebook import ExerciseMissing, NotImplementedYet
 
-MAX_MESSAGE = 1 << 30  # 1 GiB: a bigger message from the child is a protocol violation
-STORAGE_BUDGET = 2 << 30  # bytes of child buffers the trusted side keeps a local twin of, per child
+MAX_MESSAGE = 1 << 30  # what the child reads from the trusted side in one message (its memory: its own limit applies)
+# What the trusted side reads from the child — a bigger message is refused before its body is read — and holds for
+# it (`grader.bounds` has the rest, and where the numbers come from: 5x the solutions' largest or more).
+MAX_FROM_CHILD = 64 << 20  # one message (the solutions' largest: 12.6 MB, week 16's SmolLM2 logits)
+STORAGE_BUDGET = 256 << 20  # local twins of the child's buffers, per child (the solutions': 14.3 MB at most)
+MAX_REFERENCES = 100_000  # references to the child's objects in one message (the solutions': 8,003 in a session)
+MAX_TEXT = 20_000  # characters of an exception's message from the child (its class names: 20 of 100)
 
 
 class IsolationError(AssertionError):
@@ -43,6 +56,14 @@ class StudentTimeout(IsolationError):
 
 class StudentCrash(IsolationError):
     pass
+
+
+class ResourceRefused(IsolationError):
+    """The notebook's code asked the trusted process for more than it gives (`grader.bounds`): the call fails."""
+
+
+class StudentMemoryError(MemoryError):
+    """The student's process ran out of its own memory (not the trusted process: `grader.bounds.is_memory_error`)."""
 
 
 # --- framing ----------------------------------------------------------------------------------------------
@@ -79,11 +100,11 @@ def _recv_exact(fd: int, n: int, deadline: float | None) -> bytes:
     return b"".join(chunks)
 
 
-def recv_message(fd: int, timeout: float | None) -> bytes:
+def recv_message(fd: int, timeout: float | None, limit: int = MAX_MESSAGE) -> bytes:
     deadline = None if timeout is None else _monotonic() + timeout
     (n,) = _unpack(">Q", _recv_exact(fd, 8, deadline))
-    if n > MAX_MESSAGE:
-        raise ValueError(f"message of {n} bytes")
+    if n > limit:
+        raise ValueError(f"a message of {n} bytes, more than the {limit >> 20} MiB one message may hold")
     # Once a message has started, its body gets a fresh allowance (big tensors take a while on a busy machine).
     return _recv_exact(fd, n, None if timeout is None else _monotonic() + max(timeout, 30.0))
 
@@ -140,18 +161,38 @@ def exception_info(e: BaseException) -> tuple[list[str], str]:
     return names[:20], msg[:20000]
 
 
+def exception_for_child(e: BaseException) -> tuple[list[str], str]:
+    """`exception_info` of an exception the trusted side sends the child (a check's object failed when the child
+    called it), with the run's seed taken out: failure messages print it (`checks.seed_note`), and the child must
+    not learn it (`grader.seeds`)."""
+    from grader.seeds import drawn_seed
+
+    names, msg = exception_info(e)
+    seed = drawn_seed()
+    return names, msg if seed is None else msg.replace(str(seed), "<the run's seed>")
+
+
 _SAFE_EXC = {name: obj for name, obj in vars(builtins).items()
              if isinstance(obj, type) and issubclass(obj, Exception)}
 _SAFE_EXC["StopIteration"] = StopIteration
 
 
 def rebuild_exception(info) -> BaseException:
-    """An exception from (MRO names, message), using only built-in classes (and grader.notebook's two)."""
+    """An exception from (MRO names, message), using only built-in classes (and grader.notebook's two); its
+    `from_child` is True (`grader.bounds`: a MemoryError of the other process is not a refusal of this one's)."""
+    exc = _rebuild(info)
+    exc.from_child = True
+    return exc
+
+
+def _rebuild(info) -> BaseException:
     names, msg = info
     if not (isinstance(names, list) and all(type(n) is str for n in names) and type(msg) is str):
         return IsolationError("malformed exception from the student's process")
+    names, msg = [n[:100] for n in names[:20]], msg[:MAX_TEXT]  # the sender cuts them too, but it is the child
     known = dict(_SAFE_EXC, NotImplementedYet=NotImplementedYet, ExerciseMissing=ExerciseMissing,
-                 StudentTimeout=StudentTimeout, StudentCrash=StudentCrash, IsolationError=IsolationError)
+                 StudentTimeout=StudentTimeout, StudentCrash=StudentCrash, IsolationError=IsolationError,
+                 ResourceRefused=ResourceRefused)
     if names and names[0] in ("SystemExit", "KeyboardInterrupt", "GeneratorExit"):
         return RuntimeError(f"the code raised {names[0]}({msg})")
     for i, name in enumerate(names):
@@ -207,8 +248,8 @@ class TrustedPickler(pickle.Pickler):
             return ("t", obj.detach())  # a Parameter, a subclass, or part of an autograd graph: its data only
         if isinstance(obj, (torch.UntypedStorage, torch.storage.TypedStorage)):
             return None
-        if t is torch.Generator:  # by state; the child's final state is copied back (see copy_back)
-            return ("G", str(obj.device), bytes(obj.get_state().numpy().tobytes()))
+        if t is torch.Generator:  # another generator, in a state drawn one-way from this one's (see copy_back)
+            return ("G", str(obj.device), handed_generator_seed(obj))
         if isinstance(obj, (torch.dtype, torch.device, torch.Size, torch.memory_format, torch.layout)):
             return None
         if isinstance(obj, torch.nn.Module):
@@ -332,6 +373,7 @@ class SafeUnpickler(pickle._Unpickler):
     def __init__(self, file, session):
         super().__init__(file)
         self.session = session
+        self.references = 0  # proxies made for this message (MAX_REFERENCES)
 
     def find_class(self, module, name):
         raise pickle.UnpicklingError(f"the student's process sent a global ({module}.{name}): refused")
@@ -339,6 +381,11 @@ class SafeUnpickler(pickle._Unpickler):
     def persistent_load(self, pid):
         if type(pid) is not tuple or not pid or type(pid[0]) is not str:
             raise pickle.UnpicklingError("bad reference")
+        if pid[0] == "R":
+            self.references += 1
+            if self.references > MAX_REFERENCES:
+                raise pickle.UnpicklingError(f"a message with more than {MAX_REFERENCES} references to the "
+                                             f"notebook's objects")
         return decode_tagged(self.session, pid)
 
 
@@ -348,7 +395,8 @@ def decode_tagged(session, pid: tuple):
 
     tag = pid[0]
     if tag == "R" and len(pid) == 3 and type(pid[1]) is int and type(pid[2]) is dict:
-        info = {k: v for k, v in pid[2].items() if type(k) is str and type(v) in (str, bool, int, type(None))}
+        info = {k[:40]: v[:200] if type(v) is str else v for k, v in list(pid[2].items())[:20]
+                if type(k) is str and type(v) in (str, bool, int, type(None))}
         return session.proxy(pid[1], info)
     if tag == "P" and len(pid) == 2 and type(pid[1]) is int:
         if pid[1] not in session._exports:
@@ -429,7 +477,7 @@ def _tensor_unobserved(storages: dict, dtype_name, shape, stride, offset, key, n
     values = (torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dt) if data else
               torch.empty(0, dtype=dt, device="cpu")).reshape(shape)
     held = storages.get("bytes", 0)
-    if type(key) is int and type(nbytes) is int and 0 < nbytes <= MAX_MESSAGE and nbytes % item == 0 and numel:
+    if type(key) is int and type(nbytes) is int and 0 < nbytes <= STORAGE_BUDGET and nbytes % item == 0 and numel:
         # The same child buffer maps to the same local buffer: views keep their data_ptr() between calls. The
         # buffer's size is the child's word: the buffers kept for one child stay under STORAGE_BUDGET bytes.
         base = storages.get((key, dt))
@@ -452,6 +500,47 @@ def _tensor_unobserved(storages: dict, dtype_name, shape, stride, offset, key, n
 
 GENERATOR_STATE = "__torch_generator_state__"
 TENSOR_CHANGED = "__tensor_changed_in_place__"
+
+
+def _permuted32(x: int) -> int:
+    """A permutation of the 32-bit integers drawn from the run's seed (four Feistel rounds on 16-bit halves, each
+    round a keyed hash of it): distinct seeds stay distinct, and nothing about `x` can be read from the result."""
+    from grader.seeds import derived_seed
+
+    left, right = x >> 16, x & 0xFFFF
+    for i in range(4):
+        left, right = right, left ^ (derived_seed("handed generator: round", i, right) & 0xFFFF)
+    return (left << 16) | right
+
+
+def handed_generator_seed(gen) -> int:
+    """The seed of the generator the child gets for the trusted side's `gen` (one of its device): drawn from `gen`'s
+    state and the run's seed one-way (`grader.seeds.derived_seed`), so that neither the child's `initial_seed()`
+    nor its state tells it the run's seed, or the seed of any other generator. Equal states give equal seeds (a
+    check comparing two runs from equal states still can). A CPU generator's Mersenne Twister keeps only its seed's
+    low 32 bits; a freshly seeded generator's are permuted (`_permuted32`), so generators whose seeds' low 32 bits
+    differ — a law test's thousands of trials, seeds s + t — never share a stream."""
+    import hashlib
+
+    import torch
+
+    from grader.seeds import derived_seed
+
+    state, seed = gen.get_state(), gen.initial_seed()
+    if torch.equal(torch.Generator(device=gen.device).manual_seed(seed).get_state(), state):
+        return (derived_seed("handed generator: high", str(gen.device), seed) >> 32 << 32) | _permuted32(seed & 0xFFFFFFFF)
+    return derived_seed("handed generator: advanced", str(gen.device), hashlib.sha256(state.numpy().tobytes()).hexdigest())
+
+
+def _reseed_returned(target, raw: bytes) -> None:
+    """After a call, the caller's generator `target` is seeded one-way from the state the child's generator ended in
+    (and the run's seed): its next draws — a check's next inputs — are neither the child's to choose nor to
+    foresee, and equal final states still give equal generators."""
+    import hashlib
+
+    from grader.seeds import derived_seed
+
+    target.manual_seed(derived_seed("returned generator", str(target.device), hashlib.sha256(raw).hexdigest()))
 
 
 def _is_generator(obj) -> bool:
@@ -479,9 +568,7 @@ def copy_back(args: tuple, kwargs: dict, copied) -> None:
         target = args[key] if type(key) is int and 0 <= key < len(args) else kwargs.get(key) if type(key) is str else None
         if (type(value) is tuple and len(value) == 2 and value[0] == GENERATOR_STATE and type(value[1]) is bytes
                 and _is_generator(target)):
-            import torch
-
-            target.set_state(torch.frombuffer(bytearray(value[1]), dtype=torch.uint8).clone())
+            _reseed_returned(target, value[1])
         elif type(value) is tuple and len(value) == 2 and value[0] == TENSOR_CHANGED:
             changed.append(f"{_describe_arg(key)} ({value[1]})")
         elif type(target) is list and type(value) is list:

@@ -35,6 +35,7 @@
 - `lib.loadtest`  a load test through the official `openai` client: Poisson arrivals, TTFT/TPOT p50/p95, KV use (week 21, `benchmarks/load.py`)
 - `lib.text`      the committed Gutenberg text and perplexity
 - `lib.fetch`     the set-up step that places the model where `lib` finds it (`python -m lib.fetch`)
+- `lib.threads`   torch's threads sized to this process's share of the CPU (cgroup quota, affinity, load), applied on import
 - `lib.paths`     where data lives, the model file's size and sha256, and `check_smollm2` that holds the file to them
 """
 import os as _os
@@ -48,3 +49,13 @@ if "TRITON_INTERPRET" not in _os.environ:
 
     if not _torch.cuda.is_available():
         _os.environ["TRITON_INTERPRET"] = "1"
+
+# torch's threads follow this process's share of the CPU (its cgroup's quota, its affinity mask, the load), not the
+# host's core count (lib/threads.py); a notebook kernel says what was chosen, once.
+import sys as _sys
+
+from lib import threads as _threads
+
+THREADS = _threads.apply()
+if "ipykernel" in _sys.modules:
+    print(_threads.describe(THREADS))

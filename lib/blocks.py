@@ -142,7 +142,7 @@ class BlockManager:
     new request.
 
     A request (`req`) is a `lib.engine.Request`; of it this class reads and writes `blocks` (its block table),
-    `block_hashes`, `num_computed`, and reads `tokens`, `num_tokens` and `request_id`."""
+    `block_hashes`, `num_computed`, and reads `tokens`, `num_tokens`, `request_id` and `lora`."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False, pool=PrefixCache,
                  hashes=None):
@@ -209,6 +209,13 @@ class BlockManager:
             self.pool.free(block)
         req.blocks, req.block_hashes, req.num_computed = [], [], 0
 
+    def _hashes(self, req, tokens: Sequence[int]) -> list[int]:
+        """The hashes of `tokens`' full blocks for `req`: with a LoRA adapter (`req.lora`, lib.lora) each is salted with
+        the adapter's, since the keys and values it computes are not the base model's (nor another adapter's)."""
+        hashes = self.block_hashes(tokens, self.block_size)
+        salt = getattr(getattr(req, "lora", None), "salt", None)
+        return hashes if salt is None else [chain_hash(salt, [h]) for h in hashes]
+
     def _hits(self, req) -> list[tuple[int, int]]:
         """(hash, block) of `req`'s longest cached prefix of full blocks, at least one token left to compute."""
         if not self.enable_prefix_caching or req.blocks:
@@ -217,7 +224,7 @@ class BlockManager:
         usable = (req.num_tokens - 1) // bs
         tokens = req.tokens
         hits = []
-        for i, h in enumerate(self.block_hashes(tokens[:usable * bs], bs)):
+        for i, h in enumerate(self._hashes(req, tokens[:usable * bs])):
             block = self.pool.lookup(h, tokens[i * bs:(i + 1) * bs])
             if block is None:
                 break
@@ -257,7 +264,7 @@ class BlockManager:
             return
         bs = self.block_size
         tokens = req.tokens
-        for i, h in enumerate(self.block_hashes(tokens[:full * bs], bs)[len(req.block_hashes):], len(req.block_hashes)):
+        for i, h in enumerate(self._hashes(req, tokens[:full * bs])[len(req.block_hashes):], len(req.block_hashes)):
             block_tokens = tokens[i * bs:(i + 1) * bs]
             req.block_hashes.append(h)
             block = req.blocks[i]

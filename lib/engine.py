@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from lib import lora
 from lib.blocks import BlockManager, PrefixCache, block_hashes, chain_hash  # noqa: F401  (re-exported)
 from lib.engine_load import SkipClock, percentile, run_load  # noqa: F401  (re-exported)
 from lib.paged import PagedKVCache, blocks_needed
@@ -94,6 +95,11 @@ class Request:
     @property
     def tokens(self) -> list[int]:
         return self.prompt + self.output + self.padding
+
+    @property
+    def lora(self):
+        """The request's LoRA adapter (`params.lora`, lib.lora), or None: the base model."""
+        return self.params.lora if self.params is not None else None
 
     @property
     def num_tokens(self) -> int:
@@ -324,7 +330,7 @@ class LLMEngine:
         with ids `(request_id, 1) … (request_id, n - 1)`, share its blocks (copy-on-write). `params`: the rest
         of the sampling fields (`lib.sampling.SamplingParams`; its temperature is this call's `temperature`), or
         what `sampling_for[request_id]` holds (how the server hands them over past a `ServingLoop` that passes on
-        temperature and seed only).
+        temperature and seed only). `params.lora`: the request's LoRA adapter (`lib.lora`), applied to its rows only.
 
         `siblings_of[request_id] = parent_id` (set before this call, as `sampling_for`) makes the request a sibling
         of a *waiting* request with the same prompt: it takes no place in the queue, and when the parent's prompt
@@ -341,6 +347,8 @@ class LLMEngine:
             if bad:
                 raise AdmissionError(f"token ids {bad[:5]} are outside the vocabulary (0 to {self.config.vocab_size - 1})",
                                      "params")
+            if params.lora is not None:  # multi-LoRA: the adapter must fit the model (ValueError naming the mismatch)
+                params.lora.check(self.config, self.model.device, self.model.embed.weight.dtype)
         if request_id is None:
             request_id = next(self._ids)
             while request_id in self.requests:
@@ -352,7 +360,7 @@ class LLMEngine:
         self.requests[request_id] = req
         parent = self.requests.get(self.siblings_of.pop(request_id, None))
         if (parent is not None and parent in self.waiting and not parent.num_preemptions and n == 1
-                and parent.prompt == req.prompt and parent.n + 1 <= self.max_num_seqs):
+                and parent.prompt == req.prompt and parent.lora is req.lora and parent.n + 1 <= self.max_num_seqs):
             parent.siblings.append(req)  # forks off the parent's prompt when it is computed (`_fork_samples`)
             parent.n += 1
             req.sibling_of = parent
@@ -612,13 +620,15 @@ class LLMEngine:
             if req.num_computed + n == req.num_tokens:  # its last token: the logits its next token comes from
                 last.append(len(ids) - 1)
         logits = None
-        if self.graphs is not None and len(last) == len(ids) == len(scheduled):  # every sequence decodes one token
+        adapters = lora.row_groups([(req.lora, n) for req, n in scheduled], self.model.device)  # multi-LoRA groups
+        if self.graphs is not None and not adapters and len(last) == len(ids) == len(scheduled):  # all decode 1 token
             logits = self.graphs.decode(ids, starts, tables)  # replayed (None: a batch beyond the last bucket)
         if logits is None:
             self.cache.prepare(tables, starts, counts)
             self.cache.logits_rows = torch.tensor(last, dtype=torch.int64, device=self.model.device)
             input_ids = torch.tensor([ids], dtype=torch.int64, device=self.model.device)  # [1, N]
-            logits = self.model(input_ids, cache=self.cache)[0]  # [len(last), vocab]: the LM head on those rows
+            with lora.applied(self.model, adapters):  # each adapter group adds its low-rank product to its rows
+                logits = self.model(input_ids, cache=self.cache)[0]  # [len(last), vocab]: the LM head on those rows
             self.cache.positions = self.cache.logits_rows = None
         sync(self.model.device)  # the tokens' times are when the GPU has made their logits, not when it was asked
         now = self.clock()

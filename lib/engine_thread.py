@@ -35,6 +35,7 @@ class Submission:
     out: asyncio.Queue | None = None  # receives ("token", id), then ("done", finish_reason) or ("error", message)
     request_id: int = -1
     submitted: float = field(default_factory=time.perf_counter)
+    scheduled: float | None = None  # when the engine first ran it: the wait before is its time in the queue
     first_token: float | None = None
     n_tokens: int = 0
     stopped: bool = False  # ended by a stop string: the engine's request is aborted, but the answer is complete
@@ -69,7 +70,9 @@ class EngineLoop:
         self.tpot: list[float] = []
         self.finished_by = {"stop": 0, "length": 0, "abort": 0}  # vLLM's request_success_total{finished_reason}
         self.histograms = {"vllm:time_to_first_token_seconds": Histogram(TTFT_BUCKETS),
-                           "vllm:e2e_request_latency_seconds": Histogram(E2E_BUCKETS)}
+                           "vllm:e2e_request_latency_seconds": Histogram(E2E_BUCKETS),
+                           "vllm:request_queue_time_seconds": Histogram(TTFT_BUCKETS)}
+        self.queue_time: list[float] = []  # seconds from arrival to the engine's first step with it, last 1,000
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
 
     def start(self) -> "EngineLoop":
@@ -151,8 +154,9 @@ class EngineLoop:
         self.stats["requests_aborted" if reason == "abort" else "requests_finished"] += 1
         self.finished_by[reason] = self.finished_by.get(reason, 0) + 1
         self.histograms["vllm:e2e_request_latency_seconds"].observe(now - sub.submitted)
-        log.info("request %s %s: %d prompt + %d completion tokens, first token %s, %.3f s in all", rid, reason,
-                 len(sub.prompt), sub.n_tokens, "never" if sub.first_token is None else
+        log.info("request %s %s: %d prompt + %d completion tokens, queued %s, first token %s, %.3f s in all", rid,
+                 reason, len(sub.prompt), sub.n_tokens, "to the end" if sub.scheduled is None else
+                 f"{sub.scheduled - sub.submitted:.3f} s", "never" if sub.first_token is None else
                  f"after {sub.first_token - sub.submitted:.3f} s", now - sub.submitted)
         if sub.first_token is not None and sub.n_tokens > 1:
             self.tpot = (self.tpot + [(now - sub.first_token) / (sub.n_tokens - 1)])[-1000:]
@@ -178,8 +182,21 @@ class EngineLoop:
                 self.serving = type(self.serving)(self.engine, self.eos_token_id)  # a fresh loop: no stale state
                 continue
             self.stats["steps_total"] += 1
+            self._note_scheduled()
             for kind, rid, value in messages:
                 self._deliver(kind, rid, value)
+
+    def _note_scheduled(self) -> None:
+        """The requests the last step ran for the first time: their wait in the queue ends now."""
+        if not self.engine.trace:
+            return
+        now = time.perf_counter()
+        for rid, _ in self.engine.trace[-1]:
+            sub = self._live.get(rid)
+            if sub is not None and sub.scheduled is None:
+                sub.scheduled = now
+                self.queue_time = (self.queue_time + [now - sub.submitted])[-1000:]
+                self.histograms["vllm:request_queue_time_seconds"].observe(now - sub.submitted)
 
     def metrics(self) -> str:
         """Prometheus text format: the lab's names, and vLLM's for the metrics vLLM has (lib.server_metrics)."""

@@ -263,8 +263,9 @@ def choose_measured(names: tuple[str, ...], avail: list[str], env: str, shapes: 
         known = {}
     got = known.get(key)
     if forced != "measure" and isinstance(got, dict) and got.get("kernel") in avail and isinstance(got.get("ms"), dict):
-        return got["kernel"], (f"{got['kernel']}: measured on this machine {got.get('when', '')}: "
-                               + _times(got["ms"]) + f" ({got.get('what', what)})")
+        at = f" at load {got['load']:.1f}" if isinstance(got.get("load"), (int, float)) else ""
+        return got["kernel"], (f"{got['kernel']}: measured on this machine {got.get('when', '')}{at}: "
+                               + _times(got["ms"]) + f" ({got.get('what', what)}; `make machine` measures again)")
     try:
         load, cores = os.getloadavg()[0], os.cpu_count() or 1
     except (OSError, AttributeError):  # no load average (Windows): measure
@@ -274,7 +275,7 @@ def choose_measured(names: tuple[str, ...], avail: list[str], env: str, shapes: 
                          f"choices are timed, and remembered, when the machine is quieter")
     ms = {name: 1e3 * (timer(name, 1) + timer(name, 4)) for name in avail}
     choice = min(ms, key=ms.get)
-    known[key] = {"kernel": choice, "ms": ms, "what": what, "when": time.strftime("%Y-%m-%d")}
+    known[key] = {"kernel": choice, "ms": ms, "what": what, "when": time.strftime("%Y-%m-%d"), "load": round(load, 2)}
     try:
         os.makedirs(os.path.dirname(str(cache_file)), exist_ok=True)
         tmp = f"{cache_file}.{os.getpid()}.tmp"
@@ -283,7 +284,7 @@ def choose_measured(names: tuple[str, ...], avail: list[str], env: str, shapes: 
         os.replace(tmp, cache_file)
     except OSError:
         pass  # a read-only data folder: measured again next time
-    return choice, f"{choice}: measured now: " + _times(ms) + f" ({what})"
+    return choice, f"{choice}: measured now, at load {load:.1f}: " + _times(ms) + f" ({what})"
 
 
 def _matmul_timer(weights: list[torch.Tensor], repeats: int):

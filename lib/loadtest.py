@@ -5,6 +5,7 @@ it (TPOT). Used by benchmarks/load.py (the command line) and week 21's notebook.
     from lib.loadtest import run_load_test
     row = run_load_test("http://127.0.0.1:8000/v1", "SmolLM2-135M-Instruct", rate=1.0, n_requests=16, max_tokens=32)
     row["throughput"], row["ttft50"], row["ttft95"], row["tpot50"], row["tpot95"], row["kv"]
+    row["requests"]  # each answered request: its ttft, tpot, e2e (submission to last piece, s) and chunks (pieces)
 
 Traffic goes only to the URL given; the number of requests and the run's time are bounded.
 """
@@ -42,8 +43,9 @@ def kv_utilization(base_url: str) -> float | None:
 
 
 def run_load_test(base_url: str, model: str, rate: float, n_requests: int, max_tokens: int, seed: int,
-             max_seconds: float) -> dict:
-    """Send `n_requests` streamed chat requests with Poisson arrivals at `rate` per second; measure each."""
+                  max_seconds: float, ignore_eos: bool = False) -> dict:
+    """Send `n_requests` streamed chat requests with Poisson arrivals at `rate` per second; measure each.
+    `ignore_eos`: every answer runs to `max_tokens` (vLLM's extra field, which the lab's server takes too)."""
     from openai import OpenAI
 
     client = OpenAI(base_url=base_url, api_key=os.environ.get("OPENAI_API_KEY", "none"), max_retries=0,
@@ -69,6 +71,7 @@ def run_load_test(base_url: str, model: str, rate: float, n_requests: int, max_t
         try:
             stream = client.chat.completions.create(
                 model=model, stream=True, max_tokens=max_tokens, temperature=0, seed=i,
+                extra_body={"ignore_eos": True} if ignore_eos else None,
                 messages=[{"role": "system", "content": SYSTEM},
                           {"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}])
             for chunk in stream:
@@ -84,7 +87,7 @@ def run_load_test(base_url: str, model: str, rate: float, n_requests: int, max_t
         with lock:
             results.append({"ttft": stamps[0] - t0 if stamps else float("nan"), "chunks": len(stamps),
                             "tpot": (stamps[-1] - stamps[0]) / (len(stamps) - 1) if len(stamps) > 1 else None,
-                            "end": stamps[-1] if stamps else t0})
+                            "e2e": stamps[-1] - t0 if stamps else float("nan"), "end": stamps[-1] if stamps else t0})
 
     kv: list[float] = []
     stop = threading.Event()
@@ -114,6 +117,7 @@ def run_load_test(base_url: str, model: str, rate: float, n_requests: int, max_t
             "ttft50": pct([r["ttft"] for r in ok], 0.5), "ttft95": pct([r["ttft"] for r in ok], 0.95),
             "tpot50": pct([r["tpot"] for r in ok if r["tpot"]], 0.5),
             "tpot95": pct([r["tpot"] for r in ok if r["tpot"]], 0.95),
-            "kv": statistics.fmean(kv) if kv else None}
+            "kv": statistics.fmean(kv) if kv else None,
+            "requests": [{k: r[k] for k in ("ttft", "tpot", "e2e", "chunks")} for r in ok]}
 
 

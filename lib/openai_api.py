@@ -56,13 +56,15 @@ def float_field(body: dict, name: str, default: float, lo: float, hi: float) -> 
     return float(v)
 
 
-def check_fields(body: dict, chat: bool, model_name: str) -> None:
-    """The model is this server's; no field is unsupported or unknown; n is 1."""
+def check_fields(body: dict, chat: bool, model_name) -> None:
+    """The model is one this server serves (`model_name`: its name, or a list of names: the base model's and its LoRA
+    adapters'); no field is unsupported or unknown; n is 1."""
     model = body.get("model")
+    names = [model_name] if isinstance(model_name, str) else list(model_name)
     if model is None:
         raise RequestError("'model' is required", param="model")
-    if model != model_name:
-        raise RequestError(f"the model '{model}' does not exist; this server serves '{model_name}'",
+    if model not in names:
+        raise RequestError(f"the model '{model}' does not exist; this server serves {', '.join(map(repr, names))}",
                            status=404, param="model", code="model_not_found")
     for k in UNSUPPORTED:
         if body.get(k) not in (None, False, 0, [], {}):

@@ -39,6 +39,9 @@ class SamplingParams:
     # Guided decoding (`lib.guided.JsonGuide`): `guide.allowed(output) -> bool [vocab]`, the only tokens that may
     # come next; one guide per sequence (`guide.fork()` for another), as it follows the sequence's output.
     guide: object | None = None
+    # The request's LoRA adapter (`lib.lora.LoRAAdapter`; None: the base model): not a sampling field, but a request's
+    # parameters travel as this one object, so the engine applies it to the request's rows (multi-LoRA serving).
+    lora: object | None = None
 
     def __post_init__(self):
         bad = []

@@ -27,7 +27,8 @@ server does not implement,
 or does not know, is refused (`lib.openai_api`). A bad request gets OpenAI's error object (`{"error": {"message",
 "type", "param", "code"}}`) and never reaches the engine; a request that can never fit (prompt + max_tokens past
 the model's length or the whole KV pool) is refused at once. `--api-key` (or $VLLM_API_KEY) makes every /v1
-route ask for it.
+route ask for it. `--lora-modules name=path ...` serves LoRA adapters (`lib.lora`) beside the base model, as vLLM does:
+a request whose `model` names one runs with it, inside the same batches as every other request.
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ import threading
 import time
 import uuid
 
+from lib import lora
 from lib.engine import AdmissionError, LLMEngine
 from lib.sampling import SamplingParams
 from lib.engine_thread import EngineLoop, Submission
@@ -56,8 +58,9 @@ class Server:
     """Validates requests, tokenizes them, feeds the engine loop, and formats OpenAI's responses."""
 
     def __init__(self, engine: LLMEngine, tokenizer, model_name: str = "SmolLM2-135M-Instruct",
-                 loop_cls=ServingLoop, text_stream_cls=TextStream, api_key: str | None = None):
+                 loop_cls=ServingLoop, text_stream_cls=TextStream, api_key: str | None = None, adapters=None):
         self.api_key = api_key
+        self.adapters = dict(adapters or {})  # LoRA adapters by model name (`lib.lora.load_modules`)
         self.tok = tokenizer
         self.token_bytes = token_bytes(tokenizer)
         self._json_vocabulary = None  # lib.guided's, for JSON mode: built on the first such request
@@ -76,7 +79,7 @@ class Server:
         lists) and the options of its answer; `RequestError` for a bad one."""
         if not isinstance(body, dict):
             raise RequestError("the request body must be a JSON object")
-        check_fields(body, chat, self.model_name)
+        check_fields(body, chat, [self.model_name, *self.adapters])
         p = body.get("prompt")
         if not chat and isinstance(p, list) and p and all(isinstance(x, (str, list)) for x in p):
             if len(p) > MAX_PROMPTS:
@@ -84,7 +87,7 @@ class Server:
             subs = [self._submission({**body, "prompt": x}, chat) for x in p]
         else:
             subs = [self._submission(body, chat)]
-        opts = answer_options(body, chat)
+        opts = answer_options(body, chat) | {"model": body["model"]}
         if opts["best_of"] > opts["n"]:  # ranked by the sum of their tokens' log-probabilities: record them
             subs = [dataclasses.replace(s, params=dataclasses.replace(
                 s.params or SamplingParams(temperature=s.temperature, eos_token_id=self.tok.eos_token_id),
@@ -112,6 +115,9 @@ class Server:
             uuid.uuid4().bytes[:4], "little")
         params, stop_ids = sampling_params(body, temperature, max_tokens, self.engine.config.vocab_size,
                                            self.tok.eos_token_id, chat, json_guide=self.json_guide)
+        if body["model"] in self.adapters:  # the adapter travels with the request's params (multi-LoRA)
+            params = dataclasses.replace(params or SamplingParams(temperature=temperature,
+                                         eos_token_id=self.tok.eos_token_id), lora=self.adapters[body["model"]])
         return Submission(prompt, max_tokens, temperature, seed % 2**63, params=params, stop_token_ids=stop_ids)
 
     def json_guide(self, schema: dict | None = None):
@@ -205,9 +211,9 @@ class Server:
 
     # -- responses --
 
-    def _envelope(self, chat: bool, rid: str, stream: bool) -> dict:
+    def _envelope(self, chat: bool, rid: str, stream: bool, model: str) -> dict:
         obj = ("chat.completion.chunk" if stream else "chat.completion") if chat else "text_completion"
-        return {"id": rid, "object": obj, "created": int(time.time()), "model": self.model_name}
+        return {"id": rid, "object": obj, "created": int(time.time()), "model": model}
 
     def _choice(self, chat: bool, text: str | None, finish: str | None, stream: bool, first: bool = False,
                 index: int = 0, logprobs: dict | None = None) -> dict:
@@ -262,14 +268,14 @@ class Server:
                 "top_logprobs": [None if lp is None else {piece(a): v for a, v in top} for _, lp, top in entries],
                 "text_offset": offsets}
 
-    def _prompt_logprobs(self, prompt: list[int], k: int) -> list:
+    def _prompt_logprobs(self, prompt: list[int], k: int, adapter=None) -> list:
         """echo with logprobs: each prompt token's entry (token, log-probability given the tokens before it, the k
         most likely tokens there), from one forward of the engine's model over the prompt (log-softmax of its
         logits, as the answer's); the first token has no context, so its log-probability is None (as in vLLM)."""
         import torch
 
         model = self.engine.model
-        with torch.inference_mode():
+        with torch.inference_mode(), lora.with_adapter(model, adapter):
             logits = model(torch.tensor([prompt], device=model.device))[0].float()  # [T, vocab]
             logp = torch.log_softmax(logits[:-1], dim=-1)  # row i: the distribution of token i + 1
             chosen = logp.gather(1, torch.tensor(prompt[1:], device=logp.device).unsqueeze(1))[:, 0].tolist()
@@ -281,7 +287,8 @@ class Server:
         """Per prompt, `_prompt_logprobs` (computed off the event loop), or None without echo and logprobs."""
         if not (opts["echo"] and opts["logprobs"]):
             return None
-        return [await asyncio.to_thread(self._prompt_logprobs, list(s.prompt), opts["top"]) for s in subs]
+        return [await asyncio.to_thread(self._prompt_logprobs, list(s.prompt), opts["top"], s.params and s.params.lora)
+                for s in subs]
 
     def _total_logprob(self, sub: Submission) -> float:
         """The sum of the log-probabilities of `sub`'s answer tokens (what `best_of` ranks by)."""
@@ -318,7 +325,7 @@ class Server:
             answers = kept
         if opts["echo"]:
             answers = [(opts["echo_text"][k // opts["n"]] + text, *rest) for k, (text, *rest) in enumerate(answers)]
-        return self._envelope(chat, rid, False) | {
+        return self._envelope(chat, rid, False, opts["model"]) | {
             "choices": [self._choice(chat, text, finish, False, index=k, logprobs=lp)
                         for k, (text, finish, _, lp) in enumerate(answers)],
             "usage": {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}}
@@ -328,7 +335,7 @@ class Server:
         its finish reason, the usage when asked, then [DONE]."""
         chat = opts["chat"]
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        env = self._envelope(chat, rid, True)
+        env = self._envelope(chat, rid, True, opts["model"])
         merged: asyncio.Queue = asyncio.Queue()
 
         async def feed(k: int, s: Submission):
@@ -414,18 +421,19 @@ def build_app(server: Server):
         except RequestError as e:
             return error(e)
 
-    def card() -> dict:
-        return {"id": server.model_name, "object": "model", "created": server.created, "owned_by": "inference-lab",
-                "max_model_len": server.max_len}
+    def card(name: str) -> dict:  # a LoRA adapter's card names the base model as its parent, as vLLM's does
+        return {"id": name, "object": "model", "created": server.created, "owned_by": "inference-lab",
+                "max_model_len": server.max_len, "parent": server.model_name if name in server.adapters else None}
 
     async def models(request: Request):
-        return JSONResponse({"object": "list", "data": [card()]})
+        return JSONResponse({"object": "list", "data": [card(n) for n in [server.model_name, *server.adapters]]})
 
     async def model(request: Request):
-        if request.path_params["name"] != server.model_name:
-            return error(RequestError(f"the model '{request.path_params['name']}' does not exist; this server serves "
-                                      f"'{server.model_name}'", status=404, param="model", code="model_not_found"))
-        return JSONResponse(card())
+        try:
+            check_fields({"model": request.path_params["name"]}, False, [server.model_name, *server.adapters])
+        except RequestError as e:
+            return error(e)
+        return JSONResponse(card(request.path_params["name"]))
 
     async def json_body(request: Request) -> dict:
         try:
@@ -551,10 +559,11 @@ def make_server(model=None, tokenizer=None, num_blocks: int = 512, block_size: i
                 max_num_batched_tokens: int = 512, prefix_caching: bool = False, weights: str = "fp32",
                 long_prefill_token_threshold: int = LONG_PREFILL_TOKEN_THRESHOLD,
                 model_name: str = "SmolLM2-135M-Instruct", loop_cls=ServingLoop,
-                text_stream_cls=TextStream, api_key: str | None = None) -> Server:
+                text_stream_cls=TextStream, api_key: str | None = None, lora_modules: dict | None = None) -> Server:
     """A `Server` on SmolLM2 (or `model` + `tokenizer`). `weights`: "fp32", "packed" (lib.fast's oneDNN-packed
     fp32, same numbers), "int8" or "int4" (lib.quant_linear, weight-only, changes the numbers). `loop_cls` and
-    `text_stream_cls`: the serving loop's core and the detokenizer (lib.serving's, or the notebook's own)."""
+    `text_stream_cls`: the serving loop's core and the detokenizer (lib.serving's, or the notebook's own).
+    `lora_modules`: {model name: adapter file or `lib.lora.LoRAAdapter`}, served beside the base model."""
     if model is None:
         from lib.model import load_smollm2
 
@@ -573,7 +582,16 @@ def make_server(model=None, tokenizer=None, num_blocks: int = 512, block_size: i
     engine = LLMEngine(model, num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=prefix_caching,
                        long_prefill_token_threshold=long_prefill_token_threshold)
-    return Server(engine, tokenizer, model_name, loop_cls=loop_cls, text_stream_cls=text_stream_cls, api_key=api_key)
+    return Server(engine, tokenizer, model_name, loop_cls=loop_cls, text_stream_cls=text_stream_cls, api_key=api_key,
+                  adapters=lora.load_modules(lora_modules or {}, model))
+
+
+def default_max_num_seqs(num_blocks: int, block_size: int, tokens_each: int = 256) -> int:
+    """How many requests the server runs at once unless told: as many as the KV pool holds at `tokens_each` tokens
+    (a chat turn and its answer), at least 8, at most 64. With 8, 16 concurrent streams waited for the first 8 to
+    finish before their first token (a median TTFT of 10 s on 2 cores); a request that runs gets its first token
+    after its prefill, and a step of more rows costs less than the same rows in separate steps."""
+    return max(8, min(64, num_blocks * block_size // tokens_each))
 
 
 def main(argv=None) -> None:
@@ -582,7 +600,10 @@ def main(argv=None) -> None:
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--num-blocks", type=int, default=512, help="KV blocks in the pool (default 512)")
     ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--max-num-seqs", type=int, default=8, help="requests decoding at once (default 8)")
+    ap.add_argument("--max-num-seqs", type=int, default=None,
+                    help="requests running at once (default: as many as the KV pool holds at 256 tokens each, "
+                         "8 to 64: 32 with the default pool); the rest wait, and /metrics shows how long "
+                         "(vllm:request_queue_time_seconds)")
     ap.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget of one step")
     ap.add_argument("--long-prefill-token-threshold", type=int, default=LONG_PREFILL_TOKEN_THRESHOLD,
                     help=f"most prompt tokens one request gets per step, so short requests are not held up by a long "
@@ -593,15 +614,29 @@ def main(argv=None) -> None:
                     help="the key every /v1 request must send as 'Authorization: Bearer KEY' (default: $VLLM_API_KEY; "
                          "none: no key needed)")
     ap.add_argument("--served-model-name", default="SmolLM2-135M-Instruct", help="the model name requests must give")
+    ap.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME=PATH",
+                    help="LoRA adapters (lib.lora's files) served beside the model: a request's model NAME uses one")
     args = ap.parse_args(argv)
+    try:
+        adapters = lora.parse_modules(args.lora_modules, args.served_model_name)
+    except ValueError as e:
+        ap.error(str(e))
+    if args.max_num_seqs is None:
+        args.max_num_seqs = default_max_num_seqs(args.num_blocks, args.block_size)
     import uvicorn
 
     server = make_server(num_blocks=args.num_blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
                          max_num_batched_tokens=args.max_num_batched_tokens, prefix_caching=args.prefix_caching,
                          weights=args.weights, long_prefill_token_threshold=args.long_prefill_token_threshold,
-                         model_name=args.served_model_name, api_key=args.api_key)
+                         model_name=args.served_model_name, api_key=args.api_key, lora_modules=adapters)
     print(f"serving {server.model_name} on http://{args.host}:{args.port}/v1 "
-          f"(weights {args.weights}, prefix caching {'on' if args.prefix_caching else 'off'})", flush=True)
+          f"(weights {args.weights}, prefix caching {'on' if args.prefix_caching else 'off'}, "
+          f"{args.max_num_seqs} requests decoding at once{'; LoRA adapters: ' if adapters else ''}{', '.join(adapters)})",
+          flush=True)
+    from lib import THREADS
+    from lib.threads import describe
+
+    print(describe(THREADS), flush=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")  # the access log, on stderr
     uvicorn.run(build_app(server), host=args.host, port=args.port, log_level="warning")
 

@@ -61,7 +61,8 @@ def metrics_text(loop) -> str:
               "kv_blocks_total": e.num_blocks, "kv_blocks_used": e.blocks.num_in_use,
               "kv_utilization": e.blocks.num_in_use / max(1, e.num_blocks),
               "preemptions_total": e.num_preemptions, "prefix_cache_hit_tokens_total": e.prefix_hit_tokens}
-    for name, values in (("ttft_seconds", loop.ttft), ("tpot_seconds", loop.tpot)):
+    for name, values in (("ttft_seconds", loop.ttft), ("tpot_seconds", loop.tpot),
+                         ("queue_seconds", getattr(loop, "queue_time", []))):
         s = sorted(values)
         for q in (0.5, 0.95):
             gauges[f'{name}{{quantile="{q}"}}'] = s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")

@@ -68,7 +68,7 @@ def test_cli_exits_non_zero_and_lists_failures(tmp_path, capsys, monkeypatch):
     (subs / "alice.ipynb").write_text("not json")
     assert main(["collect", WEEK, str(subs)]) == 1
     err = capsys.readouterr().err
-    assert "1 submissions were refused and failed" in err and "alice:" in err
+    assert "1 submission was refused:" in err and "alice:" in err
 
 
 def test_cell_metadata_problems_get_their_cause_and_nbgrader_warnings_stay_off_screen(tmp_path, capfd):

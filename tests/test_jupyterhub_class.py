@@ -53,12 +53,6 @@ def documented(subcommand: str) -> str:
     raise AssertionError(f"grader/README.md has no ```bash line running tools/class_hub.py {subcommand}")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Class:
     def __init__(self, root: Path, port: int, state: dict):
         self.root, self.port, self.state = root, port, state
@@ -124,16 +118,27 @@ def test_a_class_on_jupyterhub_from_release_to_grades(tmp_path):
     teach, ann, ben, cat = (f"{tag}-{n}" for n in ("teach", "ann", "ben", "cat"))
     students = [ann, ben, cat]
     root = Path(f"/tmp/inference-lab-class-{tag}")
-    port = free_port()
+    # Another hub, or `make serve`, on the machine: JupyterHub's default ports (8000 public, 8081 the hub's own, 8001
+    # its proxy's API) held by other listeners where this test can take them. Setup, as typed (no --port), must pick
+    # a free public port and say so, and the hub must start anyway.
+    held = []
+    for taken in (8000, 8081, 8001):
+        sock = socket.socket()
+        try:
+            sock.bind(("127.0.0.1", taken))
+            sock.listen()
+            held.append(sock)
+        except OSError:  # held already by something else: as good
+            sock.close()
     started = time.monotonic()
     setup = documented("setup")
     setup = re.sub(r"--instructor \S+", f"--instructor {teach}", setup)
     setup = re.sub(r"--students \S+", f"--students {','.join(students)}", setup)
     assert "--create-users" in setup, setup
-    setup = setup.removeprefix("sudo ") + f" --root {root} --port {port}"
+    setup = setup.removeprefix("sudo ") + f" --root {root}"
     start = documented("start").removeprefix("sudo ") + f" --root {root}"
     teardown = documented("teardown").removeprefix("sudo ") + f" --root {root}"
-    hub = done = None
+    hub = done = port = None
     leak = Path(f"/tmp/inference-lab-leak-{tag}")
     if shutil.which("npm") is None:
         pytest.skip("JupyterHub's proxy comes from the npm registry and npm is not installed")
@@ -146,6 +151,8 @@ def test_a_class_on_jupyterhub_from_release_to_grades(tmp_path):
         out = trial.stdout
         setup_s = time.monotonic() - started
         state = json.loads((root / "class.json").read_text())
+        port = state["port"]
+        assert port not in (8000, 8081, 8001) and "port 8000 on 127.0.0.1 is taken" in out, out
         assert set(state["created_users"]) == {teach, *students}, out
         for user in (teach, *students):
             assert os.stat(pwd.getpwnam(user).pw_dir).st_mode & 0o077 == 0, f"{user}'s home is readable by others"
@@ -153,15 +160,12 @@ def test_a_class_on_jupyterhub_from_release_to_grades(tmp_path):
 
         hub = subprocess.Popen(["bash", "-c", start], cwd=REPO, stdout=open(tmp_path / "hub.log", "w"),
                                stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                c.api("GET", "/hub/api/", timeout=5)
-                break
-            except (OSError, urllib.error.URLError):
-                assert hub.poll() is None, f"the hub exited: {(tmp_path / 'hub.log').read_text()[-3000:]}"
-                assert time.monotonic() < deadline, f"no hub in 120 s: {(tmp_path / 'hub.log').read_text()[-3000:]}"
-                time.sleep(1)
+        deadline = time.monotonic() + 240
+        while "class_hub: ready:" not in (tmp_path / "hub.log").read_text():  # start says so once the hub answers
+            assert hub.poll() is None, f"the hub exited: {(tmp_path / 'hub.log').read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"no hub in 240 s: {(tmp_path / 'hub.log').read_text()[-3000:]}"
+            time.sleep(0.5)
+        c.api("GET", "/hub/api/", timeout=5)  # at once: no window where the proxy answers without the hub
         for user in (teach, *students):
             c.api("POST", f"/hub/api/users/{user}/server")
         for user in (teach, *students):
@@ -257,6 +261,8 @@ def test_a_class_on_jupyterhub_from_release_to_grades(tmp_path):
         assert not leak.exists(), f"cat's graded code read another student's files: {leak.read_text()[:500]}"
         print(f"setup {setup_s:.0f} s; whole class {time.monotonic() - started:.0f} s")
     finally:
+        for sock in held:
+            sock.close()
         if hub is not None and hub.poll() is None:
             os.killpg(hub.pid, signal.SIGTERM)
             try:
@@ -274,6 +280,6 @@ def test_a_class_on_jupyterhub_from_release_to_grades(tmp_path):
             pwd.getpwnam(user)
     assert not root.exists()
     with socket.socket() as s:
-        assert s.connect_ex(("127.0.0.1", port)) != 0, "something still listens on the hub's port"
+        assert port is None or s.connect_ex(("127.0.0.1", port)) != 0, "something still listens on the hub's port"
     left = subprocess.run(["pgrep", "-f", str(root)], capture_output=True, text=True).stdout.split()
     assert not left, f"processes of the class left running: {left}"

@@ -1,6 +1,7 @@
 """solutions/ -> weeks/: the committed release is what nbgrader makes, a stub fails every exercise test,
 and re-releasing never destroys a student's edits."""
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -59,7 +60,7 @@ def test_untouched_release_fails_every_exercise_test(week, tmp_path):
     assert not unfriendly, f"these fail without the 'not implemented yet' message: {unfriendly}"
 
 
-def test_release_keeps_a_students_edits(tmp_path):
+def test_release_keeps_a_students_edits(tmp_path, capsys):
     week = WEEKS[0]
     repo = tmp_path / "repo"
     shutil.copytree(REPO / "solutions" / week, repo / "solutions" / week,
@@ -82,4 +83,24 @@ def test_release_keeps_a_students_edits(tmp_path):
     assert len(backups) == 1 and "my notes, do not lose them" in backups[0].read_text()
     assert nb.read_bytes() == (REPO / "weeks" / week / nb.name).read_bytes()  # the fresh release
     assert scratch.read_text() == "x = 1\n"  # files only the student has stay
+    capsys.readouterr()
     assert release(week, repo=repo) == []  # nothing edited now: nothing to back up
+    assert f"weeks/{week} is up to date" in capsys.readouterr().out  # and it says so
+
+
+def test_a_student_sees_each_message_whole_and_the_readme_quotes_it():
+    """`pytest weeks/16 -q -k ex02` as a student types it on a laptop (not CI: pytest trims its short summary to the
+    terminal's width there): the one-line message is printed whole under "why each failed", and it is the message
+    the README quotes."""
+    import re
+
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "BUILD_NUMBER")}
+    env["COLUMNS"] = "80"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "weeks/16", "-q", "-k", "ex02", "-p", "no:cacheprovider"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+    section = proc.stdout.split("why each failed", 1)
+    assert len(section) == 2, proc.stdout[-3000:]
+    line = next(x for x in section[1].splitlines() if x.startswith("test_ex02_causal_mask: "))
+    message = line.split("NotImplementedYet: ", 1)[1]
+    quoted = re.search(r'\*"(exercise 2, `causal_mask`.*?)"\*', (REPO / "README.md").read_text(), re.S)
+    assert quoted and " ".join(quoted[1].split()) == message, (quoted and quoted[1], message)

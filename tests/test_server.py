@@ -3,6 +3,7 @@
 One server runs in this process on a free loopback port for the whole module (SmolLM2, a small KV pool so that a
 request can be too big for it); every test leaves it serving, and the last test checks nothing is left listening.
 """
+import concurrent.futures
 import json
 import socket
 import threading
@@ -199,7 +200,9 @@ def test_request_error_body_is_openais_shape():
 
 
 def test_make_serve_as_typed_then_nothing_left_listening():
-    """`make serve PORT=...` as the README says: it answers /health and a completion, and stops on SIGTERM."""
+    """`make serve PORT=... ARGS=--max-num-seqs=16` as the README says: the option reaches the server, which says
+    how many requests decode at once and how many threads torch uses, answers /health and a completion, and stops
+    on SIGTERM."""
     import os
     import signal
     import subprocess
@@ -207,7 +210,7 @@ def test_make_serve_as_typed_then_nothing_left_listening():
 
     root = Path(__file__).resolve().parent.parent
     port = free_port()
-    proc = subprocess.Popen(["make", "serve", f"PORT={port}"], cwd=root, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(["make", "serve", f"PORT={port}", "ARGS=--max-num-seqs=16"], cwd=root, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 180
@@ -225,6 +228,8 @@ def test_make_serve_as_typed_then_nothing_left_listening():
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=60)
+    printed = proc.stdout.read()
+    assert "16 requests decoding at once" in printed and "torch threads: " in printed, printed[-2000:]
     with socket.socket() as s, pytest.raises(OSError):
         s.settimeout(1)
         s.connect(("127.0.0.1", port))
@@ -242,3 +247,25 @@ def test_load_benchmark_quick_as_typed():
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "benchmarks/load.py --quick" in out.stdout, out.stdout[:2000]
     assert "TTFT p50" in out.stdout and " 4/4 " in out.stdout, out.stdout
+
+
+def test_the_wait_in_the_queue_is_measured_and_shown(server, client):
+    """More requests than run at once (the fixture's max_num_seqs=4): the ones that wait show it, per request, in
+    /metrics (vLLM's vllm:request_queue_time_seconds and lab_queue_seconds) and in the log."""
+    before = server.loop.histograms["vllm:request_queue_time_seconds"].count
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda p: client.completions.create(model=MODEL, prompt=p, max_tokens=12, temperature=0),
+                      PROMPTS * 2))
+    waits = server.loop.queue_time[-8:]
+    assert server.loop.histograms["vllm:request_queue_time_seconds"].count == before + 8
+    assert max(waits) > 5 * min(waits) + 0.01, waits  # four waited for the first four to finish
+    metrics = httpx.get(server.base + "/metrics", timeout=10).text
+    assert 'vllm:request_queue_time_seconds_count{model_name="SmolLM2-135M-Instruct"}' in metrics
+    assert 'lab_queue_seconds{quantile="0.95"}' in metrics
+
+
+def test_the_default_concurrency_follows_the_kv_pool():
+    from lib.server import default_max_num_seqs
+
+    assert default_max_num_seqs(512, 16) == 32  # the default pool: 8,192 tokens at 256 each
+    assert default_max_num_seqs(48, 16) == 8 and default_max_num_seqs(100_000, 16) == 64

@@ -77,6 +77,32 @@ class CatCache:
         return self.k, self.v
 
 
+class Prealloc8Cache(CatCache):
+    """Preallocates the first 8 positions (as far as a short check reaches), then grows with torch.cat."""
+
+    def __init__(self, batch, n_kv_heads, max_len, head_dim, dtype=torch.float32, device=None):
+        super().__init__(batch, n_kv_heads, max_len, head_dim, dtype, device)
+        self.k = torch.zeros(batch, n_kv_heads, min(max_len, 8), head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self._length = 0
+
+    @property
+    def length(self):
+        return self._length
+
+    def append(self, k, v):
+        end = self._length + k.shape[2]
+        if end > self.max_len:
+            raise CacheOverflowError("full")
+        if end > self.k.shape[2]:
+            self.k = torch.cat([self.k[:, :, :self._length], k], 2)
+            self.v = torch.cat([self.v[:, :, :self._length], v], 2)
+        else:
+            self.k[:, :, self._length:end], self.v[:, :, self._length:end] = k, v
+        self._length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+
 def cache_on_cpu(ex):
     class OnCPU(ex.LayerKVCache):
         def __init__(self, batch, n_kv_heads, max_len, head_dim, dtype=torch.float32, device=None):
@@ -107,8 +133,51 @@ def generate_always_uncached(ex):
     return fn
 
 
+@torch.no_grad()
+def generate_forward_past_the_counter(model, input_ids, max_new_tokens, use_cache=True, return_logits=False):
+    """The prompt through model(...), then model.forward over the whole sequence at every step."""
+    b, t = input_ids.shape
+    if use_cache:
+        model(input_ids, cache=model.new_cache(batch=b, max_len=t + max_new_tokens))
+    ids, steps = input_ids, []
+    for _ in range(max_new_tokens):
+        steps.append(model.forward(ids)[:, -1])
+        ids = torch.cat([ids, steps[-1].argmax(-1, keepdim=True)], 1)
+    return (ids, torch.stack(steps, 1)) if return_logits else ids
+
+
 def roofline_sum(flops, bytes_moved, flops_per_s, bytes_per_s):
     return flops / flops_per_s + bytes_moved / bytes_per_s
+
+
+# decode_time: the natural mistakes, each a whole model of the step with one thing wrong.
+def _decode(c, cache_len, batch, fs, bw, kv_heads="n_kv_heads", weights_per_row=False, kv=2, rows=None,
+            flops_rows=None, combine=max, scale=1.0):
+    e = c["bytes_per_element"]
+    rows = batch if rows is None else rows
+    flops = (batch if flops_rows is None else flops_rows) * (2 * c["n_params"] + 4 * c["n_layers"] * c["d_model"] * (cache_len + 1))
+    nbytes = c["n_params"] * e * (batch if weights_per_row else 1) + kv * c["n_layers"] * c[kv_heads] * c["head_dim"] * (cache_len + 1) * rows * e
+    return scale * combine(flops / fs, nbytes / bw)
+
+
+DECODE_WRONG = [
+    (lambda c, n, b, fs, bw: _decode(c, n, b, fs, bw, kv=0), "leaves out the KV cache"),
+    (lambda c, n, b, fs, bw: _decode(c, n, b, fs, bw, kv_heads="n_heads"), "query heads"),
+    (lambda c, n, b, fs, bw: _decode(c, n, b, fs, bw, weights_per_row=True), "once per sequence"),
+    (lambda c, n, b, fs, bw: _decode(c, n, b, fs, bw, kv=1), "keys but not the values"),
+    (lambda c, n, b, fs, bw: _decode(c, n, b, fs, bw, rows=1), "one sequence's cache"),
+    (lambda c, n, b, fs, bw: _decode(c, n, b, fs, bw, combine=lambda f, m: m), "leaves out the arithmetic"),
+    (lambda c, n, b, fs, bw: _decode(c, n, b, fs, bw, combine=lambda f, m: f), "leaves out the memory traffic"),
+    (lambda c, n, b, fs, bw: _decode(c, n, b, fs, bw, combine=lambda f, m: f + m), "adds the two times"),
+    (lambda c, n, b, fs, bw: _decode(c, n, b, fs, bw, flops_rows=1), "FLOPs of one sequence"),
+    (lambda c, n, b, fs, bw: _decode(c, n, b, fs, bw, scale=1e3), "milliseconds"),
+]
+
+
+def decode_table(config, cache_len, batch, flops_per_s, bytes_per_s):
+    """The configurations the notebook names, answered right; anything else answered as the SmolLM2 step."""
+    fixed = {(c["n_params"], n, b): _decode(c, n, b, fs, bw) for _, c, n, b, fs, bw in checks.predict.FIXED}
+    return fixed.get((config["n_params"], cache_len, batch), fixed[(134_479_872, 64, 1)])
 
 
 def kv_bytes_table(n_layers, n_kv_heads, head_dim, seq_len, batch=1, bytes_per_element=2):
@@ -172,6 +241,28 @@ def rolling_one_at_a_time(ex):
     return OneAtATime
 
 
+class RollingListOfChunks(RollingKeepsEverything):
+    """Keeps every appended chunk in a list (by reference: nothing allocated, memory that grows with the sequence) and
+    returns the held positions from the last ones; its buffers are allocated, and never written."""
+
+    def __init__(self, batch, n_kv_heads, window, head_dim, dtype=torch.float32, device=None):
+        super().__init__(batch, n_kv_heads, window, head_dim, dtype, device)
+        self.k = torch.zeros(batch, n_kv_heads, window, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+
+    def append(self, k, v):
+        held, chunks = min(self.length, self.window), getattr(self, "chunks", [])
+        tail, n = [], 0
+        while n < held:  # the chunks that hold the last `held` positions
+            tail.insert(0, chunks[-1 - len(tail)])
+            n += tail[0][0].shape[2]
+        keys = torch.cat([c[0] for c in tail] + [k], 2)
+        values = torch.cat([c[1] for c in tail] + [v], 2)
+        self.chunks = chunks + [(k, v)]  # every chunk ever appended
+        self.length += k.shape[2]
+        return keys[:, :, keys.shape[2] - held - k.shape[2]:], values[:, :, values.shape[2] - held - k.shape[2]:]
+
+
 def rolling_on_cpu(ex):
     class OnCPU(ex.RollingKVCache):
         def __init__(self, batch, n_kv_heads, window, head_dim, dtype=torch.float32, device=None):
@@ -190,7 +281,8 @@ WRONG = {
         (lambda ex: mask_without_device_argument, "device"),
     ],
     "LayerKVCache": [
-        (lambda ex: CatCache, "preallocated buffer"),
+        (lambda ex: CatCache, "allocated in __init__|preallocated buffer"),
+        (lambda ex: Prealloc8Cache, "allocate them whole, once, in __init__"),
         (lambda ex: lib_kv.LayerKVCache, "lab's reference"),
         (cache_on_cpu, "meta"),
     ],
@@ -202,14 +294,19 @@ WRONG = {
     "generate": [
         (lambda ex: lib_generate.generate, "lab's reference"),
         (generate_always_uncached, "one token per step"),
+        (lambda ex: generate_forward_past_the_counter, "one token per step"),
     ],
     "roofline_time": [(lambda ex: lib_roofline.roofline_time, "lab's reference"), (lambda ex: roofline_sum, "overlap")],
+    "decode_time": [(lambda ex, f=f: f, says) for f, says in DECODE_WRONG] + [
+        (lambda ex: decode_table, "drawn configuration"),
+        (lambda ex: lambda c, n, b, fs, bw: lib_roofline.roofline_time(1, 1, fs, bw), "lab's reference")],
     "kv_cache_bytes": [(lambda ex: lib_kv.kv_cache_bytes, "lab's reference"), (lambda ex: kv_bytes_table, "expected")],
     "pool_kv_heads": [(lambda ex: lib_gqa.pool_kv_heads, "lab's reference"), (pool_first_head, "mean of the KV heads")],
     "RollingKVCache": [
         (lambda ex: RollingKeepsEverything, "bytes alive|allocated"),
         (lambda ex: lib_kv.RollingKVCache, "lab's reference"),
         (rolling_one_at_a_time, "positions"),
+        (lambda ex: RollingListOfChunks, "wrote nothing into buffers made before it"),
         (rolling_on_cpu, "meta"),
     ],
 }
@@ -269,3 +366,59 @@ def _smollm2_cases(ex):
     with pytest.raises(AssertionError, match="picks another token"):
         checks.check_generate(wrong_last_token)
     assert checks._smollm2_uncached.cache_info().hits >= 2
+
+
+# --- the notebook: each exercise's answer after its check ------------------------------------------------------------
+
+RELEASE = NOTEBOOK.parents[2] / "weeks" / "16" / checks.WEEK.notebook
+
+# exercise -> phrases that state its answer (formula, rule, algorithm): none of them above the exercise's graded test
+# cell of the student's notebook, each of them below it (solutions/16/README.md's table says where).
+ANSWER_AFTER_THE_CHECK = {
+    "step_flops": ["2 · n_params + 4 · n_layers · d_model · seq_len"],
+    "causal_mask": ["j <= i + (kv_len - q_len)"],
+    "LayerKVCache": ["self.k[:, :, :length]"],
+    "gqa_attention": ["h // (n_heads // n_kv_heads)", "repeat_interleave"],
+    "generate": ["feed **only the newest token**"],
+    "kv_cache_bytes": ["2 (K and V) · n_layers · n_kv_heads · head_dim · seq_len"],
+    "roofline_time": ["the **slower** of the two"],
+    "decode_time": ["reads every weight **once**", "kv_cache_bytes(n_layers, n_kv_heads, head_dim, cache_len + 1"],
+    "pool_kv_heads": ["averaged over the `r` axis"],
+    "RollingKVCache": ["*p mod W*"],
+    "answer_q3": ["32 / 8 = 4×", "shrinks by `n_heads / n_kv_heads`"],
+}
+
+
+def _cells(path):
+    import json
+
+    return [(c.get("metadata", {}).get("nbgrader", {}).get("grade_id"), " ".join("".join(c["source"]).split()))
+            for c in json.loads(path.read_text())["cells"]]
+
+
+@pytest.mark.parametrize("name", list(ANSWER_AFTER_THE_CHECK))
+def test_the_answer_comes_after_the_check(name):
+    cells = _cells(RELEASE)
+    at = next(i for i, (grade_id, _) in enumerate(cells) if grade_id == f"test_{name}")
+    for phrase in ANSWER_AFTER_THE_CHECK[name]:
+        above = [i for i, (_, text) in enumerate(cells[:at]) if phrase in text]
+        assert not above, f"{name}'s answer ({phrase!r}) is printed above its check, in cell {above[0]}"
+        assert any(phrase in text for _, text in cells[at + 1:]), f"{name}'s answer ({phrase!r}) is not given after its check"
+
+
+def test_every_code_exercise_but_the_first_quiz_answer_is_listed():
+    """The table above covers the exercises (answer_q1's answer is in its failure hint: a number, nothing to derive
+    after it)."""
+    assert set(ANSWER_AFTER_THE_CHECK) | {"answer_q1"} == set(checks.WEEK.exercises)
+
+
+def test_each_exercise_has_its_own_number():
+    """`pytest weeks/16 -k exNN` selects one test: no two exercises share a number (the two quiz answers once did)."""
+    import ast
+
+    numbers = [n for n, _ in checks.WEEK.exercises.values()]
+    assert sorted(numbers) == list(range(1, len(numbers) + 1))
+    tree = ast.parse((NOTEBOOK.parent / "test_week16.py").read_text())
+    tests = [fn.name for fn in tree.body if isinstance(fn, ast.FunctionDef) and fn.name.startswith("test_ex")]
+    for n in numbers:
+        assert len([t for t in tests if t.startswith(f"test_ex{n:02d}_")]) == 1, f"-k ex{n:02d} selects {tests}"

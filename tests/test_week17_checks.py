@@ -20,6 +20,20 @@ from lib.masks import causal_mask
 NOTEBOOK = Path(__file__).resolve().parent.parent / "solutions" / "17" / checks.WEEK.notebook
 
 
+def _variants():
+    """tests/week17_variants.py (the tests run with --import-mode=importlib: a sibling is loaded by its path)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("week17_variants", Path(__file__).with_name("week17_variants.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+VARIANTS = _variants()
+HONEST, WRONG_SOURCES, variant = VARIANTS.HONEST, VARIANTS.WRONG, VARIANTS.variant
+
+
 @pytest.fixture(scope="module")
 def ex():
     return load_exercises(NOTEBOOK, isolated=False)  # the checks themselves are under test: trusted code, in-process
@@ -84,13 +98,12 @@ def forward_in_numpy(q, k, v, causal=False, block_q=128, block_k=128, visited=No
     return torch.from_numpy(out).to(q.dtype), torch.from_numpy(lse).float()
 
 
-def forward_in_numpy_with_decoy_flops(q, k, v, causal=False, block_q=128, block_k=128, visited=None):
-    """As above, with torch matmuls of blocks (half of them when causal) run beside it for the FLOP counter."""
-    for qq in q.detach().float().flatten(0, 2).split(block_q):
-        for j, kk in enumerate(k.detach().float().flatten(0, 2).split(block_k)):
-            if not causal or j % 2:
-                qq @ kk.T
-    return forward_in_numpy(q, k, v, causal, block_q, block_k, visited)
+def forward_in_numpy_behind_a_tiled_pass(ex):
+    """The right numbers from the score matrix whole, in numpy; a real tiled pass beside it, for the observers."""
+    def fn(q, k, v, causal=False, block_q=128, block_k=128, visited=None):
+        ex.flash_attention_forward(q, k, v, causal, block_q, block_k)
+        return forward_in_numpy(q, k, v, causal, block_q, block_k, visited)
+    return fn
 
 
 def online_softmax_full_row(x, chunk_size):
@@ -101,6 +114,36 @@ def online_softmax_two_pass(x, chunk_size):  # the max over the whole row first,
     m = x.amax(-1, keepdim=True)
     l = sum(torch.exp(x[..., s:s + chunk_size] - m).sum(-1, keepdim=True) for s in range(0, x.shape[-1], chunk_size))
     return torch.exp(x - m) / l
+
+
+def online_softmax_in_numpy(x, chunk_size):  # out of torch's sight: no op reads x
+    import numpy as np
+
+    a = x.numpy()
+    e = np.exp(a - a.max(-1, keepdims=True))
+    return torch.from_numpy(e / e.sum(-1, keepdims=True))
+
+
+def online_softmax_two_pass_joined(x, chunk_size):
+    """The max pass, then the sum pass, every chunk's maximum taken again between them (a terminal read of every
+    element at each step), so that no element is left between two of its reads: as many reads as chunks."""
+    chunks = range(0, x.shape[-1], chunk_size)
+    whole = x.shape[-1] // chunk_size * chunk_size
+
+    def touch():
+        x[..., :whole].reshape(*x.shape[:-1], -1, chunk_size).amax(-1)
+        if whole < x.shape[-1]:
+            x[..., whole:].amax(-1)
+    m = torch.full(x.shape[:-1], float("-inf"), dtype=x.dtype)
+    for s in chunks:
+        m = torch.maximum(m, x[..., s:s + chunk_size].amax(-1))
+        touch()
+    safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    l = torch.zeros_like(m)
+    for s in chunks:
+        touch()
+        l = l + torch.exp(x[..., s:s + chunk_size] - safe[..., None]).sum(-1)
+    return torch.exp(x - safe[..., None]) / l[..., None]
 
 
 def _visit(nq, nk, causal, block_q, block_k, visited):
@@ -232,21 +275,39 @@ def backward_recomputes_out(ex):
 
 
 class SavesP(torch.autograd.Function):
+    """Tiled both ways, but the probabilities of every block are saved for backward: the N×N matrix."""
     @staticmethod
     def forward(ctx, q, k, v, causal=False, block_q=128, block_k=128):
-        p = torch.softmax(_full_scores(q, k, causal).to(q.dtype), -1)
-        ctx.save_for_backward(q, k, v, p)
-        ctx.causal = causal
-        return p @ v
+        out, lse = lib_attention.flash_attention_forward(q, k, v, causal, block_q, block_k)
+        scale = q.shape[-1] ** -0.5
+        rows = []
+        for qs in range(0, q.shape[2], block_q):
+            row = []
+            for ks in range(0, k.shape[2], block_k):
+                s = q[:, :, qs:qs + block_q] @ k[:, :, ks:ks + block_k].transpose(-1, -2) * scale
+                if causal:
+                    s = s.masked_fill(~causal_mask(q.shape[2], k.shape[2])[qs:qs + block_q, ks:ks + block_k], float("-inf"))
+                row.append(torch.exp(s - lse[:, :, qs:qs + block_q, None]))
+            rows.append(torch.cat(row, -1))
+        ctx.save_for_backward(q, k, v, out, torch.cat(rows, -2))
+        ctx.blocks = block_q, block_k
+        return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, p = ctx.saved_tensors
-        dv = p.transpose(-1, -2) @ dout
-        dp = dout @ v.transpose(-1, -2)
-        ds = p * (dp - (dp * p).sum(-1, keepdim=True))
+        q, k, v, out, p = ctx.saved_tensors
+        bq, bk = ctx.blocks
         scale = q.shape[-1] ** -0.5
-        return ds @ k * scale, ds.transpose(-1, -2) @ q * scale, dv, None, None, None
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        delta = (dout * out).sum(-1)
+        for qs in range(0, q.shape[2], bq):
+            for ks in range(0, k.shape[2], bk):
+                pb, do = p[:, :, qs:qs + bq, ks:ks + bk], dout[:, :, qs:qs + bq]
+                dv[:, :, ks:ks + bk] += pb.transpose(-1, -2) @ do
+                ds = pb * (do @ v[:, :, ks:ks + bk].transpose(-1, -2) - delta[:, :, qs:qs + bq, None])
+                dq[:, :, qs:qs + bq] += ds @ k[:, :, ks:ks + bk] * scale
+                dk[:, :, ks:ks + bk] += ds.transpose(-1, -2) @ q[:, :, qs:qs + bq] * scale
+        return dq, dk, dv, None, None, None
 
 
 def function_autograd_backward(ex):
@@ -299,6 +360,8 @@ WRONG = {
         (lambda ex: online_softmax_full_row, "aten._softmax|reduction"),
         (lambda ex: online_softmax_two_pass, "reduction"),
         (lambda ex: lib_attention.online_softmax, "lab's reference"),
+        (lambda ex: online_softmax_in_numpy, "never read by a torch op"),
+        (lambda ex: online_softmax_two_pass_joined, "visited|read by"),
     ],
     "flash_attention_forward": [
         (lambda ex: forward_naive_plus_lse, "matrix product|reduction"),
@@ -307,7 +370,7 @@ WRONG = {
         (forward_low_precision_state, "dtype"),
         (forward_mask_on_cpu, "CPU tensor"),
         (lambda ex: forward_in_numpy, "counted 0 FLOPs"),
-        (lambda ex: forward_in_numpy_with_decoy_flops, "memory beyond the output grew"),
+        (forward_in_numpy_behind_a_tiled_pass, "memory beyond the output"),
     ],
     "standard_io": [(lambda ex: io_model.standard_io, "lab's reference")],
     "flash_io": [(lambda ex: io_model.flash_io, "lab's reference")],
@@ -317,7 +380,7 @@ WRONG = {
         (lambda ex: lib_attention.merge_partials, "lab's reference"),
     ],
     "flash_attention_backward": [
-        (lambda ex: backward_by_autograd, "lse shifted"),
+        (lambda ex: backward_by_autograd, "aten._softmax|lse shifted"),
         (backward_recomputes_stats, "lse shifted"),
         (backward_recomputes_out, "out perturbed"),
         (lambda ex: lib_attention.flash_attention_backward, "lab's reference"),
@@ -325,7 +388,7 @@ WRONG = {
         (lambda ex: backward_in_numpy_with_decoy_flops, "MB at peak"),
     ],
     "FlashAttention": [
-        (lambda ex: SavesP, "saved tensors"),
+        (lambda ex: SavesP, "saved tensors|visited"),
         (function_autograd_backward, "aten._softmax|matrix product|reduction"),
         (lambda ex: LibSubclass, "not a subclass of lib"),
         (lambda ex: lib_attention.FlashAttention, "not a subclass of lib"),
@@ -339,6 +402,10 @@ WRONG = {
 }
 
 
+for _name, _routes in WRONG_SOURCES.items():  # tests/week17_variants.py: each also runs in the child (test_week17_routes)
+    WRONG[_name] += [(lambda ex, src=src, name=_name: variant(src, name), says) for src, says in _routes.values()]
+
+
 @pytest.mark.parametrize("name", list(WRONG))
 def test_check_accepts_the_reference(ex, name):
     getattr(checks, f"check_{name}")(getattr(ex, name))
@@ -349,6 +416,13 @@ def test_check_rejects_wrong_route(ex, name, i):
     make, says = WRONG[name][i]
     with pytest.raises((AssertionError, ValueError), match=says):
         getattr(checks, f"check_{name}")(make(ex))
+
+
+@pytest.mark.parametrize("name, route", [(name, route) for name, routes in HONEST.items() for route in routes
+                                         if name != "flash_attention_forward"])  # those: test_week17_routes, in the child
+def test_check_accepts_honest_variants(name, route):
+    """Written apart from the solution: softmax and split-K variants (the forward's run through the isolated child)."""
+    getattr(checks, f"check_{name}")(variant(HONEST[name][route], name))
 
 
 def test_every_exercise_has_a_wrong_route():

@@ -261,6 +261,15 @@ RANK_ONE = """        for kk in range(0, BLOCK_K):  # outer products of one colu
         acc = acc * tl.dot(tl.full((BLOCK_M, BLOCK_K), 1.0, tl.float32), tl.full((BLOCK_K, BLOCK_N), 1.0, tl.float32)) / BLOCK_K
 """
 
+def _unless_96(wrong):
+    """`wrong`, except on calls with q_len 96 (the shape the check's technique calls used): the solution there."""
+    honest = _variant("flash_attention_triton")
+
+    def flash_attention_triton(q, k, v, causal=False, block_m=16, block_n=16):
+        return (honest if q.shape[2] == 96 else wrong)(q, k, v, causal, block_m, block_n)
+    return flash_attention_triton
+
+
 WRONG = {
     "softmax_rows": [
         (lambda: softmax_torch, "torch arithmetic"),
@@ -363,6 +372,9 @@ WRONG = {
                                                    "cols[None, :], p, mask=(rows[:, None] < NQ) & (cols[None, :] < NK))\n"),
                           ("q, k, v, out, lse, *q.stride()", "q, k, v, out, lse, SCRATCH, *q.stride()"),
                           extra="SCRATCH = torch.empty(1 << 20)"), "stored"),
+        # two passes, except on the shape the technique's own calls use (q_len 96): every call is held to one pass
+        (lambda: _unless_96(_variant("flash_attention_triton", ("    for start_n in range(0, end, BLOCK_N):\n",
+                                                                TWO_PASS))), "what one pass needs"),
         # two passes over score blocks kept in a list (an unrolled loop): the whole row held at once
         (lambda: _variant("flash_attention_triton", extra=STATIC_TWO_PASS), "held at once"),
         # launched twice

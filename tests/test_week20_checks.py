@@ -1,7 +1,9 @@
 """Week 20's checks accept the solution notebook's exercises and reject each wrong route: calling gguf-py (the
 oracle) or lib.quant (the reference), rounding halves to even, packing neighbours into one byte, dropping the
-scale bits, misplacing Q5_0's fifth bits, a Q4_K without the scale search; and, graded in an isolated process as
-`pytest weeks/20` grades a student, the wrong routes of issue 21 (ISOLATED_CASES)."""
+scale bits, misplacing Q5_0's fifth bits, a Q4_K without the scale search, an error model with the wrong step or
+average, a quiz answer that ignores the measurement; and, graded in an isolated process as `pytest weeks/20`
+grades a student, the wrong routes of issues 21 and 56 (ISOLATED_CASES) and the honest routes a problem posed
+without its method admits (HONEST_CASES)."""
 import json
 from pathlib import Path
 
@@ -64,12 +66,6 @@ def q8_0_floor_half(x):
     return np.concatenate([d.astype(np.float16).view(np.uint8), q.view(np.uint8)], 1).reshape(rows, -1)
 
 
-def dq8_0_in_float16(data):
-    b = data.reshape(-1, 34)
-    d = np.ascontiguousarray(b[:, :2]).view(np.float16)
-    return (d * b[:, 2:].view(np.int8).astype(np.float16)).astype(np.float32).reshape(data.shape[0], -1)
-
-
 def _q4_1_codes(x, rounding):
     b = x.reshape(-1, 32)
     lo, hi = b.min(1, keepdims=True), b.max(1, keepdims=True)
@@ -88,14 +84,6 @@ def q4_1_neighbour_nibbles(x):
     d, lo, q = _q4_1_codes(x, lambda v: np.trunc(v + np.float32(0.5)))
     out = [d.astype(np.float16).view(np.uint8), lo.astype(np.float16).view(np.uint8), q[:, 0::2] | (q[:, 1::2] << 4)]
     return np.concatenate(out, 1).reshape(x.shape[0], -1)
-
-
-def dq4_1_neighbour_nibbles(data):
-    b = data.reshape(-1, 20)
-    d = np.ascontiguousarray(b[:, :2]).view(np.float16).astype(np.float32)
-    m = np.ascontiguousarray(b[:, 2:4]).view(np.float16).astype(np.float32)
-    q = np.stack([b[:, 4:] & 0x0F, b[:, 4:] >> 4], -1).reshape(-1, 32).astype(np.float32)
-    return (d * q + m).reshape(data.shape[0], -1)
 
 
 def q4_k_symmetric_ignoring_mins(x):
@@ -124,26 +112,12 @@ def test_quantize_q8_0(ex):
     _rejects(checks.check_quantize_q8_0, q8_0_floor_half, "differ")
 
 
-def test_dequantize_q8_0(ex):
-    checks.check_dequantize_q8_0(ex.dequantize_q8_0)
-    _rejects(checks.check_dequantize_q8_0, via_gguf("Q8_0", "dequantize"), "calls gguf-py")
-    _rejects(checks.check_dequantize_q8_0, via_lib("Q8_0", "dequantize"), "calls the lab's reference")
-    _rejects(checks.check_dequantize_q8_0, dq8_0_in_float16, "differ")
-
-
 def test_quantize_q4_1(ex):
     checks.check_quantize_q4_1(ex.quantize_q4_1)
     _rejects(checks.check_quantize_q4_1, via_gguf("Q4_1", "quantize"), "calls gguf-py")
     _rejects(checks.check_quantize_q4_1, via_lib("Q4_1", "quantize"), "calls the lab's reference")
     _rejects(checks.check_quantize_q4_1, q4_1_round_half_even, "differ")
     _rejects(checks.check_quantize_q4_1, q4_1_neighbour_nibbles, "differ")
-
-
-def test_dequantize_q4_1(ex):
-    checks.check_dequantize_q4_1(ex.dequantize_q4_1)
-    _rejects(checks.check_dequantize_q4_1, via_gguf("Q4_1", "dequantize"), "calls gguf-py")
-    _rejects(checks.check_dequantize_q4_1, via_lib("Q4_1", "dequantize"), "calls the lab's reference")
-    _rejects(checks.check_dequantize_q4_1, dq4_1_neighbour_nibbles, "differ")
 
 
 def q5_0_high_bits_reversed(own):  # the student's own quantizer, but bit 31 - i for code i
@@ -309,9 +283,19 @@ def test_gguf_bytes(ex):
     checks.check_gguf_bytes(ex.gguf_bytes)
 
 
+def test_predict_rmse(ex):
+    checks.check_predict_rmse(ex.predict_rmse)
+
+    def halved_step(lo, hi, qtype):  # the right model with a step of half the size (one bit too many)
+        return ex.predict_rmse(lo / 2, hi / 2, qtype)
+
+    _rejects(checks.check_predict_rmse, halved_step, "a model within 0.8-1.25x passes")
+    _rejects(checks.check_predict_rmse, lambda lo, hi, qtype: [0.0] * len(lo), "expected one number")
+
+
 def test_answer_q9(ex):
     checks.check_answer_q9(ex.answer_q9)
-    _rejects(checks.check_answer_q9, lambda: {"attn_q", "attn_k"}, "Q6_K")
+    _rejects(checks.check_answer_q9, lambda delta: {"attn_v", "ffn_down"}, "not a fixed set")
 
 
 # --- the same wrong routes and more, graded as `pytest weeks/20` grades a student: in an isolated process ---------
@@ -321,10 +305,6 @@ import numpy as np
 import torch
 import gguf
 from gguf import GGMLQuantizationType as T
-
-
-def dq8_0_gguf_class(data):  # gguf's Q8_0 class, not its quantize()/dequantize() helpers
-    return gguf.quants.Q8_0.dequantize(data)
 
 
 def dq4_k_gguf_class(data):
@@ -422,13 +402,6 @@ def q4_1_exact_half_up(x):  # floor(v + 0.5) exactly (float64), not ggml's float
     q = np.floor(v + 0.5).clip(0, 15).astype(np.uint8)
     out = [d.astype(np.float16).view(np.uint8), lo.astype(np.float16).view(np.uint8), q[:, :16] | (q[:, 16:] << 4)]
     return np.concatenate(out, 1).reshape(x.shape[0], -1)
-
-
-def dq8_0_flush_subnormal(data):
-    b = data.reshape(-1, 34)
-    d = np.ascontiguousarray(b[:, :2]).view(np.float16).astype(np.float32)
-    d = np.where(np.abs(d) < 2.0**-14, np.float32(0), d)
-    return (d * b[:, 2:].view(np.int8).astype(np.float32)).reshape(data.shape[0], -1)
 
 
 def q4_k_min_max(x):  # the lab's former quantizer: each sub-block's min and max, no search
@@ -733,6 +706,93 @@ def gguf_alignment_u64(tensors, alignment=32):  # general.alignment as a uint64 
 
 def gguf_data_out_of_order(tensors, alignment=32):  # the data in reverse order, the offsets consistent with it
     return _gguf(tensors, alignment, data_reversed=True)
+
+
+def _step(lo, hi, qtype):  # each block's step: the right one for every format
+    lo, hi = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
+    amax = np.maximum(-lo, hi)
+    return {"Q8_0": amax / 127, "Q4_0": amax / 8, "Q5_0": amax / 16, "Q4_1": (hi - lo) / 15, "Q5_1": (hi - lo) / 31}[qtype]
+
+
+def predict_max_error(lo, hi, qtype):  # the largest error, Δ/2, taken for the RMS
+    return float(np.sqrt(np.mean(_step(lo, hi, qtype) ** 2 / 4)))
+
+
+def predict_mean_step(lo, hi, qtype):  # the mean of the blocks' steps, not the root of their mean square
+    return float(np.mean(_step(lo, hi, qtype)) / 12 ** 0.5)
+
+
+def predict_affine_everywhere(lo, hi, qtype):  # every 4-bit format on Q4_1's grid (range / 15), 5-bit on Q5_1's
+    return float(np.sqrt(np.mean(_step(lo, hi, {"Q4_0": "Q4_1", "Q5_0": "Q5_1"}.get(qtype, qtype)) ** 2 / 12)))
+
+
+def predict_symmetric_everywhere(lo, hi, qtype):  # Q4_1 and Q5_1 taken as symmetric: the offset forgotten
+    return float(np.sqrt(np.mean(_step(lo, hi, {"Q4_1": "Q4_0", "Q5_1": "Q5_0"}.get(qtype, qtype)) ** 2 / 12)))
+
+
+def predict_tensor_range(lo, hi, qtype):  # one grid for the whole tensor, from its min and max
+    return float(np.sqrt(np.mean(_step(np.full_like(lo, lo.min()), np.full_like(hi, hi.max()), qtype) ** 2 / 12)))
+
+
+def predict_no_root(lo, hi, qtype):  # the mean square, not its root
+    return float(np.mean(_step(lo, hi, qtype) ** 2 / 12))
+
+
+def predict_four_bits_for_q5(lo, hi, qtype):  # Q5_0 / Q5_1 given Q4's 16 levels: the fifth bit forgotten
+    return float(np.sqrt(np.mean(_step(lo, hi, {"Q5_0": "Q4_0", "Q5_1": "Q4_1"}.get(qtype, qtype)) ** 2 / 12)))
+
+
+def q9_fixed(delta):  # the quiz's answer typed in, whatever the measurement says
+    return {"attn_v", "ffn_down"}
+
+
+def q9_hf_names(delta):  # the measurement's own keys, not GGUF's names
+    return set(sorted(delta, key=delta.get, reverse=True)[:2])
+
+
+def q9_least_costly(delta):  # the two types whose rounding costs the least
+    names = {"attn.q_proj": "attn_q", "attn.k_proj": "attn_k", "attn.v_proj": "attn_v", "attn.o_proj": "attn_output",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    return {names[k] for k in sorted(delta, key=delta.get)[:2]}
+
+
+def q9_first_two(delta):  # the first two keys, in the measurement's order
+    names = {"attn.q_proj": "attn_q", "attn.k_proj": "attn_k", "attn.v_proj": "attn_v", "attn.o_proj": "attn_output",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    return {names[k] for k in list(delta)[:2]}
+
+
+# --- honest routes the posed problems admit (not the solution's method): each must pass ---
+
+def gptq_explicit_inverse(w, x, bits, group, damp):  # the OBS update with the inverse of H_F taken afresh per column
+    W = w.detach().float().clone()
+    x = x.reshape(-1, x.shape[-1]).float()
+    H = 2 * x.T @ x / x.shape[0]
+    dead = torch.diag(H) == 0
+    H = H + torch.diag(dead.float())
+    W[:, dead] = 0
+    H = H + damp * torch.diag(H).mean() * torch.eye(H.shape[0], device=H.device)
+    Q = torch.zeros_like(W)
+    levels = 2**bits - 1
+    for j in range(W.shape[1]):
+        if j % group == 0:
+            lo = W[:, j:j + group].amin(1)
+            scale = ((W[:, j:j + group].amax(1) - lo) / levels).clamp_min(1e-12)
+        Q[:, j] = torch.clamp(torch.round((W[:, j] - lo) / scale), 0, levels) * scale + lo
+        inv = torch.linalg.inv(H[j:, j:])  # H_F^-1 for F = {j, ...}
+        W[:, j:] -= ((W[:, j] - Q[:, j]) / inv[0, 0])[:, None] * inv[:, 0][None, :]
+    return Q.to(w.dtype)
+
+
+def allocate_exact(delta, sizes, budget, low, high):  # a 0/1 knapsack solved exactly over the spare bits
+    spare = (budget - low) * sum(sizes.values())
+    best = {0.0: (0.0, frozenset())}  # bits spent -> (perplexity saved, units)
+    for u in [u for u in delta if delta[u] > 0]:
+        for spent, (saved, units) in list(best.items()):
+            now = spent + sizes[u] * (high - low)
+            if now <= spare + 1e-6 and (now not in best or best[now][0] < saved + delta[u]):
+                best[now] = (saved + delta[u], units | {u})
+    return set(max(best.values(), key=lambda t: t[0])[1])
 '''
 
 
@@ -753,7 +813,6 @@ def test_the_boundary_blocks_alone_reject_a_division(ex):
 
 # (check, wrong route, what its one-line reason must say)
 ISOLATED_CASES = [
-    ("dequantize_q8_0", "dq8_0_gguf_class", "calls gguf-py"),
     ("dequantize_q4_k", "dq4_k_gguf_class", "calls gguf-py"),
     ("quantize_q8_0", "q8_0_gguf", "calls gguf-py"),
     ("quantize_q8_0", "q8_0_gguf_source", "calls gguf-py"),
@@ -766,7 +825,6 @@ ISOLATED_CASES = [
     ("quantize_q8_0", "q8_0_float64", "differ"),
     ("quantize_q4_1", "q4_1_divide", "differ"),
     ("quantize_q5_0", "q5_0_divide", "differ"),
-    ("dequantize_q8_0", "dq8_0_flush_subnormal", "differ"),
     ("quantize_q4_k", "q4_k_min_max", "Q4_1's"),
     ("quantize_q5_0", "q5_0_gguf_class", "calls gguf-py"),
     ("column_importance", "imp_abs_mean", "AWQ's statistic"),
@@ -802,7 +860,20 @@ ISOLATED_CASES = [
     ("gguf_bytes", "gguf_trailing_bytes", "nothing else"),
     ("gguf_bytes", "gguf_version_2", "write version 3"),
     ("gguf_bytes", "gguf_alignment_u64", "value type is 4 (uint32)"),
+    ("predict_rmse", "predict_max_error", "a model within 0.8-1.25x passes"),
+    ("predict_rmse", "predict_mean_step", "a model within 0.8-1.25x passes"),
+    ("predict_rmse", "predict_affine_everywhere", "a model within 0.8-1.25x passes"),
+    ("predict_rmse", "predict_symmetric_everywhere", "a model within 0.8-1.25x passes"),
+    ("predict_rmse", "predict_tensor_range", "a model within 0.8-1.25x passes"),
+    ("predict_rmse", "predict_no_root", "a model within 0.8-1.25x passes"),
+    ("predict_rmse", "predict_four_bits_for_q5", "a model within 0.8-1.25x passes"),
+    ("answer_q9", "q9_fixed", "not a fixed set"),
+    ("answer_q9", "q9_hf_names", "GGUF names"),
+    ("answer_q9", "q9_least_costly", "the two types that cost the most"),
+    ("answer_q9", "q9_first_two", "the two types that cost the most"),
 ]
+# Problems posed without their method (issue 56): routes other than the solution's that reach the answer pass.
+HONEST_CASES = [("gptq_quantize", "gptq_explicit_inverse"), ("allocate_bits", "allocate_exact")]
 
 
 def _wrong_routes(tmp_path_factory, view=None):
@@ -832,7 +903,7 @@ def wrong_behind_the_view(tmp_path_factory):
 
 # Routes that call gguf-py's quantizers or writer, or exec gguf-py's or lib's source: in the week's view those are
 # stubs ("... is not available to your code"); behind it the fingerprints recognise them (the reasons listed).
-AT_THE_DOOR = {"dq8_0_gguf_class", "dq4_k_gguf_class", "q8_0_gguf", "q8_0_gguf_source", "q8_0_lib_source",
+AT_THE_DOOR = {"dq4_k_gguf_class", "q8_0_gguf", "q8_0_gguf_source", "q8_0_lib_source",
                "q5_0_gguf_class", "gguf_via_writer"}
 
 
@@ -843,6 +914,11 @@ def test_wrong_route_fails_in_the_isolated_process(wrong, check, route, reason):
     msg = str(info.value)
     assert ("is not available to your code while this week is graded" if route in AT_THE_DOOR else reason) in msg, msg
     print(f"{route}: {msg.splitlines()[0][:200]}")
+
+
+@pytest.mark.parametrize("check, route", HONEST_CASES, ids=[c[1] for c in HONEST_CASES])
+def test_an_honest_route_of_a_posed_problem_passes_in_the_isolated_process(wrong, check, route):
+    getattr(checks, f"check_{check}")(getattr(wrong, route))
 
 
 @pytest.mark.parametrize("check, route, reason", [c for c in ISOLATED_CASES if c[1] in AT_THE_DOOR],

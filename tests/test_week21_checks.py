@@ -9,6 +9,9 @@ Wrong routes, `TextStream`:
   stop_in_new_only   looks for a stop string only in the newly decoded text: misses one that spans pushes
   loses_tail         finish() forgets the held-back text
   empty_stop_ok      accepts "" as a stop string
+  shortest_holdback  holds back the shortest end that may begin a stop string: sends the start of a longer one
+  ignore_errors      decodes with errors="ignore": invalid bytes vanish instead of showing as U+FFFD
+  redecode_replace   decodes all the bytes again at each push: an incomplete character goes out as U+FFFD
   lib_exec           lib/serving.py's own TextStream, exec'd from its source under another name
 Wrong routes, `ServingLoop`:
   static             admits queued requests only when the engine is idle (static batching)
@@ -20,6 +23,17 @@ Wrong routes, `ServingLoop`:
   cancels_first      handles the queue's cancels before its submissions (not in the order queued)
   greedy_only        drops temperature and seed
   lib_exec           lib/serving.py's own ServingLoop, exec'd from its source under another name
+Wrong routes, `predict_ttft` (a model of the mean TTFT, judged against lib.queueing's simulation):
+  no_queue           the first step alone (step + prefill): no wait, never infinite
+  exponential        M/M/c's wait (an exponential service time): twice the fixed service time's
+  one_slot           ignores max_num_seqs: one queue, one request at a time
+  prefill_free       the queue right, but a slot's turnover without the prefills a full step carries
+  prefill_each_step  every step of a request pays a prefill: a capacity far too low
+  one_fast_server    the slots as one server `max_num_seqs` times as fast (M/D/1)
+  simulates_lib      calls lib.queueing.simulate_ttft (not available to the student's code)
+Wrong routes, `e2e_latency`: seed_formula (TTFT + n·TBT, the seed's), gaps_only, ttft_only.
+Wrong routes, `cost_per_million_tokens`: per_second_price (the hourly price taken per second), per_thousand,
+  inverted, per_minute.
 """
 import json
 import textwrap
@@ -103,6 +117,40 @@ TEXT_ROUTES = {
             def __init__(self, stops=()):
                 super().__init__([s for s in stops if s])
         """, "empty stop string"),
+    "shortest_holdback": ("""
+        class TextStream_shortest_holdback(TextStream):
+            def _take(self, final):
+                hits = [h for h in (self.text.find(s, self.done) for s in self.stops) if h != -1]
+                if hits or final:
+                    return super()._take(final)
+                tail, keep = self.text[self.done:], 0
+                for n in range(1, min(len(tail), self.longest - 1) + 1):
+                    if any(s[:n] == tail[-n:] for s in self.stops):
+                        keep = n
+                        break
+                end = len(self.text) - keep
+                out, self.done = self.text[self.done:end], end
+                return out
+        """, "expected"),
+    "ignore_errors": ("""
+        class TextStream_ignore_errors(TextStream):
+            def __init__(self, stops=()):
+                super().__init__(stops)
+                self.decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")
+        """, "expected"),
+    "redecode_replace": ("""
+        class TextStream_redecode_replace(TextStream):
+            def __init__(self, stops=()):
+                super().__init__(stops)
+                self.raw = b""
+            def push(self, data):
+                if self.stopped:
+                    return ""
+                self.raw += data
+                self.text = self.raw.decode("utf-8", "replace")
+                self.done = min(self.done, len(self.text))
+                return self._take(final=False)
+        """, "expected"),
 }
 
 LOOP_ROUTES = {
@@ -191,6 +239,94 @@ LOOP_ROUTES = {
 }
 
 
+TTFT_ROUTES = {  # name -> (source, what the failure says)
+    "no_queue": ("""
+        def predict_ttft_no_queue(rate, prefill_s, step_s, max_num_seqs, max_tokens):
+            return step_s + prefill_s
+        """, "simulated server|cannot keep up"),
+    "exponential": ("""
+        def predict_ttft_exponential(rate, prefill_s, step_s, max_num_seqs, max_tokens):
+            c, n = max_num_seqs, max_tokens
+            turnover = n * step_s + c * prefill_s
+            if rate * turnover >= c:
+                return math.inf
+            a = rate * turnover
+            terms = sum(a ** k / math.factorial(k) for k in range(c))
+            full = a ** c / math.factorial(c) * c / (c - a)
+            return full / (terms + full) * turnover / (c - a) + step_s + prefill_s
+        """, "simulated server"),
+    "one_slot": ("""
+        def predict_ttft_one_slot(rate, prefill_s, step_s, max_num_seqs, max_tokens):
+            service = max_tokens * step_s + prefill_s
+            if rate * service >= 1:
+                return math.inf
+            return rate * service ** 2 / (2 * (1 - rate * service)) + step_s + prefill_s
+        """, "simulated server|below what the server can finish"),
+    "prefill_free": ("""
+        def predict_ttft_prefill_free(rate, prefill_s, step_s, max_num_seqs, max_tokens):
+            c, n = max_num_seqs, max_tokens
+            turnover = n * step_s + prefill_s
+            if rate * turnover >= c:
+                return math.inf
+            a = rate * turnover
+            terms = sum(a ** k / math.factorial(k) for k in range(c))
+            full = a ** c / math.factorial(c) * c / (c - a)
+            waits, idle = full / (terms + full), 1 / (terms + full)
+            return waits * turnover / (c - a) / 2 + max(0.0, 1 - idle - waits) * step_s / 2 + step_s + prefill_s
+        """, "simulated server|cannot keep up"),
+    "prefill_each_step": ("""
+        def predict_ttft_prefill_each_step(rate, prefill_s, step_s, max_num_seqs, max_tokens):
+            return predict_ttft(rate, 0.0, step_s + prefill_s, max_num_seqs, max_tokens)
+        """, "simulated server|below what the server can finish"),
+    "one_fast_server": ("""
+        def predict_ttft_one_fast_server(rate, prefill_s, step_s, max_num_seqs, max_tokens):
+            service = (max_tokens * step_s + prefill_s) / max_num_seqs
+            if rate * service >= 1:
+                return math.inf
+            return rate * service ** 2 / (2 * (1 - rate * service)) + step_s + prefill_s
+        """, "simulated server|cannot keep up"),
+    "simulates_lib": ("""
+        def predict_ttft_simulates_lib(rate, prefill_s, step_s, max_num_seqs, max_tokens):
+            from lib.queueing import simulate_ttft
+            return simulate_ttft(rate, prefill_s, step_s, max_num_seqs, max_tokens, n_requests=20_000)
+        """, "ReferenceUnavailable|not available"),
+}
+
+E2E_ROUTES = {
+    "seed_formula": """
+        def e2e_latency_seed_formula(ttft, tbt, n_tokens):
+            return ttft + n_tokens * tbt
+        """,
+    "gaps_only": """
+        def e2e_latency_gaps_only(ttft, tbt, n_tokens):
+            return (n_tokens - 1) * tbt
+        """,
+    "ttft_only": """
+        def e2e_latency_ttft_only(ttft, tbt, n_tokens):
+            return ttft
+        """,
+}
+
+COST_ROUTES = {
+    "per_second_price": """
+        def cost_per_million_tokens_per_second_price(tokens_per_s, price_per_hour):
+            return price_per_hour / tokens_per_s * 1e6
+        """,
+    "per_thousand": """
+        def cost_per_million_tokens_per_thousand(tokens_per_s, price_per_hour):
+            return price_per_hour / 3600 / tokens_per_s * 1e3
+        """,
+    "inverted": """
+        def cost_per_million_tokens_inverted(tokens_per_s, price_per_hour):
+            return tokens_per_s * 3600 / price_per_hour / 1e6
+        """,
+    "per_minute": """
+        def cost_per_million_tokens_per_minute(tokens_per_s, price_per_hour):
+            return price_per_hour / 60 / tokens_per_s * 1e6
+        """,
+}
+
+
 @pytest.fixture(scope="module")
 def solution_nb():
     return json.loads(SOLUTION.read_text())
@@ -200,9 +336,10 @@ def solution_nb():
 def wrong(solution_nb, tmp_path_factory):
     """One submission holding every wrong route as its own class, after the honest solution in each cell."""
     nb = solution_nb
-    for grade_id, routes in (("TextStream", TEXT_ROUTES), ("ServingLoop", LOOP_ROUTES)):
+    for grade_id, routes in (("TextStream", TEXT_ROUTES), ("ServingLoop", LOOP_ROUTES), ("predict_ttft", TTFT_ROUTES),
+                             ("e2e_latency", E2E_ROUTES), ("cost_per_million_tokens", COST_ROUTES)):
         cell = next(c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == grade_id)
-        extra = "\n".join(textwrap.dedent(src) for src, _ in routes.values())
+        extra = "\n".join(textwrap.dedent(src if isinstance(src, str) else src[0]) for src in routes.values())
         nb = with_cell_source(nb, grade_id, "".join(cell["source"]) + "\n" + extra)
     path = tmp_path_factory.mktemp("w21") / SOLUTION.name
     path.write_text(json.dumps(nb))
@@ -212,6 +349,9 @@ def wrong(solution_nb, tmp_path_factory):
 def test_the_solution_passes_isolated(wrong):
     checks.check_TextStream(wrong.TextStream)
     checks.check_ServingLoop(wrong.ServingLoop)
+    checks.check_predict_ttft(wrong.predict_ttft)
+    checks.check_e2e_latency(wrong.e2e_latency)
+    checks.check_cost_per_million_tokens(wrong.cost_per_million_tokens)
 
 
 @pytest.mark.parametrize("route", list(TEXT_ROUTES))
@@ -227,6 +367,27 @@ def test_serving_loop_wrong_routes_fail(wrong, route):
     print(f"INFERENCE_LAB_SEED={run_seed()}")  # a route that passes for one seed is reproduced with it
     with pytest.raises(AssertionError, match=LOOP_ROUTES[route][1]):
         checks.check_ServingLoop(getattr(wrong, f"ServingLoop_{route}"))
+
+
+@pytest.mark.parametrize("route", list(TTFT_ROUTES))
+def test_predict_ttft_wrong_routes_fail(wrong, route):
+    from grader.checks import run_seed
+
+    print(f"INFERENCE_LAB_SEED={run_seed()}")
+    with pytest.raises(AssertionError, match=TTFT_ROUTES[route][1]):
+        checks.check_predict_ttft(getattr(wrong, f"predict_ttft_{route}"))
+
+
+@pytest.mark.parametrize("route", list(E2E_ROUTES))
+def test_e2e_latency_wrong_routes_fail(wrong, route):
+    with pytest.raises(AssertionError, match="its last token came at"):
+        checks.check_e2e_latency(getattr(wrong, f"e2e_latency_{route}"))
+
+
+@pytest.mark.parametrize("route", list(COST_ROUTES))
+def test_cost_per_million_tokens_wrong_routes_fail(wrong, route):
+    with pytest.raises(AssertionError, match="a million tokens take"):
+        checks.check_cost_per_million_tokens(getattr(wrong, f"cost_per_million_tokens_{route}"))
 
 
 @pytest.mark.parametrize("name", ["TextStream", "ServingLoop"])

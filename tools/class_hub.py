@@ -7,7 +7,10 @@ As root, from the lab's repo, after `make setup`:
     sudo .venv/bin/python tools/class_hub.py teardown    # stops it; removes what setup made, the users it created too
 
 Options (setup): --root DIR (default /srv/inference-lab-class: everything setup writes but the users' homes),
---ip (127.0.0.1), --port (8000). `start` and `teardown` take --root too.
+--ip (127.0.0.1), --port (8000, or the next free port when another listener holds it). `start` and `teardown` take
+--root too; `start --port N` serves on another port than setup's. The hub's internal port and its proxy's API port
+are free ones chosen each time it starts (not JupyterHub's fixed 8081 and 8001), and `start` says "ready" only once
+the hub answers through its proxy (its log: ROOT/hub.log).
 
 What setup does, each step checked:
 - the users: the instructor and the students exist (or are created, `--create-users`, with private homes; their
@@ -38,9 +41,11 @@ import re
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -268,9 +273,23 @@ STUDENTS = {students!r}
 COURSE = {course!r}
 PYTHON = {python!r}
 
+import os
+import socket
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 c = get_config()  # noqa: F821
-c.JupyterHub.bind_url = "http://{ip}:{port}"
+# The public port is setup's (or `start --port`'s); the hub's own port and the proxy's API port (JupyterHub's defaults
+# 8081 and 8001, which another hub or server on the machine may hold) are free ones, chosen each time it starts.
+c.JupyterHub.bind_url = "http://{ip}:" + os.environ.get("INFERENCE_LAB_HUB_PORT", "{port}")
 c.JupyterHub.hub_ip = "127.0.0.1"
+c.JupyterHub.hub_port = _free_port()
+c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:%d" % _free_port()
 c.JupyterHub.db_url = "sqlite:///" + ROOT + "/jupyterhub.sqlite"
 c.JupyterHub.cookie_secret_file = ROOT + "/jupyterhub_cookie_secret"
 c.JupyterHub.pid_file = ROOT + "/jupyterhub.pid"
@@ -320,6 +339,13 @@ def setup(args) -> None:
         raise SetupError("--students needs at least one name")
     if args.instructor in students:
         raise SetupError(f"{args.instructor} is both the instructor and a student")
+    if args.port is None:
+        args.port = first_free_port(args.ip, 8000)
+        if args.port != 8000:
+            say(f"port 8000 on {args.ip} is taken by another listener: the hub will serve on {args.port}")
+    elif port_taken(args.ip, args.port):
+        raise SetupError(f"port {args.port} on {args.ip} is taken by another listener: choose another with --port "
+                         f"(port {first_free_port(args.ip, args.port)} is free)")
     started = time.monotonic()
     root.mkdir(parents=True, exist_ok=True)
     os.chmod(root, 0o755)
@@ -354,13 +380,57 @@ def setup(args) -> None:
         f"start{'' if root == DEFAULT_ROOT else f' --root {root}'}` serves http://{args.ip}:{args.port}/")
 
 
+def port_taken(ip: str, port: int) -> bool:
+    """Whether a listener already holds `ip:port` (a bind would fail)."""
+    with socket.socket() as sock:
+        try:
+            sock.bind((ip, port))
+        except OSError:
+            return True
+    return False
+
+
+def first_free_port(ip: str, start: int) -> int:
+    return next(p for p in range(start, start + 1000) if not port_taken(ip, p))
+
+
 def start(args) -> None:
     root = Path(args.root).resolve()
     state = read_state(root)
     if os.geteuid() != 0:
         raise SetupError("the hub starts each user's server as that user: run it as root (sudo)")
-    os.chdir(root)
-    os.execv(state["lab_python"], [state["lab_python"], "-m", "jupyterhub", "-f", str(root / "jupyterhub_config.py")])
+    ip, port = state["ip"], args.port or state["port"]
+    if port_taken(ip, port):
+        raise SetupError(f"port {port} on {ip} is taken by another listener (another hub, `make serve`, ...): stop "
+                         f"it, or start the hub on a free port with `start --port {first_free_port(ip, port)}`")
+    log = root / "hub.log"
+    say(f"starting the hub on http://{ip}:{port}/ (its log: {log})")
+    with open(log, "ab") as out:
+        hub = subprocess.Popen([state["lab_python"], "-m", "jupyterhub", "-f", str(root / "jupyterhub_config.py")],
+                               cwd=root, stdout=out, stderr=subprocess.STDOUT,
+                               env=dict(os.environ, INFERENCE_LAB_HUB_PORT=str(port)))
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # stopping this stops the hub (and its servers)
+        signal.signal(sig, lambda signum, frame: hub.send_signal(signal.SIGTERM))
+    deadline = time.monotonic() + 180
+    while hub.poll() is None:
+        try:  # through the proxy: the hub is up behind it
+            with urllib.request.urlopen(f"http://{ip}:{port}/hub/health", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            hub.terminate()
+            raise SetupError(f"the hub did not answer in 180 s; the end of {log}:\n{_tail(log)}")
+        time.sleep(0.5)
+    else:
+        raise SetupError(f"the hub exited with status {hub.returncode}; the end of {log}:\n{_tail(log)}")
+    say(f"ready: http://{ip}:{port}/ (Ctrl-C stops the hub and every user's server)")
+    sys.exit(hub.wait())
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
 def _pids_of(user: str, pattern: str | None = None) -> list[int]:
@@ -423,11 +493,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--students", required=True, help="comma-separated Unix user names")
     p.add_argument("--create-users", action="store_true", help="create the users that do not exist")
     p.add_argument("--ip", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int, default=None, help="the hub's public port (default 8000, or the next free one)")
     for name, helptext in (("start", "run the hub in the foreground"),
                            ("teardown", "stop the hub, remove what setup made")):
         q = sub.add_parser(name, help=helptext)
         q.add_argument("--root", default=str(DEFAULT_ROOT))
+        if name == "start":
+            q.add_argument("--port", type=int, default=None, help="serve on this port instead of setup's")
     args = parser.parse_args(argv)
     {"setup": setup, "start": start, "teardown": teardown}[args.command](args)
 

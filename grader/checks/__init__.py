@@ -7,7 +7,9 @@ Three rules every week's checks follow (see docs/authoring-a-week.md, "Checks th
    data they return. That is what lets the grader run the student's code in another process than the check.
 2. **Randomized, reproducible inputs.** Inputs come from `generator(...)`, seeded from `run_seed()`: a fresh
    seed per run (so a lookup table of inputs fails), printed in every failure (so a student can reproduce it
-   with `INFERENCE_LAB_SEED=<seed> pytest weeks/NN`).
+   with `INFERENCE_LAB_SEED=<seed> pytest weeks/NN`). The run's seed never reaches the student's process: each
+   generator's seed is drawn from it one-way (`grader.seeds`), and a generator handed to the student's code
+   crosses as another one, seeded one-way from it (`grader.wire.handed_generator_seed`).
 3. **The technique, not just the numbers.** Where an exercise forbids a route (calling the library op or lib's
    reference, materializing what the technique avoids), the check runs the student's function under
    `observe(...)` and judges what it did: the aten ops it called, the matmul shapes, FLOPs, peak tensor
@@ -24,32 +26,25 @@ Three rules every week's checks follow (see docs/authoring-a-week.md, "Checks th
 from __future__ import annotations
 
 import os
-import random
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from grader.observe import (INPUTS_WRITTEN, PREMADE_WRITTEN, Observation, OpRecorder,  # noqa: F401  (re-exported)
                             argument_storages, observe)
+from grader.seeds import derived_seed, run_seed  # the checks import both from here
 
 _OPTIONS = ("_observe_reads", "_observe_dot_scale", "_observe_light", "_observe_host")
 
 _LIB_DIR = str(Path(__file__).resolve().parent.parent.parent / "lib") + os.sep
-_SEED: int | None = None
-
-
-def run_seed() -> int:
-    """This run's seed: `INFERENCE_LAB_SEED` if set, else drawn once per process (and kept for the run)."""
-    global _SEED
-    if _SEED is None:
-        env = os.environ.get("INFERENCE_LAB_SEED")
-        _SEED = int(env) if env not in (None, "") else random.SystemRandom().randrange(1, 2**31 - 1)
-    return _SEED
 
 
 def generator(offset: int = 0, device: str | torch.device = "cpu") -> torch.Generator:
-    """A torch.Generator seeded from this run's seed (+ `offset`, so two cases of one check differ)."""
-    return torch.Generator(device=device).manual_seed(run_seed() + offset)
+    """A torch.Generator seeded from this run's seed and `offset` (so two cases of one check differ), one-way: from
+    one generator's seed or draws nothing follows about another's."""
+    return torch.Generator(device=device).manual_seed(derived_seed("generator", offset))
 
 
 def seed_note() -> str:
@@ -79,20 +74,41 @@ def assert_close(got, want, what: str, atol: float, rtol: float = 0.0, dtype: to
                              f"(allowed {atol:g} + {rtol:g}·|reference|) {seed_note()}")
 
 
-class CountingModel:
-    """Wraps a model and records how many tokens each forward call receives (to see that a cache is used, or
-    how many positions a verify step sends); every other attribute is the model's."""
+class ModelMeter(TorchFunctionMode):
+    """The work a check's model does while the student's code runs it, counted in this process (where the model
+    lives) however the code reaches it: `model(...)`, `model.forward(...)`, a submodule or a submodule's
+    `forward`. Nothing is attached to the model, so the code sees the very object it would see anywhere else.
+
+        with ModelMeter(model) as seen:
+            generate(model, ids, n)
+        seen.calls   # tokens per sequence of each embedding lookup of the model's own (one per forward)
+        seen.tokens  # tokens embedded in all (every sequence)
+        seen.flops   # FLOPs of the products with the model's weights (2 * rows * in * out each)
+
+    Only this process's work: code that copies the weights out and computes elsewhere is for `observe` to see."""
 
     def __init__(self, model):
-        self._model = model
+        super().__init__()
+        self.weights = {p.untyped_storage().data_ptr() for p in model.parameters() if p.device.type != "meta"}
         self.calls: list[int] = []
+        self.tokens = 0
+        self.flops = 0
 
-    def __call__(self, input_ids, *args, **kwargs):
-        self.calls.append(input_ids.shape[1])
-        return self._model(input_ids, *args, **kwargs)
+    def _mine(self, w) -> bool:
+        return isinstance(w, torch.Tensor) and w.device.type != "meta" and w.untyped_storage().data_ptr() in self.weights
 
-    def __getattr__(self, name):
-        return getattr(self._model, name)
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear and len(args) + len(kwargs) >= 2:
+            x, w = args[0] if args else kwargs.get("input"), args[1] if len(args) > 1 else kwargs.get("weight")
+            if self._mine(w) and isinstance(x, torch.Tensor) and x.dim():
+                self.flops += 2 * (x.numel() // max(1, x.shape[-1])) * w.numel()
+        elif func is F.embedding and len(args) + len(kwargs) >= 2:
+            ids, w = args[0] if args else kwargs.get("input"), args[1] if len(args) > 1 else kwargs.get("weight")
+            if self._mine(w) and isinstance(ids, torch.Tensor):
+                self.calls.append(int(ids.shape[-1]) if ids.dim() else 1)
+                self.tokens += ids.numel()
+        return func(*args, **kwargs)
 
 
 def call_many(fn, calls):
@@ -125,15 +141,46 @@ def observe_many(fn, calls, **options) -> list[tuple[object, Observation]]:
     return [observe(fn, *a, **{**k, **options}) for a, k in calls]
 
 
+def call_many_observing(fn, calls, observed, **options):
+    """`call_many(fn, calls)`, but the calls whose indices are in `observed` run under `observe(fn, ..., **options)`,
+    in their place in the order: returns (results in call order, {index: Observation}). For a check that judges
+    many calls and observes some of them, chosen at random, whose results it counts with the others' (a check
+    judges what it observed; it never throws an observed result away)."""
+    calls = [(tuple(a), dict(k)) for a, k in calls]
+    results, observations, start = [], {}, 0
+    for i in sorted(set(observed)):
+        results += call_many(fn, calls[start:i]) if i > start else []
+        a, k = calls[i]
+        result, observations[i] = observe(fn, *a, **k, **options)
+        results.append(result)
+        start = i + 1
+    results += call_many(fn, calls[start:]) if start < len(calls) else []
+    return results, observations
+
+
 # --- the routes a check rejects, and device hygiene -----------------------------------------------------------
 
+def assert_classified(obs: Observation, what: str, allowed: tuple[str, ...] = ()) -> None:
+    """Reject a call that ran an aten op the observer cannot classify (`grader.op_table`: neither known to combine
+    nothing nor a reduction or matrix product whose extent it measures), unless its name starts with one of
+    `allowed`: what such an op combined went unmeasured, so a route check would pass on what it did not see."""
+    unknown = [op for op in obs.unclassified if not (allowed and op.startswith(allowed))]
+    assert not unknown, (
+        f"{what}: used {unknown[0]}{f' (and {len(unknown) - 1} more)' if len(unknown) > 1 else ''}, which the checks "
+        f"cannot classify: compute it with elementwise ops, reductions (sum, amax, ...), matmuls and indexing, "
+        f"whose extents the checks measure")
+
+
 def assert_route(obs: Observation, what: str, lib_allowed: tuple[str, ...] = (), forbidden_ops: tuple[str, ...] = (),
-                 max_extent: int | None = None, why: str = "", min_flops: int = 0) -> None:
+                 max_extent: int | None = None, why: str = "", min_flops: int = 0,
+                 unclassified_allowed: tuple[str, ...] = ()) -> None:
     """Reject a result computed by a forbidden route: a `lib` function other than `lib_allowed` ran, an aten op
     starting with one of `forbidden_ops` was called, or (with `max_extent`) a matmul or a reduction spanned more
     than `max_extent` elements (a full row or a full score matrix where the technique works in blocks). With
     `min_flops`: the matrix products torch counted must reach it (the work the technique does at the least), so
-    that a result computed out of the observer's sight (numpy, Python arithmetic) is not judged by what it saw."""
+    that a result computed out of the observer's sight (numpy, Python arithmetic) is not judged by what it saw.
+    Always: every op that ran is one the observer classifies (`assert_classified`), but those starting with one of
+    `unclassified_allowed`."""
     if min_flops:
         assert obs.flops >= min_flops, (
             f"{what}: torch's FlopCounterMode counted {obs.flops:,} FLOPs of matrix products; the technique does at "
@@ -144,6 +191,7 @@ def assert_route(obs: Observation, what: str, lib_allowed: tuple[str, ...] = (),
                      f"(from lib import ... of the same function is not allowed here)")
     ops = obs.called(*forbidden_ops) if forbidden_ops else []
     assert not ops, f"{what}: your code called {ops}, which this exercise asks you to do without. {why}".rstrip()
+    assert_classified(obs, what, unclassified_allowed)
     if max_extent is not None:
         mm, red = obs.max_matmul_dim(), obs.max_reduction_extent()
         assert mm <= max_extent, (f"{what}: a matrix product of {mm} rows/columns ran, more than the {max_extent} "

@@ -1,23 +1,41 @@
 """Week 17 — FlashAttention: the milestone checks, used by solutions/17/test_week17.py and the notebook.
 
 Every check follows the three rules of `grader.checks` (data in, data out; seeded random inputs; only the
-technique passes). What each one rejects besides wrong numbers (tests/test_week17_checks.py has them all):
+technique passes). Exercises 1-10: every call whose result a check judges is observed, and its route judged on
+that same call (`week17_routes.call`): no number comes from a call the check did not watch, and no observed result
+is thrown away. What each check rejects besides wrong numbers (tests/test_week17_checks.py has them all, and
+tests/test_week17_routes.py runs the named routes and honest variants through the graded child):
 
-- naive_attention: SDPA or `lib`'s reference under another name; a CPU tensor mixed into a GPU computation.
+- naive_attention: SDPA (on any call: a function that answers unwatched calls with SDPA has none), `lib`'s
+  reference under another name; a CPU tensor mixed into a GPU computation.
 - score_bytes, standard_io, flash_io: `lib`'s functions; a table of the checked values (inputs are random).
-- online_softmax: `torch.softmax` (or any reduction) over the whole row instead of chunk by chunk.
-- flash_attention_forward: naive attention plus a logsumexp (full rows or a full score matrix), `lib`'s reference,
-  SDPA; fp32 state for fp16/bf16 inputs is required (lse in float32); causal work must be about half (FLOPs);
-  memory beyond the output must not grow with N; masks built on the CPU.
+- online_softmax: `torch.softmax` (or any reduction) over more than a chunk; a first pass over the chunks for the
+  maximum and a second for the sum — also on a copy of x, or on x passed through a reduction over a dimension of
+  one (each element must be visited once: `grader.reads`); a product or numpy doing the work (no torch op reads x).
+- flash_attention_forward, on every call (lengths the blocks do not divide, several block shapes per case): a
+  product or reduction wider than a block (naive attention plus a logsumexp, naive where the blocks do not
+  divide), SDPA, fewer FLOPs than the visible pairs need (numpy) or more than 1.2x one pass over the blocks
+  computed (blocks wholly above the causal diagonal, a block's scores computed twice); K or V visited more than
+  once per query block or Q more than once per key block (a second pass over the key blocks, in either loop order:
+  the paper's Algorithm 1 order, key blocks outside, reads Q once per key block and passes); the wrong blocks
+  visited when causal; fp32 state for fp16/bf16 inputs (lse in float32); memory beyond the results that grows
+  with N faster than O(N·d) state (output-sized accumulators, m and l for every row, per-block outputs kept for a
+  concatenation all pass; a row of scores per query block, the score matrix, numpy's copy of it do not:
+  `week17_routes.assert_memory_growth`); masks built on the CPU.
 - merge_partials: a merge that overflows (lse of 1e4) or turns an empty part (lse −inf) into NaN; `lib`'s merge.
-- flash_attention_backward: autograd through naive attention, recomputing the softmax instead of using the
-  saved lse, recomputing O instead of using the saved out (both are fed perturbed), full rows.
-- FlashAttention: saving P; a backward that re-runs autograd over naive attention; `lib`'s Function.
-- flash_decode: naive attention or one unsplit pass (a matmul over all keys), `lib`'s reference; more splits
-  than keys must work.
+- flash_attention_backward, on every call: autograd through naive attention, a softmax, a product wider than a
+  block, fewer than the five products of each visible pair; recomputing the softmax instead of using the saved
+  lse, recomputing O instead of using the saved out (both are fed perturbed); P in memory at N=1024.
+- FlashAttention: its forward and backward observed through autograd (blocks only, as above), gradients against
+  attention's own in float64 and float32; saving P; `lib`'s Function.
+- flash_decode, on every call: naive attention or one unsplit pass (a product or reduction over more than a
+  split), a first pass over the splits for the global maximum (each key visited once), an identity product (at
+  most 2x the FLOPs); `lib`'s reference; more splits than keys must work.
 - softmax_rows, tiled_matmul, flash_attention_triton (Triton, `week17_triton`): a wrapper doing torch arithmetic,
   no kernel launched or too few `tl.dot` FLOPs (numpy, Python), a `tl.dot` wider than the blocks, one program for
-  all rows, causal blocks loaded (FLOPs), P stored (memory), no rescaling, wrong mask fill values, strides ignored.
+  all rows, causal blocks loaded (FLOPs), P stored (memory), no rescaling, wrong mask fill values, strides ignored;
+  on every call of tiled_matmul and flash_attention_triton, not only the technique's: each block loaded once per
+  program that needs it (a second pass over K and V, on whatever shapes), `tl.dot`s of one (padded) pass.
 """
 from __future__ import annotations
 
@@ -28,6 +46,8 @@ import torch
 from grader.checks import assert_close as _close
 from grader.checks import assert_route, check_on_meta, generator, observe, seed_note
 from grader.checks import week17_triton as tri
+from grader.checks.week17_routes import (SDPA_OPS, SHAPES_OK, assert_memory_growth, assert_visits, backward_route, blocks,
+                                         call, decode_route, forward_route, softmax_route)
 from grader.harness import Week
 from lib import attention as ref
 from lib import io_model
@@ -41,8 +61,6 @@ WEEK = Week(17, "week17_flash_attention.ipynb",
 # head dims that are not powers of two.
 CASES = [(1, 1, 1, 1, 8, False), (2, 3, 37, 37, 24, True), (2, 3, 37, 37, 16, False), (1, 2, 5, 70, 40, True),
          (2, 2, 70, 33, 8, False), (1, 1, 1, 300, 64, True), (1, 2, 130, 130, 20, True), (1, 2, 64, 128, 16, True)]
-SDPA_OPS = ("aten._scaled_dot_product", "aten.scaled_dot_product", "aten._flash_attention", "aten._efficient_attention")
-SHAPES_OK = ("lib.attention.check_attention_shapes", "lib.masks.causal_mask")  # the helpers the notebook imports
 # Tolerances (absolute, relative) by input dtype; fp16/bf16 outputs are compared with attention computed in fp32.
 TOL = {torch.float32: (1e-5, 1e-5), torch.float64: (1e-9, 1e-9), torch.float16: (2e-3, 4e-3),
        torch.bfloat16: (1.6e-2, 2e-2)}
@@ -96,40 +114,36 @@ def _shape(t):
 
 # --- 1, 2 ---------------------------------------------------------------------------------------------
 
+NAIVE = dict(route=dict(lib_allowed=SHAPES_OK, forbidden_ops=SDPA_OPS, why="Write softmax(q kᵀ/√d) v yourself."))
+
+
 @WEEK.exercise(1, "naive_attention", section="1 (What standard attention costs)")
 def check_naive_attention(naive_attention) -> None:
     for i, (b, h, nq, nk, d, causal) in enumerate(CASES):
         q, k, v = _qkv(b, h, nq, nk, d, offset=i, transposed=i % 2 == 1)
-        want, _ = _want(q, k, v, causal)
-        _close(naive_attention(q, k, v, causal=causal), want,
-               f"naive_attention on q {_shape(q)}{' (non-contiguous)' if i % 2 else ''}, k {_shape(k)}, causal={causal}",
-               *TOL[torch.float32])
+        what = f"naive_attention on q {_shape(q)}{' (non-contiguous)' if i % 2 else ''}, k {_shape(k)}, causal={causal}"
+        got, _ = call(naive_attention, what, q, k, v, causal=causal, full=i == 0, **NAIVE)
+        _close(got, _want(q, k, v, causal)[0], what, *TOL[torch.float32])
     for dtype in (torch.float16, torch.bfloat16):
         q, k, v = _qkv(1, 2, 40, 40, 24, dtype=dtype, offset=20)
-        want, _ = _want(q, k, v, True)
-        _close(naive_attention(q, k, v, causal=True), want, f"naive_attention on {dtype} inputs (vs fp32 math)",
-               *(2 * t for t in TOL[dtype]))
-    q, k, v = _qkv(1, 2, 33, 47, 24, offset=30)
-    _, obs = observe(naive_attention, q, k, v, causal=True)
-    assert_route(obs, "naive_attention", lib_allowed=SHAPES_OK, forbidden_ops=SDPA_OPS,
-                 why="Write softmax(q kᵀ/√d) v yourself.")
+        what = f"naive_attention on {dtype} inputs (vs fp32 math)"
+        got, _ = call(naive_attention, what, q, k, v, causal=True, **NAIVE)
+        _close(got, _want(q, k, v, True)[0], what, *(2 * t for t in TOL[dtype]))
     check_on_meta(naive_attention, (q, k, v), "naive_attention", dict(causal=True))
     _bad_shapes(naive_attention, "naive_attention")
 
 
 @WEEK.exercise(2, "score_bytes", section="1 (What standard attention costs)")
 def check_score_bytes(score_bytes) -> None:
-    for args, want in [((8, 8, 4096, 4096), 4_294_967_296), ((8, 8, 1024, 1024), 268_435_456), ((1, 1, 1, 300), 1200)]:
-        got = score_bytes(*args)
-        assert got == want, f"score_bytes{args} = {got}; expected {want} (batch·heads·q_len·kv_len·4 bytes in fp32)"
     g = generator(1)
-    for _ in range(5):
-        b, h, nq, nk, e = (int(x) for x in torch.randint(1, 50, (5,), generator=g))
-        want = b * h * nq * nk * e
-        got, obs = observe(score_bytes, b, h, nq, nk, bytes_per_element=e)
-        assert got == want, (f"score_bytes({b}, {h}, {nq}, {nk}, bytes_per_element={e}) = {got}; expected {want} "
-                             f"{seed_note()}")
-        assert_route(obs, "score_bytes")
+    cases = [((8, 8, 4096, 4096), 4), ((8, 8, 1024, 1024), 4), ((1, 1, 1, 300), 4)]
+    cases += [(tuple(int(x) for x in torch.randint(1, 50, (4,), generator=g)), int(torch.randint(1, 50, (1,), generator=g)))
+              for _ in range(5)]
+    for (b, h, nq, nk), e in cases:
+        what = f"score_bytes({b}, {h}, {nq}, {nk}" + (f", bytes_per_element={e})" if e != 4 else ")")
+        got, _ = call(score_bytes, what, b, h, nq, nk, full=nk == 300, **({"bytes_per_element": e} if e != 4 else {}))
+        assert got == b * h * nq * nk * e, (f"{what} = {got}; expected {b * h * nq * nk * e} "
+                                            f"(batch·heads·q_len·kv_len·bytes per element) {seed_note()}")
 
 
 # --- 3 ------------------------------------------------------------------------------------------------
@@ -137,95 +151,102 @@ def check_score_bytes(score_bytes) -> None:
 @WEEK.exercise(3, "online_softmax", section="2 (Online softmax)")
 def check_online_softmax(online_softmax) -> None:
     g = generator(3)
+
+    def run(x, c, what, *tol, full=False):
+        got, _ = call(online_softmax, what, x, c, full=full, **softmax_route(x, c))
+        _close(got, torch.softmax(x, dim=-1), what, *tol)
+
     for shape, chunks in [((1, 10), (1, 3, 10, 15)), ((4, 37), (1, 5, 8, 36, 37)), ((2, 3, 64), (7, 16, 64))]:
         x = torch.randn(shape, generator=g) * 3
         for c in chunks:
-            _close(online_softmax(x, c), torch.softmax(x, dim=-1), f"online_softmax(x {shape}, chunk_size={c})", 1e-6, 1e-5)
+            run(x, c, f"online_softmax(x {shape}, chunk_size={c})", 1e-6, 1e-5)
     x = torch.randn(3, 50, generator=g) * 1e4  # exp(1e4) overflows: the running max must be subtracted
-    _close(online_softmax(x, 7), torch.softmax(x, dim=-1), "online_softmax on entries of size 1e4", 1e-6)
+    run(x, 7, "online_softmax on entries of size 1e4", 1e-6)
     x = torch.randn(3, 50, generator=g)
     x[0, :20] = float("-inf")  # a whole first chunk of -inf: the running max is still -inf after it
     x[1, 7] = float("-inf")
     x[2, 40:] = float("-inf")
-    _close(online_softmax(x, 10), torch.softmax(x, dim=-1), "online_softmax with -inf entries (row 0's first 2 chunks all -inf)", 1e-6)
+    run(x, 10, "online_softmax with -inf entries (row 0's first 2 chunks all -inf)", 1e-6)
     x = torch.randn(5, 33, generator=g, dtype=torch.float64).t()  # non-contiguous, float64
-    _close(online_softmax(x, 4), torch.softmax(x, dim=-1), "online_softmax on a non-contiguous float64 input", 1e-12)
-    # The technique: no reduction may see more than one chunk of a row.
-    x = torch.randn(4, 200, generator=g)
-    got, obs = observe(online_softmax, x, 16)
-    _close(got, torch.softmax(x, dim=-1), "online_softmax(x [4, 200], chunk_size=16), the call whose route is judged",
-           1e-6, 1e-5)
-    assert_route(obs, "online_softmax(x [4, 200], chunk_size=16)", forbidden_ops=("aten._softmax", "aten._log_softmax"),
-                 max_extent=16, why="Read each row 16 entries at a time, keeping a running max and a rescaled running sum.")
+    run(x, 4, "online_softmax on a non-contiguous float64 input", 1e-12)
+    # The technique, on rows of 32-33 chunks (a length that does not divide by them): every element read, once.
+    cols = 256 + int(torch.randint(2, 8, (1,), generator=g))
+    x = torch.randn(4, cols, generator=g) * 3
+    run(x, 8, f"online_softmax(x [4, {cols}], chunk_size=8)", 1e-6, 1e-5, full=True)
     check_on_meta(online_softmax, (x, 16), "online_softmax")
 
 
 # --- 4 ------------------------------------------------------------------------------------------------
 
-def _forward_route(flash_attention_forward, offset) -> None:
-    """Blocks only, no lib, causal skips work (FLOPs), memory beyond the output does not grow with N."""
-    bq, bk, d = 32, 16, 24
-    q, k, v = _qkv(1, 2, 128, 128, d, offset=offset)
-    what = "flash_attention_forward(q [1, 2, 128, 24], block_q=32, block_k=16)"
-    _, obs_full = observe(flash_attention_forward, q, k, v, causal=False, block_q=bq, block_k=bk)
-    assert_route(obs_full, what, lib_allowed=SHAPES_OK, forbidden_ops=SDPA_OPS, max_extent=max(bq, bk, d),
-                 why="Never hold more than a [block_q, block_k] block of scores.",
-                 min_flops=int(0.9 * 4 * q.shape[0] * q.shape[1] * 128 * 128 * d))  # QKᵀ and PV: 4·N²·d a head
-    _, obs_causal = observe(flash_attention_forward, q, k, v, causal=True, block_q=bq, block_k=bk)
-    assert_route(obs_causal, what + " causal", lib_allowed=SHAPES_OK, forbidden_ops=SDPA_OPS, max_extent=max(bq, bk, d))
-    ratio = obs_causal.flops / max(obs_full.flops, 1)
-    assert ratio < 0.65, (f"{what}: the causal pass counted {ratio:.2f}× the FLOPs of the non-causal one; skipping the "
-                          f"blocks wholly above the diagonal makes it about 0.56× (torch's FlopCounterMode counted)")
+def _forward(flash_attention_forward, q, k, v, causal, bq, bk, what, **kwargs):
+    """One observed call, its route judged (`week17_routes.forward_route`); returns (out, lse)."""
+    res, _ = call(flash_attention_forward, what, q, k, v, causal=causal, block_q=bq, block_k=bk,
+                  **forward_route(q, k, causal, bq, bk), **kwargs)
+    assert isinstance(res, tuple) and len(res) == 2, f"{what} should return a tuple (out, lse)"
+    return res
+
+
+def _forward_memory(flash_attention_forward, offset) -> None:
+    """Memory beyond the results may grow with N by O(N·d), not by a row of scores per query block."""
+    g = generator(offset)
+    n1 = int(torch.randint(129, 189, (1,), generator=g))  # blocks of 64 divide neither length
+    heads, d, block = 8, 8, 64
     peaks = {}
-    for n in (128, 512):
-        q, k, v = _qkv(1, 2, n, n, 8, offset=offset + n)
-        _, obs = observe(flash_attention_forward, q, k, v, causal=False, block_q=32, block_k=32, _observe_host=True)
-        result_bytes = q.numel() * q.element_size() + 1 * 2 * n * 4  # out + lse (fp32)
-        peaks[n] = obs.all_peak_bytes - result_bytes  # tensors, and numpy arrays or lists made on the way
-    assert peaks[512] <= 1.5 * peaks[128] + 32 * 1024, (
-        f"flash_attention_forward with 32×32 blocks: memory beyond the output grew from {peaks[128] / 1e3:.0f} kB at "
-        f"N=128 to {peaks[512] / 1e3:.0f} kB at N=512; a tiled pass needs the same few blocks whatever N is "
-        f"(the full score matrix at N=512 is {ref.score_bytes(1, 2, 512, 512) / 1e6:.1f} MB, as a tensor or a "
-        f"numpy array alike)")
+    for n in (n1, n1 + 384):
+        q, k, v = _qkv(1, heads, n, n, d, offset=offset + n)
+        what = f"flash_attention_forward(q [1, {heads}, {n}, {d}], block_q={block}, block_k={block})"
+        (out, lse), obs = call(flash_attention_forward, what, q, k, v, causal=False, block_q=block, block_k=block,
+                               full=True, _observe_host=True, **forward_route(q, k, False, block, block))
+        want, want_lse = _want(q, k, v, False)
+        _close(out, want, what + " output", *TOL[torch.float32])
+        _close(lse, want_lse, what + " logsumexp", *TOL[torch.float32])
+        peaks[n] = obs.all_peak_bytes - (q.numel() * q.element_size() + heads * n * 4)  # beyond out and lse (fp32)
+    assert_memory_growth(peaks, f"flash_attention_forward with {block}×{block} blocks, {heads} heads, d={d}", heads, d,
+                         block)
 
 
 @WEEK.exercise(4, "flash_attention_forward", section="3 (The tiled forward pass)")
 def check_flash_attention_forward(flash_attention_forward) -> None:
+    # Every call observed and held to the route (blocks, FLOPs, reads: `week17_routes.forward_route`), on lengths
+    # the blocks do not divide, q_len != kv_len, several block shapes per case.
     for i, (b, h, nq, nk, d, causal) in enumerate(CASES):
         q, k, v = _qkv(b, h, nq, nk, d, offset=100 + i, transposed=i % 2 == 1)
         want, want_lse = _want(q, k, v, causal)
-        for bq, bk in [(16, 16), (7, 13), (128, 64)] + ([(1, 1)] if nq * nk <= 800 else []):
+        for bq, bk in [(16, 16), (7, 13), (128, 64)] + ([(1, 1)] if nq * nk <= 100 else []):
             what = (f"flash_attention_forward(q {_shape(q)}{' non-contiguous' if i % 2 else ''}, k {_shape(k)}, "
                     f"causal={causal}, block_q={bq}, block_k={bk})")
-            res = flash_attention_forward(q, k, v, causal=causal, block_q=bq, block_k=bk)
-            assert isinstance(res, tuple) and len(res) == 2, f"{what} should return a tuple (out, lse)"
-            out, lse = res
+            out, lse = _forward(flash_attention_forward, q, k, v, causal, bq, bk, what, full=(i, bq) == (6, 16))
             _close(out, want, what + " output", *TOL[torch.float32])
             _close(lse, want_lse, what + " logsumexp [B, H, Nq]", *TOL[torch.float32])
     for dtype in (torch.float16, torch.bfloat16):
-        q, k, v = _qkv(1, 2, 300, 300, 40, dtype=dtype, offset=120)
+        q, k, v = _qkv(1, 2, 150, 150, 40, dtype=dtype, offset=120)
         want, want_lse = _want(q, k, v, True)
-        out, lse = flash_attention_forward(q, k, v, causal=True, block_q=32, block_k=32)
-        what = f"flash_attention_forward on {dtype} inputs, N=300, d=40"
+        what = f"flash_attention_forward on {dtype} inputs, N=150, d=40"
+        out, lse = _forward(flash_attention_forward, q, k, v, True, 32, 32, what)
         _close(out, want, what + " output (vs attention in fp32; keep m, l and acc in float32)", *TOL[dtype])
         _close(lse, want_lse, what + " lse (float32: accumulate in fp32, as FlashAttention's kernels do)", 1e-3, 1e-4,
                dtype=torch.float32)
     q, k, v = _qkv(1, 2, 50, 50, 16, scale=8.0, offset=130)  # scores of size ~500: exp overflows fp32 without the max
-    out, _ = flash_attention_forward(q, k, v, causal=True, block_q=16, block_k=16)
-    _close(out, _want(q, k, v, True)[0], "flash_attention_forward on large scores", 1e-4, 1e-4)
+    out, lse = _forward(flash_attention_forward, q, k, v, True, 16, 16, "flash_attention_forward on large scores")
+    want, want_lse = _want(q, k, v, True)
+    _close(out, want, "flash_attention_forward on large scores", 1e-4, 1e-4)
+    _close(lse, want_lse, "flash_attention_forward's logsumexp on large scores", 1e-4, 1e-5)
     # Causal: the blocks computed must be exactly those not wholly above the (bottom-right aligned) diagonal.
-    for nq, nk, bq, bk in [(100, 100, 16, 32), (5, 70, 2, 8), (64, 64, 16, 16), (33, 97, 8, 8)]:
+    for nq, nk, bq, bk in [(100, 100, 16, 32), (5, 70, 2, 8), (64, 64, 16, 16), (33, 97, 8, 16)]:
         q, k, v = _qkv(1, 1, nq, nk, 8, offset=140)
         visited = []
-        flash_attention_forward(q, k, v, causal=True, block_q=bq, block_k=bk, visited=visited)
-        want = []
-        ref.flash_attention_forward(q, k, v, causal=True, block_q=bq, block_k=bk, visited=want)
+        what = f"flash_attention_forward(q [1, 1, {nq}, 8], k [1, 1, {nk}, 8], causal=True, block_q={bq}, block_k={bk})"
+        out, lse = _forward(flash_attention_forward, q, k, v, True, bq, bk, what, visited=visited)
+        want_out, want_lse = _want(q, k, v, True)
+        _close(out, want_out, what + " output", *TOL[torch.float32])
+        _close(lse, want_lse, what + " logsumexp", *TOL[torch.float32])
+        want = blocks(nq, nk, bq, bk, True)
         extra, missing = sorted(set(visited) - set(want)), sorted(set(want) - set(visited))
         assert not extra and not missing, (
             f"causal, Nq={nq}, Nk={nk}, block_q={bq}, block_k={bk}: visited (q_start, k_start) blocks differ from the "
             f"expected {len(want)}: computed but wholly masked {extra[:5]}, needed but skipped {missing[:5]}")
         assert len(visited) == len(want), f"causal, Nq={nq}, Nk={nk}: {len(visited)} blocks recorded, some twice; expected {len(want)}"
-    _forward_route(flash_attention_forward, offset=150)
+    _forward_memory(flash_attention_forward, offset=150)
     q, k, v = _qkv(1, 2, 20, 30, 8, offset=160)
     check_on_meta(flash_attention_forward, (q, k, v), "flash_attention_forward", dict(causal=True, block_q=8, block_k=8))
     _bad_shapes(lambda q, k, v, causal: flash_attention_forward(q, k, v, causal=causal), "flash_attention_forward")
@@ -239,14 +260,14 @@ def check_standard_io(standard_io) -> None:
     cases = [(1, 1), (4096, 128)] + [tuple(int(x) for x in torch.randint(1, 5000, (2,), generator=g)) for _ in range(4)]
     for n, d in cases:
         want = io_model.standard_io(n, d)
-        got, obs = observe(standard_io, n, d)
+        got, _ = call(standard_io, f"standard_io({n}, {d})", n, d, full=n == 1)
         assert tuple(got) == tuple(want), (
             f"standard_io({n}, {d}) = {tuple(got)}; expected (reads, writes) = {tuple(want)}: read Q, K (2Nd), write S (N²); "
             f"read S, write P (N² each); read P (N²) and V (Nd), write O (Nd) {seed_note()}")
-        assert_route(obs, f"standard_io({n}, {d})")
     q, k, v = _qkv(1, 1, 48, 48, 8, dtype=torch.float64, offset=5)
     _, counted = io_model.run_standard(q[0, 0], k[0, 0], v[0, 0])
-    assert tuple(standard_io(48, 8)) == tuple(counted), f"standard_io(48, 8) = {tuple(standard_io(48, 8))}; an instrumented run counted {tuple(counted)}"
+    got, _ = call(standard_io, "standard_io(48, 8)", 48, 8)
+    assert tuple(got) == tuple(counted), f"standard_io(48, 8) = {tuple(got)}; an instrumented run counted {tuple(counted)}"
 
 
 @WEEK.exercise(6, "flash_io", section="4 (Counting HBM traffic)")
@@ -258,17 +279,17 @@ def check_flash_io(flash_io) -> None:
         cases.append((n, d, 4 * d * int(torch.randint(1, 2000, (1,), generator=g)) + int(torch.randint(0, 4 * d, (1,), generator=g))))
     for n, d, m in cases:
         want = io_model.flash_io(n, d, m)
-        got, obs = observe(flash_io, n, d, m)
+        got, _ = call(flash_io, f"flash_io({n}, {d}, {m})", n, d, m, full=m == 64)
         b_r, b_c = io_model.block_sizes(d, m)
         assert tuple(got) == tuple(want), (
             f"flash_io({n}, {d}, {m}) = {tuple(got)}; expected (reads, writes) = {tuple(want)}. Here B_c = {b_c}, B_r = {b_r}, "
             f"T_c = {math.ceil(n / b_c)}: K and V are read once, Q, O, l, m once per key block, O, l, m written once per key block "
             f"(and once at initialisation) {seed_note()}")
-        assert_route(obs, f"flash_io({n}, {d}, {m})")
     for n, d, m in [(100, 8, 64), (130, 16, 700)]:
         q, k, v = _qkv(1, 1, n, n, d, dtype=torch.float64, offset=6)
         _, counted, _ = io_model.run_algorithm1(q[0, 0], k[0, 0], v[0, 0], m)
-        assert tuple(flash_io(n, d, m)) == tuple(counted), f"flash_io({n}, {d}, {m}) = {tuple(flash_io(n, d, m))}; an instrumented run of Algorithm 1 counted {tuple(counted)}"
+        got, _ = call(flash_io, f"flash_io({n}, {d}, {m})", n, d, m)
+        assert tuple(got) == tuple(counted), f"flash_io({n}, {d}, {m}) = {tuple(got)}; an instrumented run of Algorithm 1 counted {tuple(counted)}"
 
 
 # --- 7, 8 ---------------------------------------------------------------------------------------------
@@ -279,17 +300,24 @@ def _grads(q, k, v, causal, dout):
     return q.grad, k.grad, v.grad
 
 
+def _backward(flash_attention_backward, what, q, k, v, out, lse, dout, causal, bq, bk, **kwargs):
+    got, obs = call(flash_attention_backward, what, q, k, v, out, lse, dout, causal=causal, block_q=bq, block_k=bk,
+                    **backward_route(q, k, causal, bq, bk), **kwargs)
+    assert isinstance(got, tuple) and len(got) == 3, f"{what} should return (dq, dk, dv)"
+    return got, obs
+
+
 @WEEK.exercise(7, "flash_attention_backward", section="5 (The backward pass)")
 def check_flash_attention_backward(flash_attention_backward) -> None:
     for i, (b, h, nq, nk, d, causal) in enumerate(CASES[1:6] + [(1, 1, 1, 1, 4, True)]):
         q, k, v = _qkv(b, h, nq, nk, d, dtype=torch.float64, offset=200 + i, transposed=i % 2 == 1)
         dout = torch.randn(q.shape, dtype=torch.float64, generator=generator(210 + i))
         out, lse = ref.flash_attention_forward(q, k, v, causal=causal)
+        want = _grads(q, k, v, causal, dout)
         for bq, bk in [(16, 16), (7, 13)]:
-            got = flash_attention_backward(q, k, v, out, lse, dout, causal=causal, block_q=bq, block_k=bk)
             what = f"flash_attention_backward(q {_shape(q)}, k {_shape(k)}, causal={causal}, block_q={bq}, block_k={bk})"
-            assert isinstance(got, tuple) and len(got) == 3, f"{what} should return (dq, dk, dv)"
-            for name, g_, w in zip(("dq", "dk", "dv"), got, _grads(q, k, v, causal, dout)):
+            got, _ = _backward(flash_attention_backward, what, q, k, v, out, lse, dout, causal, bq, bk, full=(i, bq) == (0, 16))
+            for name, g_, w in zip(("dq", "dk", "dv"), got, want):
                 _close(g_, w, f"{what}: {name}", 1e-9, 1e-9)
     # The saved statistics must be used, not recomputed: feed a shifted lse and a perturbed out. The math says
     # P = exp(S - lse) scales row i by exp(-shift_i), and D = rowsum(dO ∘ O) uses the out it is given.
@@ -302,7 +330,8 @@ def check_flash_attention_backward(flash_attention_backward) -> None:
     for name, o_, l_ in [("lse shifted by a random amount per row", out, lse + shift),
                          ("out perturbed", out_moved, lse)]:
         want = ref.flash_attention_backward(q, k, v, o_, l_, dout, causal=True, block_q=16, block_k=16)
-        got = flash_attention_backward(q, k, v, o_, l_, dout, causal=True, block_q=16, block_k=16)
+        got, _ = _backward(flash_attention_backward, f"flash_attention_backward given {name}", q, k, v, o_, l_, dout,
+                           True, 16, 16)
         for gname, g_, w in zip(("dq", "dk", "dv"), got, want):
             _close(g_, w, f"flash_attention_backward given {name}: {gname} (use the saved lse, P = exp(S − lse), and "
                           f"D = rowsum(dO ∘ out) from the given out — do not recompute the softmax or the output)",
@@ -311,27 +340,21 @@ def check_flash_attention_backward(flash_attention_backward) -> None:
         q, k, v = _qkv(1, 2, 40, 40, 24, dtype=dtype, offset=230)
         dout = torch.randn(q.shape, generator=generator(231)).to(dtype)
         out, lse = ref.flash_attention_forward(q, k, v, causal=True)
-        got = flash_attention_backward(q, k, v, out, lse, dout, causal=True, block_q=16, block_k=16)
+        got, _ = _backward(flash_attention_backward, f"flash_attention_backward on {dtype} inputs", q, k, v, out, lse,
+                           dout, True, 16, 16)
         want = ref.flash_attention_backward(q.float(), k.float(), v.float(), out.float(), lse, dout.float(), causal=True,
                                             block_q=16, block_k=16)
         for gname, g_, w in zip(("dq", "dk", "dv"), got, want):
             _close(g_, w.to(dtype), f"flash_attention_backward on {dtype} inputs: {gname} (accumulate in float32, "
                                     f"return the inputs' dtype)", *(4 * t for t in TOL[dtype]))
-    # The technique: blocks only, no lib, no autograd through a full matrix.
-    bq, bk, d = 32, 16, 24
-    q, k, v = _qkv(1, 2, 100, 100, d, offset=240)
-    out, lse = ref.flash_attention_forward(q, k, v, causal=True)
-    dout = torch.randn(q.shape, generator=generator(241))
-    _, obs = observe(flash_attention_backward, q, k, v, out, lse, dout, causal=True, block_q=bq, block_k=bk)
-    _, ref_obs = observe(ref.flash_attention_backward, q, k, v, out, lse, dout, causal=True, block_q=bq, block_k=bk)
-    assert_route(obs, "flash_attention_backward(q [1, 2, 100, 24], block_q=32, block_k=16)", lib_allowed=SHAPES_OK,
-                 forbidden_ops=SDPA_OPS + ("aten._softmax", "aten._softmax_backward"), max_extent=max(bq, bk, d),
-                 why="Recompute P block by block from the saved lse.",
-                 min_flops=ref_obs.flops // 2)  # S, dP, dV, dQ, dK: five products a block (the reference's count)
+    # The technique at N=1024: memory of a few blocks, not of the probability matrix.
     q, k, v = _qkv(1, 2, 1024, 1024, 8, offset=250)
     out, lse = ref.flash_attention_forward(q, k, v)
-    _, obs = observe(flash_attention_backward, q, k, v, out, lse, torch.ones_like(out), block_q=128, block_k=128,
-                     _observe_host=True)
+    dout = torch.ones_like(out)
+    got, obs = _backward(flash_attention_backward, "flash_attention_backward(q [1, 2, 1024, 8], 128×128 blocks)",
+                         q, k, v, out, lse, dout, False, 128, 128, full=True, _observe_host=True)
+    for gname, g_, w in zip(("dq", "dk", "dv"), got, _grads(q, k, v, False, dout)):
+        _close(g_, w, f"flash_attention_backward at N=1024: {gname}", 1e-4, 1e-4)
     full = ref.score_bytes(1, 2, 1024, 1024)
     assert obs.all_peak_bytes < full / 4, (
         f"flash_attention_backward at N=1024 with 128×128 blocks allocated {obs.all_peak_bytes / 1e6:.1f} MB at peak "
@@ -343,35 +366,107 @@ def check_flash_attention_backward(flash_attention_backward) -> None:
                   dict(causal=True, block_q=8, block_k=8))
 
 
+def _observed_function(FlashAttention, seen: list):
+    """A torch.autograd.Function whose forward and backward are the notebook's, each call observed (`seen` gets
+    ("forward" | "backward", args, observation)). In the graded child the notebook's class is a proxy's
+    (`grader.proxy.autograd_function_of`: `_remote`), and its methods are observed there."""
+    own = getattr(FlashAttention, "_remote", FlashAttention)
+    forward, backward = own.forward, own.backward
+
+    class Observed(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *args):
+            out, obs = observe(forward, ctx, *args, _observe_light=True, _observe_reads=((1, 2), (2, 2), (3, 2)))
+            seen.append(("forward", args, obs))
+            return out
+
+        @staticmethod
+        def backward(ctx, *grads):
+            got, obs = observe(backward, ctx, *grads, _observe_light=True)
+            seen.append(("backward", grads, obs))
+            return got
+
+    return Observed
+
+
+def _judge_function(seen: list, what: str) -> None:
+    """Each observed forward and backward of `_observed_function`, held to the forward's and backward's routes."""
+    for kind, args, obs in seen:
+        if kind == "forward":
+            q, k, _, causal, bq, bk = (list(args) + [False, 128, 128])[:6]
+            spec = forward_route(q, k, causal, bq, bk, offset=1)
+            route = dict(spec["route"])
+            route.pop("max_flops")
+            assert_route(obs, f"{what} forward", **route)
+            assert_visits(obs, f"{what} forward", spec["visits"])
+    backward = [obs for kind, _, obs in seen if kind == "backward"]
+    forward = [args for kind, args, _ in seen if kind == "forward"]
+    for obs, args in zip(backward, forward):
+        q, k, _, causal, bq, bk = (list(args) + [False, 128, 128])[:6]
+        assert_route(obs, f"{what} backward", **backward_route(q, k, causal, bq, bk)["route"])
+
+
 @WEEK.exercise(8, "FlashAttention", section="5 (The backward pass)")
 def check_FlashAttention(FlashAttention) -> None:
     assert isinstance(FlashAttention, type) and issubclass(FlashAttention, torch.autograd.Function), (
         "FlashAttention should be a subclass of torch.autograd.Function")
     assert not issubclass(FlashAttention, ref.FlashAttention), "FlashAttention must be yours, not a subclass of lib's"
-    for i, (b, h, nq, nk, d, causal, bq, bk) in enumerate(
-            [(1, 2, 9, 9, 4, True, 4, 3), (1, 1, 5, 12, 6, True, 2, 5), (2, 1, 7, 6, 3, False, 3, 4)]):
-        q, k, v = (t.requires_grad_() for t in _qkv(b, h, nq, nk, d, dtype=torch.float64, offset=300 + i))
-        ok = torch.autograd.gradcheck(lambda q, k, v: FlashAttention.apply(q, k, v, causal, bq, bk), (q, k, v), raise_exception=False)
-        assert ok, (f"torch.autograd.gradcheck failed for FlashAttention.apply(q {_shape(q)}, k {_shape(k)}, causal={causal}, "
-                    f"block_q={bq}, block_k={bk}) in float64: backward must return (dq, dk, dv, None, None, None) {seed_note()}")
-    q, k, v = (t.requires_grad_() for t in _qkv(1, 1, 64, 64, 8, offset=310))
-    out = FlashAttention.apply(q, k, v, True, 16, 16)
-    big = [tuple(t.shape) for t in out.grad_fn.saved_tensors if t.numel() >= 64 * 64]
-    assert not big, f"FlashAttention saved tensors of shape {big} for backward: save q, k, v, out and lse, never the N×N matrix"
-    # The technique, forward and backward: blocks only, no lib, no autograd over a full matrix.
-    bq, bk, d = 32, 16, 24
-    q, k, v = (t.requires_grad_() for t in _qkv(1, 2, 100, 100, d, offset=320))
-    out, obs = observe(FlashAttention.apply, q, k, v, True, bq, bk)
-    assert_route(obs, "FlashAttention.apply(q [1, 2, 100, 24], causal=True, 32, 16) forward", lib_allowed=SHAPES_OK,
-                 forbidden_ops=SDPA_OPS, max_extent=max(bq, bk, d))
+    # Forward and backward through autograd, every call observed (blocks only, no softmax of a row, the products of
+    # every visible pair), the gradients against attention's own in float64 and in float32.
+    for i, (b, h, nq, nk, d, causal, bq, bk, dtype) in enumerate(
+            [(1, 2, 9, 9, 4, True, 4, 3, torch.float64), (1, 1, 5, 12, 6, True, 2, 5, torch.float64),
+             (2, 1, 7, 6, 3, False, 3, 4, torch.float64), (1, 2, 100, 100, 24, True, 32, 16, torch.float32)]):
+        q, k, v = (t.requires_grad_() for t in _qkv(b, h, nq, nk, d, dtype=dtype, offset=300 + i))
+        what = f"FlashAttention.apply(q {_shape(q)}, k {_shape(k)}, causal={causal}, block_q={bq}, block_k={bk})"
+        seen = []
+        out = _observed_function(FlashAttention, seen).apply(q, k, v, causal, bq, bk)
+        _close(out, _want(q.detach(), k.detach(), v.detach(), causal)[0], what + " output", *TOL[dtype])
+        dout = torch.randn(out.shape, dtype=dtype, generator=generator(310 + i))
+        out.backward(dout)
+        assert [kind for kind, _, _ in seen] == ["forward", "backward"], (
+            f"{what}: autograd ran {[kind for kind, _, _ in seen]}; one forward and one backward expected")
+        _judge_function(seen, what)
+        for name, g_, w in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), _grads(q, k, v, causal, dout)):
+            assert g_ is not None, f"{what}: no gradient for {name}: backward must return (dq, dk, dv, None, None, None)"
+            _close(g_, w, f"{what}: gradient {name}", *((1e-9, 1e-9) if dtype == torch.float64 else (1e-5, 1e-4)))
+    # What forward keeps for backward (saved tensors and anything set on ctx) and holds at its peak: O(N·d) — q, k,
+    # v, out, lse — not P (N×N: 16x q's size here), whole or in blocks, on ctx or anywhere else.
+    n, d, block = 256, 8, 32
+    q, k, v = (t.requires_grad_() for t in _qkv(1, 1, n, n, d, offset=320))
+    what = f"FlashAttention.apply(q [1, 1, {n}, {d}], causal=False, {block}, {block})"
+    seen = []
+    out = _observed_function(FlashAttention, seen).apply(q, k, v, False, block, block)
+    _close(out, _want(q.detach(), k.detach(), v.detach(), False)[0], what + " output", *TOL[torch.float32])
+    allowed = 8 * n * d * 4 + 4 * n * 4
+    kept = _held_bytes(out.grad_fn)
+    assert kept <= allowed, (
+        f"{what}: forward kept {kept / 1e3:.0f} kB of tensors for backward (saved, or set on ctx); q, k, v, out and "
+        f"lse are {(4 * n * d + n) * 4 / 1e3:.0f} kB, the probabilities {n * n * 4 / 1e3:.0f} kB: save q, k, v, out "
+        f"and lse, never P")
+    peak = seen[0][2].peak_bytes
+    assert peak <= allowed + 8 * block * block * 4, (
+        f"{what}: forward held {peak / 1e3:.0f} kB of tensors at its peak; q, k, v, out and lse are "
+        f"{(4 * n * d + n) * 4 / 1e3:.0f} kB and a block of scores {block * block * 4 / 1e3:.0f} kB: compute P block "
+        f"by block and keep none of it")
     dout = torch.randn(out.shape, generator=generator(321))
-    _, obs = observe(out.backward, dout)
-    assert_route(obs, "FlashAttention backward (q [1, 2, 100, 24], blocks 32, 16)", lib_allowed=SHAPES_OK,
-                 forbidden_ops=SDPA_OPS + ("aten._softmax",), max_extent=max(bq, bk, d),
-                 why="backward must recompute P block by block from the saved lse (your flash_attention_backward).")
-    want = _grads(q, k, v, True, dout)
-    for name, g_, w in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), want):
-        _close(g_, w, f"FlashAttention gradients {name}, N=100, d=24", 1e-5, 1e-4)
+    out.backward(dout)
+    _judge_function(seen, what)
+    for name, g_, w in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), _grads(q, k, v, False, dout)):
+        _close(g_, w, f"{what}: gradient {name}", 1e-5, 1e-4)
+
+
+def _held_bytes(ctx) -> int:
+    """Bytes of the distinct tensors an autograd ctx holds: saved for backward, or set on it (in lists too)."""
+    found, todo = {}, list(ctx.saved_tensors) + list(vars(ctx).values())
+    while todo:
+        v = todo.pop()
+        if isinstance(v, torch.Tensor):
+            found[(v.untyped_storage().data_ptr(), v.untyped_storage().nbytes())] = v.untyped_storage().nbytes()
+        elif isinstance(v, (list, tuple)):
+            todo += list(v)[:10000]
+        elif isinstance(v, dict):
+            todo += list(v.values())[:10000]
+    return sum(found.values())
 
 
 # --- 9 ------------------------------------------------------------------------------------------------
@@ -379,16 +474,16 @@ def check_FlashAttention(FlashAttention) -> None:
 @WEEK.exercise(9, "merge_partials", section="6 (One query, many keys: split-K)")
 def check_merge_partials(merge_partials) -> None:
     g = generator(400)
-    for n_parts in (1, 2, 5):
+    for n_parts in (1, 2, 5, int(torch.randint(6, 13, (1,), generator=g))):  # and a count drawn for this run
         b, h, nq, d = 2, 3, 4, 24
         outs = [torch.randn(b, h, nq, d, generator=g) for _ in range(n_parts)]
         lses = [torch.randn(b, h, nq, generator=g) * 5 for _ in range(n_parts)]
         for scale, label in [(1.0, "lse of size ~5"), (2000.0, "lse of size ~1e4 (exp overflows: subtract the max)")]:
             ls = [s * scale for s in lses]
             want_out, want_lse = ref.merge_partials(outs, ls)
-            res = merge_partials(outs, ls)
-            assert isinstance(res, tuple) and len(res) == 2, "merge_partials should return a tuple (out, lse)"
             what = f"merge_partials of {n_parts} parts, {label}"
+            res, _ = call(merge_partials, what, outs, ls, full=(n_parts, scale) == (2, 1.0))
+            assert isinstance(res, tuple) and len(res) == 2, "merge_partials should return a tuple (out, lse)"
             _close(res[0], want_out, what + ": out", 1e-5, 1e-5)
             _close(res[1], want_lse, what + ": lse", 1e-4, 1e-6)
     # Empty parts (a split with no keys: out 0, lse -inf) contribute nothing; a part with all the mass dominates.
@@ -400,229 +495,42 @@ def check_merge_partials(merge_partials) -> None:
     outs[2][0, 0] = 0.0
     lses[3][0, 1] = 1e4
     want_out, want_lse = ref.merge_partials(outs, lses)
-    out, lse = merge_partials(outs, lses)
-    _close(out, want_out, "merge_partials with empty parts (lse -inf) and one lse of 1e4: out", 1e-5, 1e-5)
-    _close(lse, want_lse, "merge_partials with empty parts (lse -inf) and one lse of 1e4: lse", 1e-4, 1e-6)
-    _, obs = observe(merge_partials, outs, lses)
-    assert_route(obs, "merge_partials")
+    what = "merge_partials with empty parts (lse -inf) and one lse of 1e4"
+    (out, lse), _ = call(merge_partials, what, outs, lses)
+    _close(out, want_out, what + ": out", 1e-5, 1e-5)
+    _close(lse, want_lse, what + ": lse", 1e-4, 1e-6)
     check_on_meta(merge_partials, (outs, lses), "merge_partials")
 
 
 @WEEK.exercise(10, "flash_decode", section="6 (One query, many keys: split-K)")
 def check_flash_decode(flash_decode) -> None:
+    def run(q, k, v, n_splits, what, tol, full=False):
+        got, _ = call(flash_decode, what, q, k, v, n_splits=n_splits, full=full, **decode_route(q, k, n_splits))
+        _close(got, _want(q, k, v, False)[0], what, *tol)
+
     for i, (b, h, nq, nk, d) in enumerate([(1, 2, 1, 300, 64), (2, 3, 1, 37, 24), (1, 1, 1, 5, 8), (1, 2, 4, 50, 40)]):
         q, k, v = _qkv(b, h, nq, nk, d, offset=500 + i, transposed=i % 2 == 1)
-        want, _ = _want(q, k, v, False)
-        for n_splits in sorted({1, 2, 3, 7, nk, nk + 3}):
-            _close(flash_decode(q, k, v, n_splits=n_splits), want,
-                   f"flash_decode(q {_shape(q)}, k {_shape(k)}, n_splits={n_splits})"
-                   + (" — more splits than keys: some splits are empty (lse -inf)" if n_splits > nk else ""),
-                   *TOL[torch.float32])
+        for n_splits in sorted({1, 2, 3, 7} | ({nk, nk + 3} if nk <= 50 else set())):  # one split a key, and more
+            run(q, k, v, n_splits, f"flash_decode(q {_shape(q)}, k {_shape(k)}, n_splits={n_splits})"
+                + (" — more splits than keys: some splits are empty (lse -inf)" if n_splits > nk else ""),
+                TOL[torch.float32])
     for dtype in (torch.float16, torch.bfloat16):
         q, k, v = _qkv(1, 2, 1, 257, 40, dtype=dtype, offset=510)
-        want, _ = _want(q, k, v, False)
-        _close(flash_decode(q, k, v, n_splits=5), want, f"flash_decode on {dtype} inputs (merge in float32)", *TOL[dtype])
-    # The technique: each split sees only its own keys; no lib.
-    nk, n_splits, d = 240, 8, 24
+        run(q, k, v, 5, f"flash_decode on {dtype} inputs (merge in float32)", TOL[dtype])
+    # The technique, with splits the keys do not divide: each split sees only its own keys, each key read once.
+    g = generator(520)
+    nk, n_splits, d = 240 + int(torch.randint(1, 8, (1,), generator=g)), 8, 24
     q, k, v = _qkv(1, 2, 1, nk, d, offset=520)
-    _, obs = observe(flash_decode, q, k, v, n_splits=n_splits)
-    assert_route(obs, f"flash_decode(k [1, 2, {nk}, {d}], n_splits={n_splits})", lib_allowed=("lib.attention.check_attention_shapes",),
-                 forbidden_ops=SDPA_OPS, max_extent=max(nk // n_splits, d),
-                 why=f"Attend to each of the {n_splits} chunks of {nk // n_splits} keys separately, then merge by logsumexp.",
-                 min_flops=int(0.9 * 4 * 2 * nk * d))  # q·K and p·V for each of the 2 heads: 4·Nk·d a head
+    run(q, k, v, n_splits, f"flash_decode(k [1, 2, {nk}, {d}], n_splits={n_splits})", TOL[torch.float32], full=True)
     check_on_meta(flash_decode, (q, k, v), "flash_decode", dict(n_splits=3))
 
 
-# --- 11, 12, 13: Triton -------------------------------------------------------------------------------
+# --- 11, 12, 13: Triton (the checks are grader.checks.week17_triton's) --------------------------------
 
 TRITON = "8 (The kernel itself: FlashAttention in Triton)"
-
-
-def _on(t: torch.Tensor) -> torch.Tensor:
-    return t.to(tri.device())
-
-
-@WEEK.exercise(11, "softmax_rows", section=TRITON)
-def check_softmax_rows(softmax_rows) -> None:
-    g = generator(600)
-
-    def run(x, what):
-        return tri.run_kernel(softmax_rows, what, ("x",), x)
-
-    for rows, cols in [(1, 1), (3, 37), (5, 128), (2, 1000)]:
-        x = _on(torch.randn(rows, cols, generator=g) * 3)
-        what = f"softmax_rows(x [{rows}, {cols}])"
-        _close(run(x, what), torch.softmax(x.double(), -1).float(), what, 1e-6, 1e-5)
-    x = _on(torch.randn(4, 50, generator=g) * 1e4)  # exp overflows float32 unless the row's max is subtracted
-    _close(run(x, "softmax_rows on entries of size 1e4"), torch.softmax(x.double(), -1).float(),
-           "softmax_rows on entries of size 1e4", 1e-6)
-    x = torch.randn(3, 40, generator=g)
-    x[0, :13], x[1, 39], x[2, 5:30] = float("-inf"), float("-inf"), float("-inf")
-    x = _on(x)
-    _close(run(x, "softmax_rows with -inf entries"), torch.softmax(x.double(), -1).float(),
-           "softmax_rows with -inf entries", 1e-6, 1e-5)
-    x = _on(torch.randn(45, 6, generator=g)).t()  # [6, 45], a column stride of 6: the kernel must use both strides
-    what = "softmax_rows on a transposed (non-contiguous) input"
-    _close(run(x, what), torch.softmax(x.double(), -1).float(), what, 1e-6, 1e-5)
-    x = _on(torch.randn(3, 70, generator=g)).half()
-    what = "softmax_rows on float16 (compute in float32, return float16)"
-    _close(run(x, what), torch.softmax(x.float(), -1).half(), what, 1e-3, 1e-2)
-    x = _on(torch.randn(6, 300, generator=g))
-    _, obs = observe(softmax_rows, x)
-    tri.assert_kernel_route(obs, "softmax_rows(x [6, 300])", names=("x",))
-    if tri.interpreting():
-        grids = [grid for _, grid in obs.kernel_launches]
-        assert any(grid and grid[0] == 6 for grid in grids), (
-            f"softmax_rows(x [6, 300]): the kernels launched had grids {grids}; launch one program per row, "
-            f"grid (6,)")
-
-
-@WEEK.exercise(12, "tiled_matmul", section=TRITON)
-def check_tiled_matmul(tiled_matmul) -> None:
-    g = generator(700)
-
-    def run(what, *args, **kwargs):
-        return tri.run_kernel(tiled_matmul, what, ("a", "b"), *args, flat_reductions=True, **kwargs)
-
-    for (m, k, n), blocks in [((1, 1, 1), (16, 16, 16)), ((45, 70, 33), (16, 16, 16)), ((64, 64, 64), (32, 16, 16)),
-                              ((37, 100, 20), (16, 32, 32)), ((20, 33, 70), (16, 64, 16))]:
-        a = _on(torch.randn(m, k, generator=g))
-        b = _on(torch.randn(k, n, generator=g))
-        bm, bn, bk = blocks
-        what = f"tiled_matmul(a [{m}, {k}], b [{k}, {n}], block_m={bm}, block_n={bn}, block_k={bk})"
-        _close(run(what, a, b, block_m=bm, block_n=bn, block_k=bk), (a.double() @ b.double()).float(), what,
-               *tri.tol(1e-4, 1e-4))
-    a = _on(torch.randn(30, 50, generator=g))
-    b = _on(torch.randn(40, 50, generator=g)).t()  # [50, 40] with a row stride of 1
-    what = "tiled_matmul with b transposed (non-contiguous)"
-    _close(run(what, a, b), (a.double() @ b.double()).float(), what, *tri.tol(1e-4, 1e-4))
-    a, b = _on(torch.randn(40, 64, generator=g)).half(), _on(torch.randn(64, 24, generator=g)).half()
-    what = "tiled_matmul on float16 (accumulate in float32, return float16)"
-    _close(run(what, a, b), (a.float() @ b.float()).half(), what, *tri.tol(1e-2, 1e-2))
-    for shape_a, shape_b in [((3, 4), (5, 6)), ((3, 4, 5), (5, 6))]:
-        try:
-            tiled_matmul(_on(torch.zeros(shape_a)), _on(torch.zeros(shape_b)))
-        except ValueError:
-            pass
-        else:
-            raise AssertionError(f"tiled_matmul(a {list(shape_a)}, b {list(shape_b)}) should raise ValueError "
-                                 f"naming the shapes")
-    m, k, n = 48, 96, 40
-    a, b = _on(torch.randn(m, k, generator=g)), _on(torch.randn(k, n, generator=g))
-    what = f"tiled_matmul(a [{m}, {k}], b [{k}, {n}], blocks 16, 16, 32)"
-    _, obs = observe(tiled_matmul, a, b, block_m=16, block_n=16, block_k=32)
-    padded = 2 * (-(-m // 16) * 16) * (-(-k // 32) * 32) * (-(-n // 16) * 16)  # whole blocks, edges included
-    tri.assert_kernel_route(obs, what, min_dot_flops=2 * m * k * n, max_dot_dim=32, blocks="16, 16, 32",
-                            names=("a", "b"), widest_load=16 * 32, flat_reductions=True, max_dot_flops=padded,
-                            elementwise_per_mac=0.5, max_loaded={0: -(-n // 16) * m * k, 1: -(-m // 16) * k * n})
-    if tri.interpreting():
-        scaled, _ = observe(tiled_matmul, a, b, block_m=16, block_n=16, block_k=32, _observe_dot_scale=1.25,
-                            _observe_light=True)
-        tri.assert_made_of_dots(scaled, 1.25 * (a.double() @ b.double()), what, 1e-4, 1e-4)
-
-
-def _attention_inputs(b, h, nq, nk, d, offset, dtype=torch.float32, transposed=False):
-    q, k, v = _qkv(b, h, nq, nk, d, dtype=dtype, offset=offset, transposed=transposed)
-    return _on(q), _on(k), _on(v)
-
-
-@WEEK.exercise(13, "flash_attention_triton", section=TRITON)
-def check_flash_attention_triton(flash_attention_triton) -> None:
-    def run(what, *args, **kwargs):
-        return tri.run_kernel(flash_attention_triton, what, ("q", "k", "v"), *args, flat_reductions=True, **kwargs)
-
-    cases = [(1, 1, 1, 1, 16, False), (1, 2, 37, 37, 16, True), (2, 1, 5, 70, 32, True), (1, 2, 70, 33, 64, False),
-             (1, 1, 1, 200, 128, True), (1, 2, 64, 96, 16, True), (2, 2, 50, 50, 32, False)]
-    for i, (b, h, nq, nk, d, causal) in enumerate(cases):
-        q, k, v = _attention_inputs(b, h, nq, nk, d, offset=800 + i, transposed=i % 3 == 1)
-        want, want_lse = tri.float64_attention(q, k, v, causal)
-        for bm, bn in [((16, 16), (32, 16), (16, 32))[i % 3]]:
-            what = (f"flash_attention_triton(q {_shape(q)}{' non-contiguous' if i % 3 == 1 else ''}, k {_shape(k)}, "
-                    f"causal={causal}, block_m={bm}, block_n={bn})")
-            res = run(what, q, k, v, causal=causal, block_m=bm, block_n=bn)
-            assert isinstance(res, tuple) and len(res) == 2, f"{what} should return a tuple (out, lse)"
-            _close(res[0], want.float(), what + " output", *tri.tol(1e-5, 1e-4))
-            _close(res[1], want_lse.float(), what + " logsumexp [B, H, Nq] (float32)", *tri.tol(1e-5, 1e-5))
-    # Long rows whose scores grow from block to block: the running max changes at every block, so a kernel that
-    # does not rescale l and acc by exp(m_old - m_new) is wrong here.
-    nk, d = 160, 16
-    q = _on(torch.ones(1, 1, 4, d) * 0.5)
-    ramp = torch.linspace(0.0, 12.0, nk).view(1, 1, nk, 1)
-    k = _on(ramp * torch.ones(1, 1, nk, d) / d ** 0.5 * 2 + 0.1 * torch.randn(1, 1, nk, d, generator=generator(810)))
-    v = _on(torch.randn(1, 1, nk, d, generator=generator(811)))
-    want, want_lse = tri.float64_attention(q, k, v, False)
-    out, lse = run("flash_attention_triton on rows whose scores grow", q, k, v, causal=False, block_m=16, block_n=16)
-    _close(out, want.float(), "flash_attention_triton on rows whose scores grow block after block (the running max "
-           "changes at each block: rescale l and acc by exp(m_old − m_new))", *tri.tol(1e-5, 1e-4))
-    _close(lse, want_lse.float(), "flash_attention_triton's lse on rows whose scores grow block after block",
-           *tri.tol(1e-5, 1e-5))
-    # Scores that climb by 32 per block to 318: exp of a score minus any max but the running one overflows float32.
-    q = _on(torch.ones(1, 1, 16, d))
-    k = _on((torch.arange(nk).float() / 2).view(1, 1, nk, 1) * torch.ones(1, 1, nk, d)
-            + 0.01 * torch.randn(1, 1, nk, d, generator=generator(812)))
-    want, want_lse = tri.float64_attention(q, k, v, False)
-    out, lse = run("flash_attention_triton on scores that climb", q, k, v, causal=False, block_m=16, block_n=16)
-    _close(out, want.float(), "flash_attention_triton on scores that climb from 0 to 318 over the row (exp overflows "
-           "float32 past 88: keep the running max current, rescaling l and acc whenever it grows)",
-           *tri.tol(1e-4, 1e-3))
-    _close(lse, want_lse.float(), "flash_attention_triton's lse on scores that climb from 0 to 318",
-           *tri.tol(1e-4, 1e-4))
-    q, k, v = _attention_inputs(1, 2, 40, 40, 32, offset=820, dtype=torch.float16)
-    want, want_lse = tri.float64_attention(q, k, v, True)
-    out, lse = run("flash_attention_triton on float16", q, k, v, causal=True)
-    _close(out, want.half(), "flash_attention_triton on float16 (keep m, l and acc in float32; return float16)",
-           *tri.tol(2e-3, 4e-3))
-    _close(lse, want_lse.float(), "flash_attention_triton's lse on float16 inputs (float32)", *tri.tol(1e-3, 1e-4))
-    for qs, ks, why in [((1, 2, 5, 24), (1, 2, 5, 24), "a head dim of 24 (not a power of two)"),
-                        ((1, 4, 5, 16), (1, 2, 5, 16), "heads differ")]:
-        try:
-            flash_attention_triton(_on(torch.zeros(qs)), _on(torch.zeros(ks)), _on(torch.zeros(ks)))
-        except ValueError:
-            pass
-        else:
-            raise AssertionError(f"flash_attention_triton(q {list(qs)}, k {list(ks)}) should raise ValueError ({why}): "
-                                 f"start with check_triton_attention_shapes(q, k, v, causal)")
-    # The technique: one kernel, blocks only, every product by tl.dot, each key block read once per query block,
-    # causal blocks skipped, nothing of size N×N in memory.
-    n, d = 96, 16
-    q, k, v = _attention_inputs(1, 1, n, n, d, offset=830)
-    what = f"flash_attention_triton(q [1, 1, {n}, {d}], block_m=16, block_n=16)"
-    one_pass = -(-n // 16) * n * d  # each of the 6 query blocks reads all of K and V once
-    route = dict(max_dot_dim=16, blocks="16, 16", names=("q", "k", "v"), widest_load=16 * d, flat_reductions=True,
-                 max_dot_flops=4 * n * n * d, elementwise_per_mac=0.5)
-    _, full = observe(flash_attention_triton, q, k, v, causal=False, block_m=16, block_n=16)
-    tri.assert_kernel_route(full, what, min_dot_flops=4 * n * n * d, max_loaded={1: one_pass, 2: one_pass}, **route)
-    _, causal = observe(flash_attention_triton, q, k, v, causal=True, block_m=16, block_n=16)
-    tri.assert_kernel_route(causal, what + " causal", max_loaded={1: one_pass, 2: one_pass}, **route)
-    if tri.interpreting():
-        ratio = causal.kernel_dot_flops() / max(full.kernel_dot_flops(), 1)
-        assert ratio < 0.65, (
-            f"{what}: the causal pass ran {ratio:.2f}× the tl.dot FLOPs of the non-causal one; stop each program's "
-            f"loop at the last key block its rows can see (21 of 36 blocks: 0.58× here)")
-        loads = [causal.kernel.get("loaded", {}).get(i, 0) / max(full.kernel.get("loaded", {}).get(i, 1), 1)
-                 for i in ("1", "2")]
-        assert max(loads) < 0.65, (
-            f"{what}: the causal pass loaded {max(loads):.2f}× the keys and values of the non-causal one; blocks "
-            f"above the diagonal are never loaded (21 of 36 blocks: 0.58× here)")
-        scaled, _ = observe(flash_attention_triton, q, k, v, causal=False, block_m=16, block_n=16,
-                            _observe_dot_scale=1.25, _observe_light=True)
-        want, want_lse = tri.float64_attention(1.25 * q.double(), k, v, False)  # QKᵀ scaled, then PV scaled
-        tri.assert_made_of_dots(scaled, (1.25 * want, want_lse), what, 1e-5, 1e-4)
-    peaks, held = {}, {}
-    for n in (32, 128):
-        q, k, v = _attention_inputs(1, 1, n, n, 16, offset=840 + n)
-        _, obs = observe(flash_attention_triton, q, k, v, causal=False, block_m=32, block_n=32, _observe_light=True)
-        peaks[n] = obs.peak_bytes - (q.numel() * 4 + n * 4)
-        held[n] = obs.kernel.get("peak_values", 0)
-    assert peaks[128] <= peaks[32] + 16 * 1024, (
-        f"flash_attention_triton: torch memory beyond out and lse grew from {peaks[32] / 1e3:.1f} kB at N=32 to "
-        f"{peaks[128] / 1e3:.1f} kB at N=128; the kernel keeps its blocks in registers, never a score matrix in memory")
-    # A program's registers: q, m, l, acc and one key block's worth, whatever N — two passes over score blocks
-    # kept in a list or tuple (an unrolled loop) hold the whole row at once.
-    assert held[128] <= held[32] + 2 * 32 * 32 * 4, (
-        f"flash_attention_triton: the values your kernel's programs held at once grew from {held[32] / 1e3:.1f} kB at "
-        f"N=32 to {held[128] / 1e3:.1f} kB at N=128 (blocks of 32): a program keeps q, m, l, acc and the key block it "
-        f"is on — the scores of the blocks before it are folded into m, l and acc, not kept")
+check_softmax_rows = WEEK.exercise(11, "softmax_rows", section=TRITON)(tri.check_softmax_rows)
+check_tiled_matmul = WEEK.exercise(12, "tiled_matmul", section=TRITON)(tri.check_tiled_matmul)
+check_flash_attention_triton = WEEK.exercise(13, "flash_attention_triton", section=TRITON)(tri.check_flash_attention_triton)
 
 
 # --- quiz ---------------------------------------------------------------------------------------------

@@ -4,9 +4,14 @@ One `check_<name>` per exercise; each takes the student's function and raises As
 that says what is wrong. The references are in lib/speculative.py and lib/drafts.py. Notation: p = target, q = draft.
 
 The instruments live beside this file: the test models and the counted spies in `week18_models` (a Markov chain
-with a model's call shape, besides tiny random Llamas and SmolLM2), the exact law of `verify` and its binomial
-tests in `week18_law`. Their names are imported here, so `checks.MarkovLM`, `checks.law_cases` etc. work as
-before from the notebook and the tests.
+and position tables with a model's call shape, besides tiny random Llamas and SmolLM2), the exact law of `verify`,
+the cases of speculative_sample's law test and their binomial tests in `week18_law`. Their names are imported
+here, so `checks.MarkovLM`, `checks.law_cases` etc. work as before from the notebook and the tests.
+
+Every check judges what it observes: where it observes a call (`observe`: which of lib's functions ran, what was
+written into the arguments), that call is one of the calls it grades, chosen at random among them where there are
+many (`call_many_observing`), and its result is judged with the others' — never thrown away while the numbers come
+from unobserved calls.
 """
 from __future__ import annotations
 
@@ -15,11 +20,13 @@ import math
 
 import torch
 
-from grader.checks import call_many, call_on_default_device, check_on_meta, generator, observe, run_seed, seed_note
-from grader.checks.week18_law import (FALSE_FAILURE, LAW_K, MAIN_RATIOS, MAIN_TRIALS, REPEATS, acceptance_band,  # noqa: F401
-                                      describe_law, kl_divergence, law_cases, law_counts, law_failures, law_level, law_power,
-                                      law_tests)
-from grader.checks.week18_models import MarkovLM, spicy_tiny, spy, work_failures
+from grader.checks import (call_many_observing, call_on_default_device, check_on_meta, generator, observe, run_seed,
+                           seed_note)
+from grader.checks.week18_law import (FALSE_FAILURE, LAW_K, MAIN_RATIOS, MAIN_TRIALS, REPEATS, SAMPLE_CASES,  # noqa: F401
+                                      acceptance_band, describe_law, kl_divergence, law_calls, law_cases, law_counts,
+                                      law_failures, law_level, law_power, law_tests, sample_failures, sample_law,
+                                      sample_level, sample_models, sample_tests)
+from grader.checks.week18_models import MarkovLM, TableLM, spicy_tiny, spy, work_failures  # noqa: F401
 from grader.harness import Week
 from grader.wire import IsolationError
 from lib import speculative as ref
@@ -38,11 +45,19 @@ def _loop_lib_calls(obs) -> list:
                   and not c.startswith("lib.drafts.TokenHistory."))
 
 
-def _check_one_generation(speculative_generate, target, draft, ids, n, k, what, temperature=0.0, generator=None):
-    """One run through spies: its shape, tokens (greedy: the target's greedy ids), work and rollback."""
+def _check_one_generation(speculative_generate, target, draft, ids, n, k, what, temperature=0.0, generator=None,
+                          observed=False):
+    """One run through spies: its shape, tokens (greedy: the target's greedy ids), work and rollback; `observed`:
+    the run is observed, and its route judged with the rest (no lib.speculative, lib.drafts or lib.generate)."""
     log = []
     kwargs = {"k": k} if temperature == 0.0 else {"k": k, "temperature": temperature, "generator": generator}
-    got = speculative_generate(spy(target, log, "target"), spy(draft, log, "draft"), ids, n, **kwargs)
+    args = (spy(target, log, "target"), spy(draft, log, "draft"), ids, n)
+    if observed:
+        got, obs = observe(speculative_generate, *args, **kwargs)
+        used = _loop_lib_calls(obs)
+        assert not used, f"{what}: the loop must be your own (with your verify, when sampling); it called {used}"
+    else:
+        got = speculative_generate(*args, **kwargs)
     t_log = [f for f in log if f.who == "target"]
     assert isinstance(got, torch.Tensor), f"{what}: returned {type(got).__name__}, expected a tensor of ids"
     shape = (1, ids.shape[1] + n)
@@ -116,47 +131,51 @@ def check_default_device(loop, target, draft, ids, n, k, what, **kwargs) -> torc
     return got
 
 
-SAMPLED_TRIALS = 1_500
-SAMPLED_VOCAB = 4
+SAMPLED_VOCAB = 4  # the flat 4-token chain of `_check_generator_decides`
 SAMPLED_SCALE = 0.6
-SAMPLED_SHARPEN = 3.0
 SAMPLED_TEMPERATURES = (1.0, 0.5)
 
 
-def sampled_law_failures(speculative_generate, g, temperature: float) -> list[str]:
-    """Speculative sampling on a 4-token Markov chain: the first two new tokens of SAMPLED_TRIALS runs (one
-    generator each, in one batch) against the target's own law at `temperature`, per cell (binomial tests as in
-    check_verify, < FALSE_FAILURE / 2 false failures); and the work accounting of one run."""
-    # a flat target and a draft that is the same chain, sharpened: q piles onto the target's argmax, so a loop
-    # that keeps a sampled token because it is the target's argmax (or samples without the temperature) is far off
-    target = MarkovLM(SAMPLED_VOCAB, int(torch.randint(0, 2**30, (), generator=g)), scale=SAMPLED_SCALE)
-    draft = MarkovLM(SAMPLED_VOCAB, 0, like=target)
-    draft.A, draft.B = SAMPLED_SHARPEN * draft.A, SAMPLED_SHARPEN * draft.B
-    ids = torch.randint(0, SAMPLED_VOCAB, (1, 3), generator=g)
-    with torch.no_grad():
-        first = torch.softmax(target(ids)[0, -1].double() / temperature, -1)  # [V]
-        law = torch.stack([first[a] * torch.softmax(target(torch.cat([ids, torch.tensor([[a]])], 1))[0, -1].double()
-                                                    / temperature, -1) for a in range(SAMPLED_VOCAB)])  # [V, V]
-    base = int(torch.randint(0, 2**40, (), generator=g))
-    # the models behind the same counted doors as the work runs: a loop cannot tell the law test from them
-    calls = [((spy(target, [], "target"), spy(draft, [], "draft"), ids, 2),
-              {"k": 2, "temperature": temperature, "generator": torch.Generator().manual_seed(base + t)})
-             for t in range(SAMPLED_TRIALS)]
-    counts = torch.zeros(SAMPLED_VOCAB, SAMPLED_VOCAB, dtype=torch.int64)
-    for out in call_many(speculative_generate, calls):
-        assert isinstance(out, torch.Tensor) and tuple(out.shape) == (1, 5), (
-            f"T={temperature}: returned {getattr(out, 'shape', out)!r}, expected ids [1, 3 + 2]")
-        counts[int(out[0, 3]), int(out[0, 4])] += 1
-    tests = [(a, b) for a in range(SAMPLED_VOCAB) for b in range(SAMPLED_VOCAB) if 0 < law[a, b] < 1]
-    level = law_level(2 * len(tests))  # two temperatures
-    bad = []
-    for a, b in tests:
-        x, pi = int(counts[a, b]), float(law[a, b])
-        if SAMPLED_TRIALS * kl_divergence(x / SAMPLED_TRIALS, pi) > level:
-            lo, hi = acceptance_band(SAMPLED_TRIALS, pi, level)
-            bad.append(f"the new tokens ({a}, {b}) came {x}/{SAMPLED_TRIALS} = {x / SAMPLED_TRIALS:.4f} of the runs; "
-                       f"the target's law at T={temperature} gives {pi:.4f} (allowed [{lo:.4f}, {hi:.4f}])")
-    return bad
+def sampled_law_failures(speculative_sample, g) -> list[str]:
+    """Speculative sampling against the target's law at every new position, in every case of `SAMPLE_CASES`
+    (K = 4, 8, 1 and 2; T = 1, 0.5 and 2; position tables, `week18_law`): each case's runs in one batch, one
+    generator each, the counts of each new token tested per position and pooled over positions of one law
+    (< FALSE_FAILURE false failures over all of them). Every run is also held to the work accounting of
+    exercise 1 (`work_failures`: the models are the same counted spies) and must call the draft; one run of each
+    case, chosen at random, is observed (its route judged, its tokens counted with the others')."""
+    level = sample_level()
+    for case in SAMPLE_CASES:
+        target, draft, ids, labels = sample_models(case, g)
+        law = sample_law(target, case.temperature)  # [new tokens, V]
+        n, vocab = len(case.p), law.shape[1]
+        base = int(torch.randint(0, 2**40, (), generator=g))
+        logs = [[] for _ in range(case.trials)]
+        calls = [((spy(target, logs[t], "target"), spy(draft, logs[t], "draft"), ids, n),
+                  {"k": case.k, "temperature": case.temperature, "generator": torch.Generator().manual_seed(base + t)})
+                 for t in range(case.trials)]
+        watched = int(torch.randint(0, case.trials, (), generator=g))
+        outs, observations = call_many_observing(speculative_sample, calls, {watched})
+        what = (f"case '{case.name}' ({case.why}; K={case.k}, T={case.temperature}, {n} new tokens, "
+                f"{case.trials} runs)")
+        used = _loop_lib_calls(observations[watched])
+        assert not used, f"{what}: speculative_sample must be your own loop (with your verify); it called {used}"
+        counts = torch.zeros(n, vocab, dtype=torch.int64)
+        for t, out in enumerate(outs):
+            assert (isinstance(out, torch.Tensor) and tuple(out.shape) == (1, ids.shape[1] + n)
+                    and torch.equal(out[:, :ids.shape[1]], ids) and bool(((out >= 0) & (out < vocab)).all())), (
+                f"{what}: returned {getattr(out, 'shape', out)!r}; expected the prompt's ids and {n} new ones, "
+                f"[1, {ids.shape[1]} + {n}], each in 0..{vocab - 1}")
+            output = out[0].tolist()
+            bad = work_failures(logs[t], output, case.k)
+            assert not bad, f"{what}: {'; '.join(bad)} {seed_note()}"
+            assert any(f.who == "draft" for f in logs[t]), (
+                f"{what}: a run wrote {n} tokens without calling the draft: draft K tokens per round and verify them "
+                f"with one target call")
+            counts[torch.arange(n), out[0, ids.shape[1]:]] += 1
+        bad = sample_failures(case, counts, law, labels, level)
+        if bad:
+            return [f"{what}: {'; '.join(bad[:3])}"]
+    return []
 
 
 @WEEK.exercise(1, "speculative_generate", section="2 (Greedy speculation and rollback)")
@@ -171,15 +190,17 @@ def check_speculative_generate(speculative_generate, smollm2: bool = True) -> No
     lookup as the draft."""
     g = generator(0)
     vocab = 24
+    watched = int(torch.randint(0, 26, (), generator=g))  # the run observed: one of the 18 Markov and 8 tiny-Llama runs
     for case in range(3):
         seed = int(torch.randint(0, 2**30, (1,), generator=g))
         target = MarkovLM(vocab, seed)
         ids = torch.randint(0, vocab, (1, 3 + case), generator=g)
-        for noise, k in [(0.0, 1 + case), (1.5, 1), (1.5, 2), (1.5, 4), (3.0, 8), (20.0, 3)]:
+        for run, (noise, k) in enumerate([(0.0, 1 + case), (1.5, 1), (1.5, 2), (1.5, 4), (3.0, 8), (20.0, 3)]):
             draft = MarkovLM(vocab, seed + 1, like=target, noise=noise)
             n = 20 + 3 * case
             calls = _check_one_generation(speculative_generate, target, draft, ids, n, k,
-                                          f"Markov target, draft noise {noise}, K={k}, {n} tokens")
+                                          f"Markov target, draft noise {noise}, K={k}, {n} tokens",
+                                          observed=watched == 6 * case + run)
             if noise == 0.0:  # a perfect draft: every round must keep all K and add one
                 most = math.ceil(n / (k + 1)) + 1
                 assert len(calls) <= most, (
@@ -187,20 +208,16 @@ def check_speculative_generate(speculative_generate, smollm2: bool = True) -> No
                     f"need at most {most} target calls; yours made {len(calls)} (tokens per call: "
                     f"{[len(c.fed) for c in calls[:8]]}...). Running the target once per token is not speculative "
                     f"decoding.")
-    for seed in (3, 4):
+    for j, seed in enumerate((3, 4)):
         target, draft = spicy_tiny(seed), spicy_tiny(seed + 10, scale=6.0)
         ids = torch.randint(0, target.config.vocab_size, (1, 4), generator=g)
-        for k in (1, 3, 8):
+        for run, k in enumerate((1, 3, 8)):
             _check_one_generation(speculative_generate, target, draft, ids, 24, k,
-                                  f"tiny Llama (seed {seed}) with a random draft, K={k}")
+                                  f"tiny Llama (seed {seed}) with a random draft, K={k}",
+                                  observed=watched == 18 + 4 * j + run)
         _check_one_generation(speculative_generate, target, ref.early_exit_draft(target, 1), ids, 24, 2,
-                              f"tiny Llama (seed {seed}) with its first layer as the draft, K=2")
-    # the route: no lib.speculative, no lib.generate inside
-    target = MarkovLM(vocab, 7)
-    _, obs = observe(speculative_generate, target, MarkovLM(vocab, 8, like=target, noise=1.0),
-                     torch.tensor([[1, 2, 3]]), 12, k=3)
-    used = _loop_lib_calls(obs)
-    assert not used, f"speculative_generate must be your own loop; it called {used}"
+                              f"tiny Llama (seed {seed}) with its first layer as the draft, K=2",
+                              observed=watched == 18 + 4 * j + 3)
     target, draft = spicy_tiny(3), spicy_tiny(13, scale=6.0)
     ids = torch.randint(0, target.config.vocab_size, (1, 4), generator=g)
     got = check_default_device(speculative_generate, target, draft, ids, 12, 3, "tiny Llama, K=3")
@@ -258,29 +275,32 @@ def check_verify(verify) -> None:
     for any counts). Power (`law_power`, tested in tests/test_week18_checks.py): the main case runs
     MAIN_TRIALS = 42,000 times with ratios in [0.85, 0.90]; position 2 is reached by >= 0.85²·42,000 - 6 sd
     > 29,500 runs except with probability < 1e-9, and an acceptance probability off by 2 points at any
-    position is then caught with probability > 0.999. Then: equal generator states give equal outputs,
-    the arguments are left unchanged, a CPU tensor never meets the inputs' device (`meta`), and verify is
-    the student's own code."""
+    position is then caught with probability > 0.999. Also: equal generator states give equal outputs, a CPU
+    tensor never meets the inputs' device (`meta`), and one call of each case, chosen at random, is observed: its
+    arguments left unchanged, none of lib's code run, its output counted with the others'."""
     g = generator(1)
     cases = law_cases(g)
-    # first the cheap checks: the arguments are read, never written (the caller still needs p and q)
-    for case in (cases[0], cases[3]):
-        p, q, x = case.p.clone(), case.q.clone(), case.x.clone()
-        _, obs = observe(verify, p, q, x, generator=torch.Generator().manual_seed(run_seed()))
-        assert not obs.inputs_written, (
-            f"verify wrote into its arguments ({obs.inputs_written} in-place writes into target_probs, draft_probs "
-            f"or draft_tokens, {describe_law(case)}): the caller's p and q would be changed. Compute the residual in "
-            f"a new tensor: (target_probs[i] - draft_probs[i]).clamp(min=0)")
-        used = sorted(c for c in obs.lib_calls if c.startswith(("lib.speculative.", "lib.drafts.")))
-        assert not used, f"verify must be your own; it called {used}"
-    # device: every tensor verify creates is on its inputs' device (a CUDA run with CPU tensors fails)
+    # first the cheap check: every tensor verify creates is on its inputs' device (a CUDA run with CPU tensors fails)
     for case in (cases[0], cases[3]):
         check_on_meta(verify, (case.p.float(), case.q.float(), case.x.clone()), "verify")
     level = law_level(sum(len(law_tests(c)) for c in cases))
     base = run_seed() * 1_000 % (2**62)
     for index, case in sorted(enumerate(cases), key=lambda ic: ic[1].trials):  # the cheap cases first
         seed = base + index * 10_000_000
-        counts = law_counts(verify, case, seed)
+        # one call of each case, chosen at random, observed (on copies of the inputs): its arguments are read, never
+        # written (the caller still needs p and q), it runs none of lib's, and its output is counted with the others'
+        calls = law_calls(case, seed)
+        watched = int(torch.randint(0, case.trials, (), generator=g))
+        calls[watched] = ((case.p.clone(), case.q.clone(), case.x.clone()), calls[watched][1])
+        outs, observations = call_many_observing(verify, calls, {watched})
+        obs = observations[watched]
+        assert not obs.inputs_written, (
+            f"verify wrote into its arguments ({obs.inputs_written} in-place writes into target_probs, draft_probs "
+            f"or draft_tokens, {describe_law(case)}): the caller's p and q would be changed. Compute the residual in "
+            f"a new tensor: (target_probs[i] - draft_probs[i]).clamp(min=0)")
+        used = sorted(c for c in obs.lib_calls if c.startswith(("lib.speculative.", "lib.drafts.")))
+        assert not used, f"verify must be your own; it called {used}"
+        counts = law_counts(verify, case, seed, results=outs)
         bad = law_failures(case, counts, level)
         assert not bad, (f"{describe_law(case)}: verify's output does not follow the law of speculative sampling: "
                          f"{'; '.join(bad[:3])}. Accept draft token i with probability min(1, p_i/q_i), each with "
@@ -290,7 +310,8 @@ def check_verify(verify) -> None:
             def again():  # fresh generators each time (in-process, a call advances the one it is given)
                 return [((case.p, case.q, case.x), {"generator": torch.Generator().manual_seed(seed + t)})
                         for t in range(REPEATS)]
-            first, second = call_many(verify, again()), call_many(verify, again())
+            watched = int(torch.randint(0, REPEATS, (), generator=g))  # observed in both passes
+            first, second = (call_many_observing(verify, again(), {watched})[0] for _ in range(2))
             differ = sum(a != b for a, b in zip(first, second))
             assert not differ, (
                 f"{differ} of {REPEATS} calls with generators in equal states gave different outputs: draw every "
@@ -323,8 +344,21 @@ def _check_generator_decides(speculative_sample, g) -> None:
             break
     draft = MarkovLM(SAMPLED_VOCAB, 1, like=target, noise=1.0)
     seed = int(torch.randint(0, 2**40, (), generator=g))
-    a, b, c = (speculative_sample(target, draft, ids, 40, k=3, temperature=1.0,
-                                  generator=torch.Generator().manual_seed(s)) for s in (seed, seed, seed + 1))
+    watched = int(torch.randint(0, 3, (), generator=g))  # the run observed
+    outs = []
+    for i, s in enumerate((seed, seed, seed + 1)):
+        args = (spy(target, [], "target"), spy(draft, [], "draft"), ids, 40)
+        kwargs = dict(k=3, temperature=1.0, generator=torch.Generator().manual_seed(s))
+        if i == watched:
+            out, obs = observe(speculative_sample, *args, **kwargs)
+            used = _loop_lib_calls(obs)
+            assert not used, f"speculative_sample must be your own loop (with your verify); it called {used}"
+        else:
+            out = speculative_sample(*args, **kwargs)
+        assert isinstance(out, torch.Tensor) and tuple(out.shape) == (1, 43), (
+            f"a run of 40 tokens after a prompt of 3 returned {getattr(out, 'shape', out)!r}; expected ids [1, 43]")
+        outs.append(out)
+    a, b, c = outs
     assert torch.equal(a, b), (
         "two runs with generators in equal states gave different ids: draw every random number from `generator` "
         "(the draft's samples, and your verify's, with generator=generator), never from torch's global generator "
@@ -337,10 +371,13 @@ def _check_generator_decides(speculative_sample, g) -> None:
 @WEEK.exercise(3, "speculative_sample", section="3 (Speculative sampling)")
 def check_speculative_sample(speculative_sample) -> None:
     """Speculative sampling end to end: the work accounting of `check_speculative_generate` on runs at T = 1 and
-    0.5 (Markov chain, 24 tokens, K = 3; tiny Llama, K = 2), then the law of the first two new tokens on a
-    4-token Markov chain, per cell (SAMPLED_TRIALS runs, binomial tests, < 1e-6 false failures in all); the
-    generator deciding every draw (`_check_generator_decides`); last a run with torch's default device set to
-    `meta` (`check_default_device`)."""
+    0.5 (Markov chain, 24 tokens, K = 3; tiny Llama, K = 2; a draft with the target's own law); then the law of
+    every new token against the target's (`sampled_law_failures`: four cases, K = 4, 8, 1 and 2, every position
+    of a round and the bonus token, binomial tests, < 1e-6 false failures in all; a greedy draft token passed off
+    as a sample of q, one uniform reused for a round's draft positions, a loop exact for two tokens and wrong
+    after, the residual taken from p, the bonus from another row, T ignored: each fails it every run, with
+    probability >= 1 - 1e-6, tests/test_week18_sampling.py); the generator deciding every draw
+    (`_check_generator_decides`); last a run with torch's default device set to `meta` (`check_default_device`)."""
     g = generator(5)
     target = MarkovLM(24, int(torch.randint(0, 2**30, (), generator=g)))
     tiny = spicy_tiny(5)
@@ -352,17 +389,12 @@ def check_speculative_sample(speculative_sample) -> None:
         _check_one_generation(speculative_sample, tiny, ref.early_exit_draft(tiny, 1), torch.tensor([[5, 6, 7]]),
                               20, 2, f"tiny Llama, its first layer as the draft, T={temperature}, K=2",
                               temperature=temperature, generator=torch.Generator().manual_seed(run_seed() + 1))
-        bad = sampled_law_failures(speculative_sample, g, temperature)
-        assert not bad, (f"T={temperature} (K=2, a 4-token Markov chain, {SAMPLED_TRIALS} runs): the new tokens do "
-                         f"not have the target's law: {'; '.join(bad[:3])}. Draft from q = softmax(draft logits / T), "
-                         f"verify against p = softmax(target logits / T) with your `verify`, and pass `generator` to "
-                         f"every draw {seed_note()}")
+    bad = sampled_law_failures(speculative_sample, g)
+    assert not bad, (f"{bad[0]}. The new tokens do not have the target's law: draft each token by sampling "
+                     f"q = softmax(draft logits / T), verify the round against p = softmax(target logits / T) with "
+                     f"your `verify` (a fresh uniform per draft token), and pass `generator` to every draw "
+                     f"{seed_note()}")
     _check_generator_decides(speculative_sample, g)
-    target = MarkovLM(24, 7)
-    _, obs = observe(speculative_sample, target, MarkovLM(24, 8, like=target, noise=1.0), torch.tensor([[1, 2, 3]]),
-                     12, k=3, temperature=1.0, generator=torch.Generator().manual_seed(0))
-    used = _loop_lib_calls(obs)
-    assert not used, f"speculative_sample must be your own loop (with your verify); it called {used}"
     got = check_default_device(speculative_sample, tiny, ref.early_exit_draft(tiny, 1), torch.tensor([[5, 6, 7]]),
                                12, 3, "tiny Llama, T=1, K=3", temperature=1.0,
                                generator=torch.Generator().manual_seed(run_seed() + 2))
@@ -419,9 +451,16 @@ def check_lookup_draft(lookup_draft) -> None:
         tokens = _planted(g, int(torch.randint(2, 60, (), generator=g)), vocab)
         hi = int(torch.randint(1, 6, (), generator=g))
         cases.append((tokens, int(torch.randint(0, 9, (), generator=g)), hi, int(torch.randint(1, hi + 1, (), generator=g))))
-    for tokens, k, hi, lo in cases:
+    # a tenth of the cases, chosen at random, observed: their answers judged with the others', their route too
+    watched = set(torch.randperm(len(cases), generator=g)[:len(cases) // 10].tolist())
+    for i, (tokens, k, hi, lo) in enumerate(cases):
         want = _lookup(tokens, k, hi, lo)
-        got = lookup_draft(list(tokens), k, max_ngram=hi, min_ngram=lo)
+        if i in watched:
+            got, obs = observe(lookup_draft, list(tokens), k, max_ngram=hi, min_ngram=lo)
+            used = sorted(c for c in obs.lib_calls if c.startswith("lib."))
+            assert not used, f"lookup_draft must be your own; it called {used}"
+        else:
+            got = lookup_draft(list(tokens), k, max_ngram=hi, min_ngram=lo)
         assert isinstance(got, list) and all(type(t) is int for t in got), (
             f"lookup_draft must return a list of ints; got {got!r}")
         assert got == want, (
@@ -439,9 +478,6 @@ def check_lookup_draft(lookup_draft) -> None:
             raise AssertionError(f"lookup_draft with {bad} raised {type(e).__name__}; raise a ValueError that says "
                                  f"what is wrong") from None
         raise AssertionError(f"lookup_draft with {bad} returned an answer; bad arguments must raise a ValueError")
-    _, obs = observe(lookup_draft, [1, 2, 3, 1, 2], 2, max_ngram=3, min_ngram=1)
-    used = sorted(c for c in obs.lib_calls if c.startswith("lib."))
-    assert not used, f"lookup_draft must be your own; it called {used}"
 
 
 # --- 5: expected rejections ----------------------------------------------------------------------------------
@@ -468,7 +504,10 @@ def check_expected_rejections(expected_rejections) -> None:
             q[:, : v // 2] = 0
             q = q / q.sum(-1, keepdim=True)
         want = float((1 - torch.minimum(p, q).sum(-1)).sum())
-        got = expected_rejections(p.to(dtype), q.to(dtype))
+        got, obs = observe(expected_rejections, p.to(dtype), q.to(dtype))  # every random case observed
+        assert not obs.inputs_written, "expected_rejections wrote into its arguments: compute in new tensors"
+        used = sorted(c for c in obs.lib_calls if c.startswith("lib."))
+        assert not used, f"expected_rejections must be your own derivation; it called {used}"
         _own_tensor(got, p.to(dtype), f"expected_rejections(p, q) for {dtype} inputs")
         tol = 1e-9 if dtype == torch.float64 else 1e-4 * n
         assert abs(float(got) - want) <= tol, (
@@ -492,10 +531,6 @@ def check_expected_rejections(expected_rejections) -> None:
     else:
         raise AssertionError("p [5, 7] with q [5, 5] gave an answer: mismatched shapes must raise a ValueError")
     q = torch.softmax(torch.randn(5, 7, generator=g, dtype=torch.float64), -1)
-    _, obs = observe(expected_rejections, p.clone(), q.clone())
-    assert not obs.inputs_written, "expected_rejections wrote into its arguments: compute in new tensors"
-    used = sorted(c for c in obs.lib_calls if c.startswith("lib."))
-    assert not used, f"expected_rejections must be your own derivation; it called {used}"
     # device: all of it in tensors on the inputs' device. On `meta` tensors (shapes, no data, like tensors on a
     # GPU seen from here) it must run and return a `meta` tensor: a CPU tensor, .numpy() or .item() fails there.
     try:
@@ -537,7 +572,9 @@ def check_best_k(best_k) -> None:
             curve = {i: 1.0 + float(steps[i - 2]) if i > 1 else 1.0 for i in range(1, m + 1)}
         speeds = {k: _speedup(alpha, k, c, curve) for k in range(1, m)}
         best = max(speeds.values())
-        out = best_k(alpha, c, dict(curve))
+        out, obs = observe(best_k, alpha, c, dict(curve))  # every case observed: its answer and its route judged
+        used = sorted(name for name in obs.lib_calls if name.startswith("lib."))
+        assert not used, f"best_k must be your own derivation; it called {used}"
         assert isinstance(out, tuple) and len(out) == 2, f"best_k must return (k, predicted_speedup); got {out!r}"
         k, s = out
         assert isinstance(k, int) and 1 <= k < m, (
@@ -548,6 +585,3 @@ def check_best_k(best_k) -> None:
             f"K = {max(speeds, key=speeds.get)} with {best:.6g}x. Derive the expected tokens a round writes (token i "
             f"of the round is kept only if the i draft tokens before it were) and its cost in target steps (K draft "
             f"steps of cost c, one target forward over K + 1 tokens) {seed_note()}")
-    _, obs = observe(best_k, 0.7, 0.1, {i: 1.0 + 0.1 * i for i in range(1, 9)})
-    used = sorted(c for c in obs.lib_calls if c.startswith("lib."))
-    assert not used, f"best_k must be your own derivation; it called {used}"

@@ -1,8 +1,13 @@
-"""The exact law of `verify`'s output and the binomial tests week 18 judges it by (exercises 2 and 3).
+"""The laws week 18 judges its sampling by, and the binomial tests it judges them with (exercises 2 and 3).
 
-Separate from the checks because the statistics are a unit of their own: the closed-form law, the per-cell
+- 2: the exact law of `verify`'s output on fixed inputs (`law_cases`, `verify_law`, `law_failures`);
+- 3: speculative_sample's output against the target's law at every new position (`SAMPLE_CASES`: position tables
+  at K = 4, 8, 1 and 2, every position of a round, the residual and the bonus token; `sample_failures`).
+
+Separate from the checks because the statistics are a unit of their own: the closed-form laws, the per-cell
 tests with their false-failure bound (Chernoff + union bound) and their power are used by the checks, by the
-notebook's picture of the law test and by tests/test_week18_checks.py's power test.
+notebook's picture of the law test and by tests/test_week18_checks.py's and tests/test_week18_sampling.py's
+power tests.
 """
 from __future__ import annotations
 
@@ -191,13 +196,18 @@ def law_tests(case: LawCase) -> list[tuple[str, int, int, float]]:
     return tests
 
 
-def law_counts(verify, case: LawCase, seed: int) -> torch.Tensor:
-    """Counts [K+1, V] of (n_accepted, next_token) over case.trials calls, call t with generator seed + t."""
+def law_calls(case: LawCase, seed: int) -> list:
+    """The case's calls of verify: case.trials of them, call t with generator seed + t."""
+    return [((case.p, case.q, case.x), {"generator": torch.Generator().manual_seed(seed + t)})
+            for t in range(case.trials)]
+
+
+def law_counts(verify, case: LawCase, seed: int, results: list | None = None) -> torch.Tensor:
+    """Counts [K+1, V] of (n_accepted, next_token) over the `law_calls` (made here in one batch, unless their
+    `results` are given)."""
     k, v = case.x.shape[0], case.p.shape[1]
-    calls = [((case.p, case.q, case.x), {"generator": torch.Generator().manual_seed(seed + t)})
-             for t in range(case.trials)]
     counts = torch.zeros(k + 1, v, dtype=torch.int64)
-    for out in call_many(verify, calls):
+    for out in (results if results is not None else call_many(verify, law_calls(case, seed))):
         n, y = _result(out, k, v, case.name)
         counts[n, y] += 1
     return counts
@@ -243,3 +253,102 @@ def describe_law(case: LawCase) -> str:
     ratios = [float(case.p[i, case.x[i]] / case.q[i, case.x[i]]) for i in range(k)]
     return (f"case '{case.name}' ({case.why}; K={k}, V={case.p.shape[1]}, draft tokens {case.x.tolist()}, "
             f"p_i(x_i)/q_i(x_i) = {[round(r, 3) for r in ratios]}, {case.trials} runs)")
+
+
+# --- 3 ------------------------------------------------------------------------------------------------
+# speculative_sample is checked against the target's own law at every new position. The test models are position
+# tables (`week18_models.TableLM`): the target's law of new token t is the row p[t] whatever came before it, so the
+# new tokens of a correct loop are independent, token t distributed as p[t] — at any K, however the rounds fall and
+# wherever in a round token t is written (a draft position, the residual after a rejection, the bonus). Each case
+# designs p and q per position over three tokens (placed at random among a vocabulary of random size, the others
+# of probability 0 in both) so that the mistakes named in tests/test_week18_sampling.py change some position's
+# law by far more than its test allows: their passing probabilities are computed exactly there (<= 1e-6 each).
+
+_A = (0.3, 0.2, 0.5)  # a target row
+_B = (0.6, 0.4, 0.0)  # its draft: p/q = 1/2 on both draft tokens, so the residual is the third token
+_S = (0.5, 0.5, 0.0)  # a row the target and the draft share: its draft token is accepted for sure
+_X = (0.05, 0.15, 0.8)  # a bonus row unlike every other row of its case
+_C = (0.1, 0.2, 0.7)  # a target row far from its square (what a loop that ignores T = 2 samples)
+SAMPLE_FLOOR = 1e-30  # the probability the models give a token they "never" write (its logit is finite)
+
+
+@dataclass
+class SampleCase:
+    """One input of speculative_sample's law test: `trials` runs of `len(p)` new tokens at `k` and `temperature`."""
+    name: str
+    k: int
+    temperature: float
+    p: tuple  # per new token, the target's law over the three designed tokens
+    q: tuple  # per new token, the draft's
+    trials: int
+    why: str
+
+
+SAMPLE_CASES = (
+    SampleCase("four per round", 4, 1.0, (_A,) * 5, (_B,) * 5, 200,
+               "every draft token accepted with probability 1/2, at every position of a round"),
+    SampleCase("past the first rejection", 8, 0.5, (_S,) * 5 + (_A,) * 3 + (_X,), (_S,) * 5 + (_B,) * 4, 120,
+               "K = 8: five draft tokens accepted for sure, three with probability 1/2 each, then the bonus"),
+    SampleCase("one per round", 1, 2.0, (_C,) * 3, (_B,) * 3, 240,
+               "K = 1 at temperature 2: one draft token, then the residual or the bonus"),
+    SampleCase("the bonus", 2, 1.0, (_A, _S, _X), (_B, _S, _B), 200,
+               "K = 2: the last new token is always a bonus token (after all K draft tokens are accepted)"),
+)
+
+
+def sample_models(case: SampleCase, g: torch.Generator, prompt_len: int = 3):
+    """(target, draft, prompt ids, labels): the case's position tables over a vocabulary of random size, its three
+    designed tokens at random labels, logits T·log(probability) so that softmax(logits / T) is the designed row."""
+    from grader.checks.week18_models import TableLM
+
+    vocab = int(torch.randint(3, 25, (), generator=g))
+    labels = torch.randperm(vocab, generator=g)[:3]
+
+    def table(rows):
+        probs = torch.full((len(rows), vocab), SAMPLE_FLOOR, dtype=torch.float64)
+        probs[:, labels] = torch.tensor(rows, dtype=torch.float64).clamp(min=SAMPLE_FLOOR)
+        return TableLM(case.temperature * probs.log(), prompt_len)
+
+    ids = labels[torch.randint(0, 3, (1, prompt_len), generator=g)]
+    return table(case.p), table(case.q), ids, labels
+
+
+def sample_law(target, temperature: float) -> torch.Tensor:
+    """[new tokens, V]: the law of each new token, from the target's own logits (float64)."""
+    return torch.softmax(target.logits.double() / temperature, -1)
+
+
+def sample_tests(case: SampleCase) -> list[tuple[tuple, int, float]]:
+    """The binomial tests of one case as (positions, designed token, probability): each position alone, and the
+    positions that share a row pooled (independent under the target's law: Binomial(positions × trials, p))."""
+    n = len(case.p)
+    tests = [((t,), j, case.p[t][j]) for t in range(n) for j in range(3) if 0 < case.p[t][j] < 1]
+    rows: dict = {}
+    for t, row in enumerate(case.p):
+        rows.setdefault(row, []).append(t)
+    tests += [(tuple(ts), j, row[j]) for row, ts in rows.items() if len(ts) > 1 for j in range(3) if 0 < row[j] < 1]
+    return tests
+
+
+def sample_level() -> float:
+    """The per-test bound of speculative_sample's law test: < FALSE_FAILURE false failures over every case."""
+    return law_level(sum(len(sample_tests(c)) for c in SAMPLE_CASES))
+
+
+def sample_failures(case: SampleCase, counts: torch.Tensor, law: torch.Tensor, labels: torch.Tensor,
+                    level: float) -> list[str]:
+    """What is wrong with `counts` [new tokens, V] (how often each new token was each token): a token written where
+    the target gives it probability 0 (< 1e-12: the models' floor is 1e-30), then the binomial tests."""
+    m = case.trials
+    bad = [f"new token {t} was token {y} in {int(counts[t, y])} runs; the target gives it probability "
+           f"{float(law[t, y]):.1e} there" for t, y in ((counts > 0) & (law < 1e-12)).nonzero().tolist()]
+    for positions, j, a in sample_tests(case):
+        label = int(labels[j])
+        x, trials = int(counts[list(positions), label].sum()), m * len(positions)
+        if trials * kl_divergence(x / trials, a) > level:
+            lo, hi = acceptance_band(trials, a, level)
+            where = (f"new token {positions[0]}" if len(positions) == 1 else
+                     f"new tokens {positions[0]}-{positions[-1]} together (the same law at each)")
+            bad.append(f"{where} was token {label} in {x}/{trials} = {x / trials:.3f} of the draws; the target's "
+                       f"law gives {a:.3f} (a correct loop stays in [{lo:.3f}, {hi:.3f}] here)")
+    return bad

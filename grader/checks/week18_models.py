@@ -5,7 +5,8 @@ Separate from the checks (grader/checks/week18.py) because they are the instrume
 
 `MarkovLM` is a second-order Markov chain with a model's call shape whose "cache" is the token history. It is fast,
 its greedy path wanders, and it punishes a missing rollback: a history that still holds rejected tokens gives
-other logits. `spy` puts a model behind a counted door that logs every forward however it is invoked.
+other logits. `TableLM` gives each new position a law of its own (the sampling law test's models). `spy` puts a
+model behind a counted door that logs every forward however it is invoked.
 """
 from __future__ import annotations
 
@@ -50,6 +51,38 @@ class MarkovLM:
         prev = torch.cat([seq.new_zeros(1), seq[:-1]])  # the token before each position (0 before the first)
         rows = torch.arange(start, len(history.tokens))
         return (self.A[seq[rows]] + self.B[prev[rows]])[None]  # [1, t, vocab]
+
+    forward = __call__
+
+
+class TableLM:
+    """A model whose next-token logits depend only on which new token it predicts: row r of `logits` [rows, V]
+    for new token r, counted from the end of a prompt of `prompt_len` tokens (zeros, a uniform law, inside the
+    prompt and past the table). Same call shape and cache as `MarkovLM`, so the law of what a loop writes at each
+    position is the table's row by row: the week-18 law test designs p and q per position with it."""
+
+    def __init__(self, logits: torch.Tensor, prompt_len: int):
+        self.logits = logits.float()
+        self.prompt_len = prompt_len
+        vocab = logits.shape[1]
+        self.config = ModelConfig(vocab_size=vocab, d_model=1, n_layers=1, n_heads=1, n_kv_heads=1, d_ff=1,
+                                  max_seq_len=4096)
+        self.device = torch.device("cpu")
+
+    def new_cache(self, batch: int = 1, max_len: int | None = None) -> TokenHistory:
+        return TokenHistory(max_len or self.config.max_seq_len)
+
+    def __call__(self, input_ids: torch.Tensor, cache: TokenHistory | None = None) -> torch.Tensor:
+        if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+            raise ValueError(f"TableLM takes input_ids [1, t]; got {tuple(input_ids.shape)}")
+        history = cache if cache is not None else TokenHistory(self.config.max_seq_len)
+        start = history.length
+        history.tokens.extend(input_ids[0].tolist())
+        rows = torch.arange(start, len(history.tokens)) + 1 - self.prompt_len  # the new token each position predicts
+        inside = (rows >= 0) & (rows < self.logits.shape[0])
+        out = torch.zeros(len(rows), self.logits.shape[1])
+        out[inside] = self.logits[rows[inside]]
+        return out[None]  # [1, t, vocab]
 
     forward = __call__
 

@@ -4,7 +4,11 @@ and the notebook.
 One `check_<name>` per exercise; each takes the student's function or class and raises AssertionError with
 a message that says what is wrong. The references are in lib/paged.py, lib/blocks.py and lib/engine.py. What
 the checks run the student's code through (the scheduler's invariants and a serving simulation, a model of the
-prefix cache, the workloads, the context model) is in grader/checks/week19_sim.py.
+prefix cache, the workloads, paged attention's cases, the context model) is in grader/checks/week19_sim.py.
+
+Every check judges what it observes: paged attention's calls are all observed; the scheduler's, the prefix cache's
+and the engine's parts' are observed at random (in the proportions each check's docstring gives), and an observed
+call's result is used and judged like any other.
 """
 from __future__ import annotations
 
@@ -13,9 +17,10 @@ import random
 
 import torch
 
-from grader.checks import assert_close, check_on_meta, generator, observe, run_seed, seed_note
-from grader.checks.week19_sim import (cache_trial, context_model, contiguous_reference, engine_workload, expect_error,
-                                      judge_plan, lib_parts, shared_step, simulate, step_workload, workload)
+from grader.checks import assert_classified, assert_close, check_on_meta, generator, observe, run_seed, seed_note
+from grader.checks.week19_sim import (LONG_CASE, amount_step, cache_trial, context_model, contiguous_reference,
+                                      engine_workload, expect_error, exponentials, hash_bits, judge_plan, lib_parts,
+                                      paged_case, sdpa_ops, shared_step, simulate, step_workload, workload)
 from grader.harness import Week
 from lib import paged as ref
 
@@ -176,42 +181,18 @@ def check_slot_mapping(slot_mapping) -> None:
 
 @WEEK.exercise(5, "paged_attention", section="4 (Block tables and paged attention)")
 def check_paged_attention(paged_attention) -> None:
-    """Ragged lengths, random block sizes, head_dim, batch and GQA/MHA/MQA, against contiguous attention (<= 1e-5,
-    fp32); reads the pool in place: no lib, no SDPA, no copy of a sequence's whole K/V, no full-row softmax, all
-    of it visible to the observer (torch ops, not numpy), each block of K read by torch ops at least once and at
-    most once per query head (no second pass over the scores), inputs unchanged, tensors made on the inputs'
-    device."""
+    """Ragged lengths, random block sizes, head_dim, batch and GQA/MHA/MQA (a GQA case and an MHA case every run),
+    against contiguous attention (<= 1e-5, fp32); reads the pool in place: no lib, no SDPA, no copy of a
+    sequence's whole K/V — in the case with one long sequence (`LONG_CASE`) not even one KV head's whole row of
+    keys —, no full-row softmax, all of it visible to the observer (torch ops, not numpy), each block of K read by
+    torch ops once per KV head (at least once; not once per query head of a GQA group, not a second pass over the
+    scores), inputs unchanged, tensors made on the inputs' device."""
     g = generator(5)
-    heads = [(4, 2), (4, 4), (6, 1), (6, 3), (8, 2)]
-    dims = [[16, 32, 64][i] for i in torch.randperm(3, generator=g)] + [int(16 * torch.randint(1, 5, (1,), generator=g))]
-    for case in range(4):
-        bs = [1, 7, 16, int(torch.randint(2, 33, (1,), generator=g))][case]
-        h, hkv = heads[int(torch.randint(0, len(heads), (1,), generator=g))]
-        if case == 1:
-            h, hkv = 4, 4  # every run has an MHA case: there K read twice is twice the reads of K once
+    dims = [[16, 32, 64][i] for i in torch.randperm(3, generator=g)] + [int(16 * torch.randint(1, 5, (1,), generator=g)), 64]
+    for case in range(5):
         d = dims[case]  # head_dim 16, 32 and 64 every run: a hard-coded 1/sqrt(16) fails
-        b = int(torch.randint(3, 7, (1,), generator=g))
-        lens = torch.randint(1, 1200, (b,), generator=g)
-        lens[0] = int(torch.randint(1500, 2001, (1,), generator=g))  # one long sequence
-        lens[1] = 1
-        lens[2] = bs * int(torch.randint(1, 40, (1,), generator=g))  # one fills its last block exactly
-        lens = lens[torch.randperm(b, generator=g)].tolist()
-        need = [ref.blocks_needed(n, bs) for n in lens]
-        nb = sum(need) + 3
-        k_pool = torch.randn(nb, hkv, bs, d, generator=g)
-        v_pool = torch.randn(nb, hkv, bs, d, generator=g)
-        perm = torch.randperm(nb, generator=g).tolist()
-        tables, at = [], 0
-        for k in need:
-            tables.append(perm[at:at + k])
-            at += k
-        width = max(need) + 2
-        block_tables = torch.randint(0, nb, (b, width), generator=g)  # entries past each end: any block, ignored
-        for i, t in enumerate(tables):
-            block_tables[i, :len(t)] = torch.tensor(t)
-        q = torch.randn(b, h, d, generator=g)
-        context_lens = torch.tensor(lens)
-        args = (q, k_pool, v_pool, block_tables, context_lens)
+        c = paged_case(g, case, d)
+        args, tables, lens, bs, h, hkv, b = (c[key] for key in ("args", "tables", "lens", "bs", "h", "hkv", "b"))
         before = [a.clone() for a in args]
         got, obs = observe(paged_attention, *args, _observe_reads=(1,))
         what = (f"paged_attention case {case}: block_size={bs}, n_heads={h}, n_kv_heads={hkv}, head_dim={d}, "
@@ -223,19 +204,28 @@ def check_paged_attention(paged_attention) -> None:
                              f"later step reads it): scale the query or the scores, never the caller's tensors")
         lib_used = sorted(c for c in obs.lib_calls if c.startswith(("lib.paged", "lib.attention", *ENGINE_MODULES)))
         assert not lib_used, f"{what}: calls {lib_used}; write the attention yourself"
-        sdpa = obs.called("aten._scaled_dot_product")
-        assert not sdpa, f"{what}: calls {sdpa}; compute the scores and the softmax yourself, block by block"
-        assert obs.called("aten.exp", "aten._softmax", "aten.softmax", "aten.exp2", "aten.special_exp2"), (
+        sdpa = sdpa_ops(obs)
+        assert not sdpa, f"{what}: calls {sdpa} (SDPA); compute the scores and the softmax yourself, block by block"
+        assert_classified(obs, what)  # an op the observer cannot measure could hold the whole-row softmax
+        assert exponentials(obs), (
             f"{what}: the observer saw no exponential: the softmax ran out of its sight (numpy, which breaks on "
             f"CUDA tensors, or a popped dispatch-mode stack). Compute with torch ops on the inputs' device.")
         longest = 2 * max(lens) * hkv * d * 4  # one sequence's K and V, contiguous, fp32
         made = obs.peak_bytes + obs.premade_bytes  # allocated during the call, or written into a buffer made before
+        workspace = (f" and wrote {obs.premade_bytes} bytes into buffers made before the call (a workspace)"
+                     if obs.premade_bytes else "")
         assert made < longest / 2, (
-            f"{what}: allocated {obs.peak_bytes} bytes at peak"
-            f"{f' and wrote {obs.premade_bytes} bytes into buffers made before the call (a workspace)' if obs.premade_bytes else ''}"
-            f", as much as a contiguous copy of the longest sequence's keys and values ({longest} bytes). Read the "
-            f"pool a few blocks (about 32 keys) at a time for every sequence and keep a running max and sum (online "
-            f"softmax), as the kernel does. {seed_note()}")
+            f"{what}: allocated {obs.peak_bytes} bytes at peak{workspace}, as much as a contiguous copy of the "
+            f"longest sequence's keys and values ({longest} bytes). Read the pool a few blocks (about 32 keys) at a "
+            f"time for every sequence and keep a running max and sum (online softmax), as the kernel does. "
+            f"{seed_note()}")
+        if case == LONG_CASE:  # B = 2, n_kv_heads = 2, one sequence of 4500-5000 keys
+            row = max(lens) * d * 4  # one KV head's keys of the longest sequence, fp32
+            assert made < row / 2, (
+                f"{what}: allocated {obs.peak_bytes} bytes at peak{workspace}, more than half of one KV head's keys "
+                f"of the longest sequence ({row} bytes): a whole row of keys was gathered per sequence and head. "
+                f"Read a few blocks (about 32 keys) of every sequence at a time, for all heads together, and keep "
+                f"running statistics (online softmax). {seed_note()}")
         red = obs.max_reduction_extent()
         assert red <= 512, (f"{what}: one reduction (softmax, max, sum) combined {red} elements: a softmax over a "
                             f"sequence's whole row of scores. Reduce a chunk of blocks at a time and keep running "
@@ -249,33 +239,23 @@ def check_paged_attention(paged_attention) -> None:
                 f"of a sequence takes part in its attention, so each of its blocks is read at least once. The rest "
                 f"was read out of the observer's sight (numpy, .tolist()): compute with torch ops on the inputs. "
                 f"{seed_note()}")
-            median = sorted(reads[blk] for blk in full)[len(full) // 2]
-            group = h // hkv
-            assert median <= group + 0.5, (
-                f"{what}: the median full block of K was read {median:.1f} times (a one-pass online softmax reads each "
-                f"block once{'' if group == 1 else f', or once per query head that uses it: {group}'}). Scores "
-                f"computed twice — a first pass for the max, a second for the exponentials — read K twice from "
-                f"memory, which is the traffic paged attention exists to save: keep a running max and rescale "
+            # Each element of K belongs to one KV head: read once, all the query heads of its group share it. Some
+            # blocks may be read more often by honest code (the block it reads, masked, for positions past a
+            # sequence's end; a block two chunks of positions share), never most of them: the median is judged.
+            counts = sorted(reads[blk] for blk in full)
+            median = counts[len(counts) // 2]
+            assert median <= 1.25, (
+                f"{what}: the median full block of K was read {median:.1f} times per element ({sum(c > 1.25 for c in counts)} "
+                f"of the {len(full)} full blocks more than once). A one-pass online softmax reads each block once per "
+                f"KV head{'' if h == hkv else f', shared by the {h // hkv} query heads of its group (read it once for all of them, not once per query head)'}"
+                f". Scores computed twice — a first pass for the max, a second for the exponentials — read K twice "
+                f"from memory, which is the traffic paged attention exists to save: keep a running max and rescale "
+                f"(and read whole blocks, a few at a time: a block split between two chunks is read twice) "
                 f"{seed_note()}")
     check_on_meta(paged_attention, args, "paged_attention")
 
 
 # --- 6: prefix caching ------------------------------------------------------------------------------
-
-def _bits(h) -> int:
-    """How many bits a hash value carries: an int's magnitude, a bytes' or a hex string's length."""
-    if isinstance(h, bool):
-        return 1
-    if isinstance(h, int):
-        return abs(h).bit_length()
-    if isinstance(h, (bytes, bytearray)):
-        return 8 * len(h)
-    if isinstance(h, str):
-        return 4 * len(h) if all(c in "0123456789abcdefABCDEF" for c in h) else 8 * len(h)
-    if isinstance(h, tuple):
-        return sum(_bits(x) for x in h)
-    return 64  # another hashable: its width is not ours to read
-
 
 @WEEK.exercise(6, "block_hashes", section="7 (Prefix caching)")
 def check_block_hashes(block_hashes) -> None:
@@ -350,7 +330,7 @@ def check_block_hashes(block_hashes) -> None:
     # 8000 hashes rarely expose a 32-bit hash (a collision with probability 0.0074), but a real prefix cache holds
     # millions of blocks: 10^6 blocks on 32 bits collide with probability 1 - exp(-10^12 / 2^33) ~ 1, on 64 bits
     # ~3e-8. So the width itself is judged: of 8000 uniform 64-bit hashes all stay below 2^56 w.p. 2^-64000.
-    width = max(_bits(h) for h in hs)
+    width = max(hash_bits(h) for h in hs)
     assert width >= 56, (
         f"the widest of 8000 block hashes has {width} bits: a hash kept to 32 bits (or fewer) collides almost surely "
         f"in a cache of a million blocks (1 - exp(-n^2 / 2^33) at n = 10^6), and a collision hands one request "
@@ -381,29 +361,38 @@ def check_answer_q3(answer_q3) -> None:
 @WEEK.exercise(8, "schedule", section="8 (The scheduler: preemption and chunked prefill)")
 def check_schedule(schedule) -> None:
     """Random workloads (arrivals, lengths, pools tight enough to preempt, budgets small enough to chunk), every
-    plan judged by the invariants; single steps with prefix-shared blocks (a victim frees its freeable blocks only);
-    then LLMEngine with this scheduler equals generate on each request alone."""
+    plan judged by the invariants (the order of preemption and its amount: only as many as the blocks need); single
+    steps with prefix-shared blocks (a victim frees its freeable blocks only) and steps that need exactly one
+    preemption; then LLMEngine with this scheduler equals generate on each request alone. About one call in ten,
+    chosen at random, is observed (no lib.engine): its plan is judged with the others."""
     rng = random.Random(run_seed() + 7)
+    watch = random.Random(run_seed() + 17)
+
+    def call(fn, *args, rate=0.1):
+        if watch.random() >= rate:
+            return fn(*args)
+        plan, obs = observe(fn, *args)
+        used = sorted(c for c in obs.lib_calls if c.startswith(ENGINE_MODULES))
+        assert not used, f"schedule calls {used}; write the scheduling decision yourself"
+        return plan
+
     for case in range(30):
         w = workload(rng, crowded=case % 3 == 0)
         label = (f"workload {case} (block_size {w['bs']}, {w['num_blocks']} blocks, budget {w['budget']}, "
                  f"max_num_seqs {w['max_seqs']}, chunked prefill {'on' if w['chunked'] else 'off'}, prompts "
                  f"{w['prompts']}, new tokens {w['new']}, arrival steps {w['arrivals']}) {seed_note()}")
-        if case == 0:
-            _, obs = observe(schedule, [], [dict(id=0, computed=0, tokens=5, blocks=0, freeable=0, seqs=1)], 4, 4, 8, 2,
-                             True)
-            used = sorted(c for c in obs.lib_calls if c.startswith(ENGINE_MODULES))
-            assert not used, f"schedule calls {used}; write the scheduling decision yourself"
-        simulate(schedule, w, label)
+        simulate(schedule, w, label, call)
     # Single steps with blocks shared through the prefix cache: a scheduler that credits a victim with every block it
     # holds, not its freeable ones, hands out blocks that stay taken (rejected in about 1 of 4 such steps; 80 steps
-    # miss it with probability ~1e-9; lib's schedule passed 40,000 of them).
-    for case in range(80):
-        s = shared_step(rng)
-        where = (f"a step with prefix-shared blocks (block_size {s['bs']}, {s['free']} free, budget {s['budget']}, "
-                 f"max_num_seqs {s['max_seqs']}, running {s['running']}, waiting {s['waiting']}) {seed_note()}")
-        plan = schedule([dict(r) for r in s["running"]], [dict(r) for r in s["waiting"]], s["free"], s["bs"],
-                        s["budget"], s["max_seqs"], True)
+    # miss it with probability ~1e-9; lib's schedule passed 40,000 of them). Then steps that need one preemption
+    # exactly: one that preempts every newer request at once is rejected at each.
+    for case in range(83):
+        s = shared_step(rng) if case < 80 else amount_step(rng)
+        where = (f"a step {'with prefix-shared blocks' if case < 80 else 'that needs one preemption'} (block_size "
+                 f"{s['bs']}, {s['free']} free, budget {s['budget']}, max_num_seqs {s['max_seqs']}, running "
+                 f"{s['running']}, waiting {s['waiting']}) {seed_note()}")
+        plan = call(schedule, [dict(r) for r in s["running"]], [dict(r) for r in s["waiting"]], s["free"], s["bs"],
+                    s["budget"], s["max_seqs"], True, rate=0.25 if case < 80 else 1.0)
         judge_plan(plan, s["running"], s["waiting"], s["free"], s["bs"], s["budget"], s["max_seqs"], True, where)
     from lib.engine import LLMEngine
     from lib.generate import generate
@@ -428,12 +417,21 @@ def check_schedule(schedule) -> None:
 def check_PrefixCache(PrefixCache) -> None:
     """Random allocate / fork / free / register / lookup against a model of the cache (which block is evicted,
     hits, a collision, reuse of a free cached block, ref_count of every block an operation touched), errors; then
-    LLMEngine with it equals generate alone."""
-    _, obs = observe(PrefixCache, 4)
-    used = sorted(c for c in obs.lib_calls if c.startswith((*ENGINE_MODULES, "lib.paged.BlockAllocator")))
-    assert not used, f"PrefixCache(4) runs {used}; write the pool and its cache yourself"
+    LLMEngine with it equals generate alone. Each trial's cache is made under observation, and about one call in
+    twenty of the random operations, chosen at random: what they did is judged with the rest, and none runs
+    lib's pool or cache."""
+    watch = random.Random(run_seed() + 18)
+
+    def call(fn, *args):
+        if fn is not PrefixCache and watch.random() >= 0.05:
+            return fn(*args)
+        out, obs = observe(fn, *args)
+        used = sorted(c for c in obs.lib_calls if c.startswith((*ENGINE_MODULES, "lib.paged.BlockAllocator")))
+        assert not used, f"PrefixCache runs {used}; write the pool and its cache yourself"
+        return out
+
     rng = random.Random(run_seed() + 8)
-    hits = sum(cache_trial(PrefixCache, rng, rng.randint(1, 8), 400, trial) for trial in range(5))
+    hits = sum(cache_trial(PrefixCache, rng, rng.randint(1, 8), 400, trial, call) for trial in range(5))
     assert hits > 0, f"no lookup hit in 2000 operations {seed_note()}"
     n = rng.randint(3, 8)  # LRU order, spelled out: every block cached, freed in a random order, one reused
     cache = PrefixCache(n)
@@ -503,7 +501,9 @@ _PARTS = ("BlockAllocator", "slot_mapping", "paged_attention", "block_hashes", "
 def check_engine(BlockAllocator, slot_mapping, paged_attention, block_hashes, PrefixCache, schedule) -> None:
     """LLMEngine built from your parts only — your pool (BlockAllocator, or PrefixCache with prefix caching),
     slot_mapping, paged_attention, block_hashes and schedule — returns what generate returns on each request
-    alone, on random workloads that preempt, chunk prefills and (the second) hit the prefix cache."""
+    alone, on random workloads that preempt, chunk prefills and (the second) hit the prefix cache. Calls of the parts
+    are observed at random (a quarter of paged_attention's, a tenth of the others'): none of lib's code, and no SDPA
+    in paged_attention."""
     from collections import Counter
 
     from lib.engine import LLMEngine
@@ -514,10 +514,21 @@ def check_engine(BlockAllocator, slot_mapping, paged_attention, block_hashes, Pr
     assert not used, f"your engine runs on lib's parts: {'; '.join(used)}. Plug in your own."
     calls: Counter = Counter()
 
-    def counted(name):
+    watch = random.Random(run_seed() + 19)
+
+    def counted(name):  # calls observed at random (a quarter of paged_attention's, a tenth of the others')
         def call(*args, **kwargs):
             calls[name] += 1
-            return parts[name](*args, **kwargs)
+            if watch.random() >= (0.25 if name == "paged_attention" else 0.1):
+                return parts[name](*args, **kwargs)
+            out, obs = observe(parts[name], *args, **kwargs)
+            used = sorted(c for c in obs.lib_calls if c.startswith(("lib.paged", "lib.attention", *ENGINE_MODULES)))
+            assert not used, f"in LLMEngine, your {name} called {used}: plug in your own parts"
+            if name == "paged_attention":
+                assert not sdpa_ops(obs) and exponentials(obs), (
+                    f"in LLMEngine, your paged_attention ran {sdpa_ops(obs) or 'no exponential torch saw'} (SDPA): the "
+                    f"attention of exercise 5, block by block, in every call")
+            return out
         return call
 
     rng = random.Random(run_seed() + 9)

@@ -1,7 +1,10 @@
 """What week 19's checks run the student's code through, and judge it against: plain-data models of the rules.
 
-- `judge_plan` (the invariants one step's plan must keep) and `simulate` (a whole workload served step by step
-  with the student's `schedule`, every plan judged, no model), on random `workload`s;
+- `judge_plan` (the invariants one step's plan must keep: among them the preemptions' order and amount,
+  `preemptions_needed`) and `simulate` (a whole workload served step by step with the student's `schedule`, every
+  plan judged, no model), on random `workload`s, `shared_step`s and `amount_step`s;
+- `paged_case` (paged attention's inputs, the long case included), `exponentials` and `sdpa_ops` (what an
+  observation's ops say about a softmax), `hash_bits` (a block hash's width);
 - `CacheModel` (what a PrefixCache must do, as sets and lists) and `cache_trial` (random operations on the
   student's PrefixCache against it);
 - `contiguous_reference` (what paged attention must equal), `context_model` (a tiny model whose next token
@@ -49,8 +52,87 @@ def contiguous_reference(q, k_pool, v_pool, tables, lens):
     return torch.stack(outs)  # [B, H, d]
 
 
+LONG_CASE = 4  # paged attention's case with one long sequence: a whole row of one KV head's keys is more than it may hold
+
+
+def paged_case(g: torch.Generator, case: int, d: int) -> dict:
+    """Paged attention's case `case` (0-4) with head size `d`: the arguments (q, k_pool, v_pool, block_tables,
+    context_lens), each sequence's blocks (`tables`), `lens`, block size `bs`, heads `h`, KV heads `hkv`, batch `b`.
+    Every run: a GQA group of 2 (case 0), MHA (1), groups of 3 to 6 (2), any (3), and the long case (4): B = 2, one
+    sequence of 4500-5000 keys, 2 KV heads. Table entries past each end name the 3 blocks no sequence holds (to be
+    ignored, or read and masked: either way no sequence's block is read for them)."""
+    heads = [(4, 2), (4, 4), (6, 1), (6, 3), (8, 2), (8, 4), (9, 3)]
+    options = {0: [(4, 2), (6, 3), (8, 4)], 1: [(4, 4)], 2: [(6, 1), (8, 2), (9, 3)], 3: heads,
+               LONG_CASE: [(4, 2), (8, 2)]}[case]
+    h, hkv = options[int(torch.randint(0, len(options), (1,), generator=g))]
+    if case == LONG_CASE:
+        bs, b = [16, 32][int(torch.randint(0, 2, (1,), generator=g))], 2
+        lens = torch.tensor([int(torch.randint(4500, 5001, (1,), generator=g)), int(torch.randint(1, 300, (1,), generator=g))])
+    else:
+        bs = [1, 7, 16, int(torch.randint(2, 33, (1,), generator=g))][case]
+        b = int(torch.randint(3, 7, (1,), generator=g))
+        lens = torch.randint(1, 1200, (b,), generator=g)
+        lens[0] = int(torch.randint(1500, 2001, (1,), generator=g))  # one long sequence
+        lens[1] = 1
+        lens[2] = bs * int(torch.randint(1, 40, (1,), generator=g))  # one fills its last block exactly
+    lens = lens[torch.randperm(b, generator=g)].tolist()
+    need = [ref.blocks_needed(n, bs) for n in lens]
+    nb = sum(need) + 3
+    k_pool = torch.randn(nb, hkv, bs, d, generator=g)
+    v_pool = torch.randn(nb, hkv, bs, d, generator=g)
+    perm = torch.randperm(nb, generator=g).tolist()
+    tables, at = [], 0
+    for k in need:
+        tables.append(perm[at:at + k])
+        at += k
+    spare = torch.tensor(perm[at:])
+    block_tables = spare[torch.randint(0, len(spare), (b, max(need) + 2), generator=g)]
+    for i, t in enumerate(tables):
+        block_tables[i, :len(t)] = torch.tensor(t)
+    q = torch.randn(b, h, d, generator=g)
+    return dict(args=(q, k_pool, v_pool, block_tables, torch.tensor(lens)), tables=tables, lens=lens, bs=bs, h=h,
+                hkv=hkv, b=b)
+
+
+# Ops that compute an exponential (exact names: a prefix "aten.exp" also matches aten.expand), and the ops SDPA runs
+# as: its fused kernels, or its math path on 3-d inputs, whose softmax is aten._safe_softmax (torch.softmax is
+# aten._softmax).
+_EXPONENTIALS = {"aten.exp", "aten.exp_", "aten.exp2", "aten.exp2_", "aten.special_exp2", "aten.pow", "aten._softmax",
+                 "aten.softmax", "aten.logsumexp", "aten.sigmoid"}
+
+
+def exponentials(obs) -> list[str]:
+    """The ops of an observation that compute an exponential."""
+    return sorted(op for op in obs.ops if op in _EXPONENTIALS)
+
+
+def sdpa_ops(obs) -> list[str]:
+    """The ops of an observation that are scaled_dot_product_attention's."""
+    return sorted(op for op in obs.ops if op.startswith(("aten._scaled_dot_product", "aten.scaled_dot_product"))
+                  or op == "aten._safe_softmax")
+
+
 def blocks_to_grow(view: dict, n: int, block_size: int) -> int:
     return max(0, ref.blocks_needed(view["computed"] + n, block_size) - view["blocks"])
+
+
+def preemptions_needed(running: list[dict], free: int, bs: int, budget: int) -> int:
+    """How many running requests a step must preempt: serving the running ones oldest first, each its tokens left
+    (cut to the budget left), the newest still running is preempted while the request served needs more blocks than
+    are free — the request itself last (then nobody after it runs)."""
+    alive, victims, i = list(running), 0, 0
+    while i < len(alive) and budget > 0:
+        req = alive[i]
+        n = min(req["tokens"] - req["computed"], budget)
+        need = blocks_to_grow(req, n, bs)
+        while need > free:
+            victim = alive.pop()
+            victims += 1
+            free += victim["freeable"]
+            if victim is req:
+                return victims
+        free, budget, i = free - need, budget - n, i + 1
+    return victims
 
 
 def judge_plan(plan, running: list[dict], waiting: list[dict], free: int, bs: int, budget: int, max_seqs: int,
@@ -96,6 +178,17 @@ def judge_plan(plan, running: list[dict], waiting: list[dict], free: int, bs: in
                           f"{f' and the preempted give back {have - free}' if preempt else ''}: a request that needs a "
                           f"block when none is free must preempt (the newest running request) or wait"
                           f"{f'; a preempted request gives back its freeable blocks ({have - free}), not all it holds ({held}): blocks it shares with others (prefix caching) stay' if held > have - free else ''}")
+    # the amount: one request at a time, newest first, only while the blocks do not suffice
+    needed = preemptions_needed(running, free, bs, budget)
+    assert len(preempt) <= needed, (
+        f"{where}: the plan preempts {preempt}; preempting {running_ids[::-1][:needed]} already frees the blocks the "
+        f"running requests it serves need (new blocks {need}, free {free}): preempt the newest running request only "
+        f"while the request being served does not fit, one at a time, and give the others their tokens")
+    assert len(preempt) >= needed, (
+        f"{where}: the plan preempts {preempt or 'nobody'}; serving the running requests {running_ids} oldest first "
+        f"(each its tokens left, cut to the budget) needs {needed} preemption(s), newest first: "
+        f"{running_ids[::-1][:needed]} — a request that does not fit is not skipped: the newest running request is "
+        f"preempted while it does not fit, and it is preempted itself when it is the newest left")
     # running requests first, oldest first; waiting ones first come first served
     kept = [i for i in running_ids if i not in preempt]
     ran = [i for i in run_ids if i in kept]
@@ -180,9 +273,10 @@ def _seqs(rng: random.Random, k: int) -> list[int]:
     return [rng.choice([1, 1, 1, 2, 3]) for _ in range(k)]
 
 
-def simulate(schedule, w: dict, label: str) -> int:
+def simulate(schedule, w: dict, label: str, call=None) -> int:
     """Serve workload `w` with `schedule`, judging every plan; returns the steps taken. Plain data, no model:
-    a request whose cache holds all its tokens produces one more, until it has its max_new_tokens."""
+    a request whose cache holds all its tokens produces one more, until it has its max_new_tokens. `call(schedule,
+    *args)` makes each step's call (the check observes some of them)."""
     reqs = [dict(id=i, computed=0, tokens=p, blocks=0, out=0) for i, p in enumerate(w["prompts"])]
 
     def view(r):
@@ -202,7 +296,7 @@ def simulate(schedule, w: dict, label: str) -> int:
         where = f"{label}, step {step}"
 
         rv, wv = [view(r) for r in running], [view(r) for r in waiting[:w["max_seqs"]]]
-        plan = schedule(rv, wv, free, w["bs"], w["budget"], w["max_seqs"], w["chunked"])
+        plan = (call or _plain_call)(schedule, rv, wv, free, w["bs"], w["budget"], w["max_seqs"], w["chunked"])
         preempt, run = judge_plan(plan, rv, wv, free, w["bs"], w["budget"], w["max_seqs"], w["chunked"], where)
         assert run, (f"{where}: the plan runs nothing although {len(running)} request(s) run and {len(waiting)} wait; "
                      f"the engine would stall")
@@ -235,6 +329,40 @@ def simulate(schedule, w: dict, label: str) -> int:
     return step
 
 
+def _plain_call(fn, *args):
+    return fn(*args)
+
+
+def amount_step(rng: random.Random) -> dict:
+    """One step in which the oldest running request needs a block and none is free, and preempting the newest
+    frees enough for every running request left: exactly one preemption is needed (a scheduler that preempts every
+    newer request at once preempts two or more here)."""
+    bs = rng.choice([1, 2, 4])
+    k = rng.randint(3, 5)
+    running = []
+    for i in range(k):  # each at the end of a full block, decoding: one new block each
+        blocks = rng.randint(k, k + 3)
+        running.append(dict(id=i, computed=blocks * bs, tokens=blocks * bs + 1, blocks=blocks, freeable=blocks,
+                            seqs=1))
+    waiting = [dict(id=k, computed=0, tokens=rng.randint(1, 10), blocks=0, freeable=0, seqs=1)]
+    return dict(running=running, waiting=waiting, free=0, bs=bs, budget=rng.randint(k, 24), max_seqs=k + 2)
+
+
+def hash_bits(h) -> int:
+    """How many bits a hash value carries: an int's magnitude, a bytes' or a hex string's length."""
+    if isinstance(h, bool):
+        return 1
+    if isinstance(h, int):
+        return abs(h).bit_length()
+    if isinstance(h, (bytes, bytearray)):
+        return 8 * len(h)
+    if isinstance(h, str):
+        return 4 * len(h) if all(c in "0123456789abcdefABCDEF" for c in h) else 8 * len(h)
+    if isinstance(h, tuple):
+        return sum(hash_bits(x) for x in h)
+    return 64  # another hashable: its width is not ours to read
+
+
 class CacheModel:
     """What a PrefixCache must do, as sets and lists: free blocks that cache nothing (any order), free cached
     blocks (least recently freed first), owners per block, hash -> (block, tokens)."""
@@ -246,8 +374,11 @@ class CacheModel:
         return next((h for h, (b, _) in self.cached.items() if b == block), None)
 
 
-def cache_trial(PrefixCache, rng: random.Random, n: int, steps: int, trial: int) -> int:
-    cache, model, log, hits = PrefixCache(n), CacheModel(n), [], 0
+def cache_trial(PrefixCache, rng: random.Random, n: int, steps: int, trial: int, call=None) -> int:
+    """Random operations on a PrefixCache(n) against `CacheModel`; returns the lookup hits. `call(fn, *args)` makes
+    each call into the student's code (the check observes some of them)."""
+    do = call or _plain_call
+    cache, model, log, hits = do(PrefixCache, n), CacheModel(n), [], 0
     hashes = [rng.getrandbits(62) for _ in range(6)]  # few hashes: registering one twice and colliding happen
 
     def where():
@@ -263,7 +394,7 @@ def cache_trial(PrefixCache, rng: random.Random, n: int, steps: int, trial: int)
                                   f"in use is never evicted)")
                 assert type(e).__name__ == "OutOfBlocksError", f"allocate() on a full pool raised {type(e).__name__}"
                 continue
-            block = cache.allocate()
+            block = do(cache.allocate)
             log.append(f"allocate() -> {block}")
             if model.uncached:
                 assert block in model.uncached, (
@@ -283,7 +414,7 @@ def cache_trial(PrefixCache, rng: random.Random, n: int, steps: int, trial: int)
             touched = block
         elif op == "free" and model.owners:
             block = rng.choice(sorted(model.owners))
-            cache.free(block)
+            do(cache.free, block)
             log.append(f"free({block})")
             touched = block
             model.owners[block] -= 1
@@ -292,14 +423,14 @@ def cache_trial(PrefixCache, rng: random.Random, n: int, steps: int, trial: int)
                 (model.lru.append if model.key_of(block) is not None else model.uncached.add)(block)
         elif op == "fork" and model.owners:
             block = rng.choice(sorted(model.owners))
-            cache.fork(block)
+            do(cache.fork, block)
             log.append(f"fork({block})")
             touched = block
             model.owners[block] += 1
         elif op == "register" and model.owners:
             block, h = rng.choice(sorted(model.owners)), rng.choice(hashes)
             tokens = [rng.randrange(4) for _ in range(3)]
-            cache.register(block, h, tokens)
+            do(cache.register, block, h, tokens)
             log.append(f"register({block}, {h:#x}, {tokens})")
             if h not in model.cached and model.key_of(block) is None:
                 model.cached[h] = (block, tuple(tokens))
@@ -312,7 +443,7 @@ def cache_trial(PrefixCache, rng: random.Random, n: int, steps: int, trial: int)
                 h = rng.choice(hashes)
                 tokens = list(model.cached[h][1]) if h in model.cached and rng.random() < 0.6 else \
                     [rng.randrange(4) for _ in range(3)]
-            got = cache.lookup(h, tokens)
+            got = do(cache.lookup, h, tokens)
             log.append(f"lookup({h:#x}, {tokens}) -> {got}")
             want = model.cached[h][0] if h in model.cached and model.cached[h][1] == tuple(tokens) else None
             assert got == want, (
@@ -323,14 +454,14 @@ def cache_trial(PrefixCache, rng: random.Random, n: int, steps: int, trial: int)
             if got is not None:
                 hits += 1
                 if op == "reuse" or rng.random() < 0.5:
-                    cache.fork(got)
+                    do(cache.fork, got)
                     log.append(f"fork({got})")
                     touched = got
                     if got in model.lru:
                         model.lru.remove(got)
                     model.owners[got] = model.owners.get(got, 0) + 1
         if touched is not None:  # the block this operation changed: its owners (the engine's copy-on-write reads them)
-            got = cache.ref_count(touched)
+            got = do(cache.ref_count, touched)
             assert got == model.owners.get(touched, 0), (
                 f"{where()}: ref_count({touched}) = {got}; expected {model.owners.get(touched, 0)} (its owners: "
                 f"allocate gives 1, fork and a hit add 1, free takes 1; a free block, cached or not, has 0)")

@@ -11,14 +11,22 @@ server they plug into is lib/server.py.
   while others run, cancellations, a request too big for the pool, an end-of-sequence token and a sampled
   request, and judges each request's messages against `generate` on that request alone — and the engine's
   own record of what was asked of it (one step per `run_once`, nothing left behind).
+- `check_predict_ttft` draws server configurations per run (one slot and several, light and heavy loads, past and
+  just below the capacity) and compares the student's mean-TTFT model with lib.queueing's simulation of the rules
+  the notebook states (the truth, computed here: no part of lib runs for the student's code), within a factor;
+  `math.inf` exactly past the capacity.
+- `check_e2e_latency` gives requests with jittered token times and asks when the last token came, from TTFT, the
+  mean gap and the count; `check_cost_per_million_tokens` asks the dollars of a million tokens from a throughput and
+  an hourly price. Both on values drawn per run.
 """
 from __future__ import annotations
 
+import math
 import random
 
 import torch
 
-from grader.checks import run_seed, seed_note
+from grader.checks import call_many, run_seed, seed_note
 from grader.harness import Week
 from lib import serving as ref
 
@@ -297,3 +305,152 @@ def check_ServingLoop(ServingLoop) -> None:
                                            f"ended: a cancelled or stopped request must give its blocks back")
     aborted_unknown = [c for c in view.calls if c == ("abort", "never-submitted")]
     assert not aborted_unknown, "cancel() of a request never submitted reached the engine: ignore it"
+
+
+# --- predicting TTFT under load ---------------------------------------------------------------------------------
+
+# How far a prediction may be from the simulated server's mean TTFT (a factor either way). With one slot the server is
+# an M/D/1 queue, which a model gets exactly, so the tolerance covers the simulation's own noise (a standard deviation
+# of 2 % at 50,000 requests and the highest load drawn). With several slots the solution's model (a slot queue whose
+# slots turn over as full steps do, the step in progress, the prefills that share a step) was within 0.87-1.06 of the
+# simulation on 400 configurations of each kind. Models that leave a part out: no queue (0.05-0.39 with one slot) and
+# M/M/1's wait (1.6-2.0 with one slot) fail every run; a capacity without the prefills a full step carries fails every
+# run past the capacity ("over" puts prefills at three fifths of the work or more); a slot queue whose turnover leaves
+# them out (0.51-0.83 on "busy") or no wait for the step in progress (0.74-0.97) fails only some runs.
+TTFT_TOLERANCE = {"one": 1.2, "busy": 1.35, "mid": 1.35, "light": 1.35}
+
+
+def capacity(prefill_s: float, step_s: float, max_num_seqs: int, max_tokens: int) -> float:
+    """Requests per second the server of lib.queueing finishes when it never waits: every slot turns over once per
+    `max_tokens` steps, and a step that turns over `max_num_seqs / max_tokens` slots carries that many prefills."""
+    return max_num_seqs / (max_tokens * step_s + max_num_seqs * prefill_s)
+
+
+def _ttft_case(rng: random.Random, kind: str) -> tuple[dict, float]:
+    """A configuration of one kind, and its load (arrival rate / capacity). `one`: a single slot, half loaded; `busy`:
+    4 or 8 slots, prefills a third to three fifths of the work, past half load; `mid`: 2 or 16 slots, below half load;
+    `light`: a few per cent of the capacity; `over`: past the capacity; `near`: just below it. Cases that would take
+    the prefills past a quarter of the engine's time resample (where no simple model holds: the steps grow with the
+    arrivals they admit)."""
+    while True:
+        step = rng.uniform(0.01, 0.1)
+        if kind == "one":
+            c, n, rho, prefill = 1, rng.randint(16, 64), rng.uniform(0.4, 0.6), rng.uniform(0.5, 4) * step
+        elif kind == "busy":
+            c, n, rho = rng.choice([4, 8]), rng.randint(16, 64), rng.uniform(0.5, 0.65)
+            prefill = rng.uniform(0.3, 0.6) * n * step / c
+        elif kind == "mid":
+            c, n, rho, prefill = rng.choice([2, 16]), rng.randint(8, 64), rng.uniform(0.2, 0.5), rng.uniform(0.5, 4) * step
+        elif kind == "light":
+            c, n, rho = rng.choice([2, 4, 8, 16]), rng.randint(8, 64), rng.uniform(0.03, 0.1)
+            prefill = rng.uniform(0.5, 4) * step
+        elif kind == "over":
+            c, n, rho = rng.choice([4, 8]), rng.randint(16, 64), rng.uniform(1.1, 1.3)
+            prefill = rng.uniform(0.6, 1.0) * n * step / c
+        else:  # near
+            c, n, rho = rng.choice([1, 2, 4, 8]), rng.randint(16, 64), rng.uniform(0.85, 0.92)
+            prefill = rng.uniform(0.2, 1.0) * n * step / c
+        rate = rho * capacity(prefill, step, c, n)
+        if kind in ("over", "near") or rate * prefill <= 0.25:
+            return dict(rate=rate, prefill_s=prefill, step_s=step, max_num_seqs=c, max_tokens=n), rho
+
+
+def _call(w: dict) -> str:
+    return ("predict_ttft(" + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in w.items())
+            + ")")
+
+
+@WEEK.exercise(3, "predict_ttft", section="5 (Predicting TTFT under load)")
+def check_predict_ttft(predict_ttft) -> None:
+    """Configurations drawn at random (one slot, several slots busy and less busy, a light load, past and just below
+    the capacity), each predicted in one batch of calls; the truth is lib.queueing's simulation of the stated server
+    (50,000 requests), which the student's process never runs."""
+    from lib.queueing import simulate_ttft
+
+    rng = random.Random(run_seed() + 213)
+    kinds = ["light", "one", "busy", "mid", "mid", "over", "near"]
+    cases = [_ttft_case(rng, kind) for kind in kinds]
+    got = call_many(predict_ttft, [((), dict(w)) for w, _ in cases])
+    for kind, (w, rho), g in zip(kinds, cases, got):
+        assert type(g) in (int, float), f"{_call(w)} returned {type(g).__name__}; expected a float (seconds, or math.inf)"
+        if kind == "over":
+            assert g == math.inf, (
+                f"{_call(w)} = {g!r}; at this rate the server cannot keep up: requests arrive faster than it can finish "
+                f"them, so the queue, and every later request's TTFT, grows without bound — return math.inf. What is "
+                f"the most requests per second it can finish, when every slot is always busy? {seed_note()}")
+            continue
+        assert math.isfinite(g) and g > 0, (
+            f"{_call(w)} = {g!r}; this rate is below what the server can finish ({rho:.2f} of it), so the queue stays "
+            f"finite and so does the mean TTFT. Which work does each request add, and which is shared by the batch? "
+            f"{seed_note()}")
+        if kind == "near":
+            continue
+        truth = simulate_ttft(**w, n_requests=50_000, seed=rng.randrange(2**31))
+        tol = TTFT_TOLERANCE[kind]
+        assert 1 / tol <= g / truth <= tol, (
+            f"{_call(w)} = {g:.4g} s; the simulated server's mean TTFT is {truth:.4g} s ({g / truth:.2f}× it; allowed "
+            f"{1 / tol:.2f}-{tol:.2f}×). The server runs at {rho:.2f} of what it can finish. "
+            + _ttft_hint(kind) + f" {seed_note()}")
+
+
+def _ttft_hint(kind: str) -> str:
+    if kind == "one":
+        return ("With one slot, a request waits for every request ahead of it, each holding the slot for the same "
+                "time: a queue with one server and a fixed service time, whose mean wait is half the one an "
+                "exponential service time gives.")
+    if kind == "light":
+        return "Almost nothing waits here: what does a request's own first step cost, and the step it arrives in?"
+    return ("A first token waits for a free slot (while requests wait, every step is full: how long does a slot "
+            "take to turn over then?), for the step in progress to end, and for its own step — which carries the "
+            "prefills of everyone admitted with it.")
+
+
+# --- end to end, and what a token costs ---------------------------------------------------------------------------
+
+def _request_times(rng: random.Random, n: int) -> tuple[float, list[float]]:
+    """A streamed request submitted at 0: its TTFT and its tokens' times (gaps that jitter, as a busy server's do)."""
+    ttft = rng.uniform(0.02, 3.0)
+    base = rng.uniform(0.005, 0.2)
+    stamps = [ttft]
+    for _ in range(n - 1):
+        stamps.append(stamps[-1] + base * rng.uniform(0.5, 1.8))
+    return ttft, stamps
+
+
+@WEEK.exercise(4, "e2e_latency", section="6 (End to end, and what a token costs)")
+def check_e2e_latency(e2e_latency) -> None:
+    """Requests with jittered token gaps: from the request's TTFT, its TBT (the mean gap between consecutive tokens)
+    and its token count, the time its last token arrived; one token (no gap), two, a few, hundreds."""
+
+    rng = random.Random(run_seed() + 214)
+    ns = [1, 2, rng.randint(3, 12), rng.randint(13, 100), rng.randint(101, 800), rng.randint(3, 800)]
+    reqs = []
+    for n in ns:
+        ttft, stamps = _request_times(rng, n)
+        tbt = (stamps[-1] - stamps[0]) / (n - 1) if n > 1 else rng.uniform(0.005, 0.2)  # the server's, for n = 1
+        reqs.append((ttft, tbt, n, stamps))
+    got = call_many(e2e_latency, [((ttft, tbt, n), {}) for ttft, tbt, n, _ in reqs])
+    for (ttft, tbt, n, stamps), g in zip(reqs, got):
+        shown = ", ".join(f"{s:.3f}" for s in stamps[:4]) + (f", ... {stamps[-1]:.3f}" if n > 4 else "")
+        assert type(g) in (int, float) and math.isclose(g, stamps[-1], rel_tol=1e-9, abs_tol=1e-12), (
+            f"e2e_latency(ttft={ttft:.4f}, tbt={tbt:.4f}, n_tokens={n}) = {g!r}; a request submitted at 0 s got its "
+            f"{n} token{'s' * (n != 1)} at [{shown}] s (TTFT {ttft:.4f} s; mean gap between consecutive tokens "
+            f"{tbt:.4f} s), so its last token came at {stamps[-1]:.4f} s. Count the gaps between n tokens. "
+            f"{seed_note()}")
+
+
+@WEEK.exercise(5, "cost_per_million_tokens", section="6 (End to end, and what a token costs)")
+def check_cost_per_million_tokens(cost_per_million_tokens) -> None:
+    """Throughputs from one token per second to 100,000 and prices from cents to tens of dollars an hour: the cost in
+    dollars of a million tokens served at that throughput on a machine rented at that price."""
+
+    rng = random.Random(run_seed() + 215)
+    cases = [(10 ** rng.uniform(0, 5), round(rng.uniform(0.05, 40), 2)) for _ in range(8)]
+    got = call_many(cost_per_million_tokens, [((tps, price), {}) for tps, price in cases])
+    for (tps, price), g in zip(cases, got):
+        hours = 1e6 / tps / 3600  # hours the machine runs to serve a million tokens
+        want = hours * price
+        assert type(g) in (int, float) and math.isclose(g, want, rel_tol=1e-9), (
+            f"cost_per_million_tokens(tokens_per_s={tps:.4g}, price_per_hour={price}) = {g!r}; at {tps:.4g} tokens "
+            f"per second a million tokens take {1e6 / tps:.4g} s of the machine's time, which costs "
+            f"${want:.4g} at ${price} an hour. {seed_note()}")

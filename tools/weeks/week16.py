@@ -1,4 +1,10 @@
-"""Builds solutions/16/week16_kv_cache.ipynb (run: python tools/weeks/week16.py)."""
+"""Builds solutions/16/week16_kv_cache.ipynb (run: python tools/weeks/week16.py).
+
+Each graded exercise poses its question and states the interface and the properties a correct answer keeps; the
+formula or algorithm comes after the check passes ("... now that your check passes"), or in the check's failure hint
+(solutions/16/README.md's table; tests/test_week16_checks.py holds the notebook to it). Figures in the prose are
+rendered from the committed records (tools.results.recorded_md), never typed; the live ones are printed by the cells.
+"""
 from __future__ import annotations
 
 import sys
@@ -8,6 +14,10 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from tools.nbbuild import Notebook  # noqa: E402
+from tools.results import recorded_md  # noqa: E402
+
+EPYC, H200 = "amd-epyc-avx512", "nvidia-h200"
+MODEL_DECODE = "decode b1 n64: lib.generate (lib.model)"  # lib.model's eager decode of SmolLM2, fp32 on the CPU
 
 nb = Notebook()
 
@@ -17,14 +27,16 @@ nb.md("""
 A language model writes one token at a time, and every new token attends to all the tokens before it.
 Recomputing the keys and values of the whole prefix at every step makes generation quadratic; keeping
 them in a **KV cache** makes each step cost one token's work. This week you build that cache from
-scratch, prove that it changes nothing but the speed, measure how much faster it is on this machine
-and *why*, and then look at its price — memory — and at the two ways of paying less:
+scratch, prove that it changes nothing but the speed, predict how much faster it is on this machine and
+measure it, and then look at its price — memory — and at the two ways of paying less:
 sharing KV heads (**MQA**, **GQA**) and a **sliding window**.
 
-**You will write** ten small pieces: a FLOP count, the causal mask, a preallocated cache, attention with
-grouped KV heads, the cached decode loop, a roofline estimate, the cache-size formula, KV-head pooling,
-a rolling-buffer cache, and three quiz answers. Each one is checked by the cell right after it and by
-`pytest weeks/16 -k exNN` (for example `pytest weeks/16 -k ex03`); `pytest weeks/16` checks them all (≤ 60 s).
+**You will write** twelve small pieces: a FLOP count, the causal mask, a preallocated cache, attention with
+grouped KV heads, the cached decode loop, the cache-size formula, a roofline bound, a model of a decode step's
+time (which you then measure), KV-head pooling, a rolling-buffer cache, and two quiz answers. Each exercise poses
+a question and says what a correct answer must do; how to do it, and the formula, come right *after* the cell
+that checks it. Each is checked by the cell right after it and by `pytest weeks/16 -k exNN` (for example
+`pytest weeks/16 -k ex03`); `pytest weeks/16` checks them all (≤ 60 s).
 
 **The model** is SmolLM2-135M-Instruct, a Llama-architecture model small enough for a laptop CPU:
 30 layers, d_model 576, 9 query heads and 3 KV heads (so it already uses GQA), head_dim 64.
@@ -35,8 +47,9 @@ any attention function `(q, k, v, causal=True) -> out`, which is how your pieces
 Checkpoints* (§2 and §3), and Shazeer 2019, *Fast Transformer Decoding: One Write-Head is All You Need*
 (the MQA paper).
 
-A rule of this notebook: every number is either derived in the cell that prints it or measured there.
-Where the course's source notes make a claim, we check it and say so when it does not hold.
+A rule of this notebook: every number is either derived in the cell that prints it, measured there, or rendered
+from a recorded measurement that names its machine. Where the course's source notes make a claim, we check it and
+say so when it does not hold.
 """)
 
 nb.setup("""
@@ -48,13 +61,11 @@ import torch.nn.functional as F
 from lib.kv_cache import CacheOverflowError, KVCache
 from lib.model import LlamaModel
 from grader.checks.week16 import (check_step_flops, check_causal_mask, check_LayerKVCache, check_gqa_attention,
-                                  check_generate, check_roofline_time, check_kv_cache_bytes, check_pool_kv_heads,
-                                  check_RollingKVCache, check_answer_q1, check_answer_q3)
+                                  check_generate, check_kv_cache_bytes, check_roofline_time, check_decode_time,
+                                  check_pool_kv_heads, check_RollingKVCache, check_answer_q1, check_answer_q3)
 """)
 
 nb.code('''
-import time
-
 import matplotlib.pyplot as plt
 from tqdm.auto import tqdm
 
@@ -64,21 +75,17 @@ from lib.attention import gqa_attention as lab_attention  # the lab's reference,
 from lib.generate import generate as lib_generate
 from lib.model import shared_smollm2
 from lib.text import load_text, perplexity
+from lib.timing import Conditions, interleaved, not_monotone, report, warning
 
 torch.manual_seed(0)
 model, tok = shared_smollm2()  # SmolLM2-135M-Instruct, fp32, on the CPU (or CUDA when there is one); do not modify it
 cfg = model.config
 print(cfg)
 dev = model.device  # every tensor a demo makes goes here: the notebook runs unchanged on a GPU
-
-
-def sync():
-    roofline.sync(dev)  # wait for queued GPU work before reading a clock (CUDA runs asynchronously; a CPU needs nothing)
-
-
 print(f"{sum(p.numel() for p in model.parameters()):,} parameters on {dev}, {torch.get_num_threads()} CPU threads")
 ''')
 
+# --- 1 -------------------------------------------------------------------------------------------------------
 nb.md("""
 ## 1. Why generation without a cache is quadratic
 
@@ -89,16 +96,16 @@ values of the first *T − 1* positions are already there, and only the newest t
 
 Count the work in FLOPs (a multiply-add is 2 FLOPs) and only in matrix products, which is nearly all of it:
 
-* **weights:** every token that runs multiplies through every weight matrix once — one multiply-add per
-  weight — where `n_params` counts the weights of all linear layers plus the LM head;
+* **weights:** every token that runs multiplies through every weight matrix once, where `n_params` counts the
+  weights of all linear layers plus the LM head;
 * **attention:** each token that runs scores itself against the `seq_len` keys (Q·Kᵀ) and mixes the
   `seq_len` values (P·V), in every layer. (The query heads together have `n_heads · head_dim = d_model`
   dimensions. Count the full score matrix, masked entries included, because that is what a plain
   implementation computes.) Derive the FLOPs of each product from its shapes.
 
-**Exercise 1.** Write `step_flops(n_params, n_layers, d_model, seq_len, cached)`: the FLOPs of the step whose
-forward pass covers `seq_len` positions — uncached, `seq_len` tokens in; cached, one token in and `seq_len − 1`
-in the cache. (It yields the logits for token `seq_len + 1`; §6 times exactly this pass at position `T = seq_len`.)
+**Exercise 1 (derive).** Write `step_flops(n_params, n_layers, d_model, seq_len, cached)`: the FLOPs of the step
+whose forward pass covers `seq_len` positions — uncached, `seq_len` tokens in; cached, one token in and
+`seq_len − 1` in the cache. (It yields the logits for token `seq_len + 1`; §7 times exactly this pass.)
 """)
 
 nb.exercise("step_flops", '''
@@ -115,6 +122,12 @@ check_step_flops(step_flops)
 """, points=1)
 
 nb.md("""
+**The count, now that your check passes.** A token that runs does one multiply-add per weight: `2 · n_params`.
+In one layer its query (`d_model` numbers over all heads) meets `seq_len` keys — `d_model · seq_len`
+multiply-adds for Q·Kᵀ — and its probabilities mix `seq_len` values of the same width — as many again for P·V:
+`4 · d_model · seq_len` FLOPs per layer. So a step costs `tokens · (2 · n_params + 4 · n_layers · d_model · seq_len)`
+with `tokens = seq_len` uncached and `1` cached.
+
 On SmolLM2: the per-step cost, and the total cost of generating *T* tokens (the sum over the steps).
 """)
 
@@ -143,26 +156,27 @@ nb.md("""
 Per step, the uncached pass costs about *T* times the cached one, so generating *T* tokens costs
 Σ 2·n_params·t ≈ n_params·T² without a cache and 2·n_params·T with one: **quadratic against linear**.
 The attention term grows one power faster in both cases, but for SmolLM2 it only matters beyond a few
-thousand tokens (the crossover printed above). FLOPs are not time, though: section 6 measures the time
-and explains why the real ratio is much smaller than the FLOP ratio.
+thousand tokens (the crossover printed above). FLOPs are not time, though: section 7 predicts the time,
+measures it, and explains why the real ratio is much smaller than the FLOP ratio.
 
 Check: `pytest weeks/16 -k ex01`
 """)
 
+# --- 2 -------------------------------------------------------------------------------------------------------
 nb.md("""
 ## 2. The causal mask
 
 A query may attend to its own position and the ones before it. When queries and keys cover the same
-*T* positions (the prefill) the mask is the lower-triangular `[T, T]`. With a cache they do not:
-at a decode step there is **one** query (the new token, position *T*) and **T + 1** keys (the *T* cached
-ones and its own), so the mask is `[1, T + 1]` and all True. In general the queries are the *last*
-`q_len` of `kv_len` positions — the mask is aligned at the **bottom right**:
-query *i* may see key *j* iff `j <= i + (kv_len - q_len)`.
-The same rule covers a chunk of `c` new tokens after `n` cached ones: `[c, n + c]`.
+*T* positions (the prefill), that is the familiar lower triangle. With a cache they do not: at a decode step
+there is **one** query (the new token) and **T + 1** keys (the *T* cached ones and its own); a chunk of `c` new
+tokens after `n` cached ones has `c` queries and `n + c` keys. In every case the queries are the **last**
+`q_len` of the `kv_len` positions.
 
-**Exercise 2.** Write `causal_mask(q_len, kv_len, device=None)`: a boolean tensor `[q_len, kv_len]`, True
-where attention is allowed, created on `device` (pass it to `torch.arange`: a mask built on the CPU cannot be
-applied to scores on a GPU — the check tries `device="meta"`, a device with shapes but no data).
+**Exercise 2 (derive).** Write `causal_mask(q_len, kv_len, device=None)`: a boolean tensor `[q_len, kv_len]`,
+True where query *i* may attend to key *j*. Work out, from where query *i* sits among the `kv_len` positions,
+which keys it may see; check your rule on the decode step (one query: what is its row?) and on the prefill
+(`q_len == kv_len`). Create the mask on `device` (a mask built on the CPU cannot be applied to scores on a GPU —
+the check tries `device="meta"`, a device with shapes but no data).
 """)
 
 nb.exercise("causal_mask", '''
@@ -179,6 +193,14 @@ def causal_mask(q_len: int, kv_len: int, device=None) -> torch.Tensor:
 nb.test("test_causal_mask", """
 check_causal_mask(causal_mask)
 """, points=1)
+
+nb.md("""
+**The rule, now that your check passes.** Query *i* is the (*i* + 1)-th of the last `q_len` positions, so it sits
+at position `i + (kv_len − q_len)`; it may see key *j* iff `j <= i + (kv_len - q_len)`. The triangle is aligned at
+the **bottom right**: the decode step's single row is all True, and the prefill (`q_len == kv_len`) is the usual
+lower triangle. In torch: `torch.arange(kv_len)[None, :] <= torch.arange(q_len)[:, None] + (kv_len - q_len)`,
+both aranges made on `device`.
+""")
 
 nb.code(r"""
 print("prefill, [4, 4]:\n", causal_mask(4, 4).int())
@@ -212,7 +234,7 @@ def prefill_mask_attention(q, k, v, causal=True):
     return lab_attention(q, k, v, mask=mask)
 
 buggy = model.with_attention(prefill_mask_attention)  # shares SmolLM2's weights
-prompt = tok("The capital of France is", return_tensors="pt").input_ids
+prompt = tok("The capital of France is", return_tensors="pt").input_ids.to(dev)
 good_ids, good_logits = lib_generate(model, prompt, 24, return_logits=True)
 bad_ids, bad_logits = lib_generate(buggy, prompt, 24, return_logits=True)
 print("correct mask:", repr(tok.decode(good_ids[0, prompt.shape[1]:])))
@@ -225,26 +247,30 @@ nb.md("""
 Check: `pytest weeks/16 -k ex02`
 """)
 
+# --- 3 -------------------------------------------------------------------------------------------------------
 nb.md("""
 ## 3. The cache
 
-Each layer keeps its keys and values as `[batch, n_kv_heads, max_len, head_dim]` tensors, **allocated
-once** for the longest sequence we will generate. `append(k, v)` writes the new positions after the ones
-already held and returns *views* of the valid prefix `[batch, n_kv_heads, length, head_dim]` — no copy.
-Why preallocate, rather than grow the cache with `torch.cat`? Not to change the order of the cost: a decode
-step's attention already reads the whole cache, O(T) bytes per step, and a `cat` adds one O(T) copy to
-that (we measure both below). The reasons are practical: a `cat` allocates a new tensor every step for every
-layer (allocator churn and fragmentation, worst on a GPU), the shapes change every step (no CUDA graphs, a
-recompile for `torch.compile`), and the memory is not bounded or known in advance. A preallocated buffer is
-allocated once, has a fixed shape, and fails early and loudly: a write past `max_len` must raise, with a
-message that says what to do, instead of corrupting memory or silently reallocating.
+Each layer keeps its keys and values as `[batch, n_kv_heads, max_len, head_dim]` tensors. Why not simply grow
+them with `torch.cat` at every step? Not for the order of the cost: a decode step's attention already reads
+the whole cache, O(T) bytes per step, and a `cat` adds one O(T) copy to that (we measure both below). The
+reasons are practical: a `cat` allocates a new tensor every step for every layer (allocator churn and
+fragmentation, worst on a GPU), the shapes change every step (no CUDA graphs, a recompile for `torch.compile`),
+and the memory is not bounded or known in advance.
 
 Note that the cache stores *n_kv_heads*, not *n_heads*: for SmolLM2, 3 heads rather than 9.
 
-**Exercise 3.** Complete `LayerKVCache`: `length` (positions held), `max_len`, `nbytes` (bytes of the K and
-V buffers), and `append(k, v)`, which raises `CacheOverflowError` (imported at the top) on overflow and then
-leaves the cache unchanged. Allocate the buffers with the `dtype` and on the `device` you are given: the model
-passes its own, and on a GPU a cache on the CPU cannot take the GPU's keys.
+**Exercise 3 (design).** Complete `LayerKVCache`. Its interface: `length` (positions held), `max_len`, `nbytes`
+(bytes of its K and V storage) and `append(k, v)` with `k`, `v` of `[batch, n_kv_heads, t, head_dim]`, which
+returns the keys and values of **all** positions held so far, oldest first. The properties a correct answer keeps
+(the check tries each):
+
+* its memory is allocated **once**, in `__init__`, for `max_len` positions, with the `dtype` and on the `device` it
+  is given (the model passes its own; on a GPU a cache on the CPU cannot take the GPU's keys);
+* an append costs what it appends: it never copies or reallocates what the cache already holds, at any length, and
+  what it returns is not a copy either;
+* appending past `max_len` raises `CacheOverflowError` (imported at the top) with a message that says what to do,
+  and leaves the cache as it was.
 """)
 
 nb.exercise("LayerKVCache", '''
@@ -274,7 +300,7 @@ class LayerKVCache:
         ### END SOLUTION
 
     def append(self, k: torch.Tensor, v: torch.Tensor):
-        """Store k, v [batch, n_kv_heads, t, head_dim]; return views of all positions held, [.., length, ..]."""
+        """Store k, v [batch, n_kv_heads, t, head_dim]; return all positions held, [.., length, ..], oldest first."""
         ### BEGIN SOLUTION
         t = k.shape[2]
         end = self.length + t
@@ -294,6 +320,11 @@ check_LayerKVCache(LayerKVCache)
 """, points=2)
 
 nb.md("""
+**How it works, now that your check passes.** Two zero tensors of the full shape are made in `__init__`; an append
+writes its `t` positions into the slice `[:, :, length:length + t]` (an in-place copy of the new positions only) and
+returns the *views* `self.k[:, :, :length]` and `self.v[:, :, :length]` — slices share the buffer's memory, so
+nothing is copied. The overflow test comes before any write, so a refused append changes nothing.
+
 Your cache in SmolLM2: 30 layers of it, enough for 32 positions. We prefill a prompt, then try to go past the end.
 """)
 
@@ -315,30 +346,34 @@ nb.md("""
 **Measured: `torch.cat` growth against a preallocated write.** For SmolLM2's 30 layers at batch 1, one
 decode step appends one position per layer. We time that append both ways at a few cache lengths, next to
 the step's attention over the cache (one query against all *T* keys, every layer) — the read that happens
-anyway.
+anyway. The three are timed in turn, round after round (`lib.timing.interleaved`), so that whatever else the
+machine does falls on all of them; the best of the rounds is shown with the spread of all of them
+(worst / best), and the load around the measurement.
 """)
 
 nb.code("""
-def time_ms(fn, repeats=20):
-    fn(); sync()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    sync()
-    return (time.perf_counter() - start) / repeats * 1e3
-
-print(f"{'T':>6} {'cat append':>11} {'preallocated':>13} {'attention read':>15} {'cat / prealloc':>15}   (ms per step, 30 layers)")
+conditions = Conditions.now()
+appends = {}
 for T in [128, 512, 2048]:
     shape = (1, cfg.n_kv_heads, T, cfg.head_dim)
     held = [torch.randn(shape, device=dev) for _ in range(2 * cfg.n_layers)]  # K and V of every layer
     buffers = [torch.zeros(1, cfg.n_kv_heads, T + 1, cfg.head_dim, device=dev) for _ in range(2 * cfg.n_layers)]
     new = torch.randn(1, cfg.n_kv_heads, 1, cfg.head_dim, device=dev)
     q1 = torch.randn(1, cfg.n_heads, 1, cfg.head_dim, device=dev)
-    cat_ms = time_ms(lambda: [torch.cat([h, new], dim=2) for h in held])
-    pre_ms = time_ms(lambda: [b[:, :, T:T + 1].copy_(new) for b in buffers])
-    read_ms = time_ms(lambda: [lab_attention(q1, held[2 * i], held[2 * i + 1]) for i in range(cfg.n_layers)])
-    print(f"{T:>6} {cat_ms:>11.3f} {pre_ms:>13.3f} {read_ms:>15.3f} {cat_ms / pre_ms:>14.0f}x")
+    appends[T] = interleaved({
+        "cat append": lambda: [torch.cat([h, new], dim=2) for h in held],
+        "preallocated write": lambda: [b[:, :, T:T + 1].copy_(new) for b in buffers],
+        "attention read": lambda: [lab_attention(q1, held[2 * i], held[2 * i + 1]) for i in range(cfg.n_layers)],
+    }, repeats=10, device=dev)
     del held, buffers
+conditions.done()
+print(f"{'T':>6} {'cat append':>16} {'preallocated':>16} {'attention read':>16} {'cat / prealloc':>15}"
+      f"   (ms per step, 30 layers: best of 10, spread)")
+for T, t in appends.items():
+    cells = [f"{x.best * 1e3:8.3f} ({x.spread:4.2f})" for x in t.values()]
+    print(f"{T:>6} {cells[0]:>16} {cells[1]:>16} {cells[2]:>16} {t['cat append'].best / t['preallocated write'].best:>14.0f}x")
+print(conditions.line())
+print(warning([x for t in appends.values() for x in t.values()], conditions) or "")
 """)
 
 nb.md("""
@@ -347,28 +382,29 @@ O(T²) bytes in all: `cat` makes each step more expensive by a constant factor (
 it does not change the order. The preallocated write costs the same at every length. (The rolling cache of
 §9 also copies — the *W* held positions, every step — which is fine for the same reason: bounded, and next to a
 read of the same size.)
-""")
 
-nb.md("""
 Check: `pytest weeks/16 -k ex03`
 """)
 
+# --- 4 -------------------------------------------------------------------------------------------------------
 nb.md("""
 ## 4. Attention with grouped KV heads
 
 In multi-head attention (MHA) every query head has its own key and value head. Multi-query attention
 (MQA, Shazeer 2019) keeps all the query heads but only **one** K/V head that they share; grouped-query
 attention (GQA, Ainslie et al. 2023) sits in between: the `n_heads` query heads form `n_kv_heads` groups of
-`n_heads / n_kv_heads` consecutive heads, and each group shares one K/V head. So query head *h* reads KV
-head `h // (n_heads // n_kv_heads)`. SmolLM2 has 9 query heads in 3 groups: heads 0–2 read KV head 0,
-3–5 read KV head 1, 6–8 read KV head 2. MHA (`n_kv_heads == n_heads`) and MQA (`n_kv_heads == 1`) are the
-two ends of the same code.
+consecutive heads (the first `n_heads / n_kv_heads` heads are group 0, and so on), and the heads of a group
+share one K/V head. MHA (`n_kv_heads == n_heads`) and MQA (`n_kv_heads == 1`) are the two ends of the same code.
 
-**Exercise 4.** Write `gqa_attention(q, k, v, causal=True)` with q `[B, n_heads, q_len, d]` and k, v
-`[B, n_kv_heads, kv_len, d]`: softmax(q·kᵀ/√d, masked with *your* `causal_mask` when `causal`)·v, returning
-`[B, n_heads, q_len, d]`. `torch.repeat_interleave` over the head axis is the simplest way; reshaping q
-into `[B, n_kv_heads, group · q_len, d]` avoids copying K and V at all. Build the mask on the inputs' device
-(`causal_mask(..., device=q.device)`): the model may be on a GPU.
+**Exercise 4 (design).** Write `gqa_attention(q, k, v, causal=True)` with q `[B, n_heads, q_len, d]` and k, v
+`[B, n_kv_heads, kv_len, d]`, returning `[B, n_heads, q_len, d]`: each query head's scaled dot-product attention,
+softmax(q·kᵀ/√d)·v, against its group's K/V head. The properties a correct answer keeps (the check tries each):
+
+* with `n_kv_heads == n_heads` it is ordinary multi-head attention; with one KV head, every query head reads it;
+* with `causal`, the scores are masked with *your* `causal_mask` (bottom-right aligned: `q_len` may be less than
+  `kv_len`), built on the inputs' device (`device=q.device`: the model may be on a GPU);
+* fp16 and bf16 inputs work: softmax in float32, the output in the inputs' dtype; q may be a non-contiguous view;
+* you write the attention: no `scaled_dot_product_attention` or fused attention ops (the check watches).
 """)
 
 nb.exercise("gqa_attention", '''
@@ -391,6 +427,15 @@ nb.test("test_gqa_attention", """
 check_gqa_attention(gqa_attention)
 """, points=2)
 
+nb.md("""
+**How it works, now that your check passes.** Query head *h* belongs to group `h // (n_heads // n_kv_heads)` and
+reads that KV head: SmolLM2's heads 0–2 read KV head 0, 3–5 read KV head 1, 6–8 read KV head 2. The simplest code
+repeats each KV head for its group, `k.repeat_interleave(n_heads // n_kv_heads, dim=1)` (same for v), and runs
+ordinary attention — but that copies K and V `group` times. Reshaping q instead, `[B, n_kv_heads, group · q_len, d]`
+(each group's query heads folded into the query axis), multiplies every KV head once by all its queries and copies
+nothing; the scores are reshaped back to `[B, n_heads, q_len, kv_len]` to apply the mask.
+""")
+
 nb.code("""
 mine = model.with_attention(gqa_attention)  # SmolLM2's weights, your attention
 ids = tok("To be, or not to be", return_tensors="pt").input_ids.to(dev)
@@ -404,22 +449,25 @@ nb.md("""
 Check: `pytest weeks/16 -k ex04`
 """)
 
+# --- 5 -------------------------------------------------------------------------------------------------------
 nb.md("""
 ## 5. Generation with the cache
 
-The decode loop: with `use_cache`, allocate a cache for `prompt + max_new_tokens` positions
-(`model.new_cache(batch, max_len)`, or 30 of your `LayerKVCache`s in a `KVCache`), run the prompt through
-the model once (the prefill), then feed **only the newest token** at each step: `model(next_ids, cache=cache)`.
-Without `use_cache`, feed the whole sequence every step. Either way take the last position's logits and
-pick the greedy token (argmax).
+What the model gives you: `model(ids)` runs the positions `ids` `[B, t]` and returns their logits
+`[B, t, vocab]`; `model(ids, cache=cache)` does the same for positions that come *after* the ones the cache
+holds, using the cached keys and values for attention, and appends the new ones; `model.new_cache(batch, max_len)`
+allocates a cache for `max_len` positions (or build 30 of your `LayerKVCache`s into a `KVCache`).
 
-**Exercise 5.** Write `generate(model, input_ids, max_new_tokens, use_cache=True, return_logits=False)`
-(greedy). It returns the ids `[B, prompt + new]` and, with `return_logits`, also the logits of every step
-`[B, new, vocab]` — the same contract as `lib.generate.generate`.
+**Exercise 5 (design).** Write `generate(model, input_ids, max_new_tokens, use_cache=True, return_logits=False)`:
+greedy decoding (each new token is the argmax of the logits at the last position). It returns the ids
+`[B, prompt + new]` and, with `return_logits`, also the logits each step chose from, `[B, new, vocab]` — the same
+contract as `lib.generate.generate`. The properties a correct answer keeps (the check counts what the model is fed):
 
-**Milestone:** identical tokens cached and uncached — on SmolLM2 (64 greedy tokens) and on random tiny
-configurations (MHA, GQA, MQA) — with logits within 1e-4 at every step. The check also verifies that the
-cached loop really feeds one token per step.
+* cached and uncached generation give the same tokens, and logits within 1e-4 at every step — on SmolLM2
+  (64 greedy tokens) and on random tiny configurations (MHA, GQA, MQA, one and two sequences);
+* with `use_cache`, each position goes through the model **once**; without it, every step recomputes the whole
+  sequence (the baseline the cache is measured against);
+* you call the model you are given (no copy of its weights, no layers one by one).
 """)
 
 nb.exercise("generate", '''
@@ -446,185 +494,44 @@ nb.test("test_generate", """
 check_generate(generate)
 """, points=3)
 
+nb.md("""
+**The loop, now that your check passes.** With the cache: allocate it for `prompt + max_new_tokens` positions, run
+the whole prompt once (the prefill: its last logits give the first new token), then at every step feed **only the
+newest token**, `model(next_ids, cache=cache)`, and take its logits. Without the cache, feed the whole sequence so
+far at every step. Either way append the argmax to the ids and keep the step's last-position logits.
+""")
+
 nb.code("""
 prompt = tok("To be, or not to be, that is the question:", return_tensors="pt").input_ids.to(dev)
-sync(); start = time.perf_counter(); c_ids, c_logits = generate(model, prompt, 64, use_cache=True, return_logits=True)
-sync(); t_cached = time.perf_counter() - start
-start = time.perf_counter(); u_ids, u_logits = generate(model, prompt, 64, use_cache=False, return_logits=True)
-sync(); t_uncached = time.perf_counter() - start
+c_ids, c_logits = generate(model, prompt, 64, use_cache=True, return_logits=True)
+u_ids, u_logits = generate(model, prompt, 64, use_cache=False, return_logits=True)
 print(f"identical tokens: {torch.equal(c_ids, u_ids)}; largest logit difference over 64 steps: "
       f"{(c_logits - u_logits).abs().max().item():.2e}")
-print(f"64 tokens: cached {t_cached:.1f} s, uncached {t_uncached:.1f} s ({t_uncached / t_cached:.1f}x for the whole run)")
 print(repr(tok.decode(c_ids[0, prompt.shape[1]:])))
-
 """)
 
 nb.md("""
 The logits are not bit-identical — the cached and uncached passes multiply matrices of different shapes,
 so floating-point sums are taken in different orders — but they agree well within 1e-4 (printed above), and
 the tokens are the same. (Greedy SmolLM2 soon repeats itself on this prompt; that is the model, not the cache.)
+How much faster the cached loop is, and why, is section 7's question.
 
 Check: `pytest weeks/16 -k ex05`
 """)
 
+# --- 6 -------------------------------------------------------------------------------------------------------
 nb.md("""
-## 6. How much faster, and why
-
-The week's source notes say the cache makes a token "~15× faster at 64 tokens and ~40× at 256". Section 1
-says the FLOP ratio is about 64× and 256×. Neither is what you will measure, because time is not FLOPs.
-
-**The roofline model.** A kernel must do its arithmetic (at best at the machine's peak FLOP/s) and move its
-bytes through memory (at best at the memory bandwidth); the two overlap, so its time is at least the
-larger of the two. A decode step with a cache multiplies **one** token vector through every weight
-matrix: 2 FLOPs per weight, and each weight (4 bytes in fp32) is read once — it is limited by bandwidth.
-An uncached step at position *T* multiplies *T* token vectors through the same weights: *T* times the
-FLOPs for the same bytes — beyond a few dozen tokens it is limited by compute.
-
-**Exercise 6.** Write `roofline_time(flops, bytes_moved, flops_per_s, bytes_per_s)`.
-""")
-
-nb.exercise("roofline_time", '''
-def roofline_time(flops: float, bytes_moved: float, flops_per_s: float, bytes_per_s: float) -> float:
-    """Lower bound on a kernel's time (s) when compute and memory traffic overlap."""
-    ### BEGIN SOLUTION
-    return max(flops / flops_per_s, bytes_moved / bytes_per_s)
-    ### END SOLUTION
-''')
-
-nb.test("test_roofline_time", """
-check_roofline_time(roofline_time)
-""", points=1)
-
-nb.md("""
-First, this machine — the device the model is on (`dev`): matmul throughput from a 2048×2048 product, and
-bandwidth from a matrix-vector product over a 256 MiB matrix (larger than any CPU cache, and the same
-operation as a decode step; a plain streaming read of the same bytes, the roofline's true ceiling, is faster —
-week 20 uses that one). On a GPU both measurements synchronize before reading the clock.
-Close other programs first: anything else running changes these numbers.
-""")
-
-nb.code("""
-# On the model's device, in the model's dtype; best of 10: other programs only slow it down.
-flops_per_s = roofline.measure_flops_per_s(2048, repeats=10, dtype=model.embed.weight.dtype, device=dev)
-bytes_per_s = roofline.measure_bandwidth(256, repeats=10, dtype=model.embed.weight.dtype, device=dev, how="matvec")
-print(f"{dev}: matmul: {flops_per_s / 1e9:.0f} GFLOP/s   mat-vec bandwidth: {bytes_per_s / 1e9:.1f} GB/s   "
-      f"ridge point: {flops_per_s / bytes_per_s:.0f} FLOP/byte")
-""")
-
-nb.md("""
-Now the model. For every position up to 256 we time one cached decode step (the cache holds the tokens
-before it) and, at a few positions, one uncached step (a forward pass over all *T* tokens). The text is
-the opening of *Hamlet*; what the tokens are does not change the time.
-""")
-
-nb.code("""
-text_ids = tok(load_text("hamlet")[:4000], return_tensors="pt").input_ids[:, :256].to(dev)  # [1, 256]
-T_MAX = text_ids.shape[1]
-cached_ms = torch.zeros(T_MAX + 1)
-with torch.no_grad():
-    cache = model.new_cache(max_len=T_MAX)
-    model(text_ids[:, :1], cache=cache)  # position 1; warm-up
-    for T in tqdm(range(2, T_MAX + 1), desc="cached steps"):
-        sync(); start = time.perf_counter()
-        model(text_ids[:, T - 1:T], cache=cache)  # the cache holds T - 1 positions; this step's pass covers T
-        sync(); cached_ms[T] = (time.perf_counter() - start) * 1e3
-
-uncached_T = [1, 16, 32, 64, 128, 192, 256]
-uncached_ms = {}
-with torch.no_grad():
-    for T in tqdm(uncached_T * 3, desc="uncached steps"):  # three rounds, keep the fastest
-        sync(); start = time.perf_counter()
-        model(text_ids[:, :T])
-        sync(); uncached_ms[T] = min(uncached_ms.get(T, math.inf), (time.perf_counter() - start) * 1e3)
-
-def cached_at(T, half=8):  # the median of nearby steps smooths out the noise of single measurements
-    return cached_ms[max(2, T - half):T + half + 1].median().item()
-
-""")
-
-nb.md("""
-**Prediction.** Bytes per step: the fp32 weights (read once per step whether one token runs or *T*) plus, for
-the cached step, the KV cache so far. FLOPs: `step_flops` from section 1. The roofline gives each step's
-time, and their quotient the speedup.
-""")
-
-nb.code(r"""
-weight_bytes = 4 * n_params
-def predicted_ms(T, cached):
-    flops = step_flops(n_params, cfg.n_layers, cfg.d_model, T, cached)
-    kv = ref.kv_cache_bytes(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, T, bytes_per_element=4) if cached else 0
-    return 1e3 * roofline_time(flops, weight_bytes + kv, flops_per_s, bytes_per_s)
-
-print(f"weights: {weight_bytes / 1e6:.0f} MB (fp32); KV cache at 256 positions: "
-      f"{ref.kv_cache_bytes(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, 256, bytes_per_element=4) / 1e6:.1f} MB")
-# What a roofline cannot know: the time a step spends on anything but peak-rate matmuls and memory reads
-# (Python and dispatch of hundreds of small ops, matrices too small to reach the big mat-vec's bandwidth).
-overhead_ms = max(0.0, cached_at(32) - predicted_ms(32, True))
-print(f"per-step time the roofline does not explain (cached step near position 32 minus its roofline): {overhead_ms:.1f} ms")
-print(f"\n{'':>4} | {'roofline prediction':^30} | {'+ overhead':^10} | {'measured':^30}")
-print(f"{'T':>4} | {'uncached':>10} {'cached':>9} {'ratio':>7} | {'ratio':>10} | {'uncached':>10} {'cached':>9} {'ratio':>7}")
-speedups = {}
-for T in [64, 256]:
-    pu, pc = predicted_ms(T, False), predicted_ms(T, True)
-    mu, mc = uncached_ms[T], cached_at(T)
-    speedups[T] = dict(roofline=pu / pc, with_overhead=(pu + overhead_ms) / (pc + overhead_ms), measured=mu / mc)
-    print(f"{T:>4} | {pu:>7.0f} ms {pc:>6.1f} ms {pu / pc:>6.1f}x | {speedups[T]['with_overhead']:>9.1f}x | "
-          f"{mu:>7.0f} ms {mc:>6.1f} ms {mu / mc:>6.1f}x")
-
-# The picture: measured step times against the roofline's prediction, without and with the fixed overhead.
-Ts_all = list(range(2, T_MAX + 1))
-fig, ax = plt.subplots(figsize=(7, 4.2))
-ax.plot(Ts_all, cached_ms[2:], ".", ms=3, color="C0", label="cached step, measured (1 token in)")
-ax.plot(uncached_T, [uncached_ms[T] for T in uncached_T], "o", color="C1", label="uncached step, measured (T tokens in)")
-for cached, color, name in [(True, "C0", "cached"), (False, "C1", "uncached")]:
-    pred = [predicted_ms(T, cached) for T in Ts_all]
-    ax.plot(Ts_all, pred, "--", color=color, lw=1, label=f"{name}: roofline")
-    ax.plot(Ts_all, [p + overhead_ms for p in pred], ":", color=color, lw=1.5, label=f"{name}: roofline + overhead")
-ax.set_yscale("log")
-ax.set(xlabel="position T (tokens the step's forward pass covers)", ylabel="time of one step (ms, log scale)",
-       title=f"SmolLM2 on {dev}: latency per new token, measured and predicted")
-ax.legend(fontsize=7); ax.grid(alpha=0.3, which="both"); plt.show()
-""")
-
-nb.md("""
-**Reading the numbers.**
-
-* The **cached** step costs the time to read the fp32 weights once (printed above) plus a roughly fixed
-  extra: an eager PyTorch forward launches hundreds of small operations per token, each costing
-  microseconds of Python and dispatch, and the model's 576-wide matrices read memory more slowly than the
-  256 MiB mat-vec did. The roofline leaves that extra out, so it predicts too fast a cached step and too
-  large a speedup; adding the extra measured at one position (the "+ overhead" column) closes much of the gap.
-  The cache itself is small next to the weights at 256 positions, so the cached line stays almost flat.
-* The **uncached** step is close to a compute-bound forward pass, but a 576-wide model runs below the
-  2048×2048 matmul's FLOP/s (its matrices are smaller, and softmax, norms and RoPE are not matmuls), so it
-  is slower than predicted.
-* Because the uncached step costs ∝ *T* (compute) and the cached step is ≈ constant (bandwidth), the
-  ratio is roughly `(2·n_params·T / FLOP/s) / (4·n_params / bandwidth) = T · bandwidth / (2 · FLOP/s)`
-  once *T* is past the ridge point: **linear in T, with a slope set by the machine**, not a constant of
-  the method. The speedups printed above are what this machine gives.
-* **The source notes' 15× at 64 and 40× at 256** name no model and no hardware, so they cannot be checked
-  as stated; what can be said is what sets them. The per-token speedup is not a property of the KV cache but
-  of the machine's FLOP/s-to-bandwidth ratio, the weights' precision and the per-step overhead. On a GPU
-  the same formula with bf16 weights (2 bytes each) gives `T · bandwidth / FLOP/s`; an A100 80GB's
-  published 312 TFLOP/s and 2.0 TB/s make that about T / 156 — at batch 1 a 64-token forward costs hardly
-  more than one token. There the cache pays off through the O(T²) → O(T) total at long contexts and large
-  batches, not through a big per-token factor at 64 tokens. Measure before you quote a speedup.
-
-Check: `pytest weeks/16 -k ex06`
-""")
-
-nb.md("""
-## 7. How much memory
+## 6. How much memory
 
 The cache holds, for every layer, a key and a value vector (each `head_dim` numbers) per KV head and per
-position, for every sequence of the batch. Derive the byte count from that sentence.
+position, for every sequence of the batch.
 
-**Exercise 7.** Write `kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch=1, bytes_per_element=2)`
-(fp16/bf16 by default).
+**Exercise 6 (derive).** Write `kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch=1,
+bytes_per_element=2)` (fp16/bf16 by default): derive the byte count from the sentence above.
 
-**Milestones:** OPT-13B (40 layers, 40 heads of 128) needs 819,200 B per token; GPT-3 175B (96 layers,
-96 heads of 128) needs 4.5 MiB per token; for SmolLM2 the formula equals the bytes of the cache tensors the
-model actually allocates.
+**Milestones** (the source notes' figures, which the check holds your formula to): OPT-13B (40 layers, 40 heads of
+128) needs 819,200 B per token; GPT-3 175B (96 layers, 96 heads of 128) needs 4.5 MiB per token; for SmolLM2 the
+formula equals the bytes of the cache tensors the model actually allocates.
 """)
 
 nb.exercise("kv_cache_bytes", '''
@@ -640,6 +547,12 @@ nb.test("test_kv_cache_bytes", """
 check_kv_cache_bytes(kv_cache_bytes)
 """, points=2)
 
+nb.md("""
+**The formula, now that your check passes:** `2 (K and V) · n_layers · n_kv_heads · head_dim · seq_len · batch ·
+bytes_per_element`. Per token and sequence that is `2 · n_layers · n_kv_heads · head_dim` numbers — OPT-13B:
+2 · 40 · 40 · 128 = 409,600 numbers, 819,200 B in fp16.
+""")
+
 nb.code("""
 opt = kv_cache_bytes(40, 40, 128, 1)
 print(f"OPT-13B: {opt:,} B/token; a 2048-token sequence: {kv_cache_bytes(40, 40, 128, 2048) / 1e9:.2f} GB "
@@ -653,23 +566,24 @@ print(f"SmolLM2, batch 2, 1000 positions, fp32: allocated {allocated:,} B, formu
 nb.md("""
 Real configurations (layers, query heads, KV heads, head_dim from each model's published configuration),
 in fp16, against context length. SmolLM2 appears three times: as it is (GQA, 3 KV heads), as it would be
-with MHA (9), and with MQA (1).
+with MHA (9), and with MQA (1). The last column is each cache against the same model with MHA.
 """)
 
 nb.code("""
 configs = {  # name: (n_layers, n_heads, n_kv_heads, head_dim)
     "OPT-13B (MHA)": (40, 40, 40, 128),
     "Llama-2-7B (MHA)": (32, 32, 32, 128),
-    "Llama-2-70B (GQA-8)": (80, 64, 8, 128),
+    "Llama-2-70B (GQA, 8 KV)": (80, 64, 8, 128),
     "SmolLM2-135M as MHA (9 KV)": (30, 9, 9, 64),
     "SmolLM2-135M (GQA, 3 KV)": (30, 9, 3, 64),
     "SmolLM2-135M as MQA (1 KV)": (30, 9, 1, 64),
 }
 contexts = [2 ** p for p in range(7, 16)]  # 128 ... 32768
-print(f"{'model':<28} {'KiB/token':>10} {'GiB at 4096':>12} {'vs MHA':>7}")
+print(f"{'model':<28} {'KiB/token':>10} {'GiB at 4096':>12} {'MHA / this':>11}")
 fig, ax = plt.subplots(figsize=(7, 4.2))
 for name, (L, H, Hkv, d) in configs.items():
-    print(f"{name:<28} {kv_cache_bytes(L, Hkv, d, 1) / 1024:>10.1f} {kv_cache_bytes(L, Hkv, d, 4096) / 2**30:>12.3f} {H // Hkv:>6}x")
+    saving = kv_cache_bytes(L, H, d, 4096) / kv_cache_bytes(L, Hkv, d, 4096)
+    print(f"{name:<28} {kv_cache_bytes(L, Hkv, d, 1) / 1024:>10.1f} {kv_cache_bytes(L, Hkv, d, 4096) / 2**30:>12.3f} {saving:>10.0f}x")
     ax.loglog(contexts, [kv_cache_bytes(L, Hkv, d, n) / 2 ** 30 for n in contexts], "o-" if "Smol" in name else "s-",
               ms=3, label=name)
 ax.set(xlabel="context length (tokens)", ylabel="KV cache, GiB (fp16, batch 1)", title="KV cache memory against context")
@@ -677,30 +591,234 @@ ax.grid(alpha=0.3, which="both"); ax.legend(fontsize=8); plt.show()
 """)
 
 nb.md("""
-**How much does GQA save?** The cache shrinks by the number of query heads per KV head,
-`n_heads / n_kv_heads` — not by the number of groups. The source notes' "GQA (8 groups): 8× reduction"
-with 32 query heads is wrong: 8 KV heads serving 32 query heads give **32 / 8 = 4×** (the quiz in section 10
-gets this right). Llama-2-70B does save 8×, because it has 64 query heads for its 8 KV heads. MQA saves
-`n_heads`×: 32× for a 32-head model, only 9× for SmolLM2. The 4.5 "MB" per token of GPT-3 is 4.5 **MiB**
-(4,718,592 B).
+Sharing KV heads shrinks the cache (the last column); by how much, for a given number of query and KV heads, is
+question 3 of section 10 — and the course's source notes state that factor in two ways that disagree, which we
+take apart after you answer it. The 4.5 "MB" per token of GPT-3 is 4.5 **MiB** (4,718,592 B).
 
-Check: `pytest weeks/16 -k ex07`
+Check: `pytest weeks/16 -k ex06`
 """)
 
+# --- 7 -------------------------------------------------------------------------------------------------------
+nb.md("""
+## 7. How much faster, and why
+
+The week's source notes say the cache makes a token "~15× faster at 64 tokens and ~40× at 256". Section 1's
+FLOP ratio is about *T* itself (printed there, at 64 and 256). Neither is what you will measure, because time is
+not FLOPs.
+Here you build a model of the time from two numbers of the machine, predict, and then measure your own `generate`.
+
+A kernel must do its arithmetic (at best at the machine's peak FLOP/s) and move its bytes between memory and the
+processor (at best at the memory bandwidth), and a modern processor does both at once: while one block of data is
+being multiplied, the next is already on its way.
+
+**Exercise 7 (derive).** Write `roofline_time(flops, bytes_moved, flops_per_s, bytes_per_s)`: the least time
+(in seconds) such a kernel can take, when its compute and its memory traffic overlap perfectly.
+""")
+
+nb.exercise("roofline_time", '''
+def roofline_time(flops: float, bytes_moved: float, flops_per_s: float, bytes_per_s: float) -> float:
+    """Lower bound on a kernel's time (s) when compute and memory traffic overlap."""
+    ### BEGIN SOLUTION
+    return max(flops / flops_per_s, bytes_moved / bytes_per_s)
+    ### END SOLUTION
+''')
+
+nb.test("test_roofline_time", """
+check_roofline_time(roofline_time)
+""", points=1)
+
+nb.md("""
+**Why, now that your check passes.** The arithmetic alone takes `flops / flops_per_s`, the traffic alone
+`bytes_moved / bytes_per_s`; if they overlap perfectly the kernel takes as long as the **slower** of the two —
+`max(...)`, not the sum. This is the *roofline model*: a kernel is compute-bound when its FLOPs per byte exceed the
+machine's **ridge point** (FLOP/s ÷ bandwidth), memory-bound below it.
+
+Now this machine — the device the model is on (`dev`): matmul throughput from a 2048×2048 product, and
+bandwidth from a matrix-vector product over a 256 MiB matrix (larger than any CPU cache, and the same
+operation as a decode step; a plain streaming read of the same bytes, the roofline's true ceiling, is faster —
+week 20 uses that one). The two are timed in turn, ten rounds; the best round counts (other programs only slow
+a round down), and the spread and the load say how far to trust it. Close other programs first.
+""")
+
+nb.code("""
+dtype = model.embed.weight.dtype
+N = 2048
+a, b = torch.randn(N, N, dtype=dtype, device=dev), torch.randn(N, N, dtype=dtype, device=dev)
+w = torch.randn(256 * 2**20 // (4096 * a.element_size()), 4096, dtype=dtype, device=dev)  # 256 MiB
+if w.device.type == "cpu":
+    w = roofline.on_huge_pages([w])[0]  # on 2 MB pages, as lib.fast keeps its weights: the read, not a TLB test
+x = torch.randn(1, 4096, dtype=dtype, device=dev)
+conditions = Conditions.now()
+with torch.no_grad():
+    probes = interleaved({"matmul 2048x2048": lambda: a @ b, "mat-vec over 256 MiB": lambda: F.linear(x, w)},
+                         repeats=10, device=dev)
+conditions.done()
+flops_per_s = 2 * N ** 3 / probes["matmul 2048x2048"].best
+bytes_per_s = w.numel() * w.element_size() / probes["mat-vec over 256 MiB"].best
+print(report(probes, conditions))
+print(f"{dev}: matmul {flops_per_s / 1e9:.0f} GFLOP/s, mat-vec bandwidth {bytes_per_s / 1e9:.1f} GB/s, "
+      f"ridge point {flops_per_s / bytes_per_s:.0f} FLOP/byte")
+del a, b, w, x
+""")
+
+nb.md("""
+### Predict, then measure: one decode step
+
+A cached decode step at batch *B*: each of the *B* sequences feeds one new token, and each sequence's cache holds
+`cache_len` positions before the step.
+
+**Exercise 8 (predict).** Write `decode_time(config, cache_len, batch, flops_per_s, bytes_per_s)`: your model of
+the seconds one such step takes on a machine with these peak rates. `config` is a dict with the model's
+`n_params` (the weights of its matrix products, LM head included), `n_layers`, `d_model`, `n_heads`,
+`n_kv_heads`, `head_dim` and `bytes_per_element` (of the weights and of the cache alike). Ask yourself which bytes
+must come from memory during the step, how many FLOPs it does (section 1), and which of the two sets the time —
+you have the tools from exercises 1, 6 and 7. The check grades your model on configurations it has not seen
+(drawn each run: big and small models, batches up to 64, memory-bound and compute-bound machines), and
+then you measure.
+""")
+
+nb.exercise("decode_time", '''
+def decode_time(config: dict, cache_len: int, batch: int, flops_per_s: float, bytes_per_s: float) -> float:
+    """Predicted seconds of one cached decode step: `batch` sequences, `cache_len` positions cached in each."""
+    ### BEGIN SOLUTION
+    c, seq_len = config, cache_len + 1  # the step's pass covers the cached positions and the new one
+    flops = batch * (2 * c["n_params"] + 4 * c["n_layers"] * c["d_model"] * seq_len)  # exercise 1, per sequence
+    weights = c["n_params"] * c["bytes_per_element"]  # every weight read once, for the whole batch
+    cache = 2 * c["n_layers"] * c["n_kv_heads"] * c["head_dim"] * seq_len * batch * c["bytes_per_element"]  # exercise 6
+    return max(flops / flops_per_s, (weights + cache) / bytes_per_s)  # exercise 7: they overlap
+    ### END SOLUTION
+''')
+
+nb.test("test_decode_time", """
+check_decode_time(decode_time)
+""", points=2)
+
+nb.md("""
+**The model, now that your check passes.** One step reads every weight **once** — a weight fetched from memory
+is multiplied by all *B* new tokens before it is dropped — plus each sequence's own cache: `n_params ·
+bytes_per_element + kv_cache_bytes(n_layers, n_kv_heads, head_dim, cache_len + 1, batch, bytes_per_element)`
+(the new position is written and read too). It does §1's cached-step FLOPs for each sequence,
+`batch · step_flops(n_params, n_layers, d_model, cache_len + 1, cached=True)`. Its time is the roofline of the
+two. At batch 1 that is 2 FLOPs per weight against `bytes_per_element` bytes — 0.5 FLOP/byte in fp32, far below
+the ridge point printed above — so a decode step is **memory-bound**: its time is its bytes over the bandwidth,
+and the weights dominate them until the cache grows past the weights. Batching raises the FLOPs per byte
+(*B* sequences share each weight read) until the ridge point, where compute takes over.
+
+Now the prediction for SmolLM2 on this machine, at 64 and 256 cached positions, beside your own `generate`
+timed there. A cached step is measured as the difference between `generate` of 1 + `STEPS` new tokens and of 1
+new token after the same prompt, divided by `STEPS` (the prefill is in both); an uncached step at the same position
+is `generate(..., 1, use_cache=False)` after a prompt one token longer — one forward over all of it. Each is timed
+three times, in turn with the others, and the best counts.
+""")
+
+nb.code(r"""
+smol = dict(n_params=n_params, n_layers=cfg.n_layers, d_model=cfg.d_model, n_heads=cfg.n_heads,
+            n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, bytes_per_element=model.embed.weight.element_size())
+weight_bytes = n_params * smol["bytes_per_element"]
+STEPS = 32
+text_ids = tok(load_text("hamlet")[:4000], return_tensors="pt").input_ids[:, :256 + 1].to(dev)  # [1, 257]
+
+def predicted_cached(T):  # seconds: the steps measured below have T ... T + STEPS - 1 positions cached
+    return decode_time(smol, T + STEPS // 2, 1, flops_per_s, bytes_per_s)
+
+def predicted_uncached(T):  # seconds: one forward over T + 1 positions, the weights read once
+    return roofline_time(step_flops(n_params, cfg.n_layers, cfg.d_model, T + 1, cached=False), weight_bytes,
+                         flops_per_s, bytes_per_s)
+
+conditions = Conditions.now()
+timed = {}
+for T in tqdm([64, 256], desc="your generate"):
+    timed[T] = interleaved({
+        "prefill only": lambda: generate(model, text_ids[:, :T], 1),
+        f"prefill + {STEPS} steps": lambda: generate(model, text_ids[:, :T], 1 + STEPS),
+        "uncached step": lambda: generate(model, text_ids[:, :T + 1], 1, use_cache=False),
+    }, repeats=3, device=dev)
+conditions.done()
+measured_cached = {T: (t[f"prefill + {STEPS} steps"].best - t["prefill only"].best) / STEPS for T, t in timed.items()}
+measured_uncached = {T: t["uncached step"].best for T, t in timed.items()}
+overhead = max(0.0, measured_cached[64] - predicted_cached(64))  # what the model leaves out, read off at 64
+
+print(f"bytes per cached step: {weight_bytes / 1e6:.0f} MB of weights + the cache, "
+      f"{kv_cache_bytes(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, 256, 1, smol['bytes_per_element']) / 1e6:.1f} MB at 256 positions")
+print(f"\n{'T':>4} | {'cached step (ms)':^28} | {'uncached step (ms)':^19} | {'speedup':^27}")
+print(f"{'':>4} | {'predicted':>9} {'measured':>9} {'gap':>8} | {'predicted':>9} {'measured':>9} | "
+      f"{'predicted':>9} {'+ gap':>7} {'measured':>9}")
+speedups = {}
+for T in (64, 256):
+    pc, mc, pu, mu = predicted_cached(T), measured_cached[T], predicted_uncached(T), measured_uncached[T]
+    speedups[T] = dict(predicted=pu / pc, with_gap=(pu + overhead) / (pc + overhead), measured=mu / mc)
+    print(f"{T:>4} | {pc * 1e3:9.1f} {mc * 1e3:9.1f} {(mc - pc) * 1e3:+8.1f} | {pu * 1e3:9.0f} {mu * 1e3:9.0f} | "
+          f"{speedups[T]['predicted']:8.1f}x {speedups[T]['with_gap']:6.1f}x {speedups[T]['measured']:8.1f}x")
+print(f"your generate decodes at {1 / measured_cached[64]:.1f} tok/s after 64 positions "
+      f"(the model predicts {1 / predicted_cached(64):.1f})")
+print(report({f"T={T}: {name}": x for T, t in timed.items() for name, x in t.items()}, conditions))
+# More positions cost more bytes and FLOPs: a curve that falls is a disturbance, not a finding.
+for curve, what in [(measured_cached, "the cached step's time"), (measured_uncached, "the uncached step's time")]:
+    disturbed = not_monotone(list(curve), list(curve.values()), what)
+    if disturbed or min(curve.values()) <= 0:
+        print(disturbed or f"measurement disturbed: {what} measured as no time at all — rerun when the machine is quieter")
+
+Ts_all = list(range(1, 513))
+fig, ax = plt.subplots(figsize=(7, 4.2))
+for pred, color, name in [(predicted_cached, "C0", "cached"), (predicted_uncached, "C1", "uncached")]:
+    curve = [pred(T) * 1e3 for T in Ts_all]
+    ax.plot(Ts_all, curve, "--", color=color, lw=1, label=f"{name}: your model")
+    ax.plot(Ts_all, [c + overhead * 1e3 for c in curve], ":", color=color, lw=1.5, label=f"{name}: model + the gap at 64")
+ax.plot(list(measured_cached), [m * 1e3 for m in measured_cached.values()], "o", color="C0", label="cached: measured")
+ax.plot(list(measured_uncached), [m * 1e3 for m in measured_uncached.values()], "s", color="C1", label="uncached: measured")
+ax.set_yscale("log")
+ax.set(xlabel="positions before the step, T", ylabel="time of one step (ms, log scale)",
+       title=f"SmolLM2 on {dev}: predicted and measured (your generate)")
+ax.legend(fontsize=7); ax.grid(alpha=0.3, which="both"); plt.show()
+""")
+
+nb.md(f"""
+**Reading the numbers.**
+
+* The **cached** step is memory-bound, as predicted, but slower than the model says: an eager PyTorch forward
+  launches hundreds of small operations per token, each costing microseconds of Python and dispatch, and the
+  model's 576-wide matrices read memory more slowly than the 256 MiB mat-vec did. The model leaves that out; the
+  "gap" column is it, read off at 64 positions and roughly the same at 256. The cache itself is small next to the
+  weights at 256 positions, so the cached step's time hardly grows.
+* The **uncached** step is close to a compute-bound forward pass, but a 576-wide model runs below the
+  2048×2048 matmul's FLOP/s (its matrices are smaller, and softmax, norms and RoPE are not matmuls), so it
+  is slower than predicted.
+* Because the uncached step costs ∝ *T* (compute) and the cached step is ≈ constant (bandwidth), the
+  ratio is roughly `(2·n_params·T / FLOP/s) / (4·n_params / bandwidth) = T · bandwidth / (2 · FLOP/s)`
+  once *T* is past the ridge point: **linear in T, with a slope set by the machine**, not a constant of
+  the method. The speedups printed above are what this machine gives.
+* **The source notes' "15× at 64 and 40× at 256"** name no model and no hardware, so they cannot be checked
+  as stated; what can be said is what sets them. The per-token speedup is not a property of the KV cache but
+  of the machine's FLOP/s-to-bandwidth ratio, the weights' precision and the per-step overhead. On a GPU
+  the same formula with bf16 weights (2 bytes each) gives `T · bandwidth / FLOP/s`; an A100 80GB's
+  published 312 TFLOP/s and 2.0 TB/s make that about T / 156 — at batch 1 a 64-token forward costs hardly
+  more than one token. There the cache pays off through the O(T²) → O(T) total at long contexts and large
+  batches, not through a big per-token factor at 64 tokens. Measure before you quote a speedup.
+* **The lab's recorded runs** (`benchmarks/decode.py`, the same model in `lib.model`, fp32 on the CPU), to put
+  beside your own figure: on the lab's EPYC, `lib.generate` decodes at {recorded_md("decode", MODEL_DECODE, EPYC)}
+  against a bandwidth roofline of {recorded_md("decode", "decode b1: roofline", EPYC)}; on an H200, at
+  {recorded_md("decode", MODEL_DECODE, H200)} against a roofline of {recorded_md("decode", "decode b1: roofline", H200)}
+  — there the eager step's launches, not the bandwidth, set the time, and the same step replayed as a CUDA graph
+  runs at {recorded_md("decode", "decode b1 n64: lib.generate (lib.fast, CUDA graphs)", H200)}.
+
+Check: `pytest weeks/16 -k "ex07 or ex08"`
+""")
+
+# --- 8 -------------------------------------------------------------------------------------------------------
 nb.md("""
 ## 8. What sharing KV heads costs
 
 Memory is one side; quality is the other. Ainslie et al. turn an MHA checkpoint into a GQA one by
 **mean-pooling** the key and value projection heads of each group into one head, then *uptraining* for
 about 5 % of the original pre-training compute (they compare pooling with keeping the first head of each
-group and with random initialisation: pooling works best). We can afford the pooling, not the uptraining, so we measure
-what is lost *before* uptraining.
+group and with random initialisation: pooling works best). We can afford the pooling, not the uptraining, so we
+measure what is lost *before* uptraining.
 
 SmolLM2 has 9 query heads and 3 KV heads. Pooling merges whole KV heads, so the new count must divide 3:
 the only options are **3** (unchanged) and **1** (MQA). (9 divides into 9, 3 and 1, but going from 3 up
 to 9 KV heads would only copy each head three times: the same outputs at 3× the memory.)
 
-**Exercise 8.** Write `pool_kv_heads(model, n_groups)`: a **new** `LlamaModel` with `n_kv_heads = n_groups`,
+**Exercise 9 (design).** Write `pool_kv_heads(model, n_groups)`: a **new** `LlamaModel` with `n_kv_heads = n_groups`,
 whose `k_proj` and `v_proj` weights in every layer are the means of the original heads of each group
 (consecutive heads: group *g* pools heads *g·r … g·r + r − 1*, with *r* = `n_kv_heads // n_groups`) and whose
 other weights are copies. Do not modify `model` (other cells use it). `model.config.replace(n_kv_heads=...)`
@@ -730,6 +848,10 @@ check_pool_kv_heads(pool_kv_heads)
 """, points=2)
 
 nb.md("""
+**How it works, now that your check passes.** Each `k_proj` / `v_proj` weight viewed as
+`[n_groups, r, head_dim, d_model]` and averaged over the `r` axis is the pooled projection; every other tensor of
+the state dict is cloned, and a `LlamaModel` built from `config.replace(n_kv_heads=n_groups)` loads them.
+
 **Milestone:** perplexity on *Hamlet* (Project Gutenberg; `data/text/hamlet.txt`) with 3 KV heads and
 with 1. `lib.text.perplexity` reads the text in windows of 256 tokens advancing by 128, so every token scored
 after the first window sees at least 128 tokens of context (the first 128 tokens see only what precedes them).
@@ -773,26 +895,31 @@ lost" is 3× against a model that no longer models English. That is why the GQA 
 pooling (and finds uptrained GQA much closer to the original MHA quality than uptrained MQA), and why models such as SmolLM2 and
 Llama-2-70B are *trained* with their KV heads shared from the start instead of converted afterwards.
 
-Check: `pytest weeks/16 -k ex08`
+Check: `pytest weeks/16 -k ex09`
 """)
 
+# --- 9 -------------------------------------------------------------------------------------------------------
 nb.md("""
 ## 9. Sliding window
 
 Another way to bound the cache: let each token attend only to the last *W* positions (itself included),
 as Mistral 7B does (Jiang et al. 2023, with *W* = 4096). Then the cache never needs more than *W*
-positions, whatever the sequence length: a **rolling buffer** of *W* slots where position *p* lives in slot
-*p mod W*, overwriting the position that just left the window.
+positions, whatever the sequence length: a **rolling buffer** of *W* slots, in which each new position takes the
+place of the one that just left the window.
 
 `lib.kv_cache.sliding_window_attention(W)` is the matching attention: the causal mask, minus every key more
 than *W − 1* positions behind its query (`lib.masks.sliding_window_mask`, bottom-right aligned like yours).
 
-**Exercise 9.** Write `RollingKVCache(batch, n_kv_heads, window, head_dim, dtype, device)` with:
-* `k`, `v` buffers `[batch, n_kv_heads, window, head_dim]` allocated once, and `nbytes` (their bytes);
-* `length`: how many positions were ever appended (the model takes the next RoPE position from it);
-* `append(k, v)` for `t ≥ 1` new positions: returns the positions still held (at most `window`, **oldest
-  first**) followed by the new ones — the sliding-window mask hides any extra — and then keeps only the last
-  `window` positions. Make any index tensor of slots on the buffers' device (`torch.arange(..., device=self.k.device)`).
+**Exercise 10 (design).** Write `RollingKVCache(batch, n_kv_heads, window, head_dim, dtype, device)`. Its interface:
+`k`, `v` storage of `[batch, n_kv_heads, window, head_dim]` and `nbytes` (its bytes); `length`, how many positions
+were ever appended (the model takes the next RoPE position from it); `append(k, v)` for `t ≥ 1` new positions,
+which returns the positions still held (at most `window`, **oldest first**) followed by the new ones — the
+sliding-window mask hides any extra. The properties a correct answer keeps (the check tries each):
+
+* its storage is allocated once, in `__init__`, on the `device` given, and what an append allocates is bounded by
+  the window and what it appends — never by how many positions have gone by;
+* every append writes its positions into that storage (keeping only the last `window` of them), for any `t`: one
+  position, several, more than a window at once.
 
 **Milestone:** decoding with it gives the logits of full attention under a sliding-window mask, and its
 memory stays constant as the sequence grows.
@@ -840,6 +967,11 @@ check_RollingKVCache(RollingKVCache)
 """, points=2)
 
 nb.md("""
+**How it works, now that your check passes.** Position *p* lives in slot *p mod W*: the position that leaves the
+window, *p − W*, had the same slot. The held positions, oldest first, are `length − held … length − 1` with
+`held = min(length, W)`; gather their slots (`torch.arange(length − held, length, device=...) % W`), append the new
+keys after them, then write the last `min(t, W)` new positions into their slots.
+
 On SmolLM2 with *W* = 32: generate 96 tokens with your rolling cache, then check every step against one
 uncached forward pass over the final sequence under the sliding-window mask, and track the cache's memory
 against a full cache's.
@@ -890,7 +1022,7 @@ slides the rest: same memory. `sliding_window_attention(W, n_sinks=4)` masks tha
 first positions plus itself and the 27 before it: 32 keys, like W = 32). We score the same Hamlet tokens
 with full attention, a plain window of 32, and 28 + 4 sinks (windows of 128 tokens advancing by 64).
 
-Check: `pytest weeks/16 -k ex09`
+Check: `pytest weeks/16 -k ex10`
 """)
 
 nb.code("""
@@ -907,12 +1039,14 @@ print(f"keeping 4 sink positions instead of 4 more recent ones: perplexity {sink
       f"({sink_rows[1][1] / sink_rows[2][1]:.1f}x lower; full attention: {sink_rows[0][1]:.1f})")
 """)
 
+# --- 10 ------------------------------------------------------------------------------------------------------
 nb.md("""
 ## 10. Check your understanding
 
 Three questions from the course's Phase IV quiz. Numeric answers are functions returning a number.
 
-**Q1.** A 13B-parameter model in FP16 requires how much memory for its weights alone? Answer in GB (10⁹ bytes).
+**Q1 (exercise 11).** A 13B-parameter model in FP16 requires how much memory for its weights alone? Answer in GB
+(10⁹ bytes).
 """)
 
 nb.exercise("answer_q1", '''
@@ -929,7 +1063,7 @@ check_answer_q1(answer_q1)
 
 nb.md("""
 **Q2.** During LLM decode, GPU utilization is typically low. Why? What is the hardware bottleneck?
-Answer in a few sentences below; use what you measured in section 6. (Graded by hand.)
+Answer in a few sentences below; use what you predicted and measured in section 7. (Graded by hand.)
 """)
 
 nb.answer("answer_q2", """
@@ -938,7 +1072,7 @@ weight is read from memory once and used for one multiply-add (2 FLOPs per 2 byt
 per byte), and each step also reads the whole KV cache. A GPU needs on the order of 150 FLOPs per byte of
 memory traffic (A100: 312 TFLOP/s against ≈ 2 TB/s) to keep its arithmetic units busy, so they mostly
 wait. The bottleneck is **memory bandwidth** (HBM): the step time ≈ (weight bytes + KV-cache bytes) /
-bandwidth. In section 6 the cached step stayed almost flat in *T* (the weights dominate the bytes), but it was
+bandwidth. In section 7 the cached step stayed almost flat in *T* (the weights dominate the bytes), but it was
 slower than the weights-over-bandwidth prediction: a roughly fixed per-step overhead (dispatching hundreds of
 small ops, small matrices that do not reach peak bandwidth) comes on top — on a GPU at batch 1 the same shows up
 as kernel-launch latency, one more reason the arithmetic units sit idle. Remedies raise the FLOPs per byte or cut the bytes: batching many sequences (each weight read
@@ -952,7 +1086,7 @@ the CPU" alone or "attention is quadratic".
 """, points=2)
 
 nb.md("""
-**Q3.** Grouped-query attention with 32 query heads and 8 KV heads reduces the KV cache by what factor
+**Q3 (exercise 12).** Grouped-query attention with 32 query heads and 8 KV heads reduces the KV cache by what factor
 compared with standard MHA?
 """)
 
@@ -969,14 +1103,43 @@ check_answer_q3(answer_q3)
 """, points=1)
 
 nb.md("""
+**Why, now that your check passes.** The cache holds one K and one V per **KV head**, so it shrinks by
+`n_heads / n_kv_heads`, the number of query heads that share each KV head: 32 / 8 = 4×. MQA saves `n_heads`×
+(32× for a 32-head model, only 9× for SmolLM2); Llama-2-70B saves 8× because it has 64 query heads for its 8 KV heads.
+
+### The source notes' "8 groups → 8×", read both ways
+
+The course's quick reference (seed 001) draws GQA as 32 query heads and **4** KV heads and writes "GQA: 8×
+reduction (32 heads → 4)"; elsewhere it writes "GQA (8 groups): 8× reduction" and "8 groups for 32 heads … 8×
+memory reduction". It is not simply wrong: it is inconsistent about what a *group* is. In the GQA paper a group is
+the set of query heads that share one KV head, so the number of groups **is** the number of KV heads. The cell
+below derives what each reading gives.
+""")
+
+nb.code("""
+H, L, d = 32, 32, 128  # 32 query heads; the factor does not depend on the layers or the head size
+readings = {
+    "'32 heads -> 4': 4 KV heads (4 groups of 8 query heads)": 4,
+    "'8 groups', as the GQA paper counts groups: 8 KV heads": 8,
+    "'8 groups' read as groups of 8 query heads: 32 / 8 = 4 KV heads": 32 // 8,
+}
+for name, n_kv in readings.items():
+    print(f"{name:<68} {kv_cache_bytes(L, H, d, 1) / kv_cache_bytes(L, n_kv, d, 1):.0f}x smaller than MHA")
+""")
+
+nb.md("""
+So "32 heads → 4" does give 8×, and so does "8 groups" if a group means eight query heads; but with the paper's
+(and the quiz's) meaning — 8 groups = 8 KV heads — the saving is 4×, which is what Q3 asks and what the same
+course's quiz (seed 002) answers. Say which you mean: "8 KV heads" or "groups of 8 query heads".
+
 ## What you built
 
 A cache that makes generation linear instead of quadratic without changing a single token; the mask
-that makes it correct; attention for any number of KV heads; a measured, explained speedup for this
-machine; the memory formula and what GQA, MQA and a sliding window do to it. Next week (17) looks inside
-the attention itself: FlashAttention computes the same result without ever storing the score matrix.
+that makes it correct; attention for any number of KV heads; a model of a decode step's time, predicted and then
+measured on this machine; the memory formula and what GQA, MQA and a sliding window do to it. Next week (17) looks
+inside the attention itself: FlashAttention computes the same result without ever storing the score matrix.
 
-Check: `pytest weeks/16 -k ex10` for the quiz, and `pytest weeks/16` for everything at once.
+Check: `pytest weeks/16 -k ex11` and `-k ex12` for the quiz, and `pytest weeks/16` for everything at once.
 """)
 
 if __name__ == "__main__":

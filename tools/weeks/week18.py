@@ -62,6 +62,7 @@ from lib import speculative as lab  # the lab's reference, to compare against (n
 from lib.generate import generate as lib_generate
 from lib.model import shared_smollm2
 from lib.text import load_text
+from lib.timing import Conditions, Timed, impossible_verify_curve, warning
 
 FULL = False  # True: more repeats, positions and tokens (several minutes)
 torch.manual_seed(0)
@@ -101,6 +102,7 @@ def forward_time(m):
     sync()
     return time.perf_counter() - t0
 
+conditions = Conditions.now()  # the load around the measurement: a busy machine makes curves that are noise
 with torch.no_grad():
     model(text_ids[:, :CONTEXT], cache=cache)
     forward_time(1)  # warm-up
@@ -112,15 +114,23 @@ with torch.no_grad():
             ratios[m].append(forward_time(m) / t1)
             step_time[1] = min(step_time.get(1, math.inf), t1)
 verify_cost = {m: float(torch.tensor(ratios[m]).median()) for m in sizes}  # in units of one decode step
-print(f"one decode step after {CONTEXT} tokens: {1e3 * step_time[1]:.1f} ms")
+conditions.done()
+print(f"one decode step after {CONTEXT} tokens: {1e3 * step_time[1]:.1f} ms; {conditions.line()}")
 for m in sizes:
-    print(f"m = {m:2d} new tokens: {verify_cost[m]:.2f} steps  ({verify_cost[m] / m:.2f} per token)")
+    lo, hi = min(ratios[m]), max(ratios[m])
+    print(f"m = {m:2d} new tokens: {verify_cost[m]:.2f} steps  ({verify_cost[m] / m:.2f} per token; "
+          f"{repeats} repeats {lo:.2f}–{hi:.2f})")
+disturbed = impossible_verify_curve(verify_cost) or warning(
+    [Timed(f"m = {m}", ratios[m]) for m in sizes], conditions)
+if disturbed:
+    print(disturbed)
 plt.figure(figsize=(6, 3.5))
 plt.plot(sizes, [verify_cost[m] for m in sizes], "o-", label="measured")
 plt.plot(sizes, sizes, "--", color="gray", label="m separate steps")
 plt.axhline(1, color="gray", lw=0.5)
 plt.xlabel("tokens scored in one forward (K + 1)"); plt.ylabel("time / one decode step")
-plt.title("The verify-cost curve (SmolLM2, fp32, this CPU)"); plt.legend(); plt.show()
+plt.title("The verify-cost curve (SmolLM2, fp32, this CPU)" + ("\nMEASUREMENT DISTURBED: rerun when quieter" if disturbed else ""))
+plt.legend(); plt.show()
 """)
 
 nb.md(r"""
@@ -366,10 +376,13 @@ nb.md(r"""
 max_new_tokens, k=4, temperature=1.0, generator=None)`. It is exercise 1's loop with three changes: the draft
 *samples* its tokens from q = softmax(draft logits / T) (keep each q row), the target's K + 1 rows become
 p = softmax(target logits / T), and your `verify` decides what is kept; roll both caches back as before. Pass
-`generator` to every draw. The check runs it with counted models (the work rules of exercise 1), then 1,500
-times per temperature on a 4-token Markov chain (T = 1 and 0.5) and tests the law of the first two new tokens
-against the target's, cell by cell; it runs your loop from generators in equal states (the ids must be equal)
-and in different ones (they must differ); and last with torch's default device set to `meta`, as in exercise 1.
+`generator` to every draw. The check runs it with counted models (the work rules of exercise 1), then 760
+times on models whose law is set per position, at K = 4, 8, 1 and 2 and T = 1, 0.5 and 2, and tests the law
+of **every** new token against the target's — each position of a round, the token after a rejection and the
+bonus token after K acceptances — under the same work rules; it runs your loop from generators in equal states
+(the ids must be equal) and in different ones (they must differ); and last with torch's default device set to
+`meta`, as in exercise 1. A draft token that is q's argmax instead of a sample of q, one uniform reused for a
+round's draft positions, or a loop exact for two tokens and wrong after them fails it every run.
 """)
 
 nb.exercise("speculative_sample", '''

@@ -396,11 +396,13 @@ tensor: that copy is exactly the memory paging saves, and the vLLM kernel never 
 (or a few) of every sequence at a time — `k_pool[block_tables[:, j]]` is `[B, n_kv_heads, block_size,
 head_dim]` — mask the positions at or past `context_lens`, and combine the blocks with the **online
 softmax** of week 17 (running max `m`, running sum `l`, running output). The check compares against
-contiguous attention (≤ 1e-5) on ragged lengths, random block sizes, head sizes and batches; it watches
-the peak memory (less than half a contiguous copy of the longest sequence's K and V), the longest
-reduction (no softmax over a whole row), how often each block of K is read (once — or once per query head
-that uses it — not a first pass for the max and a second for the exponentials) and your inputs
-(unchanged); no SDPA, no `lib`, no numpy, and every
+contiguous attention (≤ 1e-5) on ragged lengths, random block sizes, head sizes and batches (GQA and MHA
+every run); it watches the peak memory (less than half a contiguous copy of the longest sequence's K and V,
+and with one sequence of ~5,000 keys less than half of one KV head's keys: no whole row per head either), the
+longest reduction (no softmax over a whole row), how often each block of K is read (once per KV head: the
+query heads of a GQA group share it, so read it once for all of them — not once per query head, not a first
+pass for the max and a second for the exponentials, not twice by chunks of positions that split a block) and
+your inputs (unchanged); no SDPA, no `lib`, no numpy, and every
 tensor you make on the inputs' device (`device=q.device`: the check also runs it on `meta` tensors).
 """)
 nb.exercise("paged_attention", """
@@ -814,7 +816,8 @@ request needs `max(0, blocks_needed(computed + n, block_size) - blocks)` more bl
 **Exercise 8.** Write `schedule`. The check runs random workloads — arrivals, lengths, pools tight
 enough to preempt, budgets small enough to chunk — through your function step by step and judges every
 plan: the budget is never exceeded, no block is allocated that is not free, running requests are served
-oldest first, the newest is preempted first, a step that preempts admits nobody and waiting ones are
+oldest first, the newest is preempted first and only as many as the blocks need (one at a time, while the
+request served does not fit), a step that preempts admits nobody and waiting ones are
 admitted first come first served (so a preempted request resumes before later arrivals), slots are counted
 per sequence (some requests have `seqs` 2 or 3), a chunk is cut only by the budget, nothing that fits is left
 waiting, and every request finishes. Then `LLMEngine(..., scheduler=schedule)` must return

@@ -8,6 +8,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tools.nbbuild import Notebook  # noqa: E402
+from tools.weeks.week21_load import section_costs, section_load, section_lora, section_ttft  # noqa: E402
 
 nb = Notebook()
 
@@ -33,18 +34,24 @@ serving is decided:**
    whose client left, run **one** engine step, and route each token to the request it belongs to.
 
 Then you plug both into the server, check it against `generate`, and run the ablation: the same load with
-one technique after another switched on. The last section answers seed 002's deployment scenarios with
-your own numbers.
+one technique after another switched on. Three more exercises turn the measurements into the numbers a
+deployment is planned with: a model that **predicts TTFT** from the arrival rate, the prefill cost and the
+concurrency (graded on configurations it has not seen, then measured against your server), **end-to-end
+latency** from TTFT and the time between tokens, and the **cost of a million tokens**. The last section
+answers seed 002's deployment scenarios with your own numbers.
 
-**Time.** About 4 hours. The notebook runs top to bottom in about 2 minutes on a 2-core CPU.
+**Time.** About 5 hours. The notebook is sized to run top to bottom within 3 minutes on two quiet cores; its load
+tests pace themselves by the clock, so on a busy machine it takes longer (each timed cell prints the load).
 `pytest weeks/21 -k ex01` checks one exercise from a terminal.
 """)
 
 nb.setup("""
 import codecs
+import math
 from collections import deque
 
-from grader.checks.week21 import check_ServingLoop, check_TextStream
+from grader.checks.week21 import (check_cost_per_million_tokens, check_e2e_latency, check_predict_ttft,
+                                  check_ServingLoop, check_TextStream)
 """)
 
 nb.code("""
@@ -133,22 +140,29 @@ first occurrence of any of them, and the stop string itself is never returned. B
 split across tokens too: after `"Use"` you cannot know yet whether `"r:"` follows. So text that might be
 the beginning of a stop string has to wait.
 
-**The rule you implement.** A `TextStream(stops)` receives each token's bytes with `push(data) -> str`
-and returns the text that became *certain* with them:
+**What the stream must keep.** A `TextStream(stops)` receives each token's bytes with `push(data) -> str`
+and returns the text the client may see now. Designing its state is the exercise; what it must keep is this
+(the check tests each property at every push, on random byte chunks):
 
-* only whole characters: the bytes of an incomplete character at the end wait for the next push; bytes
-  that can never be valid UTF-8 become `"\\ufffd"`, exactly as `bytes.decode("utf-8", "replace")` does
-  (the standard library's `codecs.getincrementaldecoder("utf-8")(errors="replace")` handles both);
-* as soon as a stop string appears anywhere in the text so far (it may span pushes), return the text
-  before it that has not been returned yet, set `self.stopped = True`, and from then on return `""`;
-* otherwise hold back the **longest** end of the text that is a proper beginning of some stop string
-  (and nothing more — a client should see text as soon as it is certain), and return the rest;
-* `finish()` returns whatever is still held (an incomplete character becomes `"\\ufffd"`), or `""` if
-  the stream stopped. An empty stop string matches everywhere: refuse it with `ValueError`.
+1. *Never a broken character.* Only whole characters go out. Bytes that can never be UTF-8 reach the client
+   as `"\\ufffd"`, exactly as `bytes.decode("utf-8", "replace")` shows them.
+2. *Never text that may be taken back.* Nothing returned may later turn out to be part of a stop string.
+3. *Nothing later than it must be.* Each character goes out at the first push after which no continuation
+   of the stream could make it part of a stop string (a client should see text as soon as it is certain).
+4. *The answer ends at the first stop string*, even one that spans pushes: the text before it goes out,
+   `self.stopped` becomes `True`, and every later call returns `""`. (If two stop strings appear in the same
+   push, the answer ends before the earlier one.)
+5. *Nothing is lost.* `finish()` returns what is still held back (an incomplete character as `"\\ufffd"`),
+   or `""` if the stream stopped, so the pieces add up to exactly the whole decoded text cut before its first
+   stop string: streamed and non-streamed answers agree. An empty stop string would match everywhere: refuse
+   it with `ValueError`.
 
-So the pieces always concatenate to exactly the full decoded text, cut before the first stop string —
-streamed and non-streamed answers agree. Think about this case before you write: `stops=["aab"]`, pushes
-`b"aa"`, `b"a"`, `b"b"`. What does each push return?
+A tool: the standard library's `codecs.getincrementaldecoder("utf-8")(errors="replace")` keeps the bytes of an
+incomplete character between calls.
+
+Before you write, work these by hand. `stops=["aab"]`, pushes `b"aa"`, `b"a"`, `b"b"`: what does each push
+return? `stops=["abcd", "bc"]`, one push `b"abc"`? And how much text could property 3 ever force you to hold
+back, at most?
 """)
 
 nb.exercise("TextStream", '''
@@ -209,6 +223,27 @@ class TextStream:
 ''')
 
 nb.test("test_TextStream", "check_TextStream(TextStream)", points=3)
+
+nb.md("""
+### The rule, now that your check passes
+
+The properties leave one way to do it:
+
+* decode incrementally, so an incomplete character waits inside the decoder (property 1), and invalid bytes come
+  out as `"\\ufffd"` the moment they can no longer start a character;
+* after each push, look for every stop string in the text not yet returned: if one is there (it may start in text
+  held back from earlier pushes), return the text before the earliest, set `stopped`, and return `""` from then on;
+* otherwise hold back **the longest end of the text that is a proper beginning of some stop string**, and return the
+  rest. A character before that end can no longer be part of a stop string — every occurrence that could still
+  complete starts inside the held-back end — so property 3 forbids holding it; a character inside it could, so
+  property 2 forbids sending it. At most the longest stop string's length minus one is ever held;
+* `finish()` flushes the decoder and returns what is held (no continuation is coming).
+
+So with `stops=["aab"]` the pushes `b"aa"`, `b"a"`, `b"b"` return `""` (`"aa"` may begin `"aab"`), `"a"` (of `"aaa"`,
+only the last two may still begin it), and `""` (`"aab"` appeared: the answer is `"a"`). A rule that always holds the
+longest stop's length minus one characters (vLLM's simple one) keeps property 2 but breaks 3: it sits on text that
+can no longer be part of any stop string.
+""")
 
 nb.md("""
 Your stream on a real answer, with the stop string `"\\n"` (the first line only): each push's piece between
@@ -430,102 +465,20 @@ with ServerThread(json_server) as base_url:
         print(f"{kind:11s} finish={r.choices[0].finish_reason:6s} {text!r}\\n{'':11s} {parsed}")
 """)
 
-nb.md("""
-## 4. What each technique buys under load
-
-Now the measurement a user would make before choosing a configuration. `run_load_test` (lib/loadtest.py,
-also `python benchmarks/load.py`) sends chat requests through the `openai` client with **Poisson
-arrivals** — independent users, exponential gaps — all sharing one system prompt (a help desk's
-instructions, about 60 tokens) and each asking a short question, streamed; per request it records TTFT
-(submission to first streamed token) and TPOT (the time per token after the first), and it samples the
-server's KV-cache use from `/metrics`.
-
-The same load runs on four configurations of *your* server, one technique switched on at a time:
-
-| configuration | what changes |
-|---|---|
-| one at a time | `max_num_seqs=1`: requests queue and run alone (a server without batching) |
-| continuous batching | up to 8 requests per step, admitted at the next step (week 19) |
-| + prefix caching | the shared system prompt's KV blocks are computed once and reused (week 19) |
-| + packed weights | `lib.fast`'s oneDNN-packed fp32 matmuls, same numbers (week 18's engine work) |
-
-**Predict before you run.** A decode step of 8 rows costs more than a step of one, but far less than 8 steps
-(week 19's decode-only benchmark on a quiet 2-core EPYC: batch 8 produced 5.3–5.7× the tokens per second of
-batch 1, so its step took about 1.4–1.5× as long), so what should batching do to throughput, and to TPOT? The system prompt is most of each prompt: what should
-the prefix cache change — TTFT, TPOT, or both?
-""")
-
-nb.code("""
-RATE, N_REQUESTS, MAX_TOKENS = 2.0, 8, 16  # arrivals per second, requests per run, tokens per answer
-configs = {
-    "one at a time": dict(max_num_seqs=1),
-    "continuous batching": dict(max_num_seqs=8),
-    "+ prefix caching": dict(max_num_seqs=8, prefix_caching=True),
-    "+ packed weights": dict(max_num_seqs=8, prefix_caching=True, weights="packed"),  # last: packs in place
-}
-rows = {}
-for name, kw in tqdm(configs.items(), desc="configurations"):
-    srv = make_server(model, tok, num_blocks=256, loop_cls=ServingLoop, text_stream_cls=TextStream, **kw)
-    with ServerThread(srv) as base_url:
-        rows[name] = run_load_test(base_url, MODEL, RATE, N_REQUESTS, MAX_TOKENS, seed=0, max_seconds=120)
-        rows[name]["hit"] = srv.engine.prefix_hit_tokens / max(1, srv.loop.stats["prompt_tokens_total"])
-print(f"{N_REQUESTS} requests at {RATE}/s, {MAX_TOKENS} tokens each; load average {os.getloadavg()[0]:.1f}")
-print(f"{'configuration':>20} {'ok':>3} {'tok/s':>6} {'TTFT p50':>9} {'p95':>6} {'TPOT p50':>9} {'p95':>7} "
-      f"{'KV use':>7} {'prefix hits':>11}")
-for name, r in rows.items():
-    print(f"{name:>20} {r['ok']:>3} {r['throughput']:>6.1f} {r['ttft50']:>8.2f}s {r['ttft95']:>5.2f}s "
-          f"{1e3 * r['tpot50']:>7.0f}ms {1e3 * r['tpot95']:>5.0f}ms {100 * (r['kv'] or 0):>6.1f}% {100 * r['hit']:>10.0f}%")
-if model.device.type != "cpu":  # lib.fast.pack_linears is a no-op there
-    print(f"(packed weights are a CPU layout: on {model.device} the last row runs the same fp32 model as the row above it)")
-""")
-
-nb.code("""
-names = list(rows)
-fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.6))
-a.barh(names, [rows[n]["throughput"] for n in names], color="tab:blue")
-a.set(xlabel="completion tokens per second", title="throughput (higher is better)")
-a.invert_yaxis()
-y = range(len(names))
-b.barh([i - 0.2 for i in y], [rows[n]["ttft50"] for n in names], height=0.4, label="TTFT p50")
-b.barh([i + 0.2 for i in y], [rows[n]["ttft95"] for n in names], height=0.4, label="TTFT p95")
-b.set(yticks=list(y), yticklabels=names, xlabel="seconds", xscale="log", title="time to first token (lower is better)")
-b.invert_yaxis()
-b.legend()
-fig.tight_layout()
-plt.show()
-""")
+section_load(nb)
+section_ttft(nb)
+section_costs(nb)
+section_lora(nb)
 
 nb.md("""
-Read your table against your prediction; the numbers are this run's, on this machine, with whatever else it
-was doing (the load average is printed), so compare rows, not runs. What to look for:
-
-* **one at a time**: if requests arrive faster than one server finishes them, the queue only grows and TTFT
-  with it (p95 far above p50) — the server is *unstable* at that rate, whatever its hardware.
-* **continuous batching**: one step serves every running request, so throughput rises and the queue drains;
-  TTFT falls. TPOT *rises*, for two reasons: a step of several rows costs more than a step of one (about
-  1.4–1.5× at 8 rows, above), and a step may also carry other requests' prefills (they share its token
-  budget), the TTFT/TPOT trade that chunked-prefill schedulers (Sarathi-Serve) tune.
-* **prefix caching**: the shared system prompt is most of each prompt, so most of each prefill disappears
-  (the hit rate) — that shows in TTFT. It tells the two causes of the higher TPOT apart: if TPOT stays well
-  above the one-at-a-time row once most prefill is gone, the batch itself is what costs (in this week's README
-  run TPOT went 50 → 104 ms with batching and stayed at 93 ms with the cache).
-* **packed weights** make each matmul cheaper (week 19's decode-only benchmark, quiet: +57–58 % tokens per
-  second at batch 8, +28–43 % at batch 1); with only a few requests and a busy machine the gain can sit inside
-  the noise — say which.
-
-On a 2-core CPU one step of SmolLM2 costs tens of milliseconds, so absolute numbers are far from a GPU's; the
-*shape* — which technique moves which metric — is what carries over, and `python benchmarks/load.py
---base-url ...` runs this same load against vLLM or any other OpenAI-compatible server when you have one.
-""")
-
-nb.md("""
-## 5. Deployment scenarios (written, graded by hand)
+## 8. Deployment scenarios (written, graded by hand)
 
 Seed 002 (Day 63) closes its inference phase with four scenarios. Answer each in 4–8 sentences: which
 techniques of weeks 16–21 you would turn on, in what order, and **why, citing what you measured** in this
 notebook or earlier weeks (name the number and the week). Where our CPU numbers cannot be carried over to
-the scenario's hardware, say what would change and what you would measure first. The seed's own "expected"
-figures are not given here on purpose: derive what you claim.
+the scenario's hardware, say what would change and what you would measure first — sections 5 and 6 give you the
+tools (your TTFT model, end-to-end latency, cost per million tokens). The seed's own "expected" figures are not
+given here on purpose: derive what you claim.
 """)
 
 nb.md("""
@@ -595,8 +548,10 @@ nb.md("""
 nb.answer("answer_scenario_d", """
 **Model answer.** The base model is shared, so serve **one base with batched LoRA** (S-LoRA / Punica style:
 requests for different adapters in the same continuous batch, each token's low-rank update applied per
-request), not 50 deployments. **Continuous batching + paged KV** keep the 8 GPUs busy across tenants (the
-ablation: batching is where throughput comes from); adapters live in a paged pool too, loaded on demand.
+request), not 50 deployments: section 7's measurement — one base serving a batch that mixes adapters, against
+each adapter served as its own model — is the figure that says what this buys (cite it). **Continuous batching +
+paged KV** keep the 8 GPUs busy across tenants (the ablation: batching is where throughput comes from); adapters
+live in a paged pool too, loaded on demand.
 **Prefix caching** per tenant for each customer's system prompt (keyed by adapter *and* tokens, since the same
 text under two adapters has different KV). Replicas of the 8B base rather than tensor parallelism, with a
 router that keeps a tenant on the replica holding its adapter and its cached prefix. Measure per-tenant
@@ -604,21 +559,31 @@ TTFT/TPOT with the load test, with fairness: one tenant's burst must not starve 
 week 19's scheduler invariants).
 
 **Mark scheme (2 points).** 1 point: shared base with batched multi-adapter serving, not one model per
-customer. 1 point: how batching, paged KV and prefix caching interact with adapters (prefix keyed by adapter,
-adapter-aware routing or fairness), citing a measured effect.
+customer, citing section 7's multi-LoRA measurement. 1 point: how batching, paged KV and prefix caching interact
+with adapters (prefix keyed by adapter, adapter-aware routing or fairness), citing a measured effect.
 """, points=2)
 
 nb.md("""
 ## Check yourself
 
 ```
-pytest weeks/21            # both exercises
-pytest weeks/21 -k ex02    # the serving loop alone
+pytest weeks/21            # all five exercises
+pytest weeks/21 -k ex03    # one of them: ex01 TextStream ... ex05 cost_per_million_tokens
 ```
 
-And serve it for real: `make serve` starts lib's server on 127.0.0.1:8000; `python benchmarks/load.py`
-loads it at several arrival rates; `python benchmarks/load.py --ablation` runs section 4's ablation with
-int8 weights as a fifth row.
+And serve it for real: `make serve` starts lib's server on 127.0.0.1:8000 (`make serve ARGS=--max-num-seqs=16`
+passes options on). Unless told, it runs as many requests at once as its KV pool holds at 256 tokens each
+(`lib.server.default_max_num_seqs`, printed below); the rest wait, and `/metrics` shows for how long
+(`vllm:request_queue_time_seconds`). `python benchmarks/load.py` loads it at several arrival rates;
+`python benchmarks/load.py --ablation` runs section 4's ablation with int8 weights as a fifth row.
+""")
+
+nb.code("""
+from lib.server import default_max_num_seqs
+
+blocks, block_size = 512, 16  # python -m lib.server's defaults (--num-blocks, --block-size)
+print(f"make serve runs up to {default_max_num_seqs(blocks, block_size)} requests at once "
+      f"({blocks} blocks of {block_size} tokens, 256 tokens a request)")
 """)
 
 

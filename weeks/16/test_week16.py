@@ -28,27 +28,32 @@ def test_ex05_generate(ex):
     checks.check_generate(ex.generate)
 
 
-def test_ex06_roofline_time(ex):
-    checks.check_roofline_time(ex.roofline_time)
-
-
-def test_ex07_kv_cache_bytes(ex):
+def test_ex06_kv_cache_bytes(ex):
     """Milestones: OPT-13B 819,200 B/token, GPT-3 4.5 MiB/token, SmolLM2 == the allocated cache."""
     checks.check_kv_cache_bytes(ex.kv_cache_bytes)
 
 
-def test_ex08_pool_kv_heads(ex):
+def test_ex07_roofline_time(ex):
+    checks.check_roofline_time(ex.roofline_time)
+
+
+def test_ex08_decode_time(ex):
+    """Predict: one decode step's time from the model, the cache, the batch, FLOP/s and bandwidth (drawn per run)."""
+    checks.check_decode_time(ex.decode_time)
+
+
+def test_ex09_pool_kv_heads(ex):
     checks.check_pool_kv_heads(ex.pool_kv_heads)
 
 
-def test_ex09_RollingKVCache(ex):
+def test_ex10_RollingKVCache(ex):
     """Milestone: rolling cache == full attention under a sliding-window mask, constant memory."""
     checks.check_RollingKVCache(ex.RollingKVCache)
 
 
-def test_ex10_answer_q1(ex):
+def test_ex11_answer_q1(ex):
     checks.check_answer_q1(ex.answer_q1)
 
 
-def test_ex10_answer_q3(ex):
+def test_ex12_answer_q3(ex):
     checks.check_answer_q3(ex.answer_q3)

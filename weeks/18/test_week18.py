@@ -20,7 +20,8 @@ def test_ex02_verify(ex):
 
 
 def test_ex03_speculative_sample(ex):
-    """Milestone: the sampling loop around verify: counted work, rollback, the target's law at T = 1 and 0.5."""
+    """Milestone: the sampling loop around verify: counted work, rollback, the target's law at every position of a
+    round and the bonus token (K = 4, 8, 1, 2; T = 1, 0.5, 2)."""
     checks.check_speculative_sample(ex.speculative_sample)
 
 

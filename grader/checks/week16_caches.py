@@ -1,0 +1,163 @@
+"""What week 16's cache checks share (below `grader.checks.week16`): every append a check grades is observed in the
+student's process and judged there and then (`append_observed`: its route, the tensor bytes it allocates, on the host
+too where asked, and that it writes into the buffers made before it), also the appends a check's model makes
+(`Watched`); a cache filled to a length drawn from the run's seed (`layer_fill`); a rolling cache's appends checked
+position by position (`rolling_positions`).
+"""
+from __future__ import annotations
+
+import torch
+
+from grader.checks import assert_route, generator, observe, seed_note
+
+
+def constructed(cls, *args, what=None):
+    """`cls(*args)`, observed, its route judged: a cache whose numbers (nbytes, length) a check grades."""
+    obj, obs = observe(cls, *args, _observe_light=True)
+    assert_route(obs, what or f"{getattr(cls, '__name__', 'the class')}(...)")
+    return obj
+
+
+def ints(offset, n, low, high):
+    """n random ints in [low, high) from this run's seed."""
+    return [int(x) for x in torch.randint(low, high, (n,), generator=generator(offset))]
+
+
+def append_observed(cache, k, v, what, limit, host=False, light=False):
+    """`cache.append(k, v)`, observed (memory on the host too with `host`: numpy's arrays, Python lists), its route
+    judged and the bytes it allocated held to `limit`. Every append whose result a check grades goes through here."""
+    out, obs = observe(cache.append, k, v, _observe_host=host, _observe_light=light)
+    assert_route(obs, what)
+    assert obs.peak_bytes <= limit, (
+        f"{what}: the append allocated {obs.peak_bytes:,} bytes of tensors; it needs at most {limit:,} (the new "
+        f"positions, a few times): write into the buffers allocated once, never a new copy of what the cache holds "
+        f"(torch.cat grows the cache anew at every step) {seed_note()}")
+    assert obs.premade_bytes > 0, (
+        f"{what}: the append wrote nothing into buffers made before it (the K and V buffers allocated in __init__): "
+        f"store the new positions there, not in new tensors or lists of the appended ones {seed_note()}")
+    if host:
+        assert obs.host_peak_bytes <= limit, (
+            f"{what}: the append allocated {obs.host_peak_bytes:,} bytes outside torch's tensors (numpy arrays, "
+            f"Python lists); it needs at most {limit:,}: keep the cache in its tensor buffers {seed_note()}")
+    assert isinstance(out, tuple) and len(out) == 2 and all(isinstance(x, torch.Tensor) for x in out), (
+        f"{what}: append must return (keys, values), two tensors [batch, n_kv_heads, n, head_dim]")
+    return out
+
+
+class Watched:
+    """A student's layer cache as a check's model sees it: each append the model makes is observed and judged
+    (`append_observed`), like the check's own calls."""
+
+    def __init__(self, layer, what, limit):
+        self._layer, self._what, self._limit = layer, what, limit
+
+    @property
+    def length(self):
+        return self._layer.length
+
+    def append(self, k, v):
+        keys, values = append_observed(self._layer, k, v, self._what, self._limit(k, v), light=True)
+        return keys, values
+
+
+def layer_limit(k, v) -> int:
+    """What one LayerKVCache append may allocate: a couple of copies of the new positions, and a page."""
+    return 2 * (k.nbytes + v.nbytes) + 8192
+
+
+def layer_fill(LayerKVCache) -> None:
+    """A cache of a length drawn from this run's seed, filled to the last position by appends of 1 to max(8,
+    max_len / 10) positions, each observed: right contents, views of one buffer, no allocation that grows with the length held (on the host
+    too, at the end), then an overflow that changes nothing."""
+    b, h, d = 2, 4, 32
+    max_len = ints(42, 1, 48, 400)[0]
+    cache, obs = observe(LayerKVCache, b, h, max_len, d, torch.float32, None)
+    assert_route(obs, "LayerKVCache(...)", why="Write the class yourself; do not subclass lib.kv_cache.LayerKVCache.")
+    nbytes = 2 * b * h * max_len * d * 4
+    assert cache.nbytes == nbytes, f"LayerKVCache({b}, {h}, {max_len}, {d}).nbytes = {cache.nbytes}; expected {nbytes}"
+    assert obs.peak_bytes >= nbytes, (
+        f"LayerKVCache({b}, {h}, max_len={max_len}, {d}) allocated {obs.peak_bytes:,} bytes of tensors in __init__; "
+        f"its K and V buffers for max_len positions are {nbytes:,}: allocate them whole, once, in __init__ {seed_note()}")
+    g = generator(43)
+    sizes = ints(44, max_len, 1, max(9, max_len // 10))
+    held_k, held_v, length, ptr = [], [], 0, None
+    while length < max_len:
+        t = min(sizes[len(held_k)], max_len - length)
+        k, v = torch.randn(b, h, t, d, generator=g), torch.randn(b, h, t, d, generator=g)
+        what = f"LayerKVCache(max_len={max_len}) holding {length}, append of {t}"
+        last = length + t == max_len
+        gk, gv = append_observed(cache, k, v, what, layer_limit(k, v), host=last, light=not last and len(held_k) > 1)
+        held_k.append(k)
+        held_v.append(v)
+        length += t
+        assert tuple(gk.shape) == (b, h, length, d) and torch.equal(gk, torch.cat(held_k, 2)) and \
+            torch.equal(gv, torch.cat(held_v, 2)), (
+                f"{what}: append must return all {length} positions held, old ones first, then the new ones {seed_note()}")
+        ptr = gk.data_ptr() if ptr is None else ptr
+        assert gk.data_ptr() == ptr, (
+            f"{what}: the keys returned are not views of the buffer the first append returned; append should "
+            f"return views of one preallocated buffer (self.k[:, :, :length]), not a new tensor {seed_note()}")
+        assert cache.length == length, f"{what}: length is {cache.length}; expected {length}"
+    overflow(cache, b, h, d, max_len, 1, max_len)
+
+
+def overflow(cache, b, h, d, max_len, t, held) -> None:
+    try:
+        cache.append(torch.zeros(b, h, t, d), torch.zeros(b, h, t, d))
+    except NotImplementedError:
+        raise
+    except Exception as e:  # noqa: BLE001  (whatever it raised is the verdict, in one line)
+        assert isinstance(e, ValueError), (
+            f"overflow raised {type(e).__name__}; raise CacheOverflowError (a ValueError) with a message saying why")
+        assert str(e), "the overflow error needs a message (how many positions are held, how many fit)"
+    else:
+        raise AssertionError(f"appending {t} positions to a cache holding {held} of {max_len} must raise "
+                             f"CacheOverflowError, not succeed")
+    assert cache.length == held, (
+        f"a refused append must leave the cache as it was; length is now {cache.length}, expected {held}")
+
+
+def rolling_limit(window, k) -> int:
+    """What one RollingKVCache append of k [B, Hkv, t, d] may allocate: a few copies of the held and new positions."""
+    row = k.shape[0] * k.shape[1] * k.shape[3] * k.element_size()
+    return 4 * (window + k.shape[2]) * 2 * row + 8192
+
+
+def rolling_new(RollingKVCache, batch, heads, window, d):
+    cache, obs = observe(RollingKVCache, batch, heads, window, d, torch.float32, None)
+    assert_route(obs, "RollingKVCache(...)", why="Write the class yourself; do not subclass lib.kv_cache.RollingKVCache.")
+    nbytes = 2 * batch * heads * window * d * 4
+    assert cache.nbytes == nbytes, (
+        f"RollingKVCache({batch}, {heads}, window={window}, {d}).nbytes = {cache.nbytes}; expected {nbytes}: K and V "
+        f"buffers of [batch, n_kv_heads, window, head_dim], fp32")
+    assert obs.peak_bytes >= nbytes, (
+        f"RollingKVCache({batch}, {heads}, window={window}, {d}) allocated {obs.peak_bytes:,} bytes of tensors in "
+        f"__init__; its K and V buffers are {nbytes:,}: allocate them whole, once, as tensors {seed_note()}")
+    return cache
+
+
+def rolling_positions(RollingKVCache, window, schedule, heads=2, d=3, host_at=()):
+    """Append positions in chunks of `schedule`, each key/value holding its position number, every append observed
+    (on the host too at the indices `host_at`): what each returns (held positions oldest first, then the new ones),
+    what it allocates (bounded by the window, not the length) and that it writes into the buffers."""
+    cache = rolling_new(RollingKVCache, 1, heads, window, d)
+    nbytes, length = cache.nbytes, 0
+    for i, t in enumerate(schedule):
+        pos = torch.arange(length, length + t, dtype=torch.float32)
+        new = pos[None, None, :, None].expand(1, heads, t, d).contiguous()
+        what = f"RollingKVCache(window={window}) after {length} positions, append of {t}"
+        k, v = append_observed(cache, new, -new, what, rolling_limit(window, new), host=i in host_at,
+                               light=i > 1 and i not in host_at)
+        held = min(length, window)
+        want = list(range(length - held, length + t))
+        assert k.dim() == 4 and tuple(k.shape) == (1, heads, held + t, d), (
+            f"{what}: append must return (keys, values) [B, Hkv, held + new, d] = {(1, heads, held + t, d)}; got "
+            f"{tuple(k.shape)}")
+        assert k[0, 0, :, 0].tolist() == [float(p) for p in want], (
+            f"{what} returned keys of positions {[int(x) for x in k[0, 0, :, 0].tolist()][:8]}; expected the "
+            f"{held} held positions (oldest first) then the {t} new ones: {want[:6]}{'...' if len(want) > 6 else ''} "
+            f"{seed_note()}")
+        assert torch.equal(v, -k), f"{what}: values must come back in the same order as the keys"
+        length += t
+        assert cache.length == length, f"{what}: length is {cache.length}; it counts every position ever appended ({length})"
+        assert cache.nbytes == nbytes, f"{what}: nbytes changed from {nbytes} to {cache.nbytes}; the buffers are allocated once"

@@ -1,0 +1,85 @@
+"""grader.reads: the visits and terminal reads of an argument, followed through what the call made of it."""
+import pytest
+import torch
+
+from grader.observe import from_wire, observe, to_wire
+
+
+def _stats(fn, x, chunk=8):
+    _, obs = observe(fn, x, chunk, _observe_light=True, _observe_reads=((0, 1),))
+    obs = from_wire(to_wire(obs))  # what crosses from the child
+    slices = obs.visits_of(0)
+    return max(s[0] for s in slices), min(s[1] for s in slices), max(s[2] for s in slices)
+
+
+def one_pass(x, c):
+    m = torch.full(x.shape[:-1], float("-inf"))
+    l = torch.zeros(x.shape[:-1])
+    for s in range(0, x.shape[-1], c):
+        m_new = torch.maximum(m, x[..., s:s + c].amax(-1))
+        l = l * torch.exp(m - m_new) + torch.exp(x[..., s:s + c] - m_new[..., None]).sum(-1)
+        m = m_new
+    return torch.exp(x - m[..., None]) / l[..., None]
+
+
+def two_pass(x, c):
+    m = torch.full(x.shape[:-1], float("-inf"))
+    for s in range(0, x.shape[-1], c):
+        m = torch.maximum(m, x[..., s:s + c].amax(-1))
+    l = sum(torch.exp(x[..., s:s + c] - m[..., None]).sum(-1) for s in range(0, x.shape[-1], c))
+    return torch.exp(x - m[..., None]) / l[..., None]
+
+
+def test_one_pass_visits_each_element_once():
+    assert _stats(one_pass, torch.randn(4, 64)) == (1, 1, 2)  # amax and the sum: two reads, one visit
+
+
+@pytest.mark.parametrize("disguise", [
+    lambda x: x,  # the argument itself
+    lambda x: x.clone(), lambda x: x.double().float(), lambda x: x.t().contiguous().t(), lambda x: x * 1.0,
+    lambda x: torch.cat([x[:, :32], x[:, 32:]], 1), lambda x: x[:, torch.arange(64)],  # copies, by any op
+    lambda x: x.unsqueeze(-1).sum(-1), lambda x: torch.stack([x, torch.zeros_like(x)]).sum(0),  # one-element groups
+    lambda x: x.flip(-1).flip(-1) + 0 * x.roll(3, -1),  # through permutations, with a decoy of the same elements
+])
+def test_a_second_pass_is_a_second_visit_whatever_copy_it_reads(disguise):
+    most, fewest, _ = _stats(lambda x, c: two_pass(disguise(x), c), torch.randn(4, 64))
+    assert most == fewest == 2
+
+
+def test_reading_everything_between_passes_is_counted_in_reads():
+    def joined(x, c):
+        m = torch.full(x.shape[:-1], float("-inf"))
+        for s in range(0, x.shape[-1], c):
+            m = torch.maximum(m, x[..., s:s + c].amax(-1))
+            x.view(4, -1, c).amax(-1)  # every element, each step
+        l = sum(torch.exp(x[..., s:s + c] - m[..., None]).sum(-1) + 0 * x.view(4, -1, c).amax(-1).sum(-1)
+                for s in range(0, x.shape[-1], c))
+        return torch.exp(x - m[..., None]) / l[..., None]
+    _, _, reads = _stats(joined, torch.randn(4, 64))
+    assert reads >= 8  # as many as chunks
+
+
+def test_work_out_of_torchs_sight_reads_nothing():
+    def in_numpy(x, c):
+        a = x.numpy()
+        return torch.from_numpy(a / a.sum())
+    assert _stats(in_numpy, torch.rand(4, 64))[1] == 0
+
+
+def test_a_decoy_block_does_not_hide_a_read():
+    """Each chunk combined with a decoy chunk of as many elements: whichever addresses the result carries, the
+    chunk is read."""
+    def hidden(x, c):
+        decoy = x[:, :8]
+        for s in range(8, 64, c):
+            (decoy * 0 + x[:, s:s + c]).amax(-1)
+            (x[:, s:s + c] + decoy * 0).amax(-1)
+        return x
+    _, fewest, _ = _stats(hidden, torch.randn(4, 64))
+    assert fewest >= 1
+
+
+def test_what_reads_only_a_shape_is_no_read():
+    def shapes(x, c):
+        return torch.empty_like(x), torch.zeros_like(x), x.new_full((3,), 1.0)
+    assert _stats(shapes, torch.randn(4, 64))[0] == 0
