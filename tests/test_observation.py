@@ -202,7 +202,10 @@ def test_a_route_that_switches_on_the_dispatch_stack_takes_one_route(tmp_path, t
     else:
         week17.check_flash_attention_forward(ex.flash_attention_forward)
     routes = ex._routes_taken()
-    assert len(routes) > 10 and len(set(routes)) == 1, f"the route switched: {routes}"
+    if test == ">= 2":  # every call week 17 judges is observed: rejected at its first, which did not look observed
+        assert routes and set(routes) == {False}, f"the route looked observed: {routes}"
+    else:
+        assert len(routes) > 10 and set(routes) == {True}, f"the route switched: {routes}"
 
 
 # --- routes chosen by counting calls, results remembered for the second run -----------------------------------
@@ -217,16 +220,16 @@ class _Softmax:
 
     def __call__(self, x, chunk_size):
         self.calls += 1
-        if self.calls == 16:  # the observed call: the route the check wants, on junk
+        if self.calls == 16:  # once the route the check wants, on junk: observed and judged like every other call
             return _chunked(x * 0, chunk_size)
-        return torch.softmax(x, dim=-1)
+        return _chunked(x, chunk_size)
 
 
 _chunked = online_softmax
 online_softmax = _Softmax()
 '''
 
-# A method that spots the second run (a call whose input equals the last one's, which no check makes otherwise)
+# A method that spots the second run (a call whose inputs equal the last one's, which no check makes otherwise)
 # and answers it by torch.softmax: the copy of its object does not carry the module's record of the last input.
 _SECOND_RUN_SPOTTED = '''
 _last = []
@@ -234,8 +237,8 @@ _last = []
 
 class _Chunked:
     def run(self, x, chunk_size):
-        again = bool(_last) and _last[0].shape == x.shape and torch.equal(_last[0], x)
-        _last[:] = [x.clone()]
+        again = bool(_last) and _last[1] == chunk_size and _last[0].shape == x.shape and torch.equal(_last[0], x)
+        _last[:] = [x.clone(), chunk_size]
         return torch.softmax(x, dim=-1) if again else _chunked(x, chunk_size)
 
 
@@ -246,14 +249,15 @@ online_softmax = _Chunked().run
 
 @pytest.mark.parametrize("route", ["counting_object", "second_run_spotted"])
 def test_a_callable_object_or_a_method_that_counts_its_calls_fails(tmp_path, route):
-    """(c) A callable object that counts its calls fails on the observed call's own result (it is judged); a method
-    that spots the second run fails there (a method is now called again, on a copy of its object). Both passed
-    before the change."""
+    """(c) A callable object that counts its calls fails on the call it answers with junk (every call week 17 grades
+    is observed and its own result judged: a copy of the object made for a second run would count the same, so only
+    that catches a counter); a method that spots the second run fails there (a method is now called again, on a
+    copy of its object). The method passed before the change."""
     from grader.checks import week17
 
     source = _COUNTING_OBJECT if route == "counting_object" else _SECOND_RUN_SPOTTED
     ex = _load(tmp_path, 17, edits={"online_softmax": _solution_cell(17, "online_softmax") + source})
-    match = ("the call whose route is judged: differs" if route == "counting_object"
+    match = ("differs from the reference" if route == "counting_object"
              else "returned other values when called a second time, the same way, on copies of its arguments and its object")
     with pytest.raises(AssertionError, match=match):
         week17.check_online_softmax(ex.online_softmax)
@@ -284,11 +288,14 @@ def gqa_attention(q, k, v, causal=True):
 @pytest.mark.parametrize("observed", ["torch._C._len_torch_dispatch_stack() > 0", "_calls[0] == 17"])
 def test_the_stash_route_fails(tmp_path, observed):
     """(d) Full marks before the change (issue 54: week 16's gqa_attention); now the observed call's own result is
-    judged, and the dispatch stack says nothing."""
+    judged, and the dispatch stack says nothing: every call looks observed, so each returns junk. Counting calls,
+    the first call's SDPA is seen (week 16 observes every call it grades)."""
     from grader.checks import week16
 
     ex = _load(tmp_path, 16, edits={"gqa_attention": _STASH.replace("{observed}", observed)})
-    with pytest.raises(AssertionError, match="differs from the reference"):
+    match = ("differs from the reference" if "dispatch_stack" in observed
+             else r"called \['aten._scaled_dot_product\w*'\], which this exercise asks you to do without")
+    with pytest.raises(AssertionError, match=match):
         week16.check_gqa_attention(ex.gqa_attention)
 
 
