@@ -530,7 +530,8 @@ def test_a_function_that_takes_another_route_on_its_second_run_fails(tmp_path):
         _tiled, _last = flash_attention_forward, []
 
         def flash_attention_forward(q, k, v, causal=False, block_q=128, block_k=128, visited=None):
-            key = (tuple(q.shape), q[0, 0, 0, 0].item(), k[-1, -1, -1, -1].item(), causal, block_q, block_k)
+            # what the call looks like, read without reading an element (week 17 counts every read of q, k and v)
+            key = (tuple(q.shape), q.stride(), tuple(k.shape), k.stride(), q.dtype, causal, block_q, block_k)
             again = _last == [key]  # the same call as the last one: no check makes that but the second run
             _last[:] = [key]
             if not again:
