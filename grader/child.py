@@ -833,7 +833,7 @@ class _Guard:
                        _ChildPickler, _ChildUnpickler, _ParentProxy, _Guard, observe.OpRecorder, observe.Observation,
                        observe.Recording, observers, observers.Observers, observers.HostMeter, calls, calls.Scope,
                        calls.Calls, calls.Job, calls.Rerun, vars(calls)["_Entry"], vars(calls)["_Copier"], triton,
-                       triton.TritonWatch, reads, reads.Visits):
+                       triton.TritonWatch, reads, reads.Visits, reads.ReadCounter):
             mapping, name = vars(holder), getattr(holder, "__name__", str(holder))
             out += [(f"{name}.{k}", mapping, k, v) for k, v in mapping.items()
                     if callable(v) or isinstance(v, (staticmethod, classmethod, property))]

@@ -19,7 +19,7 @@ import torch
 from grader.fingerprint import lib_name, oracle_name, warm
 from grader.observers import OUTSIDE_CODE, HostMeter, Observers, observers_code
 from grader.op_table import classify
-from grader.reads import Visits, note_op
+from grader.reads import ReadCounter, Visits, note_op
 from grader.triton_watch import TritonWatch
 
 
@@ -177,41 +177,6 @@ def _span_end(t: torch.Tensor) -> int:
     return (last + 1) * t.element_size()
 
 
-_INDEXING = {"aten.index", "aten._unsafe_index", "aten.index_select", "aten.gather", "aten.take", "aten.embedding"}
-
-
-class _ReadCounter:
-    """How many ops read each element of one tensor's storage: `counts[i]` for storage element i."""
-
-    def __init__(self, t: torch.Tensor):
-        n = t.untyped_storage().nbytes() // t.element_size()
-        self.tensor = t
-        self.addresses = torch.arange(n, device=t.device)  # a view of this at t's strides gives the elements it covers
-        self.counts = torch.zeros(n, dtype=torch.int32, device=t.device)
-
-    def note(self, func, name: str, args, kwargs, view: torch.Tensor, position) -> None:
-        addr = self.addresses.as_strided(view.shape, view.stride(), view.storage_offset())
-        if name in _INDEXING:  # what the op gathers: the same op on the addresses
-            args, kwargs = list(args), dict(kwargs or {})
-            if isinstance(position, int):
-                args[position] = addr
-            else:
-                kwargs[position] = addr
-            if "out" in kwargs:  # the gather into a buffer: the same gather, returned
-                del kwargs["out"]
-                func = func.overloadpacket
-            addr = func(*args, **kwargs)
-        read = addr.reshape(-1).unique()
-        self.counts.index_add_(0, read, torch.ones_like(read, dtype=torch.int32))
-
-    def per_slice(self) -> list[float]:
-        t = self.tensor
-        if t.dim() == 0 or t.numel() == 0:
-            return []
-        counts = self.counts.as_strided(t.shape, t.stride(), t.storage_offset())
-        return [float(x) for x in counts.reshape(t.shape[0], -1).float().mean(dim=1).cpu()]
-
-
 class OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
     @classmethod
     def _should_skip_dynamo(cls) -> bool:  # see _without_dynamo_import
@@ -225,7 +190,7 @@ class OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
         self.inputs = inputs  # data pointers of the observed call's tensor arguments' storages
         self.fresh: set[int] = set()  # storages that ops made during the call
         self.premade: dict[int, int] = {}  # storage made before the call -> high-water mark of the bytes written
-        self.counted = counted or {}  # data pointer -> _ReadCounter of an argument whose reads are counted
+        self.counted = counted or {}  # data pointer -> ReadCounter of an argument whose reads are counted
 
     def _note_reads(self, func, name, args, kwargs) -> None:
         schema = getattr(func, "_schema", None)
@@ -365,7 +330,7 @@ class Recording:
                 if issubclass(type(args[i]), torch.Tensor) and args[i].device.type != "meta" and args[i].numel():
                     self.visits[i] = Visits(args[i], dim)
             elif issubclass(type(args[i]), torch.Tensor) and args[i].device.type != "meta":
-                self.reading[i] = counted[args[i].untyped_storage().data_ptr()] = _ReadCounter(args[i])
+                self.reading[i] = counted[args[i].untyped_storage().data_ptr()] = ReadCounter(args[i])
         self.recorder = OpRecorder(obs, argument_storages(args, kwargs or {}), counted, list(self.visits.values()))
         self.inputs = {i: a for i, a in enumerate(args) if issubclass(type(a), torch.Tensor)}
         self.inputs.update({k: a for k, a in (kwargs or {}).items() if issubclass(type(a), torch.Tensor)})
