@@ -425,3 +425,19 @@ def test_the_second_runs_copies_run_none_of_the_notebooks_code():
     assert Rerun.of(cache.append, (keyed,), {}) is None and ran == []  # a dict keyed by an object of the notebook's
     object.__setattr__(cache, "n", random.Random(0))
     assert Rerun.of(cache.append, (torch.ones(2),), {}) is None  # C state: not copied
+
+
+def test_an_op_run_as_its_decomposition_is_measured_once():
+    """Under `torch.inference_mode` the observers see `aten.matmul` itself and run it as its decomposition: its
+    parts are recorded (one product, each element of its arguments read once, followed once), the composite op
+    not again — its reads counted twice, and its visits and the op table's verdicts taken twice, before the merge
+    with main (the recorder counted reads before each op, composite or not)."""
+    from grader.observe import observe
+
+    a, b = torch.randn(4, 8), torch.randn(8, 3)
+    with torch.inference_mode():
+        got, obs = observe(lambda a, b: torch.matmul(a, b) + 0, a, b, _observe_reads=(0, (1, 1)))
+    torch.testing.assert_close(got, a @ b)
+    assert obs.ops["aten.matmul"] == 1 and obs.matmuls == [((4, 8), (8, 3))], (obs.ops, obs.matmuls)
+    assert obs.reads_of(0) == [1.0] * 4, obs.reads_of(0)
+    assert [v[0] for v in obs.visits_of(1)] == [1, 1, 1] and not obs.unclassified, (obs.visits_of(1), obs.unclassified)
