@@ -449,6 +449,8 @@ class _Copier:
         if t in (dict, collections.OrderedDict, collections.Counter, collections.defaultdict):
             if not all(_key(k) for k in v):
                 raise _NotCopied("a dict keyed by objects")
+            if t is collections.OrderedDict:  # its order is its own, not the dict's (move_to_end), and so is its
+                return t((k, self.copy(x, depth)) for k, x in t.items(v))  # list: dict.update would bypass it
             items = [(k, self.copy(x, depth)) for k, x in dict.items(v)]
             out = t(v.default_factory) if t is collections.defaultdict else t()
             dict.update(out, items)

@@ -361,6 +361,7 @@ def test_the_second_runs_copies_run_none_of_the_notebooks_code():
     code (which would tell it that a second run is coming): no `__deepcopy__`, `__reduce_ex__`, `__getstate__`,
     `__init__`, `__getattribute__`, `__setattr__`, `__hash__`. Views keep sharing the copied storage; what cannot be
     copied that way is not (no second run)."""
+    import collections
     import random
 
     from grader.child_observe import Rerun
@@ -425,6 +426,13 @@ def test_the_second_runs_copies_run_none_of_the_notebooks_code():
     assert Rerun.of(cache.append, (keyed,), {}) is None and ran == []  # a dict keyed by an object of the notebook's
     object.__setattr__(cache, "n", random.Random(0))
     assert Rerun.of(cache.append, (torch.ones(2),), {}) is None  # C state: not copied
+    # An OrderedDict keeps its order apart from the dict's (week 19's PrefixCache: its LRU, reordered by move_to_end):
+    # the copy iterates as the original does (a copy made by dict.update iterated nothing: StopIteration in the
+    # second run of the solution's PrefixCache.allocate).
+    lru = collections.OrderedDict((k, None) for k in (3, 1, 2))
+    lru.move_to_end(3)
+    copied = Rerun.of(lambda d: next(iter(d)), (lru,), {})
+    assert copied is not None and list(copied.args[0]) == [1, 2, 3] and next(iter(copied.args[0])) == 1
 
 
 def test_an_op_run_as_its_decomposition_is_measured_once():
