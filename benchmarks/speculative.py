@@ -38,11 +38,13 @@ CHAT = [
 
 def timed(fn):
     """(fn(), its seconds), a GPU's queued work waited for at both ends."""
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-    sync()
+    from lib.roofline import sync
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    sync(device)
     t0 = time.perf_counter()
     out = fn()
-    sync()
+    sync(device)
     return out, time.perf_counter() - t0
 
 

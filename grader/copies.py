@@ -123,8 +123,8 @@ def _indexed(solution_path: str | None, compare_solution: bool) -> References:
 def _references(notebook: Path, week: int | None) -> tuple[References, dict[str, str], frozenset]:
     """(the references, the solution's exercise cells by grade_id, the answer key's own k-grams): lib's code, and
     the instructor's solution unless `notebook` is that solution or `INFERENCE_LAB_SOLUTION_COPIES=allow`. When the
-    solution is not compared, it is graded as the answer key it is: code made wholly of its k-grams is not compared
-    with lib either (it was written with lib at hand: week 17's forward holds 82 % of lib's; a class's students are
+    solution is not compared, it is graded as the answer key it is: code made (nearly, `similarity.KEY_SHARE`)
+    wholly of its k-grams is not compared with lib either (it was written with lib at hand: week 17's forward holds 82 % of lib's; a class's students are
     compared with the solution, and a copy of it is one of the answer key)."""
     solutions = _solution_cells(week, notebook.name)
     solution_file = REPO_ROOT / "solutions" / str(week) / notebook.name if week is not None else None

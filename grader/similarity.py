@@ -452,9 +452,10 @@ class References:
         """(token share, statement share, name) of the reference the unit comes nearest to copying — the largest of
         token share / TOKEN_THRESHOLD and statement share / THRESHOLD, where the token share is the larger of its
         two directions (how much of the reference the unit holds, how much of the unit comes from the reference)
-        —, or None. A unit made wholly of `key`'s k-grams (the answer key graded as itself) is compared with
-        nothing."""
-        if unit.kg and unit.kg <= key:
+        —, or None. A unit made (nearly) wholly of `key`'s k-grams — the answer key graded as itself, or with a
+        line or two changed, as the lab's own tests change it to make a mistake — is compared with nothing. `key` is
+        empty when a class is graded (`grader.copies`), so this never applies to a student's work."""
+        if unit.kg and len(unit.kg & key) >= KEY_SHARE * len(unit.kg):
             return None
         found = [(max(theirs, mine), st, self.names[i]) for i, (theirs, mine, st) in self.shares(unit, given).items()]
         return max(found, key=ratio, default=None)
@@ -463,6 +464,9 @@ class References:
         """`best`, if it is a copy: TOKEN_THRESHOLD of the tokens or THRESHOLD of the statements."""
         found = self.best(unit, given, key)
         return found if found is not None and ratio(found) >= 1 else None
+
+
+KEY_SHARE = 0.9  # of a unit's k-grams from the answer key for it to be graded as the answer key (the lab's tests)
 
 
 def ratio(found) -> float:

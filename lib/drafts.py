@@ -336,3 +336,50 @@ def load_distilled_draft(target, n_layers: int = 2, path=None):
     m = build_distilled_draft(target, n_layers)
     m.layers.load_state_dict(state["layers"])
     return m.to(target.device).eval()
+
+
+# --- distilling a draft on the target's own answers (week 18, section 7) --------------------------------------
+
+@torch.no_grad()
+def target_answers(target, prompts: list, n_new: int, top: int = 32) -> dict:
+    """The target's greedy answers to `prompts` (each `[1, t]` ids, or a list of ints), decoded side by side one
+    position per step — a row reads its own prompt until it ends and its own answer after, so nothing is padded —
+    and, at every position, the target's distribution of the next token, kept as its `top` most likely tokens.
+
+    Returns {"tokens": [B, L] ids, "top_p": [B, L, top] probabilities, "top_ids": [B, L, top] int64, "mask": [B, L]
+    bool (True where the next token is part of an answer: from each prompt's last token on), "prompt_len": [B]}, on
+    the CPU, L = the longest prompt + n_new."""
+    rows = [torch.as_tensor(p).reshape(-1).tolist() for p in prompts]
+    b, device = len(rows), target.device
+    lens = torch.tensor([len(r) for r in rows])
+    length = int(lens.max()) + n_new
+    tokens = torch.zeros(b, length, dtype=torch.int64)
+    for i, r in enumerate(rows):
+        tokens[i, :len(r)] = torch.tensor(r)
+    top_p = torch.empty(b, length, top)
+    top_ids = torch.empty(b, length, top, dtype=torch.int64)
+    cache = target.new_cache(batch=b, max_len=length)
+    for j in range(length):
+        probs = torch.softmax(target(tokens[:, j:j + 1].to(device), cache=cache)[:, 0].float(), -1)  # [B, vocab]
+        p, ids = probs.topk(top, dim=-1)
+        top_p[:, j], top_ids[:, j] = p.cpu(), ids.cpu()
+        if j + 1 < length:
+            answering = lens <= j + 1  # position j + 1 is past the prompt: the target's greedy token goes there
+            tokens[answering, j + 1] = ids[:, 0].cpu()[answering]
+    pos = torch.arange(length)[None]
+    mask = (pos >= lens[:, None] - 1) & (pos < length - 1)
+    return {"tokens": tokens, "top_p": top_p, "top_ids": top_ids, "mask": mask, "prompt_len": lens}
+
+
+def distill_loss(draft, tokens: torch.Tensor, top_p: torch.Tensor, top_ids: torch.Tensor,
+                 mask: torch.Tensor) -> torch.Tensor:
+    """KL(p ‖ q) of the draft's next-token distribution q from the target's p, averaged over the positions of
+    `mask` (`tokens [B, L]`; p given by its `top` most likely tokens `top_p, top_ids [B, L, top]`, renormalized over
+    them: the rest of p's mass, usually a few percent, is left out). Differentiable in the draft's weights."""
+    log_q = torch.log_softmax(draft(tokens.to(draft.device)).float(), -1)  # [B, L, vocab]
+    p = top_p.to(log_q.device)
+    p = p / p.sum(-1, keepdim=True)
+    log_q_top = log_q.gather(-1, top_ids.to(log_q.device))  # [B, L, top]
+    kl = (p * (p.clamp(min=1e-12).log() - log_q_top)).sum(-1)  # [B, L]
+    m = mask.to(kl.device)
+    return (kl * m).sum() / m.sum().clamp(min=1)

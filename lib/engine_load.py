@@ -17,8 +17,6 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-import torch
-
 
 class SkipClock:
     """Wall-clock time that skips idle gaps: `advance_to(t)` jumps forward when nothing is running.
@@ -38,10 +36,18 @@ class SkipClock:
 
 
 def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0..100), linear interpolation; nan for no values."""
-    if not len(values):
+    """The q-th percentile (0..100) by linear interpolation between the closest ranks (numpy's and torch.quantile's
+    default); nan for no values. The lab's one percentile: the in-process load test (here), the HTTP load test
+    (`lib.loadtest`) and the notebooks report p50 and p95 the same way."""
+    s = sorted(float(v) for v in values)
+    if not s:
         return float("nan")
-    return float(torch.quantile(torch.tensor(values, dtype=torch.float64), q / 100))
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile: q={q} is outside 0..100")
+    at = (len(s) - 1) * q / 100
+    lo = int(at)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (at - lo)
 
 
 def run_load(engine, prompts: Sequence[Sequence[int]], max_new_tokens: Sequence[int],

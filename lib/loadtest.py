@@ -18,6 +18,8 @@ import statistics
 import threading
 import time
 
+from lib.engine_load import percentile
+
 SYSTEM = ("You are the help desk of a small public library. Answer in one or two short sentences, politely and "
           "plainly. The library opens at nine in the morning and closes at six in the evening on weekdays, and "
           "at one on Saturdays; it is closed on Sundays. Members may borrow up to eight books for three weeks.")
@@ -26,9 +28,6 @@ QUESTIONS = ["When do you open on Saturday?", "How many books can I borrow?", "A
              "Is the library open at eight in the morning?", "Who can borrow books?",
              "What are your weekday hours?", "Can I come in on Sunday afternoon?",
              "Do you close early on Saturdays?", "How long is the loan period?"]
-def pct(values, q):
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
 
 
 def kv_utilization(base_url: str) -> float | None:
@@ -114,9 +113,9 @@ def run_load_test(base_url: str, model: str, rate: float, n_requests: int, max_t
     return {"rate": rate, "ok": len(ok), "failed": len(results) - len(ok), "sent": n_requests,
             "errors": sorted({r["error"][:120] for r in results if "error" in r}),
             "throughput": tokens / wall if ok else float("nan"),
-            "ttft50": pct([r["ttft"] for r in ok], 0.5), "ttft95": pct([r["ttft"] for r in ok], 0.95),
-            "tpot50": pct([r["tpot"] for r in ok if r["tpot"]], 0.5),
-            "tpot95": pct([r["tpot"] for r in ok if r["tpot"]], 0.95),
+            "ttft50": percentile([r["ttft"] for r in ok], 50), "ttft95": percentile([r["ttft"] for r in ok], 95),
+            "tpot50": percentile([r["tpot"] for r in ok if r["tpot"]], 50),
+            "tpot95": percentile([r["tpot"] for r in ok if r["tpot"]], 95),
             "kv": statistics.fmean(kv) if kv else None,
             "requests": [{k: r[k] for k in ("ttft", "tpot", "e2e", "chunks")} for r in ok]}
 

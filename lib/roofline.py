@@ -114,8 +114,7 @@ def measure_flops_per_s(n: int = 2048, repeats: int = 5, dtype: torch.dtype = to
     """This machine's matmul throughput: the best of `repeats` `[n, n] @ [n, n]` products, in FLOP/s."""
     a = torch.randn(n, n, dtype=dtype, device=device)
     b = torch.randn(n, n, dtype=dtype, device=device)
-    sync = torch.cuda.synchronize if a.is_cuda else (lambda: None)
-    return 2 * n ** 3 / best_time(lambda: (a @ b, sync()), repeats)
+    return 2 * n ** 3 / best_time(lambda: (a @ b, sync(a.device)), repeats)
 
 
 @torch.no_grad()
@@ -141,11 +140,10 @@ def measure_bandwidth(mib: int = 256, repeats: int = 5, dtype: torch.dtype = tor
     w = torch.randn(rows, cols, dtype=dtype, device=device)
     if w.device.type == "cpu":  # on large pages, as lib.fast keeps its weights: the best read, not a TLB test
         w = on_huge_pages([w])[0]
-    sync = torch.cuda.synchronize if w.is_cuda else (lambda: None)
     if how == "stream":
         words = w.view(-1).view(torch.float32)  # the same bytes as float32 words: torch's fastest sum for any dtype
-        read = lambda: (words.sum(), sync())  # noqa: E731
+        read = lambda: (words.sum(), sync(w.device))  # noqa: E731
     else:
         x = torch.randn(1, cols, dtype=dtype, device=device)
-        read = lambda: (torch.nn.functional.linear(x, w), sync())  # noqa: E731
+        read = lambda: (torch.nn.functional.linear(x, w), sync(w.device))  # noqa: E731
     return w.numel() * w.element_size() / best_time(read, repeats)

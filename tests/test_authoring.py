@@ -30,3 +30,25 @@ def test_script_rebuilds_its_notebook(script, tmp_path):
         assert built.read_bytes() == target.read_bytes(), (
             f"{target.relative_to(REPO)} differs from what {script.relative_to(REPO)} builds: the script is the "
             f"source, so edit it and run `python {script.relative_to(REPO)}` (an edit made in the notebook is lost)")
+
+
+NOTEBOOKS = sorted((REPO / "solutions").glob("*/*.ipynb")) + sorted((REPO / "weeks").glob("*/*.ipynb"))
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: f"{p.parent.parent.name}/{p.parent.name}")
+def test_every_code_cell_compiles(notebook):
+    """A builder's string escapes are easy to get wrong ("\\n" written as a newline inside a string literal): every
+    code cell of the solution and release notebooks must compile, magics aside — seconds here, where the notebook
+    runs find it only after minutes."""
+    import json
+
+    from grader.similarity import without_magics
+
+    cells = json.loads(notebook.read_text())["cells"]
+    for i, cell in enumerate(cells):
+        if cell["cell_type"] == "code":
+            source = "".join(cell["source"])
+            try:
+                compile(without_magics(source), f"{notebook.name}, cell {i}", "exec")
+            except SyntaxError as e:
+                pytest.fail(f"{notebook.relative_to(REPO)} cell {i} does not compile: {e}")

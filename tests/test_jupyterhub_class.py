@@ -3,9 +3,9 @@
 As root: `tools/class_hub.py setup` as the README types it (an instructor and three students, created for the
 test), the hub started on 127.0.0.1, each user's server started through the hub and running as that user. The
 instructor releases week 16 through nbgrader's exchange; each student fetches and submits through their own server
-(the Assignments extension's API): one an honest copy of the solution, one untouched, one that also tries, as their
-Unix user, to list the exchange's inbound folder, to read another student's home and fetched notebook, to change the
-released files, and to forge a submission in another student's name, and whose notebook tries at grading time to read
+(the Assignments extension's API): one the solution (graded as a class is: a copy where long enough to judge), one
+untouched, one that also tries, as their Unix user, to list the exchange's inbound folder, to read another
+student's home and fetched notebook, to change the released files, and to forge a submission in another student's name, and whose notebook tries at grading time to read
 the others' submissions. The instructor collects with `nbgrader collect`, grades with the lab's isolated autograde,
 generates and returns feedback, which the students fetch, and exports. Every score is checked, and every attempt at
 another student's files must have failed. Teardown as typed must leave no process, user or folder behind.
@@ -255,7 +255,14 @@ def test_a_class_on_jupyterhub_from_release_to_grades(tmp_path):
         rows = {r["student_id"]: r for r in csv.DictReader(open(Path(state["course"]) / "grader" / "grades.csv"))}
         print(graded.stdout)
         assert set(rows) == set(students), rows
-        assert float(rows[ann]["code_score"]) == float(rows[ann]["max_code_score"]) > 0, rows[ann]
+        # ann handed in the solution, graded as a class is (no INFERENCE_LAB_SOLUTION_COPIES=allow here): each exercise
+        # long enough to judge is a copy of the answer key, and says so; every other point is hers
+        line = next(x for x in graded.stdout.splitlines() if x.startswith(f"{ann}:"))
+        assert 0 < float(rows[ann]["code_score"]) <= float(rows[ann]["max_code_score"]), rows[ann]
+        if float(rows[ann]["code_score"]) < float(rows[ann]["max_code_score"]):
+            failed = re.search(r"; failed: (.*) \[", line)
+            assert failed and all(f.endswith("(reference use)") for f in failed[1].split(", ")), line
+            assert "copy of the solution's" in line, line
         assert float(rows[ben]["code_score"]) == 0 and float(rows[cat]["code_score"]) == 0, (rows[ben], rows[cat])
         assert all(rows[s]["timestamp"] for s in students), "export lost the submission times"
         assert not leak.exists(), f"cat's graded code read another student's files: {leak.read_text()[:500]}"

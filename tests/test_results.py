@@ -93,6 +93,10 @@ NOT_MEASURED = {
         "(≤ 60 s)", "a 2048×2048 product", "the 2048×2048 matmul's", "about 5 % of the original pre-training compute",
         "at 3× the memory", "cuts the cache 3×", "is 3× against", "32 / 8 = 4×",
         "(32× for a 32-head model, only 9× for SmolLM2)", "saves 8× because", "does give 8×", "the saving is 4×"),
+    "solutions/18/README.md": (),
+    "solutions/18/week18_speculative.ipynb": (
+        "budget of 3 min", "42,000 + 5 × 4,000", "49152 × 576", "4096 × 576", "first 80 %", "last 20 %",
+        "would need for 1.5×", "the α that 1.5× needs", "= 2.80×", "giving 2–3×"),
     "solutions/20/README.md": (
         "within 0.8–1.25×", "within 0.5 %", "(5 % on heavy-tailed rows)", "within 1 % (3 % heavy-tailed)",
         "below 0.95× Q4_1's", "≤ 3 min", "at least 90 %", "within 5 %", "a share above 100 %"),
@@ -105,6 +109,10 @@ NOT_MEASURED = {
         "within 1.2× with one slot", "1.35× with several", "on 4×A100"),
     "solutions/21/week21_serving.ipynb": (
         "p95 TTFT under 200 ms", "4×A100", "(4× one GPU)", "2×A100", "2×80 GB", "TTFT under 100 ms", "8×A100"),
+    "solutions/19/README.md": ("≤ 3 min", "on 4×A100", "projections scaled 8×"),
+    "solutions/19/week19_paged_batching.ipynb": (
+        "half 4× longer", "each swap is 2 × 30 separate copies", "(32 GB/s theoretical for PCIe 4.0 x16",
+        "runs on 4×A100"),
 }
 NOTEBOOKS = [doc for doc in NOT_MEASURED if doc.endswith(".ipynb")]
 

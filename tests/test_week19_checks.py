@@ -539,9 +539,9 @@ class ForgetsOnFree(PrefixCache):  # drops a block's hash when its last owner fr
 # --- the scheduler --------------------------------------------------------------------------------------
 
 def _flawed_schedule(flaw, running, waiting, free_blocks, block_size, token_budget, max_num_seqs, chunked_prefill):
-    """A correct scheduler but for `flaw`."""
+    """A correct scheduler but for `flaw`; blocks counted without lib (check_engine rejects lib code it observes)."""
     def more(req, n):
-        return max(0, ref.blocks_needed(req["computed"] + n, block_size) - req["blocks"])
+        return max(0, -(-(req["computed"] + n) // block_size) - req["blocks"])
 
     plan = {"preempt": [], "run": []}
     budget, free = token_budget, free_blocks
@@ -916,9 +916,9 @@ def test_predict_steps_wrong_routes(child, name, match):
 
 def test_lib_reference_is_reported(tmp_path, ex):
     """Behind the week's view (lib readable, as without Landlock): lib's code under the exercise's own name, exec'd
-    from lib's source (another file name): ReferenceUse for ex03 (a class whose short methods are lib's bytecode), and
-    for ex05 (a function, a copy by its statements) the child refuses to compile it, the cell's error naming lib's
-    code; lib's PrefixCache subclassed for ex07; the engine of ex09 on lib's parts; through the isolated path."""
+    from lib's source (another file name): ReferenceUse for ex04 (a class whose short methods are lib's bytecode), and
+    for ex06 (a function, a copy by its statements) the child refuses to compile it, the cell's error naming lib's
+    code; lib's PrefixCache subclassed for ex08; the engine of ex10 on lib's parts; through the isolated path."""
     copy = HEADER + """
 import inspect as _inspect
 from lib.paged import blocks_needed, OutOfBlocksError

@@ -417,3 +417,22 @@ def test_preemption_by_recompute_or_swap(mode):
         assert engine.recomputed_tokens > 0 and engine.swap_bytes == 0
     with pytest.raises(ValueError, match="preemption_mode"):
         LLMEngine(model, num_blocks=4, preemption_mode="disk")
+
+
+def test_one_percentile_for_both_load_tests():
+    """The in-process load test and the HTTP one report p50/p95 the same way: linear interpolation, as numpy's default
+    (they differed: the HTTP one took the nearest rank above, 0.95 * n rounded down)."""
+    import numpy as np
+
+    import lib.loadtest
+    from lib.engine_load import percentile
+
+    assert lib.loadtest.percentile is percentile and not hasattr(lib.loadtest, "pct")
+    rng = np.random.default_rng(5)
+    for n in (1, 2, 7, 40):
+        values = rng.exponential(size=n).tolist()
+        for q in (0, 5, 50, 95, 100):
+            assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)), rel=1e-12)
+    assert percentile([], 50) != percentile([], 50)  # nan
+    with pytest.raises(ValueError, match="outside"):
+        percentile([1.0], 150)

@@ -27,6 +27,7 @@ from grader.checks.week18_law import (FALSE_FAILURE, LAW_K, MAIN_RATIOS, MAIN_TR
                                       law_failures, law_level, law_power, law_tests, sample_failures, sample_law,
                                       sample_level, sample_models, sample_tests)
 from grader.checks.week18_models import MarkovLM, TableLM, spicy_tiny, spy, work_failures  # noqa: F401
+from grader.checks import week18_batch as batch, week18_predict as predict
 from grader.harness import Week
 from grader.wire import IsolationError
 from lib import speculative as ref
@@ -544,44 +545,24 @@ def check_expected_rejections(expected_rejections) -> None:
         f"expected_rejections on 'meta' inputs returned {out!r}: the result must stay on the inputs' device")
 
 
-# --- 6: the best K ---------------------------------------------------------------------------------------------
-
-def _speedup(alpha: float, k: int, c: float, verify_cost: dict) -> float:
-    tokens = sum(alpha ** i for i in range(k + 1))  # token i of a round is written iff draft tokens 0..i-1 were kept
-    return tokens / (k * c + verify_cost[k + 1])
-
+# --- 6, 7, 8: the models of a round and the ragged batch (week18_predict, week18_batch) -------------------------
 
 @WEEK.exercise(6, "best_k", section="6 (The speedup model)")
 def check_best_k(best_k) -> None:
-    """The K that maximizes the predicted speedup for acceptance α, draft cost c and a verify-cost curve
-    (verify_cost[m] for m = 1..M; K = 1..M-1), and that speedup. Random α in [0, 1] (α = 0 and α = 1 included),
-    c, rising curves (M <= 16), and two curves of M = 40 and 48; ties (within 1e-9) accept either K."""
-    g = generator(8)
-    cases = [(1.0, 0.0, 16), (1.0, 0.3, 9), (0.0, 0.1, 12), (0.999999, 0.05, 16), (0.5, 0.0, 3)]
-    for _ in range(40):
-        cases.append((float(torch.rand((), generator=g)), 0.8 * float(torch.rand((), generator=g)),
-                      int(torch.randint(2, 17, (), generator=g))))
-    # curves longer than the random ones (m <= 16): on the first (index 45, a flat curve) the best K is 39, and a
-    # search capped at K = 15 finds 15; the second gets a random rising curve
-    cases += [(1.0, 0.0, 40), (0.97, 0.01, 48)]
-    for j, (alpha, c, m) in enumerate(cases):
-        if j % 3 == 0:
-            curve = {i: 1.0 for i in range(1, m + 1)}  # flat: a GPU at batch 1
-        else:
-            steps = torch.cumsum(0.25 * torch.rand(m, generator=g, dtype=torch.float64), 0)
-            curve = {i: 1.0 + float(steps[i - 2]) if i > 1 else 1.0 for i in range(1, m + 1)}
-        speeds = {k: _speedup(alpha, k, c, curve) for k in range(1, m)}
-        best = max(speeds.values())
-        out, obs = observe(best_k, alpha, c, dict(curve))  # every case observed: its answer and its route judged
-        used = sorted(name for name in obs.lib_calls if name.startswith("lib."))
-        assert not used, f"best_k must be your own derivation; it called {used}"
-        assert isinstance(out, tuple) and len(out) == 2, f"best_k must return (k, predicted_speedup); got {out!r}"
-        k, s = out
-        assert isinstance(k, int) and 1 <= k < m, (
-            f"best_k(α={alpha:.4g}, c={c:.4g}, a curve for m = 1..{m}) returned K = {k!r}: K must be an int in "
-            f"1..{m - 1} (a round verifies K + 1 tokens)")
-        assert abs(float(s) - best) <= 1e-9 * best and speeds[k] >= best * (1 - 1e-9), (
-            f"best_k(α={alpha:.4g}, c={c:.4g}, verify_cost over m = 1..{m}) = ({k}, {float(s):.6g}); the best is "
-            f"K = {max(speeds, key=speeds.get)} with {best:.6g}x. Derive the expected tokens a round writes (token i "
-            f"of the round is kept only if the i draft tokens before it were) and its cost in target steps (K draft "
-            f"steps of cost c, one target forward over K + 1 tokens) {seed_note()}")
+    """The K that maximizes the predicted speedup for acceptance α (one for every draft position, or a list of
+    them, one per position), draft cost c and a verify-cost curve (verify_cost[m] for m = 1..M; K = 1..M-1), and
+    that speedup; configurations drawn per run, every call observed (`week18_predict.judge_best_k`)."""
+    predict.judge_best_k(best_k)
+
+
+@WEEK.exercise(7, "expected_target_calls", section="7 (A draft you train, and a prediction)")
+def check_expected_target_calls(expected_target_calls) -> None:
+    """The expected target calls of a speculative run of max_new_tokens tokens at acceptance α and K, exactly, on
+    configurations drawn per run, every call observed (`week18_predict.judge_expected_target_calls`)."""
+    predict.judge_expected_target_calls(expected_target_calls)
+
+
+@WEEK.exercise(8, "batched_speculative_generate", section="8 (The ragged batch)")
+def check_batched_speculative_generate(batched_speculative_generate) -> None:
+    """Each row equals its own single-row run, no row waits, per-row rollback (`week18_batch.judge`)."""
+    batch.judge(batched_speculative_generate)

@@ -1,10 +1,9 @@
-"""Week 19 — continuous batching and PagedAttention: the milestone checks, used by solutions/19/test_week19.py
-and the notebook.
+"""Week 19 — continuous batching and PagedAttention: the checks that solutions/19/test_week19.py and the notebook use.
 
-One `check_<name>` per exercise; each takes the student's function or class and raises AssertionError with
-a message that says what is wrong. The references are in lib/paged.py, lib/blocks.py and lib/engine.py. What
-the checks run the student's code through (the scheduler's invariants and a serving simulation, a model of the
-prefix cache, the workloads, paged attention's cases, the context model) is in grader/checks/week19_sim.py.
+One `check_<name>` per exercise; each raises AssertionError saying what is wrong. References: lib/paged.py,
+lib/blocks.py, lib/engine.py; what the checks run the student's code through (the scheduler's invariants, a serving
+simulation, a prefix cache model, the workloads, paged attention's cases, the context model): week19_sim.py; the
+model of continuous batching's gain (exercise 1): week19_gain.py.
 
 Every check judges what it observes: paged attention's calls are all observed; the scheduler's, the prefix cache's
 and the engine's parts' are observed at random (in the proportions each check's docstring gives), and an observed
@@ -14,10 +13,12 @@ from __future__ import annotations
 
 import math
 import random
+from collections import Counter
 
 import torch
 
-from grader.checks import assert_classified, assert_close, check_on_meta, generator, observe, run_seed, seed_note
+from grader.checks import (assert_classified, assert_close, check_on_meta, generator, observe, run_seed, seed_note,
+                           week19_gain)
 from grader.checks.week19_sim import (LONG_CASE, amount_step, cache_trial, context_model, contiguous_reference,
                                       engine_workload, expect_error, exponentials, hash_bits, judge_plan, lib_parts,
                                       paged_case, sdpa_ops, shared_step, simulate, step_workload, workload)
@@ -30,9 +31,17 @@ WEEK = Week(19, "week19_paged_batching.ipynb")
 ENGINE_MODULES = ("lib.engine", "lib.blocks")
 
 
-# --- 1, 2: counting blocks ---------------------------------------------------------------------------
+# --- 1: the gain of continuous batching (predict) ----------------------------------------------------
 
-@WEEK.exercise(1, "blocks_needed", section="2 (Preallocation's waste)")
+@WEEK.exercise(1, "continuous_gain", section="1 (Static batching's waste)")
+def check_continuous_gain(continuous_gain) -> None:
+    """The student's model, on distributions and slot counts drawn per run (week19_gain: the cases, the hints)."""
+    week19_gain.judge(continuous_gain)
+
+
+# --- 2, 3: counting blocks ---------------------------------------------------------------------------
+
+@WEEK.exercise(2, "blocks_needed", section="2 (Preallocation's waste)")
 def check_blocks_needed(blocks_needed) -> None:
     g = generator(1)
     cases = [(0, 16), (1, 16), (16, 16), (17, 16), (2000, 16), (100, 16), (7, 1), (31, 32)]
@@ -45,7 +54,7 @@ def check_blocks_needed(blocks_needed) -> None:
                               f"holds {b} slots and a partly filled last block still counts (round up) {seed_note()}")
 
 
-@WEEK.exercise(2, "slots_wasted", section="2 (Preallocation's waste)")
+@WEEK.exercise(3, "slots_wasted", section="2 (Preallocation's waste)")
 def check_slots_wasted(slots_wasted) -> None:
     got = slots_wasted([2000, 100, 500, 1500], 16)
     assert got == 28, (f"slots_wasted([2000, 100, 500, 1500], 16) = {got}; expected 28 (the seed's example: "
@@ -62,9 +71,9 @@ def check_slots_wasted(slots_wasted) -> None:
                              f"{seed_note()}")
 
 
-# --- 3: the block allocator --------------------------------------------------------------------------
+# --- 4: the block allocator --------------------------------------------------------------------------
 
-@WEEK.exercise(3, "BlockAllocator", section="3 (The block allocator)")
+@WEEK.exercise(4, "BlockAllocator", section="3 (The block allocator)")
 def check_BlockAllocator(BlockAllocator) -> None:
     """Random allocate / fork / free sequences against a model of the pool (a dict of owners per block)."""
     rng = random.Random(run_seed() + 3)
@@ -156,9 +165,9 @@ def check_BlockAllocator(BlockAllocator) -> None:
     assert alloc.num_free == 1, f"after its last owner freed block {block}, num_free = {alloc.num_free}; expected 1"
 
 
-# --- 4: slot mapping ---------------------------------------------------------------------------------
+# --- 5: slot mapping ---------------------------------------------------------------------------------
 
-@WEEK.exercise(4, "slot_mapping", section="4 (Block tables and paged attention)")
+@WEEK.exercise(5, "slot_mapping", section="4 (Block tables and paged attention)")
 def check_slot_mapping(slot_mapping) -> None:
     got = slot_mapping([5, 2, 9], 0, 7, 3)
     want = torch.tensor([15, 16, 17, 6, 7, 8, 27])
@@ -177,9 +186,9 @@ def check_slot_mapping(slot_mapping) -> None:
                      atol=0)
 
 
-# --- 5: paged attention ------------------------------------------------------------------------------
+# --- 6: paged attention ------------------------------------------------------------------------------
 
-@WEEK.exercise(5, "paged_attention", section="4 (Block tables and paged attention)")
+@WEEK.exercise(6, "paged_attention", section="4 (Block tables and paged attention)")
 def check_paged_attention(paged_attention) -> None:
     """Ragged lengths, random block sizes, head_dim, batch and GQA/MHA/MQA (a GQA case and an MHA case every run),
     against contiguous attention (<= 1e-5, fp32); reads the pool in place: no lib, no SDPA, no copy of a
@@ -255,9 +264,9 @@ def check_paged_attention(paged_attention) -> None:
     check_on_meta(paged_attention, args, "paged_attention")
 
 
-# --- 6: prefix caching ------------------------------------------------------------------------------
+# --- 7: prefix caching ------------------------------------------------------------------------------
 
-@WEEK.exercise(6, "block_hashes", section="7 (Prefix caching)")
+@WEEK.exercise(7, "block_hashes", section="7 (Prefix caching)")
 def check_block_hashes(block_hashes) -> None:
     """Properties of a chained hash: one per full block; equal prefixes, equal hashes; a change in block i
     changes the hash of block i and of every later block, and of no earlier one."""
@@ -337,18 +346,17 @@ def check_block_hashes(block_hashes) -> None:
         f"another's KV blocks. Keep at least 64 bits of the hash {seed_note()}")
 
 
-# --- 10: check your understanding --------------------------------------------------------------------
+# --- 12, 13: check your understanding --------------------------------------------------------------------
 
-@WEEK.exercise(10, "answer_q1", section="10 (Check your understanding)")
+@WEEK.exercise(12, "answer_q1", section="10 (Check your understanding)")
 def check_answer_q1(answer_q1) -> None:
     got = float(answer_q1())
-    want = 1 - 28 / (258 * 16)
-    assert math.isclose(got, want, rel_tol=1e-3), (
-        f"answer_q1() = {got}; the fraction of allocated slots that hold a token for the 4 requests of section 2 "
-        f"(2000, 100, 500, 1500 tokens, block size 16)")
+    assert math.isclose(got, 1 - 28 / (258 * 16), rel_tol=1e-3), (
+        f"answer_q1() = {got}; the fraction of allocated slots that hold a token for the seed's 4 requests (2000, "
+        f"100, 500, 1500 tokens, block size 16): count the blocks each needs")
 
 
-@WEEK.exercise(10, "answer_q3", section="10 (Check your understanding)")
+@WEEK.exercise(13, "answer_q3", section="10 (Check your understanding)")
 def check_answer_q3(answer_q3) -> None:
     got = float(answer_q3())
     assert math.isclose(got, 1600 / 1100, rel_tol=1e-3), (
@@ -356,9 +364,9 @@ def check_answer_q3(answer_q3) -> None:
         f"new tokens, alternating) on 8 slots: count the steps each policy takes")
 
 
-# --- 8: the scheduler -------------------------------------------------------------------------------
+# --- 9: the scheduler -------------------------------------------------------------------------------
 
-@WEEK.exercise(8, "schedule", section="8 (The scheduler: preemption and chunked prefill)")
+@WEEK.exercise(9, "schedule", section="8 (The scheduler: preemption and chunked prefill)")
 def check_schedule(schedule) -> None:
     """Random workloads (arrivals, lengths, pools tight enough to preempt, budgets small enough to chunk), every
     plan judged by the invariants (the order of preemption and its amount: only as many as the blocks need); single
@@ -411,9 +419,9 @@ def check_schedule(schedule) -> None:
                                         f"gives on each request alone ({want + want[:2]}) {seed_note()}")
 
 
-# --- 7: the prefix cache ----------------------------------------------------------------------------
+# --- 8: the prefix cache ----------------------------------------------------------------------------
 
-@WEEK.exercise(7, "PrefixCache", section="7 (Prefix caching)")
+@WEEK.exercise(8, "PrefixCache", section="7 (Prefix caching)")
 def check_PrefixCache(PrefixCache) -> None:
     """Random allocate / fork / free / register / lookup against a model of the cache (which block is evicted,
     hits, a collision, reuse of a free cached block, ref_count of every block an operation touched), errors; then
@@ -492,20 +500,18 @@ def check_PrefixCache(PrefixCache) -> None:
     assert engine.prefix_hit_tokens > 0, "LLMEngine with your PrefixCache found no cached prefix in prompts sharing 12 tokens"
 
 
-# --- 9: your engine ---------------------------------------------------------------------------------
+# --- 10: your engine ---------------------------------------------------------------------------------
 
 _PARTS = ("BlockAllocator", "slot_mapping", "paged_attention", "block_hashes", "PrefixCache", "schedule")
 
 
-@WEEK.exercise(9, "engine", section="8 (The scheduler: preemption and chunked prefill; Your engine)")
+@WEEK.exercise(10, "engine", section="8 (The scheduler: preemption and chunked prefill; Your engine)")
 def check_engine(BlockAllocator, slot_mapping, paged_attention, block_hashes, PrefixCache, schedule) -> None:
     """LLMEngine built from your parts only — your pool (BlockAllocator, or PrefixCache with prefix caching),
     slot_mapping, paged_attention, block_hashes and schedule — returns what generate returns on each request
     alone, on random workloads that preempt, chunk prefills and (the second) hit the prefix cache. Calls of the parts
     are observed at random (a quarter of paged_attention's, a tenth of the others'): none of lib's code, and no SDPA
     in paged_attention."""
-    from collections import Counter
-
     from lib.engine import LLMEngine
     from lib.generate import generate
 
@@ -527,7 +533,7 @@ def check_engine(BlockAllocator, slot_mapping, paged_attention, block_hashes, Pr
             if name == "paged_attention":
                 assert not sdpa_ops(obs) and exponentials(obs), (
                     f"in LLMEngine, your paged_attention ran {sdpa_ops(obs) or 'no exponential torch saw'} (SDPA): the "
-                    f"attention of exercise 5, block by block, in every call")
+                    f"attention of exercise 6, block by block, in every call")
             return out
         return call
 

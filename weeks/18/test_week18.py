@@ -34,4 +34,16 @@ def test_ex05_lookup_draft(ex):
 
 
 def test_ex06_best_k(ex):
+    """Derived: the best K and its speedup, for one α or one per draft position (configurations drawn per run)."""
     checks.check_best_k(ex.best_k)
+
+
+def test_ex07_expected_target_calls(ex):
+    """Predicted: the expected target calls of an n-token run at α and K, exactly (configurations drawn per run)."""
+    checks.check_expected_target_calls(ex.expected_target_calls)
+
+
+def test_ex08_batched_speculative_generate(ex):
+    """Milestone: the ragged batch — each row equals its own single-row run, no row waits (for a finished row or
+    any other), every row rolled back on its own."""
+    checks.check_batched_speculative_generate(ex.batched_speculative_generate)
