@@ -3,9 +3,10 @@
 What it guards: **the student's code runs here and only here, and what it did is reported as data.** `_Child`
 runs the notebook's exercise cells (`load`), answers the trusted side's requests (look a name up, call a
 function, `observe` a call, report reference use), and sends every result through `_ChildPickler`, which
-encodes it as plain data or as a reference (see `grader.wire`). Around each call it watches which of `lib`'s
-functions ran (`watch`, by bytecode fingerprint: `grader.fingerprint`), and compares every tensor argument
-bit for bit before and after (`_snapshot`, `_copied`). An object of the trusted process (a check's model, a
+encodes it as plain data or as a reference (see `grader.wire`). Every call into the notebook's code, observed
+or not, runs under the same observers and watches which of `lib`'s functions ran (`grader.child_observe`: by
+bytecode fingerprint, `grader.fingerprint`); every tensor argument is compared bit for bit before and after
+(`_snapshot`, `_copied`). An object of the trusted process (a check's model, a
 spy) is a `_ParentProxy` here, which calls back. `_child_main` is the entry point the session starts
 (`grader.isolation._CHILD_BOOT`); the address-space limit is set after torch and the cells are loaded.
 """
@@ -17,6 +18,7 @@ import pickle
 import sys
 from pathlib import Path
 
+from grader.child_observe import CALLS, Calls
 from grader.fingerprint import lib_name
 from grader.status import TAMPERED_TAIL
 from grader.wire import GENERATOR_STATE, TENSOR_CHANGED, apply_operation, exception_info, rebuild_exception, recv_message, send_message
@@ -204,7 +206,7 @@ class _Child:
         self.lib_codes: dict = {}  # code object -> "lib.module.qualname", or None when not lib's
         self.roots: dict[int, str] = {}  # id of an exported object -> the exercise name it came from
         self.current_root: str | None = None
-        self.watching = 0  # how many `watch()`es are open: the notebook's code is running
+        self.watching = 0  # how many calls into the notebook's code are running (`grader.child_observe.Scope`)
         self._next_req = 0
         # Copies of the answer key the trusted side found in the cells (grader.similarity): (cell index, qualname) ->
         # why. Their bodies arrive as a `raise` (`similarity.without_copies`); one that runs while an exercise's call
@@ -213,6 +215,7 @@ class _Child:
         self.cell_files: dict[str, int] = {}  # file name a cell's code was compiled under -> the cell's index
         self.copies_sent: set = set()
         self.guard = _Guard()
+        self.calls = Calls(self)  # every call into the notebook's code, under the same observers (grader.child_observe)
 
     # encoding --------------------------------------------------------------------------------------------
     def export(self, obj):
@@ -309,86 +312,13 @@ class _Child:
     def handle(self, op, target, args):
         if op == "load":
             return self.load(*args)
-        if op == "getname":
-            return getattr(self.module, args[0])
         if op == "refs":
             return self.references(args[0])
-        if op == "callback":
-            call_args, kwargs = args
-            before = self._snapshot(call_args, kwargs)
-            with self.watch():
-                result = target(*call_args, **kwargs)
-            return (result, self._copied(call_args, kwargs, before))
-        if op == "on_device":  # checks.call_on_default_device: torch's default device set around the call only
-            import torch
-
-            device, call_args, kwargs = args
-            if device not in ("meta", "cpu"):
-                raise ValueError(f"on_device: {device!r} is not a default device a check sets")
-            before = self._snapshot(call_args, kwargs)
-            with self.watch(), torch.device(device):
-                result = target(*call_args, **kwargs)
-            return (result, self._copied(call_args, kwargs, before))
-        if op == "map":
-            calls = args[0]
-            with self.watch():
-                return [target(*a, **k) for a, k in calls]
-        if op == "metered":
-            TensorMemoryMeter = _OWN["TensorMemoryMeter"]
-
-            call_args, kwargs = args
-            before = self._snapshot(call_args, kwargs)
-            with self.watch(profile=False), TensorMemoryMeter() as meter:
-                result = target(*call_args, **kwargs)
-            return (result, int(meter.peak), self._copied(call_args, kwargs, before))
-        if op == "observe":
-            own_observe = _OWN["grader.observe"]
-            observe, to_wire = own_observe.observe, own_observe.to_wire
-
-            call_args, kwargs = args
-            reads = kwargs.pop("_observe_reads", ())  # the observation's options, not the function's
-            dot_scale = float(kwargs.pop("_observe_dot_scale", 1.0))
-            light = bool(kwargs.pop("_observe_light", False))
-            host = bool(kwargs.pop("_observe_host", False))
-            before = self._snapshot(call_args, kwargs)
-            # a scaled run differs by design; a light one is one of a check's every-call observations (no rerun)
-            again = _Rerun(target, call_args, kwargs) if dot_scale == 1.0 and not light else None
-
-            root = self.current_root
-            running = other_threads()  # started before the call (at load, say) and still there: a worker
-            if running:
-                self.guard.flag(root, f"had {running} thread(s) of its own running when it was observed: {_ELSEWHERE}")
-            guard, copies = self.guard, self.copies
-
-            def hook(frame, event, arg):
-                if event == "call" and copies:
-                    self.copy_ran(root, frame.f_code)
-                guard.event(root, frame, event, arg)
-
-            own_observe.EVENT_HOOK = hook
-            try:
-                with self.watch(profile=False):
-                    result, obs = observe(target, *call_args, _observe_reads=reads, _observe_dot_scale=dot_scale,
-                                          _observe_light=light, _observe_host=host, **kwargs)
-            finally:
-                own_observe.EVENT_HOOK = None
-            if obs.ops.get(own_observe.WATCH_REMOVED):
-                self.guard.flag(root, "switched off the grader's watch of its calls while it was observed")
-            if obs.ops.get(own_observe.DISPATCH_OFF):
-                self.guard.flag(root, "ran code with torch's dispatch to the checks' observers switched off (the "
-                                      "Python dispatch key excluded or dropped): what ran then went unseen")
-            own = sorted(k.split()[-1] for k in obs.ops if k.startswith(own_observe.OWN_OPERATOR + " "))
-            if own:
-                self.guard.flag(root, f"ran an operator it registered itself ({', '.join(own[:3])}, torch.library): "
-                                      f"what its kernel computes is out of the checks' sight")
-            self.lib_seen.setdefault(self.current_root, set()).update(obs.lib_calls)
-            copied = self._copied(call_args, kwargs, before)
-            with self.watch():
-                why = again.differs(result) if again is not None else ""
-            if why:
-                self.guard.flag(self.current_root, why)
-            return (result, to_wire(obs), copied)
-        with self.watch():
+        if op in CALLS:  # a call of the notebook's function, method, class or object, observed or not
+            return self.calls.run(op, target, args)
+        with self.calls.scope.entry():  # the notebook's code can run here too (a property, `__getitem__`, ...)
+            if op == "getname":
+                return getattr(self.module, args[0])
             return apply_operation(op, target, args)
 
     @staticmethod
@@ -419,51 +349,6 @@ class _Child:
                 out[key] = (TENSOR_CHANGED, what)
         return out
 
-    def watch(self, profile=True):
-        """Around a call into the notebook's code: note which of lib's functions ran (`profile`), and whether the
-        code switched the watching off or reached into the grader (`_Guard`): either is a verdict."""
-        child = self
-
-        class _Watch:
-            def __enter__(self):
-                child.watching += 1
-                self.prev = sys.getprofile()
-                seen = child.lib_seen.setdefault(child.current_root, set())
-                codes = child.lib_codes
-                guard = child.guard
-                root = child.current_root
-
-                watched_code, watched_c = guard.watched_code, guard.watched_c
-
-                copies = child.copies
-
-                def prof(frame, event, arg):
-                    if event == "call":
-                        code = frame.f_code
-                        if copies:
-                            child.copy_ran(root, code)
-                        try:
-                            name = codes[code]
-                        except KeyError:  # lib's by file, or lib's bytecode loaded from anywhere else
-                            name = codes[code] = lib_name(code) if profile else None
-                        if name is not None:
-                            seen.add(name)
-                        if code in watched_code:
-                            guard.event(root, frame, event, arg)
-                    elif event == "c_call" and id(arg) in watched_c:
-                        guard.event(root, frame, event, arg)
-                self.prof = prof
-                sys.setprofile(prof)
-
-            def __exit__(self, *exc):
-                if sys.getprofile() is not self.prof:
-                    child.guard.flag(child.current_root, "switched off the grader's watch of its calls "
-                                                         "(sys.setprofile)")
-                sys.setprofile(self.prev)
-                child.watching -= 1
-
-        return _Watch()
-
     def load(self, notebook, cells, copies=(), references=None):
         exercise_module = _OWN["grader.notebook"].exercise_module
 
@@ -474,10 +359,11 @@ class _Child:
         self._apply_memory_limit()  # before the cells run: what they allocate counts too
         previous, self.current_root = self.current_root, None
         try:
-            with self.watch():
+            with self.calls.scope.entry():
                 self.module = exercise_module(notebook, cells, self.cell_files)
         finally:
             self.current_root = previous
+        _freeze()  # what the cells made is old now: collections before each call look only at what came after
         return {"stubbed": list(self.module._stubbed_cells), "broken": dict(self.module._broken_cells)}
 
     @staticmethod
@@ -642,139 +528,6 @@ def _changed(old, new) -> str:
     return ""
 
 
-class _Rerun:
-    """The unobserved second run of an observed call: a plain function of plain data must return the same bits
-    whether or not a dispatch mode and a profiler watch it (code that checks for the watching and takes
-    another route when it is off gets caught here)."""
-
-    def __init__(self, target, args, kwargs):
-        import random
-        import types
-
-        import torch
-
-        self.target = target
-        self.args = None
-        if not isinstance(target, types.FunctionType) or not all(_plain(a) for a in (*args, *kwargs.values())):
-            return  # a method (its object's state changes), a model, a spy: not called twice
-        self.args = (_rebuildable(args), _rebuildable(kwargs))
-        self.rng = (torch.get_rng_state(), random.getstate(), _numpy_state())
-
-    def differs(self, result) -> str:
-        import random
-
-        import torch
-
-        if self.args is None:
-            return ""
-        torch.set_rng_state(self.rng[0])
-        random.setstate(self.rng[1])
-        _numpy_state(self.rng[2])
-        args, kwargs = _rebuild(self.args[0]), _rebuild(self.args[1])
-        try:
-            again = self.target(*args, **kwargs)
-        except BaseException as e:
-            if isinstance(e, KeyboardInterrupt):
-                raise
-            return f"raised {type(e).__name__} when called again without being observed"
-        if not _same(result, again):
-            return ("returned other values when it was not observed (the checks observe a call with a dispatch mode "
-                    "and a profiler, then call it again without them)")
-        return ""
-
-
-def _plain(v, depth=0) -> bool:
-    import torch
-
-    if v is None or type(v) in (bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Generator):
-        return True
-    if isinstance(v, torch.Tensor):
-        return type(v) is torch.Tensor
-    if type(v).__module__ == "numpy":
-        return not getattr(getattr(v, "dtype", None), "hasobject", True)
-    if depth < 3 and type(v) in (list, tuple):
-        return all(_plain(x, depth + 1) for x in v)
-    if depth < 3 and type(v) is dict:
-        return all(type(k) in (str, int) and _plain(x, depth + 1) for k, x in v.items())
-    return False
-
-
-def _rebuildable(v):
-    import torch
-
-    if isinstance(v, torch.Tensor):
-        return ("t", v.detach().clone(), v.requires_grad)
-    if type(v) is torch.Generator:
-        return ("g", str(v.device), v.get_state())
-    if type(v).__module__ == "numpy" and hasattr(v, "copy"):
-        return ("a", v.copy())
-    if type(v) in (list, tuple):
-        return ("seq", type(v), [_rebuildable(x) for x in v])
-    if type(v) is dict:
-        return ("map", {k: _rebuildable(x) for k, x in v.items()})
-    return ("v", v)
-
-
-def _rebuild(r):
-    import torch
-
-    kind = r[0]
-    if kind == "t":
-        return r[1].clone().requires_grad_(r[2])
-    if kind == "g":
-        gen = torch.Generator(device=r[1])
-        gen.set_state(r[2])
-        return gen
-    if kind == "a":
-        return r[1].copy()
-    if kind == "seq":
-        return r[1](_rebuild(x) for x in r[2])
-    if kind == "map":
-        return {k: _rebuild(x) for k, x in r[1].items()}
-    return r[1]
-
-
-def _numpy_state(state=None):
-    np = sys.modules.get("numpy")
-    if np is None:
-        return None
-    if state is None:
-        return np.random.get_state()
-    np.random.set_state(state)
-    return None
-
-
-def _same(a, b) -> bool:
-    """Bit-for-bit equality of two results (tensors, arrays, numbers, and containers of them)."""
-    import torch
-
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
-            return False
-        if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
-            return False
-        if a.device.type == "meta":
-            return True
-        with torch.no_grad():
-            x, y = a.detach().contiguous().reshape(-1).cpu(), b.detach().contiguous().reshape(-1).cpu()
-            if x.dtype == torch.bool:
-                return torch.equal(x, y)
-            if a.device.type != "cpu" and x.is_floating_point():  # GPU kernels may use atomics: not bit-stable
-                return bool(torch.allclose(x, y, rtol=1e-5, atol=1e-6, equal_nan=True))
-            return torch.equal(x.view(torch.uint8), y.view(torch.uint8))
-    if type(a).__module__ == "numpy" and hasattr(a, "tobytes"):
-        return type(b) is type(a) and getattr(a, "shape", None) == getattr(b, "shape", None) and a.tobytes() == b.tobytes()
-    if type(a) in (list, tuple):
-        return type(b) is type(a) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    if type(a) is dict:
-        return type(b) is dict and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if type(a) is float and type(b) is float:
-        return a == b or (a != a and b != b)
-    if type(a) in (bool, int, str, bytes, type(None), complex):
-        return type(b) is type(a) and a == b
-    return True  # an object of the notebook's: judged by the checks, not here
-
-
 # --- what the notebook's code may not do to the grader in its process -----------------------------------------
 
 _ELSEWHERE = ("the checks watch the thread that runs the graded code: a forbidden op or a whole score matrix computed "
@@ -872,12 +625,6 @@ def _guard_type(cls) -> None:
         cls._grader_enter = vars(cls)["__enter__"]
         cls.__enter__ = _guarded_enter
     cls._grader_guarded = True
-
-
-def other_threads() -> int:
-    """How many Python threads other than this one the process has (sys._current_frames sees threads started any
-    way, `threading` or not)."""
-    return len(sys._current_frames()) - 1
 
 
 _MISSING = object()
@@ -1078,12 +825,15 @@ class _Guard:
     def _members() -> list:
         """The grader's code here: [(label, the live mapping that holds it, name, the object)] — compared by
         identity later (`_changes`), with the objects themselves kept (an id can be reused)."""
-        observe, fingerprint, wire, notebook = (_OWN[f"grader.{m}"] for m in ("observe", "fingerprint", "wire", "notebook"))
+        observe, fingerprint, wire, notebook, observers, calls, triton = (_OWN[f"grader.{m}"] for m in (
+            "observe", "fingerprint", "wire", "notebook", "observers", "child_observe", "triton_watch"))
         out = []
         reads = _OWN["grader.reads"]
         for holder in (_OWN.get("grader.child") or sys.modules[__name__], observe, fingerprint, wire, notebook, _Child,
-                       _ChildPickler, _ChildUnpickler, _ParentProxy, _Guard, _Rerun, observe.OpRecorder,
-                       observe.Observation, reads, reads.Visits):
+                       _ChildPickler, _ChildUnpickler, _ParentProxy, _Guard, observe.OpRecorder, observe.Observation,
+                       observe.Recording, observers, observers.Observers, observers.HostMeter, calls, calls.Scope,
+                       calls.Calls, calls.Job, calls.Rerun, vars(calls)["_Entry"], vars(calls)["_Copier"], triton,
+                       triton.TritonWatch, reads, reads.Visits, reads.ReadCounter):
             mapping, name = vars(holder), getattr(holder, "__name__", str(holder))
             out += [(f"{name}.{k}", mapping, k, v) for k, v in mapping.items()
                     if callable(v) or isinstance(v, (staticmethod, classmethod, property))]
@@ -1371,6 +1121,7 @@ def _child_main(rfd, wfd, memory, sandbox, memory_kind="as"):
     _OWN["TensorMemoryMeter"] = lib.io_model.TensorMemoryMeter
     warm()  # lib's fingerprints, taken before the student's code can touch lib's modules
     observe.warm_up()  # the first observation's fixed cost, paid at start-up rather than in an exercise's time
+    _freeze()
     _CHILD = _Child(rfd, wfd, memory, sandbox)
     _CHILD.memory_kind = memory_kind
     _CHILD.guard.remember()
@@ -1378,6 +1129,15 @@ def _child_main(rfd, wfd, memory, sandbox, memory_kind="as"):
     _hide_modules()
     _CHILD.send(("ok", None, sandbox))
     _CHILD.loop()
+
+
+def _freeze() -> None:
+    """Everything the process holds now moves out of the garbage collector's sight (`gc.freeze`): the collection
+    before each call into the notebook's code (`grader.child_observe`) then costs microseconds, not the 40 ms of a
+    process with torch loaded."""
+    import gc
+
+    gc.freeze()
 
 
 def _hide_modules() -> None:

@@ -599,7 +599,7 @@ class Session:
 
     def _describe(self, op: str, target) -> str:
         name = target._info.get("name") if isinstance(target, ChildProxy) else None
-        if op in ("call", "callback", "metered", "observe", "on_device"):
+        if op in ("call", "callback", "metered", "observe", "on_device", "map", "observe_many"):
             return f"a call of `{name}`" if name else "a call into the notebook's code"
         return f"{op} on an object of the notebook's code"
 
@@ -638,6 +638,17 @@ class Session:
         result, obs, copied = self.request("observe", target, (args, kwargs))
         copy_back(args, kwargs, copied)
         return result, from_wire(obs)
+
+    def observe_many(self, target: "ChildProxy", calls, options: dict):
+        """[(result, Observation)] of `target(*args, **kwargs)` for each of `calls`, every one observed in the child
+        (`grader.checks.observe_many`), in one round trip."""
+        from grader.observe import from_wire
+
+        calls = [(tuple(a), dict(k)) for a, k in calls]
+        out = self.request("observe_many", target, (calls, dict(options)))
+        if type(out) is not list or len(out) != len(calls) or not all(type(x) is tuple and len(x) == 2 for x in out):
+            raise IsolationError("the student's process returned a malformed batch of observations")
+        return [(result, from_wire(obs)) for result, obs in out]
 
     def get(self, name: str):
         """A name defined by the notebook's exercise cells: plain data, or a proxy."""

@@ -13,13 +13,13 @@ import os
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
 from grader.fingerprint import lib_name, oracle_name, warm
+from grader.observers import OUTSIDE_CODE, HostMeter, Observers, observers_code
 from grader.op_table import classify
-from grader.reads import Visits, note_op
+from grader.reads import ReadCounter, Visits, note_op
 from grader.triton_watch import TritonWatch
 
 
@@ -129,8 +129,6 @@ class Observation:
 
 
 WATCH_REMOVED = "<the profiler watching the call was switched off>"  # counted among Observation.ops
-# In the student's process, grader.child sees every profiler event of an observed call through this hook.
-EVENT_HOOK = None
 INPUTS_WRITTEN = "<write into an argument>"  # the key of Observation.inputs_written in Observation.ops
 PREMADE_WRITTEN = "<bytes written into buffers made before the call>"  # Observation.premade_bytes
 # The observed code ran with torch's dispatch to the observers switched off: the Python dispatch key excluded or
@@ -142,6 +140,9 @@ DISPATCH_OFF = "<code ran with the observers' dispatch switched off>"
 # An operator registered after grader.observe was imported (torch.library: the observed code's own): the observers
 # see the operator, not what its kernel runs.
 OWN_OPERATOR = "<an operator of the observed code's own>"
+# An op the observers could not record (their own code raised on its arguments: a tensor subclass without storage,
+# say): counted among Observation.ops, the op itself ran as it would unobserved.
+UNRECORDED = "<an op the observers could not record>"
 # An op `grader.op_table` does not classify (neither known to combine nothing nor a reduction or matrix product it
 # measures): counted among Observation.ops as f"{UNCLASSIFIED} aten.X" (Observation.unclassified).
 UNCLASSIFIED = "<an op the observer cannot classify>"
@@ -156,27 +157,11 @@ def _dispatch_state() -> tuple:
             torch._C._len_torch_dispatch_stack())
 
 
-def _observer_dirs() -> tuple:
-    """Where the code of Python, the installed packages, torch and the grader is: code run while the observers'
-    own dispatch handlers run (the mode stack popped) lives there, not in the notebook."""
-    import site
-    import sysconfig
-
-    dirs = {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"], str(Path(torch.__file__).parent),
-            str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent / "lib" / "io_model.py")}
-    dirs.update(p for p in sys.path if p.endswith(("site-packages", "dist-packages")))
-    try:
-        dirs.update(site.getsitepackages())
-    except AttributeError:
-        pass
-    return tuple(d.rstrip(os.sep) + (os.sep if not d.endswith(".py") else "") for d in dirs if d)
-
-
 def _tensors(values) -> list:
     """The tensors among `values` (one level into lists and tuples)."""
     out = []
     for v in values:
-        out += [t for t in (v if isinstance(v, (list, tuple)) else [v]) if isinstance(t, torch.Tensor)]
+        out += [t for t in (v if issubclass(type(v), (list, tuple)) else [v]) if issubclass(type(t), torch.Tensor)]
     return out
 
 
@@ -192,41 +177,6 @@ def _span_end(t: torch.Tensor) -> int:
     return (last + 1) * t.element_size()
 
 
-_INDEXING = {"aten.index", "aten._unsafe_index", "aten.index_select", "aten.gather", "aten.take", "aten.embedding"}
-
-
-class _ReadCounter:
-    """How many ops read each element of one tensor's storage: `counts[i]` for storage element i."""
-
-    def __init__(self, t: torch.Tensor):
-        n = t.untyped_storage().nbytes() // t.element_size()
-        self.tensor = t
-        self.addresses = torch.arange(n, device=t.device)  # a view of this at t's strides gives the elements it covers
-        self.counts = torch.zeros(n, dtype=torch.int32, device=t.device)
-
-    def note(self, func, name: str, args, kwargs, view: torch.Tensor, position) -> None:
-        addr = self.addresses.as_strided(view.shape, view.stride(), view.storage_offset())
-        if name in _INDEXING:  # what the op gathers: the same op on the addresses
-            args, kwargs = list(args), dict(kwargs or {})
-            if isinstance(position, int):
-                args[position] = addr
-            else:
-                kwargs[position] = addr
-            if "out" in kwargs:  # the gather into a buffer: the same gather, returned
-                del kwargs["out"]
-                func = func.overloadpacket
-            addr = func(*args, **kwargs)
-        read = addr.reshape(-1).unique()
-        self.counts.index_add_(0, read, torch.ones_like(read, dtype=torch.int32))
-
-    def per_slice(self) -> list[float]:
-        t = self.tensor
-        if t.dim() == 0 or t.numel() == 0:
-            return []
-        counts = self.counts.as_strided(t.shape, t.stride(), t.storage_offset())
-        return [float(x) for x in counts.reshape(t.shape[0], -1).float().mean(dim=1).cpu()]
-
-
 class OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
     @classmethod
     def _should_skip_dynamo(cls) -> bool:  # see _without_dynamo_import
@@ -240,7 +190,7 @@ class OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
         self.inputs = inputs  # data pointers of the observed call's tensor arguments' storages
         self.fresh: set[int] = set()  # storages that ops made during the call
         self.premade: dict[int, int] = {}  # storage made before the call -> high-water mark of the bytes written
-        self.counted = counted or {}  # data pointer -> _ReadCounter of an argument whose reads are counted
+        self.counted = counted or {}  # data pointer -> ReadCounter of an argument whose reads are counted
 
     def _note_reads(self, func, name, args, kwargs) -> None:
         schema = getattr(func, "_schema", None)
@@ -292,8 +242,19 @@ class OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
                    and v.untyped_storage().data_ptr() in self.inputs for a, v in values)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.before(func, args, kwargs)
+        result = func(*args, **(kwargs or {}))
+        self.after(func, args, kwargs, result)
+        return result
+
+    @staticmethod
+    def _name(func) -> str:
         name = str(func.overloadpacket) if hasattr(func, "overloadpacket") else str(func)
-        name = name if name.startswith("aten.") else f"aten.{name}"
+        return name if name.startswith("aten.") else f"aten.{name}"
+
+    def before(self, func, args, kwargs) -> None:
+        """Note an op about to run (`grader.observers.Observers` calls this, then the op, then `after`)."""
+        name = self._name(func)
         self.obs.ops[name] += 1
         schema = getattr(func, "_schema", None)
         if schema is not None and schema.name not in _OPS_AT_START:
@@ -301,16 +262,21 @@ class OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
             self.obs.ops[f"{OWN_OPERATOR} {schema.name}"] += 1
         if self._writes_input(func, args, kwargs):
             self.obs.ops[INPUTS_WRITTEN] += 1
+
+    def after(self, func, args, kwargs, result, counted: bool = True) -> None:
+        """Note an op that ran. `counted` is False for an op the observers ran as its decomposition: its parts were
+        noted themselves (what they read, multiplied and reduced), so it is not again."""
+        self._note_storages(func, args, kwargs, result)
+        if not counted:
+            return
+        name = self._name(func)
         if self.counted:
             with torch.utils._python_dispatch._disable_current_modes():
                 self._note_reads(func, name, args, kwargs)
-        result = func(*args, **(kwargs or {}))
-        self._note_storages(func, args, kwargs, result)
         self._classify(func, name, args, kwargs, result)
         if self.visits:
             with torch.utils._python_dispatch._disable_current_modes():
                 note_op(self.visits, func, args, kwargs, result, self.views)
-        return result
 
     def _classify(self, func, name, args, kwargs, result) -> None:
         """The op's matmuls and reductions (`grader.op_table`), or, for an op the table does not know, its name
@@ -331,176 +297,198 @@ def argument_storages(args, kwargs) -> set[int]:
     """Data pointers of the storages of the tensors among `args` and `kwargs` (one level into lists/tuples)."""
     found = set()
     for a in list(args) + list(kwargs.values()):
-        for t in (a if isinstance(a, (list, tuple)) else [a]):
-            if isinstance(t, torch.Tensor) and t.device.type != "meta" and t.untyped_storage().data_ptr():
+        for t in (a if type(a) in (list, tuple) else [a]):  # (type: no `__class__` of the notebook's objects read)
+            if issubclass(type(t), torch.Tensor) and t.device.type != "meta" and t.untyped_storage().data_ptr():
                 found.add(t.untyped_storage().data_ptr())
     return found
+
+
+class Recording:
+    """What one observed call does, recorded as it runs: each op before and after it runs (`grader.observers.
+    Observers` hands them over: ops, matmuls, reductions, writes and reads by `OpRecorder`, FLOPs by
+    FlopCounterMode's formulas, tensor memory by lib's meter), the profiler's events (`hook`: lib's functions, and
+    code run with the observers' dispatch switched off), a Triton interpreter watch (`kernels`) and, where asked,
+    tracemalloc. `observe` runs a call with one; in the student's process `grader.child_observe` starts and stops
+    one inside the observers every call runs under, so that the observed call runs as any other does."""
+
+    def __init__(self, args=(), kwargs=None, reads=(), dot_scale=1.0, light=False, host=False, meter_only=False):
+        _, TensorMemoryMeter, formulas = _observer_classes()
+        self.obs = obs = Observation()
+        self.formulas = formulas  # the formulas as they were before the observed code could change them
+        self.flops = 0
+        self.meter = TensorMemoryMeter()
+        self.meter_only = bool(meter_only)  # a `metered` call: tensor memory only
+        self.light = bool(light) or self.meter_only  # no profiler: lib's functions are not named (cheaper)
+        self.dot_scale = float(dot_scale)
+        # Host memory too (`Observation.host_peak_bytes`): tracemalloc slows Python-heavy code several-fold, so only
+        # where a check bounds memory that numpy could hold instead of torch.
+        self.host = HostMeter() if host and not self.light else None
+        counted, self.reading, self.visits = {}, {}, {}
+        for i in reads:
+            if type(i) in (tuple, list):  # (position, dim): followed through copies, in visits (grader.reads)
+                i, dim = int(i[0]), int(i[1])
+                if issubclass(type(args[i]), torch.Tensor) and args[i].device.type != "meta" and args[i].numel():
+                    self.visits[i] = Visits(args[i], dim)
+            elif issubclass(type(args[i]), torch.Tensor) and args[i].device.type != "meta":
+                self.reading[i] = counted[args[i].untyped_storage().data_ptr()] = ReadCounter(args[i])
+        self.recorder = OpRecorder(obs, argument_storages(args, kwargs or {}), counted, list(self.visits.values()))
+        self.inputs = {i: a for i, a in enumerate(args) if issubclass(type(a), torch.Tensor)}
+        self.inputs.update({k: a for k, a in (kwargs or {}).items() if issubclass(type(a), torch.Tensor)})
+        self.kernels = None  # the TritonWatch the call runs under, set by whoever runs it
+        self._kernels_before = self._kernel_records = None
+        self.remote: list[Observation] = []  # calls observed in the student's process during this one (`merge`)
+        self.again = False  # whether the student's process makes the call a second time (`grader.child_observe`)
+        self.expected: list = [None]
+        self.seen: set[str] = set()
+        self.hook = self._profile()  # one object: compared by identity after the call
+
+    @classmethod
+    def for_call(cls, args, kwargs: dict) -> Recording:
+        """A recording of `fn(*args, **kwargs)`, the observation's options taken out of `kwargs` (`_observe_reads`,
+        `_observe_dot_scale`, `_observe_light`, `_observe_host`; `_observe_again=False`: no second run in the student's
+        process)."""
+        rec = cls(args, kwargs, reads=tuple(kwargs.pop("_observe_reads", ())),
+                  dot_scale=float(kwargs.pop("_observe_dot_scale", 1.0)), light=bool(kwargs.pop("_observe_light", False)),
+                  host=bool(kwargs.pop("_observe_host", False)))
+        rec.again = bool(kwargs.pop("_observe_again", True)) and rec.dot_scale == 1.0 and not rec.light
+        return rec
+
+    def _profile(self):
+        seen, obs, expected, mine = self.seen, self.obs, self.expected, OUTSIDE_CODE
+
+        def profile(frame, event, arg):
+            if event == "call":  # lib's (or an oracle's) code by file, or by fingerprint wherever it was loaded from
+                name = lib_name(frame.f_code) or oracle_name(frame.f_code)
+                if name is not None and not name.startswith("lib.io_model.TensorMemoryMeter"):  # the meter observing
+                    seen.add(name)
+            # At each builtin the observed code calls (a torch function, a tensor method, len): the state it runs in.
+            # Not at Python-level calls: torch's dispatcher calls Python from C, whose caller then looks like the code's.
+            elif event == "c_call" and expected[0] is not None:
+                code = frame.f_code
+                inside = mine.get(code)
+                if inside is None:
+                    inside = mine[code] = not observers_code(code, frame.f_globals)
+                if inside:
+                    state = _dispatch_state()
+                    # Fewer modes than set up: torch is running one of them (its handler, or the Python code the
+                    # dispatcher runs first), which calls code of torch's and Python's own. With the modes all there,
+                    # the Python key must be as it was: excluded or dropped, no mode sees an op.
+                    if state[2] >= expected[0][2] and state[:2] != expected[0][:2]:
+                        obs.ops[DISPATCH_OFF] += 1
+        return profile
+
+    # what `grader.observers.Observers` calls around each op
+    def before(self, func, args, kwargs) -> None:
+        if not self.meter_only:
+            self.recorder.before(func, args, kwargs)
+
+    def after(self, func, args, kwargs, out, counted: bool) -> None:
+        if not self.meter_only:
+            self.recorder.after(func, args, kwargs, out, counted)
+            formula = self.formulas.get(getattr(func, "_overloadpacket", None)) if counted else None
+            if formula is not None:  # as FlopCounterMode counts an op it did not decompose
+                self.flops += formula(*args, **kwargs, out_val=out)
+        self.meter.note(args, kwargs, out)
+
+    def failed(self, func) -> None:
+        self.obs.ops[UNRECORDED] += 1
+        self.obs.ops[f"{UNRECORDED} {getattr(func, '__name__', func)}"] += 1
+
+    def start(self, collect: bool = True) -> None:
+        """Just before the call, inside the observers (`collect`: the garbage collector runs first, for `host`)."""
+        if self.kernels is not None:
+            self._kernels_before = self.kernels.begin(self.dot_scale, self.inputs)
+        if self.host is not None:
+            self.host.start(collect)
+        self.expected[0] = _dispatch_state()
+
+    def stop(self) -> None:
+        """Just after the call returned or raised."""
+        self.expected[0] = None
+        if self.host is not None:
+            try:
+                peak = self.host.stop()
+                if peak is None:
+                    self.obs.ops[WATCH_REMOVED] += 1
+                self.obs.host_peak_bytes = peak or 0
+            finally:
+                self.host.close()
+        if self.kernels is not None:
+            self._kernel_records = self.kernels.end(self._kernels_before)
+
+    def merge(self, other: Observation) -> None:
+        """Add what a call into the student's process did during this call, observed there (`grader.proxy`)."""
+        self.remote.append(other)
+        self.meter.peak = max(self.meter.peak, self.meter.current + other.peak_bytes)
+
+    def observation(self, result) -> Observation:
+        """The call's Observation (`result`: what it returned, which its Triton kernels should have written)."""
+        obs = self.obs
+        if self.recorder.premade:
+            obs.ops[PREMADE_WRITTEN] = sum(self.recorder.premade.values())
+        obs.flops = int(self.flops)
+        obs.peak_bytes = int(self.meter.peak)
+        obs.lib_calls = self.seen
+        records = self._kernel_records
+        if records is not None and (records.launches or records.problems):
+            obs.kernel = records.summary(self.inputs, _tensors(result if issubclass(type(result), (list, tuple)) else [result]))
+            obs.kernel_launches, obs.kernel_dots = list(records.launches), list(records.dots)
+        obs.reads = {i: counter.per_slice() for i, counter in self.reading.items()}
+        obs.visits = {i: v.summary() for i, v in self.visits.items()}
+        for other in self.remote:
+            obs.ops.update(other.ops)
+            obs.matmuls += other.matmuls
+            obs.reductions += other.reductions
+            obs.flops += other.flops
+            obs.lib_calls |= other.lib_calls
+            obs.host_peak_bytes = max(obs.host_peak_bytes, other.host_peak_bytes)
+            obs.kernel_launches += other.kernel_launches
+            obs.kernel_dots += other.kernel_dots
+            if other.kernel:
+                obs.kernel = obs.kernel or other.kernel
+        return obs
+
+
+_ACTIVE: list = []  # the recordings of the `observe` calls running in this process, innermost last
+
+
+def recording_now() -> Recording | None:
+    """The innermost `observe` running in this process: a call into the student's process made during it (through a
+    proxy: `grader.proxy`) is observed there, and what it did added to this one (`Recording.merge`)."""
+    return _ACTIVE[-1] if _ACTIVE else None
 
 
 def observe(fn, *args, **kwargs):
     """Call `fn(*args, **kwargs)` and return `(result, Observation)`.
 
     A grader that runs student code in another process hands checks a proxy with an `__observe__` method;
-    then the observation is made there, around the real call, and shipped back as data."""
+    then the observation is made there, around the real call, and shipped back as data. A call of this process's
+    (a check's wrapper) that calls the student's code through a proxy has those calls observed there too."""
     remote = getattr(fn, "__observe__", None)
     if remote is not None:
         return remote(args, kwargs)
-    read_positions = tuple(kwargs.pop("_observe_reads", ()))
-    dot_scale = float(kwargs.pop("_observe_dot_scale", 1.0))
-    light = bool(kwargs.pop("_observe_light", False))  # no profiler: lib's functions are not named (cheaper)
-    # Host memory too (`Observation.host_peak_bytes`): tracemalloc slows Python-heavy code several-fold, so only
-    # where a check bounds memory that numpy could hold instead of torch.
-    host_memory = bool(kwargs.pop("_observe_host", False)) and not light
-    FlopCounterMode, TensorMemoryMeter, formulas = _observer_classes()
-
-    obs = Observation()
-    seen: set[str] = set()
-
+    rec = Recording.for_call(args, kwargs)
     warm()  # builds the tables of lib's (and the oracles') code before the code observed runs
-
-    hook = EVENT_HOOK
-    # While the observed code runs: the dispatch state the observers set up, which its own code must not change
-    # (checked at each call it makes: DISPATCH_OFF).
-    expected: list = [None]
-    mine = _OUTSIDE_CODE
-
-    def profile(frame, event, arg):
-        if event == "call":  # lib's (or an oracle's) code by file, or by fingerprint wherever it was loaded from
-            name = lib_name(frame.f_code) or oracle_name(frame.f_code)
-            if name is not None and not name.startswith("lib.io_model.TensorMemoryMeter"):  # the meter observing
-                seen.add(name)
-        # At each builtin the observed code calls (a torch function, a tensor method, len): the state it runs in.
-        # Not at Python-level calls: torch's dispatcher calls Python from C, whose caller then looks like the code's.
-        elif event == "c_call" and expected[0] is not None:
-            code = frame.f_code
-            inside = mine.get(code)
-            if inside is None:
-                inside = mine[code] = not _observers_code(code, frame.f_globals)
-            if inside:
-                state = _dispatch_state()
-                # Fewer modes than set up: torch is running one of them (its handler, or the Python code the
-                # dispatcher runs first), which calls code of torch's and Python's own. With the modes all there,
-                # the Python key must be as it was: excluded or dropped, no mode sees an op.
-                if state[2] >= expected[0][2] and state[:2] != expected[0][:2]:
-                    obs.ops[DISPATCH_OFF] += 1
-        if hook is not None:
-            hook(frame, event, arg)
-
-    flops = FlopCounterMode(display=False)
-    flops.flop_registry = dict(formulas)  # the formulas as they were before the observed code could change them
-    meter = TensorMemoryMeter()
-    previous = sys.getprofile()
-    if not light:
-        sys.setprofile(profile)
-    counted, visits = {}, {}
-    for i in read_positions:
-        if isinstance(i, (tuple, list)):  # (position, dim): followed through copies, in visits (grader.reads)
-            i, dim = int(i[0]), int(i[1])
-            if isinstance(args[i], torch.Tensor) and args[i].device.type != "meta" and args[i].numel():
-                visits[i] = Visits(args[i], dim)
-        elif isinstance(args[i], torch.Tensor) and args[i].device.type != "meta":
-            counted[args[i].untyped_storage().data_ptr()] = _ReadCounter(args[i])
-    read_positions = tuple(i for i in read_positions if not isinstance(i, (tuple, list)))
-    recorder = OpRecorder(obs, argument_storages(args, kwargs), counted, list(visits.values()))
-    inputs = {i: a for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
-    inputs.update({k: a for k, a in kwargs.items() if isinstance(a, torch.Tensor)})
-    kernels = TritonWatch(dot_scale)
-    if "triton.runtime.interpreter" in sys.modules:
-        kernels.watch_inputs(inputs)
-    if host_memory and not _WARMED:
+    if rec.host is not None and not _WARMED:
         warm_up()  # the observers' first use imports modules: their memory is not the call's
-    host = _HostMeter() if host_memory else None
+    kernels = rec.kernels = TritonWatch()
+    previous = sys.getprofile()
+    if not rec.light:
+        sys.setprofile(rec.hook)
+    _ACTIVE.append(rec)
     try:
-        with flops, meter, recorder, kernels:
-            if host is not None:
-                host.start()
-            expected[0] = _dispatch_state()
+        with Observers((rec,)), kernels:
+            rec.start()
             try:
                 result = fn(*args, **kwargs)
             finally:
-                expected[0] = None
-            if host is not None:
-                peak = host.stop()
-                if peak is None:
-                    obs.ops[WATCH_REMOVED] += 1
-                obs.host_peak_bytes = peak or 0
+                rec.stop()
     finally:
-        if host is not None:
-            host.close()
-        if not light and sys.getprofile() is not profile:
-            obs.ops[WATCH_REMOVED] += 1
+        _ACTIVE.remove(rec)
+        if not rec.light and sys.getprofile() is not rec.hook:
+            rec.obs.ops[WATCH_REMOVED] += 1
         sys.setprofile(previous)
-    if recorder.premade:
-        obs.ops[PREMADE_WRITTEN] = sum(recorder.premade.values())
-    obs.flops = int(flops.get_total_flops())
-    obs.peak_bytes = int(meter.peak)
-    obs.lib_calls = seen
-    if kernels.launches or kernels.problems:
-        obs.kernel = kernels.summary(inputs, _tensors(result if isinstance(result, (list, tuple)) else [result]))
-        obs.kernel_launches, obs.kernel_dots = list(kernels.launches), list(kernels.dots)
-    obs.reads = {i: counted[args[i].untyped_storage().data_ptr()].per_slice() for i in read_positions
-                 if args[i].untyped_storage().data_ptr() in counted}
-    obs.visits = {i: v.summary() for i, v in visits.items()}
-    return result, obs
-
-
-_OBSERVER_DIRS = _observer_dirs()
-
-
-def _observers_code(code, globals_: dict) -> bool:
-    """Whether `code` is Python's, a package's, torch's or the grader's (not the observed code's): by its file, or,
-    for a frozen module of Python's (abc, importlib), by its globals being that module's own."""
-    if code.co_filename.startswith(_OBSERVER_DIRS):
-        return True
-    spec = globals_.get("__spec__")
-    module = sys.modules.get(getattr(spec, "name", None) or "")
-    return (code.co_filename.startswith("<frozen ") and module is not None and vars(module) is globals_
-            and getattr(spec, "origin", None) == "frozen")
-
-
-_OUTSIDE_CODE: dict = {}  # code object -> whether it is the observed code's (not `_observers_code`)
-
-
-# Where the allocations of the observers (and of torch's own caches, which fill as ops are first seen) are made:
-# whatever of theirs is alive when the call ends is not the call's (`_HostMeter.stop`).
-_OBSERVERS = (str(Path(__file__).resolve().parent / "*"), str(Path(torch.__file__).resolve().parent / "*"),
-              str(Path(__file__).resolve().parent.parent / "lib" / "io_model.py"))
-
-
-class _HostMeter:
-    """Peak bytes of the Python side's allocations during a call, by tracemalloc (numpy registers its arrays' data
-    with it; torch's tensors are the other meter's). The call may not stop, clear or reset the tracing: a sentinel
-    traced before the call must still be traced after it, and tracing must still be on (else WATCH_REMOVED)."""
-
-    def start(self) -> None:
-        import gc
-        import tracemalloc
-
-        # Garbage left by earlier work (reference cycles) is freed whenever the collector next runs, which depends on
-        # everything allocated before: collected now, the collections during the call depend on the call alone (an
-        # honest call's peak once differed by 70 kB between two runs under load, failing a bound on its growth).
-        gc.collect()
-        self.tm, self.was_tracing = tracemalloc, tracemalloc.is_tracing()
-        if not self.was_tracing:
-            tracemalloc.start(1)
-        self.sentinel = bytearray(64)  # allocated while tracing: traced
-        tracemalloc.reset_peak()
-        self.base = tracemalloc.get_traced_memory()[0]
-
-    def stop(self) -> int | None:
-        """The peak, less what the observers themselves still hold at the end (their records only grow during the
-        call: the recorder's lists and sets, FlopCounterMode's tables), or None when the call stopped or cleared
-        the tracing."""
-        tm = self.tm
-        if not tm.is_tracing() or tm.get_object_traceback(self.sentinel) is None:
-            return None
-        peak = tm.get_traced_memory()[1] - self.base
-        ours = tm.take_snapshot().filter_traces([tm.Filter(True, pattern) for pattern in _OBSERVERS])
-        return max(0, peak - sum(stat.size for stat in ours.statistics("filename")))
-
-    def close(self) -> None:
-        if getattr(self, "tm", None) is not None and not self.was_tracing:
-            self.tm.stop()
+    return result, rec.observation(result)
 
 
 _WARMED: list = []
@@ -547,6 +535,9 @@ def warm_up() -> None:
     it inside the next exercise's limit."""
     _WARMED.append(True)
     observe(lambda: torch.zeros(2) + 1)
+    # tracemalloc's snapshots and the read counters import modules of their own: not mid-call, where a check's
+    # first such observation would show the notebook's code modules that no other call has
+    observe(lambda x: (x + 1)[x.long()], torch.zeros(2), _observe_host=True, _observe_reads=(0,))
 
 
 def to_wire(obs: Observation) -> dict:

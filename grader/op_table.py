@@ -11,7 +11,9 @@ contraction length, a's second-last the rows and b's last the columns. Any other
 name, or one whose classification fails — is *unclassified*, and the checks treat it as a verdict, not a pass.
 
 Names are aten's overload packets, in-place forms (`add_`) and `out=` overloads included. Composite ops (einsum,
-tensordot, matmul, conv1d, max_pool1d, argsort, ...) never reach the recorder: they decompose into these first.
+tensordot, matmul, conv1d, max_pool1d, argsort, ...) are not classified: they decompose into these first (one that
+reaches the observers, `aten.matmul` under `torch.inference_mode`, is run by them as its decomposition, whose parts
+are classified: `grader.observers`, `OpRecorder.after`).
 """
 from __future__ import annotations
 

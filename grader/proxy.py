@@ -4,11 +4,13 @@ What it guards: **a check never holds the student's object, only a stand-in that
 access, calls, indexing and iteration are sent to the child (through the proxy's session); equality and
 hashing are by identity, so a student's object cannot claim to equal the answer, and a proxy cannot be
 pickled. A call made under an active `TensorMemoryMeter` is measured in the child, where the memory is
-allocated; a student `torch.autograd.Function` arrives as a local `Function` whose forward and backward run
+allocated, and one made during an `observe` of this process's (a check's wrapper around the student's code) is
+observed there and added to that observation; a student `torch.autograd.Function` arrives as a local `Function` whose forward and backward run
 in the child (`autograd_function_of`). The session (`grader.isolation.Session`) does the messaging.
 """
 from __future__ import annotations
 
+from grader.observe import recording_now
 from grader.wire import Remote, copy_back
 
 
@@ -37,6 +39,8 @@ class ChildProxy(Remote):
                 return lambda device, args, kwargs: self._session.call(self, args, kwargs, device=device)
             if name == "__map__" and self._info.get("callable"):  # many calls, one round trip (checks.call_many)
                 return lambda calls: self._session.request("map", self, (list(calls),))
+            if name == "__observe_many__" and self._info.get("callable"):  # checks.observe_many
+                return lambda calls, options: self._session.observe_many(self, calls, options)
             raise AttributeError(name)
         return self._do("getattr", name)
 
@@ -47,6 +51,12 @@ class ChildProxy(Remote):
         self._do("delattr", name)
 
     def __call__(self, *args, **kwargs):
+        recording = recording_now()
+        if recording is not None:  # a call of this process's, observed here, calls the student's code: observed there
+            result, obs = self._session.observe(self, args, {**kwargs, "_observe_light": recording.light,
+                                                             "_observe_again": False})
+            recording.merge(obs)
+            return result
         meter = _active_memory_meter()
         if meter is not None:  # measure in the child, where the memory is allocated
             result, peak, copied = self._session.request("metered", self, (args, kwargs))

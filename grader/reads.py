@@ -79,6 +79,43 @@ def _ptr(t: torch.Tensor) -> int:
     return 0 if t.device.type == "meta" else t.untyped_storage().data_ptr()
 
 
+_INDEXING = {"aten.index", "aten._unsafe_index", "aten.index_select", "aten.gather", "aten.take", "aten.embedding"}
+
+
+class ReadCounter:
+    """How many ops read each element of one tensor's storage: `counts[i]` for storage element i
+    (`observe(..., _observe_reads=(position,))`, `Observation.reads_of`: each op that reads an element counts once,
+    not followed through copies as `Visits` does)."""
+
+    def __init__(self, t: torch.Tensor):
+        n = t.untyped_storage().nbytes() // t.element_size()
+        self.tensor = t
+        self.addresses = torch.arange(n, device=t.device)  # a view of this at t's strides gives the elements it covers
+        self.counts = torch.zeros(n, dtype=torch.int32, device=t.device)
+
+    def note(self, func, name: str, args, kwargs, view: torch.Tensor, position) -> None:
+        addr = self.addresses.as_strided(view.shape, view.stride(), view.storage_offset())
+        if name in _INDEXING:  # what the op gathers: the same op on the addresses
+            args, kwargs = list(args), dict(kwargs or {})
+            if isinstance(position, int):
+                args[position] = addr
+            else:
+                kwargs[position] = addr
+            if "out" in kwargs:  # the gather into a buffer: the same gather, returned
+                del kwargs["out"]
+                func = func.overloadpacket
+            addr = func(*args, **kwargs)
+        read = addr.reshape(-1).unique()
+        self.counts.index_add_(0, read, torch.ones_like(read, dtype=torch.int32))
+
+    def per_slice(self) -> list[float]:
+        t = self.tensor
+        if t.dim() == 0 or t.numel() == 0:
+            return []
+        counts = self.counts.as_strided(t.shape, t.stride(), t.storage_offset())
+        return [float(x) for x in counts.reshape(t.shape[0], -1).float().mean(dim=1).cpu()]
+
+
 class Visits:
     """The terminal reads and visits of each element of one tensor argument (see the module's docstring)."""
 

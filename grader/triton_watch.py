@@ -214,6 +214,34 @@ class TritonWatch:
             setattr(owner, name, new)
         return self
 
+    _RECORDS = ("launches", "dots", "loads", "stores", "problems", "reduce_rank", "elementwise", "live", "peak_live",
+                "inputs", "dot_scale")
+
+    def begin(self, dot_scale: float = 1.0, inputs: dict | None = None) -> dict:
+        """Start one observed call's own records in this (already entered) watch, with its `dot_scale` and tensor
+        arguments; returns the records so far, for `end`. The patches stay as they are: a call into the notebook's
+        code runs under the same watch whether it is observed or not (`grader.child_observe`)."""
+        before = {name: getattr(self, name) for name in self._RECORDS}
+        fresh = TritonWatch(dot_scale)
+        for name in self._RECORDS:
+            setattr(self, name, getattr(fresh, name))
+        if inputs and "triton.runtime.interpreter" in sys.modules:
+            self.watch_inputs(inputs)
+        return before
+
+    def end(self, before: dict) -> TritonWatch:
+        """The records since `begin` (as a TritonWatch, for `summary`); the watch goes on with them added to `before`."""
+        mine = TritonWatch(self.dot_scale)
+        for name in self._RECORDS:
+            setattr(mine, name, getattr(self, name))
+        for name in ("launches", "dots", "loads", "stores", "problems"):
+            setattr(self, name, before[name] + getattr(mine, name))
+        self.reduce_rank = max(before["reduce_rank"], mine.reduce_rank)
+        self.elementwise = before["elementwise"] + mine.elementwise
+        self.peak_live = max(before["peak_live"], mine.peak_live)
+        self.inputs, self.dot_scale = before["inputs"], before["dot_scale"]
+        return mine
+
     def __exit__(self, *exc):
         for owner, name, original, new in self.undo:
             if owner.__dict__.get(name) is not new:

@@ -192,6 +192,12 @@ class TensorMemoryMeter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        self.note(args, kwargs, out)
+        return out
+
+    def note(self, args, kwargs, out) -> None:
+        """Count the storages `out` (an op's result) holds that the op made: what `__torch_dispatch__` does after
+        each op (the grader's observers call it from their own dispatch mode)."""
         outs = out if isinstance(out, (tuple, list)) else (out,)
         if any(isinstance(t, torch.Tensor) for t in outs):
             inputs = set()
@@ -202,7 +208,6 @@ class TensorMemoryMeter(TorchDispatchMode):
             for t in outs:
                 if isinstance(t, torch.Tensor):
                     self._track(t, inputs)
-        return out
 
 
 _RSS_SCRIPT = r"""

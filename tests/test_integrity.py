@@ -290,13 +290,14 @@ def test_a_shims_original_taken_out_of_its_closure_is_still_seen(tmp_path):
 
 
 def test_asking_for_the_profiler_function_is_a_verdict(tmp_path):
-    """The profiler function's closure holds the child (its records of what ran): asking for it is a verdict,
-    whatever the notebook does with it next (here: forget which lib functions ran)."""
+    """The profiler function's closure leads to the child (its records of what ran: a bound method of it):
+    asking for it is a verdict, whatever the notebook does with it next (here: forget which lib functions ran)."""
     from grader.checks import week16
 
     ex = _load(tmp_path, 16, prepend={"causal_mask": (
-        "import sys\n_child = [getattr(c, 'cell_' + 'contents') for c in getattr(sys.getprofile(), '__clo' + 'sure__')"
-        " if type(getattr(c, 'cell_' + 'contents')).__name__ == '_Child'][0]\n_child.lib_seen.clear()\n")})
+        "import sys\n_cells = [getattr(c, 'cell_' + 'contents') for c in getattr(sys.getprofile(), '__clo' + 'sure__')]\n"
+        "_child = [getattr(x, '__self__', x) for x in _cells if type(getattr(x, '__self__', x)).__name__ == '_Child'][0]\n"
+        "_child.lib_seen.clear()\n")})
     with pytest.raises(AssertionError, match=r"asked for the grader's profiler function"):
         week16.check_causal_mask(ex.causal_mask)
 
@@ -519,14 +520,21 @@ def test_the_answer_key_is_graded_as_itself_and_the_releases_hold_no_copy():
 
 # --- behaving differently under observation, switching the watch off ---------------------------------------------
 
-def test_a_function_that_takes_another_route_when_not_observed_fails(tmp_path):
+def test_a_function_that_takes_another_route_on_its_second_run_fails(tmp_path):
+    """Every call runs under the same observers now (a route switched on the dispatch stack takes one route:
+    tests/test_observation.py), but an observed call is still made a second time, and code can spot that one by
+    its inputs (equal to the call before): the whole score matrix there returns other bits than the tiles."""
     from grader.checks import week17
 
     ex = _load(tmp_path, 17, edits={"FlashAttention": '''
-        _tiled = flash_attention_forward
+        _tiled, _last = flash_attention_forward, []
 
         def flash_attention_forward(q, k, v, causal=False, block_q=128, block_k=128, visited=None):
-            if torch._C._len_torch_dispatch_stack() or visited is not None:  # watched
+            # what the call looks like, read without reading an element (week 17 counts every read of q, k and v)
+            key = (tuple(q.shape), q.stride(), tuple(k.shape), k.stride(), q.dtype, causal, block_q, block_k)
+            again = _last == [key]  # the same call as the last one: no check makes that but the second run
+            _last[:] = [key]
+            if not again:
                 return _tiled(q, k, v, causal, block_q, block_k, visited)
             check_attention_shapes(q, k, v, causal)
             r = q.shape[1] // k.shape[1]
@@ -550,7 +558,7 @@ def test_a_function_that_takes_another_route_when_not_observed_fails(tmp_path):
                 dq, dk, dv = flash_attention_backward(q, k, v, out, lse, dout, ctx.causal)
                 return dq, dk, dv, None
         '''})
-    with pytest.raises(AssertionError, match="returned other values when it was not observed"):
+    with pytest.raises(AssertionError, match="returned other values when called a second time"):
         week17.check_flash_attention_forward(ex.flash_attention_forward)
 
 

@@ -276,7 +276,8 @@ def best_k_junk_observed(alpha, c, verify_cost):
 OBSERVED_ROUTES = {
     "speculative_generate": ("generate_junk_observed", "differs from greedy"),
     "verify": ("verify_junk_observed", "n_accepted must be in 0..K"),
-    "speculative_sample": ("sample_junk_observed", "expected the prompt's ids and"),
+    # (junk in every call where each sees the same dispatch stack: then the draft model is never called)
+    "speculative_sample": ("sample_junk_observed", "expected the prompt's ids and|the draft model was never called"),
     "expected_rejections": ("rejections_junk_observed", "expected"),
     "lookup_draft": ("lookup_junk_observed", "expected"),
     "best_k": ("best_k_junk_observed", "K must be an int"),

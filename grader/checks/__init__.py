@@ -14,6 +14,14 @@ Three rules every week's checks follow (see docs/authoring-a-week.md, "Checks th
    reference, materializing what the technique avoids), the check runs the student's function under
    `observe(...)` and judges what it did: the aten ops it called, the matmul shapes, FLOPs, peak tensor
    bytes, and which `lib` functions ran.
+4. **Judge what you observe.** Every number a check grades comes from a call whose route was observed in that
+   same call: `got, obs = observe(fn, ...)`, then judge `got` *and* `obs` — never `_, obs = observe(...)` beside a
+   separate, unobserved call whose result is graded. Where a check needs many calls, `observe_many` observes
+   them all in one round trip. The student's process runs every call of the notebook's code under the same
+   dispatch mode, profiler and meters, observed or not (grader/child_observe.py), so no query tells its code
+   which call is observed — except the time recording takes, which is why an unobserved result must not count.
+   An observed call is made a second time on copies of its arguments (and of its object, for a method or a
+   callable object) and must return the same bits (a result may not depend on how many calls came before).
 """
 from __future__ import annotations
 
@@ -27,6 +35,8 @@ from torch.overrides import TorchFunctionMode
 from grader.observe import (INPUTS_WRITTEN, PREMADE_WRITTEN, Observation, OpRecorder,  # noqa: F401  (re-exported)
                             argument_storages, observe)
 from grader.seeds import derived_seed, run_seed  # the checks import both from here
+
+_OPTIONS = ("_observe_reads", "_observe_dot_scale", "_observe_light", "_observe_host")
 
 _LIB_DIR = str(Path(__file__).resolve().parent.parent.parent / "lib") + os.sep
 
@@ -114,6 +124,21 @@ def call_many(fn, calls):
             raise AssertionError("the student's process returned a malformed batch of results")
         return out
     return [fn(*a, **k) for a, k in calls]
+
+
+def observe_many(fn, calls, **options) -> list[tuple[object, Observation]]:
+    """`[observe(fn, *args, **kwargs, **options) for args, kwargs in calls]`, in one round trip when `fn` lives in
+    another process: every call observed (rule 4), each with its own Observation, each made a second time unless
+    `_observe_light=True` (cheaper: no profiler, no second run; for thousands of small calls). `options`: the
+    `_observe_*` keywords of `observe`. Arguments are copied for each call, as by `call_many`."""
+    unknown = sorted(set(options) - set(_OPTIONS))
+    if unknown:
+        raise TypeError(f"observe_many: unknown options {unknown}; it takes {_OPTIONS}")
+    calls = [(tuple(a), dict(k)) for a, k in calls]
+    remote = getattr(fn, "__observe_many__", None)
+    if remote is not None:
+        return remote(calls, options)
+    return [observe(fn, *a, **{**k, **options}) for a, k in calls]
 
 
 def call_many_observing(fn, calls, observed, **options):
