@@ -20,8 +20,9 @@ import torch
 from grader.checks import (assert_classified, assert_close, check_on_meta, generator, observe, run_seed, seed_note,
                            week19_gain)
 from grader.checks.week19_sim import (LONG_CASE, amount_step, cache_trial, context_model, contiguous_reference,
-                                      engine_workload, expect_error, exponentials, hash_bits, judge_plan, lib_parts,
+                                      engine_workload, expect_error, exponentials, judge_plan, lib_parts,
                                       paged_case, sdpa_ops, shared_step, simulate, step_workload, workload)
+from grader.checks.week19_hashes import assert_hash_entropy, assert_long_chain
 from grader.harness import Week
 from lib import paged as ref
 
@@ -331,19 +332,8 @@ def check_block_hashes(block_hashes) -> None:
             same = [t for t in range(lo, k) if hb[t] == hs[t]]
             assert not same, (f"swapping blocks {lo} and {hi} leaves the hashes of blocks {same} unchanged: a chained "
                               f"hash must depend on the order of the blocks (an additive chain does not) {seed_note()}")
-    tokens = [rng.randrange(50000) for _ in range(8000)]
-    hs = block_hashes(tokens, 1)  # 8000 different prefixes
-    assert len(set(hs)) == len(hs), (
-        f"8000 different prefixes got only {len(set(hs))} different hashes: too few bits (a 20-bit hash collides "
-        f"about 30 times here, a 64-bit one with probability 2e-12). Keep the whole hash {seed_note()}")
-    # 8000 hashes rarely expose a 32-bit hash (a collision with probability 0.0074), but a real prefix cache holds
-    # millions of blocks: 10^6 blocks on 32 bits collide with probability 1 - exp(-10^12 / 2^33) ~ 1, on 64 bits
-    # ~3e-8. So the width itself is judged: of 8000 uniform 64-bit hashes all stay below 2^56 w.p. 2^-64000.
-    width = max(hash_bits(h) for h in hs)
-    assert width >= 56, (
-        f"the widest of 8000 block hashes has {width} bits: a hash kept to 32 bits (or fewer) collides almost surely "
-        f"in a cache of a million blocks (1 - exp(-n^2 / 2^33) at n = 10^6), and a collision hands one request "
-        f"another's KV blocks. Keep at least 64 bits of the hash {seed_note()}")
+    assert_long_chain(block_hashes, rng)  # prompts of 65-160 blocks: chained all the way
+    assert_hash_entropy(block_hashes, rng)  # 2^19 prefixes, 2^19 hashes: 64 bits of entropy, not 32 spread out
 
 
 # --- 12, 13: check your understanding --------------------------------------------------------------------
@@ -394,8 +384,8 @@ def check_schedule(schedule) -> None:
     # holds, not its freeable ones, hands out blocks that stay taken (rejected in about 1 of 4 such steps; 80 steps
     # miss it with probability ~1e-9; lib's schedule passed 40,000 of them). Then steps that need one preemption
     # exactly: one that preempts every newer request at once is rejected at each.
-    for case in range(83):
-        s = shared_step(rng) if case < 80 else amount_step(rng)
+    for case in range(86):  # the last 3: 7-12 requests running
+        s = shared_step(rng) if case < 80 else amount_step(rng, busy=case >= 83)
         where = (f"a step {'with prefix-shared blocks' if case < 80 else 'that needs one preemption'} (block_size "
                  f"{s['bs']}, {s['free']} free, budget {s['budget']}, max_num_seqs {s['max_seqs']}, running "
                  f"{s['running']}, waiting {s['waiting']}) {seed_note()}")

@@ -333,12 +333,13 @@ def _plain_call(fn, *args):
     return fn(*args)
 
 
-def amount_step(rng: random.Random) -> dict:
+def amount_step(rng: random.Random, busy: bool = False) -> dict:
     """One step in which the oldest running request needs a block and none is free, and preempting the newest
     frees enough for every running request left: exactly one preemption is needed (a scheduler that preempts every
-    newer request at once preempts two or more here)."""
+    newer request at once preempts two or more here). 3-5 requests run, or 7-12 if `busy` (a scheduler that
+    preempts one more only when many run passed the small steps)."""
     bs = rng.choice([1, 2, 4])
-    k = rng.randint(3, 5)
+    k = rng.randint(7, 12) if busy else rng.randint(3, 5)
     running = []
     for i in range(k):  # each at the end of a full block, decoding: one new block each
         blocks = rng.randint(k, k + 3)
