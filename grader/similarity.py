@@ -334,19 +334,14 @@ class Source:
                  for key, tree, copy in trees]
         names = {q.rsplit(".", 1)[-1] for _, defs, _, _ in found for q in defs}  # what it defines: its own names
         self.units, self.calls, self.members, self.where = {}, {}, {}, {}
-        # A function reached through a module-level name rather than by its own (`_OPS = {"t": _tile}`, then
-        # `_OPS["t"](...)`): each global a top-level statement mentions links to the source's functions and classes
-        # that statement names, so a unit that uses the global uses them.
+        # A function reached through a module-level name (`_OPS = {"t": _tile}`, then `_OPS["t"](...)`): a global a
+        # top-level statement fills links to the functions and classes it names; a unit using the global uses them.
         links: dict[str, set[str]] = {}
-        imported = {(a.asname or a.name).split(".")[0] for _, tree, _ in trees for n in ast.walk(tree)
-                    if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
-        names_and_modules = names | imported
-        for _, tree, _ in trees:
-            for stmt in tree.body:
-                if isinstance(stmt, (*_DEFS, ast.ClassDef)):
-                    continue
-                for g in _bound(stmt) - names_and_modules:
-                    links.setdefault(g, set()).update(_referenced(stmt) & names)
+        skip = names | {(a.asname or a.name).split(".")[0] for _, tree, _ in trees for n in ast.walk(tree)
+                        if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}  # and modules
+        for stmt in (stmt for _, tree, _ in trees for stmt in tree.body if not isinstance(stmt, (*_DEFS, ast.ClassDef))):
+            for g in _bound(stmt) - skip:
+                links.setdefault(g, set()).update(_referenced(stmt) & names)
         for key, defs, rewritten, roots in found:
             context = {}  # a definition's names are normalised as those of the outermost one it is in
             for root in roots:
@@ -403,24 +398,19 @@ _FILLS = {"update", "append", "extend", "insert", "add", "setdefault", "__setite
 def _bound(stmt: ast.stmt) -> set[str]:
     """The globals a top-level statement fills: assigned (`_OPS = {...}`, `_OPS["t"] = f`, `a, b = f, g`) or changed by
     a method (`_OPS.update(t=f)`, `_OPS.append(f)`); an import or a use is not a binding of what it uses."""
-    def base(node):
-        while isinstance(node, (ast.Subscript, ast.Attribute, ast.Starred)):
-            node = node.value
-        return node
-
-    targets = []
     if isinstance(stmt, ast.Assign):
         targets = stmt.targets
     elif isinstance(stmt, (ast.AugAssign, ast.AnnAssign)):
         targets = [stmt.target]
-    elif (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and isinstance(stmt.value.func, ast.Attribute)
-          and stmt.value.func.attr in _FILLS):
-        targets = [stmt.value.func.value]
+    else:
+        call = stmt.value if isinstance(stmt, ast.Expr) else None
+        fills = isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr in _FILLS
+        targets = [call.func.value] if fills else []
     found = set()
-    for t in targets:
-        for n in ast.walk(t) if isinstance(t, (ast.Tuple, ast.List)) else [t]:
-            if isinstance(base(n), ast.Name):
-                found.add(base(n).id)
+    for n in (n for t in targets for n in (ast.walk(t) if isinstance(t, (ast.Tuple, ast.List)) else [t])):
+        while isinstance(n, (ast.Subscript, ast.Attribute, ast.Starred)):
+            n = n.value
+        found |= {n.id} if isinstance(n, ast.Name) else set()
     return found
 
 
