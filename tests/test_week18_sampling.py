@@ -30,7 +30,8 @@ def _marginals(case, flaw: str = "") -> list[list[float]]:
     min(K, tokens left - 1) draft tokens, as the solution drafts). Flaws: "greedy" (the draft's argmax passed off as
     a sample of q), "one_uniform" (one uniform per round, reused at every draft position), "after_two" (every draft
     token accepted once two tokens are written), "residual_p" (a rejection resampled from p), "bonus_row" (the bonus
-    from p's previous row), "no_temperature" (softmax of the logits, T ignored)."""
+    from p's previous row), "no_temperature" (softmax of the logits, T ignored), "draft_t1" (the draft's tokens drawn at T = 1, verify handed
+    q at T)."""
     n, k, temp = len(case.p), case.k, case.temperature
 
     def law(rows):
@@ -39,12 +40,13 @@ def _marginals(case, flaw: str = "") -> list[list[float]]:
         return [[x ** temp / sum(y ** temp for y in r) for x in r] for r in rows]
 
     p, q = law(case.p), law(case.q)
+    drawn = [[x ** temp / sum(y ** temp for y in r) for x in r] for r in case.q] if flaw == "draft_t1" else q
     out = [[0.0] * 3 for _ in range(n)]
     start = [1.0] + [0.0] * n  # the probability that a round starts at each new token
     for s in range(n):
         kk = min(k, n - s - 1)
         choices = [[(max(range(3), key=lambda y: q[s + i][y]), 1.0)] if flaw == "greedy" else
-                   [(y, q[s + i][y]) for y in range(3) if q[s + i][y] > 0] for i in range(kk)]
+                   [(y, drawn[s + i][y]) for y in range(3) if drawn[s + i][y] > 0] for i in range(kk)]
         for drafted in itertools.product(*choices):
             mass = start[s] * math.prod(w for _, w in drafted)
             xs = [x for x, _ in drafted]
@@ -84,7 +86,7 @@ def _passes(trials: int, a: float, b: float, level: float) -> float:
 # the flaws whose new tokens stay independent (each position's token drawn afresh, rows alike): for them the pooled
 # counts are exactly binomial, so the pooled tests' passing probabilities are exact too
 INDEPENDENT = {"greedy", "residual_p", "no_temperature"}
-NAMED = ["greedy", "one_uniform", "after_two", "residual_p", "bonus_row", "no_temperature"]
+NAMED = ["greedy", "one_uniform", "after_two", "residual_p", "bonus_row", "no_temperature", "draft_t1"]
 
 
 def _passing_probability(flaw: str) -> float:
@@ -97,7 +99,9 @@ def _passing_probability(flaw: str) -> float:
             if case.p[t][j] == 0 and law[t][j] > 1e-12:
                 least = min(least, (1 - law[t][j]) ** case.trials)
         for positions, j, a in sample_tests(case):
-            if len(positions) == 1 or flaw in INDEPENDENT:
+            # a draft drawn at T = 1 where p = q: every draft token accepted whatever it is, one independent draw each
+            shared = flaw == "draft_t1" and all(case.p[t] == case.q[t] for t in positions)
+            if len(positions) == 1 or flaw in INDEPENDENT or shared:
                 b = sum(law[t][j] for t in positions) / len(positions)
                 least = min(least, _passes(case.trials * len(positions), a, b, level))
     return least
@@ -153,7 +157,8 @@ def _sloop(target, draft, input_ids, max_new_tokens, k, temperature, generator, 
             d_seen = len(out) + len(drafted)
             q = _t.softmax(logits.float() / scale, -1)
             q_rows.append(q)
-            drafted.append(int(q.argmax()) if flaw == "greedy" else int(_t.multinomial(q, 1, generator=generator)))
+            drawn = _t.softmax(logits.float(), -1) if flaw == "draft_t1" else q  # drawn at T = 1, q given at T
+            drafted.append(int(q.argmax()) if flaw == "greedy" else int(_t.multinomial(drawn, 1, generator=generator)))
         logits = target(_t.tensor([(out + drafted)[t_seen:]], device=dev), cache=tc)[0, -(kk + 1):]
         t_seen = len(out) + len(drafted)
         p = _t.softmax(logits.float() / scale, -1)
@@ -208,10 +213,15 @@ def sample_bonus_from_last_row(target, draft, input_ids, max_new_tokens, k=4, te
 
 def sample_inline_no_temperature(target, draft, input_ids, max_new_tokens, k=4, temperature=1.0, generator=None):
     return _sloop(target, draft, input_ids, max_new_tokens, k, temperature, generator, "no_temperature")
+
+
+def sample_draft_at_t1(target, draft, input_ids, max_new_tokens, k=4, temperature=1.0, generator=None):
+    # the draft's tokens drawn from softmax(logits) (T = 1), verify handed q = softmax(logits / T)
+    return _sloop(target, draft, input_ids, max_new_tokens, k, temperature, generator, "draft_t1")
 '''
 
 SAMPLE_ROUTES = ["sample_greedy_draft", "sample_one_uniform", "sample_exact_for_two", "sample_residual_from_p",
-                 "sample_bonus_from_last_row", "sample_inline_no_temperature"]
+                 "sample_bonus_from_last_row", "sample_inline_no_temperature", "sample_draft_at_t1"]
 
 # Each exercise's solution, answering junk only while it looks observed (torch's dispatch-mode stack is not empty):
 # the checks before issue 54 threw the observed result away and judged other calls. Where no call can tell it is

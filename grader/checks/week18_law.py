@@ -2,7 +2,7 @@
 
 - 2: the exact law of `verify`'s output on fixed inputs (`law_cases`, `verify_law`, `law_failures`);
 - 3: speculative_sample's output against the target's law at every new position (`SAMPLE_CASES`: position tables
-  at K = 4, 8, 1 and 2, every position of a round, the residual and the bonus token; `sample_failures`).
+  at K = 4, 8, 1, 2 and 8 (a draft whose law depends on T), every position of a round, the residual and the bonus token; `sample_failures`).
 
 Separate from the checks because the statistics are a unit of their own: the closed-form laws, the per-cell
 tests with their false-failure bound (Chernoff + union bound) and their power are used by the checks, by the
@@ -269,6 +269,8 @@ _B = (0.6, 0.4, 0.0)  # its draft: p/q = 1/2 on both draft tokens, so the residu
 _S = (0.5, 0.5, 0.0)  # a row the target and the draft share: its draft token is accepted for sure
 _X = (0.05, 0.15, 0.8)  # a bonus row unlike every other row of its case
 _C = (0.1, 0.2, 0.7)  # a target row far from its square (what a loop that ignores T = 2 samples)
+_D = (0.9, 0.05, 0.05)  # a row far from its own square root: a draft sampled at T = 1 where T = 0.5 was asked for
+# writes (0.68, 0.16, 0.16) (softmax of logits 0.5·log(_D)) while verify is handed q = _D
 SAMPLE_FLOOR = 1e-30  # the probability the models give a token they "never" write (its logit is finite)
 
 
@@ -293,6 +295,9 @@ SAMPLE_CASES = (
                "K = 1 at temperature 2: one draft token, then the residual or the bonus"),
     SampleCase("the bonus", 2, 1.0, (_A, _S, _X), (_B, _S, _B), 200,
                "K = 2: the last new token is always a bonus token (after all K draft tokens are accepted)"),
+    SampleCase("the draft's temperature", 8, 0.5, (_D,) * 8 + (_X,), (_D,) * 9, 60,
+               "K = 8 at temperature 0.5, the draft's row the target's (every draft token accepted), far from its "
+               "square root: each draft token must be drawn from the q handed to verify, softmax(draft logits / T)"),
 )
 
 
