@@ -22,6 +22,7 @@ ANSWER_AFTER_THE_CHECK = {
     "flash_decode": ["i·Nk // n_splits"],
     "answer_q1": ["score_bytes(8, 8, 1024, 1024)"],
     "answer_q2": ["T(T+1)/2"],
+    "predict_peak_bytes": ["`S` is still alive when softmax writes `P`"],
 }
 # Phrases that must not appear above the check and are not restated after it (the answer is in the failure hint).
 NOWHERE_ABOVE = {"answer_q2": ["T(T+1)/2"]}

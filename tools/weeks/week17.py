@@ -35,7 +35,7 @@ runs a GPU timing when it is), so we make the argument in two ways we *can* chec
 | 4 | `standard_io`, `flash_io` (HBM traffic counts) | `-k "ex05 or ex06"` |
 | 5 | `flash_attention_backward`, `FlashAttention` (autograd) | `-k "ex07 or ex08"` |
 | 6 | `merge_partials`, `flash_decode` (split-K) | `-k "ex09 or ex10"` |
-| 7 | — plug it into SmolLM2 (and decode with each KV head read once), time and measure it | |
+| 7 | plug it into SmolLM2 (and decode with each KV head read once), time and measure it; `predict_peak_bytes` (exercise 17: predict, then measure) | `-k ex17` |
 | 8 | Triton kernels: `softmax_rows`, `tiled_matmul`, `flash_attention_triton` (FlashAttention-2's forward) | `-k "ex11 or ex12 or ex13"` |
 | 9 | quiz | `-k "ex14 or ex15 or ex16"` |
 
@@ -59,7 +59,7 @@ from lib.masks import causal_mask  # week 16: bottom-right aligned boolean mask 
 from grader.checks.week17 import (check_naive_attention, check_score_bytes, check_online_softmax,
                                   check_flash_attention_forward, check_standard_io, check_flash_io,
                                   check_flash_attention_backward, check_FlashAttention, check_merge_partials,
-                                  check_flash_decode,
+                                  check_flash_decode, check_predict_peak_bytes,
                                   check_answer_q1, check_answer_q2, check_answer_q3)
 """)
 
@@ -943,6 +943,66 @@ if model.device.type == "cuda":  # the same calls on the model's GPU, read from 
         gpu_peaks = {name: peak_bytes(fn, *(t.to(model.device) for t in (q, k, v))) for name, fn in mem_impls.items()}
     print(f"on {model.device} (CUDA allocator): " + ", ".join(f"{name} {b / 1e6:.1f} MB" for name, b in gpu_peaks.items())
           + f"; naive / tiled {gpu_peaks['naive'] / gpu_peaks['tiled']:.0f}×")
+""")
+
+nb.md("""
+### Predict, then measure: peak memory
+
+**Exercise 17.** Before measuring more, write a model: `predict_peak_bytes(n, d, block, dtype_bytes, batch,
+heads, tiled)` returns the peak bytes of the tensors one **non-causal** forward allocates (`q`, `k`, `v` exist
+before the call and do not count), for your `naive_attention` (`tiled=False`; `block` unused) or your
+`flash_attention_forward` with `block_q = block_k = block` (`tiled=True`), on `[batch, heads, n, d]` inputs of
+`dtype_bytes` per element. Think about what is alive at the same moment, which tensors have the input's dtype and
+which are float32, and what grows with `n`. The check grades your model on configurations it draws (its seed
+printed), far larger than this machine could run; it accepts a band, since a tiled loop's few block-sized
+temporaries differ from one way of writing it to another. Then the cell below measures your own two functions
+beside your prediction.
+""")
+
+nb.exercise("predict_peak_bytes", '''
+def predict_peak_bytes(n: int, d: int, block: int, dtype_bytes: int, batch: int, heads: int, tiled: bool) -> int:
+    """Predicted peak bytes of one non-causal attention forward (naive or tiled), inputs not counted."""
+    ### BEGIN SOLUTION
+    bh = batch * heads
+    if not tiled:
+        return bh * (2 * n * n + n * d) * dtype_bytes  # S and P alive at once, then O
+    out, lse = bh * n * d * dtype_bytes, bh * n * 4
+    working = bh * 4 * (4 * block * block + 3 * block * d + 6 * block)  # float32 score blocks, acc, q block, m, l
+    return out + lse + working
+    ### END SOLUTION
+''')
+
+nb.test("test_predict_peak_bytes", """
+check_predict_peak_bytes(predict_peak_bytes)
+""", points=2)
+
+nb.code("""
+from lib.timing import Conditions
+
+conditions = Conditions.now()
+print(f"{'':34s} {'predicted':>12s} {'measured':>12s} {'measured/predicted':>19s}")
+with torch.no_grad():
+    for n_, dtype, block in [(512, torch.float32, 128), (1024, torch.float32, 128), (2048, torch.float32, 128),
+                             (1024, torch.bfloat16, 64)]:
+        q, k, v = (torch.randn(1, 4, n_, 64, dtype=dtype) for _ in range(3))
+        for tiled, fn in [(False, lambda: naive_attention(q, k, v)),
+                          (True, lambda: flash_attention_forward(q, k, v, block_q=block, block_k=block))]:
+            predicted = predict_peak_bytes(n_, 64, block, q.element_size(), 1, 4, tiled)
+            measured = peak_bytes(lambda _: fn(), q)
+            label = f"{'tiled' if tiled else 'naive'}, N={n_}, {str(dtype)[6:]}" + (f", blocks {block}" if tiled else "")
+            print(f"{label:34s} {predicted / 1e6:10.2f} MB {measured / 1e6:10.2f} MB {measured / predicted:18.2f}")
+print(conditions.done().line(), "(memory is counted, not timed: the load does not move it)")
+""")
+
+nb.md("""
+Check: `pytest weeks/17 -k ex17`.
+""")
+
+nb.md("""
+**The model, now that your check passes.** Naive: `S` is still alive when softmax writes `P`, so two
+`B·H·N²` matrices of the input's dtype, plus the output `B·H·N·d`. Tiled: the output and the float32 logsumexp
+(`B·H·N` each row), then a working set of a few float32 blocks (scores, their exponentials, the accumulator, a
+query block) that depends on the block and `d`, never on `N`: the ratio naive / tiled grows linearly in N.
 """)
 
 nb.md("""
