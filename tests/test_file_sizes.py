@@ -16,7 +16,7 @@ OVER = {
     "tools/weeks/week20.py": 1756,
     "tools/weeks/week18.py": 1543,
     "tools/weeks/week19.py": 1489,
-    "tools/weeks/week17.py": 1350,
+    "tools/weeks/week17.py": 1466,
     "grader/child.py": 1158,
     "tools/weeks/week16.py": 1147,
     "tests/test_integrity.py": 992,

@@ -36,6 +36,8 @@ tests/test_week17_routes.py runs the named routes and honest variants through th
   all rows, causal blocks loaded (FLOPs), P stored (memory), no rescaling, wrong mask fill values, strides ignored;
   on every call of tiled_matmul and flash_attention_triton, not only the technique's: each block loaded once per
   program that needs it (a second pass over K and V, on whatever shapes), `tl.dot`s of one (padded) pass.
+- predict_peak_bytes (exercise 17, `week17_predict`, no lib counterpart): graded on the student's model of the peak
+  memory of naive and tiled attention, on configurations drawn per run; `lib`'s functions on the way fail.
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ import torch
 
 from grader.checks import assert_close as _close
 from grader.checks import assert_route, check_on_meta, generator, observe, seed_note
+from grader.checks import week17_predict as predict
 from grader.checks import week17_triton as tri
 from grader.checks.week17_routes import (SDPA_OPS, SHAPES_OK, assert_memory_growth, assert_visits, backward_route, blocks,
                                          call, decode_route, forward_route, softmax_route)
@@ -467,6 +470,21 @@ def _held_bytes(ctx) -> int:
         elif isinstance(v, dict):
             todo += list(v.values())[:10000]
     return sum(found.values())
+
+
+# --- 7 ------------------------------------------------------------------------------------------------
+
+
+@WEEK.exercise(17, "predict_peak_bytes", section="7 (On the real model)")
+def check_predict_peak_bytes(predict_peak_bytes) -> None:
+    """Graded on the student's model of attention's peak memory, naive and tiled, on configurations drawn per run
+    (`week17_predict`: the model and the mistakes it tells apart)."""
+    def run(fn, *args):
+        got, obs = observe(fn, *args)
+        assert_route(obs, "predict_peak_bytes")
+        return got
+
+    predict.judge(predict_peak_bytes, run)
 
 
 # --- 9 ------------------------------------------------------------------------------------------------

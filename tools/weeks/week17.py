@@ -35,7 +35,7 @@ runs a GPU timing when it is), so we make the argument in two ways we *can* chec
 | 4 | `standard_io`, `flash_io` (HBM traffic counts) | `-k "ex05 or ex06"` |
 | 5 | `flash_attention_backward`, `FlashAttention` (autograd) | `-k "ex07 or ex08"` |
 | 6 | `merge_partials`, `flash_decode` (split-K) | `-k "ex09 or ex10"` |
-| 7 | — plug it into SmolLM2 (and decode with each KV head read once), time and measure it | |
+| 7 | plug it into SmolLM2 (and decode with each KV head read once), time and measure it; `predict_peak_bytes` (exercise 17: predict, then measure) | `-k ex17` |
 | 8 | Triton kernels: `softmax_rows`, `tiled_matmul`, `flash_attention_triton` (FlashAttention-2's forward) | `-k "ex11 or ex12 or ex13"` |
 | 9 | quiz | `-k "ex14 or ex15 or ex16"` |
 
@@ -59,7 +59,7 @@ from lib.masks import causal_mask  # week 16: bottom-right aligned boolean mask 
 from grader.checks.week17 import (check_naive_attention, check_score_bytes, check_online_softmax,
                                   check_flash_attention_forward, check_standard_io, check_flash_io,
                                   check_flash_attention_backward, check_FlashAttention, check_merge_partials,
-                                  check_flash_decode,
+                                  check_flash_decode, check_predict_peak_bytes,
                                   check_answer_q1, check_answer_q2, check_answer_q3)
 """)
 
@@ -134,14 +134,12 @@ check_score_bytes(score_bytes)
 """, points=1)
 
 nb.md("""
-The curriculum's seed states two numbers for the shape `[batch 8, heads 8, N, N]` in fp32. Check both:
+The curriculum's seed states two numbers for the shape `[batch 8, heads 8, N, N]` in fp32. Check the first here
+(the second, at N = 1024, is Q1 in §9):
 """)
 
 nb.code("""
 print(f"N = 4096: {score_bytes(8, 8, 4096, 4096) / 1e9:.2f} GB   (seed: ~4.3 GB — right)")
-print(f"N = 1024: {score_bytes(8, 8, 1024, 1024) / 1e6:.0f} MB   (seed: '70 MB vs 7 MB' — does not follow from its own shape)")
-print(f"  (it is 4096²/1024² = 16× less than at 4096, not 60×; FlashAttention's O(N·d) state at 1024 — Q, K, V, O of "
-      f"[8, 8, 1024, 64] — is {4 * score_bytes(8, 8, 1024, 64) / 1e6:.0f} MB)")
 """)
 
 nb.md("""
@@ -187,14 +185,16 @@ nb.md(r"""
 ## 2. Online softmax
 
 The tiled algorithm sees each row of `S` a chunk at a time. Softmax needs the row's max (for stability)
-and its sum of exponentials (for normalization) — both of the *whole* row. The trick (Milakov &
-Gimelshein 2018, used by Dao et al. §3.1): keep, per row, the running max `m` and the running sum
-`l = Σ exp(x - m)`. When a new chunk `c` arrives:
+and its sum of exponentials (for normalization) — both of the *whole* row. Keep, per row, only two numbers
+while you read it: the largest entry seen so far, `m`, and a sum of exponentials of the entries seen so far,
+`l`, taken **relative to `m`**. Work it out before you write it (Milakov & Gimelshein 2018 found it; Dao et
+al. §3.1 use it):
 
-$$m' = \max(m, \max c),\qquad l' = l\,e^{m - m'} + \sum e^{c - m'}.$$
+- a new chunk arrives and its largest entry exceeds `m`. What does `l` mean now, and what single factor makes
+  it mean the right thing again?
+- after the last chunk, how do you get `softmax(x)` from `x`, `m` and `l` — with no second pass over sums?
 
-The old sum is **rescaled** by `exp(m - m')`, so it is always relative to the current max. After the last
-chunk, `softmax(x) = exp(x - m) / l`.
+Your function returns `softmax(x, dim=-1)` for any `chunk_size` from 1 up to the row's length (and beyond).
 
 Edge cases your function must survive: entries of size 1e4 (`exp` overflows fp32 above ~88, so never
 exponentiate anything but `x - max`), and `-inf` entries — including a first chunk that is **all** `-inf`,
@@ -222,6 +222,16 @@ nb.test("test_online_softmax", """
 check_online_softmax(online_softmax)
 """, points=2)
 
+nb.md(r"""
+**The rule, now that your check passes.** When a chunk `c` arrives:
+
+$$m' = \max(m, \max c),\qquad l' = l\,e^{m - m'} + \sum e^{c - m'}.$$
+
+The old sum is **rescaled** by `exp(m - m')`, so it is always relative to the current max. After the last
+chunk, `softmax(x) = exp(x - m) / l`. The same two lines, with an output accumulator rescaled by the same
+factor, are the heart of §3.
+""")
+
 nb.code("""
 x = torch.tensor([[1000.0, 1001.0, -float("inf"), 999.0, 1002.0]])
 print("exp(x).sum() in fp32:          ", torch.exp(x).sum().item(), " <- overflow without the max")
@@ -236,30 +246,22 @@ Check: `pytest weeks/17 -k ex03`.
 nb.md("""
 ## 3. The tiled forward pass (Algorithm 1)
 
-Dao et al. 2022, Algorithm 1: split Q into blocks of `block_q` rows and K, V into blocks of `block_k`
-rows. For each query block keep, per row, the running max `m`, the running sum `l` and an
-**unnormalized** output accumulator `acc` (`[block_q, d]`). For each key block:
+Dao et al. 2022, Algorithm 1: split Q into blocks of `block_q` rows and K, V into blocks of `block_k` rows,
+and compute attention one (query block, key block) pair at a time, never holding more than a block of scores.
+You have the pieces: §2's running max and rescaled sum, for a whole *output* now rather than a softmax. Design
+the loop yourself; what a correct one keeps:
 
-```
-s     = q_i k_jᵀ / sqrt(d)                       [block_q, block_k]   (mask with -inf where causal hides it)
-m_new = max(m, rowmax(s))
-p     = exp(s - m_new)
-alpha = exp(m - m_new)                           rescales what was accumulated under the old max
-l     = alpha · l + rowsum(p)
-acc   = alpha · acc + p v_j
-m     = m_new
-```
+- the output equals `naive_attention`'s, and it returns the rows' **logsumexp** as well, `lse_i =
+  log Σ_j exp(s_ij)` (the backward pass of §5 and split-K decoding of §6 need it);
+- no product or reduction spans more than a block; the memory it allocates beyond `out` and `lse` does not grow
+  with N (so no row of scores, and no list of blocks to combine at the end);
+- **causal masking skips work**: a block that the causal mask hides entirely is never computed (the check counts
+  your FLOPs: about half of the non-causal pass). Which blocks are those, for `Nq ≠ Nk` too (bottom-right
+  aligned, as in week 16)? Record each block you compute by appending `(q_start, k_start)` to `visited` when it
+  is a list: the check uses it to see that you skip exactly the right blocks.
 
-and at the end `out_i = acc / l` and `lse_i = m + log(l)` — the row's **logsumexp**, which the backward
-pass (§5) and split-K decoding (§6) need. (The paper's Algorithm 1 puts the key loop outside and
-re-reads O from HBM each time; FlashAttention-2 swapped the loops so that `acc`, `m` and `l` stay on chip.
-We write the second order; §4 counts the first, as the paper does.)
-
-**Causal masking skips work.** A block whose first key is right of the last query's diagonal
-(`k_start > q_end - 1 + (Nk - Nq)`) is entirely masked: don't compute it at all. Blocks wholly below the
-diagonal need no mask; only the blocks the diagonal crosses do. Record each block you compute by appending
-`(q_start, k_start)` to `visited` when it is a list: the check uses it to see that you skip exactly the
-right blocks.
+(The paper's Algorithm 1 puts the key loop outside and re-reads O from HBM each time; FlashAttention-2 swapped
+the loops so that the running state stays on chip: write that order; §4 counts the first, as the paper does.)
 
 Use `check_attention_shapes(q, k, v, causal)` first. Equal to `naive_attention` within 1e-5 in fp32 for
 lengths that are not multiples of the block sizes, `Nq ≠ Nk`, causal or not, head dims that are not powers
@@ -325,7 +327,25 @@ check_flash_attention_forward(flash_attention_forward)
 """, points=4)
 
 nb.md("""
-Which blocks does a causal prefill compute? Roughly half: for `T×T` blocks, `T(T+1)/2`.
+**The algorithm, now that your check passes** (FlashAttention-2's loop order). For each query block keep, per
+row, the running max `m`, the running sum `l` and an **unnormalized** output accumulator `acc` (`[block_q, d]`),
+in float32. For each key block:
+
+```
+s     = q_i k_jᵀ / sqrt(d)                       [block_q, block_k]   (mask with -inf where causal hides it)
+m_new = max(m, rowmax(s))
+p     = exp(s - m_new)
+alpha = exp(m - m_new)                           rescales what was accumulated under the old max
+l     = alpha · l + rowsum(p)
+acc   = alpha · acc + p v_j
+m     = m_new
+```
+
+and at the end `out_i = acc / l` and `lse_i = m + log(l)`. Causal: a block whose first key is right of the last
+query's diagonal (`k_start > q_end - 1 + (Nk - Nq)`) is skipped; blocks wholly below it need no mask; only the
+blocks the diagonal crosses do.
+
+Which blocks does a causal prefill compute? Count them:
 """)
 
 nb.code("""
@@ -338,7 +358,7 @@ grid = np.zeros((n // bq, n // bq))
 for qs, ks in visited:
     grid[qs // bq, ks // bq] = 1
 t = n // bq
-print(f"{len(visited)} of {t * t} blocks computed (T(T+1)/2 = {t * (t + 1) // 2})")
+print(f"{len(visited)} of {t * t} blocks computed")
 plt.figure(figsize=(3, 3)); plt.imshow(grid, cmap="Blues"); plt.xlabel("key block"); plt.ylabel("query block")
 plt.title("blocks computed, causal"); plt.show()
 """)
@@ -521,14 +541,17 @@ nb.md(r"""
 
 Training needs dQ, dK, dV. Autograd on `naive_attention` saves `P` (N×N) for the backward. FlashAttention
 saves only `O` and the per-row logsumexp `lse` (O(N)), and **recomputes** each block of `P` when it
-needs it: `P_ij = exp(S_ij − lse_i)` — exactly the forward's probabilities, with no max or sum to redo.
-With `D_i = rowsum(dO_i ∘ O_i)` (Dao et al. Appendix B; FlashAttention-2 §3.1.2):
+needs it. Work out, before you write the code:
 
-$$dV_j \mathrel{+}= P_{ij}^\top dO_i,\quad dP_{ij} = dO_i V_j^\top,\quad dS_{ij} = P_{ij}\circ(dP_{ij} - D_i),\quad
-dQ_i \mathrel{+}= \tfrac{1}{\sqrt d}\, dS_{ij} K_j,\quad dK_j \mathrel{+}= \tfrac{1}{\sqrt d}\, dS_{ij}^\top Q_i.$$
+- how one block of `P` is recomputed from the block's scores and the saved `lse`, with no max or sum to redo;
+- the gradients, block by block, of `S = QKᵀ/√d`, `P = softmax(S)` (row-wise), `O = PV`: what each block pair
+  `(i, j)` adds to `dQ_i`, `dK_j` and `dV_j` — using the softmax backward below, whose row term `D_i` you
+  express through `O` and `dO` in the written derivation.
 
-Loop over blocks as in the forward pass, skip the blocks causal masking skips, and mask the rest the same way
-(every tensor you make, on `q.device`).
+What a correct function keeps: the gradients of `naive_attention` (causal or not, `Nq ≠ Nk`), no product spanning
+more than a block, the blocks causal masking skips skipped, `P` taken from the saved `lse` and `D` from the saved
+`out` (the check feeds a shifted `lse` and a perturbed `out` and expects your result to move), every tensor you
+make on `q.device`.
 """)
 
 nb.md("""
@@ -585,11 +608,20 @@ nb.test("test_flash_attention_backward", """
 check_flash_attention_backward(flash_attention_backward)
 """, points=3)
 
+nb.md(r"""
+**The rule, now that your check passes** (Dao et al. Appendix B; FlashAttention-2 §3.1.2). Recompute
+`P_ij = exp(S_ij − lse_i)` — exactly the forward's probabilities — and with `D_i = rowsum(dO_i ∘ O_i)`:
+
+$$dV_j \mathrel{+}= P_{ij}^\top dO_i,\quad dP_{ij} = dO_i V_j^\top,\quad dS_{ij} = P_{ij}\circ(dP_{ij} - D_i),\quad
+dQ_i \mathrel{+}= \tfrac{1}{\sqrt d}\, dS_{ij} K_j,\quad dK_j \mathrel{+}= \tfrac{1}{\sqrt d}\, dS_{ij}^\top Q_i.$$
+""")
+
 nb.md("""
-Now make it usable by autograd: a `torch.autograd.Function` whose `forward(ctx, q, k, v, causal, block_q,
-block_k)` calls your forward and saves `q, k, v, out, lse` (never P), and whose `backward(ctx, dout)`
-returns `(dq, dk, dv, None, None, None)` — one gradient per input of `forward`, `None` for the non-tensors.
-The check runs `torch.autograd.gradcheck` in float64.
+Now make it usable by autograd: a `torch.autograd.Function` with `forward(ctx, q, k, v, causal, block_q,
+block_k)` and `backward(ctx, dout)`, built on your two functions. What it must keep: `torch.autograd.gradcheck`
+passes in float64; between forward and backward it holds nothing that grows as N² (decide what your backward
+needs, and save only that); the backward runs your `flash_attention_backward` once and no autograd of its own.
+What must `backward` return for the inputs that are not tensors?
 """)
 
 nb.exercise("FlashAttention", """
@@ -616,6 +648,12 @@ nb.test("test_FlashAttention", """
 check_FlashAttention(FlashAttention)
 """, points=2)
 
+nb.md("""
+**Now that your check passes:** the forward saves `q, k, v, out, lse` (O(N·d), never P) and the block sizes on
+`ctx`; the backward returns `(dq, dk, dv, None, None, None)` — one entry per input of `forward`, `None` for the
+non-tensors.
+""")
+
 nb.code("""
 # Training memory: forward + backward, naive (autograd saves P) vs FlashAttention (saves O and lse).
 n = 2048
@@ -638,15 +676,13 @@ nb.md(r"""
 In a decode step `Nq = 1`. The tiled forward parallelizes over batch, heads and *query blocks*; with one
 query there is one block per head, and `B·H` is far smaller than a GPU's ~100+ SMs. Flash-decoding (Dao,
 Haziza, Massa, Sizov 2023) splits the **keys** instead: each of `n_splits` chunks is attended
-independently, giving a partial output `o_s` and its logsumexp `lse_s`, and the partials are merged:
-
-$$\mathrm{lse} = \log\sum_s e^{\mathrm{lse}_s},\qquad o = \sum_s e^{\mathrm{lse}_s - \mathrm{lse}}\, o_s.$$
-
-(Each `o_s` is normalized over its own chunk; `exp(lse_s - lse)` is the share of the total softmax mass
-that chunk holds.)
+independently, giving a partial output `o_s` (normalized over its own chunk) and its logsumexp `lse_s`, and
+the partials are merged into exactly the attention over all keys.
 
 **Exercise 9a.** Write `merge_partials(outs, lses) -> (out, lse)`: `outs` is a list of `S` tensors
-`[B, H, Nq, d]`, `lses` a list of `S` tensors `[B, H, Nq]`. Two things break the formula as written:
+`[B, H, Nq, d]`, `lses` a list of `S` tensors `[B, H, Nq]`. Derive the merge: what is the logsumexp of the
+union of disjoint key sets, given each set's? And since each `o_s` is a softmax-weighted average over its own
+keys, what weight does it get in the average over all keys? Two things break a formula written naively:
 logsumexps of size 1e4 (`exp` overflows: subtract the largest `lse_s` first, as in §2), and a chunk with
 **no keys** (more splits than keys), whose `lse_s` is `-inf` and whose `o_s` is 0 — it must contribute
 nothing, not NaN. Return `out` in the dtype of the `outs`, and `lse` in float32 (or wider).
@@ -655,7 +691,7 @@ nothing, not NaN. Return `out` in the dtype of the `outs`, and `lse` in float32 
 
 nb.exercise("merge_partials", '''
 def merge_partials(outs: list, lses: list) -> tuple[torch.Tensor, torch.Tensor]:
-    """Merge attention over disjoint key sets: lse = log Σ exp(lse_s), out = Σ exp(lse_s - lse) · out_s."""
+    """Merge attention over disjoint key sets: (out, lse) of all keys from each set's (out_s, lse_s)."""
     ### BEGIN SOLUTION
     acc_dtype = torch.promote_types(outs[0].dtype, torch.float32)
     lse_all = torch.stack([s.to(acc_dtype) for s in lses])  # [S, B, H, Nq]
@@ -677,12 +713,20 @@ check_merge_partials(merge_partials)
 
 """, points=1)
 
+nb.md(r"""
+**The rule, now that your check passes:**
+
+$$\mathrm{lse} = \log\sum_s e^{\mathrm{lse}_s},\qquad o = \sum_s e^{\mathrm{lse}_s - \mathrm{lse}}\, o_s.$$
+
+`exp(lse_s - lse)` is the share of the total softmax mass that chunk holds; computed as `exp(lse_s - max_s lse_s)`
+normalized, it never overflows, and an empty chunk's `-inf` gives it weight 0.
+""")
+
 nb.md("""
-**Exercise 9b.** Write `flash_decode(q, k, v, n_splits)`: split the `Nk` keys into `n_splits` contiguous
-chunks as evenly as you can (sizes differing by at most one; with more splits than keys some are empty),
-attend to each with your `flash_attention_forward`, and merge with your `merge_partials`. No mask: a decode
-query sees every cached key. The check looks at the matrix products your code runs: none may span more
-keys than one chunk holds.
+**Exercise 9b.** Write `flash_decode(q, k, v, n_splits)`, from the functions you have. What it must keep: it
+equals attention over all `Nk` keys (no mask: a decode query sees every cached key); the keys are handled in
+`n_splits` contiguous chunks as even as they can be (sizes differing by at most one), and the check looks at the
+matrix products your code runs: none may span more keys than one chunk holds; more splits than keys must work.
 
 """)
 
@@ -705,6 +749,12 @@ def flash_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_splits: in
 nb.test("test_flash_decode", """
 check_flash_decode(flash_decode)
 """, points=2)
+
+nb.md("""
+**Now that your check passes:** the chunk bounds `i·Nk // n_splits` for `i = 0 … n_splits` (empty chunks when
+`n_splits > Nk`), each chunk attended by your `flash_attention_forward` (one key block per chunk), the partials
+merged by your `merge_partials`.
+""")
 
 nb.code("""
 q = torch.randn(1, 8, 1, 64)
@@ -893,6 +943,66 @@ if model.device.type == "cuda":  # the same calls on the model's GPU, read from 
         gpu_peaks = {name: peak_bytes(fn, *(t.to(model.device) for t in (q, k, v))) for name, fn in mem_impls.items()}
     print(f"on {model.device} (CUDA allocator): " + ", ".join(f"{name} {b / 1e6:.1f} MB" for name, b in gpu_peaks.items())
           + f"; naive / tiled {gpu_peaks['naive'] / gpu_peaks['tiled']:.0f}×")
+""")
+
+nb.md("""
+### Predict, then measure: peak memory
+
+**Exercise 17.** Before measuring more, write a model: `predict_peak_bytes(n, d, block, dtype_bytes, batch,
+heads, tiled)` returns the peak bytes of the tensors one **non-causal** forward allocates (`q`, `k`, `v` exist
+before the call and do not count), for your `naive_attention` (`tiled=False`; `block` unused) or your
+`flash_attention_forward` with `block_q = block_k = block` (`tiled=True`), on `[batch, heads, n, d]` inputs of
+`dtype_bytes` per element. Think about what is alive at the same moment, which tensors have the input's dtype and
+which are float32, and what grows with `n`. The check grades your model on configurations it draws (its seed
+printed), far larger than this machine could run; it accepts a band, since a tiled loop's few block-sized
+temporaries differ from one way of writing it to another. Then the cell below measures your own two functions
+beside your prediction.
+""")
+
+nb.exercise("predict_peak_bytes", '''
+def predict_peak_bytes(n: int, d: int, block: int, dtype_bytes: int, batch: int, heads: int, tiled: bool) -> int:
+    """Predicted peak bytes of one non-causal attention forward (naive or tiled), inputs not counted."""
+    ### BEGIN SOLUTION
+    bh = batch * heads
+    if not tiled:
+        return bh * (2 * n * n + n * d) * dtype_bytes  # S and P alive at once, then O
+    out, lse = bh * n * d * dtype_bytes, bh * n * 4
+    working = bh * 4 * (4 * block * block + 3 * block * d + 6 * block)  # float32 score blocks, acc, q block, m, l
+    return out + lse + working
+    ### END SOLUTION
+''')
+
+nb.test("test_predict_peak_bytes", """
+check_predict_peak_bytes(predict_peak_bytes)
+""", points=2)
+
+nb.code("""
+from lib.timing import Conditions
+
+conditions = Conditions.now()
+print(f"{'':34s} {'predicted':>12s} {'measured':>12s} {'measured/predicted':>19s}")
+with torch.no_grad():
+    for n_, dtype, block in [(512, torch.float32, 128), (1024, torch.float32, 128), (2048, torch.float32, 128),
+                             (1024, torch.bfloat16, 64)]:
+        q, k, v = (torch.randn(1, 4, n_, 64, dtype=dtype) for _ in range(3))
+        for tiled, fn in [(False, lambda: naive_attention(q, k, v)),
+                          (True, lambda: flash_attention_forward(q, k, v, block_q=block, block_k=block))]:
+            predicted = predict_peak_bytes(n_, 64, block, q.element_size(), 1, 4, tiled)
+            measured = peak_bytes(lambda _: fn(), q)
+            label = f"{'tiled' if tiled else 'naive'}, N={n_}, {str(dtype)[6:]}" + (f", blocks {block}" if tiled else "")
+            print(f"{label:34s} {predicted / 1e6:10.2f} MB {measured / 1e6:10.2f} MB {measured / predicted:18.2f}")
+print(conditions.done().line(), "(memory is counted, not timed: the load does not move it)")
+""")
+
+nb.md("""
+Check: `pytest weeks/17 -k ex17`.
+""")
+
+nb.md("""
+**The model, now that your check passes.** Naive: `S` is still alive when softmax writes `P`, so two
+`B·H·N²` matrices of the input's dtype, plus the output `B·H·N·d`. Tiled: the output and the float32 logsumexp
+(`B·H·N` each row), then a working set of a few float32 blocks (scores, their exponentials, the accumulator, a
+query block) that depends on the block and `d`, never on `N`: the ratio naive / tiled grows linearly in N.
 """)
 
 nb.md("""
@@ -1282,6 +1392,12 @@ def answer_q1() -> float:
 nb.test("test_answer_q1", """
 check_answer_q1(answer_q1)
 """, points=1)
+
+nb.code("""
+print(f"N = 1024: {score_bytes(8, 8, 1024, 1024) / 1e6:.0f} MB   (seed: '70 MB vs 7 MB' — does not follow from its own shape)")
+print(f"  (it is 4096²/1024² = 16× less than at 4096, not 60×; FlashAttention's O(N·d) state at 1024 — Q, K, V, O of "
+      f"[8, 8, 1024, 64] — is {4 * score_bytes(8, 8, 1024, 64) / 1e6:.0f} MB)")
+""")
 
 nb.exercise("answer_q2", """
 def answer_q2() -> int:

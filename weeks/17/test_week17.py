@@ -69,3 +69,7 @@ def test_ex15_answer_q2(ex):
 
 def test_ex16_answer_q3(ex):
     checks.check_answer_q3(ex.answer_q3)
+
+
+def test_ex17_predict_peak_bytes(ex):
+    checks.check_predict_peak_bytes(ex.predict_peak_bytes)
