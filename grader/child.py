@@ -828,12 +828,12 @@ class _Guard:
         observe, fingerprint, wire, notebook, observers, calls, triton = (_OWN[f"grader.{m}"] for m in (
             "observe", "fingerprint", "wire", "notebook", "observers", "child_observe", "triton_watch"))
         out = []
-        reads = _OWN["grader.reads"]
+        reads, reach = _OWN["grader.reads"], _OWN["grader.reach"]
         for holder in (_OWN.get("grader.child") or sys.modules[__name__], observe, fingerprint, wire, notebook, _Child,
                        _ChildPickler, _ChildUnpickler, _ParentProxy, _Guard, observe.OpRecorder, observe.Observation,
                        observe.Recording, observers, observers.Observers, observers.HostMeter, calls, calls.Scope,
                        calls.Calls, calls.Job, calls.Rerun, vars(calls)["_Entry"], vars(calls)["_Copier"], triton,
-                       triton.TritonWatch, reads, reads.Visits, reads.ReadCounter):
+                       triton.TritonWatch, reads, reads.Visits, reads.ReadCounter, reach, reach.Reach):
             mapping, name = vars(holder), getattr(holder, "__name__", str(holder))
             out += [(f"{name}.{k}", mapping, k, v) for k, v in mapping.items()
                     if callable(v) or isinstance(v, (staticmethod, classmethod, property))]

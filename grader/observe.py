@@ -19,6 +19,7 @@ import torch
 from grader.fingerprint import lib_name, oracle_name, warm
 from grader.observers import OUTSIDE_CODE, HostMeter, Observers, observers_code
 from grader.op_table import classify
+from grader.reach import Reach
 from grader.reads import ReadCounter, Visits, note_op
 from grader.triton_watch import TritonWatch
 
@@ -39,6 +40,7 @@ class Observation:
     reductions: list = field(default_factory=list)  # (op name, input shape, extent) of every reduction (op_table)
     reads: dict = field(default_factory=dict)  # argument position -> [mean reads of each slice along its dim 0]
     visits: dict = field(default_factory=dict)  # argument position -> `visits_of`'s list (grader.reads.Visits)
+    reach: int = 0  # the most keys one read of K or V combined (`_observe_reach`, grader.reach)
     # Triton kernels run by the interpreter (TRITON_INTERPRET=1) during the call: one (kernel name, grid) per
     # launch, and the (M, K, N) of every `tl.dot` its programs executed (a compiled GPU kernel is not seen).
     kernel_launches: list = field(default_factory=list)
@@ -183,8 +185,9 @@ class OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
         return False
 
     def __init__(self, obs: Observation, inputs: set[int] = frozenset(), counted: dict | None = None,
-                 visits: list | None = None):
+                 visits: list | None = None, reach: Reach | None = None):
         super().__init__()
+        self.reach = reach  # grader.reach.Reach over `visits`, or None
         self.visits, self.views = visits or [], {}  # grader.reads.Visits of arguments whose reads are followed
         self.obs = obs
         self.inputs = inputs  # data pointers of the observed call's tensor arguments' storages
@@ -276,7 +279,9 @@ class OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
         self._classify(func, name, args, kwargs, result)
         if self.visits:
             with torch.utils._python_dispatch._disable_current_modes():
+                self.reach and self.reach.before()
                 note_op(self.visits, func, args, kwargs, result, self.views)
+                self.reach and self.reach.after(func, args, kwargs, result)
 
     def _classify(self, func, name, args, kwargs, result) -> None:
         """The op's matmuls and reductions (`grader.op_table`), or, for an op the table does not know, its name
@@ -311,7 +316,8 @@ class Recording:
     tracemalloc. `observe` runs a call with one; in the student's process `grader.child_observe` starts and stops
     one inside the observers every call runs under, so that the observed call runs as any other does."""
 
-    def __init__(self, args=(), kwargs=None, reads=(), dot_scale=1.0, light=False, host=False, meter_only=False):
+    def __init__(self, args=(), kwargs=None, reads=(), dot_scale=1.0, light=False, host=False, meter_only=False,
+                 reach=False):
         _, TensorMemoryMeter, formulas = _observer_classes()
         self.obs = obs = Observation()
         self.formulas = formulas  # the formulas as they were before the observed code could change them
@@ -331,7 +337,10 @@ class Recording:
                     self.visits[i] = Visits(args[i], dim)
             elif issubclass(type(args[i]), torch.Tensor) and args[i].device.type != "meta":
                 self.reading[i] = counted[args[i].untyped_storage().data_ptr()] = ReadCounter(args[i])
-        self.recorder = OpRecorder(obs, argument_storages(args, kwargs or {}), counted, list(self.visits.values()))
+        # `reach`: which keys each storage depends on, over the Visits of `reads` (grader.reach)
+        self.keys = Reach(list(self.visits.values())) if reach and self.visits else None
+        self.recorder = OpRecorder(obs, argument_storages(args, kwargs or {}), counted, list(self.visits.values()),
+                                   self.keys)
         self.inputs = {i: a for i, a in enumerate(args) if issubclass(type(a), torch.Tensor)}
         self.inputs.update({k: a for k, a in (kwargs or {}).items() if issubclass(type(a), torch.Tensor)})
         self.kernels = None  # the TritonWatch the call runs under, set by whoever runs it
@@ -345,11 +354,11 @@ class Recording:
     @classmethod
     def for_call(cls, args, kwargs: dict) -> Recording:
         """A recording of `fn(*args, **kwargs)`, the observation's options taken out of `kwargs` (`_observe_reads`,
-        `_observe_dot_scale`, `_observe_light`, `_observe_host`; `_observe_again=False`: no second run in the student's
-        process)."""
+        `_observe_dot_scale`, `_observe_light`, `_observe_host`, `_observe_reach`; `_observe_again=False`: no second
+        run in the student's process)."""
         rec = cls(args, kwargs, reads=tuple(kwargs.pop("_observe_reads", ())),
                   dot_scale=float(kwargs.pop("_observe_dot_scale", 1.0)), light=bool(kwargs.pop("_observe_light", False)),
-                  host=bool(kwargs.pop("_observe_host", False)))
+                  host=bool(kwargs.pop("_observe_host", False)), reach=bool(kwargs.pop("_observe_reach", False)))
         rec.again = bool(kwargs.pop("_observe_again", True)) and rec.dot_scale == 1.0 and not rec.light
         return rec
 
@@ -435,6 +444,7 @@ class Recording:
             obs.kernel_launches, obs.kernel_dots = list(records.launches), list(records.dots)
         obs.reads = {i: counter.per_slice() for i, counter in self.reading.items()}
         obs.visits = {i: v.summary() for i, v in self.visits.items()}
+        obs.reach = self.keys.most if self.keys is not None else 0
         for other in self.remote:
             obs.ops.update(other.ops)
             obs.matmuls += other.matmuls
@@ -547,6 +557,7 @@ def to_wire(obs: Observation) -> dict:
             "reductions": [(str(n), tuple(map(int, sh)), int(e)) for n, sh, e in obs.reductions],
             "reads": {int(i): [float(x) for x in v] for i, v in obs.reads.items()},
             "visits": {int(i): [[int(x) for x in s][:3] for s in v] for i, v in obs.visits.items()},
+            "reach": int(obs.reach),
             "kernel_launches": [(str(n), tuple(int(g) for g in grid)) for n, grid in obs.kernel_launches],
             "kernel_dots": [tuple(int(x) for x in d) for d in obs.kernel_dots], "kernel": _kernel_data(obs.kernel)}
 
@@ -564,6 +575,7 @@ def from_wire(data) -> Observation:
     o.reductions = [(str(n), tuple(int(x) for x in sh), int(e)) for n, sh, e in data.get("reductions", ())]
     o.reads = {int(i): [float(x) for x in v] for i, v in dict(data.get("reads", {})).items()}
     o.visits = {int(i): [[int(x) for x in s][:3] for s in v] for i, v in dict(data.get("visits", {})).items()}
+    o.reach = int(data.get("reach", 0))
     o.kernel_launches = [(str(n), tuple(int(g) for g in grid)) for n, grid in data.get("kernel_launches", ())]
     o.kernel_dots = [(int(m), int(k), int(n)) for m, k, n in data.get("kernel_dots", ())]
     o.kernel = _kernel_data(data.get("kernel", {}))

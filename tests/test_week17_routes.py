@@ -88,3 +88,26 @@ def test_every_named_route_runs_in_the_child():
     honest = {(name, route) for nb in HONEST_NOTEBOOKS for name, route in nb.items()}
     assert wrong == {(name, route) for name, routes in VARIANTS.WRONG.items() for route in routes}
     assert honest == {(name, route) for name, routes in VARIANTS.HONEST.items() for route in routes}
+
+
+# Red team #33: one online-softmax pass over the chunks in sequence, a chunk as its key block — no split is computed
+# on its own, nothing is merged. Every product is a chunk wide, so only the splits' independence tells it apart
+# (grader.reach: reading V_j with probabilities shifted by the running max of the chunks before j).
+DECODE_SEQUENTIAL = '''
+def flash_decode(q, k, v, n_splits=4):
+    """No split-K: one sequential online-softmax pass whose key block is a chunk's size (nothing to merge)."""
+    chunk = max(1, -(-k.shape[2] // n_splits))
+    return flash_attention_forward(q, k, v, block_q=max(1, q.shape[2]), block_k=chunk)[0]
+'''
+
+
+def test_one_sequential_pass_is_not_split_k(tmp_path):
+    path = next((REPO / "solutions" / "17").glob("*.ipynb"))
+    out = tmp_path / path.name
+    out.write_text(json.dumps(with_cell_source(json.loads(path.read_text()), "flash_decode", DECODE_SEQUENTIAL)))
+    ex = load_exercises(out)
+    try:
+        with pytest.raises(AssertionError, match="depend on .* keys, more than the .* one split holds"):
+            checks.check_flash_decode(ex.flash_decode)
+    finally:
+        ex.close()

@@ -21,7 +21,9 @@ The bounds, by exercise (`grader.reads` says what a terminal read and a visit ar
   are not counted (a running max of single values is elementwise), nor a last chunk of one element's reads.
 - split-K decoding (`decode_route`): each split's keys alone in a product or reduction (the merge may reduce over
   the splits), each element of K and V visited once and read, the FLOPs of one pass (at least 0.9x, at most 2x:
-  an identity product per split costs more).
+  an identity product per split costs more), and the splits independent (`grader.reach`): no read of K or V
+  combines more keys than one split holds, counting the keys its other inputs depend on — a single online pass
+  with a chunk as its block reads V_j with probabilities shifted by the running max of every chunk before.
 - the backward (`backward_route`): blocks only, no softmax, the five products of each visible pair at least.
 - memory (`assert_memory_growth`): what a forward holds beyond its results may grow with N by O(N·d) — output-sized
   state, m and l for every row, per-block outputs kept for a concatenation: 3·(d + 2) numbers a row and head, with
@@ -39,12 +41,15 @@ SOFTMAX_OPS = ("aten._softmax", "aten._log_softmax", "aten.softmax", "aten.log_s
 SHAPES_OK = ("lib.attention.check_attention_shapes", "lib.masks.causal_mask")  # the helpers the notebook imports
 
 
-def call(fn, what: str, *args, route: dict | None = None, visits: dict | None = None, full: bool = False, **kwargs):
+def call(fn, what: str, *args, route: dict | None = None, visits: dict | None = None, full: bool = False,
+         reach: dict | None = None, **kwargs):
     """`fn(*args, **kwargs)`, observed in the same call (`full`: with the profiler, which names lib's functions),
-    its route judged (`route`: `assert_route`'s keywords and `max_flops`; `visits`: see `assert_visits`).
-    Returns (result, observation)."""
+    its route judged (`route`: `assert_route`'s keywords and `max_flops`; `visits`: see `assert_visits`; `reach`:
+    dict(most, why), the most keys one read of K or V may combine, `grader.reach`). Returns (result, observation)."""
     reads = tuple((position, spec["dim"]) for position, spec in (visits or {}).items())
     extra = {} if full else {"_observe_light": True}
+    if reach and reads:
+        extra["_observe_reach"] = True
     result, obs = observe(fn, *args, _observe_reads=reads, **extra, **kwargs)
     route = dict(route or {})
     most = route.pop("max_flops", None)
@@ -56,6 +61,10 @@ def call(fn, what: str, *args, route: dict | None = None, visits: dict | None = 
             f"each block's scores are computed once — not once for the row's maximum and again for its sum — and "
             f"nothing is copied through a matrix product {seed_note()}")
     assert_visits(obs, what, visits or {})
+    if reach and reads:
+        assert obs.reach <= reach["most"], (
+            f"{what}: a matrix product or reduction read keys of K or V together with values that depend on "
+            f"{obs.reach} keys, more than the {reach['most']} one split holds: {reach['why']} {seed_note()}")
     return result, obs
 
 
@@ -143,7 +152,11 @@ def decode_route(q, k, n_splits: int) -> dict:
                            max_extent=max(math.ceil(nk / n_splits), d, n_splits),
                            why=f"Attend to each of the {n_splits} splits of the keys separately, then merge by logsumexp.",
                            min_flops=int(0.9 * one), max_flops=2 * one + 1),
-                visits=visits if nk else {})
+                visits=visits if nk else {},
+                reach=dict(most=math.ceil(nk / n_splits), why=(
+                    "compute each split's partial result (its own max, sum and output) from its keys alone, then "
+                    "merge the partials by their logsumexp — one online pass over the chunks in sequence folds each "
+                    "chunk into a running max and sum of the chunks before it (split-K: the splits are independent)")))
 
 
 def backward_route(q, k, causal: bool, bq: int, bk: int) -> dict:
