@@ -46,6 +46,13 @@ def _scratch_copy(root):
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(repo / rel, root / rel)
     (root / ".venv").symlink_to(repo / ".venv")
+    # The venv is this checkout's, shared: a `make` target in the copy must not think it stale and reinstall the lab
+    # into it from the copy (`pip install -e .` there pointed this checkout's venv at a temporary folder, so lib
+    # was imported from the copy, records were written there, and the venv broke when the copy was removed).
+    stamp = repo / ".venv" / ".installed"
+    if stamp.exists():
+        older = min(stamp.stat().st_mtime, (root / "pyproject.toml").stat().st_mtime) - 1
+        os.utime(root / "pyproject.toml", (older, older))
     for part in ("models", "cache"):
         (root / "data" / part).symlink_to(repo / "data" / part)
     return root

@@ -363,3 +363,13 @@ def test_distill_draft_for_a_few_seconds(scratch, repo):
     for cmd in cmds:
         run(scratch, repo, cmd, timeout=600)
         assert (repo / "distilled-test.pt").is_file()
+
+
+def test_the_scratch_copy_never_reinstalls_the_shared_venv(scratch, repo):
+    """The copy's `.venv` is this checkout's: make must see the install as up to date there, or a `make bench` in the
+    copy runs `pip install -e .` from the copy and points this checkout's venv at a folder that is removed later."""
+    done = subprocess.run(["make", "-q", ".venv/.installed"], cwd=repo, env=scratch.env(repo), capture_output=True)
+    assert done.returncode == 0, "make in the scratch copy would reinstall the lab into the shared venv"
+    finder = next((REPO / ".venv").glob("lib/python*/site-packages/__editable__*inference_lab*finder.py"), None)
+    if finder is not None:  # an editable install: it must point here
+        assert str(REPO / "lib") in finder.read_text(), f"{finder} no longer points at {REPO}"
