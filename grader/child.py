@@ -20,6 +20,7 @@ from pathlib import Path
 
 from grader.child_observe import CALLS, Calls
 from grader.fingerprint import lib_name
+from grader.ran import LinesRun
 from grader.status import TAMPERED_TAIL
 from grader.wire import GENERATOR_STATE, TENSOR_CHANGED, apply_operation, exception_info, rebuild_exception, recv_message, send_message
 
@@ -216,6 +217,7 @@ class _Child:
         self.copies_sent: set = set()
         self.guard = _Guard()
         self.calls = Calls(self)  # every call into the notebook's code, under the same observers (grader.child_observe)
+        self.ran = LinesRun(self)  # which lines of the cells ran for each exercise (grader.ran)
 
     # encoding --------------------------------------------------------------------------------------------
     def export(self, obj):
@@ -314,6 +316,8 @@ class _Child:
             return self.load(*args)
         if op == "refs":
             return self.references(args[0])
+        if op == "unreached":  # (exercise, all the week's exercises): what of its code never ran while it was checked
+            return self.ran.unreached(str(args[0]), [str(a) for a in args[1]])
         if op in CALLS:  # a call of the notebook's function, method, class or object, observed or not
             return self.calls.run(op, target, args)
         with self.calls.scope.entry():  # the notebook's code can run here too (a property, `__getitem__`, ...)
@@ -357,6 +361,7 @@ class _Child:
         if references:  # to the audit hook, which alone keeps them (`_Guard.audit`): nothing here can clear them
             sys.audit(REFERENCES_EVENT, dict(references))  # `grader.similarity.References.data`: plain hashes
         self._apply_memory_limit()  # before the cells run: what they allocate counts too
+        self.ran.remember(cells)
         previous, self.current_root = self.current_root, None
         try:
             with self.calls.scope.entry():
@@ -828,12 +833,13 @@ class _Guard:
         observe, fingerprint, wire, notebook, observers, calls, triton = (_OWN[f"grader.{m}"] for m in (
             "observe", "fingerprint", "wire", "notebook", "observers", "child_observe", "triton_watch"))
         out = []
-        reads, reach = _OWN["grader.reads"], _OWN["grader.reach"]
+        reads, reach, ran = _OWN["grader.reads"], _OWN["grader.reach"], _OWN["grader.ran"]
         for holder in (_OWN.get("grader.child") or sys.modules[__name__], observe, fingerprint, wire, notebook, _Child,
                        _ChildPickler, _ChildUnpickler, _ParentProxy, _Guard, observe.OpRecorder, observe.Observation,
                        observe.Recording, observers, observers.Observers, observers.HostMeter, calls, calls.Scope,
                        calls.Calls, calls.Job, calls.Rerun, vars(calls)["_Entry"], vars(calls)["_Copier"], triton,
-                       triton.TritonWatch, reads, reads.Visits, reads.ReadCounter, reach, reach.Reach):
+                       triton.TritonWatch, reads, reads.Visits, reads.ReadCounter, reach, reach.Reach, ran, ran.LinesRun,
+                       ran.FunctionPlan):
             mapping, name = vars(holder), getattr(holder, "__name__", str(holder))
             out += [(f"{name}.{k}", mapping, k, v) for k, v in mapping.items()
                     if callable(v) or isinstance(v, (staticmethod, classmethod, property))]

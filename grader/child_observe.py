@@ -36,6 +36,7 @@ from grader.triton_watch import TritonWatch
 
 # What this module calls by plain names, bound before the notebook's code runs (as grader.child does)
 _getprofile, _setprofile, _current_frames = sys.getprofile, sys.setprofile, sys._current_frames
+_gettrace, _settrace = sys.gettrace, sys.settrace
 _collect, _freeze, _unfreeze, _clock = gc.collect, gc.freeze, gc.unfreeze, time.perf_counter
 
 CALLS = ("callback", "on_device", "map", "metered", "observe", "observe_many")  # the requests `Calls.run` answers
@@ -143,6 +144,7 @@ class _Entry:
     def __init__(self, scope: Scope, job: Job | None):
         self.scope, self.job = scope, job
         self.outermost, self.device, self.before, self.prof, self.started = False, None, (), None, False
+        self.tracing = False
 
     def __enter__(self):
         scope, child, job = self.scope, self.scope.child, self.job
@@ -154,6 +156,9 @@ class _Entry:
                 scope.mode, self.outermost = mode, True
                 kernels.__enter__()
                 scope.kernels = kernels
+            self.previous_trace = _gettrace()
+            _settrace(child.ran.trace)  # which lines of the cells run (grader.ran), in every call alike
+            self.tracing = True
             self.previous = _getprofile()
             self.prof = scope.hook(child.current_root)
             _setprofile(self.prof)
@@ -195,6 +200,11 @@ class _Entry:
                     if rec is not None:
                         rec.obs.ops[WATCH_REMOVED] += 1
                 _setprofile(self.previous)
+            if self.tracing:
+                if _gettrace() is not child.ran.trace:
+                    child.guard.flag(child.current_root, "switched off the grader's record of which lines ran "
+                                                         "(sys.settrace)")
+                _settrace(self.previous_trace)
         finally:
             if self.outermost:
                 mode, kernels = scope.mode, scope.kernels

@@ -117,6 +117,9 @@ class Week:
                             "Its numbers do not count: let the graded code run as plain code, on the thread that "
                             "calls it, with the grader's watch left as it is.")
                     raise ReferenceUse(f"exercise {number}, `{name}`: {used}. {tail}")
+                unreached = session.unreached(name, list(self.exercises)) if session is not None else None
+                if unreached:
+                    raise AssertionError(f"exercise {number}, `{name}` {unreached}.")
                 return result
 
             wrapper.exercise = (self.number, number, name)

@@ -355,9 +355,7 @@ class ServingLoop:
             self.running.add(rid)
         if self.engine.has_unfinished():
             for out in self.engine.step():
-                rid = out.request_id
-                if rid not in self.running:
-                    continue
+                rid = out.request_id  # every request in the engine is one of ours (added above)
                 if self.eos is not None and out.token == self.eos:
                     end(rid, "done", "stop")
                     continue

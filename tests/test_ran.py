@@ -1,0 +1,277 @@
+"""grader.ran: an exercise's code must all run while its checks run (a route switched on only above the sizes the
+checks draw earns nothing), with the exemptions the module names: lines that only raise, branches on what the caller
+passes, guards for a degenerate value.
+
+The first tests judge small functions in this process (a stand-in for the child: the trace function and the
+judgement are the same code); the last ones grade the red team's size-switching notebooks
+(tests/fixtures/redteam/v, section A of its FINDINGS.md) through the isolated path, as `pytest weeks/NN` does.
+"""
+import json
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from grader.harness import load_exercises, with_cell_source
+from grader.ran import LinesRun
+
+REPO = Path(__file__).resolve().parent.parent
+RED = REPO / "tests" / "fixtures" / "redteam" / "v"
+
+
+class _Child:
+    def __init__(self):
+        self.cell_files = {"nb.ipynb[cell 1]": 1}
+        self.current_root = None
+        self.module = None
+        self.guard = types.SimpleNamespace(compiled={"<hidden>"})  # the file names the notebook compiled code under
+
+
+def _judge(source: str, calls: str, name: str, exercises=None) -> str | None:
+    """Run `calls` (under root `name`) against the cell `source`, and judge exercise `name`."""
+    child = _Child()
+    ran = LinesRun(child)
+    source = textwrap.dedent(source)
+    ran.remember([(1, "cell", source)])
+    module = types.ModuleType("nb")
+    module.torch = torch
+    exec(compile(source, "nb.ipynb[cell 1]", "exec"), module.__dict__)
+    child.module = module
+    child.current_root = name
+    previous = sys.gettrace()
+    sys.settrace(ran.trace)
+    try:
+        exec(textwrap.dedent(calls), module.__dict__)
+    finally:
+        sys.settrace(previous)
+    return ran.unreached(name, exercises or [name])
+
+
+SOFTMAX = """
+    def _rows(x):
+        m = x.amax(-1, keepdim=True)
+        e = (x - m).exp()
+        return e / e.sum(-1, keepdim=True)
+
+    def softmax(x):
+        if x.shape[-1] > 4096:
+            return torch.softmax(x, -1)
+        return _rows(x)
+"""
+
+
+def test_a_branch_for_larger_sizes_is_named_with_its_line():
+    why = _judge(SOFTMAX, "softmax(torch.randn(3, 5))", "softmax")
+    assert why is not None and "cell 1 line 9" in why and "torch.softmax" in why
+    assert _judge(SOFTMAX, "softmax(torch.randn(3, 5)); softmax(torch.randn(2, 5000))", "softmax") is None
+
+
+@pytest.mark.parametrize("body", [
+    "return torch.softmax(x, -1) if x.shape[-1] > 4096 else _rows(x)",
+    "return (x.shape[-1] > 4096 and torch.softmax(x, -1)) or _rows(x)",
+    "return ([torch.softmax(x, -1) for _ in range(int(x.shape[-1] > 4096))] + [_rows(x)])[0]",
+    "return {True: lambda: torch.softmax(x, -1), False: lambda: _rows(x)}[x.shape[-1] > 4096]()",
+])
+def test_a_switch_inside_one_line_is_seen_by_the_instructions_that_ran(body):
+    source = SOFTMAX.split("    def softmax")[0] + f"\n    def softmax(x):\n        {body}\n"
+    why = _judge(source, "softmax(torch.randn(3, 5))", "softmax")
+    assert why is not None and "never ran" in why
+
+
+def test_helpers_are_judged_whether_named_or_reached_through_a_table():
+    source = """
+        def _tiled(x):
+            return x * 2
+
+        def _naive(x):
+            return x * 2
+
+        _ROUTES = {"small": _tiled, "big": _naive}
+
+        def double(x):
+            return _ROUTES["big" if x.numel() > 1 << 20 else "small"](x)
+    """
+    why = _judge(source, "double(torch.ones(3))", "double")
+    assert why is not None and "line 6" in why  # _naive's body
+
+
+def test_an_unused_helper_in_the_cell_is_judged_but_not_another_exercises():
+    source = """
+        def other(x):
+            return _shared(x)
+
+        def _shared(x):
+            return x + 1
+
+        def _leftover(x):
+            return x - 1
+
+        def mine(x):
+            return x * 2
+    """
+    why = _judge(source, "mine(torch.ones(2))", "mine", ["mine", "other"])
+    assert why is not None and "line 9" in why and "line 6" not in why
+
+
+def test_the_callers_choices_and_errors_are_exempt():
+    source = """
+        def f(x, scale=None, out=None, dim=-1):
+            if x.dim() == 3:
+                x = x.reshape(-1, x.shape[-1])
+            if x.dim() != 2:
+                msg = f"x must be 2-D, got {tuple(x.shape)}"
+                raise ValueError(msg)
+            if out is not None:
+                out.copy_(x)
+                return out
+            if scale is None:
+                scale = 1.0
+            if x.device.type == "cuda" and torch.cuda.is_available():
+                x = x.contiguous()
+            if not isinstance(x, torch.Tensor):
+                x = torch.as_tensor(x)
+            y = x * scale if x.dtype == torch.float32 else x.float() * scale
+            return y
+    """
+    assert _judge(source, "f(torch.ones(2, 3))", "f") is None
+
+
+def test_a_caller_choice_exempts_only_a_block_that_never_ran():
+    source = """
+        def f(x, out=None):
+            if out is None:
+                y = x * 2
+                if x.numel() > 4096:
+                    y = torch.softmax(x, -1)
+                return y
+            out.copy_(x)
+            return out
+    """
+    why = _judge(source, "f(torch.ones(3))", "f")
+    assert why is not None and "line 6" in why and "line 8" not in why
+
+
+def test_a_guard_for_a_degenerate_value_is_exempt_but_not_a_threshold_in_disguise():
+    source = """
+        def f(p, q, n):
+            if n == 0:
+                return None
+            resid = (p - q).clamp_min(0)
+            if float(resid.sum()) <= 0:
+                resid = p.clone()
+            return resid
+    """
+    assert _judge(source, "f(torch.rand(4), torch.zeros(4), 3)", "f") is None
+    for gate in ("big = n - 4096\n            if big > 0:", "d = n * n\n            if n - d > 0:",
+                 "if n - LIMIT > 0:", "if _excess(n) > 0:", "big = 0\n            for _ in range(2):\n                if big > 0:\n"
+                 "                    resid = p.clone()\n                big = n - 4096\n            if False:"):
+        disguised = f"""
+        LIMIT = 4096
+
+        def _excess(n):
+            return n - LIMIT
+
+        def f(p, q, n):
+            resid = (p - q).clamp_min(0)
+            {gate}
+                resid = p.clone()
+            return resid
+        """
+        why = _judge(disguised, "f(torch.rand(4), torch.zeros(4), 3); _excess(3)", "f")
+        assert why is not None and "resid = p.clone()" in why, gate
+
+
+def test_a_guard_on_the_objects_state_is_not_exempt():
+    source = """
+        class Cache:
+            def __init__(self, limit=4096):
+                self.limit = limit
+                self.n = 0
+
+            def add(self, k):
+                self.n += k
+                if self.n - self.limit > 0:
+                    return torch.zeros(self.n)
+                return None
+    """
+    why = _judge(source, "c = Cache(); c.add(3)", "Cache")
+    assert why is not None and "torch.zeros(self.n)" in why
+
+
+def test_code_compiled_from_text_while_the_notebook_runs_cannot_hide_a_route():
+    source = """
+        exec(compile("def _route(x):\\n    return x * 2 if x.numel() < 4096 else torch.softmax(x, -1)\\n",
+                     "<hidden>", "exec"), globals())
+
+        def f(x):
+            return _route(x)
+    """
+    why = _judge(source, "f(torch.ones(3))", "f")
+    assert why is not None and "compiled from text" in why and "_route" in why
+
+
+def test_lines_run_for_another_exercise_do_not_count():
+    source = """
+        def helper_user(x):
+            return mine(x)
+
+        def mine(x):
+            if x.numel() > 10:
+                return x * 3
+            return x * 2
+    """
+    child = _Child()
+    ran = LinesRun(child)
+    ran.remember([(1, "cell", textwrap.dedent(source))])
+    module = types.ModuleType("nb")
+    exec(compile(textwrap.dedent(source), "nb.ipynb[cell 1]", "exec"), module.__dict__)
+    child.module = module
+    sys.settrace(ran.trace)
+    try:
+        child.current_root = "helper_user"
+        module.helper_user(torch.ones(20))
+        child.current_root = "mine"
+        module.mine(torch.ones(2))
+    finally:
+        sys.settrace(None)
+    why = ran.unreached("mine", ["mine", "helper_user"])
+    assert why is not None and "return x * 3" in why
+
+
+# --- through the isolated path ----------------------------------------------------------------------------------
+
+def _release(week: str) -> tuple[Path, dict]:
+    path = next((REPO / "weeks" / week).glob("week*.ipynb"))
+    text = subprocess.run(["git", "show", f"HEAD:{path.relative_to(REPO)}"], cwd=REPO, capture_output=True,
+                          text=True, check=True).stdout
+    return path, json.loads(text)
+
+
+# (week, grade id, the red team's file, the check) — each passed every check before the rule (FINDINGS.md, section A)
+SIZE_SWITCHES = [
+    ("16", "LayerKVCache", "w16_cache_cat_large.py", "check_LayerKVCache"),
+    ("17", "online_softmax", "w17_softmax_big_torch.py", "check_online_softmax"),
+    ("21", "ServingLoop", "w21_serving_busy_twosteps.py", "check_ServingLoop"),
+    ("20", "quantize_q8_0", "w20_q8_npround_wide.py", "check_quantize_q8_0"),
+]
+
+
+@pytest.mark.parametrize("week,grade_id,variant,check", SIZE_SWITCHES, ids=[s[2] for s in SIZE_SWITCHES])
+def test_a_route_switched_on_above_the_checks_sizes_earns_nothing(tmp_path, week, grade_id, variant, check):
+    import importlib
+
+    path, release = _release(week)
+    nb = with_cell_source(release, grade_id, (RED / variant).read_text())
+    target = tmp_path / path.name
+    target.write_text(json.dumps(nb))
+    checks = importlib.import_module(f"grader.checks.week{week}")
+    ex = load_exercises(target)
+    try:
+        with pytest.raises(AssertionError, match="never ran while its checks ran"):
+            getattr(checks, check)(getattr(ex, grade_id))
+    finally:
+        ex.close()
