@@ -5,15 +5,18 @@ Why: a check runs the notebook's code at the sizes it draws. A route that switch
 forward that materializes the N×N scores past N = 1024, a cache that falls back to `torch.cat` past 300 positions,
 speculative decoding that stops calling the draft past 100 tokens, GPTQ that rounds to nearest for layers wider than
 512 — passes every check and is wrong where the technique matters. Whatever sizes the checks draw, a threshold can
-sit above them. So the rule is about the code, not the sizes: **every statement of an exercise's code must run
-while its checks run**, and every arm of a conditional expression, `and`/`or`, comprehension and lambda in it, with
-few exemptions:
+sit above them. So the rule is about the code, not the sizes: **the code of an exercise must run while its checks run** —
+its straight-line code, the handlers of its `try`, and everything under a test that could hold a size threshold
+(`Taint.could_scale`: a number other than 0 and ±1, a product, power, shift, quotient or remainder, a sum of three
+or more terms, a call of the notebook's own function or of a library function that is not a plain test, reduction
+or conversion, a module-level value, an attribute some code sets to such a value, or a name bound to one) — with the
+arms of conditional expressions, `and`/`or` and comprehensions under such tests, and every lambda's body.
 
-- a block that ends in `raise` (argument checks: bad input gets an error, and the checks need not trigger each);
-- the arm of an `if` (statement or expression) whose test depends only on what the caller passed, read in ways no
-  size can hide in: `x is None`, `isinstance(x, torch.Tensor)`, `q.device.type == "cuda"`, `q.dtype == ...`,
-  `torch.cuda.is_available()` — the caller (the checks, or a real user) chooses, and no threshold is possible;
-- statements with no code (docstrings, `pass`, `...`, `global`).
+Not required: a block that ends in `raise` (bad input gets an error; the checks need not trigger each), statements
+with no code, and a block under a test that could not hold a threshold (`if x is None`, `if not chunked and n < left`,
+`if float(resid.sum()) <= 0`, `if q.dim() == 3`, a loop over what the input holds): such a block is an *optional
+group*, which need not run — but once any of its statements ran, all of it must, so a test of the caller's choice at
+the top of a function exempts nothing the checks run.
 
 "The exercise's code" is the function or class itself (every method), the notebook's functions and classes it names
 (directly, or through a module-level table of functions), and every other function or class defined in the same
@@ -647,9 +650,9 @@ class LinesRun:
         more = f" and {len(found) - 3} more" if len(found) > 3 else ""
         return (f"has code that never ran while its checks ran: {'; '.join(shown)}{more}. A route the checks never "
                 f"run cannot be graded, and one that switches on only above the sizes they draw is how wrong work "
-                f"passes: remove code the checks do not reach (a branch for other sizes, an unused helper). Lines "
-                f"that only raise, and branches on what the caller passes (`x is None`, `isinstance`, the device or "
-                f"dtype) are exempt")
+                f"passes: remove code the checks do not reach (a branch for other sizes, an unused helper), or make a "
+                f"branch that cannot happen raise. Lines that only raise, and branches on what the caller passes or "
+                f"on a zero or empty value (`x is None`, `isinstance`, the device, `n == 0`), may go unrun")
 
 
 class _Either:
