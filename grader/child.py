@@ -18,9 +18,10 @@ import pickle
 import sys
 from pathlib import Path
 
-from grader.child_observe import CALLS, Calls
+# _freeze (gc.freeze): what the process holds leaves the collector's sight, so the collection before each call into the
+# notebook's code (`grader.child_observe`) costs microseconds, not the 40 ms of a process with torch loaded
+from grader.child_observe import CALLS, Calls, _freeze
 from grader.fingerprint import lib_name
-from grader.ran import LinesRun
 from grader.status import TAMPERED_TAIL
 from grader.wire import GENERATOR_STATE, TENSOR_CHANGED, apply_operation, exception_info, rebuild_exception, recv_message, send_message
 
@@ -217,7 +218,6 @@ class _Child:
         self.copies_sent: set = set()
         self.guard = _Guard()
         self.calls = Calls(self)  # every call into the notebook's code, under the same observers (grader.child_observe)
-        self.ran = LinesRun(self)  # which lines of the cells ran for each exercise (grader.ran)
 
     # encoding --------------------------------------------------------------------------------------------
     def export(self, obj):
@@ -316,7 +316,7 @@ class _Child:
             return self.load(*args)
         if op == "refs":
             return self.references(args[0])
-        if op == "unreached":  # (exercise, all the week's exercises): what of its code never ran while it was checked
+        if op == "unreached":  # (exercise, the week's exercises): what of its code did not run (grader.ran)
             return self.ran.unreached(str(args[0]), [str(a) for a in args[1]])
         if op in CALLS:  # a call of the notebook's function, method, class or object, observed or not
             return self.calls.run(op, target, args)
@@ -833,13 +833,12 @@ class _Guard:
         observe, fingerprint, wire, notebook, observers, calls, triton = (_OWN[f"grader.{m}"] for m in (
             "observe", "fingerprint", "wire", "notebook", "observers", "child_observe", "triton_watch"))
         out = []
-        reads, reach, ran = _OWN["grader.reads"], _OWN["grader.reach"], _OWN["grader.ran"]
+        reads, reach, ran = _OWN["grader.reads"], _OWN["grader.reach"], _OWN["grader.ran"]  # ran: with LinesRun
         for holder in (_OWN.get("grader.child") or sys.modules[__name__], observe, fingerprint, wire, notebook, _Child,
                        _ChildPickler, _ChildUnpickler, _ParentProxy, _Guard, observe.OpRecorder, observe.Observation,
                        observe.Recording, observers, observers.Observers, observers.HostMeter, calls, calls.Scope,
                        calls.Calls, calls.Job, calls.Rerun, vars(calls)["_Entry"], vars(calls)["_Copier"], triton,
-                       triton.TritonWatch, reads, reads.Visits, reads.ReadCounter, reach, reach.Reach, ran, ran.LinesRun,
-                       ran.FunctionPlan):
+                       triton.TritonWatch, reads, reads.Visits, reads.ReadCounter, reach, reach.Reach, ran, *ran.PLAN):
             mapping, name = vars(holder), getattr(holder, "__name__", str(holder))
             out += [(f"{name}.{k}", mapping, k, v) for k, v in mapping.items()
                     if callable(v) or isinstance(v, (staticmethod, classmethod, property))]
@@ -1135,15 +1134,6 @@ def _child_main(rfd, wfd, memory, sandbox, memory_kind="as"):
     _hide_modules()
     _CHILD.send(("ok", None, sandbox))
     _CHILD.loop()
-
-
-def _freeze() -> None:
-    """Everything the process holds now moves out of the garbage collector's sight (`gc.freeze`): the collection
-    before each call into the notebook's code (`grader.child_observe`) then costs microseconds, not the 40 ms of a
-    process with torch loaded."""
-    import gc
-
-    gc.freeze()
 
 
 def _hide_modules() -> None:

@@ -32,6 +32,7 @@ import numpy.random  # noqa: F401  (imported now: the second run takes its state
 from grader.fingerprint import lib_name
 from grader.observe import DISPATCH_OFF, OWN_OPERATOR, WATCH_REMOVED, Recording, to_wire
 from grader.observers import Observers
+from grader.ran import LinesRun
 from grader.triton_watch import TritonWatch
 
 # What this module calls by plain names, bound before the notebook's code runs (as grader.child does)
@@ -239,6 +240,7 @@ class Calls:
     def __init__(self, child):
         self.child = child
         self.scope = Scope(child)
+        child.ran = LinesRun(child)  # which lines of the cells run for each exercise (grader.ran)
 
     def run(self, op, target, args):
         jobs, reply = self._plan(op, target, args)

@@ -55,6 +55,20 @@ def _reference_use(name: str, args, kwargs) -> str | None:
     return session.reference_use([name]).get(name) if session is not None else None
 
 
+def _unreached(session, name: str, exercises: list[str]) -> str | None:
+    """Why exercise `name` has code that never ran while its checks ran (`grader.ran`), or None (also when the child
+    has died: its records went with it, and the check that passed ran in a new one)."""
+    from grader.isolation import IsolationError
+
+    if session.dead is not None:
+        return None
+    try:
+        why = session._request_raw("unreached", None, (name, exercises), during="the query of which lines ran")
+    except IsolationError:
+        return None
+    return why[:900] if type(why) is str else None
+
+
 @dataclass
 class Week:
     number: int
@@ -117,7 +131,7 @@ class Week:
                             "Its numbers do not count: let the graded code run as plain code, on the thread that "
                             "calls it, with the grader's watch left as it is.")
                     raise ReferenceUse(f"exercise {number}, `{name}`: {used}. {tail}")
-                unreached = session.unreached(name, list(self.exercises)) if session is not None else None
+                unreached = _unreached(session, name, list(self.exercises)) if session is not None else None
                 if unreached:
                     raise AssertionError(f"exercise {number}, `{name}` {unreached}.")
                 return result

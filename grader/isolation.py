@@ -684,17 +684,6 @@ class Session:
         seen = {k: v[:400] for k, v in seen.items() if k in names and type(v) is str} if type(seen) is dict else {}
         return {**copied, **seen, **found}
 
-    def unreached(self, name: str, exercises: list[str]) -> str | None:
-        """Why exercise `name` has code that never ran while its checks ran (`grader.ran`), or None (also when the
-        child has died: its records went with it, and the check that passed ran in a new one)."""
-        if self.dead is not None:
-            return None
-        try:
-            why = self._request_raw("unreached", None, (name, list(exercises)), during="the query of which lines ran")
-        except IsolationError:
-            return None
-        return why[:900] if type(why) is str else None
-
     def proxy(self, oid: int, info: dict) -> ChildProxy:
         """A proxy of the child's object `oid` (the codec's `R` tag), of the exercise whose request it came in."""
         return ChildProxy(self, oid, info, root=self._root_now)

@@ -131,7 +131,8 @@ def random_draft(config, n_layers: int = 2, d_model: int = 64, seed: int = 0, de
 
 
 class Int8Linear(nn.Module):
-    """A linear layer with int8 weights, one fp32 scale per output channel (symmetric, **weight-only**).
+    """A linear layer with int8 weights, one fp32 scale per output channel (symmetric, **weight-only**): the lab's
+    one int8 linear (the week-18 quantized draft, and `lib.quant_linear.quantize_linears(..., "int8")` in week 20).
 
     w ≈ w_int8 · scale[:, None], scale = max|w_row| / 127; activations are not quantized. On the CPU the product
     runs in torch's `_weight_int8pack_mm` with bf16 activations (the fast path of that kernel; see
@@ -153,6 +154,10 @@ class Int8Linear(nn.Module):
     def weight(self) -> torch.Tensor:
         """The dequantized weight `[out, in]` (for inspection and for devices without the int8 kernel)."""
         return self.qweight.float() * self.scale[:, None]
+
+    def dequantized(self) -> torch.Tensor:
+        """The weight the product uses, `[out, in]` float32 (`weight`)."""
+        return self.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.use_kernel and x.device.type == "cpu":

@@ -46,27 +46,8 @@ from lib import qmatmul as Q
 from lib.fast import FastLlama, step_timer, choose_measured
 from lib.qmatmul import check_blocks
 from lib.roofline import on_huge_pages
+from lib.drafts import Int8Linear  # the one int8 weight-only linear (week 18's draft uses it too)
 from lib.qmatmul import dequantize_blocks, qmatmul
-
-
-class Int8Linear(nn.Module):
-    """y = x Wᵀ with W stored as int8 [out, in] and one bf16 scale per output row."""
-
-    def __init__(self, weight: torch.Tensor):
-        super().__init__()
-        w = weight.detach().float()
-        scale = (w.abs().amax(1) / 127).clamp_min(1e-12)  # [out]
-        self.register_buffer("q", torch.round(w / scale[:, None]).to(torch.int8))
-        self.register_buffer("scale", scale.to(torch.bfloat16))
-        self.in_features, self.out_features = w.shape[1], w.shape[0]
-
-    def dequantized(self) -> torch.Tensor:
-        return self.q.float() * self.scale.float()[:, None]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        y = torch.ops.aten._weight_int8pack_mm(flat, self.q, self.scale)
-        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
 
 class Int4Linear(nn.Module):

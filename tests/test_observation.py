@@ -190,8 +190,9 @@ def _routes_taken():
 def test_a_route_that_switches_on_the_dispatch_stack_takes_one_route(tmp_path, test):
     """(b) Tiled when the dispatch stack looks observed, the whole score matrix otherwise: every call now sees the
     same stack, so the code takes one route in all of them — the whole matrix (`>= 2`: never looks observed),
-    which the check rejects for what it does, or the tiles (`> 0`: always), which is the technique. Failed before
-    the change: the routes differed by call (and the check's reason was the unobserved run's, not the route)."""
+    which the check rejects for what it does, or the tiles (`> 0`: always), which is the technique — and then the
+    other route is code no check ran (`grader.ran`), a failure too. Failed before the change: the routes differed by
+    call (and the check's reason was the unobserved run's, not the route)."""
     from grader.checks import week17
 
     ex = _load(tmp_path, 17, prepend={"FlashAttention": _SWITCH.format(test=test)})
@@ -199,8 +200,9 @@ def test_a_route_that_switches_on_the_dispatch_stack_takes_one_route(tmp_path, t
         with pytest.raises(AssertionError) as rejected:
             week17.check_flash_attention_forward(ex.flash_attention_forward)
         assert "second time" not in str(rejected.value) and "not observed" not in str(rejected.value)
-    else:
-        week17.check_flash_attention_forward(ex.flash_attention_forward)
+    else:  # the tiles in every call: the route checks pass, and the whole-matrix route is code no check ran
+        with pytest.raises(AssertionError, match="never ran while its checks ran"):
+            week17.check_flash_attention_forward(ex.flash_attention_forward)
     routes = ex._routes_taken()
     if test == ">= 2":  # every call week 17 judges is observed: rejected at its first, which did not look observed
         assert routes and set(routes) == {False}, f"the route looked observed: {routes}"
