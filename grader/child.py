@@ -316,8 +316,8 @@ class _Child:
             return self.load(*args)
         if op == "refs":
             return self.references(args[0])
-        if op == "unreached":  # (exercise, the week's exercises): what of its code did not run (grader.ran)
-            return self.ran.unreached(str(args[0]), [str(a) for a in args[1]])
+        if op == "unreached":  # (exercise, the week's exercises): what of its code did not run, lines run (grader.ran)
+            return self.ran.unreached(str(args[0]), [str(a) for a in args[1]]), self.ran.python_lines(str(args[0]))
         if op in CALLS:  # a call of the notebook's function, method, class or object, observed or not
             return self.calls.run(op, target, args)
         with self.calls.scope.entry():  # the notebook's code can run here too (a property, `__getitem__`, ...)

@@ -55,18 +55,22 @@ def _reference_use(name: str, args, kwargs) -> str | None:
     return session.reference_use([name]).get(name) if session is not None else None
 
 
-def _unreached(session, name: str, exercises: list[str]) -> str | None:
-    """Why exercise `name` has code that never ran while its checks ran (`grader.ran`), or None (also when the child
-    has died: its records went with it, and the check that passed ran in a new one)."""
+def _unreached(session, name: str, exercises: list[str]) -> tuple[str | None, int]:
+    """(why exercise `name` has code that never ran while its checks ran, or None; how many lines of the cells' code
+    ran for it) — `grader.ran`; (None, 0) when the child has died (its records went with it: the check that passed
+    ran in a new one)."""
     from grader.isolation import IsolationError
 
     if session.dead is not None:
-        return None
+        return None, 0
     try:
-        why = session._request_raw("unreached", None, (name, exercises), during="the query of which lines ran")
+        got = session._request_raw("unreached", None, (name, exercises), during="the query of which lines ran")
     except IsolationError:
-        return None
-    return why[:900] if type(why) is str else None
+        return None, 0
+    if type(got) is not tuple or len(got) != 2 or type(got[1]) is not int:
+        raise IsolationError("the student's process answered the query of which lines ran with something else")
+    why, lines = got
+    return (why[:900] if type(why) is str else None), lines
 
 
 @dataclass
@@ -88,8 +92,11 @@ class Week:
     def location(self) -> str:
         return f"weeks/{self.number}/{self.notebook}"
 
-    def exercise(self, number: int, name: str, section: str):
-        """Decorate `check_<name>(student_fn, ...)`; a stub raising NotImplementedError fails with a clear message."""
+    def exercise(self, number: int, name: str, section: str, max_python_lines: int | None = None,
+                 max_python_lines_why: str = "formula"):
+        """Decorate `check_<name>(student_fn, ...)`; a stub raising NotImplementedError fails with a clear message.
+        `max_python_lines`: the most lines of the notebook's Python its calls in one check may run (counted by
+        `grader.ran`, whatever the machine's load): a formula's exercise is not passed by a simulation."""
         self.exercises[name] = (number, section)
 
         def decorate(check):
@@ -131,9 +138,14 @@ class Week:
                             "Its numbers do not count: let the graded code run as plain code, on the thread that "
                             "calls it, with the grader's watch left as it is.")
                     raise ReferenceUse(f"exercise {number}, `{name}`: {used}. {tail}")
-                unreached = _unreached(session, name, list(self.exercises)) if session is not None else None
+                unreached, lines = _unreached(session, name, list(self.exercises)) if session is not None else (None, 0)
                 if unreached:
                     raise AssertionError(f"exercise {number}, `{name}` {unreached}.")
+                if max_python_lines is not None and lines > max_python_lines:
+                    raise AssertionError(
+                        f"exercise {number}, `{name}` ran {lines:,} lines of Python for this check's calls; a "
+                        f"{max_python_lines_why} takes at most {max_python_lines:,}: {name} is to be worked out, "
+                        f"not simulated or searched for in the graded function")
                 return result
 
             wrapper.exercise = (self.number, number, name)

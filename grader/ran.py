@@ -46,6 +46,7 @@ class LinesRun:
         self.by_index: dict[int, str] = {}  # a cell's index -> the text compiled from it
         self._trees: dict[str, tuple] = {}
         lines: dict = {}  # (exercise, file name) -> line numbers that ran
+        counted: dict = {}  # exercise -> [how many lines of the cells' code it ran, in all]
         offsets: dict = {}  # (exercise, code) -> instruction offsets that ran (codes that hold an arm only)
         fine: dict = {}  # code -> whether its frames need opcode events (None: not the cells' code)
         cell_files, plan_of = child.cell_files, self._needs_opcodes
@@ -66,10 +67,14 @@ class LinesRun:
             if ran is None:
                 ran = lines[(root, code.co_filename)] = set()
             add = ran.add
+            tally = counted.get(root)
+            if tally is None:
+                tally = counted[root] = [0]
             if not kind:
                 def line(frame, event, arg):
                     if event == "line":
                         add(frame.f_lineno)
+                        tally[0] += 1
                     return line
                 return line
             at = offsets.get((root, code))
@@ -83,11 +88,13 @@ class LinesRun:
                     mark(frame.f_lasti)
                 elif event == "line":
                     add(frame.f_lineno)
+                    tally[0] += 1
                     mark(frame.f_lasti)
                 return opcode
             return opcode
 
         self.trace = trace
+        self.python_lines = lambda root: int(counted.get(root, [0])[0])  # lines of the cells run for `root`
         self._lines = lambda root, filename: frozenset(lines.get((root, filename), ()))
         self._offsets = lambda root, code: frozenset(offsets.get((root, code), ()))
 

@@ -275,3 +275,21 @@ def test_a_route_switched_on_above_the_checks_sizes_earns_nothing(tmp_path, week
             getattr(checks, check)(getattr(ex, grade_id))
     finally:
         ex.close()
+
+
+def test_a_formula_exercise_is_not_passed_by_a_simulation(tmp_path):
+    """Week 21's `predict_ttft` by an event simulation of the stated rules (20,000 requests: the red team's #30,
+    within the check's tolerance of the truth) fails on the lines of Python it runs, counted by grader.ran whatever
+    the machine's load; a formula runs a few dozen per call."""
+    from grader.checks import week21
+
+    path, release = _release("21")
+    nb = with_cell_source(release, "predict_ttft", (RED / "w21_ttft_simulate.py").read_text())
+    target = tmp_path / path.name
+    target.write_text(json.dumps(nb))
+    ex = load_exercises(target)
+    try:
+        with pytest.raises(AssertionError, match=r"ran [\d,]+ lines of Python .* worked out, not simulated"):
+            week21.check_predict_ttft(ex.predict_ttft)
+    finally:
+        ex.close()

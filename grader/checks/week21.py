@@ -326,6 +326,11 @@ def capacity(prefill_s: float, step_s: float, max_num_seqs: int, max_tokens: int
     return max_num_seqs / (max_tokens * step_s + max_num_seqs * prefill_s)
 
 
+# the lines of Python `predict_ttft`'s seven calls may run (`grader.ran` counts them): a formula runs a few dozen a
+# call; an event simulation of the stated rules, millions (the red team's, 20,000 requests: 7.2 M)
+TTFT_MAX_PYTHON_LINES = 5_000
+
+
 def _ttft_case(rng: random.Random, kind: str) -> tuple[dict, float]:
     """A configuration of one kind, and its load (arrival rate / capacity). `one`: a single slot, half loaded; `busy`:
     4 or 8 slots, prefills a third to three fifths of the work, past half load; `mid`: 2 or 16 slots, below half load;
@@ -360,7 +365,7 @@ def _call(w: dict) -> str:
             + ")")
 
 
-@WEEK.exercise(3, "predict_ttft", section="5 (Predicting TTFT under load)")
+@WEEK.exercise(3, "predict_ttft", section="5 (Predicting TTFT under load)", max_python_lines=TTFT_MAX_PYTHON_LINES)
 def check_predict_ttft(predict_ttft) -> None:
     """Configurations drawn at random (one slot, several slots busy and less busy, a light load, past and just below
     the capacity), each predicted in one batch of calls; the truth is lib.queueing's simulation of the stated server

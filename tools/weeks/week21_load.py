@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from lib.records import committed
 from tools.results import recorded_md
+from grader.checks.week21 import TTFT_MAX_PYTHON_LINES
 
 EPYC = "amd-epyc-avx512"
 
@@ -210,7 +211,8 @@ sixteen, lightly and heavily loaded, past what the server can take), against a s
 over 50,000 requests: within a factor 1.2 with one slot, 1.35 with several. `lib.queueing.simulate_ttft` is that
 simulation — use it in this notebook to test your formula on configurations of your own; your graded function
 cannot call it (in the grading process no part of lib runs for your code), and it is a formula's job, not a
-simulation's, to say *why*.
+simulation's, to say *why*: the check counts the lines of Python your function runs (a formula runs a few dozen
+per call; the check allows {TTFT_MAX_PYTHON_LINES:,} for its seven calls), so a simulation of your own fails it.
 
 Questions to work through first:
 
@@ -220,7 +222,7 @@ Questions to work through first:
   with the textbook's exponential one?
 * With several slots, a request may find one free: what does it still wait for? And when all are taken, how
   long does a slot take to turn over — at that moment, how full is every step?
-""")
+""".replace("{TTFT_MAX_PYTHON_LINES:,}", f"{TTFT_MAX_PYTHON_LINES:,}"))
     nb.exercise("predict_ttft", '''
 def predict_ttft(rate, prefill_s, step_s, max_num_seqs, max_tokens):
     """Mean time to first token (seconds) of the server above under Poisson arrivals at `rate` per second;
