@@ -327,7 +327,7 @@ def capacity(prefill_s: float, step_s: float, max_num_seqs: int, max_tokens: int
 
 
 # the lines of Python `predict_ttft`'s seven calls may run (`grader.ran` counts them): a formula runs a few dozen a
-# call; an event simulation of the stated rules, millions (the red team's, 20,000 requests: 7.2 M)
+# call; an event simulation of the stated rules runs millions (tests/test_ran.py)
 TTFT_MAX_PYTHON_LINES = 5_000
 
 
