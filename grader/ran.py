@@ -176,18 +176,45 @@ class LinesRun:
         space = vars(module)
         others = set(exercises) - {name}
 
-        def codes_of(obj) -> list:
-            obj = getattr(obj, "__wrapped__", obj)
-            if isinstance(obj, type):  # its methods (a class it holds, autograd's `_backward_cls` say: not)
-                out = []
-                for member in vars(obj).values():
-                    if isinstance(member, property):
-                        out += [f for f in (member.fget, member.fset, member.fdel) if f is not None]
-                    elif not isinstance(member, type):
-                        out.append(getattr(member, "__func__", member))
-                return [c for m in out if not isinstance(m, type) for c in codes_of(m)]
-            code = getattr(obj, "__code__", None)
-            return [code] if code is not None and code.co_filename in files else []
+        def codes_of(obj, seen=None) -> list:
+            """The code of `obj` defined in the cells, and of what hangs from it: a function's `__wrapped__` (as well
+            as, never instead of, the function: a student sets it to anything), defaults and closure; a class's
+            methods and properties, its bases' in the cells too (a base made with `type(...)` included)."""
+            seen = set() if seen is None else seen
+            if id(obj) in seen:
+                return []
+            seen.add(id(obj))
+            out = []
+            if isinstance(obj, type):
+                for klass in type.__dict__["__mro__"].__get__(obj):
+                    if klass is object:
+                        continue
+                    for member in type.__dict__["__dict__"].__get__(klass).values():
+                        if isinstance(member, property):
+                            out += [c for f in (member.fget, member.fset, member.fdel) if f is not None
+                                    for c in codes_of(f, seen)]
+                        elif isinstance(member, (staticmethod, classmethod)):
+                            out += codes_of(member.__func__, seen)
+                        elif isinstance(member, _FUNCTION):
+                            out += codes_of(member, seen)
+                return out
+            if not isinstance(obj, _FUNCTION):
+                return out
+            code = obj.__code__
+            if code.co_filename in files:
+                out.append(code)
+            hanging = [vars(obj).get("__wrapped__"), *(obj.__defaults__ or ()), *(obj.__kwdefaults__ or {}).values()]
+            for cell in obj.__closure__ or ():
+                try:
+                    hanging.append(cell.cell_contents)
+                except ValueError:  # an empty cell
+                    pass
+            for value in hanging:
+                items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
+                for item in items:
+                    if isinstance(item, (type, _FUNCTION)):
+                        out += codes_of(item, seen)
+            return out
 
         def nested(code) -> list:
             out = [code]
@@ -252,7 +279,11 @@ class LinesRun:
         for plan, codes in plans.values():
             filename = codes[0].co_filename
             ran = self._lines(root, filename)
+            if getattr(plan.node, "name", None) in plan.taint.decorators:  # a decorator runs as the cells load
+                ran = ran | self._lines(None, filename)
             done = [any(line in ran for line in own) for _, own, _ in plan.statements]
+            if getattr(plan.node, "name", None) in _DISPLAY and not any(done):
+                continue  # a `__repr__` nothing called: it shows the object, it computes nothing graded
             entered = set()  # optional groups of which a statement ran
             for (_, _, path), did in zip(plan.statements, done):
                 if did:
@@ -271,7 +302,7 @@ class LinesRun:
                         if _inside(pos, span)]
                 if not mine or any(off in offsets[code] for code, off in mine):
                     continue  # it ran (or has no instruction of its own: folded away)
-                if not any(line in ran for line in range(arm.node.lineno, (arm.node.end_lineno or 0) + 1)):
+                if arm.held and not any(line in ran for line in range(arm.node.lineno, (arm.node.end_lineno or 0) + 1)):
                     continue  # the statement holding it did not run: reported (or exempt) as a statement
                 found.append((filename, arm.node.lineno, arm))
         if not found:
@@ -295,7 +326,7 @@ class LinesRun:
                 f"run cannot be graded, and one that switches on only above the sizes they draw is how wrong work "
                 f"passes: remove code the checks do not reach (a branch for other sizes, an unused helper), or make a "
                 f"branch that cannot happen raise. Lines that only raise, and branches on what the caller passes or "
-                f"on a zero or empty value (`x is None`, `isinstance`, the device, `n == 0`), may go unrun")
+                f"on a zero or empty value (`x is None`, `isinstance`, the dtype, `n == 0`), may go unrun")
 
 
 class _Either:
@@ -313,9 +344,13 @@ class _Compiled:
         self.code = code
 
 
+_FUNCTION = type(lambda: None)
+_DISPLAY = frozenset(("__repr__", "__str__", "__format__", "_repr_html_", "_repr_pretty_", "__rich_repr__"))
+
+
 def _defined_here(value, key: str) -> bool:
     """A function or class the cell defined under this name (not one it imported or aliased)."""
-    return getattr(getattr(value, "__wrapped__", value), "__name__", None) == key
+    return isinstance(value, (type, _FUNCTION)) and getattr(value, "__name__", None) == key
 
 
 def _cell(filename: str) -> str:

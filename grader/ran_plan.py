@@ -17,7 +17,7 @@ _PLAIN_CALLS = frozenset(("len", "float", "int", "bool", "abs", "sum", "min", "m
                           "reshape", "view", "flatten", "squeeze", "unsqueeze", "transpose", "permute", "expand",
                           "as_tensor", "exp", "log", "sqrt", "isinstance", "callable", "type", "is_available",
                           "is_floating_point", "is_complex", "is_grad_enabled", "get", "pop", "popleft", "append",
-                          "startswith", "endswith", "copy", "deque"))
+                          "startswith", "endswith", "copy", "deque", "tensor", "long", "is_tensor"))
 _BUILTIN_VALUES = frozenset(("None", "True", "False", "len", "sum", "min", "max", "abs", "float", "int", "any", "all",
                              "range", "enumerate", "zip", "reversed", "sorted", "isinstance", "callable", "type",
                              "str", "bool", "list", "tuple", "dict", "set", "torch", "np", "numpy", "math"))
@@ -91,23 +91,65 @@ class Taint:
         self.attrs: set[str] = set()
         self.own = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
         self.every_attr = any(isinstance(n, ast.Name) and n.id in ("setattr", "__dict__", "vars")
-                              or isinstance(n, ast.Attribute) and n.attr == "__dict__" for n in ast.walk(tree))
+                              or isinstance(n, ast.Attribute) and n.attr in ("__dict__", "__setattr__")
+                              for n in ast.walk(tree))
+        self.safe_globals = _constant_globals(tree)
+        self.caught = _caught(tree)
+        self.decorators = {d.id if isinstance(d, ast.Name) else getattr(d, "attr", None)
+                           for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                           for d in n.decorator_list} - {None}
+        self.param_taint: dict[str, set[str]] = {}  # function name -> parameters a call in the cells passes a threshold
         functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))]
-        for _ in range(4):  # to a fixed point: an attribute set from another
-            before = len(self.attrs)
-            for fn in functions:
-                params = _params(fn)
-                names = self.names(fn, params)
-                local = set(params) | set(_assigned(fn))
-                for node in ast.walk(fn):
-                    if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and node.value is not None:
-                        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                        scaled = (isinstance(node, ast.AugAssign) and isinstance(node.op, _SCALING)) or \
-                            self.could_scale(node.value, names, local)
-                        if scaled:
-                            self.attrs.update(t.attr for tg in targets for t in ast.walk(tg) if isinstance(t, ast.Attribute))
-            if len(self.attrs) == before:
+        owner = {}  # id of an assignment -> the function it is in (none: a class body or the module)
+        for fn in functions:
+            for node in ast.walk(fn):
+                owner.setdefault(id(node), fn)
+        defs = {n.name: n for n in functions if not isinstance(n, ast.Lambda)}
+        class_body = {id(stmt) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for stmt in c.body}
+        locals_of = {id(fn): set(_params(fn)) | set(_assigned(fn)) for fn in functions}
+        for _ in range(4):  # to a fixed point: an attribute set from another, a parameter passed one
+            before = (len(self.attrs), sum(map(len, self.param_taint.values())))
+            names_of = {id(fn): self.names(fn, _params(fn)) for fn in functions}
+            for node in ast.walk(tree):
+                fn = owner.get(id(node))
+                local = locals_of[id(fn)] if fn is not None else set()
+                names = names_of[id(fn)] if fn is not None else set()
+                if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and node.value is not None:
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                    in_class_body = id(node) in class_body
+                    scaled = (isinstance(node, ast.AugAssign) and isinstance(node.op, _SCALING)) or \
+                        self.could_scale(node.value, names, local)
+                    if scaled:
+                        self.attrs.update(t.attr for tg in targets for t in ast.walk(tg) if isinstance(t, ast.Attribute))
+                        if in_class_body:  # `BIG = 4096` in a class body: read as `self.BIG`
+                            self.attrs.update(t.id for tg in targets for t in ast.walk(tg) if isinstance(t, ast.Name))
+                elif isinstance(node, ast.Call):
+                    f = node.func
+                    callee = defs.get(f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else "")
+                    if callee is None:
+                        continue
+                    positional = [a.arg for a in callee.args.posonlyargs + callee.args.args]
+                    if isinstance(f, ast.Attribute) and positional and positional[0] in ("self", "cls"):
+                        positional = positional[1:]
+                    passed = list(zip(positional, node.args)) + [(k.arg, k.value) for k in node.keywords if k.arg]
+                    for param, value in passed:
+                        if self.could_scale(value, names, local):
+                            self.param_taint.setdefault(callee.name, set()).add(param)
+            if (len(self.attrs), sum(map(len, self.param_taint.values()))) == before:
                 break
+
+    def raise_exempt(self, stmt) -> bool:
+        """A `raise` ends a block that need not run only when no code of the cells catches what it raises: a caught
+        exception carries a result out of the block (`raise _Held(k, v)` ... `except _Held as h: return h.args`)."""
+        if isinstance(stmt, ast.Assert):
+            return "*" not in self.caught and "AssertionError" not in self.caught
+        if not isinstance(stmt, ast.Raise):
+            return False
+        if stmt.exc is None:
+            return True  # a re-raise
+        exc = stmt.exc.func if isinstance(stmt.exc, ast.Call) else stmt.exc
+        name = exc.id if isinstance(exc, ast.Name) else exc.attr if isinstance(exc, ast.Attribute) else None
+        return "*" not in self.caught and name not in self.caught
 
     def could_scale(self, expr, tainted: set, local: set) -> bool:
         """Whether `expr` could hold a size threshold: a number other than 0 and ±1 (not an index), a product, power,
@@ -124,11 +166,22 @@ class Taint:
                 return True
             if isinstance(node, ast.BinOp) and (isinstance(node.op, _SCALING) or _leaves(node) >= 3):
                 return True
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) and ast.dump(node.left) == ast.dump(node.right):
+                return True  # doubling (`t + t`): a product by another name
             if isinstance(node, ast.Call):
                 f = node.func
                 name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
                 if name not in _PLAIN_CALLS and not self._callers_method(f, tainted, local):
                     return True
+                if name in ("int", "float", "len", "ord", "complex", "eval") and any(
+                        isinstance(a, ast.Constant) and isinstance(a.value, str) for a in node.args):
+                    return True  # a number spelled as text (`int("4096")`)
+                if name == "len" and node.args and _root(node.args[0]) not in local:
+                    return True  # the length of something the module holds (`len(torch.__all__)`)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and "cuda" in node.value.lower():
+                return True  # the checks run on the CPU: a branch for CUDA is code they never run
+            if isinstance(node, ast.Attribute) and node.attr in _DEVICE_ATTRS:
+                return True
             if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) and (
                     self.every_attr or node.attr in self.attrs):
                 return True
@@ -136,7 +189,7 @@ class Taint:
                 if node.id in tainted:
                     return True
                 if (node.id not in local and id(node) not in called and id(node) not in bases
-                        and node.id not in _BUILTIN_VALUES):
+                        and node.id not in _BUILTIN_VALUES and node.id not in self.safe_globals):
                     return True  # a value of the module's (`LIMIT = 4096` in a cell)
         return False
 
@@ -159,6 +212,9 @@ class Taint:
         it)."""
         local = set(params) | set(_assigned(func))
         binds = []  # (names bound, the expression they get)
+        passed = self.param_taint.get(getattr(func, "name", None), ())
+        binds += [({p}, ast.Constant(4096)) for p in passed]  # a call in the cells passes it a threshold
+        ranks = _rank_safe(func)  # `batched = q.dim() == 4`: a rank, whatever q was multiplied by
         args = func.args
         positional = args.posonlyargs + args.args
         for arg, default in zip(positional[len(positional) - len(args.defaults):], args.defaults):
@@ -172,7 +228,7 @@ class Taint:
                 continue
             if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.NamedExpr)):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                value = node.value if node.value is not None else ast.Constant(None)
+                value = _without_ranks(node.value, ranks) if node.value is not None else ast.Constant(None)
                 names = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
                 if isinstance(node, ast.AugAssign) and isinstance(node.op, _SCALING):
                     value = ast.BinOp(left=ast.Constant(0), op=node.op, right=value)
@@ -193,6 +249,77 @@ class Taint:
         return tainted
 
 
+_DEVICE_ATTRS = frozenset(("is_cuda", "cuda", "is_available", "mps", "is_mps", "xpu"))
+
+
+def _root(node) -> str | None:
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _constant_globals(tree) -> set[str]:
+    """Module-level names bound only to a boolean, None or a string (`DEBUG = False`): no threshold."""
+    body = [n for n in getattr(tree, "body", []) if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign))]
+    safe, unsafe = set(), set()
+    for node in body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        names = {t.id for t in targets if isinstance(t, ast.Name)}
+        plain = (not isinstance(node, ast.AugAssign) and isinstance(node.value, ast.Constant)
+                 and (node.value.value is None or isinstance(node.value.value, (bool, str))))
+        (safe if plain else unsafe).update(names)
+    return safe - unsafe
+
+
+def _caught(tree) -> set[str]:
+    """The exception names an `except` of the cells names ("*": a bare except, Exception or BaseException)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ExceptHandler):
+            kinds = node.type.elts if isinstance(node.type, ast.Tuple) else [node.type]
+            for kind in kinds:
+                name = None if kind is None else kind.id if isinstance(kind, ast.Name) else getattr(kind, "attr", "?")
+                out.add("*" if name in (None, "Exception", "BaseException") else name)
+    return out
+
+
+def _rank_safe(func) -> set[str]:
+    """Names of `func` no binding of which holds a comparison or a number other than 0 and ±1."""
+    bad, seen = set(), set()
+    for node in ast.walk(func):
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.NamedExpr)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+            seen |= names
+            index = _indices(node.value)
+            if any(isinstance(n, ast.Compare) or (id(n) not in index and _number(n) not in (None, 0, 1, -1))
+                   for n in ast.walk(node.value)):
+                bad |= names
+        elif isinstance(node, (ast.For, ast.comprehension, ast.withitem)):
+            bad |= {n.id for n in ast.walk(getattr(node, "target", None) or getattr(node, "optional_vars", None)
+                                                or ast.Pass()) if isinstance(n, ast.Name)}
+    return (seen | set(_params(func))) - bad
+
+
+def _without_ranks(test, safe: set):
+    """`test` with each comparison of a `safe` name's rank (`q.dim() == 3`, `q.ndim`, `len(q.shape)`) read as True."""
+    import copy
+
+    def safe_rank(node) -> bool:
+        of = node.args[0] if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.args else node
+        return _rank_of(node) and _root(of) in safe
+
+    class Ranks(ast.NodeTransformer):
+        def visit(self, node):
+            if isinstance(node, ast.Compare) and any(safe_rank(x) for x in [node.left, *node.comparators]):
+                return ast.copy_location(ast.Constant(True), node)  # a rank compared: no size in it
+            if safe_rank(node):
+                return ast.copy_location(ast.Constant(1), node)
+            return self.generic_visit(node)
+
+    return Ranks().visit(copy.deepcopy(test))
+
+
 def _params(func) -> frozenset:
     args = func.args
     names = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
@@ -200,13 +327,15 @@ def _params(func) -> frozenset:
     return frozenset(names)
 
 
-def _raises(block: list) -> bool:
-    """A block that only leads to an error: its last statement raises (`raise`, `assert False`)."""
+def _raises(block: list, taint: Taint) -> bool:
+    """A block that only leads to an error no code of the cells catches: its last statement raises (`raise`,
+    `assert False`)."""
     if not block:
         return False
     last = block[-1]
-    return isinstance(last, ast.Raise) or (isinstance(last, ast.Assert) and isinstance(last.test, ast.Constant)
-                                           and not last.test.value)
+    if isinstance(last, ast.Assert) and not (isinstance(last.test, ast.Constant) and not last.test.value):
+        return False
+    return taint.raise_exempt(last)
 
 
 def _exits(block: list) -> bool:
@@ -237,10 +366,11 @@ class Arm:
     """Code inside one statement that need not run when the statement does: an arm of `a if c else b`, a later
     operand of `and`/`or`, a comprehension's element, a lambda's body. `path`: the optional groups it sits in."""
 
-    __slots__ = ("node", "what", "path")
+    __slots__ = ("node", "what", "path", "held")
 
-    def __init__(self, node: ast.AST, what: str, path: tuple):
+    def __init__(self, node: ast.AST, what: str, path: tuple, held: bool = True):
         self.node, self.what, self.path = node, what, path
+        self.held = held  # False: no statement of the body holds it (a default's lambda, made as the cell loads)
 
     def span(self) -> tuple:
         n = self.node
@@ -271,31 +401,45 @@ class FunctionPlan:
         self.params = _params(node)
         self.local = set(self.params) | set(_assigned(node))
         self.loops: list[tuple] = []  # the line ranges of the loops around the statement being planned
+        self.rank_safe = _rank_safe(node)
         self.statements: list[tuple[ast.stmt, range, tuple]] = []  # (statement, its own lines, its groups)
         self.arms: list[Arm] = []
         self.groups = 0
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):  # a lambda in a default runs as the body's code
+            for default in [*node.args.defaults, *(d for d in node.args.kw_defaults if d is not None)]:
+                before = len(self.arms)
+                self._exprs(default, ())
+                for arm in self.arms[before:]:
+                    arm.held = False
         self._block(node.body, ())
 
     def _free(self, test) -> bool:
-        """Whether `test` could not hold a size threshold: either outcome may go unrun."""
+        """Whether `test` could not hold a size threshold: either outcome may go unrun. A tensor's rank (`q.dim()`)
+        counts as none when the name was never bound to anything holding a comparison or a number (`q = q * scale`
+        leaves the rank a rank; `t = torch.zeros([1] * (1 + (n > 4096)))` does not)."""
         tainted = self.taint.names(self.node, self.params, test.lineno, tuple(self.loops))
-        return not self.taint.could_scale(test, tainted, self.local)
+        return not self.taint.could_scale(_without_ranks(test, self.rank_safe), tainted, self.local)
 
     def _group(self, path: tuple) -> tuple:
         self.groups += 1
         return path + (self.groups,)
 
-    def _block(self, block, path) -> None:
-        if _raises(block):
+    def _block(self, block, path, header: int | None = None) -> None:
+        """`header`: the line of the compound statement that holds the block — a statement on that line (`if c:
+        wrong()`) cannot be told to have run by its line, so it is judged as an arm, by its instructions."""
+        if _raises(block, self.taint):
             path = None
         for stmt in block:
+            if path is not None and header is not None and stmt.lineno == header and not _codeless(stmt):
+                self.arms.append(Arm(stmt, "the statement after the colon", path))
+                continue
             self._stmt(stmt, path)
             if path is not None and isinstance(stmt, ast.If) and not stmt.orelse and _exits(stmt.body) \
                     and self._free(stmt.test):
                 path = self._group(path)  # `if x is None: return a` then `return b`: the rest is the other arm
 
     def _stmt(self, stmt, path) -> None:
-        if isinstance(stmt, ast.Raise):
+        if isinstance(stmt, ast.Raise) and self.taint.raise_exempt(stmt):
             path = None
         if path is not None and not _codeless(stmt):
             self.statements.append((stmt, _own_lines(stmt), path))
@@ -307,8 +451,8 @@ class FunctionPlan:
         if isinstance(stmt, ast.If):
             self._exprs(stmt.test, path)
             free = path is not None and self._free(stmt.test)
-            self._block(stmt.body, self._group(path) if free else path)
-            self._block(stmt.orelse, self._group(path) if free else path)
+            self._block(stmt.body, self._group(path) if free else path, stmt.lineno)
+            self._block(stmt.orelse, self._group(path) if free else path, stmt.lineno)
             return
         for field in ("test", "iter", "target", "value", "targets", "items", "subject", "exc", "msg", "context_expr"):
             part = getattr(stmt, field, None)
@@ -324,13 +468,13 @@ class FunctionPlan:
             head = stmt.test if isinstance(stmt, ast.While) else stmt.iter
             if path is not None and self._free(head):
                 body_path = self._group(path)  # a loop over what the input holds may go round no time
-        self._block(getattr(stmt, "body", []) or [], body_path)
+        self._block(getattr(stmt, "body", []) or [], body_path, stmt.lineno)
         for field in ("orelse", "finalbody"):
-            self._block(getattr(stmt, field, []) or [], path)
+            self._block(getattr(stmt, field, []) or [], path, stmt.lineno)
         if loop:
             self.loops.pop()
         for handler in getattr(stmt, "handlers", []) or []:
-            self._block(handler.body, path)
+            self._block(handler.body, path, handler.lineno)
         for case in getattr(stmt, "cases", []) or []:
             self._block(case.body, path)
 

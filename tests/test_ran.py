@@ -130,14 +130,25 @@ def test_the_callers_choices_and_errors_are_exempt():
                 return out
             if scale is None:
                 scale = 1.0
-            if x.device.type == "cuda" and torch.cuda.is_available():
-                x = x.contiguous()
             if not isinstance(x, torch.Tensor):
                 x = torch.as_tensor(x)
             y = x * scale if x.dtype == torch.float32 else x.float() * scale
             return y
     """
     assert _judge(source, "f(torch.ones(2, 3))", "f") is None
+
+
+def test_a_branch_for_cuda_must_run_like_any_other():
+    """The checks run on the CPU (and the meta device): a CUDA branch is code they never run, and where a wrong route
+    would matter most (red team round 3, #8)."""
+    source = """
+        def f(x):
+            if x.device.type == "cuda":
+                return torch.softmax(x, -1)
+            return x * 2
+    """
+    why = _judge(source, "f(torch.ones(3))", "f")
+    assert why is not None and "torch.softmax" in why
 
 
 def test_a_caller_choice_exempts_only_a_block_that_never_ran():
@@ -293,3 +304,180 @@ def test_a_formula_exercise_is_not_passed_by_a_simulation(tmp_path):
             week21.check_predict_ttft(ex.predict_ttft)
     finally:
         ex.close()
+
+
+# --- red team, round 3: routes past the first rule, and honest work it failed ------------------------------------
+
+CACHE_HEAD = """
+    class Cache:
+        def __init__(self):
+            self.k = torch.zeros(8)
+            self.n = 0
+"""
+
+
+@pytest.mark.parametrize("route", [
+    # one line: the test runs, the statement after the colon does not (#18)
+    """
+        def append(self, x):
+            if self.n + len(x) > 4096: return torch.cat([self.k[:self.n], x])
+            self.k[self.n:self.n + len(x)] = x
+            self.n += len(x)
+            return self.k[:self.n]
+    """,
+    # a number spelled as text, a class attribute, doubling, a threshold handed to a helper (#2, #4, #6, #12)
+    """
+        def append(self, x):
+            if self.n + len(x) > int("4096"):
+                return torch.cat([self.k[:self.n], x])
+            self.k[self.n:self.n + len(x)] = x
+            self.n += len(x)
+            return self.k[:self.n]
+    """,
+    """
+        BIG = 4096
+
+        def append(self, x):
+            if self.n + len(x) > self.BIG:
+                return torch.cat([self.k[:self.n], x])
+            self.k[self.n:self.n + len(x)] = x
+            self.n += len(x)
+            return self.k[:self.n]
+    """,
+    """
+        def append(self, x):
+            t = len(x)
+            for _ in range(12):
+                t = t + t
+            if self.n > t:
+                return torch.cat([self.k[:self.n], x])
+            self.k[self.n:self.n + len(x)] = x
+            self.n += len(x)
+            return self.k[:self.n]
+    """,
+    """
+        def append(self, x):
+            return self._put(x, 4096)
+
+        def _put(self, x, limit):
+            if self.n + len(x) > limit:
+                return torch.cat([self.k[:self.n], x])
+            self.k[self.n:self.n + len(x)] = x
+            self.n += len(x)
+            return self.k[:self.n]
+    """,
+    # a result carried out of a block that ends in `raise` (#11)
+    """
+        def append(self, x):
+            try:
+                if self.n + len(x) > 4096:
+                    raise _Held(torch.cat([self.k[:self.n], x]))
+                self.k[self.n:self.n + len(x)] = x
+                self.n += len(x)
+                raise _Held(self.k[:self.n])
+            except _Held as held:
+                return held.args[0]
+    """,
+    # the wrong code in a default argument's lambda (#13)
+    """
+        def append(self, x, _big=lambda k, n, x: torch.cat([k[:n], x])):
+            if self.n + len(x) > 4096:
+                return _big(self.k, self.n, x)
+            self.k[self.n:self.n + len(x)] = x
+            self.n += len(x)
+            return self.k[:self.n]
+    """,
+    # `__wrapped__` pointing elsewhere (#15, #20)
+    """
+        __wrapped__ = None
+
+        def append(self, x):
+            if self.n + len(x) > 4096:
+                return torch.cat([self.k[:self.n], x])
+            self.k[self.n:self.n + len(x)] = x
+            self.n += len(x)
+            return self.k[:self.n]
+        append.__wrapped__ = None
+    """,
+], ids=["one-line", "int-text", "class-attr", "doubling", "passed-limit", "raise-carrier", "default-lambda",
+        "wrapped"])
+def test_round_three_routes_past_the_first_rule_fail(route):
+    source = CACHE_HEAD + textwrap.indent(textwrap.dedent(route), "        ") + """
+    class _Held(Exception):
+        pass
+"""
+    why = _judge(source, "c = Cache(); c.append(torch.ones(2)); c.append(torch.ones(3))", "Cache")
+    assert why is not None and "torch.cat" in why, why
+
+
+def test_an_inherited_method_is_judged():
+    """A wrong `append` in a base made with `type(...)`, its function deleted from the module (#17)."""
+    source = """
+        def _append(self, x):
+            if self.n + len(x) > 4096:
+                return torch.cat([self.k[:self.n], x])
+            self.k[self.n:self.n + len(x)] = x
+            self.n += len(x)
+            return self.k[:self.n]
+
+        _Base = type("_Base", (), {"append": _append})
+        del _append
+
+        class Cache(_Base):
+            def __init__(self):
+                self.k = torch.zeros(8)
+                self.n = 0
+    """
+    why = _judge(source, "c = Cache(); c.append(torch.ones(2))", "Cache")
+    assert why is not None and "torch.cat" in why
+
+
+def test_round_three_honest_work_passes():
+    """A debug flag, a `__repr__` nothing calls, a decorator of the cell's own, a rank test after a product (#31,
+    #35, #36, #37)."""
+    source = """
+        import functools
+
+        DEBUG = False
+
+        def _no_grad(fn):
+            @functools.wraps(fn)
+            def run(*args, **kwargs):
+                with torch.no_grad():
+                    return fn(*args, **kwargs)
+            return run
+
+        class Cache:
+            def __init__(self):
+                self.k = torch.zeros(8)
+                self.n = 0
+
+            def __repr__(self):
+                return f"Cache({self.n} of {self.k.numel()})"
+
+            @_no_grad
+            def append(self, x, scale=1.0):
+                x = x * scale
+                if x.dim() == 0:
+                    x = x[None]
+                if DEBUG:
+                    print("append", x.shape)
+                self.k[self.n:self.n + len(x)] = x
+                self.n += len(x)
+                return self.k[:self.n]
+    """
+    child = _Child()
+    ran = LinesRun(child)
+    source = textwrap.dedent(source)
+    ran.remember([(1, "cell", source)])
+    module = types.ModuleType("nb")
+    module.torch = torch
+    previous = sys.gettrace()
+    sys.settrace(ran.trace)
+    try:
+        exec(compile(source, "nb.ipynb[cell 1]", "exec"), module.__dict__)  # the cell loads: the decorator runs
+        child.module, child.current_root = module, "Cache"
+        exec("c = Cache(); c.append(torch.ones(2)); c.append(torch.ones(3))", module.__dict__)
+    finally:
+        sys.settrace(previous)
+    assert ran.unreached("Cache", ["Cache"]) is None

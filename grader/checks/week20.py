@@ -654,7 +654,13 @@ def check_gptq_quantize(gptq_quantize) -> None:
     # damped by 10 %: a GPTQ that ignores `damp` (always 1 %) keeps about 10 % of those weights
     for i, (bits, group, cols, damp) in enumerate([(4, 64, 128, 0.01), (3, 32, 96, 0.01), (4, 32, 320, 0.1)]):
         w, x, x_test = _calibration(24, cols, 384, 900 + i)
-        what = f"gptq_quantize(w {tuple(w.shape)}, x {tuple(x.shape)}, bits={bits}, group_size={group}, damp={damp})"
+        dead = ""
+        if i == 1:  # two inputs that are always 0 (the notebook's dead-input rule: H_jj = 1, the weight 0) run
+            cut = torch.randperm(cols, generator=generator(950))[:2]
+            x[:, cut], x_test[:, cut] = 0.0, 0.0
+            dead = f", inputs {sorted(cut.tolist())} always 0"
+        what = (f"gptq_quantize(w {tuple(w.shape)}, x {tuple(x.shape)}{dead}, bits={bits}, group_size={group}, "
+                f"damp={damp})")
         got = _run(gptq_quantize, w.clone(), x.clone(), bits, group, damp, what=what)
         assert isinstance(got, torch.Tensor) and got.shape == w.shape and got.dtype == w.dtype, (
             f"{what}: returned {type(got).__name__} {tuple(getattr(got, 'shape', ()))} {getattr(got, 'dtype', '')}; "
