@@ -81,7 +81,7 @@ class Request:
     token_times: list[float] = field(default_factory=list)
     finished: bool = False
     padding: list[int] = field(default_factory=list)  # static batching: tokens run after finishing, thrown away
-    # temperature, seed, top_p, penalties, logit_bias, lora, ... (lib.sampling): the one record of them
+    # temperature, seed (its generator's), top_p, penalties, logit_bias, lora, ... (lib.sampling): their one record
     params: SamplingParams = field(default_factory=SamplingParams)
     n: int = 1  # parallel sampling: samples still to fork off when the prompt is done
     generator: torch.Generator | None = None
@@ -93,15 +93,6 @@ class Request:
     @property
     def tokens(self) -> list[int]:
         return self.prompt + self.output + self.padding
-
-    @property
-    def temperature(self) -> float:
-        return self.params.temperature
-
-    @property
-    def seed(self) -> int:
-        """Sampling: this request's generator is seeded with it."""
-        return self.params.seed
 
     @property
     def lora(self):
@@ -328,33 +319,27 @@ class LLMEngine:
                     seed: int | None = None, params: SamplingParams | None = None):
         """Queue a request; returns its id. Raises ValueError at once for a request that can never run.
 
-        `params` (`lib.sampling.SamplingParams`) carries everything the request's sampling needs; when it is
-        given, *its* temperature and seed are the request's (`temperature` and `seed` may be left out, and if
-        given must agree with it). Without it, `temperature` (default 0: greedy) and `seed` (default 0) make
-        plain params. `temperature` > 0 samples (sample k of the request draws from a generator seeded with
-        `seed + k`, as `lib.generate.generate(..., temperature, generator=torch.Generator().manual_seed(seed + k))`
-        does). `n` > 1 is parallel sampling: the prompt is computed once, then `n - 1` more samples, with ids
-        `(request_id, 1) … (request_id, n - 1)`, share its blocks (copy-on-write), each with params of its own
-        (`params.for_another_sequence`). `params.lora`: the request's LoRA adapter (`lib.lora`), applied to its
-        rows only. With `params.logprobs` set, the engine appends each chosen token's `(token, logprob,
-        [(alternative, logprob), ...])` to `params.logprob_entries`: the request's results come back through the
-        object its submitter holds (so a params object serves one request).
+        `params` (`lib.sampling.SamplingParams`) carries everything the request's sampling needs: when given,
+        *its* temperature and seed are the request's (`temperature` and `seed`, if given, must agree); without it,
+        `temperature` (default 0: greedy) and `seed` (default 0) make plain params. Temperature > 0 samples
+        (sample k draws from a generator seeded with `seed + k`, as `lib.generate.generate(..., temperature,
+        generator=torch.Generator().manual_seed(seed + k))` does). `n` > 1 is parallel sampling: the prompt is
+        computed once, then `n - 1` more samples, ids `(request_id, 1) … (request_id, n - 1)`, share its blocks
+        (copy-on-write), each with params of its own (`for_another_sequence`). `params.lora`: the request's LoRA
+        adapter (`lib.lora`), on its rows only. With `params.logprobs` set, each chosen token's `(token, logprob,
+        [(alternative, logprob), ...])` is appended to `params.logprob_entries`: results come back through the
+        object the submitter holds (one params object per request).
 
-        `params.sibling_of = parent_id` makes the request a sibling of a *waiting* request with the same prompt:
-        it takes no place in the queue, and when the parent's prompt is computed it forks off it like one of `n`
-        (its own id, seed and params; the prompt computed once). This is how the server's `n` and `best_of`
-        samples share a prompt while its `ServingLoop` sees `n` ordinary requests. Where the parent has started
-        (or is gone), the request queues on its own.
+        `params.sibling_of = parent_id` makes the request a sibling of a *waiting* request with the same prompt: it
+        takes no place in the queue, and when the parent's prompt is computed it forks off it like one of `n` (its
+        own id, seed and params; the prompt computed once): how the server's `n` and `best_of` samples share a prompt
+        while its `ServingLoop` sees `n` ordinary requests. Where the parent has started (or is gone), it queues alone.
         """
         if params is None:
-            params = SamplingParams(temperature=0.0 if temperature is None else temperature,
-                                    seed=0 if seed is None else seed)
-        elif not isinstance(params, SamplingParams):
-            raise TypeError(f"params must be a lib.sampling.SamplingParams, got {type(params).__name__}")
-        elif (temperature is not None and temperature != params.temperature) or (seed is not None and seed != params.seed):
+            params = SamplingParams(temperature=temperature or 0.0, seed=seed or 0)
+        elif temperature not in (None, params.temperature) or seed not in (None, params.seed):
             raise ValueError(f"temperature={temperature} and seed={seed} disagree with params (temperature="
-                             f"{params.temperature}, seed={params.seed}): with params, its temperature and seed are "
-                             f"the request's")
+                             f"{params.temperature}, seed={params.seed}), whose temperature and seed are the request's")
         prompt = self.admissible(prompt, max_new_tokens, n, params.temperature)
         bad = [t for t in [*params.logit_bias, *params.stop_token_ids, params.eos_token_id]
                if t is not None and not 0 <= int(t) < self.config.vocab_size]
@@ -471,7 +456,7 @@ class LLMEngine:
         """Parallel sampling: n - 1 more samples of `parent`'s prompt, sharing every block it has (its own
         `n` and the siblings that joined it, `add_request`)."""
         children = [Request((parent.request_id, k), parent.prompt, parent.max_new_tokens, arrival=parent.arrival,
-                            params=parent.params.for_another_sequence(seed=parent.seed + k, sibling_of=None),
+                            params=parent.params.for_another_sequence(seed=parent.params.seed + k, sibling_of=None),
                             serial=next(self._serials))
                     for k in range(1, parent.n - len(parent.siblings))]
         for child in children:
