@@ -40,7 +40,6 @@ names are importable from here too (`from lib.engine import PrefixCache, run_loa
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import time
 from collections import deque
@@ -82,9 +81,8 @@ class Request:
     token_times: list[float] = field(default_factory=list)
     finished: bool = False
     padding: list[int] = field(default_factory=list)  # static batching: tokens run after finishing, thrown away
-    temperature: float = 0.0
-    seed: int = 0  # sampling: this request's generator is seeded with it
-    params: SamplingParams | None = None  # top_p, penalties, logit_bias, ... (lib.sampling); None: plain
+    # temperature, seed (its generator's), top_p, penalties, logit_bias, lora, ... (lib.sampling): their one record
+    params: SamplingParams = field(default_factory=SamplingParams)
     n: int = 1  # parallel sampling: samples still to fork off when the prompt is done
     generator: torch.Generator | None = None
     serial: int = 0  # the engine's int id of the request (what the scheduler sees)
@@ -99,7 +97,7 @@ class Request:
     @property
     def lora(self):
         """The request's LoRA adapter (`params.lora`, lib.lora), or None: the base model."""
-        return self.params.lora if self.params is not None else None
+        return self.params.lora
 
     @property
     def num_tokens(self) -> int:
@@ -259,9 +257,6 @@ class LLMEngine:
         self.running: list[Request] = []
         self.requests: dict[object, Request] = {}
         self._finished: dict[object, list[int]] = {}
-        self.sampling_for: dict[object, SamplingParams] = {}  # request id -> params for its add_request
-        self.logprobs_for: dict[object, list] = {}  # request id -> [(token, logprob, top alternatives)], when asked
-        self.siblings_of: dict[object, object] = {}  # request id -> the id of a waiting request with its prompt
         self._ids = itertools.count()
         self.trace: list[list[tuple[object, int]]] = []  # per step: (request_id, tokens computed)
         self.step_stats: list[dict] = []
@@ -320,35 +315,39 @@ class LLMEngine:
         return prompt
 
     def add_request(self, prompt: Sequence[int], max_new_tokens: int, request_id=None,
-                    arrival: float | None = None, n: int = 1, temperature: float = 0.0, seed: int = 0,
-                    params: SamplingParams | None = None):
+                    arrival: float | None = None, n: int = 1, temperature: float | None = None,
+                    seed: int | None = None, params: SamplingParams | None = None):
         """Queue a request; returns its id. Raises ValueError at once for a request that can never run.
 
-        `temperature` > 0 samples (sample k of the request draws from a generator seeded with `seed + k`,
-        as `lib.generate.generate(..., temperature, generator=torch.Generator().manual_seed(seed + k))`
-        does). `n` > 1 is parallel sampling: the prompt is computed once, then `n - 1` more samples,
-        with ids `(request_id, 1) … (request_id, n - 1)`, share its blocks (copy-on-write). `params`: the rest
-        of the sampling fields (`lib.sampling.SamplingParams`; its temperature is this call's `temperature`), or
-        what `sampling_for[request_id]` holds (how the server hands them over past a `ServingLoop` that passes on
-        temperature and seed only). `params.lora`: the request's LoRA adapter (`lib.lora`), applied to its rows only.
+        `params` (`lib.sampling.SamplingParams`) carries everything the request's sampling needs: when given,
+        *its* temperature and seed are the request's (`temperature` and `seed`, if given, must agree); without it,
+        `temperature` (default 0: greedy) and `seed` (default 0) make plain params. Temperature > 0 samples
+        (sample k draws from a generator seeded with `seed + k`, as `lib.generate.generate(..., temperature,
+        generator=torch.Generator().manual_seed(seed + k))` does). `n` > 1 is parallel sampling: the prompt is
+        computed once, then `n - 1` more samples, ids `(request_id, 1) … (request_id, n - 1)`, share its blocks
+        (copy-on-write), each with params of its own (`for_another_sequence`). `params.lora`: the request's LoRA
+        adapter (`lib.lora`), on its rows only. With `params.logprobs` set, each chosen token's `(token, logprob,
+        [(alternative, logprob), ...])` is appended to `params.logprob_entries`: results come back through the
+        object the submitter holds (one params object per request).
 
-        `siblings_of[request_id] = parent_id` (set before this call, as `sampling_for`) makes the request a sibling
-        of a *waiting* request with the same prompt: it takes no place in the queue, and when the parent's prompt
-        is computed it forks off it like one of `n` (its own id, seed and params; the prompt computed once). This
-        is how the server's `n` and `best_of` samples share a prompt while its `ServingLoop` sees `n`
-        ordinary requests. Where the parent has started (or is gone), the request queues on its own.
+        `params.sibling_of = parent_id` makes the request a sibling of a *waiting* request with the same prompt: it
+        takes no place in the queue, and when the parent's prompt is computed it forks off it like one of `n` (its
+        own id, seed and params; the prompt computed once): how the server's `n` and `best_of` samples share a prompt
+        while its `ServingLoop` sees `n` ordinary requests. Where the parent has started (or is gone), it queues alone.
         """
-        params = self.sampling_for.pop(request_id, None) if params is None and request_id is not None else params
-        prompt = self.admissible(prompt, max_new_tokens, n, temperature)
-        if params is not None:
-            params = dataclasses.replace(params, temperature=temperature)
-            bad = [t for t in [*params.logit_bias, *params.stop_token_ids, params.eos_token_id]
-                   if t is not None and not 0 <= int(t) < self.config.vocab_size]
-            if bad:
-                raise AdmissionError(f"token ids {bad[:5]} are outside the vocabulary (0 to {self.config.vocab_size - 1})",
-                                     "params")
-            if params.lora is not None:  # multi-LoRA: the adapter must fit the model (ValueError naming the mismatch)
-                params.lora.check(self.config, self.model.device, self.model.embed.weight.dtype)
+        if params is None:
+            params = SamplingParams(temperature=temperature or 0.0, seed=seed or 0)
+        elif temperature not in (None, params.temperature) or seed not in (None, params.seed):
+            raise ValueError(f"temperature={temperature} and seed={seed} disagree with params (temperature="
+                             f"{params.temperature}, seed={params.seed}), whose temperature and seed are the request's")
+        prompt = self.admissible(prompt, max_new_tokens, n, params.temperature)
+        bad = [t for t in [*params.logit_bias, *params.stop_token_ids, params.eos_token_id]
+               if t is not None and not 0 <= int(t) < self.config.vocab_size]
+        if bad:
+            raise AdmissionError(f"token ids {bad[:5]} are outside the vocabulary (0 to {self.config.vocab_size - 1})",
+                                 "params")
+        if params.lora is not None:  # multi-LoRA: the adapter must fit the model (ValueError naming the mismatch)
+            params.lora.check(self.config, self.model.device, self.model.embed.weight.dtype)
         if request_id is None:
             request_id = next(self._ids)
             while request_id in self.requests:
@@ -356,9 +355,9 @@ class LLMEngine:
         elif request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         req = Request(request_id, prompt, max_new_tokens, arrival=self.clock() if arrival is None else arrival,
-                      temperature=temperature, seed=seed, n=n, serial=next(self._serials), params=params)
+                      n=n, serial=next(self._serials), params=params)
         self.requests[request_id] = req
-        parent = self.requests.get(self.siblings_of.pop(request_id, None))
+        parent = self.requests.get(params.sibling_of) if params.sibling_of is not None else None
         if (parent is not None and parent in self.waiting and not parent.num_preemptions and n == 1
                 and parent.prompt == req.prompt and parent.lora is req.lora and parent.n + 1 <= self.max_num_seqs):
             parent.siblings.append(req)  # forks off the parent's prompt when it is computed (`_fork_samples`)
@@ -442,23 +441,23 @@ class LLMEngine:
             self.num_cow_copies += 1
 
     def _sample(self, req: Request, logits: torch.Tensor) -> int:
-        params = req.params or SamplingParams(temperature=req.temperature)
-        if req.temperature != 0.0 and req.generator is None:
-            req.generator = torch.Generator(device=logits.device).manual_seed(req.seed)
+        params = req.params
+        if params.temperature != 0.0 and req.generator is None:
+            req.generator = torch.Generator(device=logits.device).manual_seed(params.seed)
         token = params.choose(logits, req.prompt, req.output, req.generator)
         if params.logprobs is not None:  # of the model's own distribution (before penalties and filters), as vLLM's
             lp = torch.log_softmax(logits.float(), -1)
             top = torch.topk(lp, params.logprobs) if params.logprobs else None
             alternatives = [] if top is None else list(zip(top.indices.tolist(), top.values.tolist()))
-            self.logprobs_for.setdefault(req.request_id, []).append((token, float(lp[token]), alternatives))
+            params.logprob_entries.append((token, float(lp[token]), alternatives))
         return token
 
     def _fork_samples(self, parent: Request) -> list[Request]:
         """Parallel sampling: n - 1 more samples of `parent`'s prompt, sharing every block it has (its own
         `n` and the siblings that joined it, `add_request`)."""
         children = [Request((parent.request_id, k), parent.prompt, parent.max_new_tokens, arrival=parent.arrival,
-                            temperature=parent.temperature, seed=parent.seed + k,
-                            params=parent.params and parent.params.for_another_sequence(), serial=next(self._serials))
+                            params=parent.params.for_another_sequence(seed=parent.params.seed + k, sibling_of=None),
+                            serial=next(self._serials))
                     for k in range(1, parent.n - len(parent.siblings))]
         for child in children:
             self.requests[child.request_id] = child

@@ -5,6 +5,7 @@ touches the engine. `submit` and `abort` are safe from any thread; tokens go bac
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import queue
@@ -26,11 +27,12 @@ log = logging.getLogger("lib.server")  # one line per request (python -m lib.ser
 
 @dataclass(eq=False)
 class Submission:
-    """One request on its way through the engine: what to run, and where its tokens go."""
+    """One request on its way through the engine: what to run, and where its tokens go. `params` carries the
+    request's sampling (temperature, seed, top_p, penalties, ..., its LoRA adapter) to the engine, and its logprob
+    entries back (`params.logprob_entries`, filled as the engine samples when `params.logprobs` is set)."""
     prompt: list[int]
     max_tokens: int
-    temperature: float = 0.0
-    seed: int = 0
+    params: SamplingParams = field(default_factory=SamplingParams)
     loop: asyncio.AbstractEventLoop | None = None
     out: asyncio.Queue | None = None  # receives ("token", id), then ("done", finish_reason) or ("error", message)
     request_id: int = -1
@@ -39,10 +41,9 @@ class Submission:
     first_token: float | None = None
     n_tokens: int = 0
     stopped: bool = False  # ended by a stop string: the engine's request is aborted, but the answer is complete
-    params: SamplingParams | None = None  # the other sampling fields (top_p, penalties, ...); None: plain
-    logprobs: list | None = None  # [(token, logprob, [(alternative, logprob), ...])], once the engine is done with it
     stop_token_ids: frozenset = frozenset()  # a token that ends the answer (not returned as text)
     sibling_of: "Submission | None" = None  # another sample of the same prompt: forks off its computed prompt
+    # (submit_all writes its request id into `params.sibling_of`, which is how the engine learns it)
 
     def emit(self, item) -> None:
         if self.loop is not None and not self.loop.is_closed():
@@ -96,6 +97,8 @@ class EngineLoop:
         when the sample arrives (the engine forks it off the computed prompt instead of computing it again)."""
         for sub in subs:
             sub.request_id = next(self._ids)
+            if sub.sibling_of is not None and sub.sibling_of.request_id >= 0:  # the same logprob_entries list
+                sub.params = dataclasses.replace(sub.params, sibling_of=sub.sibling_of.request_id)
         self._inbox.put(("add", subs))
         self._wake.set()
 
@@ -119,11 +122,7 @@ class EngineLoop:
 
     def _add(self, sub: Submission) -> None:
         self._live[sub.request_id] = sub
-        if sub.params is not None:  # the engine takes them at add_request, whatever loop_cls passes on
-            self.engine.sampling_for[sub.request_id] = sub.params
-        if sub.sibling_of is not None and sub.sibling_of.request_id in self._live:  # as sampling_for
-            self.engine.siblings_of[sub.request_id] = sub.sibling_of.request_id
-        self.serving.submit(sub.request_id, sub.prompt, sub.max_tokens, sub.temperature, sub.seed)
+        self.serving.submit(sub.request_id, sub.prompt, sub.max_tokens, sub.params)  # loop_cls hands params on
         self.stats["requests_total"] += 1
         self.stats["prompt_tokens_total"] += len(sub.prompt)
 
@@ -142,9 +141,6 @@ class EngineLoop:
             sub.emit(("token", value))
             return
         del self._live[rid]
-        self.engine.sampling_for.pop(rid, None)
-        self.engine.siblings_of.pop(rid, None)
-        sub.logprobs = self.engine.logprobs_for.pop(rid, None)
         if kind == "error":
             self.stats["requests_failed"] += 1
             log.info("request %s failed after %.3f s: %s", rid, now - sub.submitted, value)

@@ -11,6 +11,14 @@ count in the output) and `presence_penalty` (minus p once a token has appeared i
 temperature; then `min_p` (tokens below min_p times the top probability dropped), `top_k` and `top_p` (the
 smallest set whose probability reaches top_p). At temperature 0 the token is the argmax of the adjusted logits:
 with the defaults that is the plain argmax, so greedy decoding is unchanged.
+
+A `SamplingParams` is also the one carrier of a request's parameters through the serving stack (the server, its
+`ServingLoop`, `LLMEngine.add_request(..., params=params)`): besides the sampling fields it holds the request's
+`seed`, its `lora` adapter, `sibling_of` (the id of a waiting request of the same prompt to fork off: how the
+server's `n` and `best_of` share a prompt) and `logprob_entries`, the list the engine appends the request's
+`(token, logprob, [(alternative, logprob), ...])` to when `logprobs` is set — the way results come back. That list
+and `guide` are the request's mutable state: one params object per request (`for_another_sequence` gives another
+sequence its own).
 """
 from __future__ import annotations
 
@@ -42,9 +50,21 @@ class SamplingParams:
     # The request's LoRA adapter (`lib.lora.LoRAAdapter`; None: the base model): not a sampling field, but a request's
     # parameters travel as this one object, so the engine applies it to the request's rows (multi-LoRA serving).
     lora: object | None = None
+    # What the engine's request needs besides sampling: the seed of its generator (sampled at temperature > 0; sample
+    # k of an `n` request is seeded seed + k), and `sibling_of`, the id of a *waiting* request with the same prompt
+    # that this one forks off when that prompt is computed, instead of computing it again (`LLMEngine.add_request`).
+    seed: int = 0
+    sibling_of: object | None = None
+    # Where the engine records each chosen token's (token, logprob, [(alternative, logprob), ...]) when `logprobs`
+    # is set: this request's own list (a new one per params object; not compared), read back by whoever submitted.
+    logprob_entries: list = field(default_factory=list, compare=False, repr=False)
 
     def __post_init__(self):
         bad = []
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            bad.append(f"seed must be an int, got {self.seed!r}")
+        if not isinstance(self.logprob_entries, list):
+            bad.append(f"logprob_entries must be a list, got {type(self.logprob_entries).__name__}")
         if not self.temperature >= 0:
             bad.append(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -62,9 +82,12 @@ class SamplingParams:
         if bad:
             raise ValueError("; ".join(bad))
 
-    def for_another_sequence(self) -> "SamplingParams":
-        """These params for another sequence (a fork, another choice): the same, with a guide of its own."""
-        return self if self.guide is None else dataclasses.replace(self, guide=self.guide.fork())
+    def for_another_sequence(self, **changes) -> "SamplingParams":
+        """These params for another sequence (a fork, another choice), with `changes` (`seed=...`): the same
+        fields, and mutable state of its own — an empty `logprob_entries` and, if guided, a fork of the guide."""
+        if self.guide is not None and "guide" not in changes:
+            changes["guide"] = self.guide.fork()
+        return dataclasses.replace(self, **changes, logprob_entries=[])
 
     @property
     def is_plain(self) -> bool:

@@ -89,9 +89,8 @@ class Server:
             subs = [self._submission(body, chat)]
         opts = answer_options(body, chat) | {"model": body["model"]}
         if opts["best_of"] > opts["n"]:  # ranked by the sum of their tokens' log-probabilities: record them
-            subs = [dataclasses.replace(s, params=dataclasses.replace(
-                s.params or SamplingParams(temperature=s.temperature, eos_token_id=self.tok.eos_token_id),
-                logprobs=(s.params.logprobs if s.params and s.params.logprobs else 0))) for s in subs]
+            subs = [dataclasses.replace(s, params=dataclasses.replace(s.params, logprobs=s.params.logprobs or 0))
+                    for s in subs]
         if opts["echo"]:
             opts["echo_text"] = [b"".join(self.token_bytes[t] for t in s.prompt).decode("utf-8", "replace") for s in subs]
         return subs, opts
@@ -115,10 +114,10 @@ class Server:
             uuid.uuid4().bytes[:4], "little")
         params, stop_ids = sampling_params(body, temperature, max_tokens, self.engine.config.vocab_size,
                                            self.tok.eos_token_id, chat, json_guide=self.json_guide)
-        if body["model"] in self.adapters:  # the adapter travels with the request's params (multi-LoRA)
-            params = dataclasses.replace(params or SamplingParams(temperature=temperature,
-                                         eos_token_id=self.tok.eos_token_id), lora=self.adapters[body["model"]])
-        return Submission(prompt, max_tokens, temperature, seed % 2**63, params=params, stop_token_ids=stop_ids)
+        # one carrier for all of it: the sampling fields, the seed, the adapter (multi-LoRA), the logprobs back
+        params = dataclasses.replace(params or SamplingParams(temperature=temperature, eos_token_id=self.tok.eos_token_id),
+                                     seed=seed % 2**63, lora=self.adapters.get(body["model"]))
+        return Submission(prompt, max_tokens, params, stop_token_ids=stop_ids)
 
     def json_guide(self, schema: dict | None = None):
         """A new JSON-mode guide (`lib.guided`), or with `schema` one that guides to that JSON Schema
@@ -230,8 +229,8 @@ class Server:
         """`best_of` (at least `n`) submissions per prompt, sample i·best_of + k for prompt i: sample k is seeded
         seed + k (as the engine's parallel samples are). Submitted here, all together, samples 1… as siblings of
         sample 0 (`lib.engine_thread.EngineLoop.submit_all`)."""
-        samples = [sub if k == 0 else Submission(sub.prompt, sub.max_tokens, sub.temperature, (sub.seed + k) % 2**63,
-                                                 params=sub.params and sub.params.for_another_sequence(),
+        samples = [sub if k == 0 else Submission(sub.prompt, sub.max_tokens,
+                                                 sub.params.for_another_sequence(seed=(sub.params.seed + k) % 2**63),
                                                  stop_token_ids=sub.stop_token_ids, sibling_of=sub)
                    for sub in subs for k in range(opts["best_of"])]
         self._submit(samples)  # in one go: the engine computes each prompt once and forks its samples off it
@@ -249,8 +248,7 @@ class Server:
         recorded by the engine as it sampled), after `prefix` (echo: the prompt's entries, `_prompt_logprobs`); a
         completion's text offsets count from `text_offset` (a stream sends each chunk's tokens with the chunk,
         offsets into the whole answer)."""
-        entries = [] if sub is None else (
-            sub.logprobs if sub.logprobs is not None else list(self.engine.logprobs_for.get(sub.request_id, [])))
+        entries = [] if sub is None else list(sub.params.logprob_entries)  # the engine thread appends to it
         entries = (prefix or []) + entries[start:n]
 
         def piece(t):
@@ -287,12 +285,12 @@ class Server:
         """Per prompt, `_prompt_logprobs` (computed off the event loop), or None without echo and logprobs."""
         if not (opts["echo"] and opts["logprobs"]):
             return None
-        return [await asyncio.to_thread(self._prompt_logprobs, list(s.prompt), opts["top"], s.params and s.params.lora)
+        return [await asyncio.to_thread(self._prompt_logprobs, list(s.prompt), opts["top"], s.params.lora)
                 for s in subs]
 
     def _total_logprob(self, sub: Submission) -> float:
         """The sum of the log-probabilities of `sub`'s answer tokens (what `best_of` ranks by)."""
-        entries = sub.logprobs if sub.logprobs is not None else self.engine.logprobs_for.get(sub.request_id, [])
+        entries = sub.params.logprob_entries
         return float(sum(lp for _, lp, _ in entries))
 
     async def complete(self, subs: list[Submission], opts: dict, is_disconnected=None) -> dict:

@@ -1,7 +1,7 @@
 """The core of a serving loop, without the network (week 21): what runs between two engine steps.
 
     loop = ServingLoop(engine, eos_token_id=tok.eos_token_id)
-    loop.submit("a", prompt_ids, max_tokens=32)          # from the front end: queue a request
+    loop.submit("a", prompt_ids, 32, SamplingParams(temperature=0.7, seed=1))  # from the front end: queue one
     loop.cancel("b")                                     # the client went away
     for kind, rid, value in loop.run_once():             # admit, cancel, one engine step, route its tokens
         ...  # ("token", rid, token_id) / ("done", rid, "stop" | "length" | "abort") / ("error", rid, message)
@@ -18,6 +18,10 @@ from __future__ import annotations
 import codecs
 from collections import deque
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lib.sampling import SamplingParams
 
 
 def byte_level_alphabet() -> dict[str, int]:
@@ -118,9 +122,11 @@ class ServingLoop:
         self._inbox: deque = deque()
         self._live: set = set()
 
-    def submit(self, request_id, prompt: Sequence[int], max_tokens: int, temperature: float = 0.0,
-               seed: int = 0) -> None:
-        self._inbox.append(("add", request_id, list(prompt), max_tokens, temperature, seed))
+    def submit(self, request_id, prompt: Sequence[int], max_tokens: int, params: SamplingParams) -> None:
+        """Queue a request. `params` (`lib.sampling.SamplingParams`: temperature, seed, the other sampling fields,
+        the adapter) goes to `engine.add_request(..., params=params)` as it is: the engine records the request's
+        logprobs into it, which is how they come back to the server."""
+        self._inbox.append(("add", request_id, list(prompt), max_tokens, params))
 
     def cancel(self, request_id) -> None:
         self._inbox.append(("cancel", request_id))
@@ -137,9 +143,9 @@ class ServingLoop:
         while self._inbox:
             item = self._inbox.popleft()
             if item[0] == "add":
-                _, rid, prompt, max_tokens, temperature, seed = item
+                _, rid, prompt, max_tokens, params = item
                 try:
-                    self.engine.add_request(prompt, max_tokens, request_id=rid, temperature=temperature, seed=seed)
+                    self.engine.add_request(prompt, max_tokens, request_id=rid, params=params)
                 except ValueError as e:
                     out.append(("error", rid, str(e)))
                     continue

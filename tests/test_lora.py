@@ -169,19 +169,18 @@ def test_prefix_cache_keeps_each_adapters_blocks_apart(tiny, adapters):
 def test_parallel_samples_keep_the_adapter(tiny, adapters):
     p = prompts(1, seed=8)[0]
 
-    def samples(model, params):
+    def samples(model, lora):
         engine = LLMEngine(model, num_blocks=64, block_size=4, max_num_seqs=4)
-        rid = engine.add_request(p, 8, n=3, temperature=1.0, seed=5, params=params)
+        rid = engine.add_request(p, 8, n=3, params=SamplingParams(temperature=1.0, seed=5, lora=lora))
         while engine.has_unfinished():
             engine.step()
         done = engine.finished_outputs()
         return [done[rid], done[(rid, 1)], done[(rid, 2)]]
 
-    assert samples(tiny, SamplingParams(lora=adapters[0])) == samples(merge(tiny, adapters[0]), None)
+    assert samples(tiny, adapters[0]) == samples(merge(tiny, adapters[0]), None)
     engine = LLMEngine(tiny, num_blocks=64, block_size=4, max_num_seqs=4)  # a sibling (the server's n) of another
     parent = engine.add_request(p, 8, params=SamplingParams(lora=adapters[0]))  # adapter does not share its prompt
-    engine.siblings_of["child"] = parent
-    engine.add_request(p, 8, request_id="child")
+    engine.add_request(p, 8, request_id="child", params=SamplingParams(sibling_of=parent))
     assert engine.request("child").sibling_of is None
 
 

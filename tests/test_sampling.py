@@ -85,7 +85,7 @@ def test_plain_parameters_change_nothing_and_bad_ones_are_refused():
     assert SamplingParams().choose(x, [1], []) == int(x.argmax())
     assert SamplingParams().is_plain and torch.equal(SamplingParams().adjust(x, [1, 2], [3]), x)
     for bad in (dict(top_p=0.0), dict(top_p=1.5), dict(top_k=-2), dict(min_p=2.0), dict(repetition_penalty=0.0),
-                dict(temperature=-1.0), dict(min_tokens=-1)):
+                dict(temperature=-1.0), dict(min_tokens=-1), dict(seed=1.5), dict(logprob_entries=())):
         with pytest.raises(ValueError, match=next(iter(bad))):
             SamplingParams(**bad)
 
@@ -110,11 +110,11 @@ def test_engine_and_generate_sample_alike():
     model = tiny_model(seed=2)
     prompt = [5, 9, 3, 17]
     params = SamplingParams(temperature=0.9, top_p=0.8, top_k=20, frequency_penalty=0.5, repetition_penalty=1.2,
-                            logit_bias={7: 2.0})
+                            logit_bias={7: 2.0}, seed=11)  # generate takes its generator; the engine, params.seed
     want = generate(model, torch.tensor([prompt]), 12, sampling=params,
                     generator=torch.Generator().manual_seed(11))[0, len(prompt):].tolist()
     engine = LLMEngine(model, num_blocks=16, block_size=4)
-    rid = engine.add_request(prompt, 12, temperature=0.9, seed=11, params=params)
+    rid = engine.add_request(prompt, 12, params=params)
     while engine.has_unfinished():
         engine.step()
     assert engine.finished_outputs()[rid] == want
@@ -123,3 +123,27 @@ def test_engine_and_generate_sample_alike():
     while engine.has_unfinished():
         engine.step()
     assert engine.finished_outputs()[rid] == greedy
+
+
+def test_params_carry_the_request_and_bring_its_logprobs_back():
+    """One `SamplingParams` per request carries its temperature and seed into the engine (the add_request arguments
+    may only agree with it) and brings its logprob entries back: the engine appends them to `params.logprob_entries`,
+    and an `n` request's other samples, like `for_another_sequence`, get lists of their own."""
+    model = tiny_model(seed=2)
+    prompt = [5, 9, 3, 17]
+    engine = LLMEngine(model, num_blocks=16, block_size=4, max_num_seqs=3)
+    params = SamplingParams(temperature=0.8, seed=4, logprobs=2)
+    rid = engine.add_request(prompt, 6, n=2, params=params)
+    while engine.has_unfinished():
+        engine.step()
+    done = engine.finished_outputs()
+    want = generate(model, torch.tensor([prompt]), 6, temperature=0.8,
+                    generator=torch.Generator().manual_seed(4))[0, len(prompt):].tolist()
+    assert done[rid] == want and [t for t, _, _ in params.logprob_entries] == want
+    assert all(len(top) == 2 and lp <= 0 for _, lp, top in params.logprob_entries)
+    other = params.for_another_sequence(seed=9)
+    assert other.logprob_entries == [] and other.logprob_entries is not params.logprob_entries
+    assert other == SamplingParams(temperature=0.8, seed=9, logprobs=2)  # entries are state, not a field compared
+    with pytest.raises(ValueError, match="disagree with params"):
+        engine.add_request(prompt, 6, temperature=0.0, params=params)
+    assert engine.add_request(prompt, 6, temperature=0.8, seed=4, params=params.for_another_sequence()) is not None

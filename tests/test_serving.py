@@ -7,6 +7,7 @@ import torch
 from lib.engine import LLMEngine
 from lib.generate import generate
 from lib.model import tiny_model
+from lib.sampling import SamplingParams
 from lib.serving import ServingLoop, TextStream, byte_level_alphabet, token_bytes
 
 
@@ -94,12 +95,12 @@ def test_serving_loop_routes_each_requests_tokens_and_equals_generate():
     got = {rid: [] for rid in prompts}
     ends = {}
     order = list(prompts)
-    loop.submit(order[0], prompts[order[0]], 7)
+    loop.submit(order[0], prompts[order[0]], 7, SamplingParams())
     steps = 0
     while loop.has_work() or order[1:]:
         if steps in (1, 2, 4, 6) and order[1:]:  # arrivals while others run
             rid = order.pop(1)
-            loop.submit(rid, prompts[rid], 7)
+            loop.submit(rid, prompts[rid], 7, SamplingParams())
         for kind, rid, value in loop.run_once():
             assert rid not in ends, f"{rid}: a message after its end"
             if kind == "token":
@@ -115,11 +116,27 @@ def test_serving_loop_routes_each_requests_tokens_and_equals_generate():
     assert not loop.engine.requests and loop.engine.blocks.num_in_use == 0
 
 
+def test_serving_loop_hands_the_params_on():
+    """The params object the front end submits reaches the engine as it is: its temperature and seed sample the
+    request, and its logprob entries come back in it."""
+    model = tiny_model(seed=1)
+    prompt = [4, 8, 15, 16]
+    want = generate(model, torch.tensor([prompt]), 6, temperature=1.3,
+                    generator=torch.Generator().manual_seed(21))[0, len(prompt):].tolist()
+    loop = ServingLoop(_engine(model))
+    params = SamplingParams(temperature=1.3, seed=21, logprobs=1)
+    loop.submit("s", prompt, 6, params)
+    got = []
+    while loop.has_work():
+        got += [value for kind, _, value in loop.run_once() if kind == "token"]
+    assert got == want and [t for t, _, _ in params.logprob_entries] == want
+
+
 def test_serving_loop_cancel_and_refusal():
     model = tiny_model(seed=2)
     loop = ServingLoop(_engine(model, num_blocks=4))  # 4 blocks of 4: 16 slots
-    loop.submit("big", list(range(3, 30)), 4)  # 27 + 4 tokens can never fit
-    loop.submit("a", [5, 6, 7], 10)
+    loop.submit("big", list(range(3, 30)), 4, SamplingParams())  # 27 + 4 tokens can never fit
+    loop.submit("a", [5, 6, 7], 10, SamplingParams())
     msgs = loop.run_once()
     assert msgs[0][:2] == ("error", "big") and "never fit" in msgs[0][2]
     assert [m[:2] for m in msgs[1:]] == [("token", "a")]

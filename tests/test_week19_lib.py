@@ -11,6 +11,7 @@ from lib.generate import generate
 from lib.model import tiny_model
 from lib.paged import (BlockAllocator, OutOfBlocksError, block_table_tensor, blocks_needed,
                        paged_attention, preallocated_waste, slot_mapping, slots_wasted)
+from lib.sampling import SamplingParams
 
 
 def test_seed_waste_example():
@@ -239,7 +240,7 @@ def _seeded(model, prompt, n, seed, k):
 
 
 def test_siblings_fork_off_a_waiting_requests_prompt():
-    """`siblings_of` (how the server's n and best_of reach the engine past a ServingLoop that submits n plain
+    """`params.sibling_of` (how the server's n and best_of reach the engine past a ServingLoop that submits n plain
     requests): the siblings take no place in the queue, the prompt is computed once, then they fork off it and
     each equals its own seeded run. Before it existed, each sample computed the prompt again."""
     model = tiny_model(seed=3, n_heads=4, n_kv_heads=2)
@@ -247,8 +248,8 @@ def test_siblings_fork_off_a_waiting_requests_prompt():
     engine = LLMEngine(model, num_blocks=32, block_size=8, max_num_seqs=4)
     engine.add_request(prompt, 6, request_id="p", temperature=1.0, seed=5)
     for k in (1, 2):
-        engine.siblings_of[("s", k)] = "p"
-        engine.add_request(prompt, 6, request_id=("s", k), temperature=1.0, seed=5 + k)
+        engine.add_request(prompt, 6, request_id=("s", k), params=SamplingParams(temperature=1.0, seed=5 + k,
+                                                                                 sibling_of="p"))
     assert len(engine.waiting) == 1 and engine.request("p").n == 3
     first = engine.step()
     assert sorted(map(str, (e.request_id for e in first))) == sorted(map(str, ["p", ("s", 1), ("s", 2)]))
@@ -272,8 +273,7 @@ def test_siblings_when_their_parent_goes_or_has_started(who):
     engine.add_request(prompt, 5, request_id="p", temperature=1.0, seed=9)
     if who == "started":
         engine.step()
-    engine.siblings_of["s"] = "p"
-    engine.add_request(prompt, 5, request_id="s", temperature=1.0, seed=10)
+    engine.add_request(prompt, 5, request_id="s", params=SamplingParams(temperature=1.0, seed=10, sibling_of="p"))
     engine.add_request([4, 5, 6], 5, request_id="later")
     if who == "parent":
         engine.abort("p")

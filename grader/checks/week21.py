@@ -8,9 +8,11 @@ server they plug into is lib/server.py.
   piece, at every push, with what the rule gives: whole characters only, as soon as they are certain.
 - `check_ServingLoop` drives the student's loop over a real `LLMEngine` that stays in the checking process
   (the student's code sees only its request API: add_request, step, abort, has_unfinished), with arrivals
-  while others run, cancellations, a request too big for the pool, an end-of-sequence token and a sampled
-  request, and judges each request's messages against `generate` on that request alone — and the engine's
-  own record of what was asked of it (one step per `run_once`, nothing left behind).
+  while others run, cancellations, a request too big for the pool, an end-of-sequence token, a sampled request
+  (a seed whose sample is neither greedy nor seed 0's; logprobs asked for) and a greedy one with a logit_bias,
+  each submitted with its own `SamplingParams`; it judges each request's messages against `generate` on that
+  request alone — and the engine's own record of what was asked of it (one step per `run_once`, each request's
+  params object handed to `add_request` as it is, its logprobs back in it, nothing left behind).
 - `check_predict_ttft` draws server configurations per run (one slot and several, light and heavy loads, past and
   just below the capacity) and compares the student's mean-TTFT model with lib.queueing's simulation of the rules
   the notebook states (the truth, computed here: no part of lib runs for the student's code), within a factor;
@@ -112,15 +114,17 @@ class EngineView:
         self.calls: list[tuple] = []
         self.front_end: str | None = None  # "submit(...)" / "cancel(...)" while the check is inside one
         self.raced: list[str] = []
+        self.handed: dict = {}  # request id -> (params, temperature, seed) its add_request got
 
     def _note(self, call: tuple) -> None:
         self.calls.append(call)
         if self.front_end is not None:
             self.raced.append(f"{call[0]} during {self.front_end}")
 
-    def add_request(self, prompt, max_new_tokens, request_id=None, temperature=0.0, seed=0):
+    def add_request(self, prompt, max_new_tokens, request_id=None, params=None, temperature=None, seed=None):
         self._note(("add_request", request_id))
-        return self._engine.add_request(list(prompt), max_new_tokens, request_id=request_id,
+        self.handed[request_id] = (params, temperature, seed)
+        return self._engine.add_request(list(prompt), max_new_tokens, request_id=request_id, params=params,
                                         temperature=temperature, seed=seed)
 
     def step(self):
@@ -153,32 +157,39 @@ POOL_BLOCKS, BLOCK = 48, 4  # 192 slots: every request below fits, all at once, 
 
 
 def _workload(rng: random.Random, model):
-    """Requests: (id, prompt, max_tokens, temperature, seed, arrives at run k, cancelled before run k or None)."""
+    """Requests: (id, prompt, max_tokens, its SamplingParams, arrives at run k, cancelled before run k or None)."""
     from lib.generate import generate
+    from lib.sampling import SamplingParams
+
+    def alone(r, **fields):
+        sampling = SamplingParams(**fields)
+        gen = torch.Generator().manual_seed(sampling.seed) if sampling.temperature else None
+        return generate(model, torch.tensor([r["prompt"]]), r["max_tokens"], sampling=sampling,
+                        generator=gen)[0, len(r["prompt"]):].tolist()
 
     vocab = model.config.vocab_size
     reqs = []
     for i in range(rng.randint(5, 7)):
         prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(2, 10))]
-        reqs.append({"id": f"req-{i}", "prompt": prompt, "max_tokens": rng.randint(4, 9), "temperature": 0.0,
-                     "seed": 0, "arrive": 0 if i == 0 else rng.randint(0, 6), "cancel": None})
-    sampled = reqs[-1]  # one sampled request, with a seed whose sample is not the greedy answer (else dropping
-    greedy = generate(model, torch.tensor([sampled["prompt"]]), sampled["max_tokens"])[0].tolist()  # T is invisible)
-    sampled["temperature"] = 1.5
+        reqs.append({"id": f"req-{i}", "prompt": prompt, "max_tokens": rng.randint(4, 9), "fields": {},
+                     "arrive": 0 if i == 0 else rng.randint(0, 6), "cancel": None})
+    # one sampled request, with a seed whose sample is neither the greedy answer nor seed 0's (else a loop that
+    # drops the params, or passes the temperature alone, would go unseen); its logprobs are asked for
+    sampled = reqs[-1]
+    greedy, seed0 = alone(sampled), alone(sampled, temperature=1.5)
     for _ in range(100):
-        sampled["seed"] = rng.randrange(10**6)
-        gen = torch.Generator().manual_seed(sampled["seed"])
-        if generate(model, torch.tensor([sampled["prompt"]]), sampled["max_tokens"], temperature=1.5,
-                    generator=gen)[0].tolist() != greedy:
+        sampled["fields"] = {"temperature": 1.5, "seed": rng.randrange(10**6), "logprobs": 1}
+        if alone(sampled, **sampled["fields"]) not in (greedy, seed0):
             break
+    # one greedy request whose logit_bias rules out its first greedy token: the sampling fields reach the engine
+    biased = reqs[1]
+    biased["fields"] = {"logit_bias": {alone(biased)[0]: -100.0}}
     reqs[1]["arrive"] = 1  # while req-0 runs (its eos comes at run 2): static batching would hold it back
     cancel = rng.sample(reqs[2:-1], 2)
     cancel[0]["cancel"] = cancel[0]["arrive"] + rng.randint(1, 3)  # while it runs
     cancel[1]["cancel"] = cancel[1]["arrive"]  # in the same batch of messages as its submission
     for r in reqs:
-        gen = torch.Generator().manual_seed(r["seed"]) if r["temperature"] else None
-        r["alone"] = generate(model, torch.tensor([r["prompt"]]), r["max_tokens"], temperature=r["temperature"],
-                              generator=gen)[0, len(r["prompt"]):].tolist()
+        r["alone"] = alone(r, **r["fields"])
     # an end-of-sequence token that ends one greedy request early, at its third token: req-0 runs at runs 0 and 1
     # (so req-1, arriving at run 1, meets a running batch), then ends on the eos at run 2
     r0 = reqs[0]
@@ -186,13 +197,23 @@ def _workload(rng: random.Random, model):
         if r0["alone"][2] not in r0["alone"][:2]:
             break
         r0["prompt"] = [rng.randrange(3, vocab) for _ in range(rng.randint(2, 10))]
-        r0["alone"] = generate(model, torch.tensor([r0["prompt"]]), r0["max_tokens"])[0, len(r0["prompt"]):].tolist()
+        r0["alone"] = alone(r0)
     else:  # never with the context model (each try succeeds about one time in three); loud rather than a weak check
         raise RuntimeError(f"the grader's workload found no prompt whose third greedy token is new {seed_note()}")
     eos = r0["alone"][2]
     too_big = {"id": "too-big", "prompt": [rng.randrange(3, vocab) for _ in range(POOL_BLOCKS * BLOCK + 1)], "max_tokens": 8,
-               "temperature": 0.0, "seed": 0, "arrive": rng.randint(1, 4), "cancel": None, "alone": None}
-    return reqs + [too_big], eos
+               "fields": {}, "arrive": rng.randint(1, 4), "cancel": None, "alone": None}
+    reqs.append(too_big)
+    for r in reqs:  # each request's own params object: the engine writes its logprobs into it
+        r["params"] = SamplingParams(**r["fields"])
+    return reqs, eos
+
+
+def _described(r: dict) -> str:
+    f = r["fields"]
+    if f.get("temperature"):
+        return f"sampled, T={f['temperature']:.1f}, seed {f['seed']}"
+    return "greedy, logit_bias " + str(f["logit_bias"]) if f.get("logit_bias") else "greedy"
 
 
 @WEEK.exercise(2, "ServingLoop", section="3 (The loop between two steps)")
@@ -219,7 +240,7 @@ def check_ServingLoop(ServingLoop) -> None:
         for r in reqs:
             if r["arrive"] == run:
                 _front_end(view, f"submit({r['id']!r})", lambda r=r: loop.submit(
-                    r["id"], list(r["prompt"]), r["max_tokens"], r["temperature"], r["seed"]))
+                    r["id"], list(r["prompt"]), r["max_tokens"], r["params"]))
                 log.append(f"submit({r['id']!r}) before run {run}")
             if r["cancel"] == run:
                 _front_end(view, f"cancel({r['id']!r})", lambda r=r: loop.cancel(r["id"]))
@@ -261,6 +282,14 @@ def check_ServingLoop(ServingLoop) -> None:
     else:
         raise AssertionError(f"after 60 runs, requests still without an end: "
                              f"{sorted(set(byid) - set(end))} (log: {log[-8:]}) {seed_note()}")
+    for rid, (params, temperature, seed) in view.handed.items():
+        if rid in byid and params is not byid[rid]["params"]:
+            extra = "".join(f", {k}={v!r}" for k, v in (("temperature", temperature), ("seed", seed)) if v is not None)
+            raise AssertionError(
+                f"{rid!r} ({_described(byid[rid])}) was submitted with a SamplingParams, but engine.add_request got "
+                f"params={'None' if params is None else 'another object'}{extra}: hand the params object submit "
+                f"was given to engine.add_request(..., params=params), as it is. It carries the request's seed and "
+                f"sampling fields in, and its logprobs back to the server {seed_note()}")
     for r in reqs:
         rid = r["id"]
         if r["alone"] is None:
@@ -285,11 +314,14 @@ def check_ServingLoop(ServingLoop) -> None:
                 f"{rid!r}: tokens {got[rid]} are not what the request alone gives ({want}) {seed_note()}")
             continue
         assert got[rid] == want, (
-            f"{rid!r} ({'sampled, T=%.1f, seed %d' % (r['temperature'], r['seed']) if r['temperature'] else 'greedy'}): "
-            f"its tokens were {got[rid]}; alone it gives {want}"
+            f"{rid!r} ({_described(r)}): its tokens were {got[rid]}; alone it gives {want}"
             + (f" (then the end-of-sequence token {eos}, which is not sent)" if stop is not None else "")
-            + f". Route each step's tokens to the request they belong to, and pass temperature and seed on. "
-            f"{seed_note()}")
+            + f". Route each step's tokens to the request they belong to, and hand its params on. {seed_note()}")
+        if r["params"].logprobs is not None:
+            entries = [t for t, _, _ in r["params"].logprob_entries]
+            assert entries[:len(want)] == want, (
+                f"{rid!r} asked for logprobs: its params hold entries for tokens {entries}, expected {want} — the "
+                f"engine writes them into the params object add_request was given {seed_note()}")
         reason = "stop" if stop is not None else "length"
         assert end[rid][1:] == ("done", reason), (
             f"{rid!r} ended with {end[rid][1:]}; expected ('done', '{reason}')"

@@ -275,11 +275,15 @@ is that loop's body, with no threads and no network, so it can be tested exactly
 exercise**: below are its interface and what the server needs of it; the order of the work inside
 `run_once`, and what you keep between calls, are yours to decide.
 
-**Interface.** The front end calls `submit(request_id, prompt, max_tokens, temperature=0.0, seed=0)` and
+**Interface.** The front end calls `submit(request_id, prompt, max_tokens, params)` and
 `cancel(request_id)`; the engine thread calls `run_once()`, which returns a list of messages, and
-`has_work()`, which says whether there is anything left to do (the thread sleeps when there is not). The
+`has_work()`, which says whether there is anything left to do (the thread sleeps when there is not).
+`params` is a `lib.sampling.SamplingParams`, the one carrier of everything the request's sampling needs:
+temperature, seed, top_p, penalties, logit_bias, the LoRA adapter, which waiting request of the same
+prompt it may fork off (the server's `n`), and a list the engine fills with the request's logprobs, which
+is how they come back to the server. Your loop does not look inside it: it hands the very object on. The
 engine (week 19's `LLMEngine`, behind a view with four methods) offers `add_request(prompt, max_tokens,
-request_id=..., temperature=..., seed=...)`, which raises `ValueError` for a request that can never fit;
+request_id=..., params=...)`, which raises `ValueError` for a request that can never fit;
 `step()`, whose outputs carry `.request_id`, `.token` and `.finished` (the request's last token);
 `abort(request_id)`, which frees a request's blocks and forgets it, finished or not; and `has_unfinished()`.
 The messages are `("token", request_id, token)`, `("done", request_id, reason)` with reason `"stop"`,
@@ -301,6 +305,8 @@ The messages are `("token", request_id, token)`, `("done", request_id, reason)` 
   request that is unknown or already over is not an error. A refused request gets its `"error"`, and the
   server goes on serving the others.
 * *Days of uptime.* Nothing of a request that ended stays behind — in your loop or in the engine.
+* *The request as asked.* Its params reach `add_request` as submitted: a sampled request gives the sample
+  its seed gives, a `logit_bias` or `top_p` changes what is drawn, and asked-for logprobs come back.
 
 Why is admitting at the *next* `run_once` — not when a batch finishes — what makes this continuous batching?
 """)
@@ -317,14 +323,14 @@ class ServingLoop:
         self.running = set()
         ### END SOLUTION
 
-    def submit(self, request_id, prompt, max_tokens, temperature=0.0, seed=0):
+    def submit(self, request_id, prompt, max_tokens, params):
         ### BEGIN SOLUTION
-        self.queue.append((request_id, list(prompt), max_tokens, temperature, seed))
+        self.queue.append((request_id, list(prompt), max_tokens, params))
         ### END SOLUTION
 
     def cancel(self, request_id):
         ### BEGIN SOLUTION
-        self.queue.append((request_id, None, None, None, None))
+        self.queue.append((request_id, None, None, None))
         ### END SOLUTION
 
     def has_work(self):
@@ -342,13 +348,13 @@ class ServingLoop:
             messages.append((kind, rid, value))
 
         while self.queue:
-            rid, prompt, max_tokens, temperature, seed = self.queue.popleft()
+            rid, prompt, max_tokens, params = self.queue.popleft()
             if prompt is None:  # a cancel
                 if rid in self.running:
                     end(rid, "done", "abort")
                 continue
             try:
-                self.engine.add_request(prompt, max_tokens, request_id=rid, temperature=temperature, seed=seed)
+                self.engine.add_request(prompt, max_tokens, request_id=rid, params=params)
             except ValueError as e:
                 messages.append(("error", rid, str(e)))
                 continue
