@@ -56,6 +56,7 @@ def main() -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "INFERENCE_LAB_", "PYTEST"))}
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if ".venv" not in p)
     tmp = Path(tempfile.mkdtemp(prefix="inference-lab-fresh-"))
+    tmp.chmod(0o755)  # as a clone anywhere else: the sandbox test's unprivileged child must read the checkout
     try:
         clone = tmp / "inference-lab"
         seconds, out, rc = timed(["git", "clone", "-q", str(ROOT), str(clone)], tmp, env)

@@ -18,9 +18,11 @@ import pickle
 import sys
 from pathlib import Path
 
-# _freeze (gc.freeze): what the process holds leaves the collector's sight, so the collection before each call into the
-# notebook's code (`grader.child_observe`) costs microseconds, not the 40 ms of a process with torch loaded
-from grader.child_observe import CALLS, Calls, _freeze
+# _freeze: what the process holds leaves the collector's sight, so the collection before each call into the notebook's
+# code (`grader.child_observe`) costs microseconds, not the 40 ms of a process with torch loaded
+from gc import freeze as _freeze
+
+from grader.child_observe import CALLS, Calls
 from grader.fingerprint import lib_name
 from grader.status import TAMPERED_TAIL
 from grader.wire import GENERATOR_STATE, TENSOR_CHANGED, apply_operation, exception_info, rebuild_exception, recv_message, send_message

@@ -55,6 +55,17 @@ def _reference_use(name: str, args, kwargs) -> str | None:
     return session.reference_use([name]).get(name) if session is not None else None
 
 
+def _looked_up(args, kwargs) -> str | None:
+    """The name the student's object among a check's arguments was looked up by (`ex.<name>`), if any."""
+    from grader.isolation import ChildProxy
+
+    for arg in list(args) + list(kwargs.values()):
+        proxy = getattr(arg, "_remote", arg)
+        if isinstance(proxy, ChildProxy) and isinstance(proxy._name, str):
+            return proxy._name
+    return None
+
+
 def _unreached(session, name: str, exercises: list[str]) -> tuple[str | None, int]:
     """(why exercise `name` has code that never ran while its checks ran, or None; how many lines of the cells' code
     ran for it) — `grader.ran`; (None, 0) when the child has died (its records went with it: the check that passed
@@ -138,7 +149,8 @@ class Week:
                             "Its numbers do not count: let the graded code run as plain code, on the thread that "
                             "calls it, with the grader's watch left as it is.")
                     raise ReferenceUse(f"exercise {number}, `{name}`: {used}. {tail}")
-                unreached, lines = _unreached(session, name, list(self.exercises)) if session is not None else (None, 0)
+                judged = _looked_up(args, kwargs) or name  # the notebook name of the object the check was given
+                unreached, lines = _unreached(session, judged, list(self.exercises)) if session is not None else (None, 0)
                 if unreached:
                     raise AssertionError(f"exercise {number}, `{name}` {unreached}.")
                 if max_python_lines is not None and lines > max_python_lines:

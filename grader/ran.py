@@ -34,7 +34,7 @@ import ast
 import sys
 
 import grader.ran_plan as _plan_module
-from grader.ran_plan import Arm, FunctionPlan, Taint, _function_nodes, _inside
+from grader.ran_plan import Arm, FunctionPlan, Taint, function_nodes, inside
 
 
 class LinesRun:
@@ -117,7 +117,7 @@ class LinesRun:
                 tree = ast.parse(self.source(filename))
             except (SyntaxError, ValueError, RecursionError, MemoryError):
                 tree = ast.Module(body=[], type_ignores=[])
-            got = self._trees[filename] = (tree, _function_nodes(tree), {}, Taint(self._all_trees(tree)))
+            got = self._trees[filename] = (tree, function_nodes(tree), {}, Taint(self._all_trees(tree)))
         return got
 
     def _all_trees(self, tree) -> ast.Module:
@@ -138,7 +138,7 @@ class LinesRun:
         spans = [arm.span() for arm in plan.arms]
         if not spans:
             return False
-        return any(_inside(pos, span) for pos in code.co_positions() for span in spans)
+        return any(inside(pos, span) for pos in code.co_positions() for span in spans)
 
     def _plan_of(self, code) -> FunctionPlan | None:
         """The plan of the function whose body holds `code` (itself, or the function a comprehension or lambda of
@@ -299,7 +299,7 @@ class LinesRun:
                     continue
                 span = arm.span()
                 mine = [(code, i * 2) for code in codes for i, pos in enumerate(code.co_positions())
-                        if _inside(pos, span)]
+                        if inside(pos, span)]
                 if not mine or any(off in offsets[code] for code, off in mine):
                     continue  # it ran (or has no instruction of its own: folded away)
                 if arm.held and not any(line in ran for line in range(arm.node.lineno, (arm.node.end_lineno or 0) + 1)):

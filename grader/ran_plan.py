@@ -132,8 +132,11 @@ class Taint:
                     if isinstance(f, ast.Attribute) and positional and positional[0] in ("self", "cls"):
                         positional = positional[1:]
                     passed = list(zip(positional, node.args)) + [(k.arg, k.value) for k in node.keywords if k.arg]
-                    for param, value in passed:
-                        if self.could_scale(value, names, local):
+                    for param, value in passed:  # a number or a module's value handed over, not a computed tensor
+                        index = _indices(value)
+                        if any(id(n) not in index and _number(n) not in (None, 0, 1, -1) for n in ast.walk(value)) or (
+                                isinstance(value, ast.Name) and value.id not in local and value.id not in _BUILTIN_VALUES
+                                and value.id not in self.safe_globals):
                             self.param_taint.setdefault(callee.name, set()).add(param)
             if (len(self.attrs), sum(map(len, self.param_taint.values()))) == before:
                 break
@@ -377,7 +380,7 @@ class Arm:
         return (n.lineno, n.col_offset, n.end_lineno, n.end_col_offset)
 
 
-def _inside(pos, span) -> bool:
+def inside(pos, span) -> bool:
     """Whether an instruction's position (`code.co_positions()`: line, end line, column, end column) lies in `span`
     (line, column, end line, end column)."""
     line, end_line, col, end_col = pos
@@ -505,7 +508,7 @@ class FunctionPlan:
             stack.extend(ast.iter_child_nodes(node))
 
 
-def _function_nodes(tree: ast.AST) -> dict[int, list]:
+def function_nodes(tree: ast.AST) -> dict[int, list]:
     """{line: [FunctionDef]} for every function in `tree`, by its `def` line and by its first decorator's line."""
     out: dict[int, list] = {}
     for node in ast.walk(tree):

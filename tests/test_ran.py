@@ -282,7 +282,9 @@ def test_a_route_switched_on_above_the_checks_sizes_earns_nothing(tmp_path, week
     checks = importlib.import_module(f"grader.checks.week{week}")
     ex = load_exercises(target)
     try:
-        with pytest.raises(AssertionError, match="never ran while its checks ran"):
+        # the cache falls back past 300 positions: the check's own lengths (up to ~400, drawn per run) catch it at
+        # times, by the bytes it allocates; the rule catches it every run
+        with pytest.raises(AssertionError, match="never ran while its checks ran|allocated"):
             getattr(checks, check)(getattr(ex, grade_id))
     finally:
         ex.close()
