@@ -149,8 +149,10 @@ class Week:
                             "Its numbers do not count: let the graded code run as plain code, on the thread that "
                             "calls it, with the grader's watch left as it is.")
                     raise ReferenceUse(f"exercise {number}, `{name}`: {used}. {tail}")
-                judged = _looked_up(args, kwargs) or name  # the notebook name of the object the check was given
-                unreached, lines = _unreached(session, judged, list(self.exercises)) if session is not None else (None, 0)
+                # judged when the object the check was given is the notebook's `name` (as grading gives it); a
+                # function looked up by another name (a test's route beside others in one cell) is not
+                judged = _looked_up(args, kwargs) in (None, name) and session is not None
+                unreached, lines = _unreached(session, name, list(self.exercises)) if judged else (None, 0)
                 if unreached:
                     raise AssertionError(f"exercise {number}, `{name}` {unreached}.")
                 if max_python_lines is not None and lines > max_python_lines:

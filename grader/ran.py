@@ -18,9 +18,8 @@ with no code, and a block under a test that could not hold a threshold (`if x is
 group*, which need not run — but once any of its statements ran, all of it must, so a test of the caller's choice at
 the top of a function exempts nothing the checks run.
 
-"The exercise's code" is the function or class itself (every method), the notebook's functions and classes it names
-(directly, or through a module-level table of functions), and every other function or class defined in the same
-cell that is not an exercise itself; lines run while another exercise was checked do not count (each exercise is
+"The exercise's code" is the function or class itself (every method), and the notebook's functions and classes it
+names (directly, or through a module-level table of functions); lines run while another exercise was checked do not count (each exercise is
 judged on its own checks, so `pytest -k` gives the same verdict as the whole run).
 
 Lines are recorded by a trace function (`sys.settrace`) that every call into the notebook's code runs under
@@ -166,7 +165,7 @@ class LinesRun:
     # --- the judgement ---------------------------------------------------------------------------------------------
     def code_of(self, name: str, exercises) -> list:
         """The code objects of exercise `name` (module docstring): its own, the notebook's functions and classes it
-        names or reaches through a module-level table, and the rest of its cell that is no exercise."""
+        names or reaches through a module-level table (defaults, closures, `__wrapped__`, bases included)."""
         module = self.child.module
         if module is None:
             return []
@@ -227,19 +226,6 @@ class LinesRun:
         if start is None:
             return []
         seen_objs, todo, codes = set(), [start], []
-        own_files = set()
-        first = codes_of(start)
-        own_files.update(c.co_filename for c in first)
-        theirs = set()  # what the other exercises name: their helpers, not this one's
-        for other in others:
-            for code in codes_of(space.get(other)):
-                for inner in nested(code):
-                    theirs.update(inner.co_names)
-        for key, value in space.items():  # the rest of its cell
-            if key in others or key == name or key.startswith("__") or key in theirs:
-                continue
-            if any(c.co_filename in own_files for c in codes_of(value)) and _defined_here(value, key):
-                todo.append(value)
         while todo:
             obj = todo.pop()
             if id(obj) in seen_objs:

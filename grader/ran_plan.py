@@ -185,9 +185,9 @@ class Taint:
                 return True  # the checks run on the CPU: a branch for CUDA is code they never run
             if isinstance(node, ast.Attribute) and node.attr in _DEVICE_ATTRS:
                 return True
-            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) and (
-                    self.every_attr or node.attr in self.attrs):
-                return True
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) and id(node) not in called and (
+                    node.attr in self.attrs or (self.every_attr and _root(node) == "self")):
+                return True  # an attribute set to a threshold (any object's state, where the cells set attributes by name)
             if isinstance(node, ast.Name):
                 if node.id in tainted:
                     return True

@@ -99,7 +99,7 @@ def test_helpers_are_judged_whether_named_or_reached_through_a_table():
     assert why is not None and "line 6" in why  # _naive's body
 
 
-def test_an_unused_helper_in_the_cell_is_judged_but_not_another_exercises():
+def test_a_helper_is_judged_with_the_exercise_that_names_it_only():
     source = """
         def other(x):
             return _shared(x)
@@ -113,8 +113,9 @@ def test_an_unused_helper_in_the_cell_is_judged_but_not_another_exercises():
         def mine(x):
             return x * 2
     """
-    why = _judge(source, "mine(torch.ones(2))", "mine", ["mine", "other"])
-    assert why is not None and "line 9" in why and "line 6" not in why
+    assert _judge(source, "mine(torch.ones(2))", "mine", ["mine", "other"]) is None  # _shared is other's, _leftover no one's
+    why = _judge(source, "other(torch.ones(2)) if False else None", "other", ["mine", "other"])
+    assert why is not None and "line 6" in why
 
 
 def test_the_callers_choices_and_errors_are_exempt():
