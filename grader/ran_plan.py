@@ -232,10 +232,10 @@ class Taint:
             if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.NamedExpr)):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 value = _without_ranks(node.value, ranks) if node.value is not None else ast.Constant(None)
-                names = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
                 if isinstance(node, ast.AugAssign) and isinstance(node.op, _SCALING):
                     value = ast.BinOp(left=ast.Constant(0), op=node.op, right=value)
-                binds.append((names, value))
+                for target in targets:
+                    binds += [({n.id for n in ast.walk(t) if isinstance(n, ast.Name)}, v) for t, v in _pairs(target, value)]
             elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
                 binds.append(({n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)}, node.iter))
             elif isinstance(node, ast.withitem) and node.optional_vars is not None:
@@ -253,6 +253,15 @@ class Taint:
 
 
 _DEVICE_ATTRS = frozenset(("is_cuda", "cuda", "is_available", "mps", "is_mps", "xpu"))
+
+
+def _pairs(target, value):
+    """`a, b = x, f(y)` as (a, x) and (b, f(y)): each name gets its own value; any other unpacking gets the whole."""
+    same = isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, (ast.Tuple, ast.List))
+    if same and len(target.elts) == len(value.elts) and not any(isinstance(e, ast.Starred)
+                                                                for e in (*target.elts, *value.elts)):
+        return [pair for t, v in zip(target.elts, value.elts) for pair in _pairs(t, v)]
+    return [(target, value)]
 
 
 def _root(node) -> str | None:

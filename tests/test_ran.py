@@ -197,6 +197,21 @@ def test_a_guard_for_a_degenerate_value_is_exempt_but_not_a_threshold_in_disguis
         assert why is not None and "resid = p.clone()" in why, gate
 
 
+def test_a_tuple_assignment_taints_each_name_by_its_own_value():
+    """`nk, wide = k.shape[2], promote_types(...)`: nk is a size read off the input, its zero guard is exempt; the
+    name paired with a threshold is not (the honest flash_decode of tests/week17_variants.py)."""
+    source = """
+        def f(k):
+            nk, wide = k.shape[0], torch.promote_types(k.dtype, torch.float32)
+            size = nk // 2 if nk else 1
+            return size, wide
+    """
+    assert _judge(source, "f(torch.ones(4))", "f") is None
+    disguised = source.replace("nk, wide = k.shape[0]", "nk, wide = k.shape[0] - 4096")
+    why = _judge(disguised, "f(torch.ones(4))", "f")
+    assert why is not None and "line 4" in why
+
+
 def test_a_guard_on_the_objects_state_is_not_exempt():
     source = """
         class Cache:
