@@ -367,7 +367,7 @@ class _Child:
         previous, self.current_root = self.current_root, None
         try:
             with self.calls.scope.entry():
-                self.module = exercise_module(notebook, cells, self.cell_files)
+                self.module = exercise_module(notebook, cells, self.cell_files, self.ran.compile_cell)
         finally:
             self.current_root = previous
         _freeze()  # what the cells made is old now: collections before each call look only at what came after

@@ -93,9 +93,10 @@ def remember_source(name: str, lines: list[str]) -> str:
     return name
 
 
-def run_cells(module: ExerciseModule, path: Path, cells, files: dict | None = None) -> None:
+def run_cells(module: ExerciseModule, path: Path, cells, files: dict | None = None, compiler=None) -> None:
     """Execute `cells` into `module`; a cell that raises is noted (its name then fails with the reason). `files`
-    gets the file name each cell's code was compiled under -> the cell's index."""
+    gets the file name each cell's code was compiled under -> the cell's index; `compiler(text, file name)`, if
+    given, compiles each cell instead of `compile` (the child's `grader.ran.LinesRun.compile_cell`)."""
     for index, grade_id, source in cells:
         # IPython magics and shell escapes mean nothing outside Jupyter; skip those lines.
         lines = [ln for ln in source.splitlines() if not ln.lstrip().startswith(("%", "!"))]
@@ -104,7 +105,7 @@ def run_cells(module: ExerciseModule, path: Path, cells, files: dict | None = No
             name = remember_source(f"{path.name}[cell {index}]", lines)
             if files is not None:
                 files[name] = index
-            code = compile("\n".join(lines), name, "exec")
+            code = compile("\n".join(lines), name, "exec") if compiler is None else compiler("\n".join(lines), name)
             exec(code, module.__dict__)
         except NotImplementedError:  # a stub at the top level of a cell (e.g. `answer = ...` left undone)
             module._stubbed_cells.append(label)
@@ -125,13 +126,13 @@ def read_notebook(path: Path) -> dict:
                          f"(your work is in the broken file: copy it out first)") from None
 
 
-def exercise_module(path: Path, cells, files: dict | None = None) -> ExerciseModule:
+def exercise_module(path: Path, cells, files: dict | None = None, compiler=None) -> ExerciseModule:
     """A new module holding what `cells` (from `exercise_cells`) define, run in order; see `run_cells`."""
     module = ExerciseModule(Path(path).stem)
     module.__file__ = str(path)
     module._stubbed_cells = []
     module._broken_cells = {}
-    run_cells(module, Path(path), cells, files)
+    run_cells(module, Path(path), cells, files, compiler)
     return module
 
 

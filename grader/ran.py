@@ -30,10 +30,11 @@ switched on only in frames whose code holds such an arm) and the positions Pytho
 from __future__ import annotations
 
 import ast
+import secrets
 import sys
 
 import grader.ran_plan as _plan_module
-from grader.ran_plan import Arm, FunctionPlan, Taint, function_nodes, inside
+from grader.ran_plan import Arm, FunctionPlan, Switch, Taint, function_nodes, inside
 
 
 class LinesRun:
@@ -50,11 +51,53 @@ class LinesRun:
         fine: dict = {}  # code -> whether its frames need opcode events (None: not the cells' code)
         cell_files, plan_of = child.cell_files, self._needs_opcodes
         frame_type = type(sys._getframe())
+        probes: dict = {}  # id(code) -> (key, kind, code): the probes `compile_cell` put around comparisons and min/max
+        outcomes: dict = {}  # (exercise, key) -> what the probe saw: True/False, the argument min/max took, or OTHER
+        token = secrets.token_hex(4)  # in the probes' parameter names: the notebook's source cannot know it
+        table: list = []  # key -> (file name, span, kind)
+
+        def probed(frame, key, kind):
+            seen = outcomes.get((child.current_root, key))
+            if seen is None:
+                seen = outcomes[(child.current_root, key)] = set()
+            names = frame.f_code.co_varnames
+            if kind == "compare":
+                value = frame.f_locals.get(names[0])
+                kind_of = type(value)
+                seen.add(value if kind_of is bool else bool(value) if kind_of.__module__ == "numpy" and kind_of.__name__
+                         in ("bool", "bool_") else OTHER)
+                return None
+
+            def picked(frame, event, arg):
+                if event == "return":
+                    here = frame.f_locals
+                    fn, args, kwargs = here.get(names[0]), here.get(names[1], ()), here.get(names[2])
+                    if fn not in (min, max) or kwargs or len(args) < 2 or any(type(a) not in (int, float) for a in args):
+                        seen.add(OTHER)
+                    else:
+                        seen.update(i for i, a in enumerate(args) if a == arg)
+                return picked
+            return picked
+
+        def register(code) -> None:
+            """The probes inside `code` (a cell's compiled code), found by the token in their parameter's name."""
+            for const in code.co_consts:
+                if hasattr(const, "co_code"):
+                    name = const.co_varnames[0] if const.co_varnames else ""
+                    if const.co_name == "<lambda>" and name.startswith(f"__ran{token}_") and name.endswith("__"):
+                        key = int(name[len(f"__ran{token}_"):-2])
+                        if key < len(table):
+                            probes[id(const)] = (key, table[key][2], const)
+                            continue
+                    register(const)
 
         def trace(frame, event, arg):
             if type(frame) is not frame_type:
                 return None
             code = frame.f_code
+            probe = probes.get(id(code))
+            if probe is not None and probe[2] is code:
+                return probed(frame, probe[0], probe[1])
             try:
                 kind = fine[code]
             except KeyError:
@@ -93,6 +136,8 @@ class LinesRun:
             return opcode
 
         self.trace = trace
+        self._probe_table, self._register, self._token = table, register, token
+        self._outcomes = lambda root, key: frozenset(outcomes.get((root, key), ()))
         self.python_lines = lambda root: int(counted.get(root, [0])[0])  # lines of the cells run for `root`
         self._lines = lambda root, filename: frozenset(lines.get((root, filename), ()))
         self._offsets = lambda root, code: frozenset(offsets.get((root, code), ()))
@@ -104,6 +149,18 @@ class LinesRun:
         for index, _grade_id, source in cells:
             self.by_index[int(index)] = "\n".join(ln for ln in str(source).splitlines()
                                                   if not ln.lstrip().startswith(("%", "!")))
+
+    def compile_cell(self, text: str, filename: str):
+        """A cell's code as `compile` makes it, with each comparison (but `is`) and each call of `min`/`max` of two or
+        more arguments put through a probe — `(lambda p: p)(a < b)`, `(lambda f, *a, **k: f(*a, **k))(min, a, b)` —
+        whose frames the trace function reads (what the comparison gave, which argument was taken) for
+        `unreached`'s switches. The probes are the same for every call, observed or not; their parameter names hold a
+        token drawn for this process."""
+        tree = ast.parse(text, filename)
+        tree = _Probes(self._token, self._probe_table, filename).visit(tree)
+        code = compile(ast.fix_missing_locations(tree), filename, "exec")
+        self._register(code)
+        return code
 
     def source(self, filename: str) -> str:
         index = self.child.cell_files.get(filename)
@@ -253,8 +310,11 @@ class LinesRun:
 
     def unreached(self, root: str, exercises) -> str | None:
         """Why exercise `root` has code that never ran while it was checked, or None."""
-        found = []  # (file, line, statement or Arm)
+        found = []  # (file, line, statement, Arm or _Flat)
         plans: dict[int, tuple] = {}  # id(plan) -> (plan, [its code objects])
+        keys: dict = {}  # (file name, span, kind) -> the probes' keys (a cell compiled twice has two)
+        for key, where in enumerate(self._probe_table):
+            keys.setdefault(where, []).append(key)
         for code in self.code_of(root, exercises):
             plan = self._plan_of(code)
             if plan is not None:
@@ -291,6 +351,21 @@ class LinesRun:
                 if arm.held and not any(line in ran for line in range(arm.node.lineno, (arm.node.end_lineno or 0) + 1)):
                     continue  # the statement holding it did not run: reported (or exempt) as a statement
                 found.append((filename, arm.node.lineno, arm))
+            for switch in plan.switches:
+                if switch.node.lineno in missed or not all(g in entered for g in switch.path):
+                    continue
+                seen = set()
+                for key in keys.get((filename, switch.span(), switch.kind), ()):
+                    seen |= self._outcomes(root, key)
+                if not seen or OTHER in seen:
+                    continue  # never evaluated (a short-circuit, an optional group), or no switch (tensors)
+                if switch.kind == "compare" and len(seen) == 1:
+                    found.append((filename, switch.node.lineno, _Flat(f"the comparison `{ast.unparse(switch.node)}` "
+                                                                      f"was {next(iter(seen))} every time")))
+                elif switch.kind == "pick" and len(seen) < len(switch.node.args):
+                    taken = ", ".join(str(i + 1) for i in sorted(seen))
+                    found.append((filename, switch.node.lineno, _Flat(
+                        f"`{ast.unparse(switch.node)}` took only argument {taken} of {len(switch.node.args)}")))
         if not found:
             return None
         found.sort(key=lambda f: (f[0], f[1]))
@@ -305,14 +380,58 @@ class LinesRun:
                              f"which of its lines run cannot be told, write it in the cell")
             elif isinstance(what, Arm):
                 shown.append(f"{what.what} on {where} (`{text}`)")
+            elif isinstance(what, _Flat):
+                shown.append(f"{what.what} on {where}")
             else:
                 shown.append(f"{where} (`{text}`)")
         more = f" and {len(found) - 3} more" if len(found) > 3 else ""
         return (f"has code that never ran while its checks ran: {'; '.join(shown)}{more}. A route the checks never "
-                f"run cannot be graded, and one that switches on only above the sizes they draw is how wrong work "
-                f"passes: remove code the checks do not reach (a branch for other sizes, an unused helper), or make a "
-                f"branch that cannot happen raise. Lines that only raise, and branches on what the caller passes or "
+                f"run cannot be graded, and one that switches on only above the sizes they draw (a branch, a "
+                f"comparison that always came out the same, a `min`/`max` that always took the same argument) is how "
+                f"wrong work passes: remove code the checks do not reach (a branch for other sizes, an unused helper, "
+                f"a bound that never binds), or make a branch that cannot happen raise. Lines that only raise, and branches on what the caller passes or "
                 f"on a zero or empty value (`x is None`, `isinstance`, the dtype, `n == 0`), may go unrun")
+
+
+OTHER = "other"  # what a probe saw that is no switch: a tensor of comparisons, min/max of tensors or with a key
+
+
+class _Probes(ast.NodeTransformer):
+    """`LinesRun.compile_cell`'s rewrite: each comparison but `is`/`is not`, and each `min`/`max` of two or more
+    plain arguments, through a lambda whose first parameter's name carries the token and the probe's key."""
+
+    def __init__(self, token: str, table: list, filename: str):
+        self.token, self.table, self.filename = token, table, filename
+
+    def _lambda(self, node, kind: str, rest: bool) -> ast.Lambda:
+        self.table.append((self.filename, (node.lineno, node.col_offset, node.end_lineno, node.end_col_offset), kind))
+        first = f"__ran{self.token}_{len(self.table) - 1}__"
+        a, k = f"__ran{self.token}_a__", f"__ran{self.token}_k__"
+        args = ast.arguments(posonlyargs=[], args=[ast.arg(first)], kwonlyargs=[], kw_defaults=[], defaults=[],
+                             vararg=ast.arg(a) if rest else None, kwarg=ast.arg(k) if rest else None)
+        body = (ast.Call(func=ast.Name(first, ast.Load()), args=[ast.Starred(ast.Name(a, ast.Load()), ast.Load())],
+                         keywords=[ast.keyword(arg=None, value=ast.Name(k, ast.Load()))])
+                if rest else ast.Name(first, ast.Load()))
+        made = ast.Lambda(args=args, body=body)
+        for part in ast.walk(made):
+            if "lineno" in getattr(part, "_attributes", ()):
+                ast.copy_location(part, node)
+        return made
+
+    def visit_Compare(self, node):
+        self.generic_visit(node)
+        if all(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops):
+            return node
+        return ast.copy_location(ast.Call(func=self._lambda(node, "compare", False), args=[node], keywords=[]), node)
+
+    def visit_Call(self, node):
+        self.generic_visit(node)
+        f = node.func
+        if (isinstance(f, ast.Name) and f.id in ("min", "max") and len(node.args) >= 2 and not node.keywords
+                and not any(isinstance(a, ast.Starred) for a in node.args)):
+            return ast.copy_location(ast.Call(func=self._lambda(node, "pick", True), args=[f, *node.args], keywords=[]),
+                                     node)
+        return node
 
 
 class _Either:
@@ -323,6 +442,13 @@ class _Either:
 
     def __contains__(self, x) -> bool:
         return x in self.a or x in self.b
+
+
+class _Flat:
+    """A switch (`grader.ran_plan.Switch`) that went one way only, said in words."""
+
+    def __init__(self, what: str):
+        self.what = what
 
 
 class _Compiled:
@@ -347,4 +473,4 @@ def _cell(filename: str) -> str:
 
 
 # the grader's code here that the child's guard compares by identity, besides this module (`_Guard._members`)
-PLAN = (LinesRun, _plan_module, Taint, FunctionPlan, Arm)
+PLAN = (LinesRun, _plan_module, Taint, FunctionPlan, Arm, Switch)

@@ -389,6 +389,25 @@ class Arm:
         return (n.lineno, n.col_offset, n.end_lineno, n.end_col_offset)
 
 
+class Switch:
+    """A comparison (`j < 512`, `len(live) > 8`) or a `min`/`max` (`max(block, n - 1024)`) that could hold a size
+    threshold, wherever it stands — a test, a factor, an index, a loop's count: while the checks run, the comparison
+    must come out both ways and `min`/`max` must take each of its arguments, or it is a switch they never flip."""
+
+    __slots__ = ("node", "path")
+
+    def __init__(self, node: ast.AST, path: tuple):
+        self.node, self.path = node, path
+
+    def span(self) -> tuple:
+        n = self.node
+        return (n.lineno, n.col_offset, n.end_lineno, n.end_col_offset)
+
+    @property
+    def kind(self) -> str:
+        return "compare" if isinstance(self.node, ast.Compare) else "pick"
+
+
 def inside(pos, span) -> bool:
     """Whether an instruction's position (`code.co_positions()`: line, end line, column, end column) lies in `span`
     (line, column, end line, end column)."""
@@ -416,6 +435,7 @@ class FunctionPlan:
         self.rank_safe = _rank_safe(node)
         self.statements: list[tuple[ast.stmt, range, tuple]] = []  # (statement, its own lines, its groups)
         self.arms: list[Arm] = []
+        self.switches: list[Switch] = []
         self.groups = 0
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):  # a lambda in a default runs as the body's code
             for default in [*node.args.defaults, *(d for d in node.args.kw_defaults if d is not None)]:
@@ -461,7 +481,8 @@ class FunctionPlan:
             self._block(stmt.body, path)
             return
         if isinstance(stmt, ast.If):
-            self._exprs(stmt.test, path)
+            guard = _raises(stmt.body, self.taint) or _raises(stmt.orelse, self.taint)
+            self._exprs(stmt.test, path, switches=not guard, test=True)  # `if n > cap: raise`: the other way errs
             free = path is not None and self._free(stmt.test)
             self._block(stmt.body, self._group(path) if free else path, stmt.lineno)
             self._block(stmt.orelse, self._group(path) if free else path, stmt.lineno)
@@ -472,7 +493,8 @@ class FunctionPlan:
                 if isinstance(expr, ast.withitem):
                     self._exprs(expr.context_expr, path)
                 elif isinstance(expr, ast.AST):
-                    self._exprs(expr, path)
+                    self._exprs(expr, path, switches=not isinstance(stmt, ast.Assert),
+                                test=field == "test")
         loop = isinstance(stmt, (ast.For, ast.AsyncFor, ast.While))
         body_path = path
         if loop:
@@ -490,14 +512,33 @@ class FunctionPlan:
         for case in getattr(stmt, "cases", []) or []:
             self._block(case.body, path)
 
-    def _exprs(self, expr, path) -> None:
+    def _exprs(self, expr, path, switches: bool = True, test: bool = False) -> None:
         """The arms inside an expression under a test that could hold a threshold: they must run whenever the
-        statement holding them must."""
+        statement holding them must; and its switches (`Switch`), unless `switches` is False (an `assert`'s test, the
+        test of an `if` one of whose blocks only raises). `test`: `expr` is a statement's test. A comparison with
+        0, ±1, None or an empty value that decides a branch (`if n % bs == 0`, `x if d > 0 else y`) is a guard for a
+        degenerate value, not a switch (the branch it guards is judged as code); a `min`/`max` with 0 or ±1 is a
+        clamp."""
         if path is None:
             return
+        tests = set()  # ids of the nodes whose value decides a branch (a test, and the parts of `and`/`or`/`not` in one)
         stack = [expr]
+        if test:
+            tests.add(id(expr))
         while stack:
             node = stack.pop()
+            if isinstance(node, ast.IfExp):
+                tests.add(id(node.test))
+            elif isinstance(node, ast.comprehension):
+                tests.update(id(c) for c in node.ifs)
+            if id(node) in tests:
+                if isinstance(node, ast.BoolOp):
+                    tests.update(id(v) for v in node.values)
+                elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+                    tests.add(id(node.operand))
+            clamp = isinstance(node, ast.Call) or id(node) in tests
+            if switches and _switch(node) and not (clamp and _degenerate(node)) and not self._free(node):
+                self.switches.append(Switch(node, path))
             if isinstance(node, ast.IfExp):
                 if not self._free(node.test):
                     self.arms += [Arm(node.body, "the first arm of a conditional expression", path),
@@ -515,6 +556,23 @@ class FunctionPlan:
             elif isinstance(node, ast.Lambda):
                 self.arms.append(Arm(node.body, "the body of a lambda", path))
             stack.extend(ast.iter_child_nodes(node))
+
+
+def _switch(node) -> bool:
+    """What `grader.ran`'s probes watch: a comparison but `is`/`is not`, a `min`/`max` of two or more arguments."""
+    if isinstance(node, ast.Compare):
+        return not all(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops)
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("min", "max")
+            and len(node.args) >= 2 and not node.keywords and not any(isinstance(a, ast.Starred) for a in node.args))
+
+
+def _degenerate(node) -> bool:
+    """A comparison with 0, ±1, None or an empty literal (`n % bs == 0`, `budget > 0`); a `min`/`max` with 0 or ±1
+    among its arguments (`max(1, 32 // bs)`): a guard for a degenerate value."""
+    parts = node.args if isinstance(node, ast.Call) else [node.left, *node.comparators]
+    return any(_number(p) in (0, 1, -1) or (isinstance(p, ast.Constant) and p.value in (None, "", b""))
+               or (isinstance(p, (ast.Tuple, ast.List, ast.Dict, ast.Set)) and not getattr(p, "elts", getattr(p, "keys", ())))
+               for p in parts)
 
 
 def function_nodes(tree: ast.AST) -> dict[int, list]:

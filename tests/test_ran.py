@@ -39,7 +39,7 @@ def _judge(source: str, calls: str, name: str, exercises=None) -> str | None:
     ran.remember([(1, "cell", source)])
     module = types.ModuleType("nb")
     module.torch = torch
-    exec(compile(source, "nb.ipynb[cell 1]", "exec"), module.__dict__)
+    exec(ran.compile_cell(source, "nb.ipynb[cell 1]"), module.__dict__)
     child.module = module
     child.current_root = name
     previous = sys.gettrace()
@@ -269,6 +269,68 @@ def test_lines_run_for_another_exercise_do_not_count():
     assert why is not None and "return x * 3" in why
 
 
+# --- switches: comparisons and min/max that never go the other way ----------------------------------------------
+
+@pytest.mark.parametrize("source,calls,said", [
+    ("def f(j):\n    return 3 * (j < 512)\n", "f(3); f(4)", "`j < 512` was True every time"),  # round 3, #9
+    ("def f(x, end):\n    return (torch.Tensor.add, torch.Tensor.sub)[end > 4096](x, 1)\n", "f(torch.ones(2), 3)",
+     "`end > 4096` was False every time"),  # a table of library methods (#5)
+    ("def f(n, block=64):\n    return max(block, n - 1024)\n", "f(10); f(70)", "took only argument 1 of 2"),  # #7
+    ("def f(live):\n    s = 0\n    for _ in range(1 + (len(live) > 8)):\n        s += 1\n    return s\n",
+     "f([1, 2])", "`len(live) > 8` was False"),  # a loop's count (#21)
+    ("def f(k, new):\n    return min(k, 9) * (new < 100)\n", "f(4, 3)", "`new < 100` was True"),  # #10
+    ("def f(j):\n    fb = False\n    if j < 512:\n        fb = True\n    return fb\n", "f(3)", "`j < 512` was True"),
+    ("import numpy as np\ndef f(j):\n    return 3 * (np.int64(j) < 512)\n", "f(3)", "was True"),  # numpy's bool
+])
+def test_a_switch_the_checks_never_flip_is_named(source, calls, said):
+    why = _judge(source, calls, "f")
+    assert why is not None and said in why, why
+
+
+@pytest.mark.parametrize("source,calls", [
+    ("def f(j):\n    return 3 * (j < 512)\n", "f(3); f(600)"),  # both ways
+    ("def f(x):\n    return x * (x < 512)\n", "f(torch.ones(3))"),  # a tensor of comparisons: no switch
+    ("def f(n):\n    if n > 4096:\n        raise ValueError('too long')\n    return n\n", "f(3)"),  # bad input errs
+    ("def f(n, bs=16):\n    r = n % bs\n    out = n\n    if r > 0:\n        out = n + bs - r\n    return out\n",
+     "f(5); f(7)"),  # `r > 0` always True: a guard for a zero
+    ("def f(bs):\n    return max(1, 32 // bs)\n", "f(8)"),  # a clamp
+    ("def f(n, block=16):\n    return [min(s + block, n) for s in range(0, n, block)]\n", "f(40)"),  # tiles
+    ("def f(n, k=4):\n    out = []\n    while len(out) < n:\n        out += [0] * min(k, n - len(out))\n"
+     "    return out\n", "f(10)"),
+    ("def f(x, y=None):\n    return x if y is None else y\n", "f(2)"),
+])
+def test_a_switch_that_goes_both_ways_or_guards_a_degenerate_value_passes(source, calls):
+    assert _judge(source, calls, "f") is None
+
+
+def test_the_probes_keep_the_codes_meaning():
+    """What `compile_cell` makes gives what `compile` does: chained comparisons, tensors, min/max with a key or
+    of tensors, comparisons in a class body's comprehension, defaults, f-strings and `super()`."""
+    source = textwrap.dedent("""
+        import torch
+
+        class Base:
+            def size(self):
+                return 3
+
+        class Child(Base):
+            LIMITS = [n for n in range(6) if n > 2]
+
+            def size(self, big=5 > 4):
+                return (super().size() > 2, big, f"{1 < 2 <= 2}")
+
+        def values():
+            x = torch.arange(4)
+            return [(x > 1).tolist(), min([3, 1, 2], key=lambda v: -v), max(torch.tensor(2), torch.tensor(5)).item(),
+                    min(4, 2, 9), max(1.5, 2), 1 < 3 > 2, 3 in (1, 3), "a" < "b", Child.LIMITS, Child().size(),
+                    sorted([3, 1, 2], key=lambda v: v > 1)]
+    """)
+    plain, probed = {}, {}
+    exec(compile(source, "nb.ipynb[cell 1]", "exec"), plain)
+    exec(LinesRun(_Child()).compile_cell(source, "nb.ipynb[cell 1]"), probed)
+    assert probed["values"]() == plain["values"]()
+
+
 # --- through the isolated path ----------------------------------------------------------------------------------
 
 def _release(week: str) -> tuple[Path, dict]:
@@ -284,6 +346,16 @@ SIZE_SWITCHES = [
     ("17", "online_softmax", "w17_softmax_big_torch.py", "check_online_softmax"),
     ("21", "ServingLoop", "w21_serving_busy_twosteps.py", "check_ServingLoop"),
     ("20", "quantize_q8_0", "w20_q8_npround_wide.py", "check_quantize_q8_0"),
+]
+
+
+# the five branch-free switches of the red team's third round (FINDINGS3.md #5, #7, #9, #10, #21)
+SIZE_SWITCHES += [
+    ("16", "LayerKVCache", "../v3/w16_cache_W3_table.py", "check_LayerKVCache"),
+    ("17", "flash_attention_forward", "../v3/w17_flash_W5_maxblock.py", "check_flash_attention_forward"),
+    ("18", "speculative_generate", "../v3/w18_spec_W8_nodraft100.py", "check_speculative_generate"),
+    ("20", "gptq_quantize", "../v3/w20_gptq_W7_rtnwide.py", "check_gptq_quantize"),
+    ("21", "ServingLoop", "../v3/w21_loop_W15_twosteps.py", "check_ServingLoop"),
 ]
 
 
