@@ -12,7 +12,8 @@ from collections import Counter
 from functools import lru_cache
 from pathlib import Path
 
-from grader.similarity import (References, Source, Unit, copies_of, definitions, why_copy, without_magics, ratio)
+from grader.similarity import (MIN_FINGERPRINTS, MIN_STATEMENTS, References, Source, Unit, copies_of, definitions,
+                               why_copy, without_magics, ratio)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 COMMON_IN = 3  # a fingerprint or statement in more functions of lib and the solutions than this is idiom
@@ -37,8 +38,7 @@ def _units_of(source: Source, label) -> dict[str, Unit]:
 @lru_cache(maxsize=1)
 def _lib_sources() -> dict[str, Source]:
     """lib's modules, `lib.module` -> its Source."""
-    return {"lib" if path.stem == "__init__" else f"lib.{path.stem}": Source([(path.name, path.read_text(encoding="utf-8"))])
-            for path in sorted((REPO_ROOT / "lib").glob("*.py"))}
+    return {mod: Source([(path.name, path.read_text(encoding="utf-8"))]) for mod, path in _lib_paths().items()}
 
 
 @lru_cache(maxsize=8)
@@ -61,11 +61,33 @@ def _common() -> tuple[frozenset, frozenset]:
     return (frozenset(h for h, n in fps.items() if n > COMMON_IN), frozenset(h for h, n in sts.items() if n > COMMON_IN))
 
 
+@lru_cache(maxsize=1)
+def _lib_sources_unchecked() -> dict[str, Source]:
+    """lib's modules without their argument checks (`if ...: raise`, `assert`): what a copy drops first."""
+    return {mod: Source([(path.name, path.read_text(encoding="utf-8"))], checks=False)
+            for mod, path in _lib_paths().items()}
+
+
+def _lib_paths() -> dict[str, Path]:
+    return {"lib" if path.stem == "__init__" else f"lib.{path.stem}": path for path in sorted((REPO_ROOT / "lib").glob("*.py"))}
+
+
 def _lib_units() -> dict[str, Unit]:
-    """Every function, method and class of lib (with its helpers), as `lib's lib.module.qualname`."""
+    """Every function, method and class of lib (with its helpers), as `lib's lib.module.qualname`; and, where its
+    argument checks are a good part of it, the same without them, as `lib's lib.module.qualname (its argument checks aside)` — a
+    copy that drops the checks and cuts the rest into helpers (the red team's #62b/#62c, `paged_attention`) holds
+    most of what is left. Only where what is left is still large enough to judge on both measures
+    (`similarity.MIN_FINGERPRINTS`, `MIN_STATEMENTS`): a small class's core is what any solution writes."""
     out = {}
+    common_fp, common_st = _common()
     for mod, source in _lib_sources().items():
-        out.update(_units_of(source, lambda name, mod=mod: f"lib's {mod}.{name}"))
+        whole = _units_of(source, lambda name, mod=mod: f"lib's {mod}.{name}")
+        out.update(whole)
+        for name, unit in _units_of(_lib_sources_unchecked()[mod], lambda name, mod=mod: f"lib's {mod}.{name}").items():
+            st = sum(n for h, n in unit.st.items() if h not in common_st)
+            if unit.st != whole[name].st and len(unit.fp - common_fp) >= MIN_FINGERPRINTS and st >= MIN_STATEMENTS:
+                base, *helpers = name.split(" with ", 1)
+                out[" with ".join([f"{base} (its argument checks aside)", *helpers])] = unit
     return out
 
 

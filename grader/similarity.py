@@ -63,8 +63,8 @@ def _by_dump(node) -> str:
 class _Normalise(ast.NodeTransformer):
     """The normalised form (module docstring). `own`: names that become `_`; `attrs`: attribute names that do."""
 
-    def __init__(self, own: set[str], attrs: set[str]):
-        self.own, self.attrs = own, attrs
+    def __init__(self, own: set[str], attrs: set[str], checks: bool = True):
+        self.own, self.attrs, self.checks = own, attrs, checks
 
     def visit_Name(self, node):
         return ast.Name(id="_" if node.id in self.own else node.id, ctx=ast.Load())
@@ -89,6 +89,14 @@ class _Normalise(ast.NodeTransformer):
 
     def visit_Pass(self, node):
         return None
+
+    def visit_If(self, node):
+        if not self.checks and not node.orelse and node.body and isinstance(node.body[-1], ast.Raise):
+            return None  # a reference's argument check: what a copy drops first, no part of the technique
+        return self.generic_visit(node)
+
+    def visit_Assert(self, node):
+        return node if self.checks else None
 
     def visit_FunctionDef(self, node):
         node = self.generic_visit(node)
@@ -273,9 +281,10 @@ class Unit:
         return Unit(self.kg | other.kg, self.fp | other.fp, self.st + other.st)
 
 
-def _unit(node: ast.AST, own: set[str], attrs: set[str]) -> Unit:
-    """The unit of a function, normalised in place (a second parse's node: see `Source`)."""
-    tree = ast.fix_missing_locations(_fill_empty(_Normalise(own, attrs).visit(node)))
+def _unit(node: ast.AST, own: set[str], attrs: set[str], checks: bool = True) -> Unit:
+    """The unit of a function, normalised in place (a second parse's node: see `Source`); `checks`: with its
+    argument checks (`if ...: raise ...`, `assert`)."""
+    tree = ast.fix_missing_locations(_fill_empty(_Normalise(own, attrs, checks).visit(node)))
     statements: list[str] = []
     _statements(tree.body, statements)
     hashes = _kgrams(_tokens(tree))
@@ -313,17 +322,17 @@ class Source:
     is its methods together), `calls[qualname]` the names of the source's functions and classes it uses,
     `members[qualname]` a class's methods, `where[qualname]` the key of the text it is in."""
 
-    def __init__(self, texts: list[tuple[object, str]], prefix: str = ""):
+    def __init__(self, texts: list[tuple[object, str]], prefix: str = "", checks: bool = True):
         # what ast.parse accepts can nest deeper than Python's default recursion limit lets the normalisation walk
         # (`x + x + ... + x`, 1000 terms): a deep expression must not make a copy unjudgeable
         limit = sys.getrecursionlimit()
         sys.setrecursionlimit(max(limit, 50_000))
         try:
-            self._read(texts, prefix)
+            self._read(texts, prefix, checks)
         finally:
             sys.setrecursionlimit(limit)
 
-    def _read(self, texts: list[tuple[object, str]], prefix: str) -> None:
+    def _read(self, texts: list[tuple[object, str]], prefix: str, checks: bool) -> None:
         trees = []
         for key, text in texts:
             try:  # parsed twice: one tree to read, one that the normalisation rewrites
@@ -360,7 +369,7 @@ class Source:
                     for member in self.members[name]:
                         unit = unit + self.units.get(member, Unit())
                 else:
-                    unit = _unit(rewritten[qual], *context[id(node)])
+                    unit = _unit(rewritten[qual], *context[id(node)], checks)
                 self.units[name] = unit
                 used = _referenced(node)
                 self.calls[name] = (used & names).union(*(links.get(g, ()) for g in used - names))
