@@ -505,10 +505,10 @@ def test_the_answer_key_is_graded_as_itself_and_the_releases_hold_no_copy():
     """The solutions are the answer key, written with lib at hand (week 17's forward holds 82 % of lib's): graded as
     themselves, code made of theirs is not compared with lib. What the release gives is no copy; nothing in either
     reaches for the grader's objects. (Honest work written apart from both: tests/test_similarity.py.)"""
-    from grader import copies, similarity
+    from grader import copies, course_map, similarity
     from grader.notebook import exercise_cells
 
-    for week in range(16, 22):
+    for week in course_map.week_numbers():
         path, nb = _solution(week)
         assert copies.similar_to_reference(path, exercise_cells(nb), week) == {}
         assert copies.copies_in_cells(path, exercise_cells(nb), week) == []  # setup cells included

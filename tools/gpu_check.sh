@@ -14,7 +14,7 @@
 #   --jobs N           notebooks run at once, each in its own kernel (default 1)
 #   --timeout S        seconds one notebook cell may take (default 1200)
 #   -k EXPR            passed to pytest
-#   --weeks "16 18"    a subset of the notebooks (solutions/NN/*.ipynb, NN = 16..21)
+#   --weeks "16 18"    a subset of the notebooks (solutions/NN/*.ipynb; all: grader/course_map.py's weeks)
 #   --out DIR          where the logs, the executed notebooks and pytest's junit xml go (default: a new temp dir)
 #
 # Python: $PYTHON if set, else .venv/bin/python if it exists, else python3. The repo root is put first on
@@ -121,7 +121,8 @@ nb_summary="notebooks: not run" nb_ok=1
 if [ "$notebooks" = 1 ]; then
     echo "== notebooks (executed copies in $out/notebooks)"
     paths=()
-    for week in ${weeks:-16 17 18 19 20 21}; do
+    all_weeks="$("$PYTHON" -m grader.course_map weeks)" || exit 2  # the course's weeks: grader/course_map.py
+    for week in ${weeks:-$all_weeks}; do
         found=(solutions/"$week"/*.ipynb)
         if [ ! -e "${found[0]}" ]; then echo "gpu_check: no notebook in solutions/$week" >&2; exit 2; fi
         paths+=("${found[@]}")
