@@ -63,7 +63,7 @@ def _common() -> tuple[frozenset, frozenset]:
 
 @lru_cache(maxsize=1)
 def _lib_sources_unchecked() -> dict[str, Source]:
-    """lib's modules without their argument checks (`if ...: raise`, `assert`): what a copy drops first."""
+    """lib's modules without their argument checks (`if ...: raise`): what a copy drops first."""
     return {mod: Source([(path.name, path.read_text(encoding="utf-8"))], checks=False)
             for mod, path in _lib_paths().items()}
 

@@ -22,6 +22,10 @@ the top of a function exempts nothing the checks run.
 names (directly, or through a module-level table of functions); lines run while another exercise was checked do not count (each exercise is
 judged on its own checks, so `pytest -k` gives the same verdict as the whole run).
 
+Switches (`grader.ran_plan.Switch`): a comparison by order, a `min`/`max`, `sorted((a, b))`, `bool(x)` or a table's key
+must come out more than one way while the checks run — a switch needs no branch (`* (j < 512)`, `max(block, n -
+1024)`, `_FAR[j // 512]`). `compile_cell` puts a probe around each, and the trace function records what each saw.
+
 Lines are recorded by a trace function (`sys.settrace`) that every call into the notebook's code runs under
 (`grader.child_observe.Scope`), observed or not, so no call can tell; it does work only in frames of the cells' code.
 Arms inside one line (`a if c else b`, `c and f(x)`) are told apart by the instructions that ran (opcode events,
@@ -34,7 +38,10 @@ import secrets
 import sys
 
 import grader.ran_plan as _plan_module
-from grader.ran_plan import Arm, FunctionPlan, Switch, Taint, function_nodes, inside
+import grader.ran_switch as _switch_module
+from grader.ran_plan import Arm, FunctionPlan, Taint, function_nodes, inside
+from grader.fingerprint import compiled_twice
+from grader.ran_switch import Switch, module_tables, sorted_display, table_key
 
 
 class LinesRun:
@@ -61,6 +68,10 @@ class LinesRun:
             if seen is None:
                 seen = outcomes[(child.current_root, key)] = set()
             names = frame.f_code.co_varnames
+            if kind == "key":
+                value = frame.f_locals.get(names[0])
+                seen.add(value if type(value) in (int, str, bool, float) else OTHER)
+                return None
             if kind == "compare":
                 value = frame.f_locals.get(names[0])
                 kind_of = type(value)
@@ -69,13 +80,21 @@ class LinesRun:
                 return None
 
             def picked(frame, event, arg):
-                if event == "return":
+                if event == "return" and kind == "order":
+                    here = frame.f_locals
+                    fn, args = here.get(names[0]), here.get(names[1], ())
+                    items = args[0] if len(args) == 1 and type(args[0]) in (tuple, list) else None
+                    if fn is not sorted or items is None or type(arg) is not list or len(arg) != len(items):
+                        seen.add(OTHER)
+                    else:  # where each item went, by identity
+                        seen.add(tuple(next((i for i, a in enumerate(items) if a is r), -1) for r in arg))
+                elif event == "return":
                     here = frame.f_locals
                     fn, args, kwargs = here.get(names[0]), here.get(names[1], ()), here.get(names[2])
-                    if fn not in (min, max) or kwargs or len(args) < 2 or any(type(a) not in (int, float) for a in args):
+                    if fn not in (min, max) or kwargs or len(args) < 2:
                         seen.add(OTHER)
-                    else:
-                        seen.update(i for i, a in enumerate(args) if a == arg)
+                    else:  # by identity: min/max return one of their arguments, whatever its type (no op dispatched)
+                        seen.update(i for i, a in enumerate(args) if a is arg)
                 return picked
             return picked
 
@@ -136,7 +155,7 @@ class LinesRun:
             return opcode
 
         self.trace = trace
-        self._probe_table, self._register, self._token = table, register, token
+        self._probe_table, self._register, self._token, self._tables = table, register, token, None
         self._outcomes = lambda root, key: frozenset(outcomes.get((root, key), ()))
         self.python_lines = lambda root: int(counted.get(root, [0])[0])  # lines of the cells run for `root`
         self._lines = lambda root, filename: frozenset(lines.get((root, filename), ()))
@@ -157,10 +176,22 @@ class LinesRun:
         `unreached`'s switches. The probes are the same for every call, observed or not; their parameter names hold a
         token drawn for this process."""
         tree = ast.parse(text, filename)
-        tree = _Probes(self._token, self._probe_table, filename).visit(tree)
+        if self._tables is None:  # the tables every cell binds (cells are remembered before any is compiled)
+            self._tables = set().union(*(module_tables(t) for t in self._parsed_cells()))
+        tree = _Probes(self._token, self._probe_table, filename, self._tables).visit(tree)
         code = compile(ast.fix_missing_locations(tree), filename, "exec")
         self._register(code)
+        compiled_twice(code, compile(text, filename, "exec"))  # lib's code pasted in a cell is still lib's
         return code
+
+    def _parsed_cells(self) -> list:
+        out = []
+        for source in self.by_index.values():
+            try:
+                out.append(ast.parse(source))
+            except (SyntaxError, ValueError, RecursionError, MemoryError):
+                continue
+        return out
 
     def source(self, filename: str) -> str:
         index = self.child.cell_files.get(filename)
@@ -205,6 +236,8 @@ class LinesRun:
             around = [n for ns in by_line.values() for n in ns
                       if n.lineno <= code.co_firstlineno <= (n.end_lineno or n.lineno)]
             nodes = sorted(around, key=lambda n: n.lineno)[-1:]
+        if not nodes:  # a lambda outside every function (`_tile = lambda n, b: ...` in a cell): judged as a function
+            nodes = [_as_function(n) for n in _outer_lambdas(tree) if n.lineno == code.co_firstlineno][:1]
         if not nodes:
             return None
         node = nodes[0]
@@ -357,9 +390,18 @@ class LinesRun:
                 seen = set()
                 for key in keys.get((filename, switch.span(), switch.kind), ()):
                     seen |= self._outcomes(root, key)
-                if not seen or OTHER in seen:
-                    continue  # never evaluated (a short-circuit, an optional group), or no switch (tensors)
-                if switch.kind == "compare" and len(seen) == 1:
+                if switch.kind in ("pick", "order") and OTHER in seen:
+                    continue  # a key, or not the builtin min/max
+                seen.discard(OTHER)  # a comparison that gave a tensor at times: its plain outcomes are still judged
+                if not seen:
+                    continue  # never evaluated (a short-circuit, an optional group), or never a plain bool (a mask)
+                if switch.kind == "order" and len(seen) == 1:
+                    found.append((filename, switch.node.lineno, _Flat(
+                        f"`{ast.unparse(switch.node)}` put its items in the same order every time")))
+                elif switch.kind == "key" and len(seen) == 1:
+                    found.append((filename, switch.node.lineno, _Flat(
+                        f"the table was looked up by `{ast.unparse(switch.node)}` = {next(iter(seen))!r} every time")))
+                elif switch.kind == "compare" and len(seen) == 1:
                     found.append((filename, switch.node.lineno, _Flat(f"the comparison `{ast.unparse(switch.node)}` "
                                                                       f"was {next(iter(seen))} every time")))
                 elif switch.kind == "pick" and len(seen) < len(switch.node.args):
@@ -400,8 +442,22 @@ class _Probes(ast.NodeTransformer):
     """`LinesRun.compile_cell`'s rewrite: each comparison but `is`/`is not`, and each `min`/`max` of two or more
     plain arguments, through a lambda whose first parameter's name carries the token and the probe's key."""
 
-    def __init__(self, token: str, table: list, filename: str):
-        self.token, self.table, self.filename = token, table, filename
+    def __init__(self, token: str, table: list, filename: str, tables: set = frozenset()):
+        self.token, self.table, self.filename, self.tables = token, table, filename, tables
+
+    def _keyed(self, node, key):
+        """`node` (a lookup) with its key put through a probe that records it."""
+        probe = ast.copy_location(ast.Call(func=self._lambda(key, "key", False), args=[key], keywords=[]), key)
+        if isinstance(node, ast.Subscript):
+            node.slice = probe
+        else:
+            node.args[0] = probe
+        return node
+
+    def visit_Subscript(self, node):
+        self.generic_visit(node)
+        key = table_key(node, self.tables)
+        return node if key is None or not isinstance(node.ctx, ast.Load) else self._keyed(node, key)
 
     def _lambda(self, node, kind: str, rest: bool) -> ast.Lambda:
         self.table.append((self.filename, (node.lineno, node.col_offset, node.end_lineno, node.end_col_offset), kind))
@@ -427,11 +483,37 @@ class _Probes(ast.NodeTransformer):
     def visit_Call(self, node):
         self.generic_visit(node)
         f = node.func
+        key = table_key(node, self.tables)
+        if key is not None:
+            return self._keyed(node, key)
+        if isinstance(f, ast.Name) and f.id == "bool" and len(node.args) == 1 and not node.keywords:
+            return ast.copy_location(ast.Call(func=self._lambda(node, "compare", False), args=[node], keywords=[]), node)
         if (isinstance(f, ast.Name) and f.id in ("min", "max") and len(node.args) >= 2 and not node.keywords
-                and not any(isinstance(a, ast.Starred) for a in node.args)):
-            return ast.copy_location(ast.Call(func=self._lambda(node, "pick", True), args=[f, *node.args], keywords=[]),
+                and not any(isinstance(a, ast.Starred) for a in node.args)) or sorted_display(node):
+            kind = "order" if sorted_display(node) else "pick"
+            return ast.copy_location(ast.Call(func=self._lambda(node, kind, True), args=[f, *node.args], keywords=[]),
                                      node)
         return node
+
+
+def _outer_lambdas(tree) -> list:
+    """The lambdas of `tree` in no function (a cell's or a class body's)."""
+    inner = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+             for n in ast.walk(f)}
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Lambda) and id(n) not in inner]
+
+
+_MADE: dict = {}  # id(lambda node) -> the function made of it (one per node: plans are kept by the node's id)
+
+
+def _as_function(lam: ast.Lambda) -> ast.FunctionDef:
+    made = _MADE.get(id(lam))
+    if made is None or made[0] is not lam:
+        body = ast.copy_location(ast.Return(value=lam.body), lam.body)
+        fn = ast.copy_location(ast.FunctionDef(name="<lambda>", args=lam.args, body=[body], decorator_list=[],
+                                               returns=None, type_comment=None), lam)
+        made = _MADE[id(lam)] = (lam, fn)
+    return made[1]
 
 
 class _Either:
@@ -473,4 +555,4 @@ def _cell(filename: str) -> str:
 
 
 # the grader's code here that the child's guard compares by identity, besides this module (`_Guard._members`)
-PLAN = (LinesRun, _plan_module, Taint, FunctionPlan, Arm, Switch)
+PLAN = (LinesRun, _plan_module, _switch_module, Taint, FunctionPlan, Arm, Switch)

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import ast
 
+from grader.ran_switch import (Switch, degenerate, emptiness, module_tables, number, ordered, sorted_display, switch,
+                               table_key, truth)
+
 _SCALING = (ast.Mult, ast.Pow, ast.LShift, ast.RShift, ast.MatMult, ast.Div, ast.FloorDiv, ast.Mod)
 
 # calls that test, reduce or convert a value without making a new size from it
@@ -37,15 +40,6 @@ def _assigned(func: ast.AST) -> dict[str, int]:
     return out
 
 
-def _number(node) -> float | None:
-    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
-        return node.value
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        inner = _number(node.operand)
-        return None if inner is None else -inner if isinstance(node.op, ast.USub) else inner
-    return None
-
-
 def _indices(expr) -> set[int]:
     """ids of the nodes that are a subscript's index (`x.shape[-1]`, `rows[0]`): a number there is a position."""
     out = set()
@@ -70,8 +64,8 @@ def _ranks(expr) -> set[int]:
     out = set()
     for node in ast.walk(expr):
         if isinstance(node, ast.Compare) and any(_rank_of(x) for x in [node.left, *node.comparators]):
-            out.update(id(x) for x in [node.left, *node.comparators] if _number(x) is not None)
-            out.update(id(n) for x in [node.left, *node.comparators] if _number(x) is not None for n in ast.walk(x))
+            out.update(id(x) for x in [node.left, *node.comparators] if number(x) is not None)
+            out.update(id(n) for x in [node.left, *node.comparators] if number(x) is not None for n in ast.walk(x))
     return out
 
 
@@ -94,6 +88,7 @@ class Taint:
                               or isinstance(n, ast.Attribute) and n.attr in ("__dict__", "__setattr__")
                               for n in ast.walk(tree))
         self.safe_globals = _constant_globals(tree)
+        self.tables = module_tables(tree)
         self.caught = _caught(tree)
         self.decorators = {d.id if isinstance(d, ast.Name) else getattr(d, "attr", None)
                            for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
@@ -134,7 +129,7 @@ class Taint:
                     passed = list(zip(positional, node.args)) + [(k.arg, k.value) for k in node.keywords if k.arg]
                     for param, value in passed:  # a number or a module's value handed over, not a computed tensor
                         index = _indices(value)
-                        if any(id(n) not in index and _number(n) not in (None, 0, 1, -1) for n in ast.walk(value)) or (
+                        if any(id(n) not in index and number(n) not in (None, 0, 1, -1) for n in ast.walk(value)) or (
                                 isinstance(value, ast.Name) and value.id not in local and value.id not in _BUILTIN_VALUES
                                 and value.id not in self.safe_globals):
                             self.param_taint.setdefault(callee.name, set()).add(param)
@@ -164,8 +159,8 @@ class Taint:
         for node in ast.walk(expr):
             if id(node) in index:
                 continue
-            number = _number(node)
-            if number is not None and number not in (0, 1, -1):
+            value = number(node)
+            if value is not None and value not in (0, 1, -1):
                 return True
             if isinstance(node, ast.BinOp) and (isinstance(node.op, _SCALING) or _leaves(node) >= 3):
                 return True
@@ -304,7 +299,7 @@ def _rank_safe(func) -> set[str]:
             names = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
             seen |= names
             index = _indices(node.value)
-            if any(isinstance(n, ast.Compare) or (id(n) not in index and _number(n) not in (None, 0, 1, -1))
+            if any(isinstance(n, ast.Compare) or (id(n) not in index and number(n) not in (None, 0, 1, -1))
                    for n in ast.walk(node.value)):
                 bad |= names
         elif isinstance(node, (ast.For, ast.comprehension, ast.withitem)):
@@ -389,25 +384,6 @@ class Arm:
         return (n.lineno, n.col_offset, n.end_lineno, n.end_col_offset)
 
 
-class Switch:
-    """A comparison (`j < 512`, `len(live) > 8`) or a `min`/`max` (`max(block, n - 1024)`) that could hold a size
-    threshold, wherever it stands — a test, a factor, an index, a loop's count: while the checks run, the comparison
-    must come out both ways and `min`/`max` must take each of its arguments, or it is a switch they never flip."""
-
-    __slots__ = ("node", "path")
-
-    def __init__(self, node: ast.AST, path: tuple):
-        self.node, self.path = node, path
-
-    def span(self) -> tuple:
-        n = self.node
-        return (n.lineno, n.col_offset, n.end_lineno, n.end_col_offset)
-
-    @property
-    def kind(self) -> str:
-        return "compare" if isinstance(self.node, ast.Compare) else "pick"
-
-
 def inside(pos, span) -> bool:
     """Whether an instruction's position (`code.co_positions()`: line, end line, column, end column) lies in `span`
     (line, column, end line, end column)."""
@@ -449,8 +425,24 @@ class FunctionPlan:
         """Whether `test` could not hold a size threshold: either outcome may go unrun. A tensor's rank (`q.dim()`)
         counts as none when the name was never bound to anything holding a comparison or a number (`q = q * scale`
         leaves the rank a rank; `t = torch.zeros([1] * (1 + (n > 4096)))` does not)."""
+        if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) and any(
+                self._flag(v.operand if isinstance(v, ast.UnaryOp) and isinstance(v.op, ast.Not) else v)
+                for v in test.values):
+            return True  # `if verbose and step % 100 == 0:`: the caller's flag turns it off
         tainted = self.taint.names(self.node, self.params, test.lineno, tuple(self.loops))
         return not self.taint.could_scale(_without_ranks(test, self.rank_safe), tainted, self.local)
+
+    def _flag(self, node) -> bool:
+        """A parameter whose default is True, False or None, never rebound (`verbose=False`): the caller's choice."""
+        if not isinstance(node, ast.Name) or not isinstance(self.node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return False
+        args = self.node.args
+        positional = args.posonlyargs + args.args
+        pairs = list(zip(positional[len(positional) - len(args.defaults):], args.defaults))
+        pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]
+        return node.id not in _assigned(self.node) and any(
+            a.arg == node.id and isinstance(d, ast.Constant) and (d.value is None or isinstance(d.value, bool))
+            for a, d in pairs)
 
     def _group(self, path: tuple) -> tuple:
         self.groups += 1
@@ -536,9 +528,17 @@ class FunctionPlan:
                     tests.update(id(v) for v in node.values)
                 elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
                     tests.add(id(node.operand))
-            clamp = isinstance(node, ast.Call) or id(node) in tests
-            if switches and _switch(node) and not (clamp and _degenerate(node)) and not self._free(node):
+            clamp = (isinstance(node, ast.Call) and not truth(node) and not sorted_display(node)) or id(node) in tests
+            exempt = not switches and id(node) in tests  # the test of an `if` that raises: only where it decides it
+            # an emptiness test anywhere (`return len(self.queue) > 0 or ...`): a plain value of no threshold vs 0
+            exempt = exempt or (emptiness(node) and degenerate(node) and self._free(node))
+            if switch(node) and not exempt and not (clamp and degenerate(node)) and (
+                    ordered(node) or not self._free(node)):
                 self.switches.append(Switch(node, path))
+            key = table_key(node, self.taint.tables)
+            if key is not None and not self._free(key) and any(
+                    isinstance(n, ast.Name) and n.id in self.local for n in ast.walk(key)):
+                self.switches.append(Switch(key, path, "key"))  # `_FAR[j // 512]`, `{0: "a"}.get(n // 1025, "b")`
             if isinstance(node, ast.IfExp):
                 if not self._free(node.test):
                     self.arms += [Arm(node.body, "the first arm of a conditional expression", path),
@@ -556,23 +556,6 @@ class FunctionPlan:
             elif isinstance(node, ast.Lambda):
                 self.arms.append(Arm(node.body, "the body of a lambda", path))
             stack.extend(ast.iter_child_nodes(node))
-
-
-def _switch(node) -> bool:
-    """What `grader.ran`'s probes watch: a comparison but `is`/`is not`, a `min`/`max` of two or more arguments."""
-    if isinstance(node, ast.Compare):
-        return not all(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops)
-    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("min", "max")
-            and len(node.args) >= 2 and not node.keywords and not any(isinstance(a, ast.Starred) for a in node.args))
-
-
-def _degenerate(node) -> bool:
-    """A comparison with 0, ±1, None or an empty literal (`n % bs == 0`, `budget > 0`); a `min`/`max` with 0 or ±1
-    among its arguments (`max(1, 32 // bs)`): a guard for a degenerate value."""
-    parts = node.args if isinstance(node, ast.Call) else [node.left, *node.comparators]
-    return any(_number(p) in (0, 1, -1) or (isinstance(p, ast.Constant) and p.value in (None, "", b""))
-               or (isinstance(p, (ast.Tuple, ast.List, ast.Dict, ast.Set)) and not getattr(p, "elts", getattr(p, "keys", ())))
-               for p in parts)
 
 
 def function_nodes(tree: ast.AST) -> dict[int, list]:

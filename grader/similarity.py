@@ -16,22 +16,20 @@ Two measures of how much a submission S and a reference R share, each on that fo
 - **tokens**, as MOSS and JPlag do: token sequences of `K` tokens are hashed and winnowed (of every `WINDOW`
   consecutive hashes the smallest is kept: any run of `K + WINDOW - 1` tokens the two share is seen). The token
   share is the larger of the share of R's fingerprints found among S's k-grams (padding S does not dilute it) and
-  the share of S's fingerprints found among R's (leaving out R's options and checks does not dilute it).
-  Robust to edits inside statements.
-- **statements**: each statement (a compound one by its header) hashed; the share of R's statements, with
-  multiplicity, S has too. Robust to reordering and to dead statements between every two.
-Fingerprints and statements that many functions of lib and of the solutions share are idiom, no evidence: the
-trusted side (`grader.copies`) gives them as `common`, and they are taken out of both sides.
+  the share of S's fingerprints found among R's (leaving out R's options and checks does not dilute it). Robust
+  to edits inside statements.
+- **statements**: each statement (a compound one by its header) hashed; the share of R's statements S has too.
+Idiom (what many functions of lib and of the solutions share) is no evidence: taken out of both sides (`common`).
 
-The units compared: every function and method alone; every class as a whole (all its methods: methods of a few
-lines are judged together); every function or class together with the functions of the same file or notebook it
-calls by name, however deep, or reaches through a module-level table or a name in a string (`_OPS = {"t": _tile}`,
-`globals()["_tile"]`) (a copy split across helpers; an exercise's graded function is the student's own
-answer to it and is not counted into another's). The code the release itself gives (outside `### BEGIN/END
-SOLUTION`) is taken out of both sides. A unit with `TOKEN_THRESHOLD` of the tokens of a reference unit (the side
-the share is of having at least `MIN_FINGERPRINTS` fingerprints), or `THRESHOLD` of the statements of one of at
-least `MIN_STATEMENTS`, is a copy (`ratio` >= 1): `reference_use`, and the exercise scores 0 like any use of lib's
-implementation. Smaller references (a two-line mask) are not judged: independent solutions of a few lines coincide.
+The units compared: every function and method alone; every class as a whole (all its methods: methods of a few lines
+are judged together); every function or class with the functions of the same file or notebook it calls by name,
+however deep, or reaches through a module-level table or a name in a string (`_OPS = {"t": _tile}`,
+`globals()["_tile"]`) (a copy split across helpers; another exercise's graded function is not counted in). The code
+the release itself gives (outside `### BEGIN/END SOLUTION`) is taken out of both sides. A unit with
+`TOKEN_THRESHOLD` of the tokens of a reference unit (the side the share is of having at least `MIN_FINGERPRINTS`
+fingerprints), or `THRESHOLD` of the statements of one of at least `MIN_STATEMENTS`, is a copy (`ratio` >= 1):
+`reference_use`, and the exercise scores 0 like any use of lib's implementation. Smaller references (a two-line
+mask) are not judged: independent solutions of a few lines coincide.
 
 The thresholds are sized on honest variants written from the release notebooks alone and on reworded copies
 (tests/fixtures/, tests/test_similarity.py; grader/README.md, "Reference use").
@@ -90,13 +88,10 @@ class _Normalise(ast.NodeTransformer):
     def visit_Pass(self, node):
         return None
 
-    def visit_If(self, node):
+    def visit_If(self, node):  # without `checks` (a reference's): an argument check is what a copy drops first
         if not self.checks and not node.orelse and node.body and isinstance(node.body[-1], ast.Raise):
-            return None  # a reference's argument check: what a copy drops first, no part of the technique
+            return None
         return self.generic_visit(node)
-
-    def visit_Assert(self, node):
-        return node if self.checks else None
 
     def visit_FunctionDef(self, node):
         node = self.generic_visit(node)
@@ -282,8 +277,7 @@ class Unit:
 
 
 def _unit(node: ast.AST, own: set[str], attrs: set[str], checks: bool = True) -> Unit:
-    """The unit of a function, normalised in place (a second parse's node: see `Source`); `checks`: with its
-    argument checks (`if ...: raise ...`, `assert`)."""
+    """The unit of a function, normalised in place (a second parse's node: see `Source`), its checks kept or not."""
     tree = ast.fix_missing_locations(_fill_empty(_Normalise(own, attrs, checks).visit(node)))
     statements: list[str] = []
     _statements(tree.body, statements)
@@ -323,8 +317,7 @@ class Source:
     `members[qualname]` a class's methods, `where[qualname]` the key of the text it is in."""
 
     def __init__(self, texts: list[tuple[object, str]], prefix: str = "", checks: bool = True):
-        # what ast.parse accepts can nest deeper than Python's default recursion limit lets the normalisation walk
-        # (`x + x + ... + x`, 1000 terms): a deep expression must not make a copy unjudgeable
+        # ast.parse accepts deeper nesting than the default recursion limit walks (`x + x + ... + x`, 1000 terms)
         limit = sys.getrecursionlimit()
         sys.setrecursionlimit(max(limit, 50_000))
         try:

@@ -281,6 +281,20 @@ def test_lines_run_for_another_exercise_do_not_count():
     ("def f(k, new):\n    return min(k, 9) * (new < 100)\n", "f(4, 3)", "`new < 100` was True"),  # #10
     ("def f(j):\n    fb = False\n    if j < 512:\n        fb = True\n    return fb\n", "f(3)", "`j < 512` was True"),
     ("import numpy as np\ndef f(j):\n    return 3 * (np.int64(j) < 512)\n", "f(3)", "was True"),  # numpy's bool
+    # the fourth round (tests/fixtures/redteam/FINDINGS4.md): thresholds no taint sees, and switches by other names
+    ('def f(end):\n    if f"{end:0>8}" > "00004096":\n        return 1\n    return 2\n', "f(3)", "was False"),
+    ("def f(end):\n    from mmap import PAGESIZE\n    return ('a', 'b')[end > PAGESIZE]\n", "f(3)", "was False"),
+    ("import numpy as np\ndef f(n, b=64):\n    return max(b, np.int64(n) - 1024)\n", "f(10)", "took only argument 1"),
+    ("def f(end):\n    if end < 0 or (big := end > 4096) is None:\n        raise ValueError\n    return ('a', 'b')[big]\n",
+     "f(3)", "`end > 4096` was False"),  # a walrus in the test of an `if` that raises
+    ("def f(end):\n    for v in (torch.tensor(end), end):\n        x = v > 4096\n    return x\n", "f(3)",
+     "`v > 4096` was False"),  # one tensor outcome does not exempt the plain ones
+    ("def f(n, b=64):\n    return (b, n)[bool(n // 1025)]\n", "f(3)", "`bool(n // 1025)` = False"),
+    ("_tile = lambda n, b: n if n > 1024 else b\ndef f(n):\n    return _tile(n, 64)\n", "f(3)", "conditional"),
+    ('def f(n):\n    return {0: "detach"}.get(n // 1025, "contiguous")\n', "f(3); f(5)", "`n // 1025` = 0"),
+    ("_FAR = dict.fromkeys(range(1, 4096), 0.0)\ndef f(j):\n    try:\n        keep = _FAR[j // 512]\n"
+     "    except KeyError:\n        keep = 1.0\n    return keep\n", "f(3); f(4)", "`j // 512` = 0"),
+    ("def f(n, b=64):\n    return sorted((b, n - 1024))[-1]\n", "f(3); f(5)", "in the same order every time"),
 ])
 def test_a_switch_the_checks_never_flip_is_named(source, calls, said):
     why = _judge(source, calls, "f")
@@ -298,6 +312,13 @@ def test_a_switch_the_checks_never_flip_is_named(source, calls, said):
     ("def f(n, k=4):\n    out = []\n    while len(out) < n:\n        out += [0] * min(k, n - len(out))\n"
      "    return out\n", "f(10)"),
     ("def f(x, y=None):\n    return x if y is None else y\n", "f(2)"),
+    ("def f(x, verbose=False):\n    for i in range(3):\n        if verbose and i % 100 == 0:\n            print(i)\n"
+     "    return x\n", "f(1)"),  # the caller's flag turns the block off
+    ("MIX = {1: 0.5, 2: 0.5}\nLONG = 2\ndef f(n):\n    return MIX[LONG] * n\n", "f(3)"),  # a constant key
+    ("NAMES = ('k', 'v')\ndef f(n):\n    return [NAMES[i % 2] for i in range(n)]\n", "f(3)"),
+    ("def f(a, b):\n    return sorted((a, b))[0]\n", "f(1, 2); f(3, 2)"),
+    ("class Q:\n    def __init__(self):\n        self.queue = []\n    def f(self):\n"
+     "        return len(self.queue) > 0 or False\n\ndef f():\n    return Q().f()\n", "f()"),  # an emptiness test
 ])
 def test_a_switch_that_goes_both_ways_or_guards_a_degenerate_value_passes(source, calls):
     assert _judge(source, calls, "f") is None
@@ -390,7 +411,9 @@ def test_a_formula_exercise_is_not_passed_by_a_simulation(tmp_path):
     target.write_text(json.dumps(nb))
     ex = load_exercises(target)
     try:
-        with pytest.raises(AssertionError, match=r"ran [\d,]+ lines of Python .* worked out, not simulated"):
+        # the line budget, or (judged first) a comparison of the simulation's clock the checks never flip
+        with pytest.raises(AssertionError, match=r"ran [\d,]+ lines of Python .* worked out, not simulated|"
+                                                 r"the comparison `.*` was (True|False) every time"):
             week21.check_predict_ttft(ex.predict_ttft)
     finally:
         ex.close()
