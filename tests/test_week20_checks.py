@@ -553,6 +553,9 @@ def gptq_cpu_eye(w, x, bits, group, damp):  # torch.eye without device=: breaks 
 def gptq_batch_only(w, x, bits, group, damp):  # lazy batches of 128 columns, but the error never leaves its batch
     W = w.clone()
     H = 2 * x.T @ x / x.shape[0]
+    dead = torch.diag(H) == 0  # the dead-input rule, so that only the named flaw is wrong (the check draws dead inputs)
+    H = H + torch.diag(dead.to(H.dtype))
+    W[:, dead] = 0
     H = H + damp * torch.diag(H).mean() * torch.eye(H.shape[0], device=H.device)
     U = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
     Q = torch.zeros_like(W)
@@ -576,6 +579,9 @@ def awq_zero_kmeans(w, x, bits, group, n_grid):  # α = 0 (searching nothing) an
 def gptq_damp_ignored(w, x, bits, group, damp):  # GPTQ, but always damped by 1 %, whatever `damp` says
     W = w.clone()
     H = 2 * x.T @ x / x.shape[0]
+    dead = torch.diag(H) == 0  # the dead-input rule, so that only the named flaw is wrong (the check draws dead inputs)
+    H = H + torch.diag(dead.to(H.dtype))
+    W[:, dead] = 0
     H = H + 0.01 * torch.diag(H).mean() * torch.eye(H.shape[0], device=H.device)
     U = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
     Q = torch.zeros_like(W)
