@@ -1,6 +1,7 @@
 """The set-up promises: one list of dependencies, pins that agree, CI running the README's command."""
 import re
 import shutil
+import os
 import subprocess
 import sys
 import tomllib
@@ -75,8 +76,9 @@ def test_pytest_never_collects_nbgrader_folders():
 
 
 def test_pytest_weeks_16_collects_only_week_16():
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}  # a `-v` there prints a tree, not ids
     out = subprocess.run([sys.executable, "-m", "pytest", "weeks/16", "--collect-only", "-q", "-p", "no:cacheprovider"],
-                         cwd=REPO, capture_output=True, text=True, timeout=300)
+                         cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     ids = [ln for ln in out.stdout.splitlines() if "::" in ln]
     assert ids and all(ln.startswith("weeks/16/") for ln in ids), out.stdout[-2000:]
 
