@@ -1,9 +1,8 @@
-"""Week 20's checks accept the solution notebook's exercises and reject each wrong route: calling gguf-py (the
-oracle) or lib.quant (the reference), rounding halves to even, packing neighbours into one byte, dropping the
-scale bits, misplacing Q5_0's fifth bits, a Q4_K without the scale search, an error model with the wrong step or
-average, a quiz answer that ignores the measurement; and, graded in an isolated process as `pytest weeks/20`
-grades a student, the wrong routes of issues 21 and 56 (ISOLATED_CASES) and the honest routes a problem posed
-without its method admits (HONEST_CASES)."""
+"""Week 20's checks accept the solution's exercises and reject each wrong route: calling gguf-py (the oracle) or
+lib.quant (the reference), rounding halves to even, packing neighbours into one byte, dropping the scale bits,
+misplacing Q5_0's fifth bits, a Q4_K without the scale search, an error model with the wrong step or average, a quiz
+answer that ignores the measurement; and, in an isolated process as `pytest weeks/20` grades, the wrong routes of
+issues 21 and 56 (ISOLATED_CASES) and the honest routes a problem posed without its method admits (HONEST_CASES)."""
 import json
 from pathlib import Path
 
@@ -553,9 +552,8 @@ def gptq_cpu_eye(w, x, bits, group, damp):  # torch.eye without device=: breaks 
 def gptq_batch_only(w, x, bits, group, damp):  # lazy batches of 128 columns, but the error never leaves its batch
     W = w.clone()
     H = 2 * x.T @ x / x.shape[0]
-    dead = torch.diag(H) == 0  # the dead-input rule, so that only the named flaw is wrong (the check draws dead inputs)
-    H = H + torch.diag(dead.to(H.dtype))
-    W[:, dead] = 0
+    W[:, torch.diag(H) == 0] = 0  # the dead-input rule (the check draws dead inputs): only the named flaw is wrong
+    H = H + torch.diag((torch.diag(H) == 0).to(H.dtype))
     H = H + damp * torch.diag(H).mean() * torch.eye(H.shape[0], device=H.device)
     U = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
     Q = torch.zeros_like(W)
@@ -579,9 +577,8 @@ def awq_zero_kmeans(w, x, bits, group, n_grid):  # α = 0 (searching nothing) an
 def gptq_damp_ignored(w, x, bits, group, damp):  # GPTQ, but always damped by 1 %, whatever `damp` says
     W = w.clone()
     H = 2 * x.T @ x / x.shape[0]
-    dead = torch.diag(H) == 0  # the dead-input rule, so that only the named flaw is wrong (the check draws dead inputs)
-    H = H + torch.diag(dead.to(H.dtype))
-    W[:, dead] = 0
+    W[:, torch.diag(H) == 0] = 0
+    H = H + torch.diag((torch.diag(H) == 0).to(H.dtype))
     H = H + 0.01 * torch.diag(H).mean() * torch.eye(H.shape[0], device=H.device)
     U = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
     Q = torch.zeros_like(W)
@@ -873,19 +870,16 @@ ISOLATED_CASES = [
     ("predict_rmse", "predict_tensor_range", "a model within 0.8-1.25x passes"),
     ("predict_rmse", "predict_no_root", "a model within 0.8-1.25x passes"),
     ("predict_rmse", "predict_four_bits_for_q5", "a model within 0.8-1.25x passes"),
-    ("answer_q9", "q9_fixed", "not a fixed set"),
-    ("answer_q9", "q9_hf_names", "GGUF names"),
+    ("answer_q9", "q9_fixed", "not a fixed set"), ("answer_q9", "q9_hf_names", "GGUF names"),
     ("answer_q9", "q9_least_costly", "the two types that cost the most"),
-    ("answer_q9", "q9_first_two", "the two types that cost the most"),
-]
+    ("answer_q9", "q9_first_two", "the two types that cost the most")]
 # Problems posed without their method (issue 56): routes other than the solution's that reach the answer pass.
 HONEST_CASES = [("gptq_quantize", "gptq_explicit_inverse"), ("allocate_bits", "allocate_exact")]
 
 
 def _wrong_routes(tmp_path_factory, view=None):
     nb = {"cells": [{"cell_type": "code", "metadata": {"tags": ["setup"]}, "source": WRONG_ROUTES, "outputs": [],
-                     "execution_count": None}],
-          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+                     "execution_count": None}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
     path = tmp_path_factory.mktemp("wrong") / checks.WEEK.notebook
     path.write_text(__import__("json").dumps(nb))
     return load_exercises(path, isolated=True, view=view)
