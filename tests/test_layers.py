@@ -6,11 +6,24 @@ folder on sys.path) counts as an import of benchmarks/timing.py."""
 from __future__ import annotations
 
 import ast
+import os
 import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("lib", "grader", "benchmarks")
+# nbgrader's working areas (gitignored): a submission's copies of the tests, a probe another test plants and removes
+WORK_AREAS = ("submitted", "autograded", "feedback", "exchange", "grading_status")
+
+
+def sources(root: Path, pkg: str) -> list[Path]:
+    """The package's .py files, outside nbgrader's working areas under grader/."""
+    found = []
+    for folder, dirs, files in os.walk(root / pkg):  # os.walk, not rglob: the areas are pruned, never listed
+        if Path(folder) == root / "grader":
+            dirs[:] = [d for d in dirs if d not in WORK_AREAS]
+        found += [Path(folder) / f for f in files if f.endswith(".py")]
+    return sorted(found)
 
 
 def _module(path: Path, root: Path) -> str:
@@ -20,7 +33,7 @@ def _module(path: Path, root: Path) -> str:
 
 def import_graph(root: Path = REPO) -> dict[str, set[str]]:
     """module -> the modules of PACKAGES it imports."""
-    files = {_module(p, root): p for pkg in PACKAGES for p in sorted((root / pkg).rglob("*.py"))}
+    files = {_module(p, root): p for pkg in PACKAGES for p in sources(root, pkg)}
     graph: dict[str, set[str]] = {}
     for name, path in files.items():
         found = set()
@@ -138,7 +151,7 @@ def private_imports(root: Path = REPO) -> list[str]:
     module whose file name starts with "_" (grader._sandbox) is a module, not a private name."""
     found = []
     for pkg in PACKAGES + ("tools",):
-        for path in sorted((root / pkg).rglob("*.py")):
+        for path in sources(root, pkg):
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
                 if not (isinstance(node, ast.ImportFrom) and node.module and not node.level
                         and node.module.split(".")[0] in ("lib", "grader")):
@@ -184,3 +197,12 @@ def test_an_import_back_up_is_found():
     graph["lib.engine"] = set(graph["lib.engine"]) | {"grader.status"}
     graph["grader.course"] = set(graph["grader.course"]) | {"benchmarks.timing"}
     assert package_violations(graph) == ["grader.course imports benchmarks.timing", "lib.engine imports grader.status"]
+
+
+def test_the_walk_skips_nbgrader_work_areas(tmp_path):
+    """A student's copy of a test under grader/submitted/ (or a probe another test plants there) is no module of
+    grader: the walk must not read it, nor fail when it vanishes mid-walk."""
+    (tmp_path / "grader" / "submitted" / "s1" / "16").mkdir(parents=True)
+    (tmp_path / "grader" / "submitted" / "s1" / "16" / "test_week16.py").write_text("import grader.checks\n")
+    (tmp_path / "grader" / "isolation.py").write_text("import os\n")
+    assert [p.name for p in sources(tmp_path, "grader")] == ["isolation.py"]
