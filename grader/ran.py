@@ -37,11 +37,13 @@ import ast
 import secrets
 import sys
 
+import numpy as _numpy
+
 import grader.ran_plan as _plan_module
 import grader.ran_switch as _switch_module
 from grader.ran_plan import Arm, FunctionPlan, Taint, function_nodes, inside
 from grader.fingerprint import compiled_twice
-from grader.ran_switch import Switch, module_tables, sorted_display, table_key
+from grader.ran_switch import Switch, module_tables, pick, sorted_display, spelled_order, table_key
 
 
 class LinesRun:
@@ -91,10 +93,14 @@ class LinesRun:
                 elif event == "return":
                     here = frame.f_locals
                     fn, args, kwargs = here.get(names[0]), here.get(names[1], ()), here.get(names[2])
-                    if fn not in (min, max) or kwargs or len(args) < 2:
+                    if kwargs or len(args) < 2 or not (fn is min or fn is max or (any(fn is f for f in _NUMPY_PICKS) and all(
+                            type(a) in (int, float) or (isinstance(a, _numpy.generic) and type(a).__module__ == "numpy")
+                            for a in (*args, arg)))):
                         seen.add(OTHER)
-                    else:  # by identity: min/max return one of their arguments, whatever its type (no op dispatched)
+                    elif fn is min or fn is max:  # by identity: they return one of their arguments, whatever its type
                         seen.update(i for i, a in enumerate(args) if a is arg)
+                    else:  # numpy's on scalars make a new scalar: the arguments equal to it
+                        seen.update(i for i, a in enumerate(args) if bool(a == arg))
                 return picked
             return picked
 
@@ -435,6 +441,7 @@ class LinesRun:
                 f"on a zero or empty value (`x is None`, `isinstance`, the dtype, `n == 0`), may go unrun")
 
 
+_NUMPY_PICKS = (_numpy.maximum, _numpy.minimum, _numpy.fmax, _numpy.fmin)
 OTHER = "other"  # what a probe saw that is no switch: a tensor of comparisons, min/max of tensors or with a key
 
 
@@ -488,8 +495,9 @@ class _Probes(ast.NodeTransformer):
             return self._keyed(node, key)
         if isinstance(f, ast.Name) and f.id == "bool" and len(node.args) == 1 and not node.keywords:
             return ast.copy_location(ast.Call(func=self._lambda(node, "compare", False), args=[node], keywords=[]), node)
-        if (isinstance(f, ast.Name) and f.id in ("min", "max") and len(node.args) >= 2 and not node.keywords
-                and not any(isinstance(a, ast.Starred) for a in node.args)) or sorted_display(node):
+        if spelled_order(node):  # `operator.lt(j, 512)`, `j.__lt__(512)`: a comparison by another name
+            return ast.copy_location(ast.Call(func=self._lambda(node, "compare", False), args=[node], keywords=[]), node)
+        if pick(node) or sorted_display(node):
             kind = "order" if sorted_display(node) else "pick"
             return ast.copy_location(ast.Call(func=self._lambda(node, kind, True), args=[f, *node.args], keywords=[]),
                                      node)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import ast
 
-from grader.ran_switch import (Switch, degenerate, emptiness, module_tables, number, ordered, sorted_display, switch,
-                               table_key, truth)
+from grader.ran_switch import (Switch, degenerate, emptiness, module_tables, number, ordered, pick, shifted, switch,
+                               table_key)
 
 _SCALING = (ast.Mult, ast.Pow, ast.LShift, ast.RShift, ast.MatMult, ast.Div, ast.FloorDiv, ast.Mod)
 
@@ -528,11 +528,11 @@ class FunctionPlan:
                     tests.update(id(v) for v in node.values)
                 elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
                     tests.add(id(node.operand))
-            clamp = (isinstance(node, ast.Call) and not truth(node) and not sorted_display(node)) or id(node) in tests
+            clamp = pick(node) or id(node) in tests
             exempt = not switches and id(node) in tests  # the test of an `if` that raises: only where it decides it
             # an emptiness test anywhere (`return len(self.queue) > 0 or ...`): a plain value of no threshold vs 0
             exempt = exempt or (emptiness(node) and degenerate(node) and self._free(node))
-            if switch(node) and not exempt and not (clamp and degenerate(node)) and (
+            if switch(node) and not exempt and not (clamp and degenerate(node) and not shifted(node)) and (
                     ordered(node) or not self._free(node)):
                 self.switches.append(Switch(node, path))
             key = table_key(node, self.taint.tables)

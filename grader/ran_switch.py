@@ -6,7 +6,6 @@ from __future__ import annotations
 import ast
 
 
-
 def number(node) -> float | None:
     """The value of a number literal (`4096`, `-1`), or None."""
     if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
@@ -27,7 +26,7 @@ class Switch:
     def __init__(self, node: ast.AST, path: tuple, kind: str | None = None):
         self.node, self.path = node, path
         # "key": the key a table of the cells' (a display, or a module-level name bound to one) is looked up by
-        self.kind = kind or ("compare" if isinstance(node, ast.Compare) or truth(node) else
+        self.kind = kind or ("compare" if isinstance(node, ast.Compare) or truth(node) or spelled_order(node) else
                              "order" if sorted_display(node) else "pick")
 
     def span(self) -> tuple:
@@ -39,10 +38,43 @@ def switch(node) -> bool:
     """What `grader.ran`'s probes watch: a comparison but `is`/`is not`, a `min`/`max` of two or more arguments."""
     if isinstance(node, ast.Compare):
         return not all(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops)
-    if truth(node) or sorted_display(node):
-        return True
-    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("min", "max")
-            and len(node.args) >= 2 and not node.keywords and not any(isinstance(a, ast.Starred) for a in node.args))
+    return truth(node) or sorted_display(node) or spelled_order(node) or pick(node)
+
+
+# a maximum or minimum by any name: the builtins (also as `builtins.max`), numpy's elementwise ones on scalars
+PICKS = frozenset(("min", "max", "maximum", "minimum", "fmax", "fmin"))
+# a comparison by order spelled as a call: `operator.lt(j, 512)`, `j.__lt__(512)`, `np.greater(n, 4096)`
+ORDER_CALLS = frozenset(("lt", "le", "gt", "ge", "less", "less_equal", "greater", "greater_equal",
+                         "__lt__", "__le__", "__gt__", "__ge__"))
+
+
+def _called(node) -> str | None:
+    f = getattr(node, "func", None) if isinstance(node, ast.Call) else None
+    return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+
+
+def pick(node) -> bool:
+    """A call named like a maximum or minimum (`max`, `builtins.max`, `np.maximum`, `fmin`, ...) of two or more plain
+    arguments: at run time the probe tells which argument it gave (by identity for the builtins, by value for numpy's
+    on scalars); any other function of that name is no switch (OTHER)."""
+    return (_called(node) in PICKS and len(node.args) >= 2 and not node.keywords
+            and not any(isinstance(a, ast.Starred) for a in node.args))
+
+
+def spelled_order(node) -> bool:
+    """A comparison by order spelled as a call (`operator.lt(j, 512)`, `j.__gt__(4096)`, `np.less(n, 4096)`)."""
+    name = _called(node)
+    return (name in ORDER_CALLS and not node.keywords and not any(isinstance(a, ast.Starred) for a in node.args)
+            and len(node.args) == (1 if name.startswith("__") and isinstance(node.func, ast.Attribute) else 2))
+
+
+def shifted(node) -> bool:
+    """A `min`/`max` one of whose arguments shifts a value by a number other than 0 and ±1 (`max(0, n - 1024)`): a
+    clamp at zero of a shifted size is a threshold, not the guard of a degenerate value."""
+    return isinstance(node, ast.Call) and any(
+        isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Add, ast.Sub))
+        and any(number(side) not in (None, 0, 1, -1) for side in (n.left, n.right))
+        for a in node.args for n in ast.walk(a))
 
 
 _TABLE_CALLS = frozenset(("dict", "fromkeys", "tuple", "list", "frozenset", "OrderedDict", "defaultdict"))
@@ -95,7 +127,8 @@ def truth(node) -> bool:
 def ordered(node) -> bool:
     """A comparison by order (`<`, `<=`, `>`, `>=`): a switch whatever it compares — a threshold hides as well in
     text (`f"{n:08}" > "00004096"`), bytes or an imported constant as in a number — so it is judged with no taint."""
-    return isinstance(node, ast.Compare) and any(isinstance(op, (ast.Lt, ast.LtE, ast.Gt, ast.GtE)) for op in node.ops)
+    return spelled_order(node) or (isinstance(node, ast.Compare)
+                                   and any(isinstance(op, (ast.Lt, ast.LtE, ast.Gt, ast.GtE)) for op in node.ops))
 
 
 def emptiness(node) -> bool:
