@@ -43,7 +43,7 @@ import grader.ran_plan as _plan_module
 import grader.ran_switch as _switch_module
 from grader.ran_plan import Arm, FunctionPlan, Taint, function_nodes, inside
 from grader.fingerprint import compiled_twice
-from grader.ran_switch import Switch, module_tables, pick, sorted_display, spelled_order, table_key
+from grader.ran_switch import OTHER, Probes, Switch, module_tables, quotient_seen, slice_seen
 
 
 class LinesRun:
@@ -73,6 +73,12 @@ class LinesRun:
             if kind == "key":
                 value = frame.f_locals.get(names[0])
                 seen.add(value if type(value) in (int, str, bool, float) else OTHER)
+                return None
+            if kind in ("//", ">>", "%"):
+                seen.add(quotient_seen(kind, frame.f_locals.get(names[0]), frame.f_locals.get(names[1])))
+                return None
+            if kind.startswith("slice"):
+                seen.add(slice_seen(kind, frame.f_locals.get(names[0]), frame.f_locals.get(names[1])))
                 return None
             if kind == "compare":
                 value = frame.f_locals.get(names[0])
@@ -184,7 +190,7 @@ class LinesRun:
         tree = ast.parse(text, filename)
         if self._tables is None:  # the tables every cell binds (cells are remembered before any is compiled)
             self._tables = set().union(*(module_tables(t) for t in self._parsed_cells()))
-        tree = _Probes(self._token, self._probe_table, filename, self._tables).visit(tree)
+        tree = Probes(self._token, self._probe_table, filename, self._tables).visit(tree)
         code = compile(ast.fix_missing_locations(tree), filename, "exec")
         self._register(code)
         compiled_twice(code, compile(text, filename, "exec"))  # lib's code pasted in a cell is still lib's
@@ -410,6 +416,15 @@ class LinesRun:
                 elif switch.kind == "compare" and len(seen) == 1:
                     found.append((filename, switch.node.lineno, _Flat(f"the comparison `{ast.unparse(switch.node)}` "
                                                                       f"was {next(iter(seen))} every time")))
+                elif switch.kind in ("//", ">>") and seen == {0}:
+                    found.append((filename, switch.node.lineno, _Flat(f"`{ast.unparse(switch.node)}` was 0 every time")))
+                elif switch.kind == "%" and seen == {"same"}:
+                    found.append((filename, switch.node.lineno, _Flat(
+                        f"`{ast.unparse(switch.node)}` never wrapped (it was its left operand every time)")))
+                elif switch.kind.startswith("slice") and "part" not in seen:
+                    took = " or ".join(sorted({"whole": "all", "none": "none"}[w] for w in seen))
+                    found.append((filename, switch.node.lineno, _Flat(
+                        f"the slice `{ast.unparse(switch.node)}` took {took} of its sequence every time, never a part")))
                 elif switch.kind == "pick" and len(seen) < len(switch.node.args):
                     taken = ", ".join(str(i + 1) for i in sorted(seen))
                     found.append((filename, switch.node.lineno, _Flat(
@@ -442,66 +457,6 @@ class LinesRun:
 
 
 _NUMPY_PICKS = (_numpy.maximum, _numpy.minimum, _numpy.fmax, _numpy.fmin)
-OTHER = "other"  # what a probe saw that is no switch: a tensor of comparisons, min/max of tensors or with a key
-
-
-class _Probes(ast.NodeTransformer):
-    """`LinesRun.compile_cell`'s rewrite: each comparison but `is`/`is not`, and each `min`/`max` of two or more
-    plain arguments, through a lambda whose first parameter's name carries the token and the probe's key."""
-
-    def __init__(self, token: str, table: list, filename: str, tables: set = frozenset()):
-        self.token, self.table, self.filename, self.tables = token, table, filename, tables
-
-    def _keyed(self, node, key):
-        """`node` (a lookup) with its key put through a probe that records it."""
-        probe = ast.copy_location(ast.Call(func=self._lambda(key, "key", False), args=[key], keywords=[]), key)
-        if isinstance(node, ast.Subscript):
-            node.slice = probe
-        else:
-            node.args[0] = probe
-        return node
-
-    def visit_Subscript(self, node):
-        self.generic_visit(node)
-        key = table_key(node, self.tables)
-        return node if key is None or not isinstance(node.ctx, ast.Load) else self._keyed(node, key)
-
-    def _lambda(self, node, kind: str, rest: bool) -> ast.Lambda:
-        self.table.append((self.filename, (node.lineno, node.col_offset, node.end_lineno, node.end_col_offset), kind))
-        first = f"__ran{self.token}_{len(self.table) - 1}__"
-        a, k = f"__ran{self.token}_a__", f"__ran{self.token}_k__"
-        args = ast.arguments(posonlyargs=[], args=[ast.arg(first)], kwonlyargs=[], kw_defaults=[], defaults=[],
-                             vararg=ast.arg(a) if rest else None, kwarg=ast.arg(k) if rest else None)
-        body = (ast.Call(func=ast.Name(first, ast.Load()), args=[ast.Starred(ast.Name(a, ast.Load()), ast.Load())],
-                         keywords=[ast.keyword(arg=None, value=ast.Name(k, ast.Load()))])
-                if rest else ast.Name(first, ast.Load()))
-        made = ast.Lambda(args=args, body=body)
-        for part in ast.walk(made):
-            if "lineno" in getattr(part, "_attributes", ()):
-                ast.copy_location(part, node)
-        return made
-
-    def visit_Compare(self, node):
-        self.generic_visit(node)
-        if all(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops):
-            return node
-        return ast.copy_location(ast.Call(func=self._lambda(node, "compare", False), args=[node], keywords=[]), node)
-
-    def visit_Call(self, node):
-        self.generic_visit(node)
-        f = node.func
-        key = table_key(node, self.tables)
-        if key is not None:
-            return self._keyed(node, key)
-        if isinstance(f, ast.Name) and f.id == "bool" and len(node.args) == 1 and not node.keywords:
-            return ast.copy_location(ast.Call(func=self._lambda(node, "compare", False), args=[node], keywords=[]), node)
-        if spelled_order(node):  # `operator.lt(j, 512)`, `j.__lt__(512)`: a comparison by another name
-            return ast.copy_location(ast.Call(func=self._lambda(node, "compare", False), args=[node], keywords=[]), node)
-        if pick(node) or sorted_display(node):
-            kind = "order" if sorted_display(node) else "pick"
-            return ast.copy_location(ast.Call(func=self._lambda(node, kind, True), args=[f, *node.args], keywords=[]),
-                                     node)
-        return node
 
 
 def _outer_lambdas(tree) -> list:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import ast
 
-from grader.ran_switch import (Switch, degenerate, emptiness, module_tables, number, ordered, pick, shifted, switch,
-                               table_key)
+from grader.ran_switch import (Switch, degenerate, divided, emptiness, module_tables, number, number_names, ordered,
+                               pick, quotient, shifted, sized, slices, switch, table_key)
 
 _SCALING = (ast.Mult, ast.Pow, ast.LShift, ast.RShift, ast.MatMult, ast.Div, ast.FloorDiv, ast.Mod)
 
@@ -88,6 +88,7 @@ class Taint:
                               or isinstance(n, ast.Attribute) and n.attr in ("__dict__", "__setattr__")
                               for n in ast.walk(tree))
         self.safe_globals = _constant_globals(tree)
+        self.number_globals = number_names(ast.Module([n for n in getattr(tree, 'body', []) if isinstance(n, (ast.Assign, ast.AnnAssign))], []))
         self.tables = module_tables(tree)
         self.caught = _caught(tree)
         self.decorators = {d.id if isinstance(d, ast.Name) else getattr(d, "attr", None)
@@ -409,6 +410,7 @@ class FunctionPlan:
         self.local = set(self.params) | set(_assigned(node))
         self.loops: list[tuple] = []  # the line ranges of the loops around the statement being planned
         self.rank_safe = _rank_safe(node)
+        self.constants = number_names(node) | self.taint.number_globals  # `W = 512`: a size of the code's own
         self.statements: list[tuple[ast.stmt, range, tuple]] = []  # (statement, its own lines, its groups)
         self.arms: list[Arm] = []
         self.switches: list[Switch] = []
@@ -425,6 +427,9 @@ class FunctionPlan:
         """Whether `test` could not hold a size threshold: either outcome may go unrun. A tensor's rank (`q.dim()`)
         counts as none when the name was never bound to anything holding a comparison or a number (`q = q * scale`
         leaves the rank a rank; `t = torch.zeros([1] * (1 + (n > 4096)))` does not)."""
+        if isinstance(test, ast.Compare) and all(isinstance(op, (ast.Is, ast.IsNot)) for op in test.ops) and all(
+                isinstance(c, ast.Constant) and c.value in (None, True, False) for c in test.comparators):
+            return True  # `make if make is not None else None`: whatever `make` is bound to
         if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) and any(
                 self._flag(v.operand if isinstance(v, ast.UnaryOp) and isinstance(v.op, ast.Not) else v)
                 for v in test.values):
@@ -539,6 +544,14 @@ class FunctionPlan:
             if key is not None and not self._free(key) and any(
                     isinstance(n, ast.Name) and n.id in self.local for n in ast.walk(key)):
                 self.switches.append(Switch(key, path, "key"))  # `_FAR[j // 512]`, `{0: "a"}.get(n // 1025, "b")`
+            op, divisor = quotient(node), divided(node)  # `n // 8192`, `divmod(n, 8192)`, `grp // 7`: 0 every time;
+            if op and not exempt and sized(divisor, self.constants) and (  # `n % 8192`: never wrapping
+                    op != "%" or number(divisor) is None or abs(number(divisor)) > 64):
+                self.switches.append(Switch(node, path, op))
+            cuts = slices(node)  # `p[:64]`, `tokens[-512:]`, `r[8:] = 0.0`: all or none of it every time
+            if cuts and not exempt and any(b is not None and sized(b, self.constants)
+                                           for b in (cuts[0][2].lower, cuts[0][2].upper)):
+                self.switches.append(Switch(node, path, f"slice {cuts[0][0]} {'-' if cuts[0][1] is None else cuts[0][1]}"))
             if isinstance(node, ast.IfExp):
                 if not self._free(node.test):
                     self.arms += [Arm(node.body, "the first arm of a conditional expression", path),

@@ -570,7 +570,7 @@ def check_predict_steps(predict_steps) -> None:
     rng = random.Random(run_seed() + 11)
     model = tiny_model(seed=rng.randrange(1000))
     for case in range(12):
-        w = step_workload(rng)
+        w = step_workload(rng, unchunked=case == 1)
         if case == 0:
             got, obs = observe(predict_steps, **w)
             used = sorted(c for c in obs.lib_calls if c.startswith((*ENGINE_MODULES, "lib.model", "lib.generate")))

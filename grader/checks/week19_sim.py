@@ -531,13 +531,15 @@ def engine_workload(rng: random.Random, vocab: int, prefix_caching: bool) -> dic
         enable_prefix_caching=prefix_caching))
 
 
-def step_workload(rng: random.Random) -> dict:
-    """Requests queued at once, slots and a budget (chunked prefill on or off), blocks to spare."""
-    k = rng.randint(1, 8)
-    prompts = [rng.randint(1, 40) for _ in range(k)]
+def step_workload(rng: random.Random, unchunked: bool = False) -> dict:
+    """Requests queued at once, slots and a budget (chunked prefill on or off), blocks to spare. `unchunked`: chunked
+    prefill off, and two prompts that cannot both be admitted in one step (a waiting prompt longer than the budget
+    left, every run: the case a simulation's `if not chunked and prompt > left` must meet)."""
+    k = rng.randint(2, 8) if unchunked else rng.randint(1, 8)
+    prompts = [rng.randint(30, 40) if unchunked else rng.randint(1, 40) for _ in range(k)]
     new = [rng.randint(1, 8) for _ in range(k)]
-    seqs = rng.randint(1, 4)
-    chunked = rng.random() < 0.7
+    seqs = rng.randint(2, 4) if unchunked else rng.randint(1, 4)
+    chunked = not unchunked and rng.random() < 0.7
     budget = (rng.randint(max(seqs, 4), 24) if chunked
               else max(p + n - 1 for p, n in zip(prompts, new)) + rng.randint(0, 8))  # a recompute fits (engine rule)
     return dict(prompt_lens=prompts, new_tokens=new, max_num_seqs=seqs, token_budget=budget, chunked_prefill=chunked)
