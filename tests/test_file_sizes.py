@@ -21,7 +21,6 @@ OVER = {
     "tests/test_integrity.py": 992,
     "tests/test_week19_checks.py": 956,
     "tests/test_week20_checks.py": 929,
-    "grader/checks/week20.py": 845,
     "tests/test_hostile_class.py": 752,
     "lib/fast.py": 725,
     "grader/isolation.py": 702,
