@@ -22,7 +22,6 @@ OVER = {
     "tests/test_week19_checks.py": 956,
     "tests/test_week20_checks.py": 929,
     "tests/test_hostile_class.py": 752,
-    "lib/fast.py": 725,
     "grader/isolation.py": 702,
     "lib/engine.py": 679,
     "tests/test_week18_checks.py": 652,
