@@ -58,7 +58,8 @@ def matmul_sweep(model, repeats: int, rows: list[int] | None = None) -> None:
     import torch.nn.functional as F
 
     from lib import qmatmul as Q
-    from lib.fast import FastLlama, kernels_for, pack_weight, packed_linear
+    from lib.fast import FastLlama
+    from lib.fast_kernels import kernels_for, pack_weight, packed_linear
     weights = [w for blk in model.layers for w in (blk.attn.q_proj.weight, blk.attn.k_proj.weight,
                blk.attn.v_proj.weight, blk.attn.o_proj.weight, blk.mlp.gate_proj.weight, blk.mlp.up_proj.weight,
                blk.mlp.down_proj.weight)] + [model.embed.weight]
@@ -182,7 +183,8 @@ def main() -> None:
         args.new_tokens, args.prefill, args.repeats = [8], 32, 1
 
     from lib import paths
-    from lib.fast import GRAPH_BUCKET, FastLlama
+    from lib.fast import FastLlama
+    from lib.fast_graphs import GRAPH_BUCKET
     from lib.generate import generate
     from lib.model import default_device, load_smollm2
     from lib.roofline import measure_bandwidth, weight_bytes_per_token
@@ -237,7 +239,7 @@ def main() -> None:
               f"ms once per cache shape and window of {GRAPH_BUCKET} positions; "
               f"{fast.graphs.captures} graph(s) captured")
     elif device.type == "cpu":  # the same fast path with the kernels it did not choose: what the choice buys
-        from lib.fast import kernels_for
+        from lib.fast_kernels import kernels_for
         for k in kernels_for([model.embed.weight.detach()]):
             if k != fast.kernel:
                 engines[f"lib.generate (lib.fast, {names[k]})"] = FastLlama(model, kernel=k)

@@ -9,7 +9,7 @@
 First the facts a speed choice depends on: the CPU's model name, vendor and the instruction sets the kernels use
 (AVX2, FMA, AVX-512 and its VNNI / BF16 extensions, AMX tiles), cores, torch's threads, memory, the load average,
 the streaming bandwidth (`lib.roofline.measure_bandwidth`), and the kernels the lab chose here: `lib.fast`'s matmul
-kernel (`lib.fast.choose_kernel`: C++ step, oneDNN-packed or plain, measured once per machine and remembered), the GGUF
+kernel (`lib.fast_kernels.choose_kernel`: C++ step, oneDNN-packed or plain, measured once per machine and remembered), the GGUF
 kernel's build, whether its loops prefetch (`lib.quant_linear.choose_gguf_prefetch`) and its Q4_1 layout
 (`lib.quant_linear.choose_gguf_layout`: as in the file, or d and m widened), each measured once and remembered. Then the
 two speed tables, each as its own benchmark prints it: fp32 decode (`lib.model`, `lib.fast`, transformers, the

@@ -77,7 +77,7 @@ def load_average() -> str:
 def matmul_table(blocks, repeats: int) -> None:
     """The kernel against float32 matmuls (plain and oneDNN-packed) on SmolLM2's gate-up and output shapes."""
     from lib import qmatmul as Q
-    from lib.fast import pack_weight, packed_linear
+    from lib.fast_kernels import pack_weight, packed_linear
 
     print("\n--- matmul: ms per call, by rows of x (the kernel is fused up to FUSED_MAX_ROWS "
           f"= {Q.FUSED_MAX_ROWS}, then decodes the weight once and calls torch) ---")

@@ -110,9 +110,9 @@ def main() -> None:
     if model.device.type == "cuda":  # the rows above replayed CUDA graphs (lib.fast_paged); the same launched eagerly
         (one, _), (eight, _) = (decode_rate(model, questions, b, args.decode_steps, graphs=False) for b in (1, 8))
         print(f"decode, eager (graphs=False): batch 1 {one:.1f} tok/s, batch 8 {eight:.1f} tok/s")
-    from lib.fast import can_pack, pack_linears
+    from lib.fast_kernels import can_pack, pack_linears
     if can_pack(model.device, model.embed.weight.dtype):
-        # The same engine with the model's linear layers multiplying oneDNN-packed weights (lib.fast.pack_linears):
+        # The same engine with the model's linear layers multiplying oneDNN-packed weights (lib.fast_kernels.pack_linears):
         # F.linear reads a plain weight once per row of a small batch on this kind of CPU, packed weights once.
         pack_linears(model)
         one, one_cpu, eight, eight_cpu = rates(", packed weights")

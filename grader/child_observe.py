@@ -100,7 +100,7 @@ class Scope:
 
     def hook(self, root):
         """The profiler function of a call made for exercise `root`: which of lib's functions ran (by bytecode
-        fingerprint: `grader.fingerprint`), which copies of the answer key ran, what the guard watches (`_Guard`),
+        fingerprint: `grader.fingerprint`), which copies of the answer key ran, what the guard watches (`grader.child_guard`),
         and what the recordings in effect want to see."""
         child = self.child
         seen = child.lib_seen.setdefault(root, set())

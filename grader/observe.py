@@ -137,7 +137,7 @@ PREMADE_WRITTEN = "<bytes written into buffers made before the call>"  # Observa
 # dropped (torch._C._DisableTorchDispatch, a dispatch-key guard, torch._C._dispatch_tls_set_dispatch_key_*, through
 # functools.partial or not): whatever ran then went unseen. Counted among Observation.ops, one per builtin it called
 # in that state. (A popped mode stack is the state inside the observers' own handlers, so it is not counted here:
-# the functions that pop it, and torch.library's registrations, are grader.child's verdicts.)
+# the functions that pop it, and torch.library's registrations, are grader.child_guard's verdicts.)
 DISPATCH_OFF = "<code ran with the observers' dispatch switched off>"
 # An operator registered after grader.observe was imported (torch.library: the observed code's own): the observers
 # see the operator, not what its kernel runs.
@@ -508,7 +508,7 @@ _OBSERVER_CLASSES: list = []
 def _observer_classes() -> list:
     """[FlopCounterMode, lib's TensorMemoryMeter, FlopCounterMode's formulas] as first looked up — in the student's
     process at start-up (`warm_up`), before its code runs: a class or a formula it later puts in their modules'
-    place is not the one used (and is a verdict there: grader.child's `_Guard._machinery`). Imported here, not at
+    place is not the one used (and is a verdict there: grader.child_identity's `observer_machinery`). Imported here, not at
     this module's import: torch.utils.flop_counter imports triton, after lib has set TRITON_INTERPRET."""
     if not _OBSERVER_CLASSES:
         # As lib's __init__ does — which does not run where another `lib` folder shadows the lab's (llama-cpp-python

@@ -15,7 +15,7 @@ proxies, `MAX_TEXT` of an exception's message; `grader.bounds` holds the rest), 
 built-in class), the trusted side's pickler
 (`TrustedPickler`: plain data by value, anything with identity or behaviour by reference), and what a call
 copies back into its caller's arguments (`copy_back`: lists, dicts and generators; a changed tensor is a
-verdict, `ArgumentChanged`). The child's own pickler and unpickler are in `grader.child`.
+verdict, `ArgumentChanged`). The child's own pickler and unpickler are in `grader.child_wire`.
 
 A `torch.Generator` never crosses as it is: its state holds its seed (`initial_seed()`, and the first word of the
 Mersenne Twister's state), and the checks' seeds come from the run's seed, so the child could recompute every
@@ -70,7 +70,7 @@ class StudentMemoryError(MemoryError):
 
 # What the framing runs on, bound when this module is imported — in the student's process, before the notebook's
 # code runs: a notebook that replaces `os.write` (to drop the child's verdicts, or rewrite its replies) or `os.read`
-# by plain names changes nothing here (and `grader.child._Guard` makes such a replacement a verdict).
+# by plain names changes nothing here (and `grader.child_guard._Guard` makes such a replacement a verdict).
 _write, _read, _select, _pack, _unpack, _monotonic = os.write, os.read, select.select, struct.pack, struct.unpack, time.monotonic
 
 

@@ -12,7 +12,9 @@
 - `lib.attention` GQA attention and the SDPA backend; naive and tiled (FlashAttention) attention (weeks 16-17)
 - `lib.io_model`  counting slow-memory traffic of standard and tiled attention (week 17)
 - `lib.triton_attention` Triton kernels: a row softmax, a tiled matmul, FlashAttention-2's forward; the interpreter without a GPU (week 17)
-- `lib.fast`      the same model fused for speed (QKV and gate/up matmuls, oneDNN-packed weights, no per-step setup), for serving and benchmarks, CUDA graphs for decode on a GPU; `pack_linears(model)` gives the readable model the packed weights alone
+- `lib.fast`      the same model fused for speed (QKV and gate/up matmuls, oneDNN-packed weights, no per-step setup), for serving and benchmarks, CUDA graphs for decode on a GPU; the kernels' choice and the CUDA graphs are `lib.fast_kernels` and `lib.fast_graphs`
+- `lib.fast_kernels` how `lib.fast` multiplies (plain, oneDNN-packed, the C++ step) and which, chosen by timing once per machine; `pack_linears(model)` gives the readable model the packed weights alone
+- `lib.fast_graphs` `lib.fast`'s one-token decode as CUDA graphs over recycled cache buffers (`GraphedDecode`)
 - `lib.fast_paged` the engine's decode-only steps as CUDA graphs over the paged KV cache (`LLMEngine` uses them on a GPU)
 - `lib.paged`     the block allocator, slot mapping, paged attention and the paged KV cache (week 19)
 - `lib.blocks`    the engine's blocks: chained block hashes, the prefix cache (`PrefixCache`), `BlockManager` (week 19)

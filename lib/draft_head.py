@@ -172,7 +172,7 @@ def save_draft_head(head: DraftHead, path, **meta) -> None:
 def load_draft_head(model, path=None) -> DraftHead:
     """The head saved at `path` (default: the committed `data/draft_head/head.pt`) for `model` (a
     `lib.model.LlamaModel`; its embedding is shared), on the model's device, in eval mode, weights dequantized.
-    On the CPU its linears multiply with packed weights (`lib.fast.pack_linears`)."""
+    On the CPU its linears multiply with packed weights (`lib.fast_kernels.pack_linears`)."""
     path = Path(path) if path is not None else HEAD_PATH
     if not path.exists():
         raise FileNotFoundError(f"no draft head at {path}; train one with `{TRAIN_COMMAND}`")
@@ -183,7 +183,7 @@ def load_draft_head(model, path=None) -> DraftHead:
     head.block.load_state_dict({k[len("block."):]: v for k, v in state.items()})
     head.meta = blob.get("meta", {})
     head.requires_grad_(False)
-    from lib.fast import pack_linears
+    from lib.fast_kernels import pack_linears
 
     return pack_linears(head.eval())
 

@@ -62,7 +62,7 @@ can follow — each one is a line below, and `benchmarks/decode.py --profile` sh
    arithmetic in float32, sums in another order: greedy tokens identical to `lib.model`'s (tests/test_fast.py).
    Which of "cpp", "packed" and "plain" is fastest depends on the CPU, so with `kernel=None` (the default)
    `FastLlama` times a whole step of the model in each — one token, then 4 (a verify) after a 32-token cache —
-   once per machine (`choose_kernel`), keeps the fastest, and remembers it in `data/cache/fast_kernels.json`
+   once per machine (`lib.fast_kernels.choose_kernel`), keeps the fastest, and remembers it in `data/cache/fast_kernels.json`
    (keyed by CPU model, torch version, thread count, the kernels that run here and the model's shapes);
    `INFERENCE_LAB_FAST_KERNEL=cpp|packed|plain|measure` overrides (measure: time again). Unmeasured — models under
    64 MB of weights (the tests' tiny ones: they sit in the CPU's cache, where timing says nothing about decode),
@@ -75,238 +75,33 @@ can follow — each one is a line below, and `benchmarks/decode.py --profile` sh
    two page tables. The weights are copied once into one buffer the kernel is asked to back with 2 MB pages
    (`madvise`), where Linux allows it; the bandwidth probe that sets the roofline reads from such pages too.
 
-`pack_linears(model)` gives the readable `lib.model` item 7 alone, in place: its `nn.Linear`s multiply with packed
+`lib.fast_kernels.pack_linears(model)` gives the readable `lib.model` item 7 alone, in place: its `nn.Linear`s multiply with packed
 weights, and the model's code (and a student's attention or cache plugged into it) is unchanged.
 
 The call contract is the model's: `fast(input_ids [B, T], cache=None) -> logits [B, T, vocab]` float32, with
 `config`, `device` and `new_cache()`, so `lib.generate.generate` and every week's code accept it unchanged.
+
+Here: `FastLlama` (items 1-6, 10 and the steps items 8 and 9 run) and `step_timer`, which times its steps. The
+kernels and how one is chosen (items 7 and 9) are `lib.fast_kernels`'s; the CUDA graphs (item 8), `lib.fast_graphs`'s.
 """
 from __future__ import annotations
 
 import ctypes
-import json
 import math
-import os
-import time
 import weakref
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 from lib import qmatmul as Q
+from lib.fast_graphs import GraphedDecode
+from lib.fast_kernels import KERNELS, choose_kernel, cpp_linear, kernels_for, pack_weight, packed_linear
 from lib.kv_cache import KVCache, LayerKVCache
 from lib.masks import causal_mask
 from lib.roofline import best_time, on_huge_pages
 from lib.model import apply_rope
 
-
-def can_pack(device, dtype: torch.dtype) -> bool:
-    """Whether `pack_weight` applies: float32 on a CPU whose PyTorch build has oneDNN (item 7 above)."""
-    return (torch.device(device).type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
-
-
-def pack_weight(w: torch.Tensor, rows_hint: int = 4) -> torch.Tensor:
-    """`w [out, in]` reordered once into oneDNN's blocked layout; use it only through `packed_linear`."""
-    return torch.ops.mkldnn._reorder_linear_weight(w, rows_hint)
-
-
-def packed_linear(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear(x, w, bias)` for a weight from `pack_weight`: x [..., in] -> [..., out]."""
-    return torch.ops.mkldnn._linear_pointwise(x, w_packed, bias, "none", [], "")
-
-
-_CAN_PACK_CPU = can_pack("cpu", torch.float32)  # checked once: PackedLinear.forward runs 210 times per token
-
-
-def cpp_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """Item 9's matmul on a plain float32 weight: up to `lib.qmatmul.F32_MAX_ROWS` rows of x by the C++ loops
-    (decode, verify, small batches), more (a prefill) by oneDNN on the same plain weight where torch has it —
-    torch's own `F.linear` took 117 ms where oneDNN took 88 for 256 rows through SmolLM2's output layer on the
-    lab's EPYC — else by `F.linear`."""
-    return Q.linear_f32(x, w, large=packed_linear if _CAN_PACK_CPU else F.linear)
-
-
-class PackedLinear(nn.Linear):
-    """A bias-free or biased `nn.Linear` that multiplies with a packed copy of its weight (item 7), for the
-    readable `lib.model` (see `pack_linears`). `.weight` stays the same Parameter, so code that reads weights
-    still works; if the weight is replaced or changed in place, the packed copy is rebuilt before the next
-    multiply, so it can never be stale. A subclass of `nn.Linear`, so code that looks for linear layers finds
-    it. With autograd recording and a weight that needs a gradient, it falls back to `F.linear` (the packed op
-    has no backward)."""
-
-    def __init__(self, weight: nn.Parameter | torch.Tensor, bias: torch.Tensor | None = None):
-        nn.Module.__init__(self)  # not nn.Linear.__init__: that would allocate a fresh weight
-        self.out_features, self.in_features = weight.shape
-        self.weight = weight if isinstance(weight, nn.Parameter) else nn.Parameter(weight, requires_grad=False)
-        self.bias = bias
-        self._packed, self._packed_from, self._packed_key = None, None, None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.weight
-        if (x.dtype != torch.float32 or w.dtype != torch.float32 or x.device.type != "cpu" or w.device.type != "cpu"
-                or not _CAN_PACK_CPU or (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))):
-            return F.linear(x, w, self.bias)
-        key = (w._version, w.data_ptr())  # bumped by in-place writes; moved by `.data = ...`
-        if self._packed_from is not w or self._packed_key != key:  # `is`: a new Parameter may reuse an old id
-            with torch.no_grad():
-                self._packed = pack_weight(w.detach().contiguous())
-            object.__setattr__(self, "_packed_from", w)  # a plain reference, not a second registered Parameter
-            self._packed_key = key
-        return packed_linear(x, self._packed, self.bias)
-
-    def __getstate__(self):  # copy/deepcopy/pickle: drop the packed copy (an opaque oneDNN tensor); rebuilt on use
-        state = dict(self.__dict__)
-        state.update(_packed=None, _packed_from=None, _packed_key=None)
-        return state
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, packed"
-
-
-def pack_linears(model):
-    """`model` (a `lib.model.LlamaModel`, or any module) with every `nn.Linear` replaced, in place, by a
-    `PackedLinear` sharing its weight. Same outputs up to fp32 summation order (≤ ~1e-4 on SmolLM2's logits),
-    faster matmuls on CPU: the readable model keeps its code, only the multiply changes. The state dict keeps its
-    keys, so copies made from it (`pool_kv_heads`, `load_state_dict`) still work. A tied LM head (`lm_head is None`:
-    `F.linear(x, embed.weight)` in `LlamaModel.forward`) stays as it is — for one row it gains nothing (measured
-    15.0 ms plain, 15.6 packed on SmolLM2's 49152 × 576) and packing it would add a state-dict key. A no-op where
-    packing does not apply (GPU, bf16)."""
-    dev, dtype = next(model.parameters()).device, next(model.parameters()).dtype
-    if not can_pack(dev, dtype):
-        return model
-    for mod in list(model.modules()):
-        for child_name, child in list(mod.named_children()):
-            if type(child) is nn.Linear:
-                setattr(mod, child_name, PackedLinear(child.weight, child.bias))
-    return model
-
-
 _MATRICES = ("wqkv", "wo", "w_gate_up", "w_down")  # a layer's weights a matmul reads
-MEASURE_MIN_BYTES = 64 << 20  # below this much weight a model sits in the CPU's caches: no layout is measured
-
-
-def _machine() -> str:
-    """The CPU's model name (the cache key's first part: a layout's speed is a property of the CPU class)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()
-
-
-KERNELS = ("cpp", "packed", "plain")  # item 9: how one decode step multiplies, chosen by measuring
-
-
-def kernels_for(weights: list[torch.Tensor]) -> list[str]:
-    """The kernels that can multiply by `weights` here: "cpp" (lib/csrc/qmatmul.cpp built, every weight's input
-    width a multiple of 16), "packed" (oneDNN), "plain" (always)."""
-    if not weights or not all(w.device.type == "cpu" and w.dtype == torch.float32 for w in weights):
-        return ["plain"]
-    out = ["cpp"] if all(w.shape[1] % Q.F32_BLOCK == 0 for w in weights) and Q.kernel() is not None else []
-    return out + (["packed"] if can_pack("cpu", torch.float32) else []) + ["plain"]
-
-
-def choose_kernel(weights: list[torch.Tensor], cache_file=None, repeats: int = 5, timer=None) -> tuple[str, str]:
-    """(kernel, why): which of `kernels_for(weights)` runs one decode step's weights (`weights`, each [out, in]
-    fp32) fastest on this CPU, at 1 row (a decode step) and 4 rows (a verify or a small batch), summed:
-    `timer(kernel, rows)` gives a step's seconds (FastLlama passes whole steps of the model, so the C++ step's
-    saving outside the matmuls counts), else the weights' matmuls alone are timed. Measured once per machine,
-    model shapes and thread count, and remembered in `cache_file` (`data/cache/fast_kernels.json`);
-    `INFERENCE_LAB_FAST_KERNEL=cpp|packed|plain|measure` overrides."""
-    avail = kernels_for(weights)
-    nbytes = sum(w.numel() * w.element_size() for w in weights)
-    shapes = sorted({tuple(w.shape) for w in weights})
-    return choose_measured(
-        KERNELS, avail, "INFERENCE_LAB_FAST_KERNEL", f"{len(weights)} x {shapes}", nbytes,
-        timer or _matmul_timer(weights, repeats),
-        "a step at 1 and 4 rows" if timer is not None else "one step's matmuls at 1 and 4 rows", cache_file)
-
-
-def choose_measured(names: tuple[str, ...], avail: list[str], env: str, shapes: str, nbytes: int, timer, what: str,
-                    cache_file=None) -> tuple[str, str]:
-    """(choice, why): the fastest of `avail` (a subset of `names`, the first the default) by `timer(name, rows)`
-    summed over 1 and 4 rows, measured once per machine (CPU model, torch, threads, `avail`, `shapes`) and
-    remembered in `cache_file` (default `data/cache/fast_kernels.json`). `$env` set to a name forces it, to
-    "measure" measures again. Not measured (the default) when the weights fit the caches (`nbytes` below
-    MEASURE_MIN_BYTES) or the machine is busy. Used for lib.fast's kernel and for the GGUF kernel's layout
-    (lib.quant_linear.choose_gguf_layout)."""
-    forced = os.environ.get(env, "")
-    if forced in names:
-        if forced not in avail:
-            raise ValueError(f"{env}={forced}, but that cannot run here (available: {', '.join(avail)}); unset it, "
-                             f"or set it to one of those")
-        return forced, f"{env}={forced}"
-    if forced not in ("", "measure"):
-        raise ValueError(f"{env}={forced!r}: use one of {', '.join(names)} or measure")
-    default = avail[0]
-    if nbytes < MEASURE_MIN_BYTES:
-        return default, (f"{default} (the default): {nbytes >> 20} MB of weights sit in the CPU's caches, too "
-                         f"small to measure")
-    if len(avail) == 1:
-        return default, f"{default}: the only one that runs here"
-    key = (f"{_machine()} | torch {torch.__version__} | {torch.get_num_threads()} threads | {','.join(avail)} | "
-           f"{shapes}")
-    if cache_file is None:
-        from lib import paths
-
-        cache_file = paths.CACHE_DIR / "fast_kernels.json"
-    try:
-        known = json.loads(open(cache_file).read())
-    except (OSError, ValueError):
-        known = {}
-    got = known.get(key)
-    if forced != "measure" and isinstance(got, dict) and got.get("kernel") in avail and isinstance(got.get("ms"), dict):
-        at = f" at load {got['load']:.1f}" if isinstance(got.get("load"), (int, float)) else ""
-        return got["kernel"], (f"{got['kernel']}: measured on this machine {got.get('when', '')}{at}: "
-                               + _times(got["ms"]) + f" ({got.get('what', what)}; `make machine` measures again)")
-    try:
-        load, cores = os.getloadavg()[0], os.cpu_count() or 1
-    except (OSError, AttributeError):  # no load average (Windows): measure
-        load, cores = 0.0, os.cpu_count() or 1
-    if forced != "measure" and load > max(0.5, cores - torch.get_num_threads() + 0.5):
-        return default, (f"{default} (the default), not measured: load average {load:.1f} on {cores} cores; the "
-                         f"choices are timed, and remembered, when the machine is quieter")
-    ms = {name: 1e3 * (timer(name, 1) + timer(name, 4)) for name in avail}
-    choice = min(ms, key=ms.get)
-    known[key] = {"kernel": choice, "ms": ms, "what": what, "when": time.strftime("%Y-%m-%d"), "load": round(load, 2)}
-    try:
-        os.makedirs(os.path.dirname(str(cache_file)), exist_ok=True)
-        tmp = f"{cache_file}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(known, f, indent=1, sort_keys=True)
-        os.replace(tmp, cache_file)
-    except OSError:
-        pass  # a read-only data folder: measured again next time
-    return choice, f"{choice}: measured now, at load {load:.1f}: " + _times(ms) + f" ({what})"
-
-
-def _matmul_timer(weights: list[torch.Tensor], repeats: int):
-    """timer(kernel, rows): seconds of `rows` rows through every weight's matmul in that kernel, best of
-    `repeats` (the packed copies made once per kernel)."""
-    xs = {(rows, w.shape[1]): torch.randn(rows, w.shape[1]) for rows in (1, 4) for w in weights}
-    laid = {}
-
-    def timer(name, rows):
-        if name not in laid:
-            laid.clear()  # one layout's copy at a time
-            laid[name] = [pack_weight(w) for w in weights] if name == "packed" else weights
-        mul = {"cpp": cpp_linear, "packed": packed_linear, "plain": F.linear}[name]
-
-        def step():
-            with torch.inference_mode():
-                for w, wk in zip(weights, laid[name]):
-                    mul(xs[(rows, w.shape[1])], wk)
-
-        return best_time(step, repeats)
-
-    return timer
 
 
 def step_timer(model, dtype, repeats: int = 5, make=None):
@@ -334,9 +129,6 @@ def step_timer(model, dtype, repeats: int = 5, make=None):
 
     return timer
 
-
-def _times(ms: dict) -> str:
-    return ", ".join(f"{k} {v:.1f} ms" for k, v in ms.items())
 
 
 class FastLlama:
@@ -629,97 +421,3 @@ class FastLlama:
         cos, sin = self.cos.index_select(0, pos)[:, None], self.sin.index_select(0, pos)[:, None]  # [P, 1, d]
         return self._rope_eye * cos + self._rope_turn * sin  # [P, d, d]: one matrix per position in `pos`
 
-
-GRAPH_BUCKET = 256  # the replayed step attends over the cache's length rounded up to this many positions
-
-
-class _Slot:
-    """One cache's K and V buffers and the decode graphs captured on them, one per attended window."""
-
-    def __init__(self, ks: list, vs: list):
-        self.ks, self.vs = ks, vs
-        self.graphs: dict = {}  # width -> (graph or None, tok, pos, logits, hidden)
-
-
-class GraphedDecode:
-    """FastLlama's one-token decode as CUDA graphs (item 8 of the module's docstring).
-
-    `new_cache` hands out `KVCache`s over recycled buffers (a cache's buffers go back to a free list when the
-    cache is garbage-collected, at most `spare` per shape), so a graph captured on them is replayed by every
-    later cache of that shape. `step` replays (capturing first if needed) and advances the cache's length.
-    With `capture=False` the same step runs eagerly: that is how the CPU tests check the replayed code."""
-
-    def __init__(self, fast: FastLlama, capture: bool = True, spare: int = 2):
-        self.fast, self.capture, self.spare = fast, capture, spare
-        self.free: dict = {}  # (batch, max_len) -> [_Slot]
-        self.captures = self.replays = 0
-        self._tag = object()  # marks the caches this decoder made
-
-    def new_cache(self, batch: int = 1, max_len: int | None = None) -> KVCache:
-        f = self.fast
-        max_len = f.config.max_seq_len if max_len is None else max_len
-        key = (batch, max_len)
-        if self.free.get(key):
-            slot = self.free[key].pop()
-            cache = KVCache([LayerKVCache.on_buffers(k, v) for k, v in zip(slot.ks, slot.vs)])
-        else:
-            cache = KVCache.for_model(f.config, batch, max_len, dtype=f.dtype, device=f.device)
-            slot = _Slot([layer.k for layer in cache.layers], [layer.v for layer in cache.layers])
-        cache.graph_slot, cache.graph_owner = slot, self._tag
-        weakref.finalize(cache, self._give_back, key, slot)
-        return cache
-
-    def _give_back(self, key, slot) -> None:
-        spare = self.free.setdefault(key, [])
-        if len(spare) < self.spare:
-            spare.append(slot)
-
-    def owns(self, cache) -> bool:
-        """Whether `cache` is one of ours, still on the buffers its graphs were captured on."""
-        slot = getattr(cache, "graph_slot", None)
-        return (slot is not None and getattr(cache, "graph_owner", None) is self._tag
-                and all(layer.k is k and layer.v is v for layer, k, v in zip(cache.layers, slot.ks, slot.vs)))
-
-    def step(self, input_ids: torch.Tensor, cache: KVCache):
-        f, slot, start = self.fast, cache.graph_slot, cache.length
-        b, max_len = slot.ks[0].shape[0], slot.ks[0].shape[2]
-        if input_ids.shape != (b, 1):
-            raise ValueError(f"a decode step on this cache takes input_ids [{b}, 1]; got {tuple(input_ids.shape)}")
-        if start + 1 > max_len:
-            raise ValueError(f"KV cache overflow: it holds {start} of {max_len} positions and 1 more was appended. "
-                             f"Allocate the cache with max_len >= prompt length + max_new_tokens")
-        width = min(max_len, -(-(start + 1) // GRAPH_BUCKET) * GRAPH_BUCKET)
-        entry = slot.graphs.get(width)
-        if entry is None:
-            tok = input_ids.to(f.device).clone()
-            pos = torch.full((1,), start, dtype=torch.long, device=f.device)
-            entry = self._capture(slot, tok, pos, width)
-            slot.graphs[width] = entry
-        else:
-            entry[1].copy_(input_ids)
-            entry[2].fill_(start)
-        graph, _, _, logits, hidden = entry
-        if graph is None:  # capture=False: run the replayed step's code eagerly
-            logits, hidden = f.window_step(entry[1], entry[2], slot.ks, slot.vs, width)
-        else:
-            graph.replay()
-            self.replays += 1
-        for layer in cache.layers:
-            layer.length = start + 1
-        return logits.clone(), hidden.clone()  # the graph's outputs are overwritten by its next replay
-
-    def _capture(self, slot: _Slot, tok, pos, width: int):
-        f = self.fast
-        if not self.capture:
-            return (None, tok, pos, None, None)
-        side = torch.cuda.Stream(device=f.device)  # warm-up off the main stream, as torch.cuda.graphs asks
-        side.wait_stream(torch.cuda.current_stream(f.device))
-        with torch.cuda.stream(side):
-            for _ in range(2):  # writes this position's K and V: the same values the replay writes again
-                f.window_step(tok, pos, slot.ks, slot.vs, width)
-        torch.cuda.current_stream(f.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # the server's other threads may use CUDA
-            logits, hidden = f.window_step(tok, pos, slot.ks, slot.vs, width)
-        self.captures += 1
-        return (graph, tok, pos, logits, hidden)

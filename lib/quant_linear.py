@@ -43,7 +43,8 @@ import torch.nn as nn
 
 from lib import paths
 from lib import qmatmul as Q
-from lib.fast import FastLlama, step_timer, choose_measured
+from lib.fast import FastLlama, step_timer
+from lib.fast_kernels import choose_measured
 from lib.qmatmul import check_blocks
 from lib.roofline import on_huge_pages
 from lib.drafts import Int8Linear  # the one int8 weight-only linear (week 18's draft uses it too)
@@ -252,7 +253,7 @@ def choose_gguf_layout(model, blocks: dict[str, tuple[str, torch.Tensor]], cache
                        repeats: int = 5, prefetch: str = "on") -> tuple[str, str]:
     """(layout, why): "file" or "wide" for GGUFFastLlama, whichever runs whole steps (1 and 4 new tokens after
     a 32-token cache) faster here, read with `prefetch`; measured once per machine and remembered next to
-    lib.fast's kernel choice (`lib.fast.choose_measured`)."""
+    lib.fast's kernel choice (`lib.fast_kernels.choose_measured`)."""
     shapes, nbytes = _shapes(blocks)
     timer = step_timer(model, torch.float32, repeats,
                        make=lambda name: GGUFFastLlama(model, blocks, layout=name, prefetch=prefetch))

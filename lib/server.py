@@ -567,7 +567,7 @@ def make_server(model=None, tokenizer=None, num_blocks: int = 512, block_size: i
 
         model, tokenizer = load_smollm2()
     if weights == "packed":
-        from lib.fast import pack_linears
+        from lib.fast_kernels import pack_linears
 
         pack_linears(model)
     elif weights in ("int8", "int4"):

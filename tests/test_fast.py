@@ -1,4 +1,4 @@
-"""lib.fast.FastLlama, and lib.model.LlamaModel after lib.fast.pack_linears, are the same function as lib.model.LlamaModel: greedy tokens identical, logits within
+"""lib.fast.FastLlama, and lib.model.LlamaModel after lib.fast_kernels.pack_linears, are the same function as lib.model.LlamaModel: greedy tokens identical, logits within
 1e-4 + 1e-5·|logit| (fp32 sums taken in another order: the packed oneDNN path's largest difference on SmolLM2
 was 1.02e-4, on a logit of 15.4, a relative 7e-6)."""
 import copy
@@ -8,7 +8,8 @@ import torch
 import torch.nn as nn
 
 from lib import qmatmul as Q
-from lib.fast import FastLlama, PackedLinear, can_pack, choose_kernel, kernels_for, pack_linears
+from lib.fast import FastLlama
+from lib.fast_kernels import PackedLinear, can_pack, choose_kernel, kernels_for, pack_linears
 from lib.generate import generate
 from lib.model import tiny_model
 from lib.roofline import matmul_params
@@ -264,10 +265,10 @@ def test_kernel_and_packed_arguments_are_checked():
 # index_copy_ writes and masks a graph replays, checked against lib.model. On a GPU the tests below capture.
 
 def _windowed(model, bucket, monkeypatch, packed=False):
-    import lib.fast as fast_mod
-    monkeypatch.setattr(fast_mod, "GRAPH_BUCKET", bucket)
+    import lib.fast_graphs as graphs_mod
+    monkeypatch.setattr(graphs_mod, "GRAPH_BUCKET", bucket)
     fast = FastLlama(model, packed=packed)
-    fast.graphs = fast_mod.GraphedDecode(fast, capture=False)
+    fast.graphs = graphs_mod.GraphedDecode(fast, capture=False)
     return fast
 
 

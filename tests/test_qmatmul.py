@@ -313,7 +313,7 @@ def test_a_tiny_model_on_blocks_is_the_fp32_model_of_those_blocks(qtype):
         assert torch.equal(generate(m, prompt, 8), ref), f"{name} {qtype} {seed_note()}"
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items()), "the float model changed"
     # the step CUDA graphs replay (lib.fast item 8), run uncaptured: it multiplies through the blocks too
-    from lib.fast import GraphedDecode
+    from lib.fast_graphs import GraphedDecode
     qfast.graphs = GraphedDecode(qfast, capture=False)
     c_fast, c_ref = qfast.graphs.new_cache(2, 16), model.new_cache(2, 16)
     with torch.no_grad():
