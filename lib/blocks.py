@@ -14,7 +14,7 @@ that a new request can reuse.
 
 Separate from `lib/engine.py` because this is bookkeeping over plain ints, with no model and no scheduling:
 it can be read (and tested) on its own, and `lib.engine` builds on it (`LLMEngine(block_pool=...,
-block_hashes=...)` swaps these parts for the notebook's). `lib.engine` re-exports every name here.
+block_hashes=...)` swaps these parts for the notebook's). Import these names from here.
 """
 from __future__ import annotations
 

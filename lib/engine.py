@@ -35,8 +35,8 @@ only on each sequence's last token. Greedy output of every request is what
 Also here: parallel sampling with copy-on-write (`add_request(..., n=4, temperature=0.8)`, `sample`): the
 samples share the prompt's blocks and copy a shared block only when they write into it; static batching
 for comparison (`policy="static"`); the step-count model of batching (`simulate_steps`). A load test with
-arrival times (`run_load`: TTFT, TBT, throughput, KV utilization) is in `lib.engine_load`. Both other modules'
-names are importable from here too (`from lib.engine import PrefixCache, run_load`).
+arrival times (`run_load`: TTFT, TBT, throughput, KV utilization) is in `lib.engine_load`; import each name
+from the module that defines it.
 """
 from __future__ import annotations
 
@@ -49,8 +49,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lib import lora
-from lib.blocks import BlockManager, PrefixCache, block_hashes, chain_hash  # noqa: F401  (re-exported)
-from lib.engine_load import SkipClock, percentile, run_load  # noqa: F401  (re-exported)
+from lib.blocks import BlockManager, PrefixCache
 from lib.paged import PagedKVCache, blocks_needed
 from lib.roofline import sync
 from lib.sampling import SamplingParams
@@ -225,7 +224,7 @@ class LLMEngine:
                  max_num_batched_tokens: int = 256, enable_chunked_prefill: bool = True,
                  enable_prefix_caching: bool = False, policy: str = "continuous",
                  eos_token_id: int | None = None, clock=time.perf_counter, scheduler=schedule,
-                 block_pool=PrefixCache, preemption_mode: str = "recompute", block_hashes=None, slot_mapping=None,  # noqa: F811
+                 block_pool=PrefixCache, preemption_mode: str = "recompute", block_hashes=None, slot_mapping=None,
                  paged_attention=None, long_prefill_token_threshold: int = 0, graphs: bool | None = None):
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError(f"need max_num_seqs >= 1 and max_num_batched_tokens >= 1; got {max_num_seqs}, "

@@ -2,7 +2,7 @@
 
 One `check_<name>` per exercise; each takes the student's function and raises AssertionError with a
 message that says what is wrong. The oracle is gguf-py (`gguf.quants`, a numpy port of ggml-quants.c);
-the lab's reference is lib/qformats.py (the block formats; lib/quant.py re-exports them). Every byte must match: inputs include random, heavy-tailed and real
+the lab's reference is lib/qformats.py (the block formats). Every byte must match: inputs include random, heavy-tailed and real
 SmolLM2 tensors and blocks built so that x/d lands exactly on a half (a rounding tie).
 
 A student's function may call neither `gguf.quants` (the oracle) nor `lib.qformats` / `lib.quant` (the reference): the check runs
@@ -18,7 +18,7 @@ import torch
 from grader.checks import call_many, check_on_meta, generator, observe, seed_note
 from grader.checks import week20_predict as predict
 from grader.harness import Week
-from lib import quant as ref
+from lib import qformats, quant as ref
 
 WEEK = Week(20, "week20_quantization.ipynb")
 
@@ -230,7 +230,7 @@ def _oracle_dequantize(data, qtype):
 
 
 def _check_quantizer(fn, qtype, name, offset, ties):
-    block = ref.BLOCK_SIZES[qtype][0]
+    block = qformats.BLOCK_SIZES[qtype][0]
     boundary = ("blocks at rounding boundaries where float32 x·(1/d) and x/d (float32 or exact) give different codes "
                 "(ggml multiplies by id = 1/d, a float32, and never divides)", _reciprocal_boundaries(qtype, 8, offset + 5))
     for desc, x in [*_cases(block, offset, ties), boundary]:
@@ -242,7 +242,7 @@ def _random_blocks(qtype, rows, blocks, offset):
     """Random bytes in `qtype`'s layout whose float16 fields are finite, of weight-like size, subnormal (20 %)
     or zero (10 %)."""
     g = generator(offset)
-    nbytes = ref.BLOCK_SIZES[qtype][1]
+    nbytes = qformats.BLOCK_SIZES[qtype][1]
     data = torch.randint(0, 256, (rows, blocks, nbytes), generator=g, dtype=torch.uint8).numpy()
     f16_fields = {"Q8_0": [0], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q4_K": [0, 2],
                   "Q5_K": [0, 2], "Q6_K": [208]}[qtype]
@@ -258,10 +258,10 @@ def _random_blocks(qtype, rows, blocks, offset):
 
 
 def _check_dequantizer(fn, qtype, name, offset):
-    block = ref.BLOCK_SIZES[qtype][0]
+    block = qformats.BLOCK_SIZES[qtype][0]
     cases = [("random bytes (8 rows, 12 blocks each)", _random_blocks(qtype, 8, 12, offset))]
     for desc, x in _cases(block, offset + 10):
-        data = _oracle_quantize(x, qtype) if qtype in ref.QUANTIZE_TYPES[:5] else ref.quantize(x, qtype)
+        data = _oracle_quantize(x, qtype) if qtype in qformats.QUANTIZE_TYPES[:5] else qformats.quantize(x, qtype)
         cases.append((f"{qtype} bytes of {desc}", data))
     for desc, data in cases:
         got = _run(fn, data.copy(), what=f"{name} on {desc}")
@@ -324,7 +324,7 @@ def check_dequantize_q4_k(dequantize_q4_k) -> None:
     _check_dequantizer(dequantize_q4_k, "Q4_K", "dequantize_q4_k", 600)
 
 
-# lib.quant's searched Q4_K has RMSE 0.920x Q4_1's on Gaussian tensors (a plain min/max Q4_K: 1.002x).
+# lib.qformats' searched Q4_K has RMSE 0.920x Q4_1's on Gaussian tensors (a plain min/max Q4_K: 1.002x).
 # Every comparison with lib leaves out the super-blocks with a tie in the search (`_tied_super_blocks`: 1.4 %
 # of the heavy-tailed case's on average, up to 4.7 %; about none elsewhere). With them in, the solution's
 # weighted error on the heavy-tailed case ranged 0.987-1.024x lib's over 300 seeds (one tie flipping d moves
@@ -344,7 +344,7 @@ def _weighted_error(decoded, x, keep=None) -> float:
     """Σ w (x̂ − x)² with the search's weights w = sqrt(mean x²) + |x| per sub-block of 32 (`lib.qformats`),
     over the super-blocks of 256 where `keep [n // 256]` (default all)."""
     sub = np.asarray(x, np.float64).reshape(-1, 8, 32)
-    w = ref.default_weights(sub)
+    w = qformats.default_weights(sub)
     err = (w * (np.asarray(decoded, np.float64).reshape(sub.shape) - sub) ** 2).sum(axis=(1, 2))
     return float(err.sum() if keep is None else err[keep].sum())
 
@@ -356,14 +356,14 @@ def _tied_super_blocks(x) -> np.ndarray:
     candidates. Which one a search keeps is a float detail, and through d = max scale / 63 it moves the whole
     super-block's error by a percent or more — so the weighted comparison leaves these super-blocks out."""
     sub = np.asarray(x, np.float64).reshape(-1, 8, 32)
-    w = ref.default_weights(sub)
+    w = qformats.default_weights(sub)
     lo = np.minimum(sub.min(-1), 0.0)
     span = sub.max(-1) - lo
     span = np.where(span > 0, span, 1.0)
-    found = [(span / 15, -lo, np.clip(ref.nearest_int((sub - lo[..., None]) * (15 / span)[..., None]), 0, 15))]
-    for off in ref.AFFINE_OFFSETS:
-        q = np.clip(ref.nearest_int((sub - lo[..., None]) * ((15 + off) / span)[..., None]), 0, 15)
-        scale, offset = ref.weighted_affine_fit(sub, w, q)
+    found = [(span / 15, -lo, np.clip(qformats.nearest_int((sub - lo[..., None]) * (15 / span)[..., None]), 0, 15))]
+    for off in qformats.AFFINE_OFFSETS:
+        q = np.clip(qformats.nearest_int((sub - lo[..., None]) * ((15 + off) / span)[..., None]), 0, 15)
+        scale, offset = qformats.weighted_affine_fit(sub, w, q)
         clamp = offset > 0
         scale = np.where(clamp, (w * q * sub).sum(-1) / np.maximum((w * q * q).sum(-1), 1e-300), scale)
         found.append((scale, np.where(clamp, 0.0, -offset), q))
@@ -386,7 +386,7 @@ def _rmse(a, b, keep=None):
 
 @WEEK.exercise(6, "quantize_q4_k", section=SECTION_K)
 def check_quantize_q4_k(quantize_q4_k) -> None:
-    """Bytes that gguf-py decodes as Q4_K to weights within 1 % of lib.quant's searched Q4_K (RMSE; 3 % on
+    """Bytes that gguf-py decodes as Q4_K to weights within 1 % of lib.qformats' searched Q4_K (RMSE; 3 % on
     heavy-tailed rows) and within 0.5 % of its weighted error (5 % heavy-tailed) on random, heavy-tailed and real
     SmolLM2 rows — over the super-blocks whose search has no tie — and below 0.95x Q4_1's RMSE on Gaussian ones
     (min/max gets 1.00x)."""
@@ -401,7 +401,7 @@ def check_quantize_q4_k(quantize_q4_k) -> None:
         assert np.isfinite(decoded).all(), f"{what}: gguf-py decodes NaN or inf from your blocks (d or dmin?) {seed_note()}"
         keep = ~_tied_super_blocks(x)
         rmse = _rmse(decoded, x, keep)
-        lib_decoded = ref.dequantize(ref.quantize(x, "Q4_K"), "Q4_K")
+        lib_decoded = qformats.dequantize(qformats.quantize(x, "Q4_K"), "Q4_K")
         lib_rmse = _rmse(lib_decoded, x, keep)
         if desc.startswith("random normal"):
             q4_1 = _rmse(_oracle_dequantize(_oracle_quantize(x, "Q4_1"), "Q4_1"), x)
@@ -414,14 +414,14 @@ def check_quantize_q4_k(quantize_q4_k) -> None:
         allowed = Q4_K_WEIGHTED_VS_LIB_HEAVY if desc.startswith("heavy") else Q4_K_WEIGHTED_VS_LIB
         assert werr <= allowed * lib_werr + 1e-12, (
             f"{what}: the weighted error Σ w (x̂ − x)², w = sqrt(mean x²) + |x| per sub-block of 32 (what the search "
-            f"minimizes), {where}, is {werr / lib_werr:.4f}x lib.quant's search's (allowed {allowed}x; an unweighted "
+            f"minimizes), {where}, is {werr / lib_werr:.4f}x lib.qformats' search's (allowed {allowed}x; an unweighted "
             f"least-squares search gets about 1.01-1.04x while lowering the plain RMSE): weight the errors and the "
             f"refit by w; if you do, your search stops in worse minima — llama.cpp's tries the 21 inverse scales "
             f"(15 + δ)/(max − min), δ = −1, −0.9, …, 1, fits (s, m) to each one's codes by weighted least squares, "
             f"and keeps the best {seed_note()}")
         bound = Q4_K_RMSE_VS_LIB_HEAVY if desc.startswith("heavy") else Q4_K_RMSE_VS_LIB
         assert rmse <= bound * lib_rmse + 1e-12, (
-            f"{what}: gguf-py decodes your blocks with RMSE {rmse:.4g} {where}; lib.quant's search gets {lib_rmse:.4g} (allowed "
+            f"{what}: gguf-py decodes your blocks with RMSE {rmse:.4g} {where}; lib.qformats' search gets {lib_rmse:.4g} (allowed "
             f"{bound}x). Check the weights sqrt(mean x²) + |x|, the least-squares refit (with m clamped at "
             f"0), the 6-bit packing (sub-block 2j in the low nibbles, 2j+1 in the high nibbles) {seed_note()}")
 
@@ -736,11 +736,11 @@ def _gguf_tensors(offset):
     n = int(torch.randint(3, 6, (1,), generator=g))
     for i in range(n):
         qtype = _GGUF_TYPES[int(torch.randint(len(_GGUF_TYPES), (1,), generator=g))]
-        block = 1 if qtype == "F32" else ref.BLOCK_SIZES[qtype][0]
+        block = 1 if qtype == "F32" else qformats.BLOCK_SIZES[qtype][0]
         rows = int(torch.randint(1, 5, (1,), generator=g))
         cols = block * int(torch.randint(1, 4, (1,), generator=g)) * (32 if qtype == "F32" else 1) + (3 if qtype == "F32" else 0)
         x = torch.randn(rows, cols, generator=g).numpy().astype(np.float32)
-        data = x if qtype == "F32" else ref.quantize(x, qtype)
+        data = x if qtype == "F32" else qformats.quantize(x, qtype)
         kind = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"][int(torch.randint(7, (1,), generator=g))]
         name = f"blk.{int(torch.randint(100, (1,), generator=g))}.{kind}.{'poids_réels' if i == 1 else 'weight'}"
         tensors[name] = (data, qtype, (rows, cols))

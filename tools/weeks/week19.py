@@ -80,11 +80,10 @@ from tqdm.auto import tqdm
 
 import lib.blocks
 import lib.engine
-from lib import paged as ref
-from lib import records
-from lib import roofline as rl
+from lib import paged as ref, records, roofline as rl
 from lib.attention import gqa_attention
-from lib.engine import LLMEngine, percentile, run_load, simulate_steps
+from lib.engine import LLMEngine, simulate_steps
+from lib.engine_load import percentile, run_load
 from lib.generate import generate as lib_generate
 from lib.kv_cache import kv_cache_bytes
 from lib.model import shared_smollm2, tiny_model
