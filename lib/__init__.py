@@ -17,6 +17,8 @@
 - `lib.paged`     the block allocator, slot mapping, paged attention and the paged KV cache (week 19)
 - `lib.blocks`    the engine's blocks: chained block hashes, the prefix cache (`PrefixCache`), `BlockManager` (week 19)
 - `lib.engine`    a serving engine: continuous batching, preemption, chunked prefill, prefix caching (week 19)
+- `lib.model_runner` the engine's forward: one flat batch over the paged cache, multi-LoRA rows, decode steps as CUDA graphs (week 19)
+- `lib.request`   the engine's record of a request (`Request`), its step outputs and its errors (week 19)
 - `lib.engine_load` a load test of the engine in-process: arrivals, TTFT, TBT, throughput, KV utilization (week 19)
 - `lib.drafts`    the drafts of speculative decoding: prompt lookup, early exit, int8, FR-Spec `fr_spec_draft`, distilled `load_distilled_draft` (week 18)
 - `lib.speculative` speculative decoding: `verify`, `speculative_generate` with KV-cache rollback, acceptance theory (week 18)

@@ -141,7 +141,7 @@ class BlockManager:
     their full blocks (hashed by `hashes`, `block_hashes`'s signature) and looks up the longest cached prefix of a
     new request.
 
-    A request (`req`) is a `lib.engine.Request`; of it this class reads and writes `blocks` (its block table),
+    A request (`req`) is a `lib.request.Request`; of it this class reads and writes `blocks` (its block table),
     `block_hashes`, `num_computed`, and reads `tokens`, `num_tokens`, `request_id` and `lora`."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False, pool=PrefixCache,
