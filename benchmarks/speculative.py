@@ -66,6 +66,7 @@ def main() -> None:
     ks = [int(k) for k in args.ks.split(",")]
 
     from lib import draft_head as dh
+    from lib.drafts import PromptLookupDraft, early_exit_draft, fr_spec_draft, frequency_ranked_ids, load_distilled_draft, quantized_draft, random_draft, token_counts
     from lib import speculative as spec
     from lib.generate import generate
     from lib.model import load_smollm2
@@ -85,9 +86,9 @@ def main() -> None:
     print(f"torch {torch.__version__} | threads: {torch.get_num_threads()} | {args.new_tokens} new tokens, greedy | "
           f"target: {type(target).__name__} | {platform.processor() or platform.machine()} | load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    int8 = spec.quantized_draft(model)
+    int8 = quantized_draft(model)
     drafts = {  # name -> (draft, min_draft_prob); the draft head is run by its own loop (below)
-        "prompt lookup": (spec.PromptLookupDraft(model.config.vocab_size), 0.5),
+        "prompt lookup": (PromptLookupDraft(model.config.vocab_size), 0.5),
         "int8 copy": (int8, 0.0),
     }
     keep = None
@@ -95,22 +96,22 @@ def main() -> None:
         from lib.text import load_text
 
         text = tok(load_text("hamlet"), return_tensors="pt").input_ids[0]
-        keep = spec.frequency_ranked_ids(spec.token_counts(text[: int(0.8 * text.numel())], model.config.vocab_size),
+        keep = frequency_ranked_ids(token_counts(text[: int(0.8 * text.numel())], model.config.vocab_size),
                                          args.fr)
-        drafts[f"int8 + FR {args.fr}"] = (spec.fr_spec_draft(int8, keep), 0.0)
+        drafts[f"int8 + FR {args.fr}"] = (fr_spec_draft(int8, keep), 0.0)
     try:
-        distilled = spec.load_distilled_draft(model, 2)
+        distilled = load_distilled_draft(model, 2)
         drafts["distilled 2-layer"] = (distilled, 0.0)
         if keep is not None:
-            drafts[f"distilled + FR {args.fr}"] = (spec.fr_spec_draft(distilled, keep), 0.0)
+            drafts[f"distilled + FR {args.fr}"] = (fr_spec_draft(distilled, keep), 0.0)
     except FileNotFoundError as err:
         print(f"(no distilled draft: {err})")
     try:
         drafts["draft head"] = (dh.load_draft_head(model), None)
     except FileNotFoundError as err:
         print(f"(no draft head: {err})")
-    drafts["early exit 8"] = (spec.early_exit_draft(model, 8), 0.0)
-    drafts["random 2-layer"] = (spec.random_draft(model.config), 0.0)
+    drafts["early exit 8"] = (early_exit_draft(model, 8), 0.0)
+    drafts["random 2-layer"] = (random_draft(model.config), 0.0)
     if args.drafts:
         wanted = [d.strip() for d in args.drafts.split(",")]
         unknown = [d for d in wanted if d not in drafts]

@@ -14,7 +14,7 @@ that a new request can reuse.
 
 Separate from `lib/engine.py` because this is bookkeeping over plain ints, with no model and no scheduling:
 it can be read (and tested) on its own, and `lib.engine` builds on it (`LLMEngine(block_pool=...,
-block_hashes=...)` swaps these parts for the notebook's). `lib.engine` re-exports every name here.
+block_hashes=...)` swaps these parts for the notebook's). Import these names from here.
 """
 from __future__ import annotations
 
@@ -141,7 +141,7 @@ class BlockManager:
     their full blocks (hashed by `hashes`, `block_hashes`'s signature) and looks up the longest cached prefix of a
     new request.
 
-    A request (`req`) is a `lib.engine.Request`; of it this class reads and writes `blocks` (its block table),
+    A request (`req`) is a `lib.request.Request`; of it this class reads and writes `blocks` (its block table),
     `block_hashes`, `num_computed`, and reads `tokens`, `num_tokens`, `request_id` and `lora`."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False, pool=PrefixCache,

@@ -14,7 +14,7 @@ Each has a model's call shape, `draft(ids [1, t], cache=...) -> logits [1, t, vo
   `tools/distill_draft.py` (`DISTILL_COMMAND`), saved at `distilled_draft_path`.
 
 Separate from `lib/speculative.py` (verification, the decoding loop, acceptance theory, measurements): a draft
-is only a model, and the loop takes any object of that shape. `lib.speculative` re-exports every name here.
+is only a model, and the loop takes any object of that shape. Import these names from here.
 """
 from __future__ import annotations
 

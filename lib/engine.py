@@ -27,16 +27,17 @@ The blocks come from a `PrefixCache` (in `lib.blocks`, with the `BlockManager` t
 over the token ids (the tokens compared on a hit) and shared instead of recomputed; a freed cached block
 stays cached until evicted, least recently freed first.
 
-All scheduled tokens of all requests go through the model in **one forward** (`[1, N]`, flattened),
-the decodes' attention through `lib.paged.paged_attention` (or the one given as `paged_attention=`), the LM head
-only on each sequence's last token. Greedy output of every request is what
-`lib.generate.generate` gives on it alone.
+A step is schedule → run → postprocess. The run (`lib.model_runner.ModelRunner`) puts all scheduled tokens of all
+requests through the model in **one forward** (`[1, N]`, flattened), the decodes' attention through
+`lib.paged.paged_attention` (or the one given as `paged_attention=`), the LM head only on each sequence's last
+token; postprocess samples, applies the stop conditions and frees; `StepStats` records the step (`trace`,
+`step_stats`). Greedy output of every request is what `lib.generate.generate` gives on it alone.
 
 Also here: parallel sampling with copy-on-write (`add_request(..., n=4, temperature=0.8)`, `sample`): the
 samples share the prompt's blocks and copy a shared block only when they write into it; static batching
 for comparison (`policy="static"`); the step-count model of batching (`simulate_steps`). A load test with
-arrival times (`run_load`: TTFT, TBT, throughput, KV utilization) is in `lib.engine_load`. Both other modules'
-names are importable from here too (`from lib.engine import PrefixCache, run_load`).
+arrival times (`run_load`: TTFT, TBT, throughput, KV utilization) is in `lib.engine_load`; import each name
+from the module that defines it.
 """
 from __future__ import annotations
 
@@ -44,72 +45,15 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import torch
 
-from lib import lora
-from lib.blocks import BlockManager, PrefixCache, block_hashes, chain_hash  # noqa: F401  (re-exported)
-from lib.engine_load import SkipClock, percentile, run_load  # noqa: F401  (re-exported)
+from lib.blocks import BlockManager, PrefixCache
+from lib.model_runner import ModelRunner
 from lib.paged import PagedKVCache, blocks_needed
+from lib.request import AdmissionError, Request, StepOutput, UnknownRequestError
 from lib.roofline import sync
 from lib.sampling import SamplingParams
-
-
-# --- requests ----------------------------------------------------------------------------------------
-
-class UnknownRequestError(KeyError, ValueError):
-    """A request id the engine does not know (never added, aborted, or already collected)."""
-
-    def __str__(self) -> str:  # KeyError would print the message in quotes
-        return str(self.args[0]) if self.args else ""
-
-
-@dataclass(eq=False)
-class Request:
-    request_id: object
-    prompt: list[int]
-    max_new_tokens: int
-    arrival: float = 0.0
-    output: list[int] = field(default_factory=list)
-    blocks: list[int] = field(default_factory=list)  # the block table
-    num_computed: int = 0  # tokens whose K and V are in the cache
-    block_hashes: list[int] = field(default_factory=list)  # chained hashes of the full blocks registered so far
-    num_cached_prompt: int = 0  # prompt tokens found in the prefix cache (last admission)
-    num_preemptions: int = 0
-    first_token_time: float | None = None
-    token_times: list[float] = field(default_factory=list)
-    finished: bool = False
-    padding: list[int] = field(default_factory=list)  # static batching: tokens run after finishing, thrown away
-    # temperature, seed (its generator's), top_p, penalties, logit_bias, lora, ... (lib.sampling): their one record
-    params: SamplingParams = field(default_factory=SamplingParams)
-    n: int = 1  # parallel sampling: samples still to fork off when the prompt is done
-    generator: torch.Generator | None = None
-    serial: int = 0  # the engine's int id of the request (what the scheduler sees)
-    swapped: list | None = None  # preempted by swapping: its blocks' K and V per layer, in host memory
-    siblings: list = field(default_factory=list)  # requests of its own that wait to fork off its prompt (`sibling_of`)
-    sibling_of: "Request | None" = None  # the request whose prompt this one waits to fork off
-
-    @property
-    def tokens(self) -> list[int]:
-        return self.prompt + self.output + self.padding
-
-    @property
-    def lora(self):
-        """The request's LoRA adapter (`params.lora`, lib.lora), or None: the base model."""
-        return self.params.lora
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt) + len(self.output) + len(self.padding)
-
-
-@dataclass(frozen=True)
-class StepOutput:
-    """One token produced by a step."""
-    request_id: object
-    token: int
-    finished: bool
 
 
 def simulate_steps(lengths: Sequence[int], slots: int, policy: str = "continuous") -> int:
@@ -191,13 +135,26 @@ def schedule(running: list[dict], waiting: list[dict], free_blocks: int, block_s
 
 # --- the engine --------------------------------------------------------------------------------------
 
-class AdmissionError(ValueError):
-    """A request the engine can never run (`LLMEngine.admissible`): `field` is the part of the request at fault
-    ("prompt", "max_tokens", "n"), `code` OpenAI's error code where one fits."""
+class StepStats:
+    """The observer of an engine's steps: after each, `on_step` records in `trace` (request_id, tokens computed)
+    of each scheduled request, and in `step_stats` the step's time and counts (sequences, tokens, blocks, slots)."""
 
-    def __init__(self, message: str, field: str, code: str | None = None):
-        super().__init__(message)
-        self.field, self.code = field, code
+    def __init__(self):
+        self.trace: list[list[tuple[object, int]]] = []
+        self.step_stats: list[dict] = []
+
+    def on_step(self, engine: LLMEngine, scheduled: list[tuple[Request, int]], now: float) -> None:
+        running = engine.running
+        self.trace.append([(req.request_id, n) for req, n in scheduled])
+        self.step_stats.append(dict(
+            time=now, num_seqs=len(scheduled), num_tokens=sum(n for _, n in scheduled),
+            num_prefill_tokens=sum(n for _, n in scheduled if n > 1),
+            blocks_in_use=engine.blocks.num_in_use,
+            slots_used=sum(r.num_computed for r in running),
+            slots_allocated=sum(len(r.blocks) for r in running) * engine.block_size,
+            slots_preallocated=sum(len(r.prompt) + r.max_new_tokens for r in running),  # a contiguous cache's
+            num_running=len(running),
+        ))
 
 
 class LLMEngine:
@@ -225,7 +182,7 @@ class LLMEngine:
                  max_num_batched_tokens: int = 256, enable_chunked_prefill: bool = True,
                  enable_prefix_caching: bool = False, policy: str = "continuous",
                  eos_token_id: int | None = None, clock=time.perf_counter, scheduler=schedule,
-                 block_pool=PrefixCache, preemption_mode: str = "recompute", block_hashes=None, slot_mapping=None,  # noqa: F811
+                 block_pool=PrefixCache, preemption_mode: str = "recompute", block_hashes=None, slot_mapping=None,
                  paged_attention=None, long_prefill_token_threshold: int = 0, graphs: bool | None = None):
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError(f"need max_num_seqs >= 1 and max_num_batched_tokens >= 1; got {max_num_seqs}, "
@@ -249,7 +206,7 @@ class LLMEngine:
         self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching, pool=block_pool, hashes=block_hashes)
         self.cache = PagedKVCache(self.config, num_blocks, block_size, dtype=model.embed.weight.dtype,
                                   device=model.device, slot_mapping=slot_mapping, paged_attention=paged_attention)
-        self.graphs = self._decode_graphs(graphs, slot_mapping, paged_attention)
+        self.runner = ModelRunner(model, self.cache, graphs, own_parts=slot_mapping is None and paged_attention is None)
         self.clock = clock
         self.scheduler = scheduler
         self._serials = itertools.count()
@@ -258,8 +215,8 @@ class LLMEngine:
         self.requests: dict[object, Request] = {}
         self._finished: dict[object, list[int]] = {}
         self._ids = itertools.count()
-        self.trace: list[list[tuple[object, int]]] = []  # per step: (request_id, tokens computed)
-        self.step_stats: list[dict] = []
+        self.stats = StepStats()  # the observer of every step; its two records, read as the engine's own:
+        self.trace, self.step_stats = self.stats.trace, self.stats.step_stats
         self.num_preemptions = 0
         self.num_cow_copies = 0
         self.preemption_mode = preemption_mode
@@ -425,13 +382,17 @@ class LLMEngine:
             for i in ids:  # all or nothing: a bad prompt leaves no request of this call queued
                 self.abort(i)
             raise
-        while any(not self.requests[i].finished for i in ids):
+        return self._run_to_end(ids)
+
+    def _run_to_end(self, ids: list) -> list[list[int]]:
+        """Step until the requests `ids` have finished; their outputs, in order (then forgotten)."""
+        while any(i not in self.requests or not self.requests[i].finished for i in ids):
             self.step()
-        outs = [self.requests[i].output for i in ids]
+        outs = [list(self.requests[i].output) for i in ids]
         for i in ids:
             self._finished.pop(i, None)
             self.requests.pop(i, None)
-        return [list(o) for o in outs]
+        return outs
 
     # -- scheduling ---------------------------------------------------------------------------------
 
@@ -475,25 +436,13 @@ class LLMEngine:
                seed: int = 0) -> list[list[int]]:
         """`n` samples of one prompt (parallel sampling, the prompt's blocks shared); sample k is seeded `seed + k`."""
         rid = self.add_request(prompt, max_new_tokens, n=n, temperature=temperature, seed=seed)
-        ids = [rid] + [(rid, k) for k in range(1, n)]
-        while any(i not in self.requests or not self.requests[i].finished for i in ids):
-            self.step()
-        outs = [list(self.requests[i].output) for i in ids]
-        for i in ids:
-            self._finished.pop(i, None)
-            self.requests.pop(i, None)
-        return outs
+        return self._run_to_end([rid] + [(rid, k) for k in range(1, n)])
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
         computed = req.num_computed
         if self.preemption_mode == "swap" and not req.finished and computed:
-            sync(self.model.device)  # both ends: a GPU's copies run asynchronously
-            start = time.perf_counter()
-            req.swapped = self.cache.swap_out(req.blocks[:blocks_needed(computed, self.block_size)])
-            sync(self.model.device)
-            self.swap_seconds += time.perf_counter() - start
-            self.swap_bytes += sum(k.numel() * k.element_size() * 2 for k, _ in req.swapped)
+            self._swap(req, out=True)
         self.blocks.release(req)  # recompute later (prompt + output so far), or swap back in
         if req.swapped is not None:
             req.num_computed = computed
@@ -503,6 +452,20 @@ class LLMEngine:
         req.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)
+
+    def _swap(self, req: Request, out: bool) -> None:
+        """Copy `req`'s computed blocks to host memory (`out`) or back into its new blocks; timed and counted."""
+        sync(self.model.device)  # both ends: a GPU's copies run asynchronously
+        start = time.perf_counter()
+        if out:
+            req.swapped = self.cache.swap_out(req.blocks[:blocks_needed(req.num_computed, self.block_size)])
+        else:
+            self.cache.swap_in(req.blocks, req.swapped)
+        sync(self.model.device)
+        self.swap_seconds += time.perf_counter() - start
+        self.swap_bytes += sum(k.numel() * k.element_size() * 2 for k, _ in req.swapped)
+        if not out:
+            req.swapped = None
 
     def _view(self, req: Request, waiting: bool) -> dict:
         """The request as the scheduler sees it (plain ints). With `long_prefill_token_threshold`, a prefill is
@@ -571,38 +534,19 @@ class LLMEngine:
                                    f"the {self.blocks.num_available} available: it allocated more blocks than are free")
             self._copy(self.blocks.grow(req, req.num_computed + n))
             if req.swapped is not None:
-                sync(self.model.device)
-                start = time.perf_counter()
-                self.cache.swap_in(req.blocks, req.swapped)
-                sync(self.model.device)
-                self.swap_seconds += time.perf_counter() - start
-                self.swap_bytes += sum(k.numel() * k.element_size() * 2 for k, _ in req.swapped)
-                req.swapped = None
+                self._swap(req, out=False)
             scheduled.append((req, n))
         if sum(r.n for r in self.running) > self.max_num_seqs:
             raise RuntimeError(f"the scheduler's plan runs {sum(r.n for r in self.running)} sequences; "
                                f"max_num_seqs is {self.max_num_seqs}")
         return scheduled
 
-    def _decode_graphs(self, graphs, slot_mapping, paged_attention):
-        """`lib.fast_paged.PagedDecodeGraphs` over this engine's cache, or None (see the class's docstring)."""
-        own_parts = slot_mapping is None and paged_attention is None
-        on_cuda = self.cache.device.type == "cuda"
-        if graphs and not (on_cuda and own_parts):
-            raise ValueError("graphs=True needs the model on a CUDA device and lib's own slot_mapping and "
-                             f"paged_attention (model on {self.cache.device}; leave graphs unset to choose)")
-        if not (on_cuda and own_parts if graphs is None else graphs):
-            return None
-        from lib.fast import FastLlama
-        from lib.fast_paged import PagedDecodeGraphs
-
-        return PagedDecodeGraphs(FastLlama(self.model, graphs=False), self.cache)
-
     # -- one step -----------------------------------------------------------------------------------
 
     @torch.no_grad()
     def step(self) -> list[StepOutput]:
-        """Schedule, run one forward over every scheduled token, sample; returns the tokens produced."""
+        """Schedule → run → postprocess: one forward over every scheduled token (`ModelRunner`), then sampling and
+        stop conditions; returns the tokens produced. The step's record goes to the observer (`StepStats`)."""
         scheduled = self._schedule()
         if not scheduled:
             if self.running or self.waiting:
@@ -610,28 +554,32 @@ class LLMEngine:
                                    f"({len(self.running)} running, {len(self.waiting)} waiting, "
                                    f"{self.blocks.num_available} blocks available)")
             return []
-        ids, tables, starts, counts, last = [], [], [], [], []
-        for req, n in scheduled:
-            ids.extend(req.tokens[req.num_computed:req.num_computed + n])
-            tables.append(req.blocks)
-            starts.append(req.num_computed)
-            counts.append(n)
-            if req.num_computed + n == req.num_tokens:  # its last token: the logits its next token comes from
-                last.append(len(ids) - 1)
-        logits = None
-        adapters = lora.row_groups([(req.lora, n) for req, n in scheduled], self.model.device)  # multi-LoRA groups
-        if self.graphs is not None and not adapters and len(last) == len(ids) == len(scheduled):  # all decode 1 token
-            logits = self.graphs.decode(ids, starts, tables)  # replayed (None: a batch beyond the last bucket)
-        if logits is None:
-            self.cache.prepare(tables, starts, counts)
-            self.cache.logits_rows = torch.tensor(last, dtype=torch.int64, device=self.model.device)
-            input_ids = torch.tensor([ids], dtype=torch.int64, device=self.model.device)  # [1, N]
-            with lora.applied(self.model, adapters):  # each adapter group adds its low-rank product to its rows
-                logits = self.model(input_ids, cache=self.cache)[0]  # [len(last), vocab]: the LM head on those rows
-            self.cache.positions = self.cache.logits_rows = None
-        sync(self.model.device)  # the tokens' times are when the GPU has made their logits, not when it was asked
+        logits = self.runner.run(scheduled)  # [rows, vocab], made by the time it returns
         now = self.clock()
-        events, rows, row = [], [], 0  # rows: (request, row of the logits its next token comes from)
+        events = self._postprocess(scheduled, logits, now)
+        self.stats.on_step(self, scheduled, now)
+        return events
+
+    def _postprocess(self, scheduled: list[tuple[Request, int]], logits: torch.Tensor, now: float) -> list[StepOutput]:
+        """The scheduled tokens are computed; every request that reached its last token samples the next one from
+        its row of `logits`, and may finish. Static batching releases a batch once all of it is done."""
+        events = []
+        for req, row in self._advance(scheduled):
+            event = self._emit(req, self._sample(req, logits[row]), now)
+            if event is not None:
+                events.append(event)
+        if self.policy == "static" and all(r.finished for r in self.running):  # the whole batch is done
+            for req in self.running:
+                self.blocks.release(req)
+                req.padding = []
+            self.running = []
+        return events
+
+    def _advance(self, scheduled: list[tuple[Request, int]]) -> list[tuple[Request, int]]:
+        """Count the scheduled tokens as computed (their full blocks registered for prefix caching) and fork the
+        other samples of an n > 1 request whose prompt is done; returns (request, its row of the logits) for each
+        request that samples now (the runner's rows: one per request whose tokens reached its last)."""
+        rows, row = [], 0
         for req, n in scheduled:
             req.num_computed += n
             self.blocks.register(req)
@@ -641,38 +589,25 @@ class LLMEngine:
             if req.n > 1:  # the prompt is done: fork the other samples; each samples its own first token
                 rows += [(child, row) for child in self._fork_samples(req)]
             row += 1
-        for req, row in rows:
-            token = self._sample(req, logits[row])
-            if req.finished:  # a padded row of a static batch
-                req.padding.append(token)
-                if req.num_tokens >= self.config.max_seq_len:  # the model cannot take it further
-                    self._preempt(req)
-                continue
-            req.output.append(token)
-            req.token_times.append(now)
-            if req.first_token_time is None:
-                req.first_token_time = now
-            done = len(req.output) >= req.max_new_tokens or token == self.eos_token_id
-            if done:
-                req.finished = True
-                self._finished[req.request_id] = list(req.output)
-                if self.policy != "static":
-                    self.running.remove(req)
-                    self.blocks.release(req)
-            events.append(StepOutput(req.request_id, token, done))
-        if self.policy == "static" and all(r.finished for r in self.running):  # the whole batch is done
-            for req in self.running:
+        return rows
+
+    def _emit(self, req: Request, token: int, now: float) -> StepOutput | None:
+        """`token`, sampled for `req`: its next output token (None: a padded row's, thrown away). The request
+        finishes at `max_new_tokens` or the EOS token, and leaves the batch with its blocks (static batching: later)."""
+        if req.finished:  # a padded row of a static batch
+            req.padding.append(token)
+            if req.num_tokens >= self.config.max_seq_len:  # the model cannot take it further
+                self._preempt(req)
+            return None
+        req.output.append(token)
+        req.token_times.append(now)
+        if req.first_token_time is None:
+            req.first_token_time = now
+        done = len(req.output) >= req.max_new_tokens or token == self.eos_token_id
+        if done:
+            req.finished = True
+            self._finished[req.request_id] = list(req.output)
+            if self.policy != "static":
+                self.running.remove(req)
                 self.blocks.release(req)
-                req.padding = []
-            self.running = []
-        self.trace.append([(req.request_id, n) for req, n in scheduled])
-        self.step_stats.append(dict(
-            time=now, num_seqs=len(scheduled), num_tokens=len(ids),
-            num_prefill_tokens=sum(n for _, n in scheduled if n > 1),
-            blocks_in_use=self.blocks.num_in_use,
-            slots_used=sum(r.num_computed for r in self.running),
-            slots_allocated=sum(len(r.blocks) for r in self.running) * self.block_size,
-            slots_preallocated=sum(len(r.prompt) + r.max_new_tokens for r in self.running),  # a contiguous cache's
-            num_running=len(self.running),
-        ))
-        return events
+        return StepOutput(req.request_id, token, done)

@@ -9,7 +9,7 @@ two contiguous caches. `SkipClock` skips the idle gaps between arrivals, so a sl
 for real without sleeping.
 
 Separate from `lib/engine.py`: it drives an engine from outside (its `clock`, `add_request`, `step`,
-`requests`, `step_stats`) and is no part of serving. `lib.engine` re-exports these names. Not to be confused
+`requests`, `step_stats`) and is no part of serving. Not to be confused
 with `lib/loadtest.py`, the load test of a running server over HTTP (week 21).
 """
 from __future__ import annotations

@@ -39,8 +39,7 @@ Inputs are numpy arrays or torch tensors; outputs are numpy arrays (use `fake_qu
 `storable_type` says which type a row of a given length can be stored in (llama.cpp's K-quant fallback).
 
 One tensor at a time, no model: the whole-model parts (type plans, the imatrix, RTN and GPTQ/AWQ's grid, writing
-a GGUF file, llama.cpp) are in `lib/quant.py`, which builds on this module and re-exports every name here, so
-`from lib.quant import quantize` works as well.
+a GGUF file, llama.cpp) are in `lib/quant.py`, which builds on this module; import this module's names from here.
 """
 from __future__ import annotations
 

@@ -7,18 +7,16 @@ matrix, round-to-nearest, writing a GGUF file, llama.cpp, and bits allocated und
     write_gguf("smollm2-q4km.gguf", plan, file_type="MOSTLY_Q4_K_M")   # llama.cpp and lib.model load it
 
 The GGUF block formats themselves (`quantize`, `dequantize`, `fake_quantize`, `bits_per_weight`, the K-quants'
-scale search, `storable_type`) are in `lib/qformats.py`, one tensor at a time; this module builds on them and
-re-exports every one of their names (`from lib.quant import quantize` works). `minmax_grid` / `snap` /
+scale search, `storable_type`) are in `lib/qformats.py`, one tensor at a time (import them from there); this
+module builds on them. `minmax_grid` / `snap` /
 `rtn_quantize` are the uniform grid GPTQ (`lib.gptq`) and AWQ (`lib.awq`) improve on.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from lib.qformats import (  # noqa: F401  (every name re-exported: lib.quant was their home before lib.qformats)
-    AFFINE_OFFSETS, BLOCK_SIZES, DEQUANTIZE_TYPES, K_FALLBACK, QK_K, QUANTIZE_TYPES, SYMMETRIC_OFFSETS, as_numpy,
-    sub_weights, bits_per_weight, default_weights, dequantize, fake_quantize, nearest_int, quantize, roundf,
-    search_affine, search_symmetric, storable_type, weighted_affine_fit)
+from lib.qformats import (as_numpy, bits_per_weight, default_weights, fake_quantize, nearest_int, quantize,
+                          search_affine, storable_type, sub_weights)
 
 # --- whole models: which type each tensor gets, fake-quantized copies, size ----------------------------------
 

@@ -142,7 +142,7 @@ def read_gguf_blocks(path=None) -> dict[str, tuple[str, torch.Tensor]]:
         cached = paths.CACHE_DIR / f"smollm2-135m-q4_1-{paths.SMOLLM2_SHA256[:12]}-blocks-v1.pt"
         if cached.is_file():
             return torch.load(cached, weights_only=True)
-        from lib.fetch import check_smollm2
+        from lib.paths import check_smollm2
 
         out = read_gguf_blocks(check_smollm2())
         paths.CACHE_DIR.mkdir(parents=True, exist_ok=True)

@@ -44,11 +44,12 @@ import time
 import uuid
 
 from lib import lora
-from lib.engine import AdmissionError, LLMEngine
+from lib.engine import LLMEngine
 from lib.sampling import SamplingParams
 from lib.engine_thread import EngineLoop, Submission
 from lib.openai_api import (RequestError, answer_options, check_fields, float_field, int_field, prompt_ids,
                             sampling_params)
+from lib.request import AdmissionError
 from lib.serving import ServingLoop, TextStream, token_bytes
 
 

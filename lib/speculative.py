@@ -14,7 +14,7 @@ Notation, everywhere in this lab: **p is the target**, **q is the draft** (Levia
   token from p_K. The output has exactly the target's law, whatever q is.
 - `speculative_generate`: both models keep KV caches; after each verification the rejected positions are
   dropped with `KVCache.truncate` (week 16's cache).
-- Drafts (in `lib/drafts.py`, every name re-exported here), each with a model's call shape
+- Drafts (in `lib/drafts.py`, imported from there), each with a model's call shape
   `draft(ids [1, t], cache=...) -> logits [1, t, vocab]` and `draft.new_cache(batch, max_len)`:
   `PromptLookupDraft` (n-gram match, no weights), `early_exit_draft` (the target's first L layers + final norm +
   LM head), `random_draft` (a small random model) and `quantized_draft` (the target with int8
@@ -37,10 +37,6 @@ from dataclasses import dataclass
 import torch
 
 from lib.roofline import sync
-from lib.drafts import (  # noqa: F401  (re-exported: the drafts were defined here before lib.drafts)
-    DISTILL_COMMAND, Int8Linear, PromptLookupDraft, SubsetHead, TokenHistory, build_distilled_draft, distilled_draft_path,
-    early_exit_draft, fr_spec_draft, frequency_ranked_ids, load_distilled_draft, quantized_draft, random_draft,
-    save_distilled_draft, token_counts)
 
 
 # --- acceptance theory --------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ def hf_smollm2():
     from transformers import AutoModelForCausalLM
 
     from lib import paths
-    from lib.fetch import check_smollm2
+    from lib.paths import check_smollm2
 
     check_smollm2()
     model = AutoModelForCausalLM.from_pretrained(str(paths.MODELS_DIR), gguf_file=paths.SMOLLM2_FILE)

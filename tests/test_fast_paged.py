@@ -31,7 +31,7 @@ def _uncaptured(engine, checked=None):
     key written to the wrong slot is then read back at once). Greedy tokens of a tiny random model repeat
     themselves, so the logits say more than the tokens."""
     graphs = PagedDecodeGraphs(FastLlama(engine.model, packed=False), engine.cache, capture=False)
-    engine.graphs = graphs
+    engine.runner.graphs = graphs
     if checked is None:
         return graphs
     decode = graphs.decode
@@ -87,7 +87,7 @@ def test_a_batch_beyond_the_last_bucket_runs_eagerly(monkeypatch):
 
 def test_graphs_are_asked_for_where_they_can_run():
     model = tiny_model(seed=1)
-    assert LLMEngine(model, num_blocks=8).graphs is None  # on a CPU: off
+    assert LLMEngine(model, num_blocks=8).runner.graphs is None  # on a CPU: off
     with pytest.raises(ValueError, match="CUDA"):
         LLMEngine(model, num_blocks=8, graphs=True)
 
@@ -97,11 +97,11 @@ def test_cuda_engine_replays_its_decodes():
     model = tiny_model(seed=1, n_heads=4, n_kv_heads=2).to("cuda")
     prompts = _prompts(7, seed=2)
     engine = LLMEngine(model, num_blocks=64, max_num_seqs=5)
-    assert engine.graphs is not None
+    assert engine.runner.graphs is not None
     assert engine.generate(prompts, 24) == _alone(model, prompts, 24)
-    assert engine.graphs.captures >= 1 and engine.graphs.replays > 10
+    assert engine.runner.graphs.captures >= 1 and engine.runner.graphs.replays > 10
     off = LLMEngine(model, num_blocks=64, max_num_seqs=5, graphs=False)
-    assert off.graphs is None and off.generate(prompts, 24) == _alone(model, prompts, 24)
+    assert off.runner.graphs is None and off.generate(prompts, 24) == _alone(model, prompts, 24)
 
 
 @pytest.mark.model
@@ -114,4 +114,4 @@ def test_smollm2_cuda_engine_equals_generate():
     prompts = [tok(t).input_ids for t in texts]
     engine = LLMEngine(model, num_blocks=64)
     assert engine.generate(prompts, 32) == _alone(model, prompts, 32)
-    assert engine.graphs.replays > 20
+    assert engine.runner.graphs.replays > 20

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from lib.generate import filter_logits, generate, sample_next
+from lib.generate import generate, sample_next
+from lib.sampling import filter_logits
 from lib.kv_cache import CacheOverflowError
 from lib.model import tiny_model
 

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from lib import paths
-from lib.fetch import ModelFileError, check_smollm2
+from lib.paths import ModelFileError, check_smollm2
 from lib.model import load_smollm2, read_gguf_llama
 
 

@@ -1,10 +1,10 @@
 """lib.qmatmul: the kernel that multiplies GGUF blocks as the file stores them, and the layers built on it.
 
 Random blocks are drawn per run (the seed is printed in every failure: rerun with INFERENCE_LAB_SEED=...). The
-kernel's sum runs in float32 in its own order, so it is held to the float64 product of lib.quant's dequantized
+kernel's sum runs in float32 in its own order, so it is held to the float64 product of lib.qformats' dequantized
 weights within the worst-case float32 bound of a k-term dot product, |err| <= 2k·2⁻²⁴·Σ|x||w|, which a correct
 kernel can never exceed and a wrong nibble, scale or row exceeds by orders of magnitude. The decoded weights
-themselves must equal lib.quant's bit for bit. The first build of the kernel costs about 3 s (cached after).
+themselves must equal lib.qformats' bit for bit. The first build of the kernel costs about 3 s (cached after).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import torch
 
 from grader.checks import generator, run_seed, seed_note
 from lib import qmatmul as Q
-from lib.quant import BLOCK_SIZES, dequantize
+from lib.qformats import BLOCK_SIZES, dequantize
 
 REPO = Path(__file__).resolve().parent.parent
 # where each type keeps its float16 scales (byte offsets in a block): random bytes there could be inf or nan
@@ -67,7 +67,7 @@ def test_kernel_equals_the_reference_on_random_blocks(qtype):
         blocks = random_blocks(qtype, n, nblocks, offset=100 * i)
         x = torch.randn(rows, nblocks * block, generator=generator(100 * i + 1))
         assert_matches_reference(Q.qmatmul(x, blocks, qtype), x, blocks, qtype, f"{qtype} out={n} rows={rows}")
-    # the decoded weights are lib.quant's, bit for bit
+    # the decoded weights are lib.qformats', bit for bit
     blocks = random_blocks(qtype, 13, 3, offset=7)
     got = Q.dequantize_blocks(blocks, qtype)
     assert torch.equal(got, torch.from_numpy(dequantize(blocks, qtype))), f"{qtype} decode {seed_note()}"

@@ -75,8 +75,6 @@ def test_the_quotient_and_slice_probes_keep_the_codes_meaning():
     does, each operand evaluated once."""
     import textwrap
 
-    import torch
-
     LinesRun = _test_ran().LinesRun
     source = textwrap.dedent("""
         import torch

@@ -18,7 +18,9 @@ pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 
 from lib.generate import generate  # noqa: E402
-from lib.server import RequestError, ServerThread, Submission, free_port, make_server  # noqa: E402
+from lib.engine_thread import Submission  # noqa: E402
+from lib.openai_api import RequestError  # noqa: E402
+from lib.server import ServerThread, free_port, make_server  # noqa: E402
 
 pytestmark = pytest.mark.model
 MODEL = "SmolLM2-135M-Instruct"

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from grader.checks.week18_law import LawCase, law_cases, law_counts, law_failures, law_level, law_tests
 from grader.checks.week18_models import MarkovLM
+from lib import drafts
 from lib import speculative as spec
 from lib.generate import generate
 from lib.kv_cache import LayerKVCache, RollingKVCache
@@ -111,10 +112,10 @@ def test_greedy_speculation_equals_target_greedy(k):
     target = _spicy(3)
     ids = torch.randint(0, 128, (1, 5), generator=torch.Generator().manual_seed(k))
     want = generate(target, ids, 30)
-    drafts = [_spicy(13, 6.0), spec.PromptLookupDraft(128), target]
+    candidates = [_spicy(13, 6.0), drafts.PromptLookupDraft(128), target]
     if k == 4:
-        drafts += [spec.early_exit_draft(target, 1), spec.quantized_draft(target), spec.random_draft(target.config)]
-    for draft in drafts:
+        candidates += [drafts.early_exit_draft(target, 1), drafts.quantized_draft(target), drafts.random_draft(target.config)]
+    for draft in candidates:
         stats = spec.SpecStats()
         got = spec.speculative_generate(target, draft, ids, 30, k=k, stats=stats)
         assert torch.equal(got, want), type(draft).__name__
@@ -128,7 +129,7 @@ def test_greedy_speculation_equals_target_greedy(k):
 def test_adaptive_drafting_keeps_output_and_drafts_less():
     target = _spicy(3)
     ids = torch.randint(0, 128, (1, 5), generator=torch.Generator().manual_seed(0))
-    draft = spec.PromptLookupDraft(128)
+    draft = drafts.PromptLookupDraft(128)
     fixed, adaptive = spec.SpecStats(), spec.SpecStats()
     a = spec.speculative_generate(target, draft, ids, 30, k=4, stats=fixed)
     b = spec.speculative_generate(target, draft, ids, 30, k=4, stats=adaptive, min_draft_prob=0.5)
@@ -174,7 +175,7 @@ def test_speculative_generate_errors():
 # --- drafts and theory ----------------------------------------------------------------------------------------
 
 def test_prompt_lookup_guesses_the_continuation():
-    d = spec.PromptLookupDraft(50, ngram=2)
+    d = drafts.PromptLookupDraft(50, ngram=2)
     assert d.guess([5, 6, 7, 8, 5, 6]) == 7
     assert d.guess([5, 6, 7, 8, 9, 6]) == 7  # falls back to a 1-gram match
     assert d.guess([1, 2, 3]) is None  # no match
@@ -187,13 +188,13 @@ def test_prompt_lookup_guesses_the_continuation():
 def test_int8_linear_close_to_fp32_and_draft_logits_close():
     target = tiny_model(seed=2)
     w = target.layers[0].mlp.up_proj.weight
-    lin = spec.Int8Linear(w)
+    lin = drafts.Int8Linear(w)
     assert lin.qweight.dtype == torch.int8 and lin.scale.shape == (w.shape[0],)
     assert (lin.weight - w).abs().max() <= lin.scale.max() / 2 + 1e-7  # rounding error at most half a step
     x = torch.randn(3, w.shape[1])
     assert (lin(x) - F.linear(x, w)).abs().max() < 0.05 * F.linear(x, w).abs().max()
     ids = torch.randint(0, 128, (1, 10), generator=torch.Generator().manual_seed(0))
-    q = spec.quantized_draft(target)
+    q = drafts.quantized_draft(target)
     with torch.no_grad():
         a, b = torch.softmax(target(ids), -1), torch.softmax(q(ids), -1)
     assert spec.acceptance_rate(a, b).min() > 0.95
@@ -202,11 +203,11 @@ def test_int8_linear_close_to_fp32_and_draft_logits_close():
 
 def test_early_exit_draft_shares_weights_and_leaves_target_alone():
     target = tiny_model(seed=2, n_layers=3)
-    d = spec.early_exit_draft(target, 2)
+    d = drafts.early_exit_draft(target, 2)
     assert len(d.layers) == 2 and len(target.layers) == 3 and d.embed is target.embed
     assert d.layers[0] is target.layers[0] and d.config.n_layers == 2
     with pytest.raises(ValueError):
-        spec.early_exit_draft(target, 4)
+        drafts.early_exit_draft(target, 4)
 
 
 def test_acceptance_theory():
@@ -229,7 +230,7 @@ def test_smollm2_greedy_speculation_with_int8_draft(smollm2):
     model, tok = smollm2
     ids = tok("To be, or not to be, that is the question:", return_tensors="pt").input_ids
     want = generate(model, ids, 48)
-    draft = spec.quantized_draft(model)
+    draft = drafts.quantized_draft(model)
     for k in (1, 4):
         stats = spec.SpecStats()
         assert torch.equal(spec.speculative_generate(model, draft, ids, 48, k=k, stats=stats), want)
@@ -239,26 +240,26 @@ def test_smollm2_greedy_speculation_with_int8_draft(smollm2):
 # --- FR-Spec: a frequency-ranked vocabulary subset for the draft's LM head ----------------------------------
 
 def test_frequency_ranking_counts_and_breaks_ties_by_id():
-    counts = spec.token_counts([torch.tensor([[3, 3, 5, 1]]), torch.tensor([5, 3, 7])], 10)
+    counts = drafts.token_counts([torch.tensor([[3, 3, 5, 1]]), torch.tensor([5, 3, 7])], 10)
     assert counts.tolist() == [0, 1, 0, 3, 0, 2, 0, 1, 0, 0]
-    assert spec.frequency_ranked_ids(counts, 5).tolist() == [3, 5, 1, 7, 0]  # ties (and unseen tokens) by id
-    assert spec.frequency_ranked_ids(counts, 10).sort().values.tolist() == list(range(10))
+    assert drafts.frequency_ranked_ids(counts, 5).tolist() == [3, 5, 1, 7, 0]  # ties (and unseen tokens) by id
+    assert drafts.frequency_ranked_ids(counts, 10).sort().values.tolist() == list(range(10))
     for bad in (0, 11):
         with pytest.raises(ValueError):
-            spec.frequency_ranked_ids(counts, bad)
+            drafts.frequency_ranked_ids(counts, bad)
     with pytest.raises(ValueError):
-        spec.token_counts(torch.tensor([10]), 10)
+        drafts.token_counts(torch.tensor([10]), 10)
 
 
 def test_fr_spec_draft_restricts_the_head_and_keeps_the_rest():
     target = _spicy(3)
     keep = torch.tensor([5, 0, 17, 99, 42, 3])
     ids = torch.randint(0, 128, (1, 9), generator=torch.Generator().manual_seed(0))
-    for base in (target, spec.early_exit_draft(target, 1), spec.quantized_draft(target)):
-        d = spec.fr_spec_draft(base, keep)
+    for base in (target, drafts.early_exit_draft(target, 1), drafts.quantized_draft(target)):
+        d = drafts.fr_spec_draft(base, keep)
         assert d.layers is base.layers and d.embed is base.embed
         head = d.lm_head.head
-        rows = head.qweight if isinstance(head, spec.Int8Linear) else head.weight
+        rows = head.qweight if isinstance(head, drafts.Int8Linear) else head.weight
         assert rows.shape == (6, 64)  # N x d_model weights, not vocab x d_model
         with torch.no_grad():
             full, sub = base(ids), d(ids, cache=d.new_cache(1, 16))
@@ -270,11 +271,11 @@ def test_fr_spec_draft_restricts_the_head_and_keeps_the_rest():
         assert q[..., outside].sum() == 0 and torch.isin(sub.argmax(-1), keep).all()
     assert target.lm_head is None  # the target is untouched
     with pytest.raises(ValueError):
-        spec.fr_spec_draft(target, torch.tensor([1, 1]))
+        drafts.fr_spec_draft(target, torch.tensor([1, 1]))
     with pytest.raises(ValueError):
-        spec.fr_spec_draft(target, torch.tensor([128]))
+        drafts.fr_spec_draft(target, torch.tensor([128]))
     with pytest.raises(ValueError):
-        spec.fr_spec_draft(spec.PromptLookupDraft(128), keep)
+        drafts.fr_spec_draft(drafts.PromptLookupDraft(128), keep)
 
 
 @pytest.mark.parametrize("n", [4, 32])
@@ -282,15 +283,15 @@ def test_fr_spec_greedy_speculation_equals_target_greedy(n):
     target = _spicy(3)
     ids = torch.randint(0, 128, (1, 5), generator=torch.Generator().manual_seed(n))
     want = generate(target, ids, 30)
-    keep = spec.frequency_ranked_ids(spec.token_counts(want, 128), n)  # the target's own tokens first
-    for base in (target, spec.quantized_draft(target), _spicy(13, 6.0)):
+    keep = drafts.frequency_ranked_ids(drafts.token_counts(want, 128), n)  # the target's own tokens first
+    for base in (target, drafts.quantized_draft(target), _spicy(13, 6.0)):
         stats = spec.SpecStats()
-        assert torch.equal(spec.speculative_generate(target, spec.fr_spec_draft(base, keep), ids, 30, k=3,
+        assert torch.equal(spec.speculative_generate(target, drafts.fr_spec_draft(base, keep), ids, 30, k=3,
                                                      stats=stats), want)
     # the target as its own draft, restricted to its own outputs' tokens: every draft token is accepted
     keep = torch.unique(want[0, 5:])
     stats = spec.SpecStats()
-    spec.speculative_generate(target, spec.fr_spec_draft(target, keep), ids, 30, k=3, stats=stats)
+    spec.speculative_generate(target, drafts.fr_spec_draft(target, keep), ids, 30, k=3, stats=stats)
     assert stats.acceptance_rate == 1.0
 
 
@@ -322,7 +323,7 @@ def test_fr_spec_sampled_speculation_runs_end_to_end():
     target's residual or bonus), and the draft only ever proposes tokens inside it."""
     target = _spicy(3, 2.0)
     keep = torch.arange(0, 128, 2)  # the even token ids
-    draft = spec.fr_spec_draft(spec.quantized_draft(target), keep)
+    draft = drafts.fr_spec_draft(drafts.quantized_draft(target), keep)
     proposed = []
     real_call = draft.forward
 
@@ -341,21 +342,21 @@ def test_fr_spec_sampled_speculation_runs_end_to_end():
 def test_distilled_draft_loader_roundtrip_and_clear_error(tmp_path):
     target = tiny_model(seed=2, n_layers=3)
     with pytest.raises(FileNotFoundError, match="tools/distill_draft.py"):
-        spec.load_distilled_draft(target, 1, path=tmp_path / "missing.pt")
-    d = spec.build_distilled_draft(target, 1, init_from=[2])
+        drafts.load_distilled_draft(target, 1, path=tmp_path / "missing.pt")
+    d = drafts.build_distilled_draft(target, 1, init_from=[2])
     assert d.embed is target.embed and d.layers[0] is not target.layers[2]
     with torch.no_grad():
         for p in d.layers.parameters():
             p.add_(0.01)
-    spec.save_distilled_draft(d, tmp_path / "d.pt", steps=3)
-    loaded = spec.load_distilled_draft(target, 1, path=tmp_path / "d.pt")
+    drafts.save_distilled_draft(d, tmp_path / "d.pt", steps=3)
+    loaded = drafts.load_distilled_draft(target, 1, path=tmp_path / "d.pt")
     ids = torch.randint(0, 128, (1, 7), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids), d(ids))
     with pytest.raises(ValueError):
-        spec.load_distilled_draft(target, 2, path=tmp_path / "d.pt")
+        drafts.load_distilled_draft(target, 2, path=tmp_path / "d.pt")
     with pytest.raises(ValueError):
-        spec.build_distilled_draft(target, 2, init_from=[0, 3])
+        drafts.build_distilled_draft(target, 2, init_from=[0, 3])
 
 
 @pytest.mark.model
@@ -364,8 +365,8 @@ def test_smollm2_fr_spec_int8_draft_is_exact_and_cheaper(smollm2):
 
     model, tok = smollm2
     text = tok(load_text("hamlet"), return_tensors="pt").input_ids[0]
-    keep = spec.frequency_ranked_ids(spec.token_counts(text[: int(0.8 * text.numel())], 49152), 4096)
-    draft = spec.fr_spec_draft(spec.quantized_draft(model), keep)
+    keep = drafts.frequency_ranked_ids(drafts.token_counts(text[: int(0.8 * text.numel())], 49152), 4096)
+    draft = drafts.fr_spec_draft(drafts.quantized_draft(model), keep)
     assert draft.lm_head.head.qweight.shape == (4096, 576)
     ids = tok("To be, or not to be, that is the question:", return_tensors="pt").input_ids
     stats = spec.SpecStats()

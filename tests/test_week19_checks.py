@@ -20,7 +20,7 @@ from grader.checks import week19 as checks
 from grader.harness import ReferenceUse, exercise_cells, load_exercises
 from grader.isolation import Session
 from grader.view import ViewSpec
-from lib import engine as ref_engine
+from lib import blocks as ref_blocks, engine as ref_engine
 from lib import paged as ref
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "solutions" / "19" / checks.WEEK.notebook
@@ -453,7 +453,7 @@ def unchained(tokens, bs):  # each block on its own: a hit would not mean the wh
 
 
 def with_partial(tokens, bs):  # hashes a partly filled last block too
-    return ref_engine.block_hashes(tokens + [0] * (-len(tokens) % bs), bs)
+    return ref_blocks.block_hashes(tokens + [0] * (-len(tokens) % bs), bs)
 
 
 def chained_sum(tokens, bs):  # chained over each block's sum: permuted or compensating blocks collide
@@ -473,11 +473,11 @@ def additive_chain(tokens, bs):  # h_i = h_{i-1} + hash(block): blind to the ord
 
 
 def twenty_bits(tokens, bs):  # truncated: 8000 prefixes collide about 30 times
-    return [h & 0xFFFFF for h in ref_engine.block_hashes(tokens, bs)]
+    return [h & 0xFFFFF for h in ref_blocks.block_hashes(tokens, bs)]
 
 
 def thirty_two_bits(tokens, bs):  # truncated: 8000 prefixes collide with probability 0.0074, a real cache surely
-    return [h & 0xFFFFFFFF for h in ref_engine.block_hashes(tokens, bs)]
+    return [h & 0xFFFFFFFF for h in ref_blocks.block_hashes(tokens, bs)]
 
 
 # --- the prefix cache ------------------------------------------------------------------------------------
@@ -668,7 +668,7 @@ WRONG = [rounds_down, one_too_many, full_block_wasted, seed_constant, NoRefCount
 HEADER = """
 import math
 import torch
-from lib import engine as ref_engine
+from lib import blocks as ref_blocks, engine as ref_engine
 from lib import paged as ref
 """
 # lib's own schedule, exec'd under another name: the child's audit hook refuses to compile a copy of the answer key,
@@ -837,7 +837,7 @@ def test_paged_attention_in_place_scaling_rejected_in_process():
 
 def test_block_hashes(ex, child):
     checks.check_block_hashes(ex.block_hashes)
-    checks.check_block_hashes(ref_engine.block_hashes)  # sha256-based: the property check takes any good hash
+    checks.check_block_hashes(ref_blocks.block_hashes)  # sha256-based: the property check takes any good hash
     _rejects(child, checks.check_block_hashes, "unchained", "chain")
     _rejects(child, checks.check_block_hashes, "with_partial", "FULL")
     _rejects(child, checks.check_block_hashes, "chained_sum", "not their sum")
@@ -925,7 +925,7 @@ from lib.paged import blocks_needed, OutOfBlocksError
 exec(compile(_inspect.getsource(ref.{name}), "<student cell>", "exec"))
 """
     source = HEADER + """
-PrefixCache = type("PrefixCache", (ref_engine.PrefixCache,), {})  # lib's, under the exercise's name
+PrefixCache = type("PrefixCache", (ref_blocks.PrefixCache,), {})  # lib's, under the exercise's name
 """
     session = Session(tmp_path / "week19_lib_copy.ipynb", view=ViewSpec.everything(19))  # behind the view
     try:

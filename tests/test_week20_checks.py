@@ -1,5 +1,5 @@
 """Week 20's checks accept the solution's exercises and reject each wrong route: calling gguf-py (the oracle) or
-lib.quant (the reference), rounding halves to even, packing neighbours into one byte, dropping the scale bits,
+lib (the reference), rounding halves to even, packing neighbours into one byte, dropping the scale bits,
 misplacing Q5_0's fifth bits, a Q4_K without the scale search, an error model with the wrong step or average, a quiz
 answer that ignores the measurement; and, in an isolated process as `pytest weeks/20` grades, the wrong routes of
 issues 21 and 56 (ISOLATED_CASES) and the honest routes a problem posed without its method admits (HONEST_CASES)."""
@@ -42,7 +42,7 @@ def via_gguf(qtype, direction):
 
 
 def via_lib(qtype, direction):
-    from lib import quant as hidden  # the reference under another name
+    from lib import qformats as hidden  # the reference under another name
 
     return lambda x: getattr(hidden, direction)(x, qtype)
 

@@ -8,7 +8,7 @@ gguf = pytest.importorskip("gguf")
 from gguf.quants import dequantize as gguf_dequantize  # noqa: E402
 from gguf.quants import quantize as gguf_quantize  # noqa: E402
 
-from lib import quant  # noqa: E402
+from lib import qformats, quant  # noqa: E402
 
 LEGACY = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
 
@@ -39,25 +39,25 @@ def _bits(a):
 def test_legacy_quantize_and_dequantize_are_bit_exact(qtype, case):
     x = _inputs()[case]
     want = gguf_quantize(x, gguf.GGMLQuantizationType[qtype])
-    got = quant.quantize(x, qtype)
+    got = qformats.quantize(x, qtype)
     assert got.dtype == np.uint8 and got.shape == want.shape
     assert np.array_equal(got, want)
-    assert np.array_equal(_bits(quant.dequantize(got, qtype)), _bits(gguf_dequantize(want, gguf.GGMLQuantizationType[qtype])))
+    assert np.array_equal(_bits(qformats.dequantize(got, qtype)), _bits(gguf_dequantize(want, gguf.GGMLQuantizationType[qtype])))
 
 
 def test_roundf_sends_halves_away_from_zero():
     x = np.array([0.5, 1.5, 2.5, -0.5, -2.5, 0.49999997, -0.49999997, 126.5], np.float32)
-    assert quant.roundf(x).tolist() == [1, 2, 3, -1, -3, 0, 0, 127]
-    assert np.round(x).tolist() != quant.roundf(x).tolist()  # numpy (and torch) round halves to even
+    assert qformats.roundf(x).tolist() == [1, 2, 3, -1, -3, 0, 0, 127]
+    assert np.round(x).tolist() != qformats.roundf(x).tolist()  # numpy (and torch) round halves to even
 
 
-@pytest.mark.parametrize("qtype", quant.DEQUANTIZE_TYPES)
+@pytest.mark.parametrize("qtype", qformats.DEQUANTIZE_TYPES)
 def test_dequantize_random_bytes_is_bit_exact(qtype):
     rng = np.random.default_rng(1)
-    data = rng.integers(0, 256, (6, 5 * quant.BLOCK_SIZES[qtype][1]), dtype=np.uint8)
+    data = rng.integers(0, 256, (6, 5 * qformats.BLOCK_SIZES[qtype][1]), dtype=np.uint8)
     with np.errstate(all="ignore"):  # random float16 fields include inf and NaN: both sides must agree on those too
-        got, want = quant.dequantize(data, qtype), gguf_dequantize(data, gguf.GGMLQuantizationType[qtype])
-    assert got.dtype == np.float32 and got.shape == want.shape == (6, 5 * quant.BLOCK_SIZES[qtype][0])
+        got, want = qformats.dequantize(data, qtype), gguf_dequantize(data, gguf.GGMLQuantizationType[qtype])
+    assert got.dtype == np.float32 and got.shape == want.shape == (6, 5 * qformats.BLOCK_SIZES[qtype][0])
     assert np.array_equal(_bits(got), _bits(want))
 
 
@@ -66,14 +66,14 @@ def test_lab_k_quantizers_decode_with_gguf(qtype):
     for case, x in _inputs().items():
         if x.shape[-1] % 256:
             continue
-        data = quant.quantize(x, qtype)
-        assert data.shape == (*x.shape[:-1], x.shape[-1] // 256 * quant.BLOCK_SIZES[qtype][1])
-        ours = quant.dequantize(data, qtype)
+        data = qformats.quantize(x, qtype)
+        assert data.shape == (*x.shape[:-1], x.shape[-1] // 256 * qformats.BLOCK_SIZES[qtype][1])
+        ours = qformats.dequantize(data, qtype)
         assert np.array_equal(_bits(ours), _bits(gguf_dequantize(data, gguf.GGMLQuantizationType[qtype])))
         if case in ("normal", "heavy"):
             rmse = np.sqrt(np.mean((ours - x) ** 2))
-            q41 = np.sqrt(np.mean((quant.dequantize(quant.quantize(x, "Q4_1"), "Q4_1") - x) ** 2))
-            q51 = np.sqrt(np.mean((quant.dequantize(quant.quantize(x, "Q5_1"), "Q5_1") - x) ** 2))
+            q41 = np.sqrt(np.mean((qformats.dequantize(qformats.quantize(x, "Q4_1"), "Q4_1") - x) ** 2))
+            q51 = np.sqrt(np.mean((qformats.dequantize(qformats.quantize(x, "Q5_1"), "Q5_1") - x) ** 2))
             if qtype == "Q4_K":  # the search: 4.5 bpw below Q4_1's 5.0 bpw (0.92x on Gaussian weights)
                 assert rmse <= 0.95 * q41
             elif qtype == "Q5_K":  # 5.5 bpw vs Q5_1's 6.0 (0.95x)
@@ -98,10 +98,10 @@ def test_searched_q4_k_beats_q4_1_and_min_max_on_gaussian_and_t3():
     rng = np.random.default_rng(seed)
     for x, bound, margin in [(rng.standard_normal((64, 1024)).astype(np.float32), 0.93, 1.07),
                              (rng.standard_t(3, (64, 1024)).astype(np.float32), 0.97, 1.04)]:
-        q41 = _rmse(quant.dequantize(quant.quantize(x, "Q4_1"), "Q4_1"), x)
-        searched = _rmse(quant.dequantize(quant.quantize(x, "Q4_K"), "Q4_K"), x)
+        q41 = _rmse(qformats.dequantize(qformats.quantize(x, "Q4_1"), "Q4_1"), x)
+        searched = _rmse(qformats.dequantize(qformats.quantize(x, "Q4_K"), "Q4_K"), x)
         assert searched <= bound * q41, (seed, searched / q41)
-        minmax = _rmse(quant.dequantize(quant.quantize(x, "Q4_K", search=False), "Q4_K"), x)
+        minmax = _rmse(qformats.dequantize(qformats.quantize(x, "Q4_K", search=False), "Q4_K"), x)
         assert searched * margin <= minmax, (seed, minmax / searched)
 
 
@@ -110,7 +110,7 @@ def test_the_least_squares_fit_is_the_minimum():
     rng = np.random.default_rng(3)
     x, w = rng.standard_normal((50, 32)), rng.random((50, 32))
     q = rng.integers(0, 16, (50, 32)).astype(np.float64)
-    s, m = quant.weighted_affine_fit(x, w, q)
+    s, m = qformats.weighted_affine_fit(x, w, q)
 
     def err(s, m):
         return (w * (s[:, None] * q + m[:, None] - x) ** 2).sum(-1)
@@ -124,26 +124,26 @@ def test_importance_lowers_the_weighted_error_and_zero_importance_is_harmless():
     x = rng.standard_normal((32, 512)).astype(np.float32)
     imp = (rng.random(512) ** 6).astype(np.float32)
     for qtype in ["Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]:
-        plain = quant.dequantize(quant.quantize(x, qtype), qtype)
-        data = quant.quantize(x, qtype, importance=imp)
-        weighted = quant.dequantize(data, qtype)
+        plain = qformats.dequantize(qformats.quantize(x, qtype), qtype)
+        data = qformats.quantize(x, qtype, importance=imp)
+        weighted = qformats.dequantize(data, qtype)
         assert np.array_equal(weighted.view(np.uint32),
                               gguf_dequantize(data, gguf.GGMLQuantizationType[qtype]).view(np.uint32))
         assert (imp * (weighted - x) ** 2).sum() < 0.9 * (imp * (plain - x) ** 2).sum(), qtype
-    zero = quant.quantize(x, "Q4_K", importance=np.zeros(512, np.float32))
-    assert np.isfinite(quant.dequantize(zero, "Q4_K")).all()
-    assert np.array_equal(quant.quantize(x, "Q8_0", importance=imp), quant.quantize(x, "Q8_0"))  # Q8_0: no search
+    zero = qformats.quantize(x, "Q4_K", importance=np.zeros(512, np.float32))
+    assert np.isfinite(qformats.dequantize(zero, "Q4_K")).all()
+    assert np.array_equal(qformats.quantize(x, "Q8_0", importance=imp), qformats.quantize(x, "Q8_0"))  # Q8_0: no search
 
 
 def test_k_quant_codes_round_half_to_even():
-    assert quant.nearest_int(np.array([0.5, 1.5, 2.5, -0.5, -2.5])).tolist() == [0, 2, 2, -0, -2]
+    assert qformats.nearest_int(np.array([0.5, 1.5, 2.5, -0.5, -2.5])).tolist() == [0, 2, 2, -0, -2]
 
 
 def test_bfloat16_is_accepted():
     w = torch.randn(4, 256).to(torch.bfloat16)
     for qtype in ["Q8_0", "Q4_K", "Q6_K"]:
-        assert np.array_equal(quant.quantize(w, qtype), quant.quantize(w.float(), qtype))
-    assert quant.fake_quantize(w, "Q4_K").dtype == torch.float32
+        assert np.array_equal(qformats.quantize(w, qtype), qformats.quantize(w.float(), qtype))
+    assert qformats.fake_quantize(w, "Q4_K").dtype == torch.float32
 
 
 def test_perplexity_se_from_chunks():
@@ -161,35 +161,35 @@ def test_perplexity_se_from_chunks():
 
 
 def test_block_sizes_and_bits_per_weight_match_gguf():
-    for qtype, (block, nbytes) in quant.BLOCK_SIZES.items():
+    for qtype, (block, nbytes) in qformats.BLOCK_SIZES.items():
         assert gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]] == (block, nbytes)
-    assert [quant.bits_per_weight(t) for t in ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")] == [8.5, 4.5, 5.0, 4.5, 6.5625]
+    assert [qformats.bits_per_weight(t) for t in ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")] == [8.5, 4.5, 5.0, 4.5, 6.5625]
 
 
 def test_torch_in_numpy_out_and_fake_quantize():
     w = torch.randn(4, 64)
-    data = quant.quantize(w, "Q8_0")
-    assert isinstance(data, np.ndarray) and np.array_equal(data, quant.quantize(w.numpy(), "Q8_0"))
-    assert np.array_equal(quant.dequantize(torch.from_numpy(data), "Q8_0"), quant.dequantize(data, "Q8_0"))
-    fq = quant.fake_quantize(w, "Q4_1")
+    data = qformats.quantize(w, "Q8_0")
+    assert isinstance(data, np.ndarray) and np.array_equal(data, qformats.quantize(w.numpy(), "Q8_0"))
+    assert np.array_equal(qformats.dequantize(torch.from_numpy(data), "Q8_0"), qformats.dequantize(data, "Q8_0"))
+    fq = qformats.fake_quantize(w, "Q4_1")
     assert isinstance(fq, torch.Tensor) and fq.dtype == torch.float32 and fq.shape == w.shape
 
 
 def test_bad_input_is_refused_with_a_message():
     with pytest.raises(ValueError, match="multiple of 32"):
-        quant.quantize(np.zeros((2, 48), np.float32), "Q4_1")
+        qformats.quantize(np.zeros((2, 48), np.float32), "Q4_1")
     with pytest.raises(ValueError, match="multiple of 256"):
-        quant.quantize(np.zeros((2, 576), np.float32), "Q4_K")
+        qformats.quantize(np.zeros((2, 576), np.float32), "Q4_K")
     with pytest.raises(ValueError, match="multiple of 20 bytes"):
-        quant.dequantize(np.zeros((2, 30), np.uint8), "Q4_1")
+        qformats.dequantize(np.zeros((2, 30), np.uint8), "Q4_1")
     with pytest.raises(ValueError, match="supported types are Q8_0, Q4_0"):
-        quant.quantize(np.zeros(32, np.float32), "Q3_K")
+        qformats.quantize(np.zeros(32, np.float32), "Q3_K")
     with pytest.raises(ValueError, match="Q5_K"):
-        quant.dequantize(np.zeros(32, np.uint8), "IQ4_NL")
+        qformats.dequantize(np.zeros(32, np.uint8), "IQ4_NL")
     with pytest.raises(ValueError, match="importance must be"):
-        quant.quantize(np.zeros((2, 256), np.float32), "Q4_K", importance=np.ones(255, np.float32))
+        qformats.quantize(np.zeros((2, 256), np.float32), "Q4_K", importance=np.ones(255, np.float32))
     with pytest.raises(ValueError, match="importance must be"):
-        quant.quantize(np.zeros((2, 256), np.float32), "Q4_K", importance=-np.ones(256, np.float32))
+        qformats.quantize(np.zeros((2, 256), np.float32), "Q4_K", importance=-np.ones(256, np.float32))
 
 
 @pytest.mark.model
@@ -297,7 +297,8 @@ def test_awq_clip_search_beats_min_max_per_group_and_on_held_out_inputs():
 
 
 def test_int8_and_int4_linears_match_their_dequantized_weights():
-    from lib.quant_linear import Int4Linear, Int8Linear
+    from lib.drafts import Int8Linear
+    from lib.quant_linear import Int4Linear
 
     w = torch.randn(96, 128, generator=torch.Generator().manual_seed(4)) * 0.05
     x = torch.randn(3, 5, 128, generator=torch.Generator().manual_seed(5))
@@ -313,7 +314,8 @@ def test_int8_and_int4_linears_match_their_dequantized_weights():
 
 def test_quantize_linears_keeps_a_tiny_model_close_and_the_original_unchanged():
     from lib.model import tiny_model
-    from lib.quant_linear import Int4Linear, Int8Linear, quantize_linears
+    from lib.drafts import Int8Linear
+    from lib.quant_linear import Int4Linear, quantize_linears
 
     model = tiny_model(seed=6)
     ids = torch.randint(0, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(7))

@@ -13,7 +13,7 @@ out for evaluation, and the FR-Spec counts of the notebook use the same 80 %) an
 At the end it prints α (T = 0: argmax agreement; T = 1: Σ min(p, q)) on the held-out Hamlet and on the target's
 own greedy answers to chat prompts (teacher forcing), and c (one draft step / one target step after a 128-token
 context). The checkpoint (the blocks only, ~28 MB for 2 layers) goes to data/cache (never committed); it is saved
-every minute, so an interrupted run leaves a usable draft. Load it with `lib.speculative.load_distilled_draft`.
+every minute, so an interrupted run leaves a usable draft. Load it with `lib.drafts.load_distilled_draft`.
 """
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=2, help="windows per step")
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    parser.add_argument("--out", default=None, help="checkpoint path (default: lib.speculative.distilled_draft_path)")
+    parser.add_argument("--out", default=None, help="checkpoint path (default: lib.drafts.distilled_draft_path)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if args.threads:
@@ -105,17 +105,17 @@ def main() -> None:
 
     from tqdm.auto import tqdm
 
-    from lib import speculative as spec
+    from lib.drafts import build_distilled_draft, distilled_draft_path, save_distilled_draft
     from lib.model import load_smollm2
 
     torch.manual_seed(args.seed)
     target, tok = load_smollm2(device="cpu")
     target.requires_grad_(False)  # the teacher, and the embedding / norm / head the draft shares, stay frozen
-    draft = spec.build_distilled_draft(target, args.layers)
+    draft = build_distilled_draft(target, args.layers)
     params = [p for p in draft.layers.parameters()]
     for p in params:
         p.requires_grad_(True)
-    out = Path(args.out) if args.out else spec.distilled_draft_path(args.layers)
+    out = Path(args.out) if args.out else distilled_draft_path(args.layers)
     out.parent.mkdir(parents=True, exist_ok=True)
 
     train, held_out = corpus(tok)
@@ -126,7 +126,7 @@ def main() -> None:
     gen = torch.Generator().manual_seed(args.seed)
 
     def save(steps, seconds, extra=None):
-        spec.save_distilled_draft(draft, out, steps=steps, train_seconds=seconds, seq=args.seq, batch=args.batch,
+        save_distilled_draft(draft, out, steps=steps, train_seconds=seconds, seq=args.seq, batch=args.batch,
                                   **(extra or {}))
 
     budget = 60.0 * args.minutes
@@ -167,7 +167,7 @@ def main() -> None:
     print(f"{steps} steps in {seconds / 60:.1f} min ({steps * args.batch * args.seq} tokens), final KL ≈ {ema:.3f}")
     print(f"α held-out Hamlet: T=0 {a_in[0]:.3f}, T=1 {a_in[1]:.3f}; α chat answers: T=0 {a_chat[0]:.3f}, "
           f"T=1 {a_chat[1]:.3f}; c = {c:.2f} (draft step / target step)")
-    print(f"saved {out} ({out.stat().st_size / 1e6:.0f} MB); load with lib.speculative.load_distilled_draft(model, "
+    print(f"saved {out} ({out.stat().st_size / 1e6:.0f} MB); load with lib.drafts.load_distilled_draft(model, "
           f"{args.layers})")
 
 

@@ -91,6 +91,7 @@ def main() -> None:
 
     from lib import draft_head as dh
     from lib import paths
+    from lib.drafts import frequency_ranked_ids, token_counts
     from lib import speculative as spec
     from lib.fast import FastLlama
     from lib.generate import generate
@@ -133,8 +134,8 @@ def main() -> None:
           f"answer tokens, {int(mask[n_train:].sum())} held out; {gen_seconds:.0f} s")
 
     # 2. FR-Spec subset from the training answers
-    counts = spec.token_counts(tokens[:n_train][mask[:n_train].roll(1, dims=1)], model.config.vocab_size)
-    keep = spec.frequency_ranked_ids(counts, args.keep)
+    counts = token_counts(tokens[:n_train][mask[:n_train].roll(1, dims=1)], model.config.vocab_size)
+    keep = frequency_ranked_ids(counts, args.keep)
     held = labels[n_train:][mask[n_train:]]
     covered = torch.isin(held, keep).float().mean().item()
     print(f"FR-Spec: {args.keep} most frequent answer tokens cover {covered:.3f} of the held-out answer tokens")

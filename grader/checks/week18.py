@@ -30,6 +30,7 @@ from grader.checks.week18_models import MarkovLM, TableLM, spicy_tiny, spy, work
 from grader.checks import week18_batch as batch, week18_predict as predict
 from grader.harness import Week
 from grader.wire import IsolationError
+from lib import drafts
 from lib import speculative as ref
 from lib.generate import generate as ref_generate
 
@@ -216,7 +217,7 @@ def check_speculative_generate(speculative_generate, smollm2: bool = True) -> No
             _check_one_generation(speculative_generate, target, draft, ids, 24, k,
                                   f"tiny Llama (seed {seed}) with a random draft, K={k}",
                                   observed=watched == 18 + 4 * j + run)
-        _check_one_generation(speculative_generate, target, ref.early_exit_draft(target, 1), ids, 24, 2,
+        _check_one_generation(speculative_generate, target, drafts.early_exit_draft(target, 1), ids, 24, 2,
                               f"tiny Llama (seed {seed}) with its first layer as the draft, K=2",
                               observed=watched == 18 + 4 * j + 3)
     target, draft = spicy_tiny(3), spicy_tiny(13, scale=6.0)
@@ -246,7 +247,7 @@ def smollm2_case():
 
 def _check_smollm2(speculative_generate):
     model, ids, want = smollm2_case()
-    draft = ref.PromptLookupDraft(model.config.vocab_size, device=model.device)
+    draft = drafts.PromptLookupDraft(model.config.vocab_size, device=model.device)
     for k in SMOLLM2_KS:
         log = []
         got = speculative_generate(spy(model, log, "target"), spy(draft, log, "draft"), ids, SMOLLM2_NEW_TOKENS, k=k)
@@ -387,7 +388,7 @@ def check_speculative_sample(speculative_sample) -> None:
                               torch.tensor([[1, 2, 3]]), 30, 3, f"Markov target, T={temperature}, K=3",
                               temperature=temperature, generator=torch.Generator().manual_seed(run_seed()))
         _check_rounds_when_the_draft_is_the_target(speculative_sample, target, temperature)
-        _check_one_generation(speculative_sample, tiny, ref.early_exit_draft(tiny, 1), torch.tensor([[5, 6, 7]]),
+        _check_one_generation(speculative_sample, tiny, drafts.early_exit_draft(tiny, 1), torch.tensor([[5, 6, 7]]),
                               20, 2, f"tiny Llama, its first layer as the draft, T={temperature}, K=2",
                               temperature=temperature, generator=torch.Generator().manual_seed(run_seed() + 1))
     bad = sampled_law_failures(speculative_sample, g)
@@ -396,7 +397,7 @@ def check_speculative_sample(speculative_sample) -> None:
                      f"your `verify` (a fresh uniform per draft token), and pass `generator` to every draw "
                      f"{seed_note()}")
     _check_generator_decides(speculative_sample, g)
-    got = check_default_device(speculative_sample, tiny, ref.early_exit_draft(tiny, 1), torch.tensor([[5, 6, 7]]),
+    got = check_default_device(speculative_sample, tiny, drafts.early_exit_draft(tiny, 1), torch.tensor([[5, 6, 7]]),
                                12, 3, "tiny Llama, T=1, K=3", temperature=1.0,
                                generator=torch.Generator().manual_seed(run_seed() + 2))
     assert tuple(got.shape) == (1, 15), f"tiny Llama, T=1, K=3, default device 'meta': ids of shape {tuple(got.shape)}"

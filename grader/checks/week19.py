@@ -27,9 +27,9 @@ from grader.harness import Week
 from lib import paged as ref
 
 WEEK = Week(19, "week19_paged_batching.ipynb")
-# lib's engine as the fingerprints name it: lib.engine (which also prefixes lib.engine_load, its load test) and
-# lib.blocks (the block hashes, PrefixCache and BlockManager that lib.engine re-exports)
-ENGINE_MODULES = ("lib.engine", "lib.blocks")
+# lib's engine as the fingerprints name it: lib.engine (which also prefixes lib.engine_load, its load test),
+# lib.model_runner (its forward), lib.request (its Request) and lib.blocks (block hashes, PrefixCache, BlockManager)
+ENGINE_MODULES = ("lib.engine", "lib.model_runner", "lib.request", "lib.blocks")
 
 
 # --- 1: the gain of continuous batching (predict) ----------------------------------------------------

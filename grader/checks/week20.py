@@ -2,7 +2,7 @@
 
 One `check_<name>` per exercise; each takes the student's function and raises AssertionError with a
 message that says what is wrong. The oracle is gguf-py (`gguf.quants`, a numpy port of ggml-quants.c);
-the lab's reference is lib/qformats.py (the block formats; lib/quant.py re-exports them). Every byte must match: inputs include random, heavy-tailed and real
+the lab's reference is lib/qformats.py (the block formats). Every byte must match: inputs include random, heavy-tailed and real
 SmolLM2 tensors and blocks built so that x/d lands exactly on a half (a rounding tie).
 
 A student's function may call neither `gguf.quants` (the oracle) nor `lib.qformats` / `lib.quant` (the reference): the check runs
@@ -24,7 +24,7 @@ from grader.checks import week20_predict as predict
 from grader.checks.week20_oracle import (as_array, block_cases, judge_dequantizer, judge_quantizer, oracle_dequantize,
                                          oracle_quantize, q4_1_ties, q5_0_ties, q8_ties, run)
 from grader.harness import Week
-from lib import quant as ref
+from lib import qformats
 
 WEEK = Week(20, "week20_quantization.ipynb")
 
@@ -67,7 +67,7 @@ def check_dequantize_q4_k(dequantize_q4_k) -> None:
     judge_dequantizer(dequantize_q4_k, "Q4_K", "dequantize_q4_k", 600)
 
 
-# lib.quant's searched Q4_K has RMSE 0.920x Q4_1's on Gaussian tensors (a plain min/max Q4_K: 1.002x).
+# lib.qformats' searched Q4_K has RMSE 0.920x Q4_1's on Gaussian tensors (a plain min/max Q4_K: 1.002x).
 # Every comparison with lib leaves out the super-blocks with a tie in the search (`_tied_super_blocks`: 1.4 %
 # of the heavy-tailed case's on average, up to 4.7 %; about none elsewhere). With them in, the solution's
 # weighted error on the heavy-tailed case ranged 0.987-1.024x lib's over 300 seeds (one tie flipping d moves
@@ -87,7 +87,7 @@ def _weighted_error(decoded, x, keep=None) -> float:
     """Σ w (x̂ − x)² with the search's weights w = sqrt(mean x²) + |x| per sub-block of 32 (`lib.qformats`),
     over the super-blocks of 256 where `keep [n // 256]` (default all)."""
     sub = np.asarray(x, np.float64).reshape(-1, 8, 32)
-    w = ref.default_weights(sub)
+    w = qformats.default_weights(sub)
     err = (w * (np.asarray(decoded, np.float64).reshape(sub.shape) - sub) ** 2).sum(axis=(1, 2))
     return float(err.sum() if keep is None else err[keep].sum())
 
@@ -99,14 +99,14 @@ def _tied_super_blocks(x) -> np.ndarray:
     candidates. Which one a search keeps is a float detail, and through d = max scale / 63 it moves the whole
     super-block's error by a percent or more — so the weighted comparison leaves these super-blocks out."""
     sub = np.asarray(x, np.float64).reshape(-1, 8, 32)
-    w = ref.default_weights(sub)
+    w = qformats.default_weights(sub)
     lo = np.minimum(sub.min(-1), 0.0)
     span = sub.max(-1) - lo
     span = np.where(span > 0, span, 1.0)
-    found = [(span / 15, -lo, np.clip(ref.nearest_int((sub - lo[..., None]) * (15 / span)[..., None]), 0, 15))]
-    for off in ref.AFFINE_OFFSETS:
-        q = np.clip(ref.nearest_int((sub - lo[..., None]) * ((15 + off) / span)[..., None]), 0, 15)
-        scale, offset = ref.weighted_affine_fit(sub, w, q)
+    found = [(span / 15, -lo, np.clip(qformats.nearest_int((sub - lo[..., None]) * (15 / span)[..., None]), 0, 15))]
+    for off in qformats.AFFINE_OFFSETS:
+        q = np.clip(qformats.nearest_int((sub - lo[..., None]) * ((15 + off) / span)[..., None]), 0, 15)
+        scale, offset = qformats.weighted_affine_fit(sub, w, q)
         clamp = offset > 0
         scale = np.where(clamp, (w * q * sub).sum(-1) / np.maximum((w * q * q).sum(-1), 1e-300), scale)
         found.append((scale, np.where(clamp, 0.0, -offset), q))
@@ -129,7 +129,7 @@ def _rmse(a, b, keep=None):
 
 @WEEK.exercise(6, "quantize_q4_k", section=SECTION_K)
 def check_quantize_q4_k(quantize_q4_k) -> None:
-    """Bytes that gguf-py decodes as Q4_K to weights within 1 % of lib.quant's searched Q4_K (RMSE; 3 % on
+    """Bytes that gguf-py decodes as Q4_K to weights within 1 % of lib.qformats' searched Q4_K (RMSE; 3 % on
     heavy-tailed rows) and within 0.5 % of its weighted error (5 % heavy-tailed) on random, heavy-tailed and real
     SmolLM2 rows — over the super-blocks whose search has no tie — and below 0.95x Q4_1's RMSE on Gaussian ones
     (min/max gets 1.00x)."""
@@ -144,7 +144,7 @@ def check_quantize_q4_k(quantize_q4_k) -> None:
         assert np.isfinite(decoded).all(), f"{what}: gguf-py decodes NaN or inf from your blocks (d or dmin?) {seed_note()}"
         keep = ~_tied_super_blocks(x)
         rmse = _rmse(decoded, x, keep)
-        lib_decoded = ref.dequantize(ref.quantize(x, "Q4_K"), "Q4_K")
+        lib_decoded = qformats.dequantize(qformats.quantize(x, "Q4_K"), "Q4_K")
         lib_rmse = _rmse(lib_decoded, x, keep)
         if desc.startswith("random normal"):
             q4_1 = _rmse(oracle_dequantize(oracle_quantize(x, "Q4_1"), "Q4_1"), x)
@@ -157,14 +157,14 @@ def check_quantize_q4_k(quantize_q4_k) -> None:
         allowed = Q4_K_WEIGHTED_VS_LIB_HEAVY if desc.startswith("heavy") else Q4_K_WEIGHTED_VS_LIB
         assert werr <= allowed * lib_werr + 1e-12, (
             f"{what}: the weighted error Σ w (x̂ − x)², w = sqrt(mean x²) + |x| per sub-block of 32 (what the search "
-            f"minimizes), {where}, is {werr / lib_werr:.4f}x lib.quant's search's (allowed {allowed}x; an unweighted "
+            f"minimizes), {where}, is {werr / lib_werr:.4f}x lib.qformats' search's (allowed {allowed}x; an unweighted "
             f"least-squares search gets about 1.01-1.04x while lowering the plain RMSE): weight the errors and the "
             f"refit by w; if you do, your search stops in worse minima — llama.cpp's tries the 21 inverse scales "
             f"(15 + δ)/(max − min), δ = −1, −0.9, …, 1, fits (s, m) to each one's codes by weighted least squares, "
             f"and keeps the best {seed_note()}")
         bound = Q4_K_RMSE_VS_LIB_HEAVY if desc.startswith("heavy") else Q4_K_RMSE_VS_LIB
         assert rmse <= bound * lib_rmse + 1e-12, (
-            f"{what}: gguf-py decodes your blocks with RMSE {rmse:.4g} {where}; lib.quant's search gets {lib_rmse:.4g} (allowed "
+            f"{what}: gguf-py decodes your blocks with RMSE {rmse:.4g} {where}; lib.qformats' search gets {lib_rmse:.4g} (allowed "
             f"{bound}x). Check the weights sqrt(mean x²) + |x|, the least-squares refit (with m clamped at "
             f"0), the 6-bit packing (sub-block 2j in the low nibbles, 2j+1 in the high nibbles) {seed_note()}")
 
@@ -191,11 +191,11 @@ def _gguf_tensors(offset):
     n = int(torch.randint(3, 6, (1,), generator=g))
     for i in range(n):
         qtype = _GGUF_TYPES[int(torch.randint(len(_GGUF_TYPES), (1,), generator=g))]
-        block = 1 if qtype == "F32" else ref.BLOCK_SIZES[qtype][0]
+        block = 1 if qtype == "F32" else qformats.BLOCK_SIZES[qtype][0]
         rows = int(torch.randint(1, 5, (1,), generator=g))
         cols = block * int(torch.randint(1, 4, (1,), generator=g)) * (32 if qtype == "F32" else 1) + (3 if qtype == "F32" else 0)
         x = torch.randn(rows, cols, generator=g).numpy().astype(np.float32)
-        data = x if qtype == "F32" else ref.quantize(x, qtype)
+        data = x if qtype == "F32" else qformats.quantize(x, qtype)
         kind = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"][int(torch.randint(7, (1,), generator=g))]
         name = f"blk.{int(torch.randint(100, (1,), generator=g))}.{kind}.{'poids_réels' if i == 1 else 'weight'}"
         tensors[name] = (data, qtype, (rows, cols))

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from grader.checks import generator, observe, seed_note
-from lib import quant as ref
+from lib import qformats
 
 
 # --- inputs ------------------------------------------------------------------------------------------------
@@ -242,7 +242,7 @@ def oracle_dequantize(data, qtype):
 
 
 def judge_quantizer(fn, qtype, name, offset, ties):
-    block = ref.BLOCK_SIZES[qtype][0]
+    block = qformats.BLOCK_SIZES[qtype][0]
     boundary = ("blocks at rounding boundaries where float32 x·(1/d) and x/d (float32 or exact) give different codes "
                 "(ggml multiplies by id = 1/d, a float32, and never divides)", reciprocal_boundaries(qtype, 8, offset + 5))
     for desc, x in [*block_cases(block, offset, ties), boundary]:
@@ -254,7 +254,7 @@ def _random_blocks(qtype, rows, blocks, offset):
     """Random bytes in `qtype`'s layout whose float16 fields are finite, of weight-like size, subnormal (20 %)
     or zero (10 %)."""
     g = generator(offset)
-    nbytes = ref.BLOCK_SIZES[qtype][1]
+    nbytes = qformats.BLOCK_SIZES[qtype][1]
     data = torch.randint(0, 256, (rows, blocks, nbytes), generator=g, dtype=torch.uint8).numpy()
     f16_fields = {"Q8_0": [0], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q4_K": [0, 2],
                   "Q5_K": [0, 2], "Q6_K": [208]}[qtype]
@@ -270,10 +270,10 @@ def _random_blocks(qtype, rows, blocks, offset):
 
 
 def judge_dequantizer(fn, qtype, name, offset):
-    block = ref.BLOCK_SIZES[qtype][0]
+    block = qformats.BLOCK_SIZES[qtype][0]
     cases = [("random bytes (8 rows, 12 blocks each)", _random_blocks(qtype, 8, 12, offset))]
     for desc, x in block_cases(block, offset + 10):
-        data = oracle_quantize(x, qtype) if qtype in ref.QUANTIZE_TYPES[:5] else ref.quantize(x, qtype)
+        data = oracle_quantize(x, qtype) if qtype in qformats.QUANTIZE_TYPES[:5] else qformats.quantize(x, qtype)
         cases.append((f"{qtype} bytes of {desc}", data))
     for desc, data in cases:
         got = run(fn, data.copy(), what=f"{name} on {desc}")

@@ -80,11 +80,11 @@ from tqdm.auto import tqdm
 
 import lib.blocks
 import lib.engine
-from lib import paged as ref
-from lib import records
-from lib import roofline as rl
+import lib.model_runner
+from lib import paged as ref, records, roofline as rl
 from lib.attention import gqa_attention
-from lib.engine import LLMEngine, percentile, run_load, simulate_steps
+from lib.engine import LLMEngine, simulate_steps
+from lib.engine_load import percentile, run_load
 from lib.generate import generate as lib_generate
 from lib.kv_cache import kv_cache_bytes
 from lib.model import shared_smollm2, tiny_model
@@ -100,7 +100,6 @@ dev = model.device  # every tensor a demo makes goes here: the notebook runs unc
 print(f"{cfg.n_layers} layers, {cfg.n_kv_heads} KV heads of {cfg.head_dim}; {torch.get_num_threads()} CPU threads; "
       f"model on {dev}")
 
-
 def sync():
     rl.sync(dev)  # wait for queued GPU work before reading a clock (CUDA runs asynchronously; a CPU needs nothing)
 
@@ -110,8 +109,8 @@ lines = [ln.strip() for ln in load_text("hamlet").splitlines() if len(ln.strip()
 PROMPTS = [tok(ln).input_ids[:20] for ln in lines[200:264]]
 print(len(PROMPTS), "prompts, e.g.", repr(tok.decode(PROMPTS[0])))
 # The engine you will run, by size (docstrings and comments included): what there is to read
-size = {m.__name__: len(inspect.getsource(m).splitlines()) for m in (lib.engine, lib.blocks)}
-print(f"lib/engine.py {size['lib.engine']} lines, lib/blocks.py {size['lib.blocks']}; of them LLMEngine "
+size = {m.__name__: len(inspect.getsource(m).splitlines()) for m in (lib.engine, lib.model_runner, lib.blocks)}
+print(", ".join(f"{m.replace('.', '/')}.py {n} lines" for m, n in size.items()) + "; of them LLMEngine "
       f"{len(inspect.getsource(LLMEngine).splitlines())}, its step() {len(inspect.getsource(LLMEngine.step).splitlines())}")
 """)
 
@@ -598,8 +597,8 @@ nb.md("""
 ## 5. The engine
 
 `lib/engine.py` puts the pieces together. It is not short (the first code cell printed its length); the part
-to read is `LLMEngine.step` and the methods it calls — `_schedule`, which carries out the scheduler's plan,
-and the forward. Each **step**:
+to read is `LLMEngine.step`, schedule → run → postprocess: `_schedule` carries out the scheduler's plan,
+`ModelRunner.run` (`lib/model_runner.py`) runs the forward, `_postprocess` samples and finishes. Each **step**:
 
 1. the scheduler picks the running requests (one token each for a decode, a chunk of the prompt for a
    prefill), then admits waiting ones while there are free slots, token budget and blocks;

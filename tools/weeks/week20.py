@@ -498,7 +498,7 @@ scales: `q = clip(nearest_int((x + dmin·mn)/(d·sc)), 0, 15)`. ggml's K-quants 
 sends halves to the **even** neighbour (`np.rint`): a third rule beside Q8_0's `roundf` and Q4_1's `trunc(v + 0.5)`.
 
 The check decodes your bytes with gguf-py and wants the weighted error Σ w (x̂ − x)² within 0.5 % of llama.cpp's
-search as `lib.quant` runs it (5 % on heavy-tailed rows; a search on the *unweighted* error lowers the plain RMSE
+search as `lib.qformats` runs it (5 % on heavy-tailed rows; a search on the *unweighted* error lowers the plain RMSE
 a little and misses this bound), the plain RMSE within 1 % of it (3 % heavy-tailed), and below 0.95× Q4_1's
 on Gaussian weights. Both comparisons leave out the super-blocks where two candidate fits tie in `E` (a sub-block
 of one outlier and weights that all land on one code is fitted exactly by several; which one a search keeps is
@@ -612,7 +612,7 @@ Q5_K and Q6_K follow: each extra bit halves the step, and so roughly the error.
 
 **SmolLM2 has a catch:** `d_model = 576` is not a multiple of 256, so only `ffn_down` (1536 columns) can
 be stored as a K-quant at all. llama.cpp's quantizer (`llama-quant.cpp`) falls back for such rows:
-Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0 (`lib.quant.K_FALLBACK`). A "Q4_K" SmolLM2 is mostly Q5_0.
+Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0 (`lib.qformats.K_FALLBACK`). A "Q4_K" SmolLM2 is mostly Q5_0.
 """)
 
 # --- 5 ---------------------------------------------------------------------------------------------------
