@@ -517,5 +517,5 @@ def _cell(filename: str) -> str:
     return filename
 
 
-# the grader's code here that the child's guard compares by identity, besides this module (`_Guard._members`)
+# the grader's code here that the child's guard compares by identity, besides this module (`grader.child_identity.grader_code`)
 PLAN = (LinesRun, _plan_module, _switch_module, Taint, FunctionPlan, Arm, Switch)
