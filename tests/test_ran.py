@@ -377,6 +377,10 @@ SIZE_SWITCHES += [
     ("18", "speculative_generate", "../v3/w18_spec_W8_nodraft100.py", "check_speculative_generate"),
     ("20", "gptq_quantize", "../v3/w20_gptq_W7_rtnwide.py", "check_gptq_quantize"),
     ("21", "ServingLoop", "../v3/w21_loop_W15_twosteps.py", "check_ServingLoop"),
+    ("18", "expected_rejections", "../v5/w18_exprej_first64.py", "check_expected_rejections"),  # FINDINGS5.md #2
+    ("21", "ServingLoop", "../v5/w21_loop_admit16.py", "check_ServingLoop"),
+    ("19", "paged_attention", "../v5/w19_paged_rowpast8k.py", "check_paged_attention"),
+    ("19", "blocks_needed", "../v5/w19_blocks_divmod.py", "check_blocks_needed"),
 ]
 
 

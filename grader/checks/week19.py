@@ -79,7 +79,7 @@ def check_BlockAllocator(BlockAllocator) -> None:
     """Random allocate / fork / free sequences against a model of the pool (a dict of owners per block)."""
     rng = random.Random(run_seed() + 3)
     for trial in range(6):
-        n = rng.randint(1, 24)
+        n = rng.randint(1, 24) if trial < 5 else rng.randint(65, 5000)  # one pool wider than a 32- or 64-bit mask
         alloc = BlockAllocator(n)
         owners: dict[int, int] = {}
         log = []
@@ -174,10 +174,12 @@ def check_slot_mapping(slot_mapping) -> None:
     want = torch.tensor([15, 16, 17, 6, 7, 8, 27])
     assert_close(got, want, "slot_mapping([5, 2, 9], start=0, num_tokens=7, block_size=3)", atol=0)
     g = generator(4)
-    for _ in range(12):
+    for case in range(12):
         bs = int(torch.randint(1, 20, (1,), generator=g))
         nb = int(torch.randint(1, 12, (1,), generator=g))
         table = torch.randperm(64, generator=g)[:nb].tolist()
+        if case >= 9:  # a pool of 2^27 blocks or more: slots past what 16- or 32-bit integers hold
+            table = torch.randint(1 << 27, 1 << 28, (nb,), generator=g).tolist()
         start = int(torch.randint(0, nb * bs, (1,), generator=g))
         count = int(torch.randint(0, nb * bs - start + 1, (1,), generator=g))
         got = slot_mapping(table, start, count, bs)
