@@ -68,14 +68,15 @@ def _curve(g, m: int, flat: bool) -> dict:
 
 def best_k_cases(offset: int) -> list[tuple]:
     """(alpha, c, curve): one α for every position first (α = 0 and 1 included; two curves longer than the rest,
-    M = 40 and 48, where a search capped at K = 15 is wrong), then lists of per-position α drawn per run: falling
+    M = 40-199 (drawn per run) and 48, where a search capped at K = 15 is wrong), then lists of per-position α drawn per run: falling
     (a draft that reads its own guesses), rising, one sure position then a hopeless one, and random."""
     g = generator(offset)
     plain = [(1.0, 0.0, 16), (1.0, 0.3, 9), (0.0, 0.1, 12), (0.999999, 0.05, 16), (0.5, 0.0, 3)]
     for _ in range(40):
         plain.append((float(torch.rand((), generator=g)), 0.8 * float(torch.rand((), generator=g)),
                       int(torch.randint(2, 17, (), generator=g))))
-    plain += [(1.0, 0.0, 40), (0.97, 0.01, 48)]
+    plain += [(1.0, 0.0, int(torch.randint(40, 200, (), generator=g))), (0.97, 0.01, 48)]  # the first: flat, the
+    # best K is its last (M - 1), drawn per run: a search capped at any K below it is wrong (FINDINGS5.md #3)
     out = [(alpha, c, _curve(g, m, j % 3 == 0)) for j, (alpha, c, m) in enumerate(plain)]
     for j in range(24):
         m = int(torch.randint(3, 17, (), generator=g))
