@@ -22,9 +22,9 @@ the top of a function exempts nothing the checks run.
 names (directly, or through a module-level table of functions); lines run while another exercise was checked do not count (each exercise is
 judged on its own checks, so `pytest -k` gives the same verdict as the whole run).
 
-Switches (`grader.ran_plan.Switch`): a comparison by order, a `min`/`max`, `sorted((a, b))`, `bool(x)` or a table's key
-must come out more than one way while the checks run — a switch needs no branch (`* (j < 512)`, `max(block, n -
-1024)`, `_FAR[j // 512]`). `compile_cell` puts a probe around each, and the trace function records what each saw.
+Switches (`grader.ran_switch.Switch`): a comparison by order, a `min`/`max`, `sorted((a, b))`, `bool(x)`, a table's key,
+a quotient or a slice by a size of the code's own must come out more than one way while the checks run — a switch
+needs no branch (`* (j < 512)`, `max(block, n - 1024)`, `_FAR[j // 512]`, `n // 8192`, `p[:64]`). `compile_cell` puts a probe around each, and the trace function records what each saw.
 
 Lines are recorded by a trace function (`sys.settrace`) that every call into the notebook's code runs under
 (`grader.child_observe.Scope`), observed or not, so no call can tell; it does work only in frames of the cells' code.
@@ -490,7 +490,7 @@ class _Either:
 
 
 class _Flat:
-    """A switch (`grader.ran_plan.Switch`) that went one way only, said in words."""
+    """A switch (`grader.ran_switch.Switch`) that went one way only, said in words."""
 
     def __init__(self, what: str):
         self.what = what
