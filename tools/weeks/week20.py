@@ -52,7 +52,7 @@ import matplotlib.pyplot as plt
 from tqdm.auto import tqdm
 
 from lib import paths, records, roofline
-from lib import awq as ref_awq, gptq as ref_gptq, quant as ref  # the lab's reference: compare after writing your own
+from lib import awq as ref_awq, gptq as ref_gptq, qformats, quant as ref  # the lab's reference: compare after writing your own
 from lib.model import shared_smollm2
 from lib.text import load_text, perplexity, perplexity_se, token_nlls
 from lib.timing import Conditions, interleaved, report, warning
@@ -401,10 +401,10 @@ sample = q4_1_tensors if FULL else q4_1_tensors[::15]
 same_bytes = total_bytes = same_weights = total_weights = 0
 for t in tqdm(sample, desc="re-quantizing"):
     raw = np.asarray(t.data)  # uint8 [rows, cols / 32 * 20], as stored
-    w = ref.dequantize(raw, "Q4_1")  # the weights our "fp32" model uses
-    again = ref.quantize(w, "Q4_1")
+    w = qformats.dequantize(raw, "Q4_1")  # the weights our "fp32" model uses
+    again = qformats.quantize(w, "Q4_1")
     same_bytes += int((again == raw).sum()); total_bytes += raw.size
-    same_weights += int((ref.dequantize(again, "Q4_1") == w).sum()); total_weights += w.size
+    same_weights += int((qformats.dequantize(again, "Q4_1") == w).sum()); total_weights += w.size
 print(f"{len(sample)} of {len(q4_1_tensors)} Q4_1 tensors: {same_bytes / total_bytes:.4%} of bytes identical, "
       f"{same_weights / total_weights:.4%} of weights decode to exactly the same value")
 """)
@@ -576,7 +576,7 @@ nearer one; the refit then places the levels where the weighted errors balance.
 **What the search buys.** RMSE relative to Q4_1's (5.0 bits) on a Gaussian tensor, a Student-t(3) one
 (heavier tails), and SmolLM2's `ffn_down` (rows of 1536 = 6 × 256, the one linear whose rows fit whole
 super-blocks) jittered off its Q4_1 grid by noise of a tenth of the weights' spread (as stored it *is*
-decoded Q4_1, which Q4_1 reproduces exactly: section 3). "min/max" is `ref.quantize(x, "Q4_K", search=False)`.
+decoded Q4_1, which Q4_1 reproduces exactly: section 3). "min/max" is `qformats.quantize(x, "Q4_K", search=False)`.
 """)
 
 nb.code(r"""
@@ -590,7 +590,7 @@ tensors = {
 
 
 def roundtrip(x, qtype, **kw):
-    return ref.dequantize(ref.quantize(x, qtype, **kw), qtype)
+    return qformats.dequantize(qformats.quantize(x, qtype, **kw), qtype)
 
 
 print(f"SmolLM2 blk.5 ffn_down as stored: Q4_1 RMSE {rmse(roundtrip(down, 'Q4_1'), down):.2g} (its own grid), "
@@ -745,7 +745,7 @@ for qtype in ["Q5_0", "Q5_1"]:
     slopes = []
     for layer in [0, 15, 29]:
         w = model.layers[layer].mlp.down_proj.weight.detach().cpu().numpy()
-        err = ref.dequantize(ref.quantize(w, qtype), qtype) - w
+        err = qformats.dequantize(qformats.quantize(w, qtype), qtype) - w
         slopes.append(float((err * w).sum() / (w * w).sum()))
     print(f"{qtype}: error-on-weight slope (ffn_down of layers 0, 15, 29): " + ", ".join(f"{v:+.4f}" for v in slopes))
 """)
