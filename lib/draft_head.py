@@ -91,16 +91,22 @@ class DraftHead(nn.Module):
     def new_cache(self, batch: int = 1, max_len: int | None = None) -> KVCache:
         return KVCache.for_model(self.config, batch, max_len, dtype=self.fc.weight.dtype, device=self.device)
 
-    def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, cache: KVCache | None = None):
+    def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, cache: KVCache | None = None,
+                positions: list[int] | None = None, mask: torch.Tensor | None = None):
+        """`positions` and `mask` (bool `[t, cached + t]`, True where attention is allowed) place entries in a draft
+        tree (lib.tree_speculative); by default the entries follow the cache's, causally."""
         b, t = tokens.shape
         if hidden.shape != (b, t, self.config.d_model):
             raise ValueError(f"hidden must be [B, t, d_model] = [{b}, {t}, {self.config.d_model}]; got "
                              f"{tuple(hidden.shape)}")
         start = cache.length if cache is not None else 0
-        positions = torch.arange(start, start + t, device=tokens.device)
+        positions = torch.arange(start, start + t, device=tokens.device) if positions is None else \
+            torch.tensor(positions, device=tokens.device)
         cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
         x = self.fc(torch.cat([self.embed_weight[tokens], hidden.to(self.fc.weight.dtype)], dim=-1))  # [B, t, D]
-        x = self.block(x, cos, sin, cache[0] if cache is not None else None, _attention)
+        attention = _attention if mask is None else \
+            (lambda q, k, v, causal=True: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True))
+        x = self.block(x, cos, sin, cache[0] if cache is not None else None, attention)
         return F.linear(x, self.out_weight), x  # [B, t, N], [B, t, D]
 
 
