@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from grader.course_map import COURSE
-from tools.weeks.build import build, read_percent
+from tools.weeks.build import build, read_percent, render_fields
 
 REPO = Path(__file__).resolve().parent.parent
 WEEKS = [w.number for w in COURSE]
@@ -60,6 +60,18 @@ def test_the_percent_format_round_trips_cells(tmp_path):
     src.write_text("# %% [markdown]\nnot a comment\n", encoding="utf-8")
     with pytest.raises(ValueError, match="start with '# '"):
         read_percent(src)
+
+
+def test_fields_are_rendered_from_the_records():
+    """A markdown field is evaluated with tools/weeks/fields.py's names: a recorded figure comes from the committed
+    record (marked as such), a figure the records lack fails the build, and a malformed field is refused."""
+    figure = render_fields('at {{ recorded_md("decode", "decode b1: roofline", "amd-epyc-avx512") }}.')
+    assert figure.startswith("at <!-- recorded decode|decode b1: roofline|amd-epyc-avx512 -->"), figure
+    assert render_fields('{{ format(1234, ",") }} lines') == "1,234 lines"
+    with pytest.raises(KeyError):
+        render_fields('{{ recorded_md("decode", "no such figure", "amd-epyc-avx512") }}')
+    with pytest.raises(ValueError, match="one space inside"):
+        render_fields("{{recorded_md}}")
 
 
 NOTEBOOKS = sorted((REPO / "solutions").glob("*/*.ipynb")) + sorted((REPO / "weeks").glob("*/*.ipynb"))

@@ -23,7 +23,7 @@ else `md-NNN` / `code-NNN` by position), so a rebuild writes the same bytes: tes
 week into a temporary folder and compares it with the committed notebook.
 
 A markdown cell may hold computed fields, `{{ expression }}`, rendered at build time from tools/weeks/fields.py
-(figures from the committed records, never typed). A week's sources are split into parts of at most 600 lines
+(figures from the committed records, never typed); markdown holds no other `{{`. A week's sources are split into parts of at most 600 lines
 (tests/test_file_sizes.py), at section headings.
 """
 from __future__ import annotations
@@ -115,7 +115,10 @@ class _Fields(dict):
 
 def render_fields(text: str) -> str:
     """A markdown cell's text with each `{{ expression }}` replaced by its value."""
-    return FIELD.sub(lambda m: str(eval(m[1], {"__builtins__": builtins}, _Fields())), text)
+    rendered = FIELD.sub(lambda m: str(eval(m[1], {"__builtins__": builtins}, _Fields())), text)
+    if "{{" in FIELD.sub("", text):  # ("}}" alone is LaTeX's)
+        raise ValueError(f"a field is written `{{{{ expression }}}}`, one space inside each pair of braces: {text[:200]!r}")
+    return rendered
 
 
 def notebook(week: int) -> nbformat.NotebookNode:
