@@ -23,8 +23,8 @@ else `md-NNN` / `code-NNN` by position), so a rebuild writes the same bytes: tes
 week into a temporary folder and compares it with the committed notebook.
 
 A markdown cell may hold computed fields, `{{ expression }}`, rendered at build time from tools/weeks/fields.py
-(figures from the committed records, never typed); markdown holds no other `{{`. A week's sources are split into parts of at most 600 lines
-(tests/test_file_sizes.py), at section headings.
+(figures from the committed records, never typed); markdown holds no other `{{`. A week's sources are split into
+parts of at most 600 lines (tests/test_file_sizes.py), at section headings.
 """
 from __future__ import annotations
 
