@@ -20,7 +20,8 @@ def test_every_solution_notebook_has_sources():
     assert weeks, "no solution notebooks found"
     sources = sorted(p.name.removeprefix("week") for p in (REPO / "tools" / "weeks").glob("week[0-9][0-9]")
                      if list(p.glob("*.py")))
-    assert sources == weeks, "each solutions/NN/ notebook is built from tools/weeks/weekNN/*.py (docs/authoring-a-week.md)"
+    assert sources == weeks, \
+        "each solutions/NN/ notebook is built from tools/weeks/weekNN/*.py (docs/authoring-a-week.md)"
 
 
 @pytest.mark.parametrize("week", WEEKS)
@@ -40,7 +41,8 @@ def test_a_changed_source_changes_the_build(tmp_path, monkeypatch):
     first = builder.parts(16)[0]
     changed = tmp_path / "week16" / first.name
     changed.parent.mkdir()
-    changed.write_text(first.read_text(encoding="utf-8").replace("# # Week 16", "# # Week Sixteen", 1), encoding="utf-8")
+    text = first.read_text(encoding="utf-8")
+    changed.write_text(text.replace("# # Week 16", "# # Week Sixteen", 1), encoding="utf-8")
     for other in builder.parts(16)[1:]:
         (changed.parent / other.name).write_bytes(other.read_bytes())
     monkeypatch.setattr(builder, "SOURCES", tmp_path)
@@ -55,8 +57,11 @@ def test_the_percent_format_round_trips_cells(tmp_path):
     src = tmp_path / "part.py"
     src.write_text('# %% [markdown]\n# ## 1. A title\n#\n# text\n\n# %% tags=["setup"]\nimport math\n\n\n'
                    '# %% nbgrader={"grade": true, "grade_id": "test_x", "points": 2}\ncheck_x(x)\n', encoding="utf-8")
-    assert read_percent(src) == [("markdown", "## 1. A title\n\ntext", {}), ("code", "import math", {"tags": ["setup"]}),
-                                 ("code", "check_x(x)", {"nbgrader": {"grade": True, "grade_id": "test_x", "points": 2}})]
+    assert read_percent(src) == [
+        ("markdown", "## 1. A title\n\ntext", {}),
+        ("code", "import math", {"tags": ["setup"]}),
+        ("code", "check_x(x)", {"nbgrader": {"grade": True, "grade_id": "test_x", "points": 2}}),
+    ]
     src.write_text("# %% [markdown]\nnot a comment\n", encoding="utf-8")
     with pytest.raises(ValueError, match="start with '# '"):
         read_percent(src)

@@ -117,7 +117,8 @@ def render_fields(text: str) -> str:
     """A markdown cell's text with each `{{ expression }}` replaced by its value."""
     rendered = FIELD.sub(lambda m: str(eval(m[1], {"__builtins__": builtins}, _Fields())), text)
     if "{{" in FIELD.sub("", text):  # ("}}" alone is LaTeX's)
-        raise ValueError(f"a field is written `{{{{ expression }}}}`, one space inside each pair of braces: {text[:200]!r}")
+        raise ValueError(f"a field is written `{{{{ expression }}}}`, one space inside each pair of braces: "
+                         f"{text[:200]!r}")
     return rendered
 
 
