@@ -4,10 +4,11 @@ section, points, lib's reference) and the written answers. Pure data and a few h
 
 What derives from it: `grader.course.WEEKS`, the weeks tools/gpu_check.sh runs, the week loops of the tests. What
 is still written by hand beside it, and held to it by tests/test_course_map.py (which names the file and the field
-that disagree): each week's folder (solutions/NN/, tools/weeks/weekNN.py), the notebook's graded cells and their
-points (built by tools/weeks/weekNN.py), the check registry (`@WEEK.exercise(number, name, section=...)` in
-grader/checks/weekNN.py), the pytest file solutions/NN/test_weekNN.py, the week table of README.md and the
-"kind" column of each week's README. docs/authoring-a-week.md, "Adding a week", lists them in order.
+that disagree): each week's folder (solutions/NN/, tools/weeks/weekNN/), the notebook's graded cells and their
+points (built from its sources tools/weeks/weekNN/*.py by tools/weeks/build.py, which takes the notebook's file name
+from here), the check registry (`@WEEK.exercise(number, name, section=...)` in grader/checks/weekNN.py), the pytest
+file solutions/NN/test_weekNN.py, the week table of README.md and the "kind" column of each week's README.
+docs/authoring-a-week.md, "Adding a week", lists them in order.
 
 One exercise, one name: `name` is its solution cell's grade_id, its check `check_<name>`, its graded test cell
 `test_<name>` (whose points `points` are), its pytest test `test_exNN_<name>`, and lib's function or class of that

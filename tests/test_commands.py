@@ -57,7 +57,7 @@ QUICK = [
     (r"^(INFERENCE_LAB_SEED=\d+ )?(\.venv/bin/)?pytest (weeks/\d\d)(.*)$", lambda m: f".venv/bin/pytest {m[3]}{m[4]}"),
 ]
 
-BUILDER = r"python tools/weeks/week\d\d\.py$"
+BUILDER = r"python tools/weeks/build\.py \d\d$"
 
 
 def documented_commands() -> list[str]:
@@ -338,13 +338,13 @@ def test_benchmarks_in_quick_mode(scratch, repo, cmd):
 
 
 def test_notebook_builders(scratch, repo):
-    """`python tools/weeks/weekNN.py`, as grader/README gives it, rebuilds that week's solution notebook as committed
-    (tests/test_authoring.py checks every week's script the same way, without running it as typed)."""
+    """`python tools/weeks/build.py NN`, as grader/README gives it, rebuilds that week's solution notebook as committed
+    (tests/test_authoring.py checks every week's sources the same way, without running the command as typed)."""
     cmds = sorted({c for c in to_run() if re.match(BUILDER, c)})
-    assert cmds, "no documented `python tools/weeks/weekNN.py`"
+    assert cmds, "no documented `python tools/weeks/build.py NN`"
     for cmd in cmds:
         run(scratch, repo, cmd, timeout=120)
-        week = re.search(r"week(\d\d)\.py", cmd)[1]
+        week = re.search(r"build\.py (\d\d)$", cmd)[1]
         for nb in sorted((REPO / "solutions" / week).glob("*.ipynb")):
             assert (repo / "solutions" / week / nb.name).read_bytes() == nb.read_bytes(), f"{cmd} changed {nb.name}"
 

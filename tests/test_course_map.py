@@ -1,7 +1,7 @@
 """The course map (grader/course_map.py) against every place that still states the course by hand: each failure names
 the file and what in it disagrees with the map.
 
-- the weeks: solutions/NN/, tools/weeks/weekNN.py, grader/checks/weekNN.py and weeks/NN/ are the map's weeks, no more;
+- the weeks: solutions/NN/, tools/weeks/weekNN/, grader/checks/weekNN.py and weeks/NN/ are the map's weeks, no more;
 - the notebook (solutions/NN/<notebook>): its graded cells are the map's (each exercise's test cell `test_<name>`,
   each written answer), with the map's points; its code solution cells are the exercises' (grade_id = name); each
   test cell calls `check_<name>`; each exercise's section is a heading ("## 2. The causal mask");
@@ -67,7 +67,7 @@ def folder_disagreements(course=COURSE, root: Path = REPO) -> list[str]:
     found = {
         "solutions/NN/": {p.name for p in (root / "solutions").iterdir() if p.is_dir() and p.name.isdigit()},
         "weeks/NN/": {p.name for p in (root / "weeks").iterdir() if p.is_dir() and p.name.isdigit()},
-        "tools/weeks/weekNN.py": {p.stem[4:] for p in (root / "tools" / "weeks").glob("week[0-9][0-9].py")},
+        "tools/weeks/weekNN/": {p.name[4:] for p in (root / "tools" / "weeks").glob("week[0-9][0-9]") if p.is_dir()},
         "grader/checks/weekNN.py": {p.stem[4:] for p in (root / "grader" / "checks").glob("week[0-9][0-9].py")},
     }
     for where, there in found.items():

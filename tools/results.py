@@ -4,8 +4,8 @@ written by the benchmarks with --record: lib/records.py), never typed by hand.
     python tools/results.py            # rewrite README.md's table and docs/performance.md from the records
     python tools/results.py --check    # exit 1, with a diff, when either differs from what the records give
 
-Notebooks show a recorded figure with `recorded(...)` (their builders call it: tools/weeks/weekNN.py), beside the
-student's own live one. tests/test_results.py runs --check, so a figure edited by hand fails the test command.
+Notebooks show a recorded figure with `recorded_md(...)` (a field of their sources, tools/weeks/weekNN/*.py,
+rendered by tools/weeks/build.py), beside the student's own live one. tests/test_results.py runs --check, so a figure edited by hand fails the test command.
 """
 from __future__ import annotations
 
