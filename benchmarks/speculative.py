@@ -12,7 +12,9 @@ Drafts: prompt lookup (adaptive: drafts only where an n-gram matches), the int8 
 with an FR-Spec head (the --fr most frequent tokens of the first 80 % of Hamlet; 0 leaves it out), the distilled
 2-layer draft (plain and FR-Spec) when `tools/distill_draft.py` has built its checkpoint, the **draft head**
 (`lib.draft_head`: one layer reading the target's last hidden state + an FR-Spec output layer, trained by
-`tools/train_draft_head.py`, committed in data/draft_head/), an early exit (first 8 layers) and a random 2-layer
+`tools/train_draft_head.py`, committed in data/draft_head/) drafting a chain of K, then the same head drafting a
+static tree (4, 2, 1) and an EAGLE-2 dynamic tree each round (`lib.tree_speculative`: every node verified in one
+forward with a tree mask; α there = accepted nodes / drafted nodes, so compare tokens per target call), an early exit (first 8 layers) and a random 2-layer
 model. Before the workloads it prints the target's verify curve (one forward of m tokens / one decode step,
 after 128 tokens) and each draft's cost c (one draft step / one target step); each row of the table shows the
 speedup predicted from that run's α, c and verify curve next to the measured one, and the load average. Each draft runs at every K in --ks; the table shows the best K. All
@@ -72,6 +74,7 @@ def main() -> None:
     from lib.model import load_smollm2
 
     from lib.records import Record
+    from lib.tree_speculative import DynamicTree, StaticTree, tree_speculative_generate
     from lib.timing import Conditions, impossible_verify_curve
 
     torch.manual_seed(0)
@@ -107,7 +110,12 @@ def main() -> None:
     except FileNotFoundError as err:
         print(f"(no distilled draft: {err})")
     try:
-        drafts["draft head"] = (dh.load_draft_head(model), None)
+        head = dh.load_draft_head(model)
+        drafts["draft head"] = (head, None)
+        # the same head drafting a tree each round (lib.tree_speculative): K is not used; the tree's nodes are
+        # verified in one forward of nodes + 1 tokens
+        drafts["head tree 4-2-1"] = (head, StaticTree((4, 2, 1)))
+        drafts["head dynamic tree"] = (head, DynamicTree(depth=5, top_k=4, width=4, budget=16))
     except FileNotFoundError as err:
         print(f"(no draft head: {err})")
     drafts["early exit 8"] = (early_exit_draft(model, 8), 0.0)
@@ -126,6 +134,8 @@ def main() -> None:
     generate(target, next(iter(workloads.values()))[0], 4)  # warm-up
 
     def run(draft, min_prob, ids, k, stats):
+        if isinstance(min_prob, StaticTree | DynamicTree):
+            return tree_speculative_generate(target, draft, ids, n, tree=min_prob, stats=stats)
         if min_prob is None:  # the draft head reads the target's hidden states: its own loop
             return dh.head_speculative_generate(target, draft, ids, n, k=k, stats=stats)
         return spec.speculative_generate(target, draft, ids, n, k=k, stats=stats, min_draft_prob=min_prob)
@@ -134,7 +144,9 @@ def main() -> None:
     from lib.text import load_text
 
     text_ids = tok(load_text("hamlet"), return_tensors="pt").input_ids[:, :160].to(model.device)
-    sizes = list(range(1, max(ks) + 2))
+    trees = [shape for _, shape in drafts.values() if isinstance(shape, StaticTree | DynamicTree)]
+    tree_m = {shape: 1 + (shape.max_nodes if isinstance(shape, StaticTree) else shape.budget) for shape in trees}
+    sizes = sorted(set(range(1, max(ks) + 2)) | set(tree_m.values()))
     curve = spec.verify_curve(target, text_ids, sizes, repeats=3 if args.quick else 7)
     print("verify curve (one target forward of m tokens / one decode step, after 128 tokens): "
           + ", ".join(f"m={m}: {v:.2f}" for m, v in curve.items()))
@@ -145,7 +157,8 @@ def main() -> None:
         record.add(f"verify cost m={m}", v, "steps", False)
     costs = {}
     for dname, (draft, min_prob) in drafts.items():
-        step = dh.head_step(draft, target, text_ids) if min_prob is None else spec.draft_step(draft, text_ids)
+        head_like = min_prob is None or isinstance(min_prob, StaticTree | DynamicTree)
+        step = dh.head_step(draft, target, text_ids) if head_like else spec.draft_step(draft, text_ids)
         costs[dname] = spec.relative_cost(step, target, text_ids, repeats=3 if args.quick else 7)
     print("draft cost c (one draft step / one target step): "
           + ", ".join(f"{d}: {c:.3f}" for d, c in costs.items()))
@@ -163,7 +176,7 @@ def main() -> None:
               f"row's speedup is against the target timed again right beside it")
         for dname, (draft, min_prob) in drafts.items():
             best = None
-            for k in ks:
+            for k in ks if not isinstance(min_prob, StaticTree | DynamicTree) else ks[:1]:
                 total, same, st, side = 0.0, True, spec.SpecStats(), 0.0
                 for ids, ref in zip(prompts, refs):
                     side += timed(lambda: generate(target, ids, n))[1]  # the baseline again, right beside this run
@@ -176,7 +189,14 @@ def main() -> None:
                 # predicted: tokens per round (α from this run) / (K c + verify_cost[K + 1]); prompt lookup drafts
                 # fewer than K per round (adaptive), so its prediction uses the K it drafted on average
                 k_eff = max(1, round(st.drafted / st.rounds)) if st.rounds else k
-                pred = spec.predicted_speedup(min(a, 1.0), min(k_eff, max(sizes) - 1), costs[dname], curve)
+                if isinstance(min_prob, StaticTree | DynamicTree):  # a tree: this run's tokens and draft calls per
+                    # round over (draft calls x c + one verify of nodes + 1 tokens); α counts accepted / drafted nodes
+                    # (the head's loop prefills once: that call and its token are not a round's)
+                    round_tokens = st.tokens - (st.target_calls - st.rounds)
+                    pred = round_tokens / max(st.draft_calls * costs[dname] + st.rounds * curve[tree_m[min_prob]], 1e-9)
+                    k = "tree"
+                else:
+                    pred = spec.predicted_speedup(min(a, 1.0), min(k_eff, max(ks)), costs[dname], curve)
                 print(f"  {dname:15s} K={k}: {rate:6.1f} tok/s ({rate / base:.2f}x, predicted {pred:.2f}x) "
                       f"identical={same} accept={a:.2f} tokens/call={st.tokens_per_call:.2f}")
                 if best is None or rate / base > best[1] / best[6]:

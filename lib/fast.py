@@ -239,8 +239,11 @@ class FastLlama:
         x32 = x.float()
         return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * w
 
-    def _attend(self, q, k, v, start: int):
-        """q [B, H, T, d]; k, v [B, Hkv, S, d] (S = start + T). Bottom-right causal, GQA folded."""
+    def _attend(self, q, k, v, start: int, mask: torch.Tensor | None = None):
+        """q [B, H, T, d]; k, v [B, Hkv, S, d] (S = start + T). Bottom-right causal, GQA folded; or, with `mask`
+        (bool [T, S], True where allowed), that mask instead (a draft tree, lib.tree_speculative)."""
+        if mask is not None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         b, h, t, d = q.shape
         hkv, s = k.shape[1], k.shape[2]
         g = h // hkv
@@ -254,7 +257,7 @@ class FastLlama:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(t, s, device=q.device),
                                               enable_gqa=True)
 
-    def _layer_step(self, x, lw, cos, sin, layer_cache, start: int):
+    def _layer_step(self, x, lw, cos, sin, layer_cache, start: int, mask: torch.Tensor | None = None):
         b, t, _ = x.shape
         h, hkv, d = self.n_heads, self.n_kv_heads, self.head_dim
         qkv = self.linear(self._rms(x, lw["attn_norm"]), lw["wqkv"])  # [B, T, (H + 2Hkv) d]
@@ -264,7 +267,7 @@ class FastLlama:
         v = v.view(b, t, hkv, d).transpose(1, 2)
         if layer_cache is not None:
             k, v = layer_cache.append(k, v)
-        attn = self._attend(q, k, v, start)
+        attn = self._attend(q, k, v, start, mask)
         x = x + self.linear(attn.transpose(1, 2).reshape(b, t, h * d), lw["wo"])
         gate, up = self.linear(self._rms(x, lw["mlp_norm"]), lw["w_gate_up"]).chunk(2, dim=-1)
         return x + self.linear(F.silu(gate) * up, lw["w_down"])
@@ -296,6 +299,22 @@ class FastLlama:
             h = self._rms(x, self.norm)  # [B, T, D]
             return self.linear(h, self.lm_head).float(), h  # [B, T, vocab], [B, T, D]
 
+
+    def forward_masked(self, input_ids: torch.Tensor, cache: KVCache, positions: list[int], mask: torch.Tensor):
+        """`forward_hidden` for tokens at explicit `positions`, appended to `cache`, attending where `mask` (bool
+        `[T, cache.length + T]`) allows: the target's forward over a draft tree (lib.tree_speculative)."""
+        b, t = input_ids.shape
+        if len(positions) != t or max(positions, default=0) >= self.config.max_seq_len:
+            raise ValueError(f"need {t} positions below max_seq_len={self.config.max_seq_len}; got {positions}")
+        with torch.inference_mode():
+            where = torch.tensor(positions, device=self.device)
+            cos, sin = self.cos[where], self.sin[where]
+            x = self.embed[input_ids.to(self.device)]  # [B, T, D]
+            start = cache.length
+            for i, lw in enumerate(self.layers):
+                x = self._layer(x, lw, cos, sin, cache[i], start, mask)
+            h = self._rms(x, self.norm)  # [B, T, D]
+            return self.linear(h, self.lm_head).float(), h
 
     # --- item 9: a one-token step in one C++ call ----------------------------------------------------------
 

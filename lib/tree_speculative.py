@@ -116,6 +116,9 @@ def tree_forward(model, cache, tokens: list[int], positions: list[int], allowed:
         return gqa_attention(q, k, v, causal=False, mask=allowed)
 
     ids = torch.tensor([tokens], device=device)
+    if hasattr(model, "forward_masked"):  # lib.fast.FastLlama
+        logits, h = model.forward_masked(ids, cache, positions, allowed)
+        return logits[0], (h[0] if hidden else None)
     seen = []
     handle = model.norm.register_forward_hook(lambda mod, args, out: seen.append(out)) if hidden else None
     try:

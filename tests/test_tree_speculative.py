@@ -45,15 +45,19 @@ def test_keep_moves_the_kept_positions_after_the_prefix():
 
 
 @pytest.mark.parametrize("draft, shape", [("early_exit", StaticTree((3, 2, 1))),
-                                          ("head", DynamicTree(depth=4, top_k=3, width=3, budget=12))],
-                         ids=["early-exit-static", "eagle-head-dynamic"])
+                                          ("head", DynamicTree(depth=4, top_k=3, width=3, budget=12)),
+                                          ("head on FastLlama", StaticTree((4, 2, 1)))],
+                         ids=["early-exit-static", "eagle-head-dynamic", "eagle-head-static-fast-target"])
 def test_greedy_tree_speculation_gives_the_targets_greedy_output(smollm2, draft, shape):
-    target, tok = smollm2
+    from lib.fast import FastLlama
+
+    model, tok = smollm2
     ids = chat_ids(tok, "Write a short poem about the sea.")
-    expected = generate(target, ids, 24)
+    expected = generate(model, ids, 24)
     stats = SpecStats()
-    model = early_exit_draft(target, 26) if draft == "early_exit" else load_draft_head(target)
-    out = tree_speculative_generate(target, model, ids, 24, tree=shape, stats=stats)
+    target = FastLlama(model) if draft.endswith("FastLlama") else model  # its own masked forward (forward_masked)
+    drafter = early_exit_draft(model, 26) if draft == "early_exit" else load_draft_head(model)
+    out = tree_speculative_generate(target, drafter, ids, 24, tree=shape, stats=stats)
     assert torch.equal(out, expected)
     # the rounds kept accepted branches (KVCache.keep with slots) and rejected others: both paths ran
     assert 0 < stats.accepted < stats.drafted
