@@ -1,14 +1,14 @@
-"""lib.tree_speculative: the tree mask, KVCache.keep, greedy identity on SmolLM2, the sampled law along a tree."""
+"""lib.spec_decode.tree_speculative: the tree mask, KVCache.keep, greedy identity on SmolLM2, the sampled law along a tree."""
 import pytest
 import torch
 
-from lib.draft_head import load_draft_head
-from lib.drafts import early_exit_draft
-from lib.generate import generate
-from lib.kv_cache import KVCache, LayerKVCache
-from lib.model import tiny_config
-from lib.speculative import SpecStats, chat_ids, sample_from
-from lib.tree_speculative import (DraftTree, DynamicTree, StaticTree, grow_tree, tree_mask, tree_speculative_generate,
+from lib.spec_decode.draft_head import load_draft_head
+from lib.spec_decode.drafts import early_exit_draft
+from lib.modeling.generate import generate
+from lib.modeling.kv_cache import KVCache, LayerKVCache
+from lib.modeling.llama import tiny_config
+from lib.spec_decode.speculative import SpecStats, chat_ids, sample_from
+from lib.spec_decode.tree_speculative import (DraftTree, DynamicTree, StaticTree, grow_tree, tree_mask, tree_speculative_generate,
                                   verify_tree)
 
 
@@ -49,7 +49,7 @@ def test_keep_moves_the_kept_positions_after_the_prefix():
                                           ("head on FastLlama", StaticTree((4, 2, 1)))],
                          ids=["early-exit-static", "eagle-head-dynamic", "eagle-head-static-fast-target"])
 def test_greedy_tree_speculation_gives_the_targets_greedy_output(smollm2, draft, shape):
-    from lib.fast import FastLlama
+    from lib.modeling.fast import FastLlama
 
     model, tok = smollm2
     ids = chat_ids(tok, "Write a short poem about the sea.")

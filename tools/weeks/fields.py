@@ -10,7 +10,7 @@ Code cells hold no fields: their figures are computed when the notebook runs.
 """
 from __future__ import annotations
 
-from lib.records import committed
+from lib.bench.records import committed
 from tools.results import recorded_md
 
 __all__ = ["TTFT_MAX_PYTHON_LINES", "lora_figures", "packed_vs_plain", "recorded_everywhere", "recorded_md",
@@ -52,12 +52,12 @@ def serving_records() -> str:
 
 
 def packed_vs_plain() -> str:
-    """Week 21: each machine class's recorded batch-1 decode with lib.fast's packed weights and with plain F.linear."""
+    """Week 21: each machine class's recorded batch-1 decode with lib.modeling.fast's packed weights and with plain F.linear."""
     out = []
     for cls, recs in sorted(committed().items()):
         figs = recs.get("decode", {}).get("figures", {})
-        packed = next((k for k in figs if k.startswith("decode b1 n") and k.endswith("(lib.fast, packed)")), None)
-        plain = next((k for k in figs if k.startswith("decode b1 n") and k.endswith("(lib.fast, F.linear)")), None)
+        packed = next((k for k in figs if k.startswith("decode b1 n") and k.endswith("(lib.modeling.fast, packed)")), None)
+        plain = next((k for k in figs if k.startswith("decode b1 n") and k.endswith("(lib.modeling.fast, F.linear)")), None)
         if packed and plain:
             out.append(f"packed {recorded_md('decode', packed, cls)} against plain "
                        f"{recorded_md('decode', plain, cls)}")
@@ -70,5 +70,5 @@ def lora_figures() -> str:
                if "lora" in recs for name in recs["lora"]["figures"]]
     return "\n".join(figures) if figures else (
         "*No multi-LoRA measurement is committed yet.* The LoRA benchmark writes `results/<class>/lora.json` "
-        "(`lib.records`) when run with `--record`; rebuilding this notebook (`python tools/weeks/build.py 21`) then "
+        "(`lib.bench.records`) when run with `--record`; rebuilding this notebook (`python tools/weeks/build.py 21`) then "
         "renders every figure of that record here, and scenario D's model answer cites them.")

@@ -17,7 +17,7 @@
 #
 # **The model** is SmolLM2-135M-Instruct, a Llama-architecture model small enough for a laptop CPU:
 # 30 layers, d_model 576, 9 query heads and 3 KV heads (so it already uses GQA), head_dim 64.
-# The lab's implementation is in `lib/model.py`; it accepts any cache with an `append(k, v)` method and
+# The lab's implementation is in `lib/modeling/llama.py`; it accepts any cache with an `append(k, v)` method and
 # any attention function `(q, k, v, causal=True) -> out`, which is how your pieces plug into it.
 #
 # **Read** Ainslie et al. 2023, *GQA: Training Generalized Multi-Query Transformer Models from Multi-Head
@@ -34,8 +34,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from lib.kv_cache import CacheOverflowError, KVCache
-from lib.model import LlamaModel
+from lib.modeling.kv_cache import CacheOverflowError, KVCache
+from lib.modeling.llama import LlamaModel
 from grader.checks.week16 import (check_step_flops, check_causal_mask, check_LayerKVCache, check_gqa_attention,
                                   check_generate, check_kv_cache_bytes, check_roofline_time, check_decode_time,
                                   check_pool_kv_heads, check_RollingKVCache, check_answer_q1, check_answer_q3)
@@ -44,13 +44,13 @@ from grader.checks.week16 import (check_step_flops, check_causal_mask, check_Lay
 import matplotlib.pyplot as plt
 from tqdm.auto import tqdm
 
-from lib import kv_cache as ref
-from lib import roofline
-from lib.attention import gqa_attention as lab_attention  # the lab's reference, under another name
-from lib.generate import generate as lib_generate
-from lib.model import shared_smollm2
-from lib.text import load_text, perplexity
-from lib.timing import Conditions, interleaved, not_monotone, report, warning
+from lib.modeling import kv_cache as ref
+from lib.bench import roofline
+from lib.attn.attention import gqa_attention as lab_attention  # the lab's reference, under another name
+from lib.modeling.generate import generate as lib_generate
+from lib.modeling.llama import shared_smollm2
+from lib.modeling.text import load_text, perplexity
+from lib.bench.timing import Conditions, interleaved, not_monotone, report, warning
 
 torch.manual_seed(0)
 model, tok = shared_smollm2()  # SmolLM2-135M-Instruct, fp32, on the CPU (or CUDA when there is one); do not modify it
@@ -297,7 +297,7 @@ except CacheOverflowError as e:
 # **Measured: `torch.cat` growth against a preallocated write.** For SmolLM2's 30 layers at batch 1, one
 # decode step appends one position per layer. We time that append both ways at a few cache lengths, next to
 # the step's attention over the cache (one query against all *T* keys, every layer) — the read that happens
-# anyway. The three are timed in turn, round after round (`lib.timing.interleaved`), so that whatever else the
+# anyway. The three are timed in turn, round after round (`lib.bench.timing.interleaved`), so that whatever else the
 # machine does falls on all of them; the best of the rounds is shown with the spread of all of them
 # (worst / best), and the load around the measurement.
 
@@ -401,7 +401,7 @@ print("query head -> KV head:", {h: h // (cfg.n_heads // cfg.n_kv_heads) for h i
 # **Exercise 5 (design).** Write `generate(model, input_ids, max_new_tokens, use_cache=True, return_logits=False)`:
 # greedy decoding (each new token is the argmax of the logits at the last position). It returns the ids
 # `[B, prompt + new]` and, with `return_logits`, also the logits each step chose from, `[B, new, vocab]` — the same
-# contract as `lib.generate.generate`. The properties a correct answer keeps (the check counts what the model is fed):
+# contract as `lib.modeling.generate.generate`. The properties a correct answer keeps (the check counts what the model is fed):
 #
 # * cached and uncached generation give the same tokens, and logits within 1e-4 at every step — on SmolLM2
 #   (64 greedy tokens) and on random tiny configurations (MHA, GQA, MQA, one and two sequences);

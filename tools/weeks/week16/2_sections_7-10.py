@@ -41,7 +41,7 @@ N = 2048
 a, b = torch.randn(N, N, dtype=dtype, device=dev), torch.randn(N, N, dtype=dtype, device=dev)
 w = torch.randn(256 * 2**20 // (4096 * a.element_size()), 4096, dtype=dtype, device=dev)  # 256 MiB
 if w.device.type == "cpu":
-    w = roofline.on_huge_pages([w])[0]  # on 2 MB pages, as lib.fast keeps its weights: the read, not a TLB test
+    w = roofline.on_huge_pages([w])[0]  # on 2 MB pages, as lib.modeling.fast keeps its weights: the read, not a TLB test
 x = torch.randn(1, 4096, dtype=dtype, device=dev)
 conditions = Conditions.now()
 with torch.no_grad():
@@ -183,12 +183,12 @@ ax.legend(fontsize=7); ax.grid(alpha=0.3, which="both"); plt.show()
 #   published 312 TFLOP/s and 2.0 TB/s make that about T / 156 — at batch 1 a 64-token forward costs hardly
 #   more than one token. There the cache pays off through the O(T²) → O(T) total at long contexts and large
 #   batches, not through a big per-token factor at 64 tokens. Measure before you quote a speedup.
-# * **The lab's recorded runs** (`benchmarks/decode.py`, the same model in `lib.model`, fp32 on the CPU), to put
-#   beside your own figure: on the lab's EPYC, `lib.generate` decodes at {{ recorded_md("decode", "decode b1 n64: lib.generate (lib.model)", "amd-epyc-avx512") }}
+# * **The lab's recorded runs** (`benchmarks/decode.py`, the same model in `lib.modeling.llama`, fp32 on the CPU), to put
+#   beside your own figure: on the lab's EPYC, `lib.modeling.generate` decodes at {{ recorded_md("decode", "decode b1 n64: lib.modeling.generate (lib.modeling.llama)", "amd-epyc-avx512") }}
 #   against a bandwidth roofline of {{ recorded_md("decode", "decode b1: roofline", "amd-epyc-avx512") }}; on an H200, at
-#   {{ recorded_md("decode", "decode b1 n64: lib.generate (lib.model)", "nvidia-h200") }} against a roofline of {{ recorded_md("decode", "decode b1: roofline", "nvidia-h200") }}
+#   {{ recorded_md("decode", "decode b1 n64: lib.modeling.generate (lib.modeling.llama)", "nvidia-h200") }} against a roofline of {{ recorded_md("decode", "decode b1: roofline", "nvidia-h200") }}
 #   — there the eager step's launches, not the bandwidth, set the time, and the same step replayed as a CUDA graph
-#   runs at {{ recorded_md("decode", "decode b1 n64: lib.generate (lib.fast, CUDA graphs)", "nvidia-h200") }}.
+#   runs at {{ recorded_md("decode", "decode b1 n64: lib.modeling.generate (lib.modeling.fast, CUDA graphs)", "nvidia-h200") }}.
 #
 # Check: `pytest weeks/16 -k "ex07 or ex08"`
 
@@ -237,12 +237,12 @@ check_pool_kv_heads(pool_kv_heads)
 # the state dict is cloned, and a `LlamaModel` built from `config.replace(n_kv_heads=n_groups)` loads them.
 #
 # **Milestone:** perplexity on *Hamlet* (Project Gutenberg; `data/text/hamlet.txt`) with 3 KV heads and
-# with 1. `lib.text.perplexity` reads the text in windows of 256 tokens advancing by 128, so every token scored
+# with 1. `lib.modeling.text.perplexity` reads the text in windows of 256 tokens advancing by 128, so every token scored
 # after the first window sees at least 128 tokens of context (the first 128 tokens see only what precedes them).
 # We score the first 2,048 tokens of the play.
 
 # %%
-from lib.gqa import kv_group_options
+from lib.modeling.gqa import kv_group_options
 
 eval_ids = tok(load_text("hamlet"), return_tensors="pt").input_ids[0, :2049]
 print("KV-head counts reachable by pooling:", kv_group_options(cfg.n_heads, cfg.n_kv_heads))
@@ -287,8 +287,8 @@ plt.tight_layout(); plt.show()
 # positions, whatever the sequence length: a **rolling buffer** of *W* slots, in which each new position takes the
 # place of the one that just left the window.
 #
-# `lib.kv_cache.sliding_window_attention(W)` is the matching attention: the causal mask, minus every key more
-# than *W − 1* positions behind its query (`lib.masks.sliding_window_mask`, bottom-right aligned like yours).
+# `lib.modeling.kv_cache.sliding_window_attention(W)` is the matching attention: the causal mask, minus every key more
+# than *W − 1* positions behind its query (`lib.attn.masks.sliding_window_mask`, bottom-right aligned like yours).
 #
 # **Exercise 10 (design).** Write `RollingKVCache(batch, n_kv_heads, window, head_dim, dtype, device)`. Its interface:
 # `k`, `v` storage of `[batch, n_kv_heads, window, head_dim]` and `nbytes` (its bytes); `length`, how many positions

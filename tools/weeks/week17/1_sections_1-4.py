@@ -27,7 +27,7 @@
 # | 9 | quiz | `-k "ex14 or ex15 or ex16"` |
 #
 # Shapes throughout: `q [B, H, Nq, d]`, `k` and `v [B, H, Nk, d]` (one KV head per query head; a GQA model
-# wraps the function with `lib.attention.expand_kv`). `causal=True` is aligned at the bottom right, as in
+# wraps the function with `lib.attn.attention.expand_kv`). `causal=True` is aligned at the bottom right, as in
 # week 16: query `i` sees keys `j <= i + (Nk - Nq)`.
 #
 # The checks judge *how* you compute as well as the numbers: they record the matrix products, reductions,
@@ -40,8 +40,8 @@ import math
 
 import torch
 
-from lib.attention import check_attention_shapes  # raises ValueError naming the shapes, for impossible inputs
-from lib.masks import causal_mask  # week 16: bottom-right aligned boolean mask [q_len, kv_len]
+from lib.attn.attention import check_attention_shapes  # raises ValueError naming the shapes, for impossible inputs
+from lib.attn.masks import causal_mask  # week 16: bottom-right aligned boolean mask [q_len, kv_len]
 from grader.checks.week17 import (check_naive_attention, check_score_bytes, check_online_softmax,
                                   check_flash_attention_forward, check_standard_io, check_flash_io,
                                   check_flash_attention_backward, check_FlashAttention, check_merge_partials,
@@ -58,11 +58,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 from tqdm.auto import tqdm
 
-from lib import io_model
+from lib.attn import io_model
 import torch.nn.functional as F
 
-from lib.attention import expand_kv
-from lib.io_model import TensorMemoryMeter
+from lib.attn.attention import expand_kv
+from lib.attn.io_model import TensorMemoryMeter
 
 torch.manual_seed(0)
 # One thread for every measurement in this notebook. The tiled loop runs thousands of small ops; with two
@@ -122,7 +122,7 @@ print(f"N = 4096: {score_bytes(8, 8, 4096, 4096) / 1e9:.2f} GB   (seed: ~4.3 GB 
 # ### Measuring it
 #
 # How do we measure peak memory on a CPU? Process RSS is coarse (the allocator keeps freed pages, and its
-# high-water mark never goes down), so we count tensor allocations instead: `lib.io_model.TensorMemoryMeter`
+# high-water mark never goes down), so we count tensor allocations instead: `lib.attn.io_model.TensorMemoryMeter`
 # is a `TorchDispatchMode` that sees every aten op's outputs, adds a storage's bytes when it first appears
 # and subtracts them when the last tensor on it is freed. That is what `torch.cuda.max_memory_allocated`
 # reports on a GPU. It does not see scratch memory a single fused op allocates inside itself (SDPA's
@@ -376,7 +376,7 @@ def flash_io(n: int, d: int, m: int) -> tuple[int, int]:
 check_flash_io(flash_io)
 
 # %% [markdown]
-# **Do the formulas describe a real run?** `lib.io_model.run_algorithm1` executes Algorithm 1 literally on
+# **Do the formulas describe a real run?** `lib.attn.io_model.run_algorithm1` executes Algorithm 1 literally on
 # one head, with every access to "HBM" going through a counter (`io_model.HBM`), and `run_standard` does the
 # same for Algorithm 0. Their outputs are real attention outputs, and their counts should be yours exactly.
 

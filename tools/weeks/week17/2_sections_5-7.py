@@ -208,7 +208,7 @@ for s in [1, 4, 16, 64]:
 # `expand_kv` repeats each KV head for its query group, so your function plugs in as it is.
 
 # %%
-from lib.model import load_smollm2
+from lib.modeling.llama import load_smollm2
 
 model, tok = load_smollm2()  # on CUDA when there is one
 ids = tok("FlashAttention computes exact attention without ever writing the full score matrix to memory. "
@@ -234,14 +234,14 @@ assert err < 1e-3
 # SmolLM2 has 9 query heads and 3 KV heads. `expand_kv` makes your `flash_decode` work by repeating every KV
 # head for its 3 query heads — a copy, and 3× the K/V bytes through the attention. The copy is avoidable: fold
 # each group's query heads into the **query axis** (`q [B, 9, 1, d] → [B, 3, 3, d]`): one decode step is then 3
-# queries against one KV head, which `flash_decode` already handles (`lib.attention.flash_decode_gqa`). We decode
+# queries against one KV head, which `flash_decode` already handles (`lib.attn.attention.flash_decode_gqa`). We decode
 # 8 tokens both ways and count the bytes of the K/V operands of the attention matmuls in one layer's decode step
 # (`grader.checks.observe` records every matmul's shapes).
 
 # %%
 from grader.checks import observe
-from lib.attention import gqa_attention
-from lib.generate import generate as lib_generate
+from lib.attn.attention import gqa_attention
+from lib.modeling.generate import generate as lib_generate
 
 
 def decode_backend(packed: bool):
@@ -310,7 +310,7 @@ plt.legend(); plt.grid(True, which="both", alpha=0.3); plt.show()
 
 # %% [markdown]
 # **Peak memory at N = 4096** (the milestone: tiled ≤ 1/10 of naive). Measured twice: by counting tensor
-# allocations in this process, and — for the reference implementations in `lib.attention` and for SDPA — by the
+# allocations in this process, and — for the reference implementations in `lib.attn.attention` and for SDPA — by the
 # operating system's peak RSS of a fresh process (`io_model.peak_rss_delta`: it resets the kernel's
 # high-water mark `VmHWM` just before the call). RSS sees only the CPU's memory; where the model is on a GPU the cell
 # also runs both on it and reads the CUDA allocator's peak (`torch.cuda.max_memory_allocated`, after
@@ -400,7 +400,7 @@ def predict_peak_bytes(n: int, d: int, block: int, dtype_bytes: int, batch: int,
 check_predict_peak_bytes(predict_peak_bytes)
 
 # %%
-from lib.timing import Conditions
+from lib.bench.timing import Conditions
 
 conditions = Conditions.now()
 print(f"{'':34s} {'predicted':>12s} {'measured':>12s} {'measured/predicted':>19s}")

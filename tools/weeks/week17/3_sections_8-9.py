@@ -40,8 +40,8 @@ if not torch.cuda.is_available():  # no GPU: Triton's interpreter (numpy, on the
 import triton
 import triton.language as tl
 
-from lib.triton_attention import check_triton_attention_shapes  # ValueError naming the shapes the kernel cannot take
-from lib.triton_attention import interpreting, kernel_device  # kernel_device: ValueError for tensors on the wrong device
+from lib.attn.triton_attention import check_triton_attention_shapes  # ValueError naming the shapes the kernel cannot take
+from lib.attn.triton_attention import interpreting, kernel_device  # kernel_device: ValueError for tensors on the wrong device
 from grader.checks.week17 import check_softmax_rows, check_tiled_matmul, check_flash_attention_triton
 
 # %% [markdown]

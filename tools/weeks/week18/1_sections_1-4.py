@@ -4,14 +4,14 @@
 # Decoding one token costs one pass over all the weights, and on this CPU (like on a GPU) that pass is limited
 # by memory traffic, not arithmetic: scoring **several** tokens in one pass costs less than scoring them one by one.
 # How much less depends on the machine and on the matmul kernels, and it is not a smooth curve: section 1 measures it
-# for `lib.model` on your machine, and section 10 for the faster `FastLlama`, whose curve is another.
+# for `lib.modeling.llama` on your machine, and section 10 for the faster `FastLlama`, whose curve is another.
 # **Speculative decoding** exploits that: a cheap **draft** guesses the next K tokens, the **target** scores all
 # of them in one forward, and we keep the longest prefix the target agrees with, plus one token of the
 # target's own. Done right, the output is **exactly** what the target alone would produce — token for token
 # when greedy, in distribution when sampling. This week you build it on SmolLM2, prove both kinds of exactness,
 # measure acceptance against theory, and find out honestly when it is faster on this CPU and why.
 #
-# **Notation** (everywhere in this notebook and in `lib/speculative.py`): **p is the target** distribution,
+# **Notation** (everywhere in this notebook and in `lib/spec_decode/speculative.py`): **p is the target** distribution,
 # **q is the draft**. Seed quiz 002 Q5 uses the same letters; the TV-distance paper in the resources (seed 004)
 # calls the draft p and the target q — read it with the letters swapped.
 #
@@ -31,7 +31,7 @@ import math
 
 import torch
 
-from lib.kv_cache import KVCache
+from lib.modeling.kv_cache import KVCache
 from grader.checks.week18 import (check_speculative_generate, check_verify, check_speculative_sample,
                                   check_expected_rejections, check_lookup_draft, check_best_k,
                                   check_expected_target_calls, check_batched_speculative_generate)
@@ -45,14 +45,14 @@ import matplotlib.pyplot as plt
 from tqdm.auto import tqdm
 
 from grader.checks import week18 as checks
-from lib import roofline
-from lib import drafts as lib_drafts  # the drafts (lib.speculative's theory is imported after section 6's check)
-from lib.generate import generate as lib_generate
-from lib.speculative import EDIT_REQUEST, QUOTE_TEXT, SpecStats, chat_ids
-from lib.speculative import speculative_generate as lib_speculative_generate  # the lab's loop, for measurements
-from lib.model import shared_smollm2
-from lib.text import load_text
-from lib.timing import Conditions, Timed, impossible_verify_curve, interleaved, report, warning
+from lib.bench import roofline
+from lib.spec_decode import drafts as lib_drafts  # the drafts (lib.spec_decode.speculative's theory is imported after section 6's check)
+from lib.modeling.generate import generate as lib_generate
+from lib.spec_decode.speculative import EDIT_REQUEST, QUOTE_TEXT, SpecStats, chat_ids
+from lib.spec_decode.speculative import speculative_generate as lib_speculative_generate  # the lab's loop, for measurements
+from lib.modeling.llama import shared_smollm2
+from lib.modeling.text import load_text
+from lib.bench.timing import Conditions, Timed, impossible_verify_curve, interleaved, report, warning
 
 FULL = False  # True: more repeats, positions and tokens (several minutes)
 torch.manual_seed(0)
@@ -157,7 +157,7 @@ for m in sizes[1:]:
 #
 # Work out for yourself: which of the target's K + 1 rows of logits says whether guess i is right; what the round
 # writes when the target disagrees at guess i, and when it agrees with all K; how far back each cache goes; how many
-# tokens the last rounds may guess. Use your own loop (no `lib.speculative`, no `lib.generate`). The check runs
+# tokens the last rounds may guess. Use your own loop (no `lib.spec_decode.speculative`, no `lib.modeling.generate`). The check runs
 # Markov-chain and tiny-Llama targets with drafts from perfect to hopeless, and SmolLM2 for 64 tokens with K ∈ {2, 8}
 # (its draft is prompt lookup: section 5). The round, step by step, is printed after the check.
 

@@ -1,7 +1,7 @@
 # %% [markdown]
 # ## 5. Drafts compared on SmolLM2
 #
-# Four kinds of draft, all with a model's call shape (`lib/drafts.py`):
+# Four kinds of draft, all with a model's call shape (`lib/spec_decode/drafts.py`):
 #
 # * **random 2-layer** model with SmolLM2's vocabulary: the α ≈ 0 baseline (the seed says "≈ 1/vocab"; it is
 #   Σ min(p, q), which two broad distributions make a few percent);
@@ -248,14 +248,14 @@ check_best_k(best_k)
 # writes) is written only if guesses 0..i−1 were all kept, so a round writes 1 + α_0 + α_0·α_1 + ... + α_0···α_(K−1)
 # tokens on average; with one α, 1 + α + ... + α^K = (1 − α^(K+1)) / (1 − α) (K + 1 at α = 1). The speedup is that
 # over K·c + verify_cost[K + 1]. Seed 001's "accept/reject each token independently" would give 1 + α·K: verification
-# tests in order and stops at the first rejection. From here on the notebook uses `lib.speculative`'s version of the
+# tests in order and stops at the first rejection. From here on the notebook uses `lib.spec_decode.speculative`'s version of the
 # constant-α formula (`expected_tokens_per_call`, `predicted_speedup`) and your `best_k`.
 #
 # Two seed figures, recomputed with it below: "70 % acceptance with K = 4 → ~3.6 tokens per call" and "50 % → ~2.1":
 # with one α no K can give more than 1 / (1 − α) tokens a round (the limit K → ∞).
 
 # %%
-from lib import speculative as lab  # the lab's loop and its acceptance theory (the formula you just derived)
+from lib.spec_decode import speculative as lab  # the lab's loop and its acceptance theory (the formula you just derived)
 
 print("α = 0.5: " + ", ".join(f"K={k}: {lab.expected_tokens_per_call(0.5, k):.3f}" for k in (1, 2, 4, 8, 16))
       + f"; K -> ∞: {1 / (1 - 0.5):.3f} tokens a round, < 2.1")

@@ -6,7 +6,7 @@
 # tokens**. Row 0 kept 4 guesses and its bonus, row 1 none; their caches now hold different lengths, the next round's
 # rows start at different positions, and a row that has written all its tokens is done while the others go on.
 #
-# `lib/speculative_batch.py` gives a target that runs any set of rows, each with its own new tokens, in one forward:
+# `lib/spec_decode/speculative_batch.py` gives a target that runs any set of rows, each with its own new tokens, in one forward:
 #
 # ```python
 # target = RaggedTarget(model)                  # layout="packed" (default) or "padded"
@@ -33,7 +33,7 @@
 #   first call a row is fed at most K + 1 tokens.
 #
 # The check runs Markov-chain targets and a tiny Llama through `RaggedTarget` with rows whose drafts range from
-# perfect to hopeless, with different prompts and numbers of tokens. Use no `lib.speculative` loop.
+# perfect to hopeless, with different prompts and numbers of tokens. Use no `lib.spec_decode.speculative` loop.
 
 # %% nbgrader={"grade": false, "grade_id": "batched_speculative_generate", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def batched_speculative_generate(target, draft, prompts: list, max_new_tokens: list, k: int = 4) -> list:
@@ -83,7 +83,7 @@ check_batched_speculative_generate(batched_speculative_generate)
 # batch cannot refill them; week 19's continuous batching does); and whether each row's output is its single-row run.
 
 # %%
-from lib.speculative_batch import RaggedTarget
+from lib.spec_decode.speculative_batch import RaggedTarget
 
 ROWS8 = ["the cat sat on the mat. the cat sat on the mat. the cat sat on the mat. the cat",
          "Once upon a time, there was a", "To be, or not to be, that is the question. To be, or not to be, that",
@@ -269,15 +269,15 @@ for bname in fr_bases:
 # h_{t+1}; logits come from the target's own head rows — here only the 4096 most frequent tokens of the target's
 # chat answers (FR-Spec, section 9), so an output step reads 4096 × 576 weights, not 49152 × 576. To draft K tokens
 # it feeds itself its own predicted ĥ; after verification it re-reads the accepted tokens with the target's true
-# hidden states, which the verify forward has just computed (`lib/draft_head.py`).
+# hidden states, which the verify forward has just computed (`lib/spec_decode/draft_head.py`).
 #
 # It was trained by **self-distillation**: SmolLM2 answered chat prompts made from templates × topics (none of them
 # the prompts below), and the head learned to predict the target's next hidden state and greedy token on those
 # answers (`tools/train_draft_head.py`; its command, seed, data and time are stored with the weights and printed
 # below). The committed weights (`data/draft_head/head.pt`, int8 per row) are loaded here, not trained.
 #
-# The target here is `lib.fast.FastLlama` — the same model, run by the kernel that decodes fastest on this CPU
-# (`lib.fast` times its kernels once per machine and prints which it chose, below) — because that is what a server
+# The target here is `lib.modeling.fast.FastLlama` — the same model, run by the kernel that decodes fastest on this CPU
+# (`lib.modeling.fast` times its kernels once per machine and prints which it chose, below) — because that is what a server
 # would run, and its **verify curve is different from section 1's**. Each of its kernels reads a weight once for a
 # few rows, but what one step costs differs: with oneDNN's packed weights a one-token step is slow enough that
 # scoring m ≤ 8 tokens costs about one step; the one-call C++ step (chosen on the lab's EPYC) makes every step of a
@@ -287,8 +287,8 @@ for bname in fr_bases:
 # the target's).
 
 # %%
-from lib import draft_head as dh
-from lib.fast import FastLlama
+from lib.spec_decode import draft_head as dh
+from lib.modeling.fast import FastLlama
 
 fast = FastLlama(model)  # same tokens as `model`, faster
 print("FastLlama's kernel:", fast.kernel_reason)
@@ -300,7 +300,7 @@ print("trained by:", head.meta.get("command"), "| seed", head.meta.get("seed"), 
 m_sizes = list(range(1, 10))
 conditions = Conditions.now()
 fast_curve = lab.verify_curve(fast, text_ids, m_sizes, context=CONTEXT, repeats=repeats)
-plain_curve = {m: vc(m) for m in m_sizes}  # section 1's curve for lib.model (sizes it did not measure interpolated)
+plain_curve = {m: vc(m) for m in m_sizes}  # section 1's curve for lib.modeling.llama (sizes it did not measure interpolated)
 costs8 = {"draft head": lab.relative_cost(dh.head_step(head, fast, text_ids, CONTEXT), fast, text_ids, CONTEXT),
           "int8 copy": lab.relative_cost(lab.draft_step(drafts["int8 copy"], text_ids, CONTEXT), fast, text_ids, CONTEXT),
           "prompt lookup": lab.relative_cost(lab.draft_step(drafts["prompt lookup"], text_ids, CONTEXT), fast, text_ids,
@@ -310,7 +310,7 @@ print("verify curve, FastLlama: " + ", ".join(f"{m}: {fast_curve[m]:.2f}" for m 
 disturbed8 = impossible_verify_curve(fast_curve)
 if disturbed8:
     print(disturbed8)
-print("verify curve, lib.model: " + ", ".join(f"{m}: {plain_curve[m]:.2f}" for m in m_sizes))
+print("verify curve, lib.modeling.llama: " + ", ".join(f"{m}: {plain_curve[m]:.2f}" for m in m_sizes))
 print("c relative to FastLlama: " + ", ".join(f"{d} {c:.3f}" for d, c in costs8.items()))
 
 # %%
@@ -366,12 +366,12 @@ for _ in range(40):  # bisection: the smallest α whose best K reaches 1.5x with
 alpha_head = result8["draft head", HEAD_KS[1]]["a"]
 print(f"draft head: c = {c_head:.3f}; α needed for 1.5x (predicted, best K) = {hi:.2f}; α measured on chat = "
       f"{alpha_head:.2f}; predicted at the measured α = {best_speed(alpha_head, c_head, fast_curve):.2f}x")
-print(f"with lib.model's verify curve instead: α needed = "
+print(f"with lib.modeling.llama's verify curve instead: α needed = "
       f"{min((a / 100 for a in range(101) if best_speed(a / 100, c_head, plain_curve) >= 1.5), default=float('nan')):.2f}")
 alphas = [a / 50 for a in range(50)]
 fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
 axes[0].plot(m_sizes, [fast_curve[m] for m in m_sizes], "o-", label=f"FastLlama ({fast.kernel} kernel)")
-axes[0].plot(m_sizes, [plain_curve[m] for m in m_sizes], "s-", label="lib.model (section 1, interpolated)")
+axes[0].plot(m_sizes, [plain_curve[m] for m in m_sizes], "s-", label="lib.modeling.llama (section 1, interpolated)")
 axes[0].plot(m_sizes, m_sizes, "--", color="gray", label="m separate steps")
 axes[0].set_xlabel("tokens scored in one forward (K + 1)"); axes[0].set_ylabel("steps"); axes[0].set_title("verify curves")
 axes[0].legend(fontsize=7)
@@ -392,7 +392,7 @@ axes[1].set_title("speedup vs α at the measured c and verify curve"); plt.show(
 #   weights a one-token step is slow enough that a few tokens cost about one step; the one-call C++ step makes every
 #   step of a few rows much cheaper, the verify step included, and relative to that cheaper step a verify of a few
 #   tokens costs more steps — a faster target leaves less for speculation to win unless its verify step is as lean as
-#   its decode step. Compare the two curves above; with `lib.model` as the target the head would need another α,
+#   its decode step. Compare the two curves above; with `lib.modeling.llama` as the target the head would need another α,
 #   which the cell above computes.
 # * **What it lacks is α.** It was trained on the target's own answers to template prompts (the command, the answers,
 #   tokens and time are printed above; `tools/train_draft_head.py` prints its held-out agreement), and it agrees with
@@ -405,10 +405,10 @@ axes[1].set_title("speedup vs α at the measured c and verify curve"); plt.show(
 
 # %% [markdown]
 # **Your target beside the lab's recorded runs.** `benchmarks/decode.py --record` decoded the same model greedily on the
-# lab's machine: `FastLlama` with the one-call C++ step at {{ recorded_md("decode", "decode b1 n64: lib.generate (lib.fast, C++ step)", "amd-epyc-avx512") }}, with packed
-# weights at {{ recorded_md("decode", "decode b1 n64: lib.generate (lib.fast, packed)", "amd-epyc-avx512") }}, and `lib.model` at {{ recorded_md("decode", "decode b1 n64: lib.generate (lib.model)", "amd-epyc-avx512") }}.
+# lab's machine: `FastLlama` with the one-call C++ step at {{ recorded_md("decode", "decode b1 n64: lib.modeling.generate (lib.modeling.fast, C++ step)", "amd-epyc-avx512") }}, with packed
+# weights at {{ recorded_md("decode", "decode b1 n64: lib.modeling.generate (lib.modeling.fast, packed)", "amd-epyc-avx512") }}, and `lib.modeling.llama` at {{ recorded_md("decode", "decode b1 n64: lib.modeling.generate (lib.modeling.llama)", "amd-epyc-avx512") }}.
 # Your target's figure is printed above with your machine's load; the two machines differ, and so does the kernel
-# `lib.fast` chose (named above). Speculation competes with the target's own step: the faster that step, the less a
+# `lib.modeling.fast` chose (named above). Speculation competes with the target's own step: the faster that step, the less a
 # verify step of K + 1 tokens saves.
 
 # %% [markdown]
@@ -438,7 +438,7 @@ axes[1].set_title("speedup vs α at the measured c and verify curve"); plt.show(
 # *Mark scheme (2 points).* (1) (1 + 0.8 + 0.8² + 0.8³ + 0.8⁴) / (4·0.05 + 1) = 3.3616 / 1.2 = 2.80×. (2) Any of, with
 # the student's measurement: the same α at every position (section 4's histogram; section 7's predicted and measured
 # calls), a flat verify curve (section 1's and section 10's curves: a few tokens cost well over one step for
-# `lib.model`), a draft costing a twentieth of a step (section 5: the int8 copy's c is most of a step), no loop
+# `lib.modeling.llama`), a draft costing a twentieth of a step (section 5: the int8 copy's c is most of a step), no loop
 # overhead.
 
 # %% [markdown]

@@ -8,7 +8,7 @@
 # (**PagedAttention**), and a scheduler that decides again at every step who runs (**continuous
 # batching**). You build the pieces — block arithmetic, a reference-counted allocator, block tables and
 # slot mapping, attention that reads keys and values straight from the block pool — and then run them
-# inside a small real engine (`lib/engine.py` and its block pool `lib/blocks.py`; the first code cell prints
+# inside a small real engine (`lib/batching/engine.py` and its block pool `lib/batching/blocks.py`; the first code cell prints
 # their length) on SmolLM2, which returns exactly the tokens that `generate` returns on each request alone.
 #
 # **You will write** a model of what continuous batching gains (`continuous_gain`, predicted, then measured),
@@ -39,18 +39,19 @@ import time
 import matplotlib.pyplot as plt
 from tqdm.auto import tqdm
 
-import lib.blocks
-import lib.engine
-import lib.model_runner
-from lib import paged as ref, records, roofline as rl
-from lib.attention import gqa_attention
-from lib.engine import LLMEngine, simulate_steps
-from lib.engine_load import percentile, run_load
-from lib.generate import generate as lib_generate
-from lib.kv_cache import kv_cache_bytes
-from lib.model import shared_smollm2, tiny_model
-from lib.text import load_text
-from lib.timing import Conditions, interleaved, not_monotone, report, warning
+import lib.batching.blocks
+import lib.batching.engine
+import lib.batching.model_runner
+from lib.batching import paged as ref
+from lib.bench import records, roofline as rl
+from lib.attn.attention import gqa_attention
+from lib.batching.engine import LLMEngine, simulate_steps
+from lib.batching.engine_load import percentile, run_load
+from lib.modeling.generate import generate as lib_generate
+from lib.modeling.kv_cache import kv_cache_bytes
+from lib.modeling.llama import shared_smollm2, tiny_model
+from lib.modeling.text import load_text
+from lib.bench.timing import Conditions, interleaved, not_monotone, report, warning
 
 FULL = False  # True: the seed's sizes (64 requests of 50/200 tokens, batch up to 32): about 15 minutes
 
@@ -70,7 +71,7 @@ lines = [ln.strip() for ln in load_text("hamlet").splitlines() if len(ln.strip()
 PROMPTS = [tok(ln).input_ids[:20] for ln in lines[200:264]]
 print(len(PROMPTS), "prompts, e.g.", repr(tok.decode(PROMPTS[0])))
 # The engine you will run, by size (docstrings and comments included): what there is to read
-size = {m.__name__: len(inspect.getsource(m).splitlines()) for m in (lib.engine, lib.model_runner, lib.blocks)}
+size = {m.__name__: len(inspect.getsource(m).splitlines()) for m in (lib.batching.engine, lib.batching.model_runner, lib.batching.blocks)}
 print(", ".join(f"{m.replace('.', '/')}.py {n} lines" for m, n in size.items()) + "; of them LLMEngine "
       f"{len(inspect.getsource(LLMEngine).splitlines())}, its step() {len(inspect.getsource(LLMEngine.step).splitlines())}")
 

@@ -120,7 +120,7 @@ for bs in (1, 16):
 # against attention over the same keys and values stored contiguously per sequence (`gqa_attention`: the same
 # matmuls and softmax, one call for the whole batch), a decode batch of 8 sequences of SmolLM2's shapes (one
 # layer), blocks of 16 scattered over the pool, at several context lengths. The two take turns, round by round,
-# so that whatever else the machine does falls on both (`lib.timing`); read the best of the repeats, their
+# so that whatever else the machine does falls on both (`lib.bench.timing`); read the best of the repeats, their
 # spread and the load.
 
 # %%
@@ -169,16 +169,16 @@ print("\n".join(a for a in alerts if a))
 # %% [markdown]
 # ## 5. The engine
 #
-# `lib/engine.py` puts the pieces together. It is not short (the first code cell printed its length); the part
+# `lib/batching/engine.py` puts the pieces together. It is not short (the first code cell printed its length); the part
 # to read is `LLMEngine.step`, schedule → run → postprocess: `_schedule` carries out the scheduler's plan,
-# `ModelRunner.run` (`lib/model_runner.py`) runs the forward, `_postprocess` samples and finishes. Each **step**:
+# `ModelRunner.run` (`lib/batching/model_runner.py`) runs the forward, `_postprocess` samples and finishes. Each **step**:
 #
 # 1. the scheduler picks the running requests (one token each for a decode, a chunk of the prompt for a
 #    prefill), then admits waiting ones while there are free slots, token budget and blocks;
 # 2. the allocator gives each one the blocks its new tokens need;
 # 3. all scheduled tokens of all requests go through the model in **one forward**, flattened to
 #    `[1, N]`: the linear layers see every token at once, and each layer writes its new keys and values
-#    to their slots (`lib.paged.PagedKVCache`) and attends — decodes together through `paged_attention`,
+#    to their slots (`lib.batching.paged.PagedKVCache`) and attends — decodes together through `paged_attention`,
 #    prefills over their own blocks;
 # 4. each request whose tokens are all computed gets its next token (greedy); finished ones free their blocks.
 #
@@ -201,7 +201,7 @@ assert batched == alone
 # little more than a step with 1, and tokens per second should grow almost linearly with the batch — until
 # the matmuls become compute-bound. Measured (decode steps only, after the prefill; the batch sizes take turns,
 # round by round, and the best round counts). The roofline uses the best streaming bandwidth measured on this
-# class of machine (`lib.records.best_bandwidth`: the committed records, this machine's earlier runs and this
+# class of machine (`lib.bench.records.best_bandwidth`: the committed records, this machine's earlier runs and this
 # run), never one run's reading alone: a shared machine's probe moves from minute to minute.
 
 # %%

@@ -245,7 +245,7 @@ assert out_yours == alone and out_cached == alone + alone[:1]
 
 # %% [markdown]
 # **Exercise 1, measured on your engine.** Section 1's queue once more, static against continuous, on an engine
-# built from your parts, timed: the two take turns, round by round, and the best round counts (`lib.timing`:
+# built from your parts, timed: the two take turns, round by round, and the best round counts (`lib.bench.timing`:
 # the spread and the load are printed). Beside them, your prediction for a deep queue and the step-count model of
 # this very queue.
 

@@ -35,11 +35,12 @@ import time
 import matplotlib.pyplot as plt
 from tqdm.auto import tqdm
 
-from lib import paths, records, roofline
-from lib import awq as ref_awq, gptq as ref_gptq, qformats, quant as ref  # the lab's reference: compare after writing your own
-from lib.model import shared_smollm2
-from lib.text import load_text, perplexity, perplexity_se, token_nlls
-from lib.timing import Conditions, interleaved, report, warning
+from lib.bench import paths, records, roofline
+from lib.quantization import awq as ref_awq, gptq as ref_gptq, quant as ref  # the lab's reference: compare after writing your own
+from lib.gguf import qformats
+from lib.modeling.llama import shared_smollm2
+from lib.modeling.text import load_text, perplexity, perplexity_se, token_nlls
+from lib.bench.timing import Conditions, interleaved, report, warning
 
 FULL = False  # True: perplexity on 4,335 tokens instead of 1,020, every tensor instead of a sample (many minutes)
 
@@ -64,7 +65,7 @@ print(f"{sum(p.numel() for p in model.parameters()):,} parameters on {dev}, {tor
 # it: every core streams its share). Week 16 measured a one-row matrix product instead, the operation of a
 # decode step; it is printed beside it (compare the two: on a CPU that kernel tends to read below what the memory
 # delivers, so it is not the ceiling). A probe on a shared machine reads differently from minute to minute, so the
-# rooflines use the best streaming bandwidth measured on this class of machine (`lib.records.best_bandwidth`:
+# rooflines use the best streaming bandwidth measured on this class of machine (`lib.bench.records.best_bandwidth`:
 # the committed records, this machine's earlier runs, and this run), never one run's reading alone.
 
 # %%
@@ -162,7 +163,7 @@ def dequantize_q8_0(data: np.ndarray) -> np.ndarray:
 # (**Q4_0**, 18 bytes, is the symmetric sibling: `d = x_max / -8` where `x_max` is the value of largest
 # magnitude *with its sign*, and `q = min(15, trunc(x * id + 8.5))`, value `d · (q − 8)`. Using the signed
 # maximum puts it exactly on the code −8 … so the asymmetric range [−8, 7] loses nothing on the big side.
-# Q5_0 and Q5_1 add a 32-bit word holding the fifth bit of each code. `lib/qformats.py` has all five.)
+# Q5_0 and Q5_1 add a 32-bit word holding the fifth bit of each code. `lib/gguf/qformats.py` has all five.)
 
 # %% nbgrader={"grade": false, "grade_id": "quantize_q4_1", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def quantize_q4_1(x: np.ndarray) -> np.ndarray:

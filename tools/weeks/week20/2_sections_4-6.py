@@ -74,7 +74,7 @@ check_dequantize_q4_k(dequantize_q4_k)
 # sends halves to the **even** neighbour (`np.rint`): a third rule beside Q8_0's `roundf` and Q4_1's `trunc(v + 0.5)`.
 #
 # The check decodes your bytes with gguf-py and wants the weighted error Σ w (x̂ − x)² within 0.5 % of llama.cpp's
-# search as `lib.qformats` runs it (5 % on heavy-tailed rows; a search on the *unweighted* error lowers the plain RMSE
+# search as `lib.gguf.qformats` runs it (5 % on heavy-tailed rows; a search on the *unweighted* error lowers the plain RMSE
 # a little and misses this bound), the plain RMSE within 1 % of it (3 % heavy-tailed), and below 0.95× Q4_1's
 # on Gaussian weights. Both comparisons leave out the super-blocks where two candidate fits tie in `E` (a sub-block
 # of one outlier and weights that all land on one code is fitted exactly by several; which one a search keeps is
@@ -186,7 +186,7 @@ for name, x in tensors.items():
 #
 # **SmolLM2 has a catch:** `d_model = 576` is not a multiple of 256, so only `ffn_down` (1536 columns) can
 # be stored as a K-quant at all. llama.cpp's quantizer (`llama-quant.cpp`) falls back for such rows:
-# Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0 (`lib.qformats.K_FALLBACK`). A "Q4_K" SmolLM2 is mostly Q5_0.
+# Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0 (`lib.gguf.qformats.K_FALLBACK`). A "Q4_K" SmolLM2 is mostly Q5_0.
 
 # %% [markdown]
 # ## 5. Perplexity versus bits per weight
@@ -445,7 +445,7 @@ print("ΔPPL at 3 bits: " + ", ".join(f"{k.split('.')[1]} {kind_delta[k]:+.2f} (
 # Read the two panels. Which tensor type costs the most in total, and which the most *per weight* — where
 # would an extra bit buy the most? (Section 12's `answer_q9` reads the quiz's answer off this measurement,
 # `kind_delta`, and compares it with the types llama.cpp's `_M` mixes give Q6_K.) llama.cpp's choice of *layers* for the extra bits (the first and last
-# eighth, every third between: `lib.quant.use_more_bits`) is a rule of thumb; look at the right panel for
+# eighth, every third between: `lib.quantization.quant.use_more_bits`) is a rule of thumb; look at the right panel for
 # whether the first and last layers are really the sensitive ones here — measure, don't assume.
 #
 # Now turn the measurements into an allocation. Two formats, low (3-bit, 3.5 bits per weight) and high (4-bit,

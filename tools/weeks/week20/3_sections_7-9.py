@@ -325,7 +325,7 @@ print(f"seed 000 — layers {GPTQ_LAYERS}: Q4_K_M-like {ref.plan_bits_per_weight
 # sensitive and for the linear whose largest channel stands highest above its median:
 
 # %%
-from lib import smoothquant as ref_sq
+from lib.quantization import smoothquant as ref_sq
 
 with torch.no_grad():
     act_max = ref_sq.activation_absmax(model, calibration[:2], linears)  # max|x| per input channel
@@ -348,7 +348,7 @@ print(f"section 6's most sensitive probed layer: {sensitive} (ΔPPL {layer_delta
 # section 6 found sensitive?), one int8 scale per tensor gives that channel all the range and leaves the typical
 # channels a handful of levels. SmoothQuant divides each
 # input channel by `s_j = max|X_j|^α / max|W_j|^(1−α)` and multiplies the weight column by `s_j` — the same
-# product, with the difficulty shared between activations and weights (`lib/smoothquant.py`; simulated int8,
+# product, with the difficulty shared between activations and weights (`lib/quantization/smoothquant.py`; simulated int8,
 # per-tensor dynamic activations, per-channel weights, every linear of the 30 blocks):
 
 # %%

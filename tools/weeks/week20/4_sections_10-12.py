@@ -3,18 +3,18 @@
 #
 # Everything so far *simulated* quantization: weights rounded, then stored as float32 again. To get the speed
 # the bytes must stay small in memory and be expanded inside the matrix product. torch has CPU kernels for
-# exactly that (`lib/quant_linear.py`): int8 per output channel (`aten._weight_int8pack_mm`) and int4 in
+# exactly that (`lib/quantization/quant_linear.py`): int8 per output channel (`aten._weight_int8pack_mm`) and int4 in
 # groups with a scale and a zero (`aten._weight_int4pack_mm_for_cpu`), both with bfloat16 activations.
 # int4 with groups of 32 and a min/max grid is **Q4_1's grid** — so on our weights (section 3) it loses
 # nothing but the bfloat16 rounding of scales and activations. The LM head (the tied embedding, stored as
-# Q8_0) goes to int8 in that variant. These are CPU kernels, and so are `lib.qmatmul`'s below: on a machine with a
+# Q8_0) goes to int8 in that variant. These are CPU kernels, and so are `lib.gguf.qmatmul`'s below: on a machine with a
 # GPU this section runs on a CPU copy of the model (`qmodel`) and measures the CPU's bandwidth for its rooflines.
 
 # %%
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from lib.generate import generate
-from lib.quant_linear import quantize_linears
+from lib.modeling.generate import generate
+from lib.quantization.quant_linear import quantize_linears
 
 # torch's int8/int4 kernels are CPU kernels (quantize_linears refuses a model on a GPU): this section runs on the CPU
 qmodel = model if dev.type == "cpu" else shared_smollm2("cpu")[0]
@@ -72,7 +72,7 @@ def ops_of(fn):
 
 
 step_ops = ops_of(lambda: generate(qmodel, prompt, 2)) - ops_of(lambda: generate(qmodel, prompt, 1))
-print(f"one decode step of the F32 model (lib.model): {step_ops} aten operations, each a kernel call from Python")
+print(f"one decode step of the F32 model (lib.modeling.llama): {step_ops} aten operations, each a kernel call from Python")
 
 # %% [markdown]
 # The quantized paths read fewer bytes per step (the 'bytes' column), but they stay far from their rooflines: at
@@ -86,7 +86,7 @@ print(f"one decode step of the F32 model (lib.model): {step_ops} aten operations
 # ### The file's own blocks, multiplied as they lie
 #
 # The int4 path above *requantizes*: it decodes the file's Q4_1 weights and packs them again in torch's layout,
-# with bfloat16 scales and activations — a slightly different model. `lib.qmatmul` instead multiplies the GGUF
+# with bfloat16 scales and activations — a slightly different model. `lib.gguf.qmatmul` instead multiplies the GGUF
 # blocks exactly as the file stores them (20 bytes per 32 weights for Q4_1, 34 for Q8_0), decoding each block
 # in registers inside the dot product. Its readable reference, `block_dot_q4_1`, is the whole idea for one
 # block: the two float16 numbers `d` and `m`, the 32 four-bit codes `q`, and
@@ -97,7 +97,7 @@ print(f"one decode step of the F32 model (lib.model): {step_ops} aten operations
 # `x · dequantize(W)ᵀ` up to the order of the float32 sum: the model *is* the file's model, with 32 / 5 = 6.4 times fewer
 # bytes read than float32. (llama.cpp goes one step further and rounds the activations `x` to 8 bits per block, so it
 # can form `Σ xᵢ qᵢ` in integer SIMD and apply `d` and `m` once per block — faster arithmetic, a slightly
-# different model.) The C++ kernel in `lib/csrc/qmatmul.cpp` does the same sum 16 lanes at a time, one weight row
+# different model.) The C++ kernel in `lib/gguf/csrc/qmatmul.cpp` does the same sum 16 lanes at a time, one weight row
 # for up to 8 rows of `x`, with one trick worth knowing: a Q4_1 block has only 16 distinct weights, `d·j + m` for
 # j = 0…15, so the AVX-512 loop computes those 16 once per block and looks each of the 32 weights up by its nibble
 # (one `vpermps` per 16 weights) instead of converting and scaling every code. `backend()` says which code runs
@@ -106,8 +106,8 @@ print(f"one decode step of the F32 model (lib.model): {step_ops} aten operations
 # %%
 import inspect
 
-from lib import qmatmul
-from lib.quant_linear import GGUFFastLlama, quantize_blocks, read_gguf_blocks
+from lib.gguf import qmatmul
+from lib.quantization.quant_linear import GGUFFastLlama, quantize_blocks, read_gguf_blocks
 
 print(inspect.getsource(qmatmul.block_dot_q4_1))
 gguf_blocks = read_gguf_blocks()  # every matmul weight of the file as (type, uint8 blocks [out, bytes per row])
@@ -124,7 +124,7 @@ print(f"row 0 · x, the F32 model's weight: {(model.layers[0].mlp.gate_proj.weig
 
 # %% [markdown]
 # Four routes, one number (up to float32 rounding in the last digits): the blocks hold the model's weights.
-# Now the speed of each format next to its roofline, side by side in one cell: lib.fast's fused decoder on
+# Now the speed of each format next to its roofline, side by side in one cell: lib.modeling.fast's fused decoder on
 # float32 weights, on torch's int4 layout (via `quantize_linears`), and on GGUF blocks (`GGUFFastLlama`) — the
 # file's Q4_1, and Q8_0 blocks quantized from the same weights by `quantize_blocks` (a requantization: a
 # slightly different model, timed only for its speed). The paths take turns, so a busy machine slows all of
@@ -133,7 +133,7 @@ print(f"row 0 · x, the F32 model's weight: {(model.layers[0].mlp.gate_proj.weig
 # %%
 import copy
 
-from lib.fast import FastLlama
+from lib.modeling.fast import FastLlama
 
 
 def model_of_blocks(blocks):  # the float32 model whose weights are exactly these blocks' values
@@ -147,15 +147,15 @@ def model_of_blocks(blocks):  # the float32 model whose weights are exactly thes
 q8_blocks = quantize_blocks(qmodel, "Q8_0")
 head_bytes = gguf_blocks["embed.weight"][1].numel()  # the tied LM head stays Q8_0 in every GGUF path
 decoders = {  # name: (decoder, bytes of weights read per token); on the CPU, like the kernels they compare
-    "F32 (lib.fast)": (FastLlama(qmodel), n_weights * 4),
+    "F32 (lib.modeling.fast)": (FastLlama(qmodel), n_weights * 4),
     "int4 g32 (torch)": (quantize_linears(qmodel, "int4", 32), n_weights * 5 / 8),
     "Q8_0 blocks": (GGUFFastLlama(model_of_blocks(q8_blocks), q8_blocks), sum(b.numel() for _, b in q8_blocks.values())),
-    # layout="file": the blocks as the file lays them out (lib.quant_linear's "wide" layout, d and m widened to
+    # layout="file": the blocks as the file lays them out (lib.quantization.quant_linear's "wide" layout, d and m widened to
     # float32, reads 20 % more bytes with fewer shuffles; `python benchmarks/quant.py` times both)
     "Q4_1 blocks (the file)": (GGUFFastLlama(qmodel, gguf_blocks, layout="file"),
                                sum(b.numel() for _, b in gguf_blocks.values())),
 }
-print("lib.fast's kernel:", decoders["F32 (lib.fast)"][0].kernel_reason)
+print("lib.modeling.fast's kernel:", decoders["F32 (lib.modeling.fast)"][0].kernel_reason)
 N_STEPS, REPEATS = (32, 5) if FULL else (16, 3)
 runs = {}  # per decoder: the prefill and first token alone, and with N_STEPS decode steps after it
 for name, (m, _) in decoders.items():
@@ -200,7 +200,7 @@ plt.show()
 # which is why the rooflines use the best streaming bandwidth recorded for this class of machine (section 1) and a
 # share above 100 % is reported as a measurement problem, not a result. On one of the lab's reference machines,
 # `benchmarks/quant.py` recorded a streaming bandwidth of {{ recorded_md("quant", "streaming bandwidth", "amd-epyc-avx512") }}. The GGUF decoder runs a one-token step of all 30 layers
-# in one C++ call (`decode_steps`, the same arithmetic as lib.fast's Python step; lib.fast's float32 decoder makes
+# in one C++ call (`decode_steps`, the same arithmetic as lib.modeling.fast's Python step; lib.modeling.fast's float32 decoder makes
 # the same call where it chose its "cpp" kernel, printed above), because at 135M parameters the Python and tensor
 # bookkeeping between the small operations of a step (counted in the first cell of this section) cost as much as the
 # matmuls themselves. `python benchmarks/quant.py` repeats this measurement with more paths, perplexity with its
@@ -213,9 +213,9 @@ plt.show()
 # measured (decode steps alone, best of the repeats, the paths taking turns):
 
 # %%
-f32_bytes = decoders["F32 (lib.fast)"][1]
+f32_bytes = decoders["F32 (lib.modeling.fast)"][1]
 for name, (roof, tok_s) in list(speed.items())[1:]:
-    ratio = tok_s / speed["F32 (lib.fast)"][1]
+    ratio = tok_s / speed["F32 (lib.modeling.fast)"][1]
     print(f"seed 001 — {name:>24}: {ratio:.2f}x the F32 decode, {100 * (ratio - 1):+.0f} % "
           f"({f32_bytes / decoders[name][1]:.1f}x fewer bytes per token)")
 
@@ -290,7 +290,7 @@ check_gguf_bytes(gguf_bytes)
 # %% [markdown]
 # Your blocks in your container: two SmolLM2 tensors quantized with your own functions (`ffn_down` of layer 5 as
 # Q4_K with your search, the first 64 rows of the embedding as Q8_0), written with your writer, read back by
-# gguf-py and decoded by it. (`lib.quant.write_gguf` writes a whole model this way, metadata and tokenizer
+# gguf-py and decoded by it. (`lib.quantization.quant.write_gguf` writes a whole model this way, metadata and tokenizer
 # included; `tests/test_llama_cpp.py` loads such a file — the Q4_K_M-like mix — in llama.cpp and compares its
 # greedy tokens with the lab's model.)
 
@@ -375,7 +375,7 @@ check_answer_q9(answer_q9)
 mine = answer_q9(kind_delta)  # your measurement of section 6
 rule = {ref.gguf_tensor_name(n).split(".")[2] for n, t in ref.q4_k_m_plan(model).items() if t == "Q6_K"}
 print(f"your measurement singles out {sorted(mine)}; llama.cpp's Q4_K_M gives Q6_K to {sorted(rule)} "
-      f"(in the layers of lib.quant.use_more_bits) -> {'the same' if mine == rule else 'NOT the same: read section 6 again'}")
+      f"(in the layers of lib.quantization.quant.use_more_bits) -> {'the same' if mine == rule else 'NOT the same: read section 6 again'}")
 
 # %% [markdown] nbgrader={"grade": true, "grade_id": "answer_q9_why", "locked": false, "points": 1, "schema_version": 3, "solution": true, "task": false}
 # **Model answer.** `attn_v` and `ffn_down` get Q6_K in the first and last eighth of the layers and every third

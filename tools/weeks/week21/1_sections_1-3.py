@@ -11,7 +11,7 @@
 # load, what each technique buys in the numbers users feel: **time to first token** (TTFT), **time per
 # output token** (TPOT) and **throughput**.
 #
-# The HTTP front end (Starlette on uvicorn, `lib/server.py`) is given. **You write the two pieces where
+# The HTTP front end (Starlette on uvicorn, `lib/serve/server.py`) is given. **You write the two pieces where
 # serving is decided:**
 #
 # 1. `TextStream` — token bytes in, text out: what may be sent to a client *now*, so that nothing sent ever
@@ -49,11 +49,11 @@ import torch
 from openai import OpenAI
 from tqdm.auto import tqdm
 
-from lib.generate import generate
-from lib.loadtest import QUESTIONS, SYSTEM, run_load_test
-from lib.model import load_smollm2
-from lib.server import ServerThread, make_server
-from lib.serving import token_bytes
+from lib.modeling.generate import generate
+from lib.serve.loadtest import QUESTIONS, SYSTEM, run_load_test
+from lib.modeling.llama import load_smollm2
+from lib.serve.server import ServerThread, make_server
+from lib.serve.serving import token_bytes
 
 torch.manual_seed(0)
 model, tok = load_smollm2()
@@ -253,7 +253,7 @@ print("pieces add up to the answer cut before its first newline:", "".join(piece
 # **Interface.** The front end calls `submit(request_id, prompt, max_tokens, params)` and
 # `cancel(request_id)`; the engine thread calls `run_once()`, which returns a list of messages, and
 # `has_work()`, which says whether there is anything left to do (the thread sleeps when there is not).
-# `params` is a `lib.sampling.SamplingParams`, the one carrier of everything the request's sampling needs:
+# `params` is a `lib.modeling.sampling.SamplingParams`, the one carrier of everything the request's sampling needs:
 # temperature, seed, top_p, penalties, logit_bias, the LoRA adapter, which waiting request of the same
 # prompt it may fork off (the server's `n`), and a list the engine fills with the request's logprobs, which
 # is how they come back to the server. Your loop does not look inside it: it hands the very object on. The
@@ -397,13 +397,13 @@ for p in prompts:
 # ### JSON mode: decoding under a grammar
 #
 # `response_format: {"type": "json_object"}` asks for an answer that is a JSON object. A prompt cannot promise
-# that; the sampler can. At every step the server's sampler (`lib.sampling`, shared with `generate` and the engine)
+# that; the sampler can. At every step the server's sampler (`lib.modeling.sampling`, shared with `generate` and the engine)
 # sets to −∞ the logit of every token whose text would take the output out of the language of JSON objects, and
 # allows the end-of-sequence token only when the object is complete — so an answer that ends by itself always
 # parses (one cut by `max_tokens` is a prefix). vLLM does the same with outlines or xgrammar, llama.cpp with its
 # GBNF grammars.
 #
-# `lib.guided` builds the mask in two layers. A **pushdown automaton over bytes** (`JsonMachine`) knows JSON: its
+# `lib.serve.guided` builds the mask in two layers. A **pushdown automaton over bytes** (`JsonMachine`) knows JSON: its
 # state is the stack of open objects and arrays, what may come next (a key, a colon, a value, a comma or a closing
 # bracket), and where it is inside a string (escapes, UTF-8), a number or `true`/`false`/`null`. The **vocabulary
 # layer** (`JsonVocabulary`) lifts it to tokens: a token is allowed from a state when the automaton accepts all its
@@ -416,7 +416,7 @@ for p in prompts:
 # %%
 import json
 
-from lib.guided import JsonGuide, JsonMachine, JsonVocabulary
+from lib.serve.guided import JsonGuide, JsonMachine, JsonVocabulary
 
 json_server = make_server(model, tok, num_blocks=256, max_num_seqs=4, loop_cls=ServingLoop, text_stream_cls=TextStream)
 vocabulary = JsonVocabulary(json_server.token_bytes, tok.eos_token_id, model.config.vocab_size)

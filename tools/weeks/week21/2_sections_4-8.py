@@ -1,7 +1,7 @@
 # %% [markdown]
 # ## 4. What each technique buys under load
 #
-# Now the measurement a user would make before choosing a configuration. `run_load_test` (lib/loadtest.py,
+# Now the measurement a user would make before choosing a configuration. `run_load_test` (lib/serve/loadtest.py,
 # also `python benchmarks/load.py`) sends chat requests through the `openai` client with **Poisson
 # arrivals** — independent users, exponential gaps — all sharing one system prompt (a help desk's
 # instructions) and each asking a short question, streamed; per request it records TTFT (submission to the
@@ -15,7 +15,7 @@
 # | one at a time | `max_num_seqs=1`: requests queue and run alone (a server without batching) |
 # | continuous batching | up to 8 requests per step, admitted at the next step (week 19) |
 # | + prefix caching | the shared system prompt's KV blocks are computed once and reused (week 19) |
-# | + packed weights | `lib.fast`'s oneDNN-packed fp32 matmuls, same numbers (week 18's engine work) |
+# | + packed weights | `lib.modeling.fast`'s oneDNN-packed fp32 matmuls, same numbers (week 18's engine work) |
 #
 # **What a bigger batch costs.** Continuous batching bets that a step of several rows costs much less than
 # that many steps of one. The cell below times it on this machine: one decode step of the engine at batch 1,
@@ -25,8 +25,8 @@
 # %%
 import copy
 
-from lib.engine import LLMEngine
-from lib.timing import Conditions, interleaved, report
+from lib.batching.engine import LLMEngine
+from lib.bench.timing import Conditions, interleaved, report
 
 
 def chat_prompt(i):
@@ -105,7 +105,7 @@ for name, r in rows.items():
 if conditions.busy:
     print("measurement disturbed: other work kept the machine busy during the runs — compare rows, not runs, and "
           "rerun when the machine is quieter before reading a small difference")
-if model.device.type != "cpu":  # lib.fast.pack_linears is a no-op there
+if model.device.type != "cpu":  # lib.modeling.fast.pack_linears is a no-op there
     print(f"(packed weights are a CPU layout: on {model.device} the last row runs the same fp32 model as the row above it)")
 
 # %%
@@ -170,7 +170,7 @@ plt.show()
 # Write `predict_ttft(rate, prefill_s, step_s, max_num_seqs, max_tokens)`: the **mean** TTFT in seconds, or
 # `math.inf` where the queue grows without bound. It is graded on configurations it has not seen (one slot and
 # sixteen, lightly and heavily loaded, past what the server can take), against a simulation of exactly these rules
-# over 50,000 requests: within a factor 1.2 with one slot, 1.35 with several. `lib.queueing.simulate_ttft` is that
+# over 50,000 requests: within a factor 1.2 with one slot, 1.35 with several. `lib.serve.queueing.simulate_ttft` is that
 # simulation — use it in this notebook to test your formula on configurations of your own; your graded function
 # cannot call it (in the grading process no part of lib runs for your code), and it is a formula's job, not a
 # simulation's, to say *why*: the check counts the lines of Python your function runs (a formula runs a few dozen
@@ -246,7 +246,7 @@ check_predict_ttft(predict_ttft)
 import math
 import statistics
 
-from lib.queueing import simulate_ttft
+from lib.serve.queueing import simulate_ttft
 
 
 def capacity_of(predict, **w):
@@ -303,7 +303,7 @@ for name, c in (("one at a time", 1), ("continuous batching", 8)):  # section 4'
 # server (the first ones never queue, so a short run reads low near capacity), on a machine whose load is printed
 # beside them. Past capacity (`inf`) the measured mean is finite only because the run ends: it grows with every
 # request the run sends. A running server shows its queue in `/metrics`: `vllm:request_queue_time_seconds` (in
-# `lib.server`, from a request's arrival to the end of the first step that ran it).
+# `lib.serve.server`, from a request's arrival to the end of the first step that ran it).
 
 # %% [markdown]
 # ## 6. End to end, and what a token costs
@@ -367,7 +367,7 @@ check_cost_per_million_tokens(cost_per_million_tokens)
 # every slot busy), and the lab's H200 from its committed record.
 
 # %%
-from lib.records import load as load_record
+from lib.bench.records import load as load_record
 
 CPU_PRICE, GPU_PRICE = 0.10, 3.50  # dollars an hour: ASSUMED prices (a small cloud VM, one rented H200), not measured
 for name, r in rows.items():
@@ -387,7 +387,7 @@ print("seed 002's figure for FP16 7B on an A100 ($0.15 per million) needs "
 # %% [markdown]
 # ## 7. Many adapters on one base: multi-LoRA serving
 #
-# *This section reports the multi-LoRA engine (`lib/lora.py` and the server's adapters: `model` names an adapter,
+# *This section reports the multi-LoRA engine (`lib/modeling/lora.py` and the server's adapters: `model` names an adapter,
 # as vLLM's `--lora-modules` does), built and measured on its own branch of the lab; its figures are rendered
 # from that benchmark's committed record, never typed.*
 #
@@ -493,13 +493,13 @@ print("seed 002's figure for FP16 7B on an A100 ($0.15 per million) needs "
 #
 # And serve it for real: `make serve` starts lib's server on 127.0.0.1:8000 (`make serve ARGS=--max-num-seqs=16`
 # passes options on). Unless told, it runs as many requests at once as its KV pool holds at 256 tokens each
-# (`lib.server.default_max_num_seqs`, printed below); the rest wait, and `/metrics` shows for how long
+# (`lib.serve.server.default_max_num_seqs`, printed below); the rest wait, and `/metrics` shows for how long
 # (`vllm:request_queue_time_seconds`). `python benchmarks/load.py` loads it at several arrival rates;
 # `python benchmarks/load.py --ablation` runs section 4's ablation with int8 weights as a fifth row.
 
 # %%
-from lib.server import default_max_num_seqs
+from lib.serve.server import default_max_num_seqs
 
-blocks, block_size = 512, 16  # python -m lib.server's defaults (--num-blocks, --block-size)
+blocks, block_size = 512, 16  # python -m lib.serve.server's defaults (--num-blocks, --block-size)
 print(f"make serve runs up to {default_max_num_seqs(blocks, block_size)} requests at once "
       f"({blocks} blocks of {block_size} tokens, 256 tokens a request)")
