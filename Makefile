@@ -32,12 +32,12 @@ help:
 	@echo "make test         setup, then the whole test suite (what CI runs), in TEST_JOBS processes (default: cores, max 4)"
 	@echo "make test-quick   the suite without executing whole notebooks or the READMEs' commands"
 	@echo "make lint         ruff on lib/, grader/, benchmarks/, tools/, tests/ (the test command runs it too)"
-	@echo "make bench        speed benchmark: lib, lib.fast, transformers, the bandwidth roofline"
+	@echo "make bench        speed benchmark: lib, lib.modeling.fast, transformers, the bandwidth roofline"
 	@echo "make bench-18     speculative decoding: each draft's tok/s vs target greedy (identical tokens)"
 	@echo "make bench-19     serving: static vs continuous vs prefix-cached batching; batch 8 vs batch 1 decode"
 	@echo "make bench-20     quantized decode: F32 vs int8 vs int4 paths (and llama.cpp when installed)"
 	@echo "make serve        an OpenAI-compatible server on 127.0.0.1:8000 (SmolLM2, the week-19 engine); PORT=8001 to move it,"
-	@echo "                  ARGS=--max-num-seqs=16 (python -m lib.server --help lists the options)"
+	@echo "                  ARGS=--max-num-seqs=16 (python -m lib.serve.server --help lists the options)"
 	@echo "make bench-load   load-test the server with the openai client: throughput, TTFT/TPOT p50/p95, KV use"
 	@echo "make machine      this machine's whole table: CPU and flags, bandwidth, kernels measured again, both decode"
 	@echo "                  benchmarks; ARGS=--record keeps the runs as this machine class's records (results/)"
@@ -69,7 +69,7 @@ endif
 FORCE:
 
 setup: $(VENV)/.installed
-	$(BIN)/python -m lib.fetch
+	$(BIN)/python -m lib.modeling.fetch
 
 lab: setup
 	$(BIN)/jupyter lab --notebook-dir=weeks $(LAB_ARGS) $(ARGS)
@@ -107,7 +107,7 @@ bench-20: setup
 
 PORT ?= 8000
 serve: setup
-	$(BIN)/python -m lib.server --port $(PORT) $(ARGS)
+	$(BIN)/python -m lib.serve.server --port $(PORT) $(ARGS)
 
 bench-load: setup
 	$(BIN)/python benchmarks/load.py $(ARGS)

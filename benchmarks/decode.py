@@ -5,16 +5,16 @@
     python benchmarks/decode.py --compile            # also FastLlama under torch.compile (compile time printed)
     python benchmarks/decode.py --batch 1 8          # batch-1 and batch-8 decode (tok/s summed over the batch)
     python benchmarks/decode.py --profile            # where one decode step's time goes, per op, lib vs fast
-    python benchmarks/decode.py --matmul             # small-batch matmuls in each kernel lib.fast can choose,
+    python benchmarks/decode.py --matmul             # small-batch matmuls in each kernel lib.modeling.fast can choose,
                                                      # and the verify curve (m new tokens after a cache)
 
 Decode is bandwidth-bound: each new token reads every weight once. So the ceiling is
     tok/s <= (memory bandwidth) / (bytes of weights read per token)
-with the bandwidth measured here, in this run, by `lib.roofline.measure_bandwidth`: a streaming sum over a
+with the bandwidth measured here, in this run, by `lib.bench.roofline.measure_bandwidth`: a streaming sum over a
 256 MiB fp32 matrix (the fastest read torch makes; a one-row F.linear, the operation decode performs, reads
 about half as fast on the lab's 2-core EPYC, and `--matmul` prints both). Every figure below is measured side by side in
 one run; a busy machine lowers all of them, so compare the ratios, not the absolute numbers, across runs.
-On a GPU the fast path replays each decode step as a CUDA graph (lib.fast, item 8); the same path without graphs
+On a GPU the fast path replays each decode step as a CUDA graph (lib.modeling.fast, item 8); the same path without graphs
 (`graphs=False`) is timed beside it, and the first call's capture is timed on its own.
 Not a test: timing never decides pass or fail (tests/test_fast.py proves the fast path exact).
 """
@@ -52,21 +52,21 @@ def profile_step(name: str, model, prompt, steps: int = 8) -> None:
 
 def matmul_sweep(model, repeats: int, rows: list[int] | None = None) -> None:
     """Weight matmuls with 1..16 rows of input (decode = 1, verifying K draft tokens = K + 1, a batch = B), on
-    SmolLM2's own weight shapes, in each kernel lib.fast can choose (plain `F.linear`, oneDNN-packed weights,
-    the C++ float32 loops of lib/csrc/qmatmul.cpp); then the verify curve of whole forwards: m new tokens after a
+    SmolLM2's own weight shapes, in each kernel lib.modeling.fast can choose (plain `F.linear`, oneDNN-packed weights,
+    the C++ float32 loops of lib/gguf/csrc/qmatmul.cpp); then the verify curve of whole forwards: m new tokens after a
     128-token cache, in units of one decode step."""
     import torch.nn.functional as F
 
-    from lib import qmatmul as Q
-    from lib.fast import FastLlama
-    from lib.fast_kernels import kernels_for, pack_weight, packed_linear
+    from lib.gguf import qmatmul as Q
+    from lib.modeling.fast import FastLlama
+    from lib.modeling.fast_kernels import kernels_for, pack_weight, packed_linear
     weights = [w for blk in model.layers for w in (blk.attn.q_proj.weight, blk.attn.k_proj.weight,
                blk.attn.v_proj.weight, blk.attn.o_proj.weight, blk.mlp.gate_proj.weight, blk.mlp.up_proj.weight,
                blk.mlp.down_proj.weight)] + [model.embed.weight]
     weights = [w.detach() for w in weights]
     kernels = kernels_for(weights)
     if kernels == ["plain"]:
-        print("lib.fast's kernels need fp32 weights on a CPU; only F.linear runs here, nothing to compare")
+        print("lib.modeling.fast's kernels need fp32 weights on a CPU; only F.linear runs here, nothing to compare")
         return
     ws = {"plain": weights, "packed": [pack_weight(w) for w in weights] if "packed" in kernels else None,
           "cpp": weights}
@@ -88,7 +88,7 @@ def matmul_sweep(model, repeats: int, rows: list[int] | None = None) -> None:
             print(f"  {m:5d}" + "".join(f"{t[k] * 1e3:10.1f} ({t[k] / one_row[k]:4.2f})" for k in kernels)
                   + f"{names[min(t, key=t.get)]:>10s}")
     one_row = list(one_row.values())
-    from lib.roofline import measure_bandwidth
+    from lib.bench.roofline import measure_bandwidth
     bw, mv = measure_bandwidth(256, repeats=10), measure_bandwidth(256, repeats=10, how="matvec")
     best = min(one_row)
     print(f"  the weight matmuls alone, 1 row, best layout: {best * 1e3:.1f} ms = {mb / 1e3 / best:.1f} GB/s, "
@@ -98,7 +98,7 @@ def matmul_sweep(model, repeats: int, rows: list[int] | None = None) -> None:
     ids = torch.randint(0, model.config.vocab_size, (1, 128 + 16), generator=torch.Generator().manual_seed(0))
     print("\nverify curve: time of a forward over m new tokens after a 128-token cache, in one-token steps")
     print(f"  {'engine':28s}" + "".join(f"{f'm={m}':>8s}" for m in rows) + f"{'1 step ms':>11s}")
-    for name, eng in {"lib.model": model, **{f"lib.fast ({names[k]})": FastLlama(model, kernel=k)
+    for name, eng in {"lib.modeling.llama": model, **{f"lib.modeling.fast ({names[k]})": FastLlama(model, kernel=k)
                                              for k in kernels}}.items():
         cache = eng.new_cache(1, 128 + 16)
         with torch.inference_mode():
@@ -115,7 +115,7 @@ def decode_table(engines: dict, model, hf, tok, prompt, args, device, per_token:
                  record=None) -> dict:
     """Print and return {engine: [Timed seconds per decode step, one per --new-tokens]} for `prompt` [B, T]: the
     engines (and transformers) timed in turn, round by round (benchmarks/timing.py: time_decodes)."""
-    from lib.generate import generate
+    from lib.modeling.generate import generate
     batch = prompt.shape[0]
     check = min(64, max(args.new_tokens))
     want = generate(model, prompt, check)
@@ -123,7 +123,7 @@ def decode_table(engines: dict, model, hf, tok, prompt, args, device, per_token:
     print(f"\nfp32 batch-{batch} decode after a {prompt.shape[1]}-token prompt, best of {args.repeats} rounds, engines "
           f"in turn (weights read per step {per_token / 1e6:.1f} MB; bandwidth {bw / 1e9:.1f} GB/s measured by a "
           f"streaming sum over 256 MiB; tok/s summed over the batch; spread = worst / best round)")
-    print(f"greedy tokens identical to lib.model's ({check} tokens): "
+    print(f"greedy tokens identical to lib.modeling.llama's ({check} tokens): "
           + ", ".join(f"{name.split('(')[-1].rstrip(')')}: {ok}" for name, ok in same.items()))
     steps = {name: (lambda k, m=m: generate(m, prompt, k)) for name, m in engines.items()}
     if hf is not None:
@@ -170,7 +170,7 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="also time FastLlama(compile=True)")
     parser.add_argument("--profile", action="store_true", help="per-op profile of a decode step, then exit")
     parser.add_argument("--matmul", action="store_true",
-                        help="rows-per-matmul sweep (each kernel lib.fast can choose) and the verify curve, then exit")
+                        help="rows-per-matmul sweep (each kernel lib.modeling.fast can choose) and the verify curve, then exit")
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--record", action="store_true",
                         help="also keep this run as the machine class's committed record (results/<class>/decode.json, "
@@ -182,14 +182,14 @@ def main() -> None:
     if args.quick:
         args.new_tokens, args.prefill, args.repeats = [8], 32, 1
 
-    from lib import paths
-    from lib.fast import FastLlama
-    from lib.fast_graphs import GRAPH_BUCKET
-    from lib.generate import generate
-    from lib.model import default_device, load_smollm2
-    from lib.roofline import measure_bandwidth, weight_bytes_per_token
+    from lib.bench import paths
+    from lib.modeling.fast import FastLlama
+    from lib.modeling.fast_graphs import GRAPH_BUCKET
+    from lib.modeling.generate import generate
+    from lib.modeling.llama import default_device, load_smollm2
+    from lib.bench.roofline import measure_bandwidth, weight_bytes_per_token
 
-    from lib.records import Record
+    from lib.bench.records import Record
 
     device = default_device()
     torch.manual_seed(0)
@@ -200,18 +200,18 @@ def main() -> None:
           f"cores: {cores} | load average (1 min): {load:.2f}")
     model, tok = load_smollm2(device=device)
     fast = FastLlama(model)
-    print(f"lib.fast's kernel: {fast.kernel_reason}")
+    print(f"lib.modeling.fast's kernel: {fast.kernel_reason}")
     prompt = tok("The history of the printing press begins", return_tensors="pt").input_ids.to(device)
 
     if args.profile:
-        profile_step("lib.model", model, prompt)
-        profile_step("lib.fast", fast, prompt)
+        profile_step("lib.modeling.llama", model, prompt)
+        profile_step("lib.modeling.fast", fast, prompt)
         return
     if args.matmul:
         matmul_sweep(model, args.repeats, rows=[1, 2, 4] if args.quick else None)
         return
 
-    from lib.records import best_bandwidth
+    from lib.bench.records import best_bandwidth
 
     bw_now = measure_bandwidth(256, repeats=10, device=device)
     bw, where = best_bandwidth(measured_now=bw_now)  # the roofline: the class's best bandwidth, not one run's
@@ -228,10 +228,10 @@ def main() -> None:
 
     names = {"plain": "F.linear", "packed": "packed", "cpp": "C++ step"}
     fast_name = "CUDA graphs" if fast.graphs is not None else names[fast.kernel]
-    engines = {"lib.generate (lib.model)": model, f"lib.generate (lib.fast, {fast_name})": fast}
-    record.note("lib.fast engine", f"lib.generate (lib.fast, {fast_name})")
+    engines = {"lib.modeling.generate (lib.modeling.llama)": model, f"lib.modeling.generate (lib.modeling.fast, {fast_name})": fast}
+    record.note("lib.modeling.fast engine", f"lib.modeling.generate (lib.modeling.fast, {fast_name})")
     if fast.graphs is not None:  # what the graphs buy: the same fast path, each kernel launched from Python
-        engines["lib.generate (lib.fast, eager)"] = FastLlama(model, graphs=False)
+        engines["lib.modeling.generate (lib.modeling.fast, eager)"] = FastLlama(model, graphs=False)
         t0 = time.perf_counter()
         generate(fast, prompt, 2)  # the first decode step on a new cache shape captures its graph
         sync(device)
@@ -239,15 +239,15 @@ def main() -> None:
               f"ms once per cache shape and window of {GRAPH_BUCKET} positions; "
               f"{fast.graphs.captures} graph(s) captured")
     elif device.type == "cpu":  # the same fast path with the kernels it did not choose: what the choice buys
-        from lib.fast_kernels import kernels_for
+        from lib.modeling.fast_kernels import kernels_for
         for k in kernels_for([model.embed.weight.detach()]):
             if k != fast.kernel:
-                engines[f"lib.generate (lib.fast, {names[k]})"] = FastLlama(model, kernel=k)
+                engines[f"lib.modeling.generate (lib.modeling.fast, {names[k]})"] = FastLlama(model, kernel=k)
     if args.compile:
         t0 = time.perf_counter()
         compiled = FastLlama(model, compile=True)
         generate(compiled, prompt, 3)  # compiles prefill and decode shapes
-        engines["lib.generate (lib.fast, compiled)"] = compiled
+        engines["lib.modeling.generate (lib.modeling.fast, compiled)"] = compiled
         print(f"torch.compile of FastLlama: {time.perf_counter() - t0:.1f} s before the first token")
 
     timed = []
@@ -275,8 +275,8 @@ def main() -> None:
         ref = model(ids)
         err = (fast_bf16(ids) - ref).abs().max().item()
         agree = (fast_bf16(ids).argmax(-1) == ref.argmax(-1)).float().mean().item()
-        fns = {"lib.model fp32": lambda: model(ids), "lib.fast fp32": lambda: fast(ids),
-               "lib.fast bf16": lambda: fast_bf16(ids)}
+        fns = {"lib.modeling.llama fp32": lambda: model(ids), "lib.modeling.fast fp32": lambda: fast(ids),
+               "lib.modeling.fast bf16": lambda: fast_bf16(ids)}
         if hf is not None:
             fns["transformers fp32"] = lambda: hf(ids)
         pre_t = interleaved(fns, args.repeats, warmup=1, device=device)
@@ -291,7 +291,7 @@ def main() -> None:
     # Which is faster is read off the two timings above, not guessed from the CPU's features: without AMX tiles
     # oneDNN still has AVX-512 BF16 (or AVX2 conversion) kernels, and how they compare with fp32 depends on the chip.
     amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
-    ratio = pre["lib.fast fp32"] / pre["lib.fast bf16"]
+    ratio = pre["lib.modeling.fast fp32"] / pre["lib.modeling.fast bf16"]
     print(f"  bf16 vs fp32 logits: max |diff| {err:.3f}, argmax agreement {agree:.1%}; bf16 prefill "
           + (f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower") + " than fp32 in this run "
           f"(AMX tiles: {'yes' if amx else 'no'})")
@@ -304,7 +304,7 @@ def main() -> None:
         torch.set_num_threads(1)
         s_one = time_decodes({"fast": step}, 32, args.repeats)["fast"].best
         torch.set_num_threads(n_default)
-        print(f"\nthreads: lib.fast decode {1 / s_default:.1f} tok/s with {n_default} threads, {1 / s_one:.1f} "
+        print(f"\nthreads: lib.modeling.fast decode {1 / s_default:.1f} tok/s with {n_default} threads, {1 / s_one:.1f} "
               f"with 1 (load average {load:.2f} on {cores} cores)")
         if s_one < 0.9 * s_default:  # more than noise: the cores are shared with another busy process
             print("  -> fewer threads are clearly faster now, so the cores are busy with something else. Use "

@@ -45,8 +45,8 @@ def main() -> int:
     ap.add_argument("--setup-only", action="store_true", help="clone and set up; no test command")
     ap.add_argument("--record", action="store_true", help="keep the run as this machine class's committed record")
     args = ap.parse_args()
-    from lib.records import Record
-    from lib.timing import Conditions
+    from lib.bench.records import Record
+    from lib.bench.timing import Conditions
 
     if subprocess.run(["git", "rev-parse", "--verify", "-q", "HEAD"], cwd=ROOT, capture_output=True).returncode:
         print(f"{ROOT} is not a git checkout with a commit: this script clones a checkout's HEAD, as CI does. Run it "

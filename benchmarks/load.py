@@ -1,6 +1,6 @@
 """Load-test an OpenAI-compatible server with the official `openai` client: Poisson arrivals, streamed chat.
 
-    python benchmarks/load.py                                # starts the lab's server (lib.server), rates 0.5,1,2/s
+    python benchmarks/load.py                                # starts the lab's server (lib.serve.server), rates 0.5,1,2/s
     python benchmarks/load.py --quick                        # seconds: one rate, 4 short requests
     python benchmarks/load.py --ablation                     # the same load on each server configuration in turn
     python benchmarks/load.py --base-url http://HOST:8000/v1 --model NAME   # any OpenAI-compatible server
@@ -23,8 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from lib.loadtest import run_load_test  # noqa: E402
-from lib.server import free_port  # noqa: E402
+from lib.serve.loadtest import run_load_test  # noqa: E402
+from lib.serve.server import free_port  # noqa: E402
 
 # (name, server flags): the ablation turns the engine's techniques on one at a time.
 CONFIGS = {
@@ -37,11 +37,11 @@ CONFIGS = {
 
 
 def start_lab_server(flags: list[str], timeout: float = 180.0):
-    """`python -m lib.server` on a free loopback port; returns (process, base_url) once /health answers."""
+    """`python -m lib.serve.server` on a free loopback port; returns (process, base_url) once /health answers."""
     import httpx
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "lib.server", "--port", str(port), *flags], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "lib.serve.server", "--port", str(port), *flags], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

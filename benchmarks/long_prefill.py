@@ -4,7 +4,7 @@ without a cap on the prompt tokens one request gets per step (`--long-prefill-to
     python benchmarks/long_prefill.py            # a 2,000-token prompt; thresholds 0 (no cap), 256 (the default), 128
     python benchmarks/long_prefill.py --quick    # seconds: a 600-token prompt, thresholds 0 and 256
 
-For each threshold it starts the lab's server (lib.server, in this process, SmolLM2 fp32, token budget 512 per
+For each threshold it starts the lab's server (lib.serve.server, in this process, SmolLM2 fp32, token budget 512 per
 step), warms it up, sends the long prompt (token ids, max_tokens 1, streamed) and, `--delay` seconds later, a
 short one (2 tokens, max_tokens 1), and prints both times to the first token, with the short request alone on an
 idle server for comparison. Timing, not a test: run it on quiet cores (the load average is printed).
@@ -34,7 +34,7 @@ def first_token_seconds(client, model: str, prompt: list[int]) -> float:
 def measure(model, tokenizer, threshold: int, long_prompt: list[int], short_prompt: list[int], delay: float) -> dict:
     from openai import OpenAI
 
-    from lib.server import ServerThread, make_server
+    from lib.serve.server import ServerThread, make_server
 
     server = make_server(model, tokenizer, long_prefill_token_threshold=threshold)
     with ServerThread(server) as base_url:
@@ -67,8 +67,8 @@ def main(argv=None) -> None:
     thresholds = args.thresholds or ([0, 256] if args.quick else [0, 256, 128])
     import torch
 
-    from lib.model import load_smollm2
-    from lib.text import load_text
+    from lib.modeling.llama import load_smollm2
+    from lib.modeling.text import load_text
 
     torch.manual_seed(0)
     model, tok = load_smollm2()

@@ -1,5 +1,5 @@
 """Multi-LoRA serving throughput on SmolLM2-135M: N requests spread over K LoRA adapters, served by one engine that
-applies each request's adapter to its own rows inside every batch (lib.lora, the S-LoRA / Punica idea), against each
+applies each request's adapter to its own rows inside every batch (lib.modeling.lora, the S-LoRA / Punica idea), against each
 adapter served as a separate model (its weights merged, W + (α/r)·B·A), one model after another.
 
     python benchmarks/lora.py [--requests 16] [--adapters 4] [--rank 8] [--new-tokens 32] [--repeats 3]
@@ -8,7 +8,7 @@ adapter served as a separate model (its weights merged, W + (α/r)·B·A), one m
 
 The workload: `--requests` requests queued at once, each a line of Hamlet (up to 24 tokens), `--new-tokens` greedy
 tokens each; request i uses adapter i mod K (random rank-`--rank` adapters on all seven linears of every layer, the
-heaviest case). Three set-ups are timed in turn, round by round (lib.timing.interleaved):
+heaviest case). Three set-ups are timed in turn, round by round (lib.bench.timing.interleaved):
 
 - **multi-LoRA**: one engine on the base model, every request with its adapter: each step multiplies the whole batch
   by the shared weights once, and each adapter group adds its low-rank product;
@@ -32,8 +32,8 @@ sys.path.insert(0, str(ROOT))
 
 def serve(model, prompts, adapters, new_tokens: int, slots: int) -> list[list[int]]:
     """Every prompt (with its adapter, or None) through one engine, all queued at once; the new tokens of each."""
-    from lib.engine import LLMEngine
-    from lib.sampling import SamplingParams
+    from lib.batching.engine import LLMEngine
+    from lib.modeling.sampling import SamplingParams
 
     engine = LLMEngine(model, num_blocks=max(64, slots * 8), block_size=16, max_num_seqs=slots,
                        max_num_batched_tokens=2048, graphs=False)
@@ -65,11 +65,11 @@ def main(argv=None) -> None:
     slots = args.slots or args.requests
     import torch
 
-    from lib.lora import LoRAAdapter, merge
-    from lib.model import shared_smollm2
-    from lib.records import Record
-    from lib.text import load_text
-    from lib.timing import Conditions, interleaved
+    from lib.modeling.lora import LoRAAdapter, merge
+    from lib.modeling.llama import shared_smollm2
+    from lib.bench.records import Record
+    from lib.modeling.text import load_text
+    from lib.bench.timing import Conditions, interleaved
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from timing import finish  # benchmarks/timing.py

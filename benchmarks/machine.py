@@ -8,11 +8,11 @@
 
 First the facts a speed choice depends on: the CPU's model name, vendor and the instruction sets the kernels use
 (AVX2, FMA, AVX-512 and its VNNI / BF16 extensions, AMX tiles), cores, torch's threads, memory, the load average,
-the streaming bandwidth (`lib.roofline.measure_bandwidth`), and the kernels the lab chose here: `lib.fast`'s matmul
-kernel (`lib.fast_kernels.choose_kernel`: C++ step, oneDNN-packed or plain, measured once per machine and remembered), the GGUF
-kernel's build, whether its loops prefetch (`lib.quant_linear.choose_gguf_prefetch`) and its Q4_1 layout
-(`lib.quant_linear.choose_gguf_layout`: as in the file, or d and m widened), each measured once and remembered. Then the
-two speed tables, each as its own benchmark prints it: fp32 decode (`lib.model`, `lib.fast`, transformers, the
+the streaming bandwidth (`lib.bench.roofline.measure_bandwidth`), and the kernels the lab chose here: `lib.modeling.fast`'s matmul
+kernel (`lib.modeling.fast_kernels.choose_kernel`: C++ step, oneDNN-packed or plain, measured once per machine and remembered), the GGUF
+kernel's build, whether its loops prefetch (`lib.quantization.quant_linear.choose_gguf_prefetch`) and its Q4_1 layout
+(`lib.quantization.quant_linear.choose_gguf_layout`: as in the file, or d and m widened), each measured once and remembered. Then the
+two speed tables, each as its own benchmark prints it: fp32 decode (`lib.modeling.llama`, `lib.modeling.fast`, transformers, the
 roofline) and quantized decode (the GGUF file's blocks, torch's int8/int4, llama.cpp when installed).
 The README keeps one such table per machine class measured. Timing, not a test: run it on quiet cores.
 """
@@ -73,9 +73,9 @@ def main(argv=None) -> int:
             os.environ.setdefault(env, "measure")
     import torch
 
-    from lib.fast import FastLlama
-    from lib.model import load_smollm2
-    from lib.roofline import measure_bandwidth
+    from lib.modeling.fast import FastLlama
+    from lib.modeling.llama import load_smollm2
+    from lib.bench.roofline import measure_bandwidth
 
     facts = cpu_facts()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
@@ -87,17 +87,17 @@ def main(argv=None) -> int:
           f"; torch {torch.__version__}, Python {platform.python_version()}, {platform.system()} {platform.release()}")
     print(f"load average {load:.2f} (quiet cores read well below {os.cpu_count()})")
     bandwidth = measure_bandwidth()  # bytes/s
-    print(f"streaming read bandwidth: {bandwidth / 1e9:.1f} GB/s (lib.roofline.measure_bandwidth)")
+    print(f"streaming read bandwidth: {bandwidth / 1e9:.1f} GB/s (lib.bench.roofline.measure_bandwidth)")
     model, _ = load_smollm2()
-    print(f"lib.fast's kernel here: {FastLlama(model).kernel_reason}")  # measured on whole steps once, then remembered
+    print(f"lib.modeling.fast's kernel here: {FastLlama(model).kernel_reason}")  # measured on whole steps once, then remembered
     try:
-        from lib.qmatmul import backend
+        from lib.gguf.qmatmul import backend
 
-        from lib.quant_linear import choose_gguf_layout, choose_gguf_prefetch, read_gguf_blocks
+        from lib.quantization.quant_linear import choose_gguf_layout, choose_gguf_prefetch, read_gguf_blocks
 
         blocks = read_gguf_blocks()
         prefetch, why = choose_gguf_prefetch(model, blocks)
-        print(f"GGUF kernel (lib.qmatmul, built for this CPU on first use): {backend()}; software prefetch: {why}; "
+        print(f"GGUF kernel (lib.gguf.qmatmul, built for this CPU on first use): {backend()}; software prefetch: {why}; "
               f"Q4_1 layout: {choose_gguf_layout(model, blocks, prefetch=prefetch)[1]}")
     except Exception as e:  # noqa: BLE001  (the facts are printed whatever the kernel's state)
         print(f"GGUF kernel: not available ({type(e).__name__}: {e})")

@@ -1,6 +1,6 @@
 """Decode speed of SmolLM2-135M with quantized weights, every path side by side in one run: the lab's F32 model
-(the fp32-from-Q4_1 reference), lib.fast, transformers, torch's int8/int4 kernels (lib.quant_linear), the GGUF
-file's own blocks (lib.qmatmul: the readable model and the fused decoder), and llama.cpp on the same file when
+(the fp32-from-Q4_1 reference), lib.modeling.fast, transformers, torch's int8/int4 kernels (lib.quantization.quant_linear), the GGUF
+file's own blocks (lib.gguf.qmatmul: the readable model and the fused decoder), and llama.cpp on the same file when
 the optional peer `llama-cpp-python` is installed.
 
     python benchmarks/quant.py                 # batch 1 and batch 8, 32 new tokens, best of 5 (~4 min quiet)
@@ -11,7 +11,7 @@ the optional peer `llama-cpp-python` is installed.
 For each path: tok/s; its roofline (the measured bandwidth over the bytes of weights it reads per token) and the
 share of it reached; the ratio to the lab's F32 model and to llama.cpp; greedy agreement with the F32 model
 (tokens equal before the first difference, summed over the prompts); perplexity with its standard error on 4,335
-held-out tokens of Hamlet (lib.text; the week-20 notebook's evaluation span), and its paired difference to F32.
+held-out tokens of Hamlet (lib.modeling.text; the week-20 notebook's evaluation span), and its paired difference to F32.
 llama.cpp takes its turn among the paths (interleaved), so a load that comes and goes hits it alike. Every
 figure comes from this run; a busy machine lowers all of them, so compare the ratios, and read the load
 average printed with them. Not a test: timing never decides pass or fail (tests/test_qmatmul.py proves
@@ -42,7 +42,7 @@ CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx_v
 def llama_cpp_model(path: str, n_ctx: int = 512):
     """llama.cpp (llama-cpp-python) on the GGUF file with torch's thread count, or None when not installed.
     `n_ctx`: the prompt and every token it will be asked for must fit (it stops early, not with an error)."""
-    from lib.quant import llama_cpp_model as load
+    from lib.quantization.quant import llama_cpp_model as load
 
     threads = torch.get_num_threads()
     try:
@@ -76,8 +76,8 @@ def load_average() -> str:
 
 def matmul_table(blocks, repeats: int) -> None:
     """The kernel against float32 matmuls (plain and oneDNN-packed) on SmolLM2's gate-up and output shapes."""
-    from lib import qmatmul as Q
-    from lib.fast_kernels import pack_weight, packed_linear
+    from lib.gguf import qmatmul as Q
+    from lib.modeling.fast_kernels import pack_weight, packed_linear
 
     print("\n--- matmul: ms per call, by rows of x (the kernel is fused up to FUSED_MAX_ROWS "
           f"= {Q.FUSED_MAX_ROWS}, then decodes the weight once and calls torch) ---")
@@ -111,7 +111,7 @@ def main() -> None:
     parser.add_argument("--ppl-windows", type=int, default=None,
                         help="held-out windows of 255 scored tokens for perplexity: default 17 = 4,335 tokens "
                              "(2 with --quick)")
-    parser.add_argument("--quick", action="store_true", help="F32 (lab, lib.fast) and the GGUF paths only, few tokens")
+    parser.add_argument("--quick", action="store_true", help="F32 (lab, lib.modeling.fast) and the GGUF paths only, few tokens")
     parser.add_argument("--threads", type=int, default=None, help="torch's (and the kernel's) threads")
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--matmul", action="store_true", help="also the kernel vs float32 matmuls, 1..64 rows")
@@ -125,15 +125,15 @@ def main() -> None:
     if ppl_windows < 2:
         parser.error("--ppl-windows must be >= 2 (a standard error needs two windows)")
 
-    from lib import paths
-    from lib import qmatmul as Q
-    from lib.fast import FastLlama
-    from lib.generate import generate
-    from lib.model import load_smollm2
-    from lib.quant_linear import GGUFFastLlama, gguf_layouts, gguf_linears, quantize_linears, read_gguf_blocks
-    from lib.roofline import matmul_params, measure_bandwidth
-    from lib.records import Record
-    from lib.text import load_text, perplexity_se, token_nlls
+    from lib.bench import paths
+    from lib.gguf import qmatmul as Q
+    from lib.modeling.fast import FastLlama
+    from lib.modeling.generate import generate
+    from lib.modeling.llama import load_smollm2
+    from lib.quantization.quant_linear import GGUFFastLlama, gguf_layouts, gguf_linears, quantize_linears, read_gguf_blocks
+    from lib.bench.roofline import matmul_params, measure_bandwidth
+    from lib.bench.records import Record
+    from lib.modeling.text import load_text, perplexity_se, token_nlls
 
     torch.manual_seed(0)
     if args.threads:
@@ -153,11 +153,11 @@ def main() -> None:
     gguf_bytes = sum(b.numel() for _, b in blocks.values())  # every matmul weight, the tied head included
     types = sorted({f"{t}" for t, _ in blocks.values()})
 
-    paths_ = {"lab F32 (lib.model)": (model, n_w * 4), "lib.fast F32": (FastLlama(model), n_w * 4)}
+    paths_ = {"lab F32 (lib.modeling.llama)": (model, n_w * 4), "lib.modeling.fast F32": (FastLlama(model), n_w * 4)}
     if not args.quick:
         paths_["int8 per channel (torch)"] = (quantize_linears(model, "int8"), n_w * (1 + 2 / 576))
         paths_["int4 g32 (torch, bf16 act.)"] = (quantize_linears(model, "int4", 32), n_w * 5 / 8)
-    paths_["GGUF blocks, lib.model"] = (gguf_linears(model, blocks), gguf_bytes)
+    paths_["GGUF blocks, lib.modeling.llama"] = (gguf_linears(model, blocks), gguf_bytes)
     fused = GGUFFastLlama(model, blocks)  # its Q4_1 layout chosen by timing whole steps (once per machine)
     print(f"GGUF software prefetch here: {fused.prefetch_reason}\nGGUF layout here: {fused.layout_reason}")
     fused_name = f"GGUF blocks, fused ({fused.layout})"
@@ -238,8 +238,8 @@ def main() -> None:
 
     print(f"\nBatch 8 (one prompt 8 times), {new} new tokens, best of {repeats}: decoded tokens per second, all rows")
     batch = prompts[0].repeat(8, 1)
-    f32_name = f"lib.fast F32 ({paths_['lib.fast F32'][0].kernel})"
-    b8 = {f32_name: paths_["lib.fast F32"][0], fused_name: fused}
+    f32_name = f"lib.modeling.fast F32 ({paths_['lib.modeling.fast F32'][0].kernel})"
+    b8 = {f32_name: paths_["lib.modeling.fast F32"][0], fused_name: fused}
     b8_timed = time_decodes({n: (lambda k, m=m: generate(m, batch, k)) for n, m in b8.items()}, new, repeats)
     b8_rows = {name: 8 / t.best for name, t in b8_timed.items()}
     base = b8_rows[f32_name]

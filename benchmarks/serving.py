@@ -1,14 +1,14 @@
-"""Serving throughput of lib.engine on SmolLM2-135M: static vs continuous batching vs continuous + prefix
+"""Serving throughput of lib.batching.engine on SmolLM2-135M: static vs continuous batching vs continuous + prefix
 caching on one workload, and decode tokens/s at batch 1 vs batch 8 (plain weights, then packed ones).
 
     python benchmarks/serving.py [--requests 16] [--slots 4] [--short 8] [--long 32] [--system 64] [--decode-only]
 
 The workload: `--requests` requests queued at once, each a shared system prompt (`--system` tokens) plus a
 line of Hamlet, alternating `--short` and `--long` new tokens (the seed's 50/200 shape, scaled down by
-default). The step-count model (`lib.engine.simulate_steps`) predicts the continuous/static gain from the
+default). The step-count model (`lib.batching.engine.simulate_steps`) predicts the continuous/static gain from the
 lengths alone; the measured gain is printed beside it. Every figure is measured side by side in one run;
 a busy machine lowers all of them, so compare the ratios. On a GPU the engine replays its decode steps as CUDA
-graphs (`lib.fast_paged`), and the decode lines are printed again with them off. Not a test: timing never
+graphs (`lib.batching.fast_paged`), and the decode lines are printed again with them off. Not a test: timing never
 decides pass or fail.
 """
 from __future__ import annotations
@@ -18,9 +18,9 @@ import time
 
 import torch
 
-from lib.engine import LLMEngine, simulate_steps
-from lib.model import shared_smollm2
-from lib.text import load_text
+from lib.batching.engine import LLMEngine, simulate_steps
+from lib.modeling.llama import shared_smollm2
+from lib.modeling.text import load_text
 
 
 def serve(model, prompts, lengths, slots, **kwargs):
@@ -42,7 +42,7 @@ def decode_rate(model, prompts, batch, steps, graphs=None):
     for p in prompts[:batch]:
         engine.add_request(p, steps + 2)
     engine.step()  # prefill
-    engine.step()  # the first decode: on a GPU it captures the replayed step (lib.fast_paged), not timed
+    engine.step()  # the first decode: on a GPU it captures the replayed step (lib.batching.fast_paged), not timed
     start, cpu = time.perf_counter(), time.process_time()
     for _ in range(steps):
         engine.step()
@@ -67,8 +67,8 @@ def main() -> None:
     if args.quick:
         args.requests, args.short, args.long, args.decode_steps, args.repeats = 4, 2, 4, 2, 1
 
-    from lib.records import Record
-    from lib.timing import Conditions, Timed
+    from lib.bench.records import Record
+    from lib.bench.timing import Conditions, Timed
 
     torch.manual_seed(0)
     conditions, record, timed = Conditions.now(), Record("serving"), []
@@ -107,12 +107,12 @@ def main() -> None:
     one, one_cpu, eight, eight_cpu = rates("")
     print(f"\ndecode (best of {args.repeats} rounds, in turn): batch 1 {one:.1f} tok/s, batch 8 {eight:.1f} tok/s: "
           f"{eight / one:.2f}x by wall time, {eight_cpu / one_cpu:.2f}x by CPU time")
-    if model.device.type == "cuda":  # the rows above replayed CUDA graphs (lib.fast_paged); the same launched eagerly
+    if model.device.type == "cuda":  # the rows above replayed CUDA graphs (lib.batching.fast_paged); the same launched eagerly
         (one, _), (eight, _) = (decode_rate(model, questions, b, args.decode_steps, graphs=False) for b in (1, 8))
         print(f"decode, eager (graphs=False): batch 1 {one:.1f} tok/s, batch 8 {eight:.1f} tok/s")
-    from lib.fast_kernels import can_pack, pack_linears
+    from lib.modeling.fast_kernels import can_pack, pack_linears
     if can_pack(model.device, model.embed.weight.dtype):
-        # The same engine with the model's linear layers multiplying oneDNN-packed weights (lib.fast_kernels.pack_linears):
+        # The same engine with the model's linear layers multiplying oneDNN-packed weights (lib.modeling.fast_kernels.pack_linears):
         # F.linear reads a plain weight once per row of a small batch on this kind of CPU, packed weights once.
         pack_linears(model)
         one, one_cpu, eight, eight_cpu = rates(", packed weights")

@@ -3,15 +3,15 @@
     python benchmarks/speculative.py [--new-tokens 64] [--ks 2,4,8] [--fr 8192] [--plain-target] [--drafts "int8 copy,..."]
 
 Greedy (temperature 0), so every speculative run must give exactly the target's tokens (checked, printed).
-The target is `lib.fast.FastLlama(model)`, the fastest engine here (its greedy tokens are checked against
-lib.model's too); `--plain-target` uses lib.model itself. Workloads:
+The target is `lib.modeling.fast.FastLlama(model)`, the fastest engine here (its greedy tokens are checked against
+lib.modeling.llama's too); `--plain-target` uses lib.modeling.llama itself. Workloads:
   chat   three chat requests (SmolLM2's chat template);
-  edit   a chat request to fix the spelling of a paragraph (`lib.speculative.EDIT_REQUEST`): the answer repeats it;
-  quote  a plain-text prompt that quotes a paragraph (`lib.speculative.QUOTE_TEXT`).
+  edit   a chat request to fix the spelling of a paragraph (`lib.spec_decode.speculative.EDIT_REQUEST`): the answer repeats it;
+  quote  a plain-text prompt that quotes a paragraph (`lib.spec_decode.speculative.QUOTE_TEXT`).
 Drafts: prompt lookup (adaptive: drafts only where an n-gram matches), the int8 copy of the target, the int8 copy
 with an FR-Spec head (the --fr most frequent tokens of the first 80 % of Hamlet; 0 leaves it out), the distilled
 2-layer draft (plain and FR-Spec) when `tools/distill_draft.py` has built its checkpoint, the **draft head**
-(`lib.draft_head`: one layer reading the target's last hidden state + an FR-Spec output layer, trained by
+(`lib.spec_decode.draft_head`: one layer reading the target's last hidden state + an FR-Spec output layer, trained by
 `tools/train_draft_head.py`, committed in data/draft_head/), an early exit (first 8 layers) and a random 2-layer
 model. Before the workloads it prints the target's verify curve (one forward of m tokens / one decode step,
 after 128 tokens) and each draft's cost c (one draft step / one target step); each row of the table shows the
@@ -38,7 +38,7 @@ CHAT = [
 
 def timed(fn):
     """(fn(), its seconds), a GPU's queued work waited for at both ends."""
-    from lib.roofline import sync
+    from lib.bench.roofline import sync
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     sync(device)
@@ -53,7 +53,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--ks", default="2,4,8")
     parser.add_argument("--fr", type=int, default=8192, help="FR-Spec subset size for the int8/distilled drafts (0: off)")
-    parser.add_argument("--plain-target", action="store_true", help="target = lib.model itself (default: FastLlama)")
+    parser.add_argument("--plain-target", action="store_true", help="target = lib.modeling.llama itself (default: FastLlama)")
     parser.add_argument("--drafts", default="", help="comma-separated draft names to run (default: all)")
     parser.add_argument("--workloads", default="chat,edit,quote", help="comma-separated: chat, edit, quote")
     parser.add_argument("--quick", action="store_true", help="a smoke run in seconds: 8 tokens, K = 2, the chat workload")
@@ -65,14 +65,14 @@ def main() -> None:
         args.new_tokens, args.ks, args.workloads = 8, "2", "chat"
     ks = [int(k) for k in args.ks.split(",")]
 
-    from lib import draft_head as dh
-    from lib.drafts import PromptLookupDraft, early_exit_draft, fr_spec_draft, frequency_ranked_ids, load_distilled_draft, quantized_draft, random_draft, token_counts
-    from lib import speculative as spec
-    from lib.generate import generate
-    from lib.model import load_smollm2
+    from lib.spec_decode import draft_head as dh
+    from lib.spec_decode.drafts import PromptLookupDraft, early_exit_draft, fr_spec_draft, frequency_ranked_ids, load_distilled_draft, quantized_draft, random_draft, token_counts
+    from lib.spec_decode import speculative as spec
+    from lib.modeling.generate import generate
+    from lib.modeling.llama import load_smollm2
 
-    from lib.records import Record
-    from lib.timing import Conditions, impossible_verify_curve
+    from lib.bench.records import Record
+    from lib.bench.timing import Conditions, impossible_verify_curve
 
     torch.manual_seed(0)
     conditions = Conditions.now()
@@ -80,7 +80,7 @@ def main() -> None:
     model, tok = load_smollm2(device="cpu")
     target = model
     if not args.plain_target:
-        from lib.fast import FastLlama
+        from lib.modeling.fast import FastLlama
 
         target = FastLlama(model)
     print(f"torch {torch.__version__} | threads: {torch.get_num_threads()} | {args.new_tokens} new tokens, greedy | "
@@ -93,7 +93,7 @@ def main() -> None:
     }
     keep = None
     if args.fr:
-        from lib.text import load_text
+        from lib.modeling.text import load_text
 
         text = tok(load_text("hamlet"), return_tensors="pt").input_ids[0]
         keep = frequency_ranked_ids(token_counts(text[: int(0.8 * text.numel())], model.config.vocab_size),
@@ -131,7 +131,7 @@ def main() -> None:
         return spec.speculative_generate(target, draft, ids, n, k=k, stats=stats, min_draft_prob=min_prob)
 
     # the verify curve and each draft's c, on a text none of the workloads uses (Hamlet), after 128 tokens
-    from lib.text import load_text
+    from lib.modeling.text import load_text
 
     text_ids = tok(load_text("hamlet"), return_tensors="pt").input_ids[:, :160].to(model.device)
     sizes = list(range(1, max(ks) + 2))
@@ -156,7 +156,7 @@ def main() -> None:
             out, dt = timed(lambda: generate(target, ids, n))
             dt = min(dt, timed(lambda: generate(target, ids, n))[1])  # best of 2: the baseline sets every ratio
             if target is not model and not torch.equal(out, generate(model, ids, n)):
-                print(f"  WARNING: {type(target).__name__}'s greedy tokens differ from lib.model's on this prompt")
+                print(f"  WARNING: {type(target).__name__}'s greedy tokens differ from lib.modeling.llama's on this prompt")
             refs.append(out)
             base_time += dt
         print(f"\n[{wname}] target greedy: {len(prompts) * n / base_time:.1f} tok/s over {len(prompts)} prompt(s); each "

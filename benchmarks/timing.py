@@ -1,12 +1,12 @@
-"""Timing helpers the benchmark scripts share (benchmarks/decode.py, quant.py, ...), on top of `lib.timing` (the
+"""Timing helpers the benchmark scripts share (benchmarks/decode.py, quant.py, ...), on top of `lib.bench.timing` (the
 interleaved repeats, the load, the warning line the notebooks use too). Each script puts its own folder on sys.path
 and imports `from timing import ...`."""
 from __future__ import annotations
 
 import time
 
-from lib.roofline import sync
-from lib.timing import Conditions, Timed, interleaved, warning
+from lib.bench.roofline import sync
+from lib.bench.timing import Conditions, Timed, interleaved, warning
 
 __all__ = ["Conditions", "Timed", "interleaved", "warning", "sync", "time_call", "time_decodes", "finish"]
 
@@ -47,7 +47,7 @@ def time_call(fn, repeats: int, device) -> float:
 
 def finish(conditions: Conditions, timings: list[Timed], record=None, as_reference: bool = False) -> None:
     """The end of a benchmark: the load line, the warning if the figures were disturbed, and the record written
-    (`lib.records`; `as_reference`: also the class's committed record)."""
+    (`lib.bench.records`; `as_reference`: also the class's committed record)."""
     conditions.done()
     print(f"\n{conditions.line()}")
     warn = warning(timings, conditions)

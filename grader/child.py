@@ -351,7 +351,7 @@ def _child_main(rfd, wfd, memory, sandbox, memory_kind="as"):
     global _CHILD
     import torch  # noqa: F401  (imported before the student's code, and before the memory limit)
 
-    import lib.io_model  # lib first: it sets TRITON_INTERPRET before anything imports triton
+    import lib.attn.io_model  # lib first: it sets TRITON_INTERPRET before anything imports triton
     from grader import notebook, similarity  # noqa: F401  (similarity: judges code compiled later: grader.child_guard)
 
     from grader import observe  # the guard remembers its code; warm_up below
@@ -359,7 +359,7 @@ def _child_main(rfd, wfd, memory, sandbox, memory_kind="as"):
 
     OWN.update((name, module) for name, module in list(sys.modules.items())
                if name == "grader" or name.startswith("grader."))
-    OWN["TensorMemoryMeter"] = lib.io_model.TensorMemoryMeter
+    OWN["TensorMemoryMeter"] = lib.attn.io_model.TensorMemoryMeter
     warm()  # lib's fingerprints, taken before the student's code can touch lib's modules
     observe.warm_up()  # the first observation's fixed cost, paid at start-up rather than in an exercise's time
     _freeze()

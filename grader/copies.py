@@ -69,7 +69,8 @@ def _lib_sources_unchecked() -> dict[str, Source]:
 
 
 def _lib_paths() -> dict[str, Path]:
-    return {"lib" if path.stem == "__init__" else f"lib.{path.stem}": path for path in sorted((REPO_ROOT / "lib").glob("*.py"))}
+    files = {p.relative_to(REPO_ROOT).with_suffix("").parts: p for p in sorted((REPO_ROOT / "lib").rglob("*.py"))}
+    return {".".join(parts[:-1] if parts[-1] == "__init__" else parts): p for parts, p in files.items()}
 
 
 def _lib_units() -> dict[str, Unit]:

@@ -380,7 +380,7 @@ def grading_worker() -> None:
 def shared_models_state() -> tuple:
     """What the worker's shared SmolLM2 is now (structure, dtypes, buffers and their in-place version counters):
     unchanged by any submission, or the next one would be graded against another model."""
-    from lib.model import shared_smollm2
+    from lib.modeling.llama import shared_smollm2
 
     if shared_smollm2.cache_info().currsize == 0:
         return ()
@@ -395,7 +395,7 @@ def forget_shared_models() -> None:
     import functools
     import sys
 
-    from lib.model import shared_smollm2
+    from lib.modeling.llama import shared_smollm2
 
     shared_smollm2.cache_clear()
     for name, module in list(sys.modules.items()):
@@ -487,7 +487,7 @@ def failure_reasons(status: dict) -> dict[str, str]:
 
 def reference_use_text(status: dict) -> list[str]:
     """Each exercise of a submission's reference use, with what it copied and how much where it is a copy of the
-    answer key (`grader.similarity.match_label`): "flash_attention_forward (copy of lib.attention.flash_attention_forward
+    answer key (`grader.similarity.match_label`): "flash_attention_forward (copy of lib.attn.attention.flash_attention_forward
     93%)". The one-line autograde summary and the grades' CSV show these."""
     whys = status.get("reference_use_why") or {}
     out = []

@@ -1,9 +1,9 @@
 """Recognise `lib`'s code by what it is, not by the file it was loaded from.
 
-A check that forbids the reference must not be fooled by `exec(open("lib/speculative.py").read())`, by lib's
+A check that forbids the reference must not be fooled by `exec(open("lib/spec_decode/speculative.py").read())`, by lib's
 function pasted into a notebook cell with its locals renamed, or by a copy of `lib/` under another folder: each
 of those runs lib's bytecode from a code object whose `co_filename` is not `lib/...`. `lib_name(code)` answers
-for any code object: the qualified name of the `lib` function it is (`"lib.speculative.verify"`), or None.
+for any code object: the qualified name of the `lib` function it is (`"lib.spec_decode.speculative.verify"`), or None.
 
 A code object's fingerprint is its bytecode and the global/attribute names it uses, with the same for every
 nested code object (comprehensions, inner functions, lambdas); its constants (numbers, strings, docstrings),
@@ -27,7 +27,7 @@ MIN_CODE_BYTES = 64
 # lib functions that are glue any correct solution writes word for word (an autograd.Function that calls the
 # student's own forward and backward): recognising them would report honest work. tests/test_fingerprint.py checks
 # that no solution's exercise code matches lib's otherwise.
-NOT_FINGERPRINTED = {"lib.attention.FlashAttention.forward", "lib.attention.FlashAttention.backward"}
+NOT_FINGERPRINTED = {"lib.attn.attention.FlashAttention.forward", "lib.attn.attention.FlashAttention.backward"}
 
 # Besides lib: modules a check compares against (an oracle), recognised the same way. Week 20 forbids gguf-py's
 # quantizers and its file writer, so calling them — or exec'ing their source under another name — is seen in the
@@ -116,7 +116,7 @@ def _table() -> dict[bytes, str]:
         import lib
 
         table: dict[bytes, str] = {}
-        for info in pkgutil.iter_modules(lib.__path__, "lib."):
+        for info in pkgutil.walk_packages(lib.__path__, "lib."):
             try:
                 mod = importlib.import_module(info.name)
             except Exception:  # noqa: BLE001  (an optional dependency missing: that module's code cannot run either)
@@ -158,7 +158,8 @@ def lib_name(code: types.CodeType) -> str | None:
     except KeyError:
         pass
     if code.co_filename.startswith(LIB_DIR):
-        name = f"lib.{Path(code.co_filename).stem}.{getattr(code, 'co_qualname', code.co_name)}"
+        module = code.co_filename[len(LIB_DIR):].removesuffix(".py").replace(os.sep, ".")
+        name = f"lib.{module}.{getattr(code, 'co_qualname', code.co_name)}"
     elif len(code.co_code) >= MIN_CODE_BYTES:
         name = _table().get(fingerprint(code))
     else:

@@ -209,12 +209,12 @@ class IsolatedExercises:
 
 def threads_per_worker(jobs: int = 1) -> int:
     """torch threads for each grading or checking process: this process's share of the CPU (its affinity mask and
-    its cgroup's CPU quota, `lib.threads`), less what the machine's other work keeps busy (cores minus the 1-minute
+    its cgroup's CPU quota, `lib.bench.threads`), less what the machine's other work keeps busy (cores minus the 1-minute
     load average, rounded), shared out among `jobs` workers, at least one. Threads beyond the idle cores wait on
     each other: on 2 cores at load 3, week 16's checks took ~115 s with 2 threads and 8 s with 1
     (tests/test_week16_checks.py). `INFERENCE_LAB_THREADS` overrides; `OMP_NUM_THREADS` does not (a worker's
     share is the grader's to decide)."""
-    from lib.threads import choose
+    from lib.bench.threads import choose
 
     return choose(jobs, environ={k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}).threads
 

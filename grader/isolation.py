@@ -96,7 +96,7 @@ _INTERPRETER_WORKS: bool | None = None
 _INTERPRETER_PROBE = """
 import os, torch
 os.environ["TRITON_INTERPRET"] = "1"
-import lib.triton_attention as t
+import lib.attn.triton_attention as t
 a, b = torch.randn(20, 40), torch.randn(40, 24)
 assert torch.allclose(t.tiled_matmul(a, b), a @ b, atol=1e-4, rtol=1e-4)
 """

@@ -368,7 +368,7 @@ class Recording:
         def profile(frame, event, arg):
             if event == "call":  # lib's (or an oracle's) code by file, or by fingerprint wherever it was loaded from
                 name = lib_name(frame.f_code) or oracle_name(frame.f_code)
-                if name is not None and not name.startswith("lib.io_model.TensorMemoryMeter"):  # the meter observing
+                if name is not None and not name.startswith("lib.attn.io_model.TensorMemoryMeter"):  # the meter observing
                     seen.add(name)
             # At each builtin the observed code calls (a torch function, a tensor method, len): the state it runs in.
             # Not at Python-level calls: torch's dispatcher calls Python from C, whose caller then looks like the code's.
@@ -518,7 +518,7 @@ def _observer_classes() -> list:
             os.environ["TRITON_INTERPRET"] = "1"
         from torch.utils import flop_counter
 
-        from lib.io_model import TensorMemoryMeter
+        from lib.attn.io_model import TensorMemoryMeter
 
         _without_dynamo_import(getattr(flop_counter, "_FlopCounterMode", object))  # FlopCounterMode's own mode
         _OBSERVER_CLASSES.extend((flop_counter.FlopCounterMode, TensorMemoryMeter, dict(flop_counter.flop_registry)))

@@ -95,7 +95,7 @@ def _observer_dirs() -> tuple:
     import sysconfig
 
     dirs = {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"], str(Path(torch.__file__).parent),
-            str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent / "lib" / "io_model.py")}
+            str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent / "lib" / "attn" / "io_model.py")}
     dirs.update(p for p in sys.path if p.endswith(("site-packages", "dist-packages")))
     try:
         dirs.update(site.getsitepackages())
@@ -124,7 +124,7 @@ OUTSIDE_CODE: dict = {}  # code object -> whether it is the observed code's (not
 # Where the allocations of the observers (and of torch's own caches, which fill as ops are first seen) are made:
 # whatever of theirs is alive when the call ends is not the call's (`HostMeter.stop`).
 OBSERVERS = (str(Path(__file__).resolve().parent / "*"), str(Path(torch.__file__).resolve().parent / "*"),
-             str(Path(__file__).resolve().parent.parent / "lib" / "io_model.py"))
+             str(Path(__file__).resolve().parent.parent / "lib" / "attn" / "io_model.py"))
 
 
 class HostMeter:

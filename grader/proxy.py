@@ -139,7 +139,7 @@ def _active_memory_meter():
     try:
         from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-        from lib.io_model import TensorMemoryMeter
+        from lib.attn.io_model import TensorMemoryMeter
     except Exception:  # noqa: BLE001
         return None
     for mode in reversed(_get_current_dispatch_mode_stack()):

@@ -530,7 +530,7 @@ _WHY = re.compile(r"is a copy of (.+?)(?: split across them)?: (?:it holds|toget
 
 def match_label(why: str) -> str | None:
     """What the instructor's one-line summary and the grades' CSV show of a reason `why_copy` wrote: the reference and
-    the share, 'lib.attention.flash_attention_forward 93%' or "the solution's TextStream 88%" (None for another
+    the share, 'lib.attn.attention.flash_attention_forward 93%' or "the solution's TextStream 88%" (None for another
     reason, such as lib's own code run)."""
     found = _WHY.search(why or "")
     if found is None:

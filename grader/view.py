@@ -4,7 +4,7 @@ What it guards: **the student's process cannot reach the answer key.** Watching 
 switched off from inside the process it watches (`sys.setprofile(None)`); a file that is not there cannot be
 read. So the child that runs a notebook's code (`grader.child`) does not see the repository at all. It sees:
 
-- `lib/` as this week allows it: every module is present (so `from lib.kv_cache import KVCache` works), but
+- `lib/` as this week allows it: every module is present (so `from lib.modeling.kv_cache import KVCache` works), but
   only the names the week declares (`Week(..., child_may_use=...)` in `grader/checks/weekNN.py`) and what they
   need, found by reading their code (`_closure`), keep their code. Every other function and class of lib is a
   stub that raises `ReferenceUnavailable` naming itself — above all the week's own exercises (a lib function
@@ -46,7 +46,7 @@ ALL = "*"
 CHILD_MODULES = ("__init__", "_sandbox", "child", "child_wire", "child_guard", "child_identity", "child_observe", "wire",
                  "notebook", "status", "fingerprint", "observe", "observers", "reads", "reach", "ran", "ran_plan",
                  "ran_switch", "triton_watch", "similarity", "op_table")
-ALWAYS = {"lib.io_model": ("TensorMemoryMeter",), "lib.threads": ("apply", "describe")}
+ALWAYS = {"lib.attn.io_model": ("TensorMemoryMeter",), "lib.bench.threads": ("apply", "describe")}
 # Packages whose code does an exercise's work: not readable at all (nothing the exercises need is in them).
 DENIED_PACKAGES = ("transformers", "accelerate", "llama_cpp", "llama_cpp_python", "vllm", "gguf")
 # Packages the exercises import for their constants, whose quantizers and writer are what week 20's checks
@@ -94,8 +94,8 @@ def _lib_imports(node: ast.AST) -> dict:
     for n in ast.walk(node):
         if isinstance(n, ast.ImportFrom) and n.module and (n.module == "lib" or n.module.startswith("lib.")) and not n.level:
             for a in n.names:
-                if n.module == "lib":
-                    out[a.asname or a.name] = ("module", f"lib.{a.name}")
+                if n.module == "lib" or (LIB.parent / n.module.replace(".", "/")).is_dir():  # a package: a module
+                    out[a.asname or a.name] = ("module", f"{n.module}.{a.name}")
                 else:
                     out[a.asname or a.name] = ("name", n.module, a.name)
         elif isinstance(n, ast.Import):
@@ -107,8 +107,9 @@ def _lib_imports(node: ast.AST) -> dict:
 
 def _read_lib() -> dict[str, _Module]:
     mods = {}
-    for path in sorted(LIB.glob("*.py")):
-        name = "lib" if path.stem == "__init__" else f"lib.{path.stem}"
+    for path in sorted(LIB.rglob("*.py")):
+        parts = path.relative_to(LIB.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
         tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
         mod = _Module(name, tree)
         for node in tree.body:
@@ -141,9 +142,9 @@ def _uses(mod: _Module, node: ast.AST, mods: dict[str, _Module]) -> set[tuple[st
             what = local.get(n.value.id)
             if what and what[0] == "module" and what[1] in mods:
                 found.add((what[1], n.attr))
-        elif isinstance(n, ast.Attribute) and isinstance(n.value, ast.Attribute) and isinstance(n.value.value, ast.Name):
-            if n.value.value.id == "lib" and local.get("lib", ("",))[0] == "module":  # import lib.x; lib.x.y
-                found.add((f"lib.{n.value.attr}", n.attr))
+        elif isinstance(n, ast.Attribute) and isinstance(n.value, ast.Attribute) and (
+                dotted := ast.unparse(n.value)) in mods and local.get("lib", ("",))[0] == "module":  # lib.x.y.z
+            found.add((dotted, n.attr))
     return found
 
 
@@ -367,7 +368,9 @@ def build_view(spec: ViewSpec) -> Path:
     keep = {m: set(mod.defs) for m, mod in mods.items()} if spec.open else _closure(mods, roots, spec.deny)
     _KEPT[spec] = keep
     for name, mod in mods.items():
-        out = path / "lib" / ("__init__.py" if name == "lib" else f"{name.split('.', 1)[1]}.py")
+        rel = Path(*name.split("."))
+        out = path / (rel / "__init__.py" if (LIB.parent / rel).is_dir() else rel.with_suffix(".py"))
+        out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(rewrite_lib_module(mod, keep[name], spec), encoding="utf-8")
     (path / "lib" / "_unavailable.py").write_text(_UNAVAILABLE, encoding="utf-8")
     (path / "grader" / "checks").mkdir(parents=True)

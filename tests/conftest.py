@@ -10,7 +10,7 @@ os.environ.setdefault("INFERENCE_LAB_SOLUTION_COPIES", "allow")
 @pytest.fixture(scope="session")
 def smollm2():
     """The lab's SmolLM2 (fp32, CPU) and tokenizer, loaded once for the whole run."""
-    from lib.model import load_smollm2
+    from lib.modeling.llama import load_smollm2
 
     return load_smollm2(device="cpu")
 
@@ -20,8 +20,8 @@ def hf_smollm2():
     """transformers' LlamaForCausalLM, loaded by transformers itself from the same GGUF file."""
     from transformers import AutoModelForCausalLM
 
-    from lib import paths
-    from lib.paths import check_smollm2
+    from lib.bench import paths
+    from lib.bench.paths import check_smollm2
 
     check_smollm2()
     model = AutoModelForCausalLM.from_pretrained(str(paths.MODELS_DIR), gguf_file=paths.SMOLLM2_FILE)

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from lib.attention import expand_kv, gqa_attention, naive_attention, repeat_kv, sdpa_attention
-from lib.masks import sliding_window_mask
+from lib.attn.attention import expand_kv, gqa_attention, naive_attention, repeat_kv, sdpa_attention
+from lib.attn.masks import sliding_window_mask
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2), (8, 1), (9, 3)])

@@ -215,7 +215,7 @@ def test_make_help_and_setup(scratch, repo):
     targets = re.search(r"^\.PHONY:(.*)$", (repo / "Makefile").read_text(), re.M)[1].split()
     assert all(f"make {t}" in out for t in targets if t not in ("help", "clean-cache")), out
     run(scratch, repo, "make setup")  # installed already (the venv is linked): only verifies the model
-    run(scratch, repo, ".venv/bin/python -m lib.fetch")
+    run(scratch, repo, ".venv/bin/python -m lib.modeling.fetch")
     out = run(scratch, repo, "make lint")
     assert "All checks passed" in out, out
 

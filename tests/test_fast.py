@@ -1,4 +1,4 @@
-"""lib.fast.FastLlama, and lib.model.LlamaModel after lib.fast_kernels.pack_linears, are the same function as lib.model.LlamaModel: greedy tokens identical, logits within
+"""lib.modeling.fast.FastLlama, and lib.modeling.llama.LlamaModel after lib.modeling.fast_kernels.pack_linears, are the same function as lib.modeling.llama.LlamaModel: greedy tokens identical, logits within
 1e-4 + 1e-5·|logit| (fp32 sums taken in another order: the packed oneDNN path's largest difference on SmolLM2
 was 1.02e-4, on a logit of 15.4, a relative 7e-6)."""
 import copy
@@ -7,12 +7,12 @@ import pytest
 import torch
 import torch.nn as nn
 
-from lib import qmatmul as Q
-from lib.fast import FastLlama
-from lib.fast_kernels import PackedLinear, can_pack, choose_kernel, kernels_for, pack_linears
-from lib.generate import generate
-from lib.model import tiny_model
-from lib.roofline import matmul_params
+from lib.gguf import qmatmul as Q
+from lib.modeling.fast import FastLlama
+from lib.modeling.fast_kernels import PackedLinear, can_pack, choose_kernel, kernels_for, pack_linears
+from lib.modeling.generate import generate
+from lib.modeling.llama import tiny_model
+from lib.bench.roofline import matmul_params
 
 
 PACKED = [False] + ([True] if can_pack("cpu", torch.float32) else [])
@@ -113,12 +113,12 @@ def test_smollm2_logits_and_64_greedy_tokens(smollm2, kernel):
 
 @pytest.mark.skipif("cpp" not in KERNELS, reason="no C++ compiler: the one-call step is C++")
 def test_the_cpp_kernel_decodes_and_verifies_in_one_call(monkeypatch):
-    """kernel="cpp": a one-token step on lib.kv_cache's cache (any batch), and a multi-token step of up to
+    """kernel="cpp": a one-token step on lib.modeling.kv_cache's cache (any batch), and a multi-token step of up to
     `step_max_rows` rows (batch x new tokens), runs no Python layer step at all — decode steps and verify steps alike (the layer step is
-    switched off after the prefill, and the logits are still lib.model's, for every row of a batch and every
+    switched off after the prefill, and the logits are still lib.modeling.llama's, for every row of a batch and every
     new position: the causal mask inside the new tokens holds); a larger step runs the Python step; a rolling
     cache takes the Python step."""
-    from lib.kv_cache import KVCache
+    from lib.modeling.kv_cache import KVCache
 
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # the kernel's two-thread split runs
     model = tiny_model(seed=5, n_heads=4, n_kv_heads=2, d_model=64)
@@ -129,7 +129,7 @@ def test_the_cpp_kernel_decodes_and_verifies_in_one_call(monkeypatch):
     with torch.no_grad():
         torch.testing.assert_close(fast(ids[:, :8], c_fast), model(ids[:, :8], c_ref), atol=1e-4, rtol=0)
         python_step = fast._layer
-        fast._layer = lambda *a: pytest.fail("a step of at most step_max_rows rows ran lib.fast's Python layer step")
+        fast._layer = lambda *a: pytest.fail("a step of at most step_max_rows rows ran lib.modeling.fast's Python layer step")
         for i in range(8, 10):
             logits, hidden = fast.forward_hidden(ids[:, i:i + 1], c_fast)
             torch.testing.assert_close(logits, model(ids[:, i:i + 1], c_ref), atol=1e-4, rtol=0)
@@ -200,7 +200,7 @@ def test_choose_kernel_measures_once_remembers_and_obeys_the_override(tmp_path, 
 def test_smollm2_chooses_its_kernel_by_timing_whole_steps(smollm2, tmp_path, monkeypatch):
     """On the real model the choice is measured on whole steps of it (not skipped as tiny), remembered, and read
     back by the next FastLlama; the chosen kernel is one that runs here."""
-    from lib import paths
+    from lib.bench import paths
 
     monkeypatch.setattr(paths, "CACHE_DIR", tmp_path)
     monkeypatch.setenv("INFERENCE_LAB_FAST_KERNEL", "measure")  # a loaded test machine would otherwise not time
@@ -219,7 +219,7 @@ def test_weights_are_copied_onto_one_buffer_of_large_pages():
     `madvise` or `always`); the model's own weights are left alone."""
     import re
 
-    from lib.roofline import HUGE_PAGE, huge_page_empty
+    from lib.bench.roofline import HUGE_PAGE, huge_page_empty
 
     model = tiny_model(seed=1)
     for kernel in [k for k in KERNELS if k != "packed"]:
@@ -262,10 +262,10 @@ def test_kernel_and_packed_arguments_are_checked():
 
 # --- item 8: the decode step CUDA graphs replay -----------------------------------------------------------------
 # On the CPU the replayed step's code runs uncaptured (GraphedDecode(capture=False)): the same buffers, windows,
-# index_copy_ writes and masks a graph replays, checked against lib.model. On a GPU the tests below capture.
+# index_copy_ writes and masks a graph replays, checked against lib.modeling.llama. On a GPU the tests below capture.
 
 def _windowed(model, bucket, monkeypatch, packed=False):
-    import lib.fast_graphs as graphs_mod
+    import lib.modeling.fast_graphs as graphs_mod
     monkeypatch.setattr(graphs_mod, "GRAPH_BUCKET", bucket)
     fast = FastLlama(model, packed=packed)
     fast.graphs = graphs_mod.GraphedDecode(fast, capture=False)
@@ -346,7 +346,7 @@ def test_cuda_graph_decode_is_the_model(batch):
 @pytest.mark.model
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_smollm2_cuda_graph_decode_64_greedy_tokens():
-    from lib.model import load_smollm2
+    from lib.modeling.llama import load_smollm2
     model, tok = load_smollm2(device="cuda")
     fast = FastLlama(model)
     ids = torch.tensor([tok.encode("The history of the printing press begins")], device="cuda")

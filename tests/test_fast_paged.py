@@ -1,19 +1,19 @@
-"""lib.fast_paged: the engine's decode-only steps as CUDA graphs (issue 31, item 3).
+"""lib.batching.fast_paged: the engine's decode-only steps as CUDA graphs (issue 31, item 3).
 
 On the CPU the replayed step's code runs uncaptured (`PagedDecodeGraphs(capture=False)`), with the same padding of
-the batch and of the block tables a graph replays, inside the engine, against `lib.generate` on each prompt alone.
+the batch and of the block tables a graph replays, inside the engine, against `lib.modeling.generate` on each prompt alone.
 On a GPU the engine captures by itself (`graphs=None`), and the CUDA-marked tests check the same."""
 import random
 
 import pytest
 import torch
 
-import lib.fast_paged as fast_paged
-from lib.engine import LLMEngine
-from lib.fast import FastLlama
-from lib.fast_paged import PagedDecodeGraphs
-from lib.generate import generate
-from lib.model import tiny_model
+import lib.batching.fast_paged as fast_paged
+from lib.batching.engine import LLMEngine
+from lib.modeling.fast import FastLlama
+from lib.batching.fast_paged import PagedDecodeGraphs
+from lib.modeling.generate import generate
+from lib.modeling.llama import tiny_model
 
 
 def _prompts(n, seed=0, vocab=128):
@@ -27,7 +27,7 @@ def _alone(model, prompts, new):
 
 def _uncaptured(engine, checked=None):
     """The engine's replayed step, uncaptured; with `checked` (a list), each replayed step's logits are also
-    compared with lib.model's forward on the same cache, after the replayed code wrote its keys and values (a
+    compared with lib.modeling.llama's forward on the same cache, after the replayed code wrote its keys and values (a
     key written to the wrong slot is then read back at once). Greedy tokens of a tiny random model repeat
     themselves, so the logits say more than the tokens."""
     graphs = PagedDecodeGraphs(FastLlama(engine.model, packed=False), engine.cache, capture=False)
@@ -107,7 +107,7 @@ def test_cuda_engine_replays_its_decodes():
 @pytest.mark.model
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_smollm2_cuda_engine_equals_generate():
-    from lib.model import load_smollm2
+    from lib.modeling.llama import load_smollm2
     model, tok = load_smollm2(device="cuda")
     texts = ["To be, or not to be, that is the question:", "The capital of France is", "def fibonacci(n):",
              "Once upon a time, in a land far away, there lived a", "1, 2, 3, 4,"]

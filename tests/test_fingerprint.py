@@ -22,16 +22,16 @@ def _load_as(src: str, modname: str, filename: str) -> types.ModuleType:
 
 
 def test_lib_source_under_another_name_is_recognised():
-    src = (ROOT / "lib" / "speculative.py").read_text()
+    src = (ROOT / "lib" / "spec_decode" / "speculative.py").read_text()
     mod = _load_as(src, "not_lib_at_all", "/tmp/my_own_work.py")
-    assert lib_name(mod.verify.__code__) == "lib.speculative.verify"
+    assert lib_name(mod.verify.__code__) == "lib.spec_decode.speculative.verify"
 
 
 def test_renamed_function_locals_and_constants_still_recognised():
-    src = (ROOT / "lib" / "paged.py").read_text()
+    src = (ROOT / "lib" / "batching" / "paged.py").read_text()
     renamed = src.replace("def paged_attention(", "def attend(").replace('"""', '"""Mine. ', 1)
     mod = _load_as(renamed, "mine", "<cell>")
-    assert lib_name(mod.attend.__code__) == "lib.paged.paged_attention"
+    assert lib_name(mod.attend.__code__) == "lib.batching.paged.paged_attention"
 
 
 def test_different_code_is_not_recognised():

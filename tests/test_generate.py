@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from lib.generate import generate, sample_next
-from lib.sampling import filter_logits
-from lib.kv_cache import CacheOverflowError
-from lib.model import tiny_model
+from lib.modeling.generate import generate, sample_next
+from lib.modeling.sampling import filter_logits
+from lib.modeling.kv_cache import CacheOverflowError
+from lib.modeling.llama import tiny_model
 
 CONFIGS = [  # (n_heads, n_kv_heads, n_layers, d_model): MHA, GQA and MQA, odd sizes included
     (4, 4, 2, 64), (4, 2, 2, 64), (4, 1, 2, 64), (6, 3, 3, 48), (9, 3, 2, 72), (8, 1, 1, 64), (2, 2, 4, 32),

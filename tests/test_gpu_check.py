@@ -110,7 +110,7 @@ def test_run_notebooks_reports_pass_and_fail_and_writes_no_notebook(tmp_path):
 
     ran = json.loads((out / "16" / "good.ipynb").read_text())
     printed = "".join(ran["cells"][0]["outputs"][0]["text"]).splitlines()
-    assert printed[0].startswith("torch threads: "), printed  # what `import lib` says in a kernel (lib/threads.py)
+    assert printed[0].startswith("torch threads: "), printed  # what `import lib` says in a kernel (lib/bench/threads.py)
     printed = printed[1:]
     assert printed == [str(good.parent), sys.executable], "not run in its own folder, or not by this interpreter"
     failed = json.loads((out / "17" / "bad.ipynb").read_text())

@@ -35,7 +35,7 @@ def test_the_autograde_line_and_the_formgraders_comment_say_why(tmp_path, capsys
                         ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache", "*.backup-*"))
     release = next((root / "weeks" / WEEK).glob("*.ipynb"))
     nb = json.loads(release.read_text())
-    lib_mask = (REPO / "lib" / "masks.py").read_text()
+    lib_mask = (REPO / "lib" / "attn" / "masks.py").read_text()
     start = lib_mask.index("def causal_mask")
     end = lib_mask.index("\ndef ", start + 1)
     for cell in nb["cells"]:
@@ -50,7 +50,7 @@ def test_the_autograde_line_and_the_formgraders_comment_say_why(tmp_path, capsys
 
     assert autograde(WEEK, ["ann"], root=root) == []
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("ann: "))
-    assert "reference use: causal_mask (" in line and "lib.masks.causal_mask" in line, line
+    assert "reference use: causal_mask (" in line and "lib.attn.masks.causal_mask" in line, line
     assert "test_causal_mask (reference use)" in line, line
     assert "test_step_flops (the student's process crashed" in line, line
     assert "test_LayerKVCache (not implemented)" in line, line
@@ -61,6 +61,6 @@ def test_the_autograde_line_and_the_formgraders_comment_say_why(tmp_path, capsys
         comments = {c: gb.find_comment(c, release.stem, WEEK, "ann").comment for c in ("causal_mask", "step_flops",
                                                                                          "LayerKVCache")}
     assert comments["causal_mask"].startswith("[autograder] reference use: causal_mask (") and \
-        "lib.masks.causal_mask" in comments["causal_mask"], comments
+        "lib.attn.masks.causal_mask" in comments["causal_mask"], comments
     assert comments["step_flops"].startswith("[autograder] test_step_flops: the student's process crashed"), comments
     assert comments["LayerKVCache"] == "No response.", comments  # left as released: nbgrader's own words

@@ -1,4 +1,4 @@
-"""lib.guided, JSON mode: the character machine against Python's json module, the token masks against the machine
+"""lib.serve.guided, JSON mode: the character machine against Python's json module, the token masks against the machine
 token by token (the shortcuts the masks take are checked against feeding every token), and SmolLM2 decoding under
 the mask: every answer that ends by itself parses as a JSON object."""
 import json
@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from lib.guided import MAX_WS, JsonGuide, JsonMachine, JsonVocabulary
-from lib.sampling import SamplingParams
+from lib.serve.guided import MAX_WS, JsonGuide, JsonMachine, JsonVocabulary
+from lib.modeling.sampling import SamplingParams
 
 SEED = 20261126
 ALPHABET = list('{}[]",:0123456789-+.eEtrufalsn \n\\/abcxyzé\t') + ["\u00e9", "\x01"]
@@ -160,7 +160,7 @@ def test_masks_equal_feeding_every_token():
 
 @pytest.fixture(scope="module")
 def vocabulary(smollm2):
-    from lib.serving import token_bytes
+    from lib.serve.serving import token_bytes
 
     model, tok = smollm2
     return JsonVocabulary(token_bytes(tok), tok.eos_token_id, model.config.vocab_size)
@@ -187,7 +187,7 @@ def test_smollm2_masks_equal_feeding_every_token_and_allow_tokenized_documents(s
 def test_json_mode_decoding_on_smollm2_stays_json_and_parses_when_it_ends(smollm2, vocabulary):
     """Every output under the mask is a prefix of a JSON object; every one that ends by itself parses. (Whether a
     small model closes its object within the budget depends on the prompt: at least one of these must.)"""
-    from lib.generate import generate
+    from lib.modeling.generate import generate
 
     model, tok = smollm2
     ended = []

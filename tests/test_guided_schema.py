@@ -1,4 +1,4 @@
-"""lib.guided_schema: guided decoding to a JSON Schema. The reference is the `jsonschema` package's validator, not
+"""lib.serve.guided_schema: guided decoding to a JSON Schema. The reference is the `jsonschema` package's validator, not
 lib's code: every document the machine accepts whole must validate, every document written in the schema's order
 must be accepted, and the masks must be exactly the tokens the machine accepts."""
 import json
@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from grader.checks import run_seed
-from lib.guided import JsonGuide, JsonVocabulary
-from lib.guided_schema import SchemaError, SchemaMachine, schema_guide, schema_vocabulary
-from lib.sampling import SamplingParams
+from lib.serve.guided import JsonGuide, JsonVocabulary
+from lib.serve.guided_schema import SchemaError, SchemaMachine, schema_guide, schema_vocabulary
+from lib.modeling.sampling import SamplingParams
 
 SEED = run_seed()
 SCHEMA = {
@@ -187,8 +187,8 @@ def test_smollm2_answers_guided_by_a_schema_validate(smollm2):
     """SmolLM2 under the schema's mask: its greedy answer ends by itself and is a document of the schema. (Asked
     for the capital of France instead, it writes the population's digits until max_tokens: an integer has no
     length limit, as in JSON.)"""
-    from lib.generate import generate
-    from lib.serving import token_bytes
+    from lib.modeling.generate import generate
+    from lib.serve.serving import token_bytes
 
     model, tok = smollm2
     schema = {"type": "object", "properties": {"city": {"type": "string"}, "country": {"enum": ["France", "Spain"]},

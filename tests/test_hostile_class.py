@@ -121,7 +121,7 @@ def _crafted(honest: dict, root: Path) -> dict[str, tuple[dict, set[str]]]:
         "watch_off_reference": (_edit(honest, "step_flops", """
             def step_flops(*args):
                 import sys
-                from lib import roofline
+                from lib.bench import roofline
                 sys.setprofile(None)
                 return roofline.step_flops(*args)
             """), {"test_step_flops"}),
@@ -137,10 +137,10 @@ def _crafted(honest: dict, root: Path) -> dict[str, tuple[dict, set[str]]]:
             exec(next("".join(c["source"]) for c in _cells if c["metadata"].get("nbgrader", {{}}).get("grade_id") == "kv_cache_bytes"))
             """), {"test_kv_cache_bytes", "test_answer_q3"}),  # the solution's answer_q3 calls kv_cache_bytes
         "reference_import": (_edit(_edit(honest, "causal_mask", """
-            from lib.masks import causal_mask
+            from lib.attn.masks import causal_mask
             """), "step_flops", """
             def step_flops(*args):
-                from lib import roofline
+                from lib.bench import roofline
                 return roofline.step_flops(*args)
             """), {"test_causal_mask", "test_step_flops", "test_gqa_attention"}),  # its gqa_attention calls the stub
     }
@@ -189,7 +189,7 @@ def test_hostile_class(course_root, tmp_path, capsys, monkeypatch):
     (subs / "two_named" / "week16-Copy1.ipynb").write_text(json.dumps(release))
     expected_fail["two_named"] = {"test_generate"}
 
-    checks_before, lib_before = _sha(CHECKS_FILE), {p.name: _sha(p) for p in (REPO / "lib").glob("*.py")}
+    checks_before, lib_before = _sha(CHECKS_FILE), {str(p): _sha(p) for p in (REPO / "lib").rglob("*.py")}
     refused = collect(WEEK, subs, root=root)
     assert sorted(line.split(":")[0] for line in refused) == ["invalid_json", "two_notebooks"]
 
@@ -199,7 +199,7 @@ def test_hostile_class(course_root, tmp_path, capsys, monkeypatch):
 
     # the run finished, every student has a score, nobody's code touched the gradebook, checks or repo
     assert _sha(CHECKS_FILE) == checks_before, "a submission rewrote grader/checks/week16.py"
-    assert {p.name: _sha(p) for p in (REPO / "lib").glob("*.py")} == lib_before
+    assert {str(p): _sha(p) for p in (REPO / "lib").rglob("*.py")} == lib_before
     assert not (root / "grader" / "PWNED").exists()
     with sqlite3.connect(root / "grader" / "gradebook.db") as con:
         assert con.execute("SELECT COUNT(*) FROM grade WHERE manual_score IS NOT NULL").fetchone()[0] == 0
@@ -272,7 +272,7 @@ def test_pytest_path_is_isolated_too(course_root, tmp_path):
 
     path.write_text(json.dumps(crafted["reference_import"][0]))
     ex = load_exercises(path, week=checks.WEEK)
-    with pytest.raises(AssertionError, match="lib.masks.causal_mask is not available to your code while this week "
+    with pytest.raises(AssertionError, match="lib.attn.masks.causal_mask is not available to your code while this week "
                                              "is graded: it is the answer to week 16's exercise 2"):
         checks.check_causal_mask(ex.causal_mask)
 

@@ -66,7 +66,7 @@ import json, os, socket
 
 def answer_q1():
     out = {{}}
-    for p in {[str(REPO / "solutions" / "16" / "week16_kv_cache.ipynb"), str(REPO / "lib" / "masks.py"),
+    for p in {[str(REPO / "solutions" / "16" / "week16_kv_cache.ipynb"), str(REPO / "lib" / "attn" / "masks.py"),
                str(REPO / "grader" / "checks" / "week16.py"), str(REPO / "grader"), str(classmate), str(REPO)]!r}:
         try:
             out[p] = ("listed" if os.path.isdir(p) and os.listdir(p) is not None else
@@ -81,8 +81,8 @@ def answer_q1():
             out[name] = type(e).__name__
     out["token"] = os.environ.get("INFERENCE_LAB_INSTRUCTOR_TOKEN")
     out["etc"] = len(open("/etc/passwd").read()) > 0
-    import lib.masks, grader.checks.week16
-    for name, fn in (("lib", lambda: lib.masks.causal_mask(2, 3)), ("checks", lambda: grader.checks.week16.check_causal_mask(None))):
+    import lib.attn.masks, grader.checks.week16
+    for name, fn in (("lib", lambda: lib.attn.masks.causal_mask(2, 3)), ("checks", lambda: grader.checks.week16.check_causal_mask(None))):
         try:
             fn()
             out[name] = "ran"
@@ -94,7 +94,7 @@ def answer_q1():
     out = json.loads(ex.answer_q1())
     assert out["token"] is None, "the instructor's environment reached the student's process"
     assert out["etc"] is True  # the system's shared files stay readable (Python needs them)
-    assert out["lib"].startswith("lib.masks.causal_mask is not available to your code while this week is graded")
+    assert out["lib"].startswith("lib.attn.masks.causal_mask is not available to your code while this week is graded")
     assert "runs in the grader's process" in out["checks"]
     if not _reads_restricted(ex):
         pytest.skip(f"no Landlock read restriction here ({ex._session.sandbox}); the view alone applies")
@@ -111,7 +111,7 @@ def test_a_reference_stays_a_stub_with_the_watch_switched_off(tmp_path):
     ex = _load(tmp_path, 16, edits={"causal_mask": """
         def causal_mask(q_len, kv_len, device=None):
             import sys
-            from lib.masks import causal_mask as theirs
+            from lib.attn.masks import causal_mask as theirs
             sys.setprofile(None)
             return theirs(q_len, kv_len, device)
         """})
@@ -127,17 +127,17 @@ def test_lib_code_under_another_name_is_a_stub(tmp_path):
 
     ex = _load(tmp_path, 18, edits={"best_k": """
         def best_k(alpha, c, verify_cost):
-            from lib.speculative import predicted_speedup
+            from lib.spec_decode.speculative import predicted_speedup
             speeds = {k: predicted_speedup(alpha, k, c, verify_cost) for k in range(1, max(verify_cost))}
             k = max(speeds, key=speeds.get)
             return k, speeds[k]
         """})
-    with pytest.raises(AssertionError, match="lib.speculative.predicted_speedup is not available to your code"):
+    with pytest.raises(AssertionError, match="lib.spec_decode.speculative.predicted_speedup is not available to your code"):
         week18.check_best_k(ex.best_k)
     ex = _load(tmp_path, 19, edits={"predict_steps": """
         def predict_steps(prompt_lens, new_tokens, max_num_seqs, token_budget, chunked_prefill=True):
-            from lib.engine import LLMEngine
-            from lib.model import tiny_model
+            from lib.batching.engine import LLMEngine
+            from lib.modeling.llama import tiny_model
             engine = LLMEngine(tiny_model(), num_blocks=sum(prompt_lens) + sum(new_tokens), block_size=4,
                                max_num_seqs=max_num_seqs, max_num_batched_tokens=token_budget,
                                enable_chunked_prefill=chunked_prefill)
@@ -199,12 +199,12 @@ def _renamed_and_padded(*functions) -> str:
 
 def test_a_renamed_and_padded_copy_of_lib_is_reference_use(tmp_path):
     from grader.checks import week17
-    from lib import attention
+    from lib.attn import attention
 
     source = "import math\nimport torch\n" + _renamed_and_padded(
         attention._causal_block, attention.accumulation_dtype, attention.flash_attention_forward)
     ex = _load(tmp_path, 17, edits={"flash_attention_forward": source})
-    with pytest.raises(AssertionError, match=r"is a copy of lib's lib.attention.flash_attention_forward: it holds "
+    with pytest.raises(AssertionError, match=r"is a copy of lib's lib.attn.attention.flash_attention_forward: it holds "
                                              r"\d+% of that code \(\d+% of its token sequences, \d+% of its statements"):
         week17.check_flash_attention_forward(ex.flash_attention_forward)
 
@@ -213,7 +213,7 @@ def _copy_elsewhere(route: str) -> dict:
     """The renamed and padded copy of lib's flash_attention_forward, out of the exercise cell's own source."""
     import base64
 
-    from lib import attention
+    from lib.attn import attention
 
     copy = "import math\nimport torch\n" + _renamed_and_padded(
         attention._causal_block, attention.accumulation_dtype, attention.flash_attention_forward)
@@ -249,7 +249,7 @@ def test_a_copy_of_lib_out_of_the_exercise_cells_source_is_reference_use(tmp_pat
 
     ex = _load(tmp_path, 17, **_copy_elsewhere(route))
     with pytest.raises(AssertionError, match=r"(ran code copied from the answer key: |RuntimeError: )`\w+` is a copy "
-                                             r"of lib's lib.attention.flash_attention_forward|made a code object itself"):
+                                             r"of lib's lib.attn.attention.flash_attention_forward|made a code object itself"):
         week17.check_flash_attention_forward(ex.flash_attention_forward)
 
 
@@ -322,7 +322,7 @@ def test_a_copy_runs_nowhere_whatever_the_notebook_does_to_the_childs_records(tm
     spec = _copy_elsewhere(route)
     spec["edits"] = {**spec["edits"], "flash_attention_forward": _CLEAR_THE_RECORDS + spec["edits"]["flash_attention_forward"]}
     ex = _load(tmp_path, 17, **spec)
-    with pytest.raises(AssertionError, match=r"is a copy of lib's lib.attention.flash_attention_forward: it holds \d+% "
+    with pytest.raises(AssertionError, match=r"is a copy of lib's lib.attn.attention.flash_attention_forward: it holds \d+% "
                                              r"of that code .* the grader does not (run|compile) a copy"):
         week17.check_flash_attention_forward(ex.flash_attention_forward)
 
@@ -415,7 +415,7 @@ def test_a_copy_inside_a_block_or_another_function_is_found(wrap):
     """The source check read the functions at a cell's top level and in its classes: the same copy under `if True:`,
     in a `try:` or returned by a factory function passed (found now, with the qualname Python gives it)."""
     from grader import copies, similarity
-    from lib import attention
+    from lib.attn import attention
 
     copy = "import math\nimport torch\n" + _renamed_and_padded(
         attention._causal_block, attention.accumulation_dtype, attention.flash_attention_forward) + "\n"
@@ -428,7 +428,7 @@ def test_a_copy_inside_a_block_or_another_function_is_found(wrap):
     }[wrap]
     references = copies.reference_units(_solution(17)[0], 17)
     found = similarity.copies_in_source(source, references)
-    assert qualname in found and "lib.attention.flash_attention_forward" in found[qualname]
+    assert qualname in found and "lib.attn.attention.flash_attention_forward" in found[qualname]
 
 
 def test_a_copy_split_across_helpers_is_found(monkeypatch, tmp_path):
@@ -602,8 +602,8 @@ _MACHINERY = {
                   "pd._push_mode = lambda *a, **k: None\npd._pop_mode = lambda *a, **k: None\n"),
     "flop_formula": ("import torch, torch.utils.flop_counter as fc\n"
                      "fc.flop_registry[torch.ops.aten.mm] = lambda *a, **k: 0\n"),
-    "meter_in_sys_modules": ("import sys, types, lib.io_model\n_m = types.ModuleType('lib.io_model')\n"
-                             "_m.TensorMemoryMeter = lib.io_model.TensorMemoryMeter\nsys.modules['lib.io_model'] = _m\n"),
+    "meter_in_sys_modules": ("import sys, types, lib.attn.io_model\n_m = types.ModuleType('lib.attn.io_model')\n"
+                             "_m.TensorMemoryMeter = lib.attn.io_model.TensorMemoryMeter\nsys.modules['lib.attn.io_model'] = _m\n"),
     "a_formulas_code": ("import torch.utils.flop_counter as fc\n"
                         "fc.conv_flop_count.__code__ = (lambda *a, **k: 0).__code__\n"),
 }
@@ -680,7 +680,7 @@ def test_the_checks_objects_and_models_are_read_only(tmp_path):
     """None of nn.Module's mutators may run on a check's model, and no attribute of a check's object may be set (the
     checks hand the model itself: week 16 meters its work where it runs, `grader.checks.ModelMeter`)."""
     from grader.isolation import Session
-    from lib.model import tiny_model
+    from lib.modeling.llama import tiny_model
 
     nb = tmp_path / "week16_kv_cache.ipynb"
     nb.write_text("{}")
@@ -721,7 +721,7 @@ def test_the_workers_shared_model_is_checked_after_each_submission():
     """The backstop behind the read-only proxies: a worker notices a changed shared SmolLM2 and reloads it."""
     pytest.importorskip("gguf")
     from grader.course import forget_shared_models, shared_models_state
-    from lib.model import shared_smollm2
+    from lib.modeling.llama import shared_smollm2
 
     try:
         shared_smollm2()
@@ -837,7 +837,7 @@ def test_an_object_of_one_check_cannot_be_kept_for_another(tmp_path):
     pool_kv_heads check: `model.attention_fn` is lib's gqa_attention). Kept in a global and called during the
     next check, it would compute that exercise for the student: at each check's end its objects are forgotten."""
     from grader.isolation import Session, StudentCrash
-    from lib.model import tiny_model
+    from lib.modeling.llama import tiny_model
 
     nb = tmp_path / "week16_kv_cache.ipynb"
     nb.write_text("{}")

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from grader.isolation import Session
-from lib.model import tiny_model
+from lib.modeling.llama import tiny_model
 
 HOSTILE = '''
 import torch

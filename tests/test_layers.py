@@ -77,7 +77,7 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_graph_is_read():
     graph = import_graph()
-    assert "lib.masks" in graph["lib.attention"] and "grader.wire" in graph["grader.isolation"]
+    assert "lib.attn.masks" in graph["lib.attn.attention"] and "grader.wire" in graph["grader.isolation"]
     assert "benchmarks.timing" in graph["benchmarks.decode"]
 
 
@@ -194,9 +194,9 @@ def test_no_package_imports_one_above_or_beside_it():
 
 def test_an_import_back_up_is_found():
     graph = import_graph()
-    graph["lib.engine"] = set(graph["lib.engine"]) | {"grader.status"}
+    graph["lib.batching.engine"] = set(graph["lib.batching.engine"]) | {"grader.status"}
     graph["grader.course"] = set(graph["grader.course"]) | {"benchmarks.timing"}
-    assert package_violations(graph) == ["grader.course imports benchmarks.timing", "lib.engine imports grader.status"]
+    assert package_violations(graph) == ["grader.course imports benchmarks.timing", "lib.batching.engine imports grader.status"]
 
 
 def test_the_walk_skips_nbgrader_work_areas(tmp_path):
@@ -206,3 +206,57 @@ def test_the_walk_skips_nbgrader_work_areas(tmp_path):
     (tmp_path / "grader" / "submitted" / "s1" / "16" / "test_week16.py").write_text("import grader.checks\n")
     (tmp_path / "grader" / "isolation.py").write_text("import os\n")
     assert [p.name for p in sources(tmp_path, "grader")] == ["isolation.py"]
+
+
+# --- lib's packages: the layers lib/__init__.py declares ------------------------------------------------------------
+def documented_lib_layers(init: Path = REPO / "lib" / "__init__.py") -> dict[str, float]:
+    """lib's packages and their layer (0 lowest), from lib/__init__.py's "Layers, lowest first" sentence: groups
+    separated by → , packages in a group by commas. lib's own `__init__` (which applies `bench.threads` on import,
+    and whose `THREADS` anything may read) sits just above the lowest layer."""
+    text = " ".join(ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))).split())
+    start = text.index("Layers, lowest first")
+    chain = text[text.index(":", start) + 1:text.index(";", start)]
+    layers: dict[str, float] = {f"lib.{name}": level for level, group in enumerate(chain.split("→"))
+                                 for name in re.findall(r"`(\w+)`", group)}
+    layers["lib"] = 0.5
+    return layers
+
+
+def lib_layer_violations(graph: dict[str, set[str]], layers: dict[str, float]) -> list[str]:
+    """Each lib module outside the declared packages, each declared package that does not exist, and each import of
+    a lib package beside or above the importer's (a package imports itself and the layers below it)."""
+    def package(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    bad = [f"{p} is declared in lib/__init__.py but is no package of lib/" for p in sorted(layers)
+           if p != "lib" and p not in graph]
+    for module, targets in sorted(graph.items()):
+        if not module.startswith("lib"):
+            continue
+        mine = package(module)
+        if mine not in layers:
+            bad.append(f"{module} is in no package of lib/__init__.py's layers")
+            continue
+        for target in sorted(t for t in targets if t.startswith("lib")):
+            theirs = package(target)
+            if theirs != mine and theirs in layers and layers[theirs] >= layers[mine]:
+                bad.append(f"{module} ({mine}, layer {layers[mine]}) imports {target} ({theirs}, layer {layers[theirs]})")
+    return bad
+
+
+def test_lib_packages_follow_the_documented_layers():
+    layers = documented_lib_layers()
+    assert len(layers) >= 8, layers
+    bad = lib_layer_violations(import_graph(), layers)
+    assert not bad, "; ".join(bad)
+
+
+def test_a_lib_import_beside_or_above_is_found():
+    graph = import_graph()
+    graph["lib.attn.masks"] = set(graph["lib.attn.masks"]) | {"lib.serve.server"}
+    graph["lib.quantization.gptq"] = set(graph["lib.quantization.gptq"]) | {"lib.batching.paged"}
+    graph["lib.flat"] = set()
+    assert lib_layer_violations(graph, documented_lib_layers()) == [
+        "lib.attn.masks (lib.attn, layer 1) imports lib.serve.server (lib.serve, layer 5)",
+        "lib.flat is in no package of lib/__init__.py's layers",
+        "lib.quantization.gptq (lib.quantization, layer 4) imports lib.batching.paged (lib.batching, layer 4)"]

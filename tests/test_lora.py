@@ -1,4 +1,4 @@
-"""lib.lora: LoRA adapters, exact against merging them into the weights, and many of them served per request inside one
+"""lib.modeling.lora: LoRA adapters, exact against merging them into the weights, and many of them served per request inside one
 batch of the engine and the server (the S-LoRA / Punica idea). Tiny models where exactness is the property; SmolLM2
 (marked `model`) where the issue's "done when" names it: greedy identical and logits within 1e-4 of the merged model,
 two adapters in one batch each equal to their own runs, the server through the official client."""
@@ -7,12 +7,12 @@ import threading
 import pytest
 import torch
 
-from lib import lora
-from lib.engine import LLMEngine
-from lib.generate import generate
-from lib.lora import LoRAAdapter, applied, load_adapter, merge, row_groups, save_adapter, with_adapter
-from lib.model import tiny_model
-from lib.sampling import SamplingParams
+from lib.modeling import lora
+from lib.batching.engine import LLMEngine
+from lib.modeling.generate import generate
+from lib.modeling.lora import LoRAAdapter, applied, load_adapter, merge, row_groups, save_adapter, with_adapter
+from lib.modeling.llama import tiny_model
+from lib.modeling.sampling import SamplingParams
 
 LOGITS_TOL = 1e-4
 
@@ -231,7 +231,7 @@ def test_lora_modules_specs(tmp_path):
                           ([f"base={path}"], "base model"), ([f"p={tmp_path / 'no.lora'}"], "does not exist"):
         with pytest.raises(ValueError, match=message):
             lora.parse_modules(specs, "base")
-    from lib.server import main
+    from lib.serve.server import main
 
     with pytest.raises(SystemExit):  # refused before any model is loaded
         main(["--lora-modules", f"p={tmp_path / 'no.lora'}"])
@@ -293,7 +293,7 @@ def test_smollm2_two_adapters_in_one_batch_each_equal_their_own_runs(smol):
 @pytest.mark.model
 def test_server_serves_adapters_by_model_name(smol, tmp_path):
     openai = pytest.importorskip("openai")
-    from lib.server import ServerThread, make_server
+    from lib.serve.server import ServerThread, make_server
 
     model, tok, (a, b) = smol
     server = make_server(model, tok, num_blocks=32, max_num_seqs=4, max_num_batched_tokens=256,

@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from lib import paths
-from lib.generate import generate
-from lib.model import SMOLLM2_135M, LlamaModel, read_gguf_llama, tiny_model
+from lib.bench import paths
+from lib.modeling.generate import generate
+from lib.modeling.llama import SMOLLM2_135M, LlamaModel, read_gguf_llama, tiny_model
 
 pytestmark = pytest.mark.model
 
@@ -28,7 +28,7 @@ def test_gguf_metadata_gives_smollm2_config():
 
 
 def test_fast_load_cache_holds_the_gguf_weights(smollm2):
-    """The cache `lib.fetch` builds is the GGUF file's weights, bit for bit."""
+    """The cache `lib.modeling.fetch` builds is the GGUF file's weights, bit for bit."""
     model, _ = smollm2
     cfg, state = read_gguf_llama(paths.smollm2_path())
     ours = model.state_dict()
@@ -69,7 +69,7 @@ def test_cached_equals_uncached_on_smollm2(smollm2):
 
 
 def test_model_picks_gpu_when_present_and_cpu_otherwise():
-    from lib.model import default_device
+    from lib.modeling.llama import default_device
 
     assert default_device().type == ("cuda" if torch.cuda.is_available() else "cpu")
 

@@ -5,9 +5,9 @@ import sys
 
 import pytest
 
-from lib import paths
-from lib.paths import ModelFileError, check_smollm2
-from lib.model import load_smollm2, read_gguf_llama
+from lib.bench import paths
+from lib.bench.paths import ModelFileError, check_smollm2
+from lib.modeling.llama import load_smollm2, read_gguf_llama
 
 
 @pytest.fixture
@@ -19,7 +19,7 @@ def models_dir(tmp_path, monkeypatch):
 def test_missing_model_names_the_fix(models_dir):
     with pytest.raises(ModelFileError, match="missing") as e:
         load_smollm2()
-    assert "python -m lib.fetch" in str(e.value) and "make setup" in str(e.value)
+    assert "python -m lib.modeling.fetch" in str(e.value) and "make setup" in str(e.value)
 
 
 def test_truncated_model_names_the_fix(models_dir):
@@ -27,7 +27,7 @@ def test_truncated_model_names_the_fix(models_dir):
         f.write(src.read(1_000_000))
     with pytest.raises(ModelFileError, match="truncated") as e:
         load_smollm2()
-    assert "python -m lib.fetch" in str(e.value)
+    assert "python -m lib.modeling.fetch" in str(e.value)
 
 
 def test_corrupted_bytes_are_caught_by_the_checksum(models_dir):
@@ -37,7 +37,7 @@ def test_corrupted_bytes_are_caught_by_the_checksum(models_dir):
     paths.smollm2_path().write_bytes(bytes(bad))
     with pytest.raises(ModelFileError, match="sha256") as e:
         check_smollm2()
-    assert "python -m lib.fetch" in str(e.value)
+    assert "python -m lib.modeling.fetch" in str(e.value)
 
 
 def test_garbage_is_not_a_gguf_file(tmp_path):
@@ -49,6 +49,6 @@ def test_garbage_is_not_a_gguf_file(tmp_path):
 
 def test_check_command_exits_nonzero_with_the_fix(tmp_path):
     env = dict(os.environ, INFERENCE_LAB_DATA=str(tmp_path))
-    out = subprocess.run([sys.executable, "-m", "lib.fetch", "--check"], env=env, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "lib.modeling.fetch", "--check"], env=env, capture_output=True, text=True)
     assert out.returncode == 1
-    assert "missing" in out.stderr and "python -m lib.fetch" in out.stderr
+    assert "missing" in out.stderr and "python -m lib.modeling.fetch" in out.stderr

@@ -128,7 +128,7 @@ def test_no_query_tells_an_observed_call_from_another(tmp_path):
     memory and read counts, one of a batch) as in a plain, batched or metered call; the same for a method, a
     callable object and a class. Failed before the change: the dispatch stack was 3 deep only while observed."""
     from grader.checks import call_many, call_on_default_device, observe, observe_many
-    from lib.io_model import TensorMemoryMeter
+    from lib.attn.io_model import TensorMemoryMeter
 
     ex = _load(tmp_path, 16, prepend={"causal_mask": PROBE})
     x, out = torch.ones(3), []

@@ -1,10 +1,10 @@
-"""lib.qmatmul: the kernel that multiplies GGUF blocks as the file stores them, and the layers built on it.
+"""lib.gguf.qmatmul: the kernel that multiplies GGUF blocks as the file stores them, and the layers built on it.
 
 Random blocks are drawn per run (the seed is printed in every failure: rerun with INFERENCE_LAB_SEED=...). The
-kernel's sum runs in float32 in its own order, so it is held to the float64 product of lib.qformats' dequantized
+kernel's sum runs in float32 in its own order, so it is held to the float64 product of lib.gguf.qformats' dequantized
 weights within the worst-case float32 bound of a k-term dot product, |err| <= 2k·2⁻²⁴·Σ|x||w|, which a correct
 kernel can never exceed and a wrong nibble, scale or row exceeds by orders of magnitude. The decoded weights
-themselves must equal lib.qformats' bit for bit. The first build of the kernel costs about 3 s (cached after).
+themselves must equal lib.gguf.qformats' bit for bit. The first build of the kernel costs about 3 s (cached after).
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from grader.checks import generator, run_seed, seed_note
-from lib import qmatmul as Q
-from lib.qformats import BLOCK_SIZES, dequantize
+from lib.gguf import qmatmul as Q
+from lib.gguf.qformats import BLOCK_SIZES, dequantize
 
 REPO = Path(__file__).resolve().parent.parent
 # where each type keeps its float16 scales (byte offsets in a block): random bytes there could be inf or nan
@@ -67,7 +67,7 @@ def test_kernel_equals_the_reference_on_random_blocks(qtype):
         blocks = random_blocks(qtype, n, nblocks, offset=100 * i)
         x = torch.randn(rows, nblocks * block, generator=generator(100 * i + 1))
         assert_matches_reference(Q.qmatmul(x, blocks, qtype), x, blocks, qtype, f"{qtype} out={n} rows={rows}")
-    # the decoded weights are lib.qformats', bit for bit
+    # the decoded weights are lib.gguf.qformats', bit for bit
     blocks = random_blocks(qtype, 13, 3, offset=7)
     got = Q.dequantize_blocks(blocks, qtype)
     assert torch.equal(got, torch.from_numpy(dequantize(blocks, qtype))), f"{qtype} decode {seed_note()}"
@@ -108,7 +108,7 @@ def test_the_avx2_and_portable_loops_equal_the_reference(isa, flags, builds):
 
 @pytest.mark.parametrize("flags", [(), ("-mno-avx512f",), ("-mno-avx512f", "-mno-avx2")])
 def test_plain_float32_weights_through_every_loop(flags, builds):
-    """lib.fast's "cpp" kernel: the F32 "type" (plain float32 weights, no blocks) in this CPU's widest loops and
+    """lib.modeling.fast's "cpp" kernel: the F32 "type" (plain float32 weights, no blocks) in this CPU's widest loops and
     in the narrower ones, against a float64 product, for 1-8 rows per pass and more; `linear_f32` likewise."""
     import ctypes
 
@@ -134,7 +134,7 @@ def test_plain_float32_weights_through_every_loop(flags, builds):
 def test_the_wide_q4_1_layout_is_the_same_weights_in_every_loop(flags, builds):
     """`repack_q4_1` (d and m as float32, "Q4_1F") changes how the kernel reads a block, not what it computes:
     in this CPU's widest loops and the narrower ones the products equal the Q4_1 ones bit for bit (same
-    arithmetic, same order), and every decoder (C++, the PyTorch fallback's) gives lib.qformats' weights."""
+    arithmetic, same order), and every decoder (C++, the PyTorch fallback's) gives lib.gguf.qformats' weights."""
     import ctypes
 
     if Q._compiler() is None:
@@ -202,7 +202,7 @@ def test_bad_input_gets_a_clear_error():
 
 
 def test_meta_tensors_give_shapes_without_running_the_kernel():
-    from lib.quant_linear import GGUFLinear
+    from lib.quantization.quant_linear import GGUFLinear
 
     lin = GGUFLinear(random_blocks("Q8_0", 24, 2, offset=41), "Q8_0").to("meta")
     y = lin(torch.empty(3, 5, 64, device="meta"))
@@ -256,8 +256,8 @@ def _weights_from_blocks(model, blocks):
 
 
 def test_a_non_editable_install_carries_the_kernel_source(tmp_path):
-    """lib/csrc/qmatmul.cpp is package data: a wheel of the project (what a plain `pip install .` installs)
-    holds it beside lib/qmatmul.py, where lib.qmatmul.SOURCE looks for it."""
+    """lib/gguf/csrc/qmatmul.cpp is package data: a wheel of the project (what a plain `pip install .` installs)
+    holds it beside lib/gguf/qmatmul.py, where lib.gguf.qmatmul.SOURCE looks for it."""
     import shutil
     import zipfile
 
@@ -272,16 +272,16 @@ def test_a_non_editable_install_carries_the_kernel_source(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     (wheel,) = (tmp_path / "dist").glob("inference_lab-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert "lib/qmatmul.py" in names and "lib/csrc/qmatmul.cpp" in names, sorted(n for n in names if "lib/" in n)
+    assert "lib/gguf/qmatmul.py" in names and "lib/gguf/csrc/qmatmul.cpp" in names, sorted(n for n in names if "lib/" in n)
     assert Q.SOURCE == Path(Q.__file__).parent / "csrc" / "qmatmul.cpp" and Q.SOURCE.is_file()
 
 
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0", "Q5_0", "Q4_K", "Q6_K", "Q4_K_M"])
 def test_a_tiny_model_on_blocks_is_the_fp32_model_of_those_blocks(qtype):
-    from lib.generate import generate
-    from lib.model import tiny_model
-    from lib.quant import q4_k_m_plan
-    from lib.quant_linear import GGUFFastLlama, GGUFLinear, gguf_linears, quantize_blocks
+    from lib.modeling.generate import generate
+    from lib.modeling.llama import tiny_model
+    from lib.quantization.quant import q4_k_m_plan
+    from lib.quantization.quant_linear import GGUFFastLlama, GGUFLinear, gguf_linears, quantize_blocks
 
     cfg = dict(d_model=256, d_ff=512) if "_K" in qtype else {}
     base = tiny_model(seed=run_seed() % 1000, **cfg)
@@ -312,8 +312,8 @@ def test_a_tiny_model_on_blocks_is_the_fp32_model_of_those_blocks(qtype):
     for name, m in fasts:
         assert torch.equal(generate(m, prompt, 8), ref), f"{name} {qtype} {seed_note()}"
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items()), "the float model changed"
-    # the step CUDA graphs replay (lib.fast item 8), run uncaptured: it multiplies through the blocks too
-    from lib.fast_graphs import GraphedDecode
+    # the step CUDA graphs replay (lib.modeling.fast item 8), run uncaptured: it multiplies through the blocks too
+    from lib.modeling.fast_graphs import GraphedDecode
     qfast.graphs = GraphedDecode(qfast, capture=False)
     c_fast, c_ref = qfast.graphs.new_cache(2, 16), model.new_cache(2, 16)
     with torch.no_grad():
@@ -328,12 +328,12 @@ def test_a_tiny_model_on_blocks_is_the_fp32_model_of_those_blocks(qtype):
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q4_1 wide", "Q4_K_M"])
 def test_the_cpp_decode_step_is_the_python_step(qtype, monkeypatch):
     """GGUFFastLlama runs a step on a KVCache (one token per row, or a few: a verify step) as one C++ call
-    (decode_steps); the same model with that call switched off runs lib.fast's Python step. Both must give the same logits, step after step, for every
+    (decode_steps); the same model with that call switched off runs lib.modeling.fast's Python step. Both must give the same logits, step after step, for every
     row of a batch, and leave the same keys and values in the cache; other caches take the Python path."""
-    from lib.kv_cache import KVCache
-    from lib.model import tiny_model
-    from lib.quant import q4_k_m_plan
-    from lib.quant_linear import GGUFFastLlama, quantize_blocks
+    from lib.modeling.kv_cache import KVCache
+    from lib.modeling.llama import tiny_model
+    from lib.quantization.quant import q4_k_m_plan
+    from lib.quantization.quant_linear import GGUFFastLlama, quantize_blocks
 
     if Q._compiler() is None:
         pytest.skip("no C++ compiler: the decode step is C++ only")
@@ -368,7 +368,7 @@ def test_the_cpp_decode_step_is_the_python_step(qtype, monkeypatch):
     for a, b in zip(caches[0].layers, caches[1].layers):
         assert (a.k[:, :, :a.length] - b.k[:, :, :b.length]).abs().max() < 1e-4
         assert (a.v[:, :, :a.length] - b.v[:, :, :b.length]).abs().max() < 1e-4
-    # a rolling cache is not lib.kv_cache's plain buffer: the Python step serves it, with the same results
+    # a rolling cache is not lib.modeling.kv_cache's plain buffer: the Python step serves it, with the same results
     rolling = KVCache.rolling(model.config, prompt_len + 31, batch=3)  # a window that drops nothing yet
     fast(prompt, rolling)
     assert fast._cache_pointers(rolling) is None
@@ -376,15 +376,15 @@ def test_the_cpp_decode_step_is_the_python_step(qtype, monkeypatch):
     fast(prompt, full)
     nxt = prompt[:, -1:]
     assert (fast(nxt, rolling) - fast(nxt, full)).abs().max().item() < 1e-4
-    with pytest.raises(ValueError, match="overflow"):  # a full cache is refused as lib.kv_cache refuses it
+    with pytest.raises(ValueError, match="overflow"):  # a full cache is refused as lib.modeling.kv_cache refuses it
         small = fast.new_cache(3, prompt_len)
         fast(prompt, small)
         fast(nxt, small)
 
 
 def test_blocks_of_another_model_are_refused():
-    from lib.model import tiny_model
-    from lib.quant_linear import gguf_linears, quantize_blocks
+    from lib.modeling.llama import tiny_model
+    from lib.quantization.quant_linear import gguf_linears, quantize_blocks
 
     model = tiny_model(seed=1)
     blocks = quantize_blocks(model, "Q8_0")  # a requantization: the blocks no longer decode to model's weights
@@ -394,8 +394,8 @@ def test_blocks_of_another_model_are_refused():
 
 @pytest.mark.model
 def test_smollm2_on_its_own_blocks_gives_the_fp32_models_tokens(smollm2):
-    from lib.generate import generate
-    from lib.quant_linear import GGUFFastLlama, gguf_linears, read_gguf_blocks
+    from lib.modeling.generate import generate
+    from lib.quantization.quant_linear import GGUFFastLlama, gguf_linears, read_gguf_blocks
 
     model, tok = smollm2
     blocks = read_gguf_blocks()
@@ -414,7 +414,7 @@ def test_smollm2_on_its_own_blocks_gives_the_fp32_models_tokens(smollm2):
 def test_smollm2_chooses_its_gguf_layout_by_timing_whole_steps(smollm2, tmp_path, monkeypatch):
     """GGUFFastLlama's layout ("file" or "wide") is timed on whole steps once per machine and remembered;
     INFERENCE_LAB_GGUF_LAYOUT forces one, or measures again; a name it does not know is refused."""
-    from lib.quant_linear import choose_gguf_layout, read_gguf_blocks
+    from lib.quantization.quant_linear import choose_gguf_layout, read_gguf_blocks
 
     if Q.kernel() is None:
         pytest.skip("no C++ kernel: the file's layout is the only one")
@@ -467,8 +467,8 @@ def test_smollm2_chooses_prefetch_by_timing_whole_steps(smollm2, tmp_path, monke
     """GGUFFastLlama's prefetch ("on" or "off") is timed on whole steps once per machine and remembered;
     INFERENCE_LAB_GGUF_PREFETCH forces it, or measures again; a name it does not know is refused; an engine
     applies its own setting before each step, whatever another engine set."""
-    from lib.generate import generate
-    from lib.quant_linear import GGUFFastLlama, choose_gguf_prefetch, read_gguf_blocks
+    from lib.modeling.generate import generate
+    from lib.quantization.quant_linear import GGUFFastLlama, choose_gguf_prefetch, read_gguf_blocks
 
     if Q.kernel() is None:
         pytest.skip("no C++ kernel: nothing to prefetch")
@@ -502,5 +502,5 @@ def test_the_quick_benchmark_runs_as_documented():
     out = subprocess.run([sys.executable, "benchmarks/quant.py", "--quick"], cwd=REPO, capture_output=True,
                          text=True, timeout=600, env={**os.environ, "PYTHONWARNINGS": "ignore"})
     assert out.returncode == 0, out.stderr[-3000:]
-    for row in ("lab F32 (lib.model)", "GGUF blocks, lib.model", "GGUF blocks, fused", "Batch 8", "load average"):
+    for row in ("lab F32 (lib.modeling.llama)", "GGUF blocks, lib.modeling.llama", "GGUF blocks, fused", "Batch 8", "load average"):
         assert row in out.stdout, out.stdout

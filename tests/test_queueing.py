@@ -1,4 +1,4 @@
-"""lib.queueing simulates the server whose mean TTFT week 21's `predict_ttft` models (the check's truth). Checked here
+"""lib.serve.queueing simulates the server whose mean TTFT week 21's `predict_ttft` models (the check's truth). Checked here
 against what queueing theory says independently of it: with one slot the server is an M/D/1 queue (the
 Pollaczek-Khinchine mean wait), with free prefills and fine steps an M/D/c one (a plain first-come-first-served
 simulation of c servers), and past its capacity the mean has no limit."""
@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from lib.queueing import simulate, simulate_ttft
+from lib.serve.queueing import simulate, simulate_ttft
 
 
 def test_one_slot_is_an_md1_queue():

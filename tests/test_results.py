@@ -1,4 +1,4 @@
-"""Results as data (lib/records.py, tools/results.py): the speed figures the README and docs/performance.md show are
+"""Results as data (lib/bench/records.py, tools/results.py): the speed figures the README and docs/performance.md show are
 rendered from the committed records, so a figure edited by hand, or a record changed without `make results`, fails
 here; and the README quotes no measured figure outside its rendered table."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lib import records
+from lib.bench import records
 from tools import results
 
 REPO = Path(__file__).resolve().parent.parent

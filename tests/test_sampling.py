@@ -1,14 +1,14 @@
-"""lib.sampling, the one sampler of lib.generate, the engine and the server: each field against the distribution it
+"""lib.modeling.sampling, the one sampler of lib.modeling.generate, the engine and the server: each field against the distribution it
 must give, written out here from its definition (OpenAI's and vLLM's), not from lib's code."""
 import math
 
 import pytest
 import torch
 
-from lib.engine import LLMEngine
-from lib.generate import generate
-from lib.model import tiny_model
-from lib.sampling import SamplingParams
+from lib.batching.engine import LLMEngine
+from lib.modeling.generate import generate
+from lib.modeling.llama import tiny_model
+from lib.modeling.sampling import SamplingParams
 
 V = 12
 
@@ -106,7 +106,7 @@ def test_sampled_frequencies_follow_the_nucleus():
 
 
 def test_engine_and_generate_sample_alike():
-    """The engine's request and lib.generate, given the same parameters and seed, write the same tokens."""
+    """The engine's request and lib.modeling.generate, given the same parameters and seed, write the same tokens."""
     model = tiny_model(seed=2)
     prompt = [5, 9, 3, 17]
     params = SamplingParams(temperature=0.9, top_p=0.8, top_k=20, frequency_penalty=0.5, repetition_penalty=1.2,

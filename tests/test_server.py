@@ -1,4 +1,4 @@
-"""lib.server: the OpenAI-compatible server on the lab's engine, hit with the official `openai` client and raw HTTP.
+"""lib.serve.server: the OpenAI-compatible server on the lab's engine, hit with the official `openai` client and raw HTTP.
 
 One server runs in this process on a free loopback port for the whole module (SmolLM2, a small KV pool so that a
 request can be too big for it); every test leaves it serving, and the last test checks nothing is left listening.
@@ -17,10 +17,10 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 
-from lib.generate import generate  # noqa: E402
-from lib.engine_thread import Submission  # noqa: E402
-from lib.openai_api import RequestError  # noqa: E402
-from lib.server import ServerThread, free_port, make_server  # noqa: E402
+from lib.modeling.generate import generate  # noqa: E402
+from lib.serve.engine_thread import Submission  # noqa: E402
+from lib.serve.openai_api import RequestError  # noqa: E402
+from lib.serve.server import ServerThread, free_port, make_server  # noqa: E402
 
 pytestmark = pytest.mark.model
 MODEL = "SmolLM2-135M-Instruct"
@@ -47,7 +47,7 @@ def client(server):
 
 
 def greedy_text(server, ids: list[int], n: int) -> tuple[str, str]:
-    """What lib.generate gives for `ids` alone: the text up to (not including) eos, and the finish reason."""
+    """What lib.modeling.generate gives for `ids` alone: the text up to (not including) eos, and the finish reason."""
     out = generate(server.engine.model, torch.tensor([ids]), n)[0, len(ids):].tolist()
     eos = server.tok.eos_token_id
     reason = "length"
@@ -267,7 +267,7 @@ def test_the_wait_in_the_queue_is_measured_and_shown(server, client):
 
 
 def test_the_default_concurrency_follows_the_kv_pool():
-    from lib.server import default_max_num_seqs
+    from lib.serve.server import default_max_num_seqs
 
     assert default_max_num_seqs(512, 16) == 32  # the default pool: 8,192 tokens at 256 each
     assert default_max_num_seqs(48, 16) == 8 and default_max_num_seqs(100_000, 16) == 64

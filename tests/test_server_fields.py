@@ -1,5 +1,5 @@
-"""lib.server through the official `openai` client, field by field: each sampling field changes what comes out as
-its definition says (checked against lib.model's own logits or against lib.generate with the same parameters),
+"""lib.serve.server through the official `openai` client, field by field: each sampling field changes what comes out as
+its definition says (checked against lib.modeling.llama's own logits or against lib.modeling.generate with the same parameters),
 stream usage, content parts, unknown and unsupported fields refused, the model card, /tokenize and /detokenize,
 and --api-key. One server (SmolLM2) for the module, as in test_server.py."""
 import httpx
@@ -10,9 +10,9 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 
-from lib.generate import generate  # noqa: E402
-from lib.sampling import SamplingParams  # noqa: E402
-from lib.server import ServerThread, make_server  # noqa: E402
+from lib.modeling.generate import generate  # noqa: E402
+from lib.modeling.sampling import SamplingParams  # noqa: E402
+from lib.serve.server import ServerThread, make_server  # noqa: E402
 
 pytestmark = pytest.mark.model
 MODEL = "SmolLM2-135M-Instruct"
@@ -179,7 +179,7 @@ def test_vllm_metric_names_and_the_access_log(server, client, caplog):
     import re
     import time
 
-    caplog.set_level(logging.INFO, logger="lib.server")
+    caplog.set_level(logging.INFO, logger="lib.serve.server")
     before = httpx.get(server.base + "/metrics").text
     r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, temperature=0)
     deadline = time.monotonic() + 10
@@ -249,7 +249,7 @@ def test_logprobs_are_log_softmax_of_the_models_logits(server, client):
 
 def test_echo_with_logprobs_scores_the_prompt_too(server, client):
     """echo + logprobs: the prompt's tokens come first, each with its log-probability given the tokens before it
-    (log-softmax of lib.model's logits over the prompt, computed here) and its top alternatives; the first token
+    (log-softmax of lib.modeling.llama's logits over the prompt, computed here) and its top alternatives; the first token
     has none (None, as vLLM sends); then the answer's, as without echo; offsets run on through the whole text. The
     same entries when streamed (the prompt's with the prompt's chunk)."""
     ids = _ids(server)
@@ -341,10 +341,10 @@ def test_json_schema_answers_are_documents_of_the_schema(server, client):
 
 def test_json_mode_answers_are_json_objects(server, client):
     """response_format json_object: each choice's text is a prefix of a JSON object, and parses when it stopped by
-    itself (lib.guided's mask; tests/test_guided.py checks the mask against feeding every token)."""
+    itself (lib.serve.guided's mask; tests/test_guided.py checks the mask against feeding every token)."""
     import json
 
-    from lib.guided import JsonMachine
+    from lib.serve.guided import JsonMachine
 
     stopped = 0
     for temperature, n in [(0.0, 1), (0.8, 3)]:

@@ -1,14 +1,14 @@
-"""lib.serving: the serving loop's core (ServingLoop), the streaming detokenizer (TextStream), token bytes."""
+"""lib.serve.serving: the serving loop's core (ServingLoop), the streaming detokenizer (TextStream), token bytes."""
 import random
 
 import pytest
 import torch
 
-from lib.engine import LLMEngine
-from lib.generate import generate
-from lib.model import tiny_model
-from lib.sampling import SamplingParams
-from lib.serving import ServingLoop, TextStream, byte_level_alphabet, token_bytes
+from lib.batching.engine import LLMEngine
+from lib.modeling.generate import generate
+from lib.modeling.llama import tiny_model
+from lib.modeling.sampling import SamplingParams
+from lib.serve.serving import ServingLoop, TextStream, byte_level_alphabet, token_bytes
 
 
 def stream_all(chunks, stops):
@@ -65,8 +65,8 @@ def test_text_stream_refuses_empty_stops():
 
 @pytest.mark.model
 def test_token_bytes_match_the_tokenizer():
-    from lib import paths
-    from lib.model import load_tokenizer_from_gguf
+    from lib.bench import paths
+    from lib.modeling.llama import load_tokenizer_from_gguf
 
     tok = load_tokenizer_from_gguf(paths.smollm2_path())
     table = token_bytes(tok)

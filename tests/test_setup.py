@@ -84,6 +84,6 @@ def test_pytest_weeks_16_collects_only_week_16():
 
 
 def test_model_file_is_in_place_and_verified():
-    from lib.paths import check_smollm2
+    from lib.bench.paths import check_smollm2
 
     check_smollm2()  # raises with the fixing command if `make setup` did not place it

@@ -1,14 +1,14 @@
-"""lib.speculative_batch (the ragged batch's machinery, week 18 section 8) and lib.drafts' distillation helpers
+"""lib.spec_decode.speculative_batch (the ragged batch's machinery, week 18 section 8) and lib.spec_decode.drafts' distillation helpers
 (section 7), on a tiny model: each row of a ragged forward gets the logits the model gives that row alone, per-row
 rollback leaves the other rows alone, the padded layout computes pads and says so; the target's answers are its greedy
 continuations, and the distillation loss of the target against itself is what the top-k truncation leaves."""
 import pytest
 import torch
 
-from lib import drafts
-from lib.generate import generate
-from lib.model import tiny_model
-from lib.speculative_batch import RaggedTarget
+from lib.spec_decode import drafts
+from lib.modeling.generate import generate
+from lib.modeling.llama import tiny_model
+from lib.spec_decode.speculative_batch import RaggedTarget
 
 
 def _alone(model, tokens: list) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""torch's threads follow the process's share of the CPU (lib/threads.py): its cgroup's CPU quota (v1 and v2, mocked
+"""torch's threads follow the process's share of the CPU (lib/bench/threads.py): its cgroup's CPU quota (v1 and v2, mocked
 here, and a real v1 quota where this machine lets root make one), its affinity mask, an explicit
 INFERENCE_LAB_THREADS — not the host's core count. A notebook kernel prints the choice."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lib import threads
+from lib.bench import threads
 
 REPO = Path(__file__).resolve().parent.parent
 QUIET = {"INFERENCE_LAB_THREADS", "OMP_NUM_THREADS"}

@@ -1,6 +1,6 @@
-"""lib.timing: figures that know when they were disturbed (no wall-clock assertions: the clock is not what is tested,
+"""lib.bench.timing: figures that know when they were disturbed (no wall-clock assertions: the clock is not what is tested,
 the bookkeeping around it is)."""
-from lib.timing import Conditions, Timed, interleaved, not_monotone, report, warning
+from lib.bench.timing import Conditions, Timed, interleaved, not_monotone, report, warning
 
 
 def test_interleaved_calls_each_in_turn_starting_from_the_next_each_round():
@@ -31,7 +31,7 @@ def test_a_curve_that_must_rise_and_falls_is_a_disturbance():
 
 
 def test_a_verify_curve_that_no_machine_can_give_is_a_disturbance():
-    from lib.timing import impossible_verify_curve
+    from lib.bench.timing import impossible_verify_curve
 
     assert impossible_verify_curve({1: 1.0, 2: 1.55, 3: 1.85, 4: 1.41, 16: 1.56}) is None  # a real, non-monotone one
     line = impossible_verify_curve({1: 0.78, 2: 0.46, 3: 2.03, 4: 0.63})  # measured under load, 2026-12

@@ -14,13 +14,13 @@ import torch.nn.functional as F
 
 from grader.checks import week16 as checks
 from grader.harness import load_exercises
-from lib import generate as lib_generate
-from lib import gqa as lib_gqa
-from lib import kv_cache as lib_kv
-from lib import masks as lib_masks
-from lib import roofline as lib_roofline
-from lib.attention import gqa_attention as lib_gqa_attention
-from lib.kv_cache import CacheOverflowError
+from lib.modeling import generate as lib_generate
+from lib.modeling import gqa as lib_gqa
+from lib.modeling import kv_cache as lib_kv
+from lib.attn import masks as lib_masks
+from lib.bench import roofline as lib_roofline
+from lib.attn.attention import gqa_attention as lib_gqa_attention
+from lib.modeling.kv_cache import CacheOverflowError
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "solutions" / "16" / checks.WEEK.notebook
 

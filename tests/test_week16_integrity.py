@@ -89,7 +89,7 @@ def generate(model, input_ids, max_new_tokens, use_cache=True, return_logits=Fal
 # The prompt through the model; then every step uncached through its layers, called one by one (the embedding
 # looked up here, from a copy of its weight): the model's forward never runs again.
 GENERATE_THROUGH_THE_LAYERS = '''
-from lib.model import rope_cos_sin
+from lib.modeling.llama import rope_cos_sin
 
 @torch.no_grad()
 def generate(model, input_ids, max_new_tokens, use_cache=True, return_logits=False):

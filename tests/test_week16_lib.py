@@ -4,14 +4,14 @@ import math
 import pytest
 import torch
 
-from lib.attention import gqa_attention
-from lib.generate import generate
-from lib.gqa import kv_group_options, mean_pool_heads, pool_kv_heads
-from lib.kv_cache import KVCache, RollingKVCache, kv_cache_bytes, sliding_window_attention
-from lib.masks import sliding_window_mask
-from lib.roofline import matmul_params, roofline_time, step_flops
-from lib.model import SMOLLM2_135M, tiny_model
-from lib.text import load_text, perplexity, token_nlls
+from lib.attn.attention import gqa_attention
+from lib.modeling.generate import generate
+from lib.modeling.gqa import kv_group_options, mean_pool_heads, pool_kv_heads
+from lib.modeling.kv_cache import KVCache, RollingKVCache, kv_cache_bytes, sliding_window_attention
+from lib.attn.masks import sliding_window_mask
+from lib.bench.roofline import matmul_params, roofline_time, step_flops
+from lib.modeling.llama import SMOLLM2_135M, tiny_model
+from lib.modeling.text import load_text, perplexity, token_nlls
 
 
 @pytest.mark.parametrize("window, prompt", [(1, 3), (4, 2), (5, 9), (8, 8)])
@@ -111,8 +111,8 @@ def test_perplexity_sanity():
 def test_cache_mask_attention_and_model_run_on_meta():
     """Every tensor the week's reference creates is made on its inputs' device: run on `meta` (shapes, no data),
     a stray CPU tensor raises a device mismatch — what would fail on a GPU, caught on a CPU-only machine."""
-    from lib.kv_cache import LayerKVCache
-    from lib.masks import causal_mask
+    from lib.modeling.kv_cache import LayerKVCache
+    from lib.attn.masks import causal_mask
 
     assert causal_mask(3, 5, device="meta").device.type == "meta"
     assert sliding_window_mask(3, 5, 2, device="meta").device.type == "meta"

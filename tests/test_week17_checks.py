@@ -12,10 +12,10 @@ import torch.nn.functional as F
 
 from grader.checks import week17 as checks
 from grader.harness import load_exercises
-from lib import attention as lib_attention
-from lib import io_model
-from lib.attention import check_attention_shapes
-from lib.masks import causal_mask
+from lib.attn import attention as lib_attention
+from lib.attn import io_model
+from lib.attn.attention import check_attention_shapes
+from lib.attn.masks import causal_mask
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "solutions" / "17" / checks.WEEK.notebook
 

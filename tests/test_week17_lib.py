@@ -1,14 +1,14 @@
-"""Properties of the week 17 reference (lib.attention, lib.io_model): fast, no real model."""
+"""Properties of the week 17 reference (lib.attn.attention, lib.attn.io_model): fast, no real model."""
 import math
 import itertools
 
 import pytest
 import torch
 
-from lib import attention as A
-from lib import io_model as io
-from lib.masks import causal_mask
-from lib.model import tiny_model
+from lib.attn import attention as A
+from lib.attn import io_model as io
+from lib.attn.masks import causal_mask
+from lib.modeling.llama import tiny_model
 
 
 def _qkv(b, h, nq, nk, d, dtype=torch.float32, seed=0):

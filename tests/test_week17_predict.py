@@ -55,7 +55,7 @@ def predict_table(n, d, block, e, b, h, tiled):  # the configurations the notebo
 
 def predict_lib(n, d, block, e, b, h, tiled):  # measured with lib's reference at the asked shape
     import torch
-    from lib.attention import flash_attention_forward
+    from lib.attn.attention import flash_attention_forward
     q = torch.zeros(1, 1, 4, d)
     flash_attention_forward(q, q, q)
     return _model(n, d, block, e, b, h, tiled)
@@ -102,8 +102,8 @@ def test_the_band_holds_the_measured_peak_of_lib_s_tiled_forward():
     """The band is what a tiled forward allocates: lib's reference, measured by the notebook's meter, lies in it."""
     import torch
 
-    from lib.attention import flash_attention_forward, naive_attention
-    from lib.io_model import TensorMemoryMeter
+    from lib.attn.attention import flash_attention_forward, naive_attention
+    from lib.attn.io_model import TensorMemoryMeter
 
     for n, block, dtype in [(512, 64, torch.float32), (256, 32, torch.bfloat16)]:
         q, k, v = (torch.randn(2, 2, n, 48, dtype=dtype) for _ in range(3))

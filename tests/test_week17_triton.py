@@ -2,7 +2,7 @@
 
 Each wrong route is the solution notebook's own cell with one flaw written in (`_variant`: a text replacement,
 asserted to apply), or a wrapper that computes the answer some other way, run in this process under Triton's
-interpreter (lib.triton_attention sets TRITON_INTERPRET=1 where there is no GPU). A few also go through the
+interpreter (lib.attn.triton_attention sets TRITON_INTERPRET=1 where there is no GPU). A few also go through the
 isolated child, as `pytest weeks/17` grades a student.
 """
 import json
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-import lib.triton_attention as lib_triton  # sets TRITON_INTERPRET=1 without a GPU, before any @triton.jit below
+import lib.attn.triton_attention as lib_triton  # sets TRITON_INTERPRET=1 without a GPU, before any @triton.jit below
 from grader.checks import week17 as checks
 from grader.checks import week17_triton as tri
 from grader.harness import load_exercises, with_cell_source
@@ -465,10 +465,10 @@ def test_kernels_interpret_where_another_lib_folder_shadows_the_labs(tmp_path):
     check observed a call before its Triton cell (torch.utils.flop_counter imports triton) could not interpret
     kernels ("triton was imported before TRITON_INTERPRET=1 was set"). A `lib` folder beside the code stands in."""
     (tmp_path / "lib").mkdir()
-    code = ("import lib, lib.attention, grader.observe as o\n"
+    code = ("import lib, lib.attn.attention, grader.observe as o\n"
             "print('shadowed' if getattr(lib, '__file__', None) is None else 'not shadowed')\n"
             "o.observe(lambda: 1)\n"
-            "import lib.triton_attention as ta\n"
+            "import lib.attn.triton_attention as ta\n"
             "assert ta.interpreting()\n")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,

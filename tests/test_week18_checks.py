@@ -190,7 +190,7 @@ import types as _types
 
 _mine = _types.ModuleType("mine")
 _sys.modules["mine"] = _mine
-exec(compile(open(__import__("lib.speculative", fromlist=["x"]).__file__).read(), "/tmp/mine.py", "exec"),
+exec(compile(open(__import__("lib.spec_decode.speculative", fromlist=["x"]).__file__).read(), "/tmp/mine.py", "exec"),
      _mine.__dict__)
 _lib_verify = _mine.verify
 '''
@@ -344,7 +344,7 @@ def generate_target_by_forward(target, draft, input_ids, max_new_tokens, k=4):
 
 _mine = _types.ModuleType("mine_spec")
 _sys.modules["mine_spec"] = _mine
-exec(compile(open(__import__("lib.speculative", fromlist=["x"]).__file__).read(), "/tmp/my_spec.py", "exec"),
+exec(compile(open(__import__("lib.spec_decode.speculative", fromlist=["x"]).__file__).read(), "/tmp/my_spec.py", "exec"),
      _mine.__dict__)
 
 
@@ -418,7 +418,7 @@ GENERATE_ROUTES = {
     "generate_no_target_rollback": "differs from greedy|rejected draft tokens were left",
     "generate_refeeds_everything": "target call 1 was fed",
     "generate_target_by_forward": "target ran .* forwards|fed",
-    "generate_lib_renamed": "own loop|is not available to your code",  # the view: lib.speculative is stubs
+    "generate_lib_renamed": "own loop|is not available to your code",  # the view: lib.spec_decode.speculative is stubs
     "generate_default_device": "default device set to 'meta'.*ids on 'meta'",
 }
 SAMPLE_ROUTES = {
@@ -506,7 +506,7 @@ def rejections_no_shape_check(p, q):
 
 
 def rejections_lib(p, q):
-    from lib.speculative import acceptance_rate
+    from lib.spec_decode.speculative import acceptance_rate
     if p.shape != q.shape:
         raise ValueError("shapes")
     return (1 - acceptance_rate(p, q)).sum()
@@ -601,7 +601,7 @@ def best_k_free_draft(alpha, c, verify_cost):
 
 
 def best_k_lib(alpha, c, verify_cost):
-    from lib.speculative import predicted_speedup
+    from lib.spec_decode.speculative import predicted_speedup
     ks = range(1, max(verify_cost))
     speed = {k: predicted_speedup(alpha, k, c, verify_cost) for k in ks}
     k = max(speed, key=speed.get)

@@ -7,11 +7,11 @@ import torch.nn.functional as F
 
 from grader.checks.week18_law import LawCase, law_cases, law_counts, law_failures, law_level, law_tests
 from grader.checks.week18_models import MarkovLM
-from lib import drafts
-from lib import speculative as spec
-from lib.generate import generate
-from lib.kv_cache import LayerKVCache, RollingKVCache
-from lib.model import tiny_model
+from lib.spec_decode import drafts
+from lib.spec_decode import speculative as spec
+from lib.modeling.generate import generate
+from lib.modeling.kv_cache import LayerKVCache, RollingKVCache
+from lib.modeling.llama import tiny_model
 
 
 def _spicy(seed, scale=10.0):
@@ -361,7 +361,7 @@ def test_distilled_draft_loader_roundtrip_and_clear_error(tmp_path):
 
 @pytest.mark.model
 def test_smollm2_fr_spec_int8_draft_is_exact_and_cheaper(smollm2):
-    from lib.text import load_text
+    from lib.modeling.text import load_text
 
     model, tok = smollm2
     text = tok(load_text("hamlet"), return_tensors="pt").input_ids[0]
@@ -377,13 +377,13 @@ def test_smollm2_fr_spec_int8_draft_is_exact_and_cheaper(smollm2):
     assert stats.acceptance_rate > 0.4, stats
 
 
-# --- a draft head reading the target's hidden state (lib.draft_head, EAGLE-style + FR-Spec) -----------------------
+# --- a draft head reading the target's hidden state (lib.spec_decode.draft_head, EAGLE-style + FR-Spec) -----------------------
 
 def _repeat_head(target, keep):
     """A head built by hand: fc copies h_j, the block is the identity (all its matrices zero), so the predicted
     feature is h_j itself and the head drafts the target's greedy token after position j — it proposes to repeat
     the newest token. Right exactly where the target repeats itself, so rounds both accept and reject."""
-    from lib.draft_head import DraftHead
+    from lib.spec_decode.draft_head import DraftHead
 
     d = target.config.d_model
     head = DraftHead(target.config, target.embed.weight, keep, d_ff=32)
@@ -402,8 +402,8 @@ def _looping_target():
 
 @pytest.mark.parametrize("k", [1, 2, 4])
 def test_draft_head_greedy_equals_target_greedy_and_counts_alpha(k):
-    from lib.draft_head import head_speculative_generate
-    from lib.fast import FastLlama
+    from lib.spec_decode.draft_head import head_speculative_generate
+    from lib.modeling.fast import FastLlama
 
     seed = int(torch.randint(0, 2**31, ()).item())
     print("seed", seed)
@@ -451,7 +451,7 @@ def test_draft_head_greedy_equals_target_greedy_and_counts_alpha(k):
 def test_draft_head_sampling_keeps_the_target_law():
     """Temperature 1: the second new token (the first one drafted) has the target's marginal law, with a head
     that can only draft 6 of the 8 tokens (exact binomial bounds on three groups of tokens, per-run seed)."""
-    from lib.draft_head import DraftHead, head_speculative_generate
+    from lib.spec_decode.draft_head import DraftHead, head_speculative_generate
 
     seed = int(torch.randint(0, 2**31, ()).item())
     print("seed", seed)
@@ -481,7 +481,7 @@ def test_draft_head_sampling_keeps_the_target_law():
 
 
 def test_draft_head_loss_top1_is_the_heads_agreement():
-    from lib.draft_head import head_loss, target_forward
+    from lib.spec_decode.draft_head import head_loss, target_forward
 
     target = _looping_target()
     head = _repeat_head(target, torch.arange(128))
@@ -500,7 +500,7 @@ def test_draft_head_loss_top1_is_the_heads_agreement():
 
 
 def test_draft_head_save_load_roundtrip_and_errors(tmp_path):
-    from lib.draft_head import DraftHead, head_speculative_generate, load_draft_head, save_draft_head
+    from lib.spec_decode.draft_head import DraftHead, head_speculative_generate, load_draft_head, save_draft_head
 
     target = tiny_model(seed=2)
     with pytest.raises(FileNotFoundError, match="tools/train_draft_head.py"):
@@ -534,8 +534,8 @@ def test_smollm2_committed_draft_head_is_exact_and_drafts_the_target(smollm2):
     """The committed head (data/draft_head/head.pt) on a chat prompt it was not trained on: greedy output equal to
     the target's, and α well above a head that knows nothing (measured 0.14–0.20 per drafted token on the
     benchmark's chat prompts; a random head of this shape agrees on ≈ 0)."""
-    from lib.draft_head import head_speculative_generate, load_draft_head
-    from lib.fast import FastLlama
+    from lib.spec_decode.draft_head import head_speculative_generate, load_draft_head
+    from lib.modeling.fast import FastLlama
 
     model, tok = smollm2
     head = load_draft_head(model)

@@ -75,7 +75,7 @@ def _alphas(alpha, m):
 
 
 def best_k_lib_formula_copied(alpha, c, verify_cost):
-    # lib.speculative's constant-alpha formula, typed out (no lib call): the list read as its first alpha
+    # lib.spec_decode.speculative's constant-alpha formula, typed out (no lib call): the list read as its first alpha
     a = float(alpha) if isinstance(alpha, (int, float)) else float(alpha[0])
     tokens = {k: (k + 1.0 if a == 1.0 else (1 - a ** (k + 1)) / (1 - a)) for k in range(1, max(verify_cost))}
     return _best({k: t / (k * c + verify_cost[k + 1]) for k, t in tokens.items()})
@@ -177,7 +177,7 @@ def calls_tokens_per_call(alpha, k, max_new_tokens):
 
 
 def calls_lib(alpha, k, max_new_tokens):
-    from lib.speculative import expected_tokens_per_call
+    from lib.spec_decode.speculative import expected_tokens_per_call
     return max_new_tokens / expected_tokens_per_call(alpha, k)
 '''
 
@@ -350,7 +350,7 @@ def batch_without_speculation(target, draft, prompts, max_new_tokens, k=4):
 
 
 def batch_lib_loop(target, draft, prompts, max_new_tokens, k=4):
-    from lib.speculative import speculative_generate
+    from lib.spec_decode.speculative import speculative_generate
     return [speculative_generate(target, draft, p, n, k=k) for p, n in zip(prompts, max_new_tokens)]
 '''
 
@@ -362,7 +362,7 @@ BATCH_ROUTES = {
     "batch_one_rollback_for_all": "tokens; a round feeds a row",
     "batch_rows_one_after_another": "left out of forward",
     "batch_without_speculation": "decoded alone with the same draft it needs",
-    "batch_lib_loop": "lib.speculative",
+    "batch_lib_loop": "lib.spec_decode.speculative",
 }
 
 

@@ -20,8 +20,8 @@ from grader.checks import week19 as checks
 from grader.harness import ReferenceUse, exercise_cells, load_exercises
 from grader.isolation import Session
 from grader.view import ViewSpec
-from lib import blocks as ref_blocks, engine as ref_engine
-from lib import paged as ref
+from lib.batching import blocks as ref_blocks, engine as ref_engine
+from lib.batching import paged as ref
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "solutions" / "19" / checks.WEEK.notebook
 
@@ -640,8 +640,8 @@ def decode_steps_only(prompt_lens, new_tokens, max_num_seqs, token_budget, chunk
 
 def runs_the_engine(prompt_lens, new_tokens, max_num_seqs, token_budget, chunked_prefill=True):
     """Measures instead of predicting: lib's engine on a tiny model."""
-    from lib.engine import LLMEngine
-    from lib.model import tiny_model
+    from lib.batching.engine import LLMEngine
+    from lib.modeling.llama import tiny_model
 
     engine = LLMEngine(tiny_model(), num_blocks=sum(prompt_lens) + sum(new_tokens), block_size=1,
                        max_num_seqs=max_num_seqs, max_num_batched_tokens=token_budget,
@@ -668,14 +668,14 @@ WRONG = [rounds_down, one_too_many, full_block_wasted, seed_constant, NoRefCount
 HEADER = """
 import math
 import torch
-from lib import blocks as ref_blocks, engine as ref_engine
-from lib import paged as ref
+from lib.batching import blocks as ref_blocks, engine as ref_engine
+from lib.batching import paged as ref
 """
 # lib's own schedule, exec'd under another name: the child's audit hook refuses to compile a copy of the answer key,
 # so its cell (a cell of its own) raises, naming lib's function
 LIB_COPY = """
 import inspect as _inspect
-from lib.paged import blocks_needed
+from lib.batching.paged import blocks_needed
 exec(compile(_inspect.getsource(ref_engine.schedule).replace("def schedule(", "def lib_copy_schedule("),
              "<student cell>", "exec"))
 """
@@ -754,7 +754,7 @@ def test_paged_attention_accepts_the_solution(ex):
 @pytest.mark.parametrize("name, match", [
     ("gather_then_attend", "contiguous copy of the longest"),
     ("sdpa_on_materialized", "_scaled_dot_product"),
-    ("calls_lib_attention", "lib.paged"),
+    ("calls_lib_attention", "lib.batching.paged"),
     ("ignores_lengths", "differs"),
     ("workspace_gather", "combined .* elements|buffers made before the call"),  # out= into a pre-made buffer
     ("workspace_online", "buffers made before the call"),  # the same, then an online softmax: only the writes show
@@ -876,8 +876,8 @@ def test_schedule_accepts_the_solution(ex):
     ("admits_while_preempting", "admits nobody"),
     ("credits_blocks", "freeable blocks"),  # only the shared-block steps catch it
     ("slot_per_request", "sequences; max_num_seqs is"),
-    ("calls_lib_schedule", "lib.engine.schedule"),
-    ("lib_copy_schedule", "lib.engine.schedule"),
+    ("calls_lib_schedule", "lib.batching.engine.schedule"),
+    ("lib_copy_schedule", "lib.batching.engine.schedule"),
 ])
 def test_schedule_wrong_routes(child, name, match):
     _rejects(child, checks.check_schedule, name, match)
@@ -921,7 +921,7 @@ def test_lib_reference_is_reported(tmp_path, ex):
     code; lib's PrefixCache subclassed for ex08; the engine of ex10 on lib's parts; through the isolated path."""
     copy = HEADER + """
 import inspect as _inspect
-from lib.paged import blocks_needed, OutOfBlocksError
+from lib.batching.paged import blocks_needed, OutOfBlocksError
 exec(compile(_inspect.getsource(ref.{name}), "<student cell>", "exec"))
 """
     source = HEADER + """
@@ -932,11 +932,11 @@ PrefixCache = type("PrefixCache", (ref_blocks.PrefixCache,), {})  # lib's, under
         session.load([(0, None, copy.format(name="BlockAllocator")), (1, None, copy.format(name="paged_attention")),
                       (2, None, source)])
         # (its methods are short: no one is a copy by statements, but their bytecode is lib's)
-        with pytest.raises(ReferenceUse, match=r"is lib's own code \(lib.paged.BlockAllocator"):
+        with pytest.raises(ReferenceUse, match=r"is lib's own code \(lib.batching.paged.BlockAllocator"):
             checks.check_BlockAllocator(session.get("BlockAllocator"))
-        with pytest.raises(AssertionError, match=r"is a copy of lib's lib.paged.paged_attention.*does not compile"):
+        with pytest.raises(AssertionError, match=r"is a copy of lib's lib.batching.paged.paged_attention.*does not compile"):
             checks.check_paged_attention(session.get("paged_attention"))
-        with pytest.raises(AssertionError, match="lib.blocks.PrefixCache"):
+        with pytest.raises(AssertionError, match="lib.batching.blocks.PrefixCache"):
             checks.check_PrefixCache(session.get("PrefixCache"))
         parts = [session.get(p) if p in ("BlockAllocator", "PrefixCache") else getattr(ex, p) for p in checks._PARTS]
         with pytest.raises(AssertionError, match="runs on lib's parts: `BlockAllocator`.*PrefixCache"):

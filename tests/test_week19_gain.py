@@ -144,7 +144,7 @@ def test_the_model_is_the_long_run_of_the_step_count():
     check's reference against a measurement it did not derive from)."""
     import random
 
-    from lib.engine import simulate_steps
+    from lib.batching.engine import simulate_steps
 
     rng = random.Random(3)
     for dist, slots in [({4: 0.5, 16: 0.5}, 4), ({3: 0.7, 40: 0.2, 90: 0.1}, 6)]:

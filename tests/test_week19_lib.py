@@ -1,18 +1,18 @@
 """Week 19's lib: the block allocator, slot mapping, paged attention against contiguous attention, and the
-engine against lib.generate.generate run on each request alone (tiny models; SmolLM2 marked slow)."""
+engine against lib.modeling.generate.generate run on each request alone (tiny models; SmolLM2 marked slow)."""
 import random
 
 import pytest
 import torch
 
-from lib.attention import gqa_attention
-from lib.blocks import block_hashes
-from lib.engine import LLMEngine
-from lib.generate import generate
-from lib.model import tiny_model
-from lib.paged import (BlockAllocator, OutOfBlocksError, block_table_tensor, blocks_needed,
+from lib.attn.attention import gqa_attention
+from lib.batching.blocks import block_hashes
+from lib.batching.engine import LLMEngine
+from lib.modeling.generate import generate
+from lib.modeling.llama import tiny_model
+from lib.batching.paged import (BlockAllocator, OutOfBlocksError, block_table_tensor, blocks_needed,
                        paged_attention, preallocated_waste, slot_mapping, slots_wasted)
-from lib.sampling import SamplingParams
+from lib.modeling.sampling import SamplingParams
 
 
 def test_seed_waste_example():
@@ -221,7 +221,7 @@ def test_engine_on_smollm2_equals_generate(smollm2):
 @pytest.mark.parametrize("kwargs", [dict(num_blocks=32, block_size=8), dict(num_blocks=80, block_size=1),
                                     dict(num_blocks=9, block_size=4, max_num_batched_tokens=8)])
 def test_parallel_sampling_copy_on_write(kwargs):
-    """n = 4 samples share the prompt's blocks; each equals lib.generate with its own seeded generator."""
+    """n = 4 samples share the prompt's blocks; each equals lib.modeling.generate with its own seeded generator."""
     model = tiny_model(seed=3, n_heads=4, n_kv_heads=2)
     prompt = _prompts(1, seed=1, lo=21, hi=22)[0]
     want = [generate(model, torch.tensor([prompt]), 12, temperature=1.0,
@@ -296,8 +296,8 @@ def test_siblings_when_their_parent_goes_or_has_started(who):
     assert engine.blocks.num_in_use == 0
 
 def test_run_load_and_simulate_steps():
-    from lib.engine import simulate_steps
-    from lib.engine_load import percentile, run_load
+    from lib.batching.engine import simulate_steps
+    from lib.batching.engine_load import percentile, run_load
 
     model = tiny_model(seed=3)
     prompts = _prompts(12, seed=8, lo=5, hi=50)
@@ -356,7 +356,7 @@ def test_prefix_cache_compares_tokens_on_a_hit(monkeypatch):
     """A hash collision must be a miss. With every block hashing alike, prompts that differ must still get their
     own keys and values. Before: keyed by Python's hash() and never compared, a collision reused another
     prompt's blocks (and chain_hash did not exist: blocks were keyed by hash(), not a content hash)."""
-    import lib.blocks as blocks_module
+    import lib.batching.blocks as blocks_module
 
     monkeypatch.setattr(blocks_module, "chain_hash", lambda parent, tokens: 42)  # every block collides
     model = tiny_model(seed=4)
@@ -371,7 +371,7 @@ def test_block_hashes_are_content_hashes():
     import subprocess
     import sys
 
-    code = "from lib.blocks import block_hashes; print(block_hashes(list(range(12)), 4))"
+    code = "from lib.batching.blocks import block_hashes; print(block_hashes(list(range(12)), 4))"
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={**__import__("os").environ, "PYTHONHASHSEED": "123"}).stdout.strip()
     assert other == str(block_hashes(list(range(12)), 4))
@@ -426,10 +426,10 @@ def test_one_percentile_for_both_load_tests():
     (they differed: the HTTP one took the nearest rank above, 0.95 * n rounded down)."""
     import numpy as np
 
-    import lib.loadtest
-    from lib.engine_load import percentile
+    import lib.serve.loadtest
+    from lib.batching.engine_load import percentile
 
-    assert vars(lib.loadtest)["percentile"] is percentile and not hasattr(lib.loadtest, "pct")  # the one it uses
+    assert vars(lib.serve.loadtest)["percentile"] is percentile and not hasattr(lib.serve.loadtest, "pct")  # the one it uses
     rng = np.random.default_rng(5)
     for n in (1, 2, 7, 40):
         values = rng.exponential(size=n).tolist()

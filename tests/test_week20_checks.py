@@ -42,7 +42,7 @@ def via_gguf(qtype, direction):
 
 
 def via_lib(qtype, direction):
-    from lib import qformats as hidden  # the reference under another name
+    from lib.gguf import qformats as hidden  # the reference under another name
 
     return lambda x: getattr(hidden, direction)(x, qtype)
 
@@ -242,7 +242,7 @@ def test_allocate_bits(ex):
         return ex.allocate_bits(delta, sizes, budget, 3.5, high)
 
     _rejects(checks.check_allocate_bits, low_assumed, "with the low and high given")
-    from lib.quant import allocate_bits as hidden
+    from lib.quantization.quant import allocate_bits as hidden
 
     _rejects(checks.check_allocate_bits, lambda *a: hidden(*a), "calls the lab's reference")
 
@@ -251,7 +251,7 @@ def test_gptq_quantize(ex):
     import torch
 
     checks.check_gptq_quantize(ex.gptq_quantize)
-    from lib.quant import rtn_quantize
+    from lib.quantization.quant import rtn_quantize
 
     _rejects(checks.check_gptq_quantize, lambda w, x, bits, group, damp: rtn_quantize(w, bits, group), "calls the lab's")
 
@@ -263,14 +263,14 @@ def test_gptq_quantize(ex):
 
     _rejects(checks.check_gptq_quantize, rtn_own, "GPTQ's")
     _rejects(checks.check_gptq_quantize, lambda w, x, bits, group, damp: w.clone(), "uniform")
-    from lib.gptq import gptq_quantize as hidden
+    from lib.quantization.gptq import gptq_quantize as hidden
 
     _rejects(checks.check_gptq_quantize, lambda *a: hidden(*a), "calls the lab's reference")
 
 
 def test_awq_quantize(ex):
     checks.check_awq_quantize(ex.awq_quantize)
-    from lib.awq import awq_quantize as hidden
+    from lib.quantization.awq import awq_quantize as hidden
 
     _rejects(checks.check_awq_quantize, lambda *a: hidden(*a), "calls the lab's reference")
     _rejects(checks.check_awq_quantize, lambda w, x, bits, group, n: (ex.awq_quantize(w, x, bits, group, 1)[0], 0.0),
@@ -321,7 +321,7 @@ def q8_0_gguf_source(x):  # gguf's quants.py exec'd under another file name
     return ns["quantize"](x, T.Q8_0)
 
 
-def q8_0_lib_source(x):  # lib/qformats.py (quantize's home) exec'd under another file name
+def q8_0_lib_source(x):  # lib/gguf/qformats.py (quantize's home) exec'd under another file name
     import lib
     src = open(lib.__path__[0] + "/qformats.py").read()
     ns = {"__name__": "mine"}
@@ -820,7 +820,7 @@ ISOLATED_CASES = [
     ("quantize_q8_0", "q8_0_gguf", "calls gguf-py"),
     ("quantize_q8_0", "q8_0_gguf_source", "calls gguf-py"),
     # (behind the view: compiling lib's source is refused, its functions being copies of the answer key)
-    ("quantize_q8_0", "q8_0_lib_source", "is a copy of lib's lib.qformats"),
+    ("quantize_q8_0", "q8_0_lib_source", "is a copy of lib's lib.gguf.qformats"),
     ("quantize_q8_0", "q8_0_trunc_in_float32", "differ"),
     ("quantize_q8_0", "q8_0_flush_subnormal", "differ"),
     ("quantize_q4_1", "q4_1_exact_half_up", "differ"),

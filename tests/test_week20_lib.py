@@ -1,4 +1,4 @@
-"""Week 20's lib.quant against gguf-py (the oracle): legacy formats bit-exact both ways, K-quants dequantized
+"""Week 20's lib.quantization.quant against gguf-py (the oracle): legacy formats bit-exact both ways, K-quants dequantized
 bit-exact, the lab's Q4_K / Q6_K quantizers decoded by gguf-py, bad input refused."""
 import numpy as np
 import pytest
@@ -8,7 +8,8 @@ gguf = pytest.importorskip("gguf")
 from gguf.quants import dequantize as gguf_dequantize  # noqa: E402
 from gguf.quants import quantize as gguf_quantize  # noqa: E402
 
-from lib import qformats, quant  # noqa: E402
+from lib.gguf import qformats  # noqa: E402
+from lib.quantization import quant  # noqa: E402
 
 LEGACY = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
 
@@ -147,7 +148,7 @@ def test_bfloat16_is_accepted():
 
 
 def test_perplexity_se_from_chunks():
-    from lib.text import perplexity_se
+    from lib.modeling.text import perplexity_se
 
     nll = torch.tensor([1.0, 3.0] * 256)  # chunks of 2: every chunk mean is 2, no spread
     assert perplexity_se(nll, chunk=2) == pytest.approx((np.exp(2.0), 0.0))
@@ -194,7 +195,7 @@ def test_bad_input_is_refused_with_a_message():
 
 @pytest.mark.model
 def test_write_gguf_loads_back_in_lib_model(tmp_path, smollm2):
-    from lib.model import read_gguf_llama
+    from lib.modeling.llama import read_gguf_llama
 
     model, _ = smollm2
     plan = {"layers.0.mlp.down_proj.weight": "Q4_K", "layers.1.attn.v_proj.weight": "Q6_K",  # 576 wide: Q8_0
@@ -240,7 +241,7 @@ def _correlated_inputs(n, d, seed):
 
 
 def test_gptq_beats_rtn_on_its_calibration_inputs_and_stays_on_the_grid():
-    from lib.gptq import gptq_quantize, output_error
+    from lib.quantization.gptq import gptq_quantize, output_error
 
     w = torch.randn(48, 256, generator=torch.Generator().manual_seed(0)) * 0.05
     x = _correlated_inputs(1024, 256, 1)
@@ -255,8 +256,8 @@ def test_gptq_beats_rtn_on_its_calibration_inputs_and_stays_on_the_grid():
 
 
 def test_awq_alpha_zero_is_rtn_and_search_never_loses_to_it():
-    from lib.awq import awq_quantize, awq_scales, salient_channels
-    from lib.gptq import output_error
+    from lib.quantization.awq import awq_quantize, awq_scales, salient_channels
+    from lib.quantization.gptq import output_error
 
     w = torch.randn(32, 128, generator=torch.Generator().manual_seed(2)) * 0.05
     x = _correlated_inputs(512, 128, 3)
@@ -270,8 +271,8 @@ def test_awq_alpha_zero_is_rtn_and_search_never_loses_to_it():
 
 
 def test_awq_clip_search_beats_min_max_per_group_and_on_held_out_inputs():
-    from lib.awq import awq_quantize, clip_search
-    from lib.gptq import output_error
+    from lib.quantization.awq import awq_quantize, clip_search
+    from lib.quantization.gptq import output_error
 
     w = torch.randn(48, 256, generator=torch.Generator().manual_seed(8)) * 0.05
     x_all = _correlated_inputs(1024, 256, 10)  # one distribution: the first half calibrates, the second judges
@@ -297,8 +298,8 @@ def test_awq_clip_search_beats_min_max_per_group_and_on_held_out_inputs():
 
 
 def test_int8_and_int4_linears_match_their_dequantized_weights():
-    from lib.drafts import Int8Linear
-    from lib.quant_linear import Int4Linear
+    from lib.spec_decode.drafts import Int8Linear
+    from lib.quantization.quant_linear import Int4Linear
 
     w = torch.randn(96, 128, generator=torch.Generator().manual_seed(4)) * 0.05
     x = torch.randn(3, 5, 128, generator=torch.Generator().manual_seed(5))
@@ -313,9 +314,9 @@ def test_int8_and_int4_linears_match_their_dequantized_weights():
 
 
 def test_quantize_linears_keeps_a_tiny_model_close_and_the_original_unchanged():
-    from lib.model import tiny_model
-    from lib.drafts import Int8Linear
-    from lib.quant_linear import Int4Linear, quantize_linears
+    from lib.modeling.llama import tiny_model
+    from lib.spec_decode.drafts import Int8Linear
+    from lib.quantization.quant_linear import Int4Linear, quantize_linears
 
     model = tiny_model(seed=6)
     ids = torch.randint(0, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(7))
@@ -333,7 +334,7 @@ def test_quantize_linears_keeps_a_tiny_model_close_and_the_original_unchanged():
 
 
 def test_smoothquant_migrates_an_outlier_channel():
-    from lib.smoothquant import W8A8Linear, smooth_scales
+    from lib.quantization.smoothquant import W8A8Linear, smooth_scales
 
     g = torch.Generator().manual_seed(8)
     w = torch.randn(64, 128, generator=g) * 0.05
@@ -348,8 +349,8 @@ def test_smoothquant_migrates_an_outlier_channel():
 def test_smoothquant_shares_scales_where_they_fold_and_leaves_o_proj():
     """q/k/v read one RMSNorm's output and gate/up another's: one smoothing vector each (one norm gain absorbs
     1/s); o_proj (fed by attention, fewer v outputs than o inputs under GQA) stays unsmoothed."""
-    from lib.model import tiny_model
-    from lib.smoothquant import activation_absmax, w8a8_model
+    from lib.modeling.llama import tiny_model
+    from lib.quantization.smoothquant import activation_absmax, w8a8_model
 
     model = tiny_model(seed=8)
     ids = torch.randint(0, model.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(9))
@@ -368,7 +369,7 @@ def test_smoothquant_shares_scales_where_they_fold_and_leaves_o_proj():
 
 # llama.cpp multiplies quantized weights by activations rounded to 8 bits, so its logits are not the lab's exactly:
 # measured max |Δlogit| over prompt and continuation 1.6–2.7 on four prompts for the lab's Q4_K_M-like file, and
-# 1.25–1.36 for llama.cpp on the original Q4_1 file against lib.model. A wrong tensor, type or row order moves
+# 1.25–1.36 for llama.cpp on the original Q4_1 file against lib.modeling.llama. A wrong tensor, type or row order moves
 # logits by tens. Greedy choices are compared where the lab's top-2 margin is at least NEAR_TIE.
 LLAMA_CPP_LOGIT_TOL = 5.0
 NEAR_TIE = 0.5
@@ -383,7 +384,7 @@ def test_llama_cpp_runs_a_lab_q4_k_m_file_like_the_lab_model(tmp_path, smollm2):
     except ImportError:
         pytest.skip("llama-cpp-python is not installed (the optional peer: pip install -e '.[llamacpp]', a build "
                     "from source of several minutes)")
-    from lib.generate import generate
+    from lib.modeling.generate import generate
 
     model, tok = smollm2
     plan = quant.q4_k_m_plan(model)

@@ -12,7 +12,7 @@ Wrong routes, `TextStream`:
   shortest_holdback  holds back the shortest end that may begin a stop string: sends the start of a longer one
   ignore_errors      decodes with errors="ignore": invalid bytes vanish instead of showing as U+FFFD
   redecode_replace   decodes all the bytes again at each push: an incomplete character goes out as U+FFFD
-  lib_exec           lib/serving.py's own TextStream, exec'd from its source under another name
+  lib_exec           lib/serve/serving.py's own TextStream, exec'd from its source under another name
 Wrong routes, `ServingLoop`:
   static             admits queued requests only when the engine is idle (static batching)
   sends_eos          forwards the end-of-sequence token as a token and never says "stop"
@@ -24,15 +24,15 @@ Wrong routes, `ServingLoop`:
   drops_params       submits without the params: the engine gets params=None (greedy, no logprobs)
   temperature_only   hands add_request the params' temperature alone (seed 0, no other field, no logprobs)
   sampling_by_hand   hands add_request temperature and seed, not the params (no logit_bias, no logprobs)
-  lib_exec           lib/serving.py's own ServingLoop, exec'd from its source under another name
-Wrong routes, `predict_ttft` (a model of the mean TTFT, judged against lib.queueing's simulation):
+  lib_exec           lib/serve/serving.py's own ServingLoop, exec'd from its source under another name
+Wrong routes, `predict_ttft` (a model of the mean TTFT, judged against lib.serve.queueing's simulation):
   no_queue           the first step alone (step + prefill): no wait, never infinite
   exponential        M/M/c's wait (an exponential service time): twice the fixed service time's
   one_slot           ignores max_num_seqs: one queue, one request at a time
   prefill_free       the queue right, but a slot's turnover without the prefills a full step carries
   prefill_each_step  every step of a request pays a prefill: a capacity far too low
   one_fast_server    the slots as one server `max_num_seqs` times as fast (M/D/1)
-  simulates_lib      calls lib.queueing.simulate_ttft (not available to the student's code)
+  simulates_lib      calls lib.serve.queueing.simulate_ttft (not available to the student's code)
 Wrong routes, `e2e_latency`: seed_formula (TTFT + n·TBT, the seed's), gaps_only, ttft_only.
 Wrong routes, `cost_per_million_tokens`: per_second_price (the hourly price taken per second), per_thousand,
   inverted, per_minute.
@@ -320,7 +320,7 @@ TTFT_ROUTES = {  # name -> (source, what the failure says)
         """, "simulated server|cannot keep up"),
     "simulates_lib": ("""
         def predict_ttft_simulates_lib(rate, prefill_s, step_s, max_num_seqs, max_tokens):
-            from lib.queueing import simulate_ttft
+            from lib.serve.queueing import simulate_ttft
             return simulate_ttft(rate, prefill_s, step_s, max_num_seqs, max_tokens, n_requests=20_000)
         """, "ReferenceUnavailable|not available"),
 }
@@ -433,7 +433,7 @@ def test_cost_per_million_tokens_wrong_routes_fail(wrong, route):
 
 @pytest.mark.parametrize("name", ["TextStream", "ServingLoop"])
 def test_lib_code_under_another_name_is_reference_use(solution_nb, tmp_path, name):
-    src = LIB_EXEC.format(path=str(ROOT / "lib" / "serving.py"), name=name)
+    src = LIB_EXEC.format(path=str(ROOT / "lib" / "serve" / "serving.py"), name=name)
     nb = with_cell_source(solution_nb, name, src)
     path = tmp_path / SOLUTION.name
     path.write_text(json.dumps(nb))
@@ -441,5 +441,5 @@ def test_lib_code_under_another_name_is_reference_use(solution_nb, tmp_path, nam
         getattr(checks, f"check_{name}")(getattr(load_exercises(path), name))
     ex = load_exercises(path, view=ViewSpec.everything(21))  # behind the view, as without Landlock: the child
     # refuses to compile lib's source (its functions are copies of the answer key), and the cell's error says so
-    with pytest.raises(AssertionError, match=r"is a copy of lib's lib.serving.*does not compile a copy"):
+    with pytest.raises(AssertionError, match=r"is a copy of lib's lib.serve.serving.*does not compile a copy"):
         getattr(checks, f"check_{name}")(getattr(ex, name))

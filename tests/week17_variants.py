@@ -13,8 +13,8 @@ import math
 
 import torch
 
-from lib.attention import check_attention_shapes
-from lib.masks import causal_mask
+from lib.attn.attention import check_attention_shapes
+from lib.attn.masks import causal_mask
 
 # --- flash_attention_forward ------------------------------------------------------------------------------------
 

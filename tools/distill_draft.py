@@ -1,4 +1,4 @@
-"""Distill a small draft for speculative decoding from SmolLM2-135M (week 18, `lib.speculative`).
+"""Distill a small draft for speculative decoding from SmolLM2-135M (week 18, `lib.spec_decode.speculative`).
 
     python tools/distill_draft.py --minutes 10            # the default draft: 2 layers, about 10 CPU-minutes
     python tools/distill_draft.py --minutes 4 --layers 4  # a shorter run, a deeper draft
@@ -13,7 +13,7 @@ out for evaluation, and the FR-Spec counts of the notebook use the same 80 %) an
 At the end it prints α (T = 0: argmax agreement; T = 1: Σ min(p, q)) on the held-out Hamlet and on the target's
 own greedy answers to chat prompts (teacher forcing), and c (one draft step / one target step after a 128-token
 context). The checkpoint (the blocks only, ~28 MB for 2 layers) goes to data/cache (never committed); it is saved
-every minute, so an interrupted run leaves a usable draft. Load it with `lib.drafts.load_distilled_draft`.
+every minute, so an interrupted run leaves a usable draft. Load it with `lib.spec_decode.drafts.load_distilled_draft`.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ CHAT_PROMPTS = [
 
 def corpus(tok):
     """(train ids [n], held-out Hamlet ids [m]): Hamlet's first 80 % + the repo's Markdown; Hamlet's last 20 %."""
-    from lib.text import load_text
+    from lib.modeling.text import load_text
 
     hamlet = tok(load_text("hamlet"), return_tensors="pt").input_ids[0]
     split = int(0.8 * hamlet.numel())
@@ -49,8 +49,8 @@ def corpus(tok):
 
 def chat_answers(model, tok, n_new: int = 32):
     """The target's greedy answers to CHAT_PROMPTS, prompt included: a list of [1, t] ids."""
-    from lib.generate import generate
-    from lib.speculative import chat_ids
+    from lib.modeling.generate import generate
+    from lib.spec_decode.speculative import chat_ids
 
     out = []
     for text in CHAT_PROMPTS:
@@ -62,7 +62,7 @@ def chat_answers(model, tok, n_new: int = 32):
 @torch.no_grad()
 def alphas(target, draft, pieces):
     """(α at T=0, α at T=1) over the scored positions of `pieces` = [(ids [1, t], first scored position)]."""
-    from lib.speculative import acceptance_rate
+    from lib.spec_decode.speculative import acceptance_rate
 
     a0, a1, n = 0.0, 0.0, 0
     for ids, start in pieces:
@@ -97,7 +97,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=2, help="windows per step")
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    parser.add_argument("--out", default=None, help="checkpoint path (default: lib.drafts.distilled_draft_path)")
+    parser.add_argument("--out", default=None, help="checkpoint path (default: lib.spec_decode.drafts.distilled_draft_path)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if args.threads:
@@ -105,8 +105,8 @@ def main() -> None:
 
     from tqdm.auto import tqdm
 
-    from lib.drafts import build_distilled_draft, distilled_draft_path, save_distilled_draft
-    from lib.model import load_smollm2
+    from lib.spec_decode.drafts import build_distilled_draft, distilled_draft_path, save_distilled_draft
+    from lib.modeling.llama import load_smollm2
 
     torch.manual_seed(args.seed)
     target, tok = load_smollm2(device="cpu")
@@ -167,7 +167,7 @@ def main() -> None:
     print(f"{steps} steps in {seconds / 60:.1f} min ({steps * args.batch * args.seq} tokens), final KL ≈ {ema:.3f}")
     print(f"α held-out Hamlet: T=0 {a_in[0]:.3f}, T=1 {a_in[1]:.3f}; α chat answers: T=0 {a_chat[0]:.3f}, "
           f"T=1 {a_chat[1]:.3f}; c = {c:.2f} (draft step / target step)")
-    print(f"saved {out} ({out.stat().st_size / 1e6:.0f} MB); load with lib.drafts.load_distilled_draft(model, "
+    print(f"saved {out} ({out.stat().st_size / 1e6:.0f} MB); load with lib.spec_decode.drafts.load_distilled_draft(model, "
           f"{args.layers})")
 
 

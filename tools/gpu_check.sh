@@ -21,7 +21,7 @@
 # PYTHONPATH (as `pip install -e .` makes it importable), so `lib` and `grader` are this checkout's.
 # Steps: the machine (nvidia-smi -L, torch, CUDA, device; notes on a torch other than the pin and on a missing
 # gguf) — no CUDA device: exit 2 with the reason; the model
-# (`python -m lib.fetch --check`) — missing or wrong: exit 2 with the fixing command; each solution notebook
+# (`python -m lib.modeling.fetch --check`) — missing or wrong: exit 2 with the fixing command; each solution notebook
 # through tools/run_notebooks.py (its own folder as the working directory; the committed notebook is never
 # written, the executed copy goes to --out); then `pytest -m "not notebook and not commands"` over pyproject's
 # testpaths (the notebook-marked tests grade the same notebooks through nbgrader; the commands tests need `make
@@ -110,11 +110,11 @@ printf '%s\n' "$gpus" "$facts" > "$out/machine.txt"
 
 # --- the model ------------------------------------------------------------------------------------------------
 echo "== model"
-if ! "$PYTHON" -m lib.fetch --check; then
-    echo "gpu_check: the model file is missing or wrong: run \`make setup\` (or \`$PYTHON -m lib.fetch\`) from $REPO" >&2
+if ! "$PYTHON" -m lib.modeling.fetch --check; then
+    echo "gpu_check: the model file is missing or wrong: run \`make setup\` (or \`$PYTHON -m lib.modeling.fetch\`) from $REPO" >&2
     exit 2
 fi
-"$PYTHON" -c "from lib.model import build_smollm2_cache; build_smollm2_cache()" >/dev/null || exit 2  # once, not per notebook
+"$PYTHON" -c "from lib.modeling.llama import build_smollm2_cache; build_smollm2_cache()" >/dev/null || exit 2  # once, not per notebook
 
 # --- the notebooks --------------------------------------------------------------------------------------------
 nb_summary="notebooks: not run" nb_ok=1

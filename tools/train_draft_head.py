@@ -1,4 +1,4 @@
-"""Train the week-18 draft head (`lib.draft_head`) on SmolLM2-135M's own chat answers (self-distillation).
+"""Train the week-18 draft head (`lib.spec_decode.draft_head`) on SmolLM2-135M's own chat answers (self-distillation).
 
     python tools/train_draft_head.py --minutes 8 --seed 0 --prompts 384    # writes data/draft_head/head.pt (~3 MB)
 
@@ -10,7 +10,7 @@
    options, so a second run trains at once.
 2. **FR-Spec subset**: the `--keep` most frequent tokens of the training answers (coverage printed on the
    held-out answers).
-3. **Training**: AdamW on `lib.draft_head.head_loss` (feature regression + cross-entropy on the target's greedy
+3. **Training**: AdamW on `lib.spec_decode.draft_head.head_loss` (feature regression + cross-entropy on the target's greedy
    token, plus a pass that feeds the head its own predicted features) for `--minutes` of wall-clock time.
 4. **Evaluation**: top-1 agreement (α at T = 0, teacher forced) on held-out prompts, then the saved (int8)
    head drafting for the benchmark's chat prompts: α, tokens per call, identical to greedy.
@@ -86,16 +86,16 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eval-tokens", type=int, default=64, help="new tokens per chat prompt in the final check")
-    parser.add_argument("--out", default=None, help="default: lib.draft_head.HEAD_PATH (data/draft_head/head.pt)")
+    parser.add_argument("--out", default=None, help="default: lib.spec_decode.draft_head.HEAD_PATH (data/draft_head/head.pt)")
     args = parser.parse_args()
 
-    from lib import draft_head as dh
-    from lib import paths
-    from lib.drafts import frequency_ranked_ids, token_counts
-    from lib import speculative as spec
-    from lib.fast import FastLlama
-    from lib.generate import generate
-    from lib.model import load_smollm2
+    from lib.spec_decode import draft_head as dh
+    from lib.bench import paths
+    from lib.spec_decode.drafts import frequency_ranked_ids, token_counts
+    from lib.spec_decode import speculative as spec
+    from lib.modeling.fast import FastLlama
+    from lib.modeling.generate import generate
+    from lib.modeling.llama import load_smollm2
 
     torch.manual_seed(args.seed)
     t_start = time.perf_counter()

@@ -29,8 +29,8 @@ way elsewhere is graded on what it did when watched. What each rejects besides w
   `model.forward(...)` or its layers one by one; the student's process may run attention (its own, plugged in) but
   not a copy of the weights: its observed matrix-product FLOPs and summed elements stay within what the forwards'
   attention can need (a copy run there, with matmuls or as products and sums, exceeds it). Every call observed and
-  metered; `lib.generate`. Not seen: a copy of the weights run in numpy.
-- pool_kv_heads: `lib.gqa`; changing the original model; the pooled model's state_dict and forward observed.
+  metered; `lib.modeling.generate`. Not seen: a copy of the weights run in numpy.
+- pool_kv_heads: `lib.modeling.gqa`; changing the original model; the pooled model's state_dict and forward observed.
 - RollingKVCache (`week16_caches`): buffers not allocated in `__init__`; an append that writes nothing into them
   (a list of the appended chunks, numpy history); what an append allocates growing past the window, over a stream
   of 320+ positions with a window drawn from the seed, on the host too at its end (numpy); `lib`'s class; appends
@@ -50,16 +50,16 @@ from grader.checks import (ModelMeter, assert_close, assert_route, check_on_meta
 from grader.checks.week16_caches import (Watched, append_observed, constructed, ints, layer_fill, layer_limit,
                                         overflow, rolling_limit, rolling_new, rolling_positions)
 from grader.harness import Week
-from lib import kv_cache as ref
-from lib.masks import causal_mask as ref_causal_mask
-from lib import roofline
-from lib.attention import gqa_attention as ref_gqa_attention
-from lib.generate import generate as ref_generate
-from lib.gqa import pool_kv_heads as ref_pool_kv_heads
-from lib.model import SMOLLM2_135M, tiny_model
+from lib.modeling import kv_cache as ref
+from lib.attn.masks import causal_mask as ref_causal_mask
+from lib.bench import roofline
+from lib.attn.attention import gqa_attention as ref_gqa_attention
+from lib.modeling.generate import generate as ref_generate
+from lib.modeling.gqa import pool_kv_heads as ref_pool_kv_heads
+from lib.modeling.llama import SMOLLM2_135M, tiny_model
 
 WEEK = Week(16, "week16_kv_cache.ipynb",
-            child_may_use={"lib.kv_cache": ("KVCache", "CacheOverflowError"), "lib.model": "*"})
+            child_may_use={"lib.modeling.kv_cache": ("KVCache", "CacheOverflowError"), "lib.modeling.llama": "*"})
 
 # Prompt and length of the SmolLM2 milestone (greedy, >= 64 new tokens).
 SMOLLM2_PROMPT = "To be, or not to be, that is the question:"
@@ -98,7 +98,7 @@ def _run_generate(generate, model, ids, n, use_cache, full=False):
     the lib functions that ran (the profiler: slower, so on one call of the check). In this process (the notebook's
     own kernel, or trusted code under test) only the `full` call is observed: the meter sees everything there, and
     observing SmolLM2's decoding in-process would make the notebook's check several times slower."""
-    lib_ok = ("lib.model", "lib.kv_cache", "lib.masks", "lib.attention")
+    lib_ok = ("lib.modeling.llama", "lib.modeling.kv_cache", "lib.attn.masks", "lib.attn.attention")
     remote = _remote(generate)
     with ModelMeter(model) as seen:
         if remote or full:
@@ -107,9 +107,9 @@ def _run_generate(generate, model, ids, n, use_cache, full=False):
             out, obs = generate(model, ids, n, use_cache=use_cache, return_logits=True), None
     if obs is not None:
         assert_route(obs, "generate", lib_allowed=lib_ok,
-                     why="Write the decode loop yourself; lib.generate is the reference it is compared with.")
+                     why="Write the decode loop yourself; lib.modeling.generate is the reference it is compared with.")
     assert isinstance(out, tuple) and len(out) == 2, (
-        "generate(..., return_logits=True) must return a pair (ids, logits), like lib.generate.generate")
+        "generate(..., return_logits=True) must return a pair (ids, logits), like lib.modeling.generate.generate")
     got_ids, logits = out
     b, t = ids.shape
     assert isinstance(got_ids, torch.Tensor) and tuple(got_ids.shape) == (b, t + n), (
@@ -206,7 +206,7 @@ def check_causal_mask(causal_mask) -> None:
 def check_LayerKVCache(LayerKVCache) -> None:
     b, h, max_len, d = 2, 3, 10, 4
     cache, obs = observe(LayerKVCache, b, h, max_len, d, torch.float32, None)
-    assert_route(obs, "LayerKVCache(...)", why="Write the class yourself; do not subclass lib.kv_cache.LayerKVCache.")
+    assert_route(obs, "LayerKVCache(...)", why="Write the class yourself; do not subclass lib.modeling.kv_cache.LayerKVCache.")
     assert cache.length == 0, f"a new cache has length {cache.length}; expected 0"
     assert cache.max_len == max_len, f"max_len is {cache.max_len}; expected {max_len}"
     want_bytes = 2 * b * h * max_len * d * 4
@@ -270,7 +270,7 @@ def _gqa_observed(gqa_attention, q, k, v, causal, what):
     """One call of the student's gqa_attention, observed; its route judged. Every result the check grades comes
     from here."""
     got, obs = observe(gqa_attention, q, k, v, causal=causal)
-    assert_route(obs, f"gqa_attention ({what})", lib_allowed=("lib.masks.causal_mask",), forbidden_ops=GQA_FORBIDDEN,
+    assert_route(obs, f"gqa_attention ({what})", lib_allowed=("lib.attn.masks.causal_mask",), forbidden_ops=GQA_FORBIDDEN,
                  why="Write softmax(q kᵀ/√d) v with your causal_mask yourself.")
     return got
 
@@ -319,14 +319,14 @@ def check_gqa_attention(gqa_attention) -> None:
         want = model(ids)
         model.attention_fn = lambda q, k, v, causal=True: _gqa_observed(gqa_attention, q, k, v, causal, "in a model")
         got = model(ids)
-    _close(got, want, "a tiny GQA model with your gqa_attention vs lib.attention.gqa_attention")
+    _close(got, want, "a tiny GQA model with your gqa_attention vs lib.attn.attention.gqa_attention")
 
 
 # --- 5 ------------------------------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=1)
 def smollm2_prompt():
-    from lib.model import shared_smollm2
+    from lib.modeling.llama import shared_smollm2
 
     model, tok = shared_smollm2()
     return model, tok(SMOLLM2_PROMPT, return_tensors="pt").input_ids
@@ -354,10 +354,10 @@ def check_generate(generate, smollm2: bool = True) -> None:
         u_ids, u_logits = _run_generate(generate, model, ids, 20, use_cache=False)
         r_ids, r_logits = ref_generate(model, ids, 20, use_cache=False, return_logits=True)
         what = f"tiny model {conf}, batch {batch}"
-        assert torch.equal(u_ids, r_ids), f"{what}: your uncached generate gives other tokens than lib.generate.generate"
+        assert torch.equal(u_ids, r_ids), f"{what}: your uncached generate gives other tokens than lib.modeling.generate.generate"
         assert torch.equal(c_ids, u_ids), f"{what}: cached and uncached generation give different tokens"
         _close(c_logits, u_logits, f"{what}: cached vs uncached logits")
-        _close(u_logits, r_logits, f"{what}: uncached logits vs lib.generate.generate")
+        _close(u_logits, r_logits, f"{what}: uncached logits vs lib.modeling.generate.generate")
     if not smollm2:
         return
     model, prompt = smollm2_prompt()
@@ -441,8 +441,8 @@ def check_pool_kv_heads(pool_kv_heads) -> None:
         """A call of the student's (the pooling, or the pooled model's), observed and its route judged; the pooled
         model's forward may run the attention the model was given (lib's)."""
         out, obs = observe(fn, *args)
-        assert_route(obs, what, lib_allowed=("lib.model", "lib.attention", "lib.masks") if forward else ("lib.model",),
-                     why="Mean-pool the k_proj and v_proj heads yourself; lib.gqa is the reference.")
+        assert_route(obs, what, lib_allowed=("lib.modeling.llama", "lib.attn.attention", "lib.attn.masks") if forward else ("lib.modeling.llama",),
+                     why="Mean-pool the k_proj and v_proj heads yourself; lib.modeling.gqa is the reference.")
         return out
 
     for g in (4, 2, 1):

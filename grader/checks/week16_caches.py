@@ -72,7 +72,7 @@ def layer_fill(LayerKVCache) -> None:
     b, h, d = 2, 4, 32
     max_len = ints(42, 1, 48, 400)[0]
     cache, obs = observe(LayerKVCache, b, h, max_len, d, torch.float32, None)
-    assert_route(obs, "LayerKVCache(...)", why="Write the class yourself; do not subclass lib.kv_cache.LayerKVCache.")
+    assert_route(obs, "LayerKVCache(...)", why="Write the class yourself; do not subclass lib.modeling.kv_cache.LayerKVCache.")
     nbytes = 2 * b * h * max_len * d * 4
     assert cache.nbytes == nbytes, f"LayerKVCache({b}, {h}, {max_len}, {d}).nbytes = {cache.nbytes}; expected {nbytes}"
     assert obs.peak_bytes >= nbytes, (
@@ -125,7 +125,7 @@ def rolling_limit(window, k) -> int:
 
 def rolling_new(RollingKVCache, batch, heads, window, d):
     cache, obs = observe(RollingKVCache, batch, heads, window, d, torch.float32, None)
-    assert_route(obs, "RollingKVCache(...)", why="Write the class yourself; do not subclass lib.kv_cache.RollingKVCache.")
+    assert_route(obs, "RollingKVCache(...)", why="Write the class yourself; do not subclass lib.modeling.kv_cache.RollingKVCache.")
     nbytes = 2 * batch * heads * window * d * 4
     assert cache.nbytes == nbytes, (
         f"RollingKVCache({batch}, {heads}, window={window}, {d}).nbytes = {cache.nbytes}; expected {nbytes}: K and V "

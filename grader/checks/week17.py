@@ -52,13 +52,13 @@ from grader.checks import week17_triton as tri
 from grader.checks.week17_routes import (SDPA_OPS, SHAPES_OK, assert_memory_growth, assert_visits, backward_route, blocks,
                                          call, decode_route, forward_route, softmax_route)
 from grader.harness import Week
-from lib import attention as ref
-from lib import io_model
-from lib.masks import causal_mask
+from lib.attn import attention as ref
+from lib.attn import io_model
+from lib.attn.masks import causal_mask
 
 WEEK = Week(17, "week17_flash_attention.ipynb",
-            child_may_use={"lib.attention": ("check_attention_shapes",), "lib.masks": ("causal_mask",),
-                           "lib.triton_attention": ("check_triton_attention_shapes", "kernel_device", "interpreting")})
+            child_may_use={"lib.attn.attention": ("check_attention_shapes",), "lib.attn.masks": ("causal_mask",),
+                           "lib.attn.triton_attention": ("check_triton_attention_shapes", "kernel_device", "interpreting")})
 
 # (batch, heads, q_len, kv_len, head_dim, causal): lengths that are not multiples of the blocks, q_len != kv_len,
 # head dims that are not powers of two.

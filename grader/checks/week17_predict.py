@@ -3,7 +3,7 @@
 (the inputs, which exist before the call, not counted), naive or tiled, from N, d, the block size, the bytes of an
 input element, the batch and the heads; on configurations drawn per run.
 
-The model it is judged against (§1 and §3 of the notebook, what `lib.io_model.TensorMemoryMeter` measures):
+The model it is judged against (§1 and §3 of the notebook, what `lib.attn.io_model.TensorMemoryMeter` measures):
 - naive: S and P alive at once, plus O — B·H·(2·N² + N·d)·e; up to B·H·(2·N·d·e + 8·N) more is accepted (a scaled
   copy of q, a row statistic);
 - tiled: O, then a working set that depends on the block and not on N — at least O plus one float32 block of scores,

@@ -38,7 +38,7 @@ from grader.checks import assert_route, observe, seed_note
 
 SDPA_OPS = ("aten._scaled_dot_product", "aten.scaled_dot_product", "aten._flash_attention", "aten._efficient_attention")
 SOFTMAX_OPS = ("aten._softmax", "aten._log_softmax", "aten.softmax", "aten.log_softmax")
-SHAPES_OK = ("lib.attention.check_attention_shapes", "lib.masks.causal_mask")  # the helpers the notebook imports
+SHAPES_OK = ("lib.attn.attention.check_attention_shapes", "lib.attn.masks.causal_mask")  # the helpers the notebook imports
 
 
 def call(fn, what: str, *args, route: dict | None = None, visits: dict | None = None, full: bool = False,
@@ -148,7 +148,7 @@ def decode_route(q, k, n_splits: int) -> dict:
     why = ("attend to each split once, then merge the partial results by their logsumexp (a first pass over the "
            "splits for the global maximum reads every key twice)")
     visits = {i: dict(name=name, dim=2, most=1, reads=2, fewest=1, why=why) for i, name in ((1, "k"), (2, "v"))}
-    return dict(route=dict(lib_allowed=("lib.attention.check_attention_shapes",), forbidden_ops=SDPA_OPS,
+    return dict(route=dict(lib_allowed=("lib.attn.attention.check_attention_shapes",), forbidden_ops=SDPA_OPS,
                            max_extent=max(math.ceil(nk / n_splits), d, n_splits),
                            why=f"Attend to each of the {n_splits} splits of the keys separately, then merge by logsumexp.",
                            min_flops=int(0.9 * one), max_flops=2 * one + 1),

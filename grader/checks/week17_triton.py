@@ -71,8 +71,8 @@ def assert_kernel_route(obs: Observation, what: str, min_dot_flops: int = 0, max
     element of them; its `tl.dot`s add up to at least `min_dot_flops`, none wider than `max_dot_dim` (the blocks
     asked for), no load wider than `widest_load` elements; input i was loaded at most `max_loaded[i]` elements'
     worth; with `flat_reductions`, no reduction of a 3-D tensor (a product done by broadcasting and tl.sum)."""
-    lib = obs.lib_calls_except("lib.triton_attention.check_triton_attention_shapes", "lib.triton_attention.kernel_device",
-                               "lib.triton_attention.interpreting", "lib.attention.check_attention_shapes")
+    lib = obs.lib_calls_except("lib.attn.triton_attention.check_triton_attention_shapes", "lib.attn.triton_attention.kernel_device",
+                               "lib.attn.triton_attention.interpreting", "lib.attn.attention.check_attention_shapes")
     assert not lib, f"{what}: your code called the lab's reference {lib}; write the kernel yourself"
     ops = arithmetic_ops(obs)
     assert not ops, (f"{what}: the wrapper ran torch arithmetic {ops[:6]}; a wrapper only allocates the outputs and "

@@ -1,7 +1,7 @@
 """Week 18 — speculative decoding: the milestone checks, used by solutions/18/test_week18.py and the notebook.
 
 One `check_<name>` per exercise; each takes the student's function and raises AssertionError with a message
-that says what is wrong. The references are in lib/speculative.py and lib/drafts.py. Notation: p = target, q = draft.
+that says what is wrong. The references are in lib/spec_decode/speculative.py and lib/spec_decode/drafts.py. Notation: p = target, q = draft.
 
 The instruments live beside this file: the test models and the counted spies in `week18_models` (a Markov chain
 and position tables with a model's call shape, besides tiny random Llamas and SmolLM2), the exact law of `verify`,
@@ -30,11 +30,11 @@ from grader.checks.week18_models import MarkovLM, TableLM, spicy_tiny, spy, work
 from grader.checks import week18_batch as batch, week18_predict as predict
 from grader.harness import Week
 from grader.wire import IsolationError
-from lib import drafts
-from lib import speculative as ref
-from lib.generate import generate as ref_generate
+from lib.spec_decode import drafts
+from lib.spec_decode import speculative as ref
+from lib.modeling.generate import generate as ref_generate
 
-WEEK = Week(18, "week18_speculative.ipynb", child_may_use={"lib.kv_cache": ("KVCache",)})
+WEEK = Week(18, "week18_speculative.ipynb", child_may_use={"lib.modeling.kv_cache": ("KVCache",)})
 
 SMOLLM2_PROMPT = "To be, or not to be, that is the question:"
 SMOLLM2_NEW_TOKENS = 64
@@ -42,15 +42,15 @@ SMOLLM2_KS = (2, 8)
 
 
 def _loop_lib_calls(obs) -> list:
-    """The lib.speculative / lib.drafts / lib.generate functions a loop ran, other than the test models' own cache."""
-    return sorted(c for c in obs.lib_calls if c.startswith(("lib.speculative.", "lib.drafts.", "lib.generate."))
-                  and not c.startswith("lib.drafts.TokenHistory."))
+    """The lib.spec_decode.speculative / lib.spec_decode.drafts / lib.modeling.generate functions a loop ran, other than the test models' own cache."""
+    return sorted(c for c in obs.lib_calls if c.startswith(("lib.spec_decode.speculative.", "lib.spec_decode.drafts.", "lib.modeling.generate."))
+                  and not c.startswith("lib.spec_decode.drafts.TokenHistory."))
 
 
 def _check_one_generation(speculative_generate, target, draft, ids, n, k, what, temperature=0.0, generator=None,
                           observed=False):
     """One run through spies: its shape, tokens (greedy: the target's greedy ids), work and rollback; `observed`:
-    the run is observed, and its route judged with the rest (no lib.speculative, lib.drafts or lib.generate)."""
+    the run is observed, and its route judged with the rest (no lib.spec_decode.speculative, lib.spec_decode.drafts or lib.modeling.generate)."""
     log = []
     kwargs = {"k": k} if temperature == 0.0 else {"k": k, "temperature": temperature, "generator": generator}
     args = (spy(target, log, "target"), spy(draft, log, "draft"), ids, n)
@@ -232,12 +232,12 @@ def check_speculative_generate(speculative_generate, smollm2: bool = True) -> No
 
 @functools.lru_cache(maxsize=1)
 def smollm2_case():
-    """SmolLM2 through lib.fast (the same greedy tokens as lib.model, tested in tests/test_fast.py; about 3x
+    """SmolLM2 through lib.modeling.fast (the same greedy tokens as lib.modeling.llama, tested in tests/test_fast.py; about 3x
     faster on a CPU, and the check runs it for every target call), the prompt's ids and its greedy continuation
     (built once per process). The smallest gap between the two best logits on that path is 0.013, a hundred
     times what splitting the tokens into other chunks changes."""
-    from lib.fast import FastLlama
-    from lib.model import shared_smollm2
+    from lib.modeling.fast import FastLlama
+    from lib.modeling.llama import shared_smollm2
 
     model, tok = shared_smollm2()
     fast = FastLlama(model)
@@ -300,7 +300,7 @@ def check_verify(verify) -> None:
             f"verify wrote into its arguments ({obs.inputs_written} in-place writes into target_probs, draft_probs "
             f"or draft_tokens, {describe_law(case)}): the caller's p and q would be changed. Compute the residual in "
             f"a new tensor: (target_probs[i] - draft_probs[i]).clamp(min=0)")
-        used = sorted(c for c in obs.lib_calls if c.startswith(("lib.speculative.", "lib.drafts.")))
+        used = sorted(c for c in obs.lib_calls if c.startswith(("lib.spec_decode.speculative.", "lib.spec_decode.drafts.")))
         assert not used, f"verify must be your own; it called {used}"
         counts = law_counts(verify, case, seed, results=outs)
         bad = law_failures(case, counts, level)

@@ -3,7 +3,7 @@ row accepts a different number of tokens per round.
 
 The student's `batched_speculative_generate(target, draft, prompts, max_new_tokens, k)` gets a counted door on a
 target that runs several rows in one forward (`target({row: [tokens]}, cache=cache)`, per-row `cache.lengths` and
-`cache.truncate(row, n)`: lib.speculative_batch's interface) and a draft function `draft(tokens, k) -> [guesses]`.
+`cache.truncate(row, n)`: lib.spec_decode.speculative_batch's interface) and a draft function `draft(tokens, k) -> [guesses]`.
 Judged, per row, against the row decoded alone (the same draft, greedy verification, one row):
 
 - **each row's output equals its own single-row run**: the target's greedy tokens, exactly max_new_tokens of them;
@@ -27,11 +27,11 @@ import torch
 
 from grader.checks import generator, observe, seed_note
 from grader.checks.week18_models import MarkovLM, spicy_tiny
-from lib.generate import generate as ref_generate
+from lib.modeling.generate import generate as ref_generate
 
 
 class RowCaches:
-    """One single-row cache per row, with the interface of lib.speculative_batch.RaggedKVCache."""
+    """One single-row cache per row, with the interface of lib.spec_decode.speculative_batch.RaggedKVCache."""
 
     def __init__(self, caches: list):
         self.caches = caches
@@ -199,11 +199,11 @@ def failures(log: list, outs, prompts: list, ns: list, k: int, expect: list) -> 
     return []
 
 
-def judge(batched_speculative_generate, watched_lib_prefixes=("lib.speculative.", "lib.generate.")) -> None:
+def judge(batched_speculative_generate, watched_lib_prefixes=("lib.spec_decode.speculative.", "lib.modeling.generate.")) -> None:
     """Markov chains (rows run one by one behind the interface) and a tiny Llama through lib's packed
     RaggedTarget (real per-row KV caches and positions); rows of 3 to 6 with different prompts, max_new_tokens and
     draft flaws, K in 2..4. One run, chosen at random, is observed: it may use none of lib's loops."""
-    from lib.speculative_batch import RaggedTarget
+    from lib.spec_decode.speculative_batch import RaggedTarget
 
     g = generator(11)
     cases = []
@@ -212,7 +212,7 @@ def judge(batched_speculative_generate, watched_lib_prefixes=("lib.speculative."
         cases.append(_case(g, chain, RowWise(chain), 24, rows, k, f"Markov target, {rows} rows, K={k}"))
     tiny = spicy_tiny(int(torch.randint(0, 2**20, (), generator=g)))
     cases.append(_case(g, tiny, RaggedTarget(tiny), tiny.config.vocab_size, 4, 3,
-                       "tiny Llama (lib.speculative_batch.RaggedTarget, packed), 4 rows, K=3"))
+                       "tiny Llama (lib.spec_decode.speculative_batch.RaggedTarget, packed), 4 rows, K=3"))
     watched = int(torch.randint(0, len(cases), (), generator=g))
     for i, (what, ragged, draft, prompts, ns, k, expect) in enumerate(cases):
         log = []

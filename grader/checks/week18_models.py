@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from lib.model import ModelConfig, tiny_model
-from lib.drafts import TokenHistory  # the token-history "cache" of the test models
+from lib.modeling.llama import ModelConfig, tiny_model
+from lib.spec_decode.drafts import TokenHistory  # the token-history "cache" of the test models
 
 # --- test models ----------------------------------------------------------------------------------------
 

@@ -3,7 +3,7 @@
 - exercise 6, `best_k(alpha, c, verify_cost)`: the K of the highest predicted speedup, and that speedup. `alpha` is
   one acceptance probability for every draft position, or a list of them, `alpha[i]` = P(draft token i is
   accepted | tokens 0..i-1 were) — a draft that reads its own guesses (section 10's head) gets worse with i, and
-  the constant-α formula (lib.speculative's) does not answer the list;
+  the constant-α formula (lib.spec_decode.speculative's) does not answer the list;
 - exercise 7, `expected_target_calls(alpha, k, max_new_tokens)`: the expected number of target calls (rounds) a
   speculative run makes to write exactly max_new_tokens tokens, each draft token accepted with probability α given
   the ones before it, the last rounds drafting fewer so that none overshoots (no lib counterpart).

@@ -1,7 +1,7 @@
 """Week 19 — continuous batching and PagedAttention: the checks that solutions/19/test_week19.py and the notebook use.
 
-One `check_<name>` per exercise; each raises AssertionError saying what is wrong. References: lib/paged.py,
-lib/blocks.py, lib/engine.py; what the checks run the student's code through (the scheduler's invariants, a serving
+One `check_<name>` per exercise; each raises AssertionError saying what is wrong. References: lib/batching/paged.py,
+lib/batching/blocks.py, lib/batching/engine.py; what the checks run the student's code through (the scheduler's invariants, a serving
 simulation, a prefix cache model, the workloads, paged attention's cases, the context model): week19_sim.py; the
 model of continuous batching's gain (exercise 1): week19_gain.py.
 
@@ -24,12 +24,12 @@ from grader.checks.week19_sim import (LONG_CASE, amount_step, cache_trial, conte
                                       paged_case, sdpa_ops, shared_step, simulate, step_workload, workload)
 from grader.checks.week19_hashes import assert_hash_entropy, assert_long_chain
 from grader.harness import Week
-from lib import paged as ref
+from lib.batching import paged as ref
 
 WEEK = Week(19, "week19_paged_batching.ipynb")
-# lib's engine as the fingerprints name it: lib.engine (which also prefixes lib.engine_load, its load test),
-# lib.model_runner (its forward), lib.request (its Request) and lib.blocks (block hashes, PrefixCache, BlockManager)
-ENGINE_MODULES = ("lib.engine", "lib.model_runner", "lib.request", "lib.blocks")
+# lib's engine as the fingerprints name it: lib.batching.engine (which also prefixes lib.batching.engine_load, its load test),
+# lib.batching.model_runner (its forward), lib.batching.request (its Request) and lib.batching.blocks (block hashes, PrefixCache, BlockManager)
+ENGINE_MODULES = ("lib.batching.engine", "lib.batching.model_runner", "lib.batching.request", "lib.batching.blocks")
 
 
 # --- 1: the gain of continuous batching (predict) ----------------------------------------------------
@@ -214,7 +214,7 @@ def check_paged_attention(paged_attention) -> None:
                    if not torch.equal(a, a0)]
         assert not changed, (f"{what}: changed its arguments {changed} in place; the pool belongs to the cache (every "
                              f"later step reads it): scale the query or the scores, never the caller's tensors")
-        lib_used = sorted(c for c in obs.lib_calls if c.startswith(("lib.paged", "lib.attention", *ENGINE_MODULES)))
+        lib_used = sorted(c for c in obs.lib_calls if c.startswith(("lib.batching.paged", "lib.attn.attention", *ENGINE_MODULES)))
         assert not lib_used, f"{what}: calls {lib_used}; write the attention yourself"
         sdpa = sdpa_ops(obs)
         assert not sdpa, f"{what}: calls {sdpa} (SDPA); compute the scores and the softmax yourself, block by block"
@@ -364,7 +364,7 @@ def check_schedule(schedule) -> None:
     plan judged by the invariants (the order of preemption and its amount: only as many as the blocks need); single
     steps with prefix-shared blocks (a victim frees its freeable blocks only) and steps that need exactly one
     preemption; then LLMEngine with this scheduler equals generate on each request alone. About one call in ten,
-    chosen at random, is observed (no lib.engine): its plan is judged with the others."""
+    chosen at random, is observed (no lib.batching.engine): its plan is judged with the others."""
     rng = random.Random(run_seed() + 7)
     watch = random.Random(run_seed() + 17)
 
@@ -394,8 +394,8 @@ def check_schedule(schedule) -> None:
         plan = call(schedule, [dict(r) for r in s["running"]], [dict(r) for r in s["waiting"]], s["free"], s["bs"],
                     s["budget"], s["max_seqs"], True, rate=0.25 if case < 80 else 1.0)
         judge_plan(plan, s["running"], s["waiting"], s["free"], s["bs"], s["budget"], s["max_seqs"], True, where)
-    from lib.engine import LLMEngine
-    from lib.generate import generate
+    from lib.batching.engine import LLMEngine
+    from lib.modeling.generate import generate
 
     g = generator(70)
     model = context_model(int(torch.randint(0, 1000, (1,), generator=g)))
@@ -426,7 +426,7 @@ def check_PrefixCache(PrefixCache) -> None:
         if fn is not PrefixCache and watch.random() >= 0.05:
             return fn(*args)
         out, obs = observe(fn, *args)
-        used = sorted(c for c in obs.lib_calls if c.startswith((*ENGINE_MODULES, "lib.paged.BlockAllocator")))
+        used = sorted(c for c in obs.lib_calls if c.startswith((*ENGINE_MODULES, "lib.batching.paged.BlockAllocator")))
         assert not used, f"PrefixCache runs {used}; write the pool and its cache yourself"
         return out
 
@@ -473,8 +473,8 @@ def check_PrefixCache(PrefixCache) -> None:
     expect_error(lambda: cache.fork(b), ValueError, "fork() of a free block that caches nothing")
     for bad in (-1, 3):
         expect_error(lambda: cache.free(bad), ValueError, f"free({bad}) on a pool of 3 blocks")
-    from lib.engine import LLMEngine
-    from lib.generate import generate
+    from lib.batching.engine import LLMEngine
+    from lib.modeling.generate import generate
 
     g = generator(80)
     model = context_model(int(torch.randint(0, 1000, (1,), generator=g)))
@@ -504,8 +504,8 @@ def check_engine(BlockAllocator, slot_mapping, paged_attention, block_hashes, Pr
     alone, on random workloads that preempt, chunk prefills and (the second) hit the prefix cache. Calls of the parts
     are observed at random (a quarter of paged_attention's, a tenth of the others'): none of lib's code, and no SDPA
     in paged_attention."""
-    from lib.engine import LLMEngine
-    from lib.generate import generate
+    from lib.batching.engine import LLMEngine
+    from lib.modeling.generate import generate
 
     parts = dict(zip(_PARTS, (BlockAllocator, slot_mapping, paged_attention, block_hashes, PrefixCache, schedule)))
     used = lib_parts(parts)
@@ -520,7 +520,7 @@ def check_engine(BlockAllocator, slot_mapping, paged_attention, block_hashes, Pr
             if watch.random() >= (0.25 if name == "paged_attention" else 0.1):
                 return parts[name](*args, **kwargs)
             out, obs = observe(parts[name], *args, **kwargs)
-            used = sorted(c for c in obs.lib_calls if c.startswith(("lib.paged", "lib.attention", *ENGINE_MODULES)))
+            used = sorted(c for c in obs.lib_calls if c.startswith(("lib.batching.paged", "lib.attn.attention", *ENGINE_MODULES)))
             assert not used, f"in LLMEngine, your {name} called {used}: plug in your own parts"
             if name == "paged_attention":
                 assert not sdpa_ops(obs) and exponentials(obs), (
@@ -566,8 +566,8 @@ def check_engine(BlockAllocator, slot_mapping, paged_attention, block_hashes, Pr
 def check_predict_steps(predict_steps) -> None:
     """Random workloads (lengths, slots, budgets, chunking on and off): the prediction equals the steps LLMEngine
     takes on them (a tiny model, blocks to spare); predicted without lib's engine or a model."""
-    from lib.engine import LLMEngine
-    from lib.model import tiny_model
+    from lib.batching.engine import LLMEngine
+    from lib.modeling.llama import tiny_model
 
     rng = random.Random(run_seed() + 11)
     model = tiny_model(seed=rng.randrange(1000))
@@ -575,7 +575,7 @@ def check_predict_steps(predict_steps) -> None:
         w = step_workload(rng, unchunked=case == 1)
         if case == 0:
             got, obs = observe(predict_steps, **w)
-            used = sorted(c for c in obs.lib_calls if c.startswith((*ENGINE_MODULES, "lib.model", "lib.generate")))
+            used = sorted(c for c in obs.lib_calls if c.startswith((*ENGINE_MODULES, "lib.modeling.llama", "lib.modeling.generate")))
             assert not used, f"predict_steps runs {used[:4]}: predict the steps from the rules, without running the engine"
         else:
             got = predict_steps(**w)

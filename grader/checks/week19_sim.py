@@ -22,8 +22,8 @@ import random
 import torch
 
 from grader.checks import seed_note
-from lib import paged as ref
-from lib.attention import gqa_attention
+from lib.batching import paged as ref
+from lib.attn.attention import gqa_attention
 
 
 def expect_error(fn, kind, what: str) -> Exception:
@@ -501,7 +501,7 @@ def context_model(seed: int):
     greedy tokens follow the last token alone: K/V written to the wrong slots would go unseen), so its attention
     projections are scaled up 8x: a prompt whose first 8 of 12 tokens change then changes the output (20 of 20
     random prompts, seed 3)."""
-    from lib.model import tiny_model
+    from lib.modeling.llama import tiny_model
 
     model = tiny_model(seed=seed)
     with torch.no_grad():

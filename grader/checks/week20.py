@@ -2,10 +2,10 @@
 
 One `check_<name>` per exercise; each takes the student's function and raises AssertionError with a
 message that says what is wrong. The oracle is gguf-py (`gguf.quants`, a numpy port of ggml-quants.c);
-the lab's reference is lib/qformats.py (the block formats). Every byte must match: inputs include random, heavy-tailed and real
+the lab's reference is lib/gguf/qformats.py (the block formats). Every byte must match: inputs include random, heavy-tailed and real
 SmolLM2 tensors and blocks built so that x/d lands exactly on a half (a rounding tie).
 
-A student's function may call neither `gguf.quants` (the oracle) nor `lib.qformats` / `lib.quant` (the reference): the check runs
+A student's function may call neither `gguf.quants` (the oracle) nor `lib.gguf.qformats` / `lib.quantization.quant` (the reference): the check runs
 it under `observe`, which recognises both by their code (grader.fingerprint), in the student's process.
 
 Here: the block formats' checks (exercises 1-3, 5-6) and the GGUF file's (11); what they compare with and on (the
@@ -24,7 +24,7 @@ from grader.checks import week20_predict as predict
 from grader.checks.week20_oracle import (as_array, block_cases, judge_dequantizer, judge_quantizer, oracle_dequantize,
                                          oracle_quantize, q4_1_ties, q5_0_ties, q8_ties, run)
 from grader.harness import Week
-from lib import qformats
+from lib.gguf import qformats
 
 WEEK = Week(20, "week20_quantization.ipynb")
 
@@ -67,7 +67,7 @@ def check_dequantize_q4_k(dequantize_q4_k) -> None:
     judge_dequantizer(dequantize_q4_k, "Q4_K", "dequantize_q4_k", 600)
 
 
-# lib.qformats' searched Q4_K has RMSE 0.920x Q4_1's on Gaussian tensors (a plain min/max Q4_K: 1.002x).
+# lib.gguf.qformats' searched Q4_K has RMSE 0.920x Q4_1's on Gaussian tensors (a plain min/max Q4_K: 1.002x).
 # Every comparison with lib leaves out the super-blocks with a tie in the search (`_tied_super_blocks`: 1.4 %
 # of the heavy-tailed case's on average, up to 4.7 %; about none elsewhere). With them in, the solution's
 # weighted error on the heavy-tailed case ranged 0.987-1.024x lib's over 300 seeds (one tie flipping d moves
@@ -84,7 +84,7 @@ Q4_K_WEIGHTED_VS_LIB_HEAVY = 1.05
 
 
 def _weighted_error(decoded, x, keep=None) -> float:
-    """Σ w (x̂ − x)² with the search's weights w = sqrt(mean x²) + |x| per sub-block of 32 (`lib.qformats`),
+    """Σ w (x̂ − x)² with the search's weights w = sqrt(mean x²) + |x| per sub-block of 32 (`lib.gguf.qformats`),
     over the super-blocks of 256 where `keep [n // 256]` (default all)."""
     sub = np.asarray(x, np.float64).reshape(-1, 8, 32)
     w = qformats.default_weights(sub)
@@ -129,7 +129,7 @@ def _rmse(a, b, keep=None):
 
 @WEEK.exercise(6, "quantize_q4_k", section=SECTION_K)
 def check_quantize_q4_k(quantize_q4_k) -> None:
-    """Bytes that gguf-py decodes as Q4_K to weights within 1 % of lib.qformats' searched Q4_K (RMSE; 3 % on
+    """Bytes that gguf-py decodes as Q4_K to weights within 1 % of lib.gguf.qformats' searched Q4_K (RMSE; 3 % on
     heavy-tailed rows) and within 0.5 % of its weighted error (5 % heavy-tailed) on random, heavy-tailed and real
     SmolLM2 rows — over the super-blocks whose search has no tie — and below 0.95x Q4_1's RMSE on Gaussian ones
     (min/max gets 1.00x)."""
@@ -157,14 +157,14 @@ def check_quantize_q4_k(quantize_q4_k) -> None:
         allowed = Q4_K_WEIGHTED_VS_LIB_HEAVY if desc.startswith("heavy") else Q4_K_WEIGHTED_VS_LIB
         assert werr <= allowed * lib_werr + 1e-12, (
             f"{what}: the weighted error Σ w (x̂ − x)², w = sqrt(mean x²) + |x| per sub-block of 32 (what the search "
-            f"minimizes), {where}, is {werr / lib_werr:.4f}x lib.qformats' search's (allowed {allowed}x; an unweighted "
+            f"minimizes), {where}, is {werr / lib_werr:.4f}x lib.gguf.qformats' search's (allowed {allowed}x; an unweighted "
             f"least-squares search gets about 1.01-1.04x while lowering the plain RMSE): weight the errors and the "
             f"refit by w; if you do, your search stops in worse minima — llama.cpp's tries the 21 inverse scales "
             f"(15 + δ)/(max − min), δ = −1, −0.9, …, 1, fits (s, m) to each one's codes by weighted least squares, "
             f"and keeps the best {seed_note()}")
         bound = Q4_K_RMSE_VS_LIB_HEAVY if desc.startswith("heavy") else Q4_K_RMSE_VS_LIB
         assert rmse <= bound * lib_rmse + 1e-12, (
-            f"{what}: gguf-py decodes your blocks with RMSE {rmse:.4g} {where}; lib.qformats' search gets {lib_rmse:.4g} (allowed "
+            f"{what}: gguf-py decodes your blocks with RMSE {rmse:.4g} {where}; lib.gguf.qformats' search gets {lib_rmse:.4g} (allowed "
             f"{bound}x). Check the weights sqrt(mean x²) + |x|, the least-squares refit (with m clamped at "
             f"0), the 6-bit packing (sub-block 2j in the low nibbles, 2j+1 in the high nibbles) {seed_note()}")
 

@@ -10,7 +10,7 @@ import torch
 
 from grader.checks import call_many, check_on_meta, generator, seed_note
 from grader.checks.week20_oracle import run
-from lib import quant as ref
+from lib.quantization import quant as ref
 
 
 # --- 7: the importance matrix ---------------------------------------------------------------------------------
@@ -222,14 +222,14 @@ def _pure(fn, args, what):
 
 
 # GPTQ is deterministic: a correct implementation (same grid, damping, order and lazy-batch arithmetic up to float
-# rounding) reproduces lib.gptq's weights nearly everywhere; an error fed back differently drifts column by column.
+# rounding) reproduces lib.quantization.gptq's weights nearly everywhere; an error fed back differently drifts column by column.
 GPTQ_SAME_CODES = 0.9
 
 
 def check_gptq_quantize(gptq_quantize) -> None:
-    """On a uniform grid; lib.gptq's weights (≥ 90 %), inputs narrower and wider than a lazy batch of 128, two dead,
-    damped 1 % and 10 %; held-out error within 5 % of lib.gptq's; inputs unchanged; tensors on the inputs' device."""
-    from lib.gptq import gptq_quantize as ref_gptq
+    """On a uniform grid; lib.quantization.gptq's weights (≥ 90 %), inputs narrower and wider than a lazy batch of 128, two dead,
+    damped 1 % and 10 %; held-out error within 5 % of lib.quantization.gptq's; inputs unchanged; tensors on the inputs' device."""
+    from lib.quantization.gptq import gptq_quantize as ref_gptq
 
     # case 3 is wider than one lazy batch (128 columns): an error that never leaves its batch (no W[:, b1:] -= E·U[b0:b1,
     # b1:]) matches GPTQ in the first 128 columns only (~40 % of the weights); damped 10 %: ignoring `damp` keeps ~10 %
@@ -266,12 +266,12 @@ def check_gptq_quantize(gptq_quantize) -> None:
 
 
 def check_awq_quantize(awq_quantize) -> None:
-    """The α found is as good as lib.awq's grid search on the calibration and on held-out inputs, on inputs whose
+    """The α found is as good as lib.quantization.awq's grid search on the calibration and on held-out inputs, on inputs whose
     best α differs (0.25-0.5 and 0.9-0.95: a fixed α fails one), with n_grid 20, 8 and 80, and on correlated inputs
     whose statistics change along the batch (`_calibration_sequences`: the α must minimize the whole output error,
     on every token); the weights are on a uniform grid after W·diag(s); inputs unchanged."""
-    from lib.awq import awq_quantize as ref_awq
-    from lib.awq import awq_scales
+    from lib.quantization.awq import awq_quantize as ref_awq
+    from lib.quantization.awq import awq_scales
 
     # the third case searches n_grid=8 (α = 0, 0.125, … 0.875): a search that ignores n_grid (always 20) finds
     # 0.9 or 0.95 there, off that grid

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from grader.checks import generator, observe, seed_note
-from lib import qformats
+from lib.gguf import qformats
 
 
 # --- inputs ------------------------------------------------------------------------------------------------
@@ -35,7 +35,7 @@ def _heavy_tailed(rows, n, offset):
 
 @functools.lru_cache(maxsize=1)
 def _smollm2_state():
-    from lib.model import shared_smollm2
+    from lib.modeling.llama import shared_smollm2
 
     model, _ = shared_smollm2()
     return {k: v.detach().cpu() for k, v in model.state_dict().items() if v.dim() == 2}
@@ -219,7 +219,7 @@ def run(fn, *args, what: str):
     """Call the student's `fn` under `observe` (in the student's process when it is isolated); refuse lib's
     reference and gguf-py's quantizers (the oracle), recognised by their code wherever it was loaded from."""
     result, obs = observe(fn, *args)
-    used = sorted(c for c in obs.lib_calls if c.startswith(("lib.qformats.", "lib.quant.", "lib.gptq.", "lib.awq.")))
+    used = sorted(c for c in obs.lib_calls if c.startswith(("lib.gguf.qformats.", "lib.quantization.quant.", "lib.quantization.gptq.", "lib.quantization.awq.")))
     assert not used, f"{what}: calls the lab's reference ({', '.join(used)}); write the block arithmetic yourself"
     oracle = sorted(c for c in obs.lib_calls if c.startswith("gguf."))
     assert not oracle, (f"{what}: calls gguf-py ({', '.join(oracle)}), the oracle this check compares against; "

@@ -1,7 +1,7 @@
 """Week 21 — serve it: the milestone checks, used by solutions/21/test_week21.py and the notebook.
 
-One `check_<name>` per exercise. The references are in lib/serving.py (`TextStream`, `ServingLoop`); the
-server they plug into is lib/server.py.
+One `check_<name>` per exercise. The references are in lib/serve/serving.py (`TextStream`, `ServingLoop`); the
+server they plug into is lib/serve/server.py.
 
 - `check_TextStream` pushes random byte chunks (characters of 1-4 UTF-8 bytes split anywhere, invalid bytes,
   stop strings that span chunks, overlap themselves or only begin) into the student's class and compares every
@@ -14,7 +14,7 @@ server they plug into is lib/server.py.
   request alone — and the engine's own record of what was asked of it (one step per `run_once`, each request's
   params object handed to `add_request` as it is, its logprobs back in it, nothing left behind).
 - `check_predict_ttft` draws server configurations per run (one slot and several, light and heavy loads, past and
-  just below the capacity) and compares the student's mean-TTFT model with lib.queueing's simulation of the rules
+  just below the capacity) and compares the student's mean-TTFT model with lib.serve.queueing's simulation of the rules
   the notebook states (the truth, computed here: no part of lib runs for the student's code), within a factor;
   `math.inf` exactly past the capacity.
 - `check_e2e_latency` gives requests with jittered token times and asks when the last token came, from TTFT, the
@@ -30,7 +30,7 @@ import torch
 
 from grader.checks import call_many, run_seed, seed_note
 from grader.harness import Week
-from lib import serving as ref
+from lib.serve import serving as ref
 
 WEEK = Week(21, "week21_serving.ipynb")
 
@@ -158,8 +158,8 @@ POOL_BLOCKS, BLOCK = 48, 4  # 192 slots: every request below fits, all at once, 
 
 def _workload(rng: random.Random, model):
     """Requests: (id, prompt, max_tokens, its SamplingParams, arrives at run k, cancelled before run k or None)."""
-    from lib.generate import generate
-    from lib.sampling import SamplingParams
+    from lib.modeling.generate import generate
+    from lib.modeling.sampling import SamplingParams
 
     def alone(r, **fields):
         sampling = SamplingParams(**fields)
@@ -218,7 +218,7 @@ def _described(r: dict) -> str:
 
 @WEEK.exercise(2, "ServingLoop", section="3 (The loop between two steps)")
 def check_ServingLoop(ServingLoop) -> None:
-    from lib.engine import LLMEngine
+    from lib.batching.engine import LLMEngine
     from grader.checks.week19_sim import context_model
 
     seed = run_seed()
@@ -353,7 +353,7 @@ TTFT_TOLERANCE = {"one": 1.2, "busy": 1.35, "mid": 1.35, "light": 1.35}
 
 
 def capacity(prefill_s: float, step_s: float, max_num_seqs: int, max_tokens: int) -> float:
-    """Requests per second the server of lib.queueing finishes when it never waits: every slot turns over once per
+    """Requests per second the server of lib.serve.queueing finishes when it never waits: every slot turns over once per
     `max_tokens` steps, and a step that turns over `max_num_seqs / max_tokens` slots carries that many prefills."""
     return max_num_seqs / (max_tokens * step_s + max_num_seqs * prefill_s)
 
@@ -400,9 +400,9 @@ def _call(w: dict) -> str:
 @WEEK.exercise(3, "predict_ttft", section="5 (Predicting TTFT under load)", max_python_lines=TTFT_MAX_PYTHON_LINES)
 def check_predict_ttft(predict_ttft) -> None:
     """Configurations drawn at random (one slot, several slots busy and less busy, a light load, past and just below
-    the capacity), each predicted in one batch of calls; the truth is lib.queueing's simulation of the stated server
+    the capacity), each predicted in one batch of calls; the truth is lib.serve.queueing's simulation of the stated server
     (50,000 requests), which the student's process never runs."""
-    from lib.queueing import simulate_ttft
+    from lib.serve.queueing import simulate_ttft
 
     rng = random.Random(run_seed() + 213)
     kinds = ["light", "one", "busy", "mid", "mid", "over", "near"]

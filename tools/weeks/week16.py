@@ -17,7 +17,7 @@ from tools.nbbuild import Notebook  # noqa: E402
 from tools.results import recorded_md  # noqa: E402
 
 EPYC, H200 = "amd-epyc-avx512", "nvidia-h200"
-MODEL_DECODE = "decode b1 n64: lib.generate (lib.model)"  # lib.model's eager decode of SmolLM2, fp32 on the CPU
+MODEL_DECODE = "decode b1 n64: lib.modeling.generate (lib.modeling.llama)"  # lib.modeling.llama's eager decode of SmolLM2, fp32 on the CPU
 
 nb = Notebook()
 
@@ -40,7 +40,7 @@ that checks it. Each is checked by the cell right after it and by `pytest weeks/
 
 **The model** is SmolLM2-135M-Instruct, a Llama-architecture model small enough for a laptop CPU:
 30 layers, d_model 576, 9 query heads and 3 KV heads (so it already uses GQA), head_dim 64.
-The lab's implementation is in `lib/model.py`; it accepts any cache with an `append(k, v)` method and
+The lab's implementation is in `lib/modeling/llama.py`; it accepts any cache with an `append(k, v)` method and
 any attention function `(q, k, v, causal=True) -> out`, which is how your pieces plug into it.
 
 **Read** Ainslie et al. 2023, *GQA: Training Generalized Multi-Query Transformer Models from Multi-Head
@@ -58,8 +58,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from lib.kv_cache import CacheOverflowError, KVCache
-from lib.model import LlamaModel
+from lib.modeling.kv_cache import CacheOverflowError, KVCache
+from lib.modeling.llama import LlamaModel
 from grader.checks.week16 import (check_step_flops, check_causal_mask, check_LayerKVCache, check_gqa_attention,
                                   check_generate, check_kv_cache_bytes, check_roofline_time, check_decode_time,
                                   check_pool_kv_heads, check_RollingKVCache, check_answer_q1, check_answer_q3)
@@ -69,13 +69,13 @@ nb.code('''
 import matplotlib.pyplot as plt
 from tqdm.auto import tqdm
 
-from lib import kv_cache as ref
-from lib import roofline
-from lib.attention import gqa_attention as lab_attention  # the lab's reference, under another name
-from lib.generate import generate as lib_generate
-from lib.model import shared_smollm2
-from lib.text import load_text, perplexity
-from lib.timing import Conditions, interleaved, not_monotone, report, warning
+from lib.modeling import kv_cache as ref
+from lib.bench import roofline
+from lib.attn.attention import gqa_attention as lab_attention  # the lab's reference, under another name
+from lib.modeling.generate import generate as lib_generate
+from lib.modeling.llama import shared_smollm2
+from lib.modeling.text import load_text, perplexity
+from lib.bench.timing import Conditions, interleaved, not_monotone, report, warning
 
 torch.manual_seed(0)
 model, tok = shared_smollm2()  # SmolLM2-135M-Instruct, fp32, on the CPU (or CUDA when there is one); do not modify it
@@ -346,7 +346,7 @@ nb.md("""
 **Measured: `torch.cat` growth against a preallocated write.** For SmolLM2's 30 layers at batch 1, one
 decode step appends one position per layer. We time that append both ways at a few cache lengths, next to
 the step's attention over the cache (one query against all *T* keys, every layer) — the read that happens
-anyway. The three are timed in turn, round after round (`lib.timing.interleaved`), so that whatever else the
+anyway. The three are timed in turn, round after round (`lib.bench.timing.interleaved`), so that whatever else the
 machine does falls on all of them; the best of the rounds is shown with the spread of all of them
 (worst / best), and the load around the measurement.
 """)
@@ -461,7 +461,7 @@ allocates a cache for `max_len` positions (or build 30 of your `LayerKVCache`s i
 **Exercise 5 (design).** Write `generate(model, input_ids, max_new_tokens, use_cache=True, return_logits=False)`:
 greedy decoding (each new token is the argmax of the logits at the last position). It returns the ids
 `[B, prompt + new]` and, with `return_logits`, also the logits each step chose from, `[B, new, vocab]` — the same
-contract as `lib.generate.generate`. The properties a correct answer keeps (the check counts what the model is fed):
+contract as `lib.modeling.generate.generate`. The properties a correct answer keeps (the check counts what the model is fed):
 
 * cached and uncached generation give the same tokens, and logits within 1e-4 at every step — on SmolLM2
   (64 greedy tokens) and on random tiny configurations (MHA, GQA, MQA, one and two sequences);
@@ -646,7 +646,7 @@ N = 2048
 a, b = torch.randn(N, N, dtype=dtype, device=dev), torch.randn(N, N, dtype=dtype, device=dev)
 w = torch.randn(256 * 2**20 // (4096 * a.element_size()), 4096, dtype=dtype, device=dev)  # 256 MiB
 if w.device.type == "cpu":
-    w = roofline.on_huge_pages([w])[0]  # on 2 MB pages, as lib.fast keeps its weights: the read, not a TLB test
+    w = roofline.on_huge_pages([w])[0]  # on 2 MB pages, as lib.modeling.fast keeps its weights: the read, not a TLB test
 x = torch.randn(1, 4096, dtype=dtype, device=dev)
 conditions = Conditions.now()
 with torch.no_grad():
@@ -794,12 +794,12 @@ nb.md(f"""
   published 312 TFLOP/s and 2.0 TB/s make that about T / 156 — at batch 1 a 64-token forward costs hardly
   more than one token. There the cache pays off through the O(T²) → O(T) total at long contexts and large
   batches, not through a big per-token factor at 64 tokens. Measure before you quote a speedup.
-* **The lab's recorded runs** (`benchmarks/decode.py`, the same model in `lib.model`, fp32 on the CPU), to put
-  beside your own figure: on the lab's EPYC, `lib.generate` decodes at {recorded_md("decode", MODEL_DECODE, EPYC)}
+* **The lab's recorded runs** (`benchmarks/decode.py`, the same model in `lib.modeling.llama`, fp32 on the CPU), to put
+  beside your own figure: on the lab's EPYC, `lib.modeling.generate` decodes at {recorded_md("decode", MODEL_DECODE, EPYC)}
   against a bandwidth roofline of {recorded_md("decode", "decode b1: roofline", EPYC)}; on an H200, at
   {recorded_md("decode", MODEL_DECODE, H200)} against a roofline of {recorded_md("decode", "decode b1: roofline", H200)}
   — there the eager step's launches, not the bandwidth, set the time, and the same step replayed as a CUDA graph
-  runs at {recorded_md("decode", "decode b1 n64: lib.generate (lib.fast, CUDA graphs)", H200)}.
+  runs at {recorded_md("decode", "decode b1 n64: lib.modeling.generate (lib.modeling.fast, CUDA graphs)", H200)}.
 
 Check: `pytest weeks/16 -k "ex07 or ex08"`
 """)
@@ -853,13 +853,13 @@ nb.md("""
 the state dict is cloned, and a `LlamaModel` built from `config.replace(n_kv_heads=n_groups)` loads them.
 
 **Milestone:** perplexity on *Hamlet* (Project Gutenberg; `data/text/hamlet.txt`) with 3 KV heads and
-with 1. `lib.text.perplexity` reads the text in windows of 256 tokens advancing by 128, so every token scored
+with 1. `lib.modeling.text.perplexity` reads the text in windows of 256 tokens advancing by 128, so every token scored
 after the first window sees at least 128 tokens of context (the first 128 tokens see only what precedes them).
 We score the first 2,048 tokens of the play.
 """)
 
 nb.code("""
-from lib.gqa import kv_group_options
+from lib.modeling.gqa import kv_group_options
 
 eval_ids = tok(load_text("hamlet"), return_tensors="pt").input_ids[0, :2049]
 print("KV-head counts reachable by pooling:", kv_group_options(cfg.n_heads, cfg.n_kv_heads))
@@ -907,8 +907,8 @@ as Mistral 7B does (Jiang et al. 2023, with *W* = 4096). Then the cache never ne
 positions, whatever the sequence length: a **rolling buffer** of *W* slots, in which each new position takes the
 place of the one that just left the window.
 
-`lib.kv_cache.sliding_window_attention(W)` is the matching attention: the causal mask, minus every key more
-than *W − 1* positions behind its query (`lib.masks.sliding_window_mask`, bottom-right aligned like yours).
+`lib.modeling.kv_cache.sliding_window_attention(W)` is the matching attention: the causal mask, minus every key more
+than *W − 1* positions behind its query (`lib.attn.masks.sliding_window_mask`, bottom-right aligned like yours).
 
 **Exercise 10 (design).** Write `RollingKVCache(batch, n_kv_heads, window, head_dim, dtype, device)`. Its interface:
 `k`, `v` storage of `[batch, n_kv_heads, window, head_dim]` and `nbytes` (its bytes); `length`, how many positions

@@ -40,7 +40,7 @@ runs a GPU timing when it is), so we make the argument in two ways we *can* chec
 | 9 | quiz | `-k "ex14 or ex15 or ex16"` |
 
 Shapes throughout: `q [B, H, Nq, d]`, `k` and `v [B, H, Nk, d]` (one KV head per query head; a GQA model
-wraps the function with `lib.attention.expand_kv`). `causal=True` is aligned at the bottom right, as in
+wraps the function with `lib.attn.attention.expand_kv`). `causal=True` is aligned at the bottom right, as in
 week 16: query `i` sees keys `j <= i + (Nk - Nq)`.
 
 The checks judge *how* you compute as well as the numbers: they record the matrix products, reductions,
@@ -54,8 +54,8 @@ import math
 
 import torch
 
-from lib.attention import check_attention_shapes  # raises ValueError naming the shapes, for impossible inputs
-from lib.masks import causal_mask  # week 16: bottom-right aligned boolean mask [q_len, kv_len]
+from lib.attn.attention import check_attention_shapes  # raises ValueError naming the shapes, for impossible inputs
+from lib.attn.masks import causal_mask  # week 16: bottom-right aligned boolean mask [q_len, kv_len]
 from grader.checks.week17 import (check_naive_attention, check_score_bytes, check_online_softmax,
                                   check_flash_attention_forward, check_standard_io, check_flash_io,
                                   check_flash_attention_backward, check_FlashAttention, check_merge_partials,
@@ -73,11 +73,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 from tqdm.auto import tqdm
 
-from lib import io_model
+from lib.attn import io_model
 import torch.nn.functional as F
 
-from lib.attention import expand_kv
-from lib.io_model import TensorMemoryMeter
+from lib.attn.attention import expand_kv
+from lib.attn.io_model import TensorMemoryMeter
 
 torch.manual_seed(0)
 # One thread for every measurement in this notebook. The tiled loop runs thousands of small ops; with two
@@ -146,7 +146,7 @@ nb.md("""
 ### Measuring it
 
 How do we measure peak memory on a CPU? Process RSS is coarse (the allocator keeps freed pages, and its
-high-water mark never goes down), so we count tensor allocations instead: `lib.io_model.TensorMemoryMeter`
+high-water mark never goes down), so we count tensor allocations instead: `lib.attn.io_model.TensorMemoryMeter`
 is a `TorchDispatchMode` that sees every aten op's outputs, adds a storage's bytes when it first appears
 and subtracts them when the last tensor on it is freed. That is what `torch.cuda.max_memory_allocated`
 reports on a GPU. It does not see scratch memory a single fused op allocates inside itself (SDPA's
@@ -421,7 +421,7 @@ check_flash_io(flash_io)
 """, points=2)
 
 nb.md("""
-**Do the formulas describe a real run?** `lib.io_model.run_algorithm1` executes Algorithm 1 literally on
+**Do the formulas describe a real run?** `lib.attn.io_model.run_algorithm1` executes Algorithm 1 literally on
 one head, with every access to "HBM" going through a counter (`io_model.HBM`), and `run_standard` does the
 same for Algorithm 0. Their outputs are real attention outputs, and their counts should be yours exactly.
 """)
@@ -775,7 +775,7 @@ SmolLM2's attention calls `model.attention_fn(q, k, v, causal=True)` with 9 quer
 """)
 
 nb.code("""
-from lib.model import load_smollm2
+from lib.modeling.llama import load_smollm2
 
 model, tok = load_smollm2()  # on CUDA when there is one
 ids = tok("FlashAttention computes exact attention without ever writing the full score matrix to memory. "
@@ -802,15 +802,15 @@ nb.md("""
 SmolLM2 has 9 query heads and 3 KV heads. `expand_kv` makes your `flash_decode` work by repeating every KV
 head for its 3 query heads — a copy, and 3× the K/V bytes through the attention. The copy is avoidable: fold
 each group's query heads into the **query axis** (`q [B, 9, 1, d] → [B, 3, 3, d]`): one decode step is then 3
-queries against one KV head, which `flash_decode` already handles (`lib.attention.flash_decode_gqa`). We decode
+queries against one KV head, which `flash_decode` already handles (`lib.attn.attention.flash_decode_gqa`). We decode
 8 tokens both ways and count the bytes of the K/V operands of the attention matmuls in one layer's decode step
 (`grader.checks.observe` records every matmul's shapes).
 """)
 
 nb.code("""
 from grader.checks import observe
-from lib.attention import gqa_attention
-from lib.generate import generate as lib_generate
+from lib.attn.attention import gqa_attention
+from lib.modeling.generate import generate as lib_generate
 
 
 def decode_backend(packed: bool):
@@ -882,7 +882,7 @@ plt.legend(); plt.grid(True, which="both", alpha=0.3); plt.show()
 
 nb.md("""
 **Peak memory at N = 4096** (the milestone: tiled ≤ 1/10 of naive). Measured twice: by counting tensor
-allocations in this process, and — for the reference implementations in `lib.attention` and for SDPA — by the
+allocations in this process, and — for the reference implementations in `lib.attn.attention` and for SDPA — by the
 operating system's peak RSS of a fresh process (`io_model.peak_rss_delta`: it resets the kernel's
 high-water mark `VmHWM` just before the call). RSS sees only the CPU's memory; where the model is on a GPU the cell
 also runs both on it and reads the CUDA allocator's peak (`torch.cuda.max_memory_allocated`, after
@@ -977,7 +977,7 @@ check_predict_peak_bytes(predict_peak_bytes)
 """, points=2)
 
 nb.code("""
-from lib.timing import Conditions
+from lib.bench.timing import Conditions
 
 conditions = Conditions.now()
 print(f"{'':34s} {'predicted':>12s} {'measured':>12s} {'measured/predicted':>19s}")
@@ -1086,8 +1086,8 @@ if not torch.cuda.is_available():  # no GPU: Triton's interpreter (numpy, on the
 import triton
 import triton.language as tl
 
-from lib.triton_attention import check_triton_attention_shapes  # ValueError naming the shapes the kernel cannot take
-from lib.triton_attention import interpreting, kernel_device  # kernel_device: ValueError for tensors on the wrong device
+from lib.attn.triton_attention import check_triton_attention_shapes  # ValueError naming the shapes the kernel cannot take
+from lib.attn.triton_attention import interpreting, kernel_device  # kernel_device: ValueError for tensors on the wrong device
 from grader.checks.week17 import check_softmax_rows, check_tiled_matmul, check_flash_attention_triton
 """)
 

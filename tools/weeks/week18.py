@@ -11,9 +11,9 @@ from tools.nbbuild import Notebook  # noqa: E402
 from tools.results import recorded_md  # noqa: E402
 
 EPYC = "amd-epyc-avx512"
-FAST_DECODE = "decode b1 n64: lib.generate (lib.fast, C++ step)"  # FastLlama's one-call C++ step, SmolLM2 fp32
-PACKED_DECODE = "decode b1 n64: lib.generate (lib.fast, packed)"
-MODEL_DECODE = "decode b1 n64: lib.generate (lib.model)"
+FAST_DECODE = "decode b1 n64: lib.modeling.generate (lib.modeling.fast, C++ step)"  # FastLlama's one-call C++ step, SmolLM2 fp32
+PACKED_DECODE = "decode b1 n64: lib.modeling.generate (lib.modeling.fast, packed)"
+MODEL_DECODE = "decode b1 n64: lib.modeling.generate (lib.modeling.llama)"
 
 nb = Notebook()
 
@@ -23,14 +23,14 @@ nb.md(r"""
 Decoding one token costs one pass over all the weights, and on this CPU (like on a GPU) that pass is limited
 by memory traffic, not arithmetic: scoring **several** tokens in one pass costs less than scoring them one by one.
 How much less depends on the machine and on the matmul kernels, and it is not a smooth curve: section 1 measures it
-for `lib.model` on your machine, and section 10 for the faster `FastLlama`, whose curve is another.
+for `lib.modeling.llama` on your machine, and section 10 for the faster `FastLlama`, whose curve is another.
 **Speculative decoding** exploits that: a cheap **draft** guesses the next K tokens, the **target** scores all
 of them in one forward, and we keep the longest prefix the target agrees with, plus one token of the
 target's own. Done right, the output is **exactly** what the target alone would produce — token for token
 when greedy, in distribution when sampling. This week you build it on SmolLM2, prove both kinds of exactness,
 measure acceptance against theory, and find out honestly when it is faster on this CPU and why.
 
-**Notation** (everywhere in this notebook and in `lib/speculative.py`): **p is the target** distribution,
+**Notation** (everywhere in this notebook and in `lib/spec_decode/speculative.py`): **p is the target** distribution,
 **q is the draft**. Seed quiz 002 Q5 uses the same letters; the TV-distance paper in the resources (seed 004)
 calls the draft p and the target q — read it with the letters swapped.
 
@@ -51,7 +51,7 @@ import math
 
 import torch
 
-from lib.kv_cache import KVCache
+from lib.modeling.kv_cache import KVCache
 from grader.checks.week18 import (check_speculative_generate, check_verify, check_speculative_sample,
                                   check_expected_rejections, check_lookup_draft, check_best_k,
                                   check_expected_target_calls, check_batched_speculative_generate)
@@ -66,14 +66,14 @@ import matplotlib.pyplot as plt
 from tqdm.auto import tqdm
 
 from grader.checks import week18 as checks
-from lib import roofline
-from lib import drafts as lib_drafts  # the drafts (lib.speculative's theory is imported after section 6's check)
-from lib.generate import generate as lib_generate
-from lib.speculative import EDIT_REQUEST, QUOTE_TEXT, SpecStats, chat_ids
-from lib.speculative import speculative_generate as lib_speculative_generate  # the lab's loop, for measurements
-from lib.model import shared_smollm2
-from lib.text import load_text
-from lib.timing import Conditions, Timed, impossible_verify_curve, interleaved, report, warning
+from lib.bench import roofline
+from lib.spec_decode import drafts as lib_drafts  # the drafts (lib.spec_decode.speculative's theory is imported after section 6's check)
+from lib.modeling.generate import generate as lib_generate
+from lib.spec_decode.speculative import EDIT_REQUEST, QUOTE_TEXT, SpecStats, chat_ids
+from lib.spec_decode.speculative import speculative_generate as lib_speculative_generate  # the lab's loop, for measurements
+from lib.modeling.llama import shared_smollm2
+from lib.modeling.text import load_text
+from lib.bench.timing import Conditions, Timed, impossible_verify_curve, interleaved, report, warning
 
 FULL = False  # True: more repeats, positions and tokens (several minutes)
 torch.manual_seed(0)
@@ -185,7 +185,7 @@ holds each of these:
 
 Work out for yourself: which of the target's K + 1 rows of logits says whether guess i is right; what the round
 writes when the target disagrees at guess i, and when it agrees with all K; how far back each cache goes; how many
-tokens the last rounds may guess. Use your own loop (no `lib.speculative`, no `lib.generate`). The check runs
+tokens the last rounds may guess. Use your own loop (no `lib.spec_decode.speculative`, no `lib.modeling.generate`). The check runs
 Markov-chain and tiny-Llama targets with drafts from perfect to hopeless, and SmolLM2 for 64 tokens with K ∈ {2, 8}
 (its draft is prompt lookup: section 5). The round, step by step, is printed after the check.
 """)
@@ -581,7 +581,7 @@ nb.md("Check: `pytest weeks/18 -k ex04`")
 nb.md(r"""
 ## 5. Drafts compared on SmolLM2
 
-Four kinds of draft, all with a model's call shape (`lib/drafts.py`):
+Four kinds of draft, all with a model's call shape (`lib/spec_decode/drafts.py`):
 
 * **random 2-layer** model with SmolLM2's vocabulary: the α ≈ 0 baseline (the seed says "≈ 1/vocab"; it is
   Σ min(p, q), which two broad distributions make a few percent);
@@ -835,7 +835,7 @@ nb.md(r"""
 writes) is written only if guesses 0..i−1 were all kept, so a round writes 1 + α_0 + α_0·α_1 + ... + α_0···α_(K−1)
 tokens on average; with one α, 1 + α + ... + α^K = (1 − α^(K+1)) / (1 − α) (K + 1 at α = 1). The speedup is that
 over K·c + verify_cost[K + 1]. Seed 001's "accept/reject each token independently" would give 1 + α·K: verification
-tests in order and stops at the first rejection. From here on the notebook uses `lib.speculative`'s version of the
+tests in order and stops at the first rejection. From here on the notebook uses `lib.spec_decode.speculative`'s version of the
 constant-α formula (`expected_tokens_per_call`, `predicted_speedup`) and your `best_k`.
 
 Two seed figures, recomputed with it below: "70 % acceptance with K = 4 → ~3.6 tokens per call" and "50 % → ~2.1":
@@ -843,7 +843,7 @@ with one α no K can give more than 1 / (1 − α) tokens a round (the limit K �
 """)
 
 nb.code("""
-from lib import speculative as lab  # the lab's loop and its acceptance theory (the formula you just derived)
+from lib.spec_decode import speculative as lab  # the lab's loop and its acceptance theory (the formula you just derived)
 
 print("α = 0.5: " + ", ".join(f"K={k}: {lab.expected_tokens_per_call(0.5, k):.3f}" for k in (1, 2, 4, 8, 16))
       + f"; K -> ∞: {1 / (1 - 0.5):.3f} tokens a round, < 2.1")
@@ -1062,7 +1062,7 @@ meets a problem a single sequence does not have (seed 001): after a round, **eac
 tokens**. Row 0 kept 4 guesses and its bonus, row 1 none; their caches now hold different lengths, the next round's
 rows start at different positions, and a row that has written all its tokens is done while the others go on.
 
-`lib/speculative_batch.py` gives a target that runs any set of rows, each with its own new tokens, in one forward:
+`lib/spec_decode/speculative_batch.py` gives a target that runs any set of rows, each with its own new tokens, in one forward:
 
 ```python
 target = RaggedTarget(model)                  # layout="packed" (default) or "padded"
@@ -1089,7 +1089,7 @@ it returns each row's prompt followed by exactly its own number of new tokens. W
   first call a row is fed at most K + 1 tokens.
 
 The check runs Markov-chain targets and a tiny Llama through `RaggedTarget` with rows whose drafts range from
-perfect to hopeless, with different prompts and numbers of tokens. Use no `lib.speculative` loop.
+perfect to hopeless, with different prompts and numbers of tokens. Use no `lib.spec_decode.speculative` loop.
 """)
 
 nb.exercise("batched_speculative_generate", '''
@@ -1141,7 +1141,7 @@ batch cannot refill them; week 19's continuous batching does); and whether each 
 """)
 
 nb.code("""
-from lib.speculative_batch import RaggedTarget
+from lib.spec_decode.speculative_batch import RaggedTarget
 
 ROWS8 = ["the cat sat on the mat. the cat sat on the mat. the cat sat on the mat. the cat",
          "Once upon a time, there was a", "To be, or not to be, that is the question. To be, or not to be, that",
@@ -1336,15 +1336,15 @@ with the embedding of the token that followed, goes through **one** small transf
 h_{t+1}; logits come from the target's own head rows — here only the 4096 most frequent tokens of the target's
 chat answers (FR-Spec, section 9), so an output step reads 4096 × 576 weights, not 49152 × 576. To draft K tokens
 it feeds itself its own predicted ĥ; after verification it re-reads the accepted tokens with the target's true
-hidden states, which the verify forward has just computed (`lib/draft_head.py`).
+hidden states, which the verify forward has just computed (`lib/spec_decode/draft_head.py`).
 
 It was trained by **self-distillation**: SmolLM2 answered chat prompts made from templates × topics (none of them
 the prompts below), and the head learned to predict the target's next hidden state and greedy token on those
 answers (`tools/train_draft_head.py`; its command, seed, data and time are stored with the weights and printed
 below). The committed weights (`data/draft_head/head.pt`, int8 per row) are loaded here, not trained.
 
-The target here is `lib.fast.FastLlama` — the same model, run by the kernel that decodes fastest on this CPU
-(`lib.fast` times its kernels once per machine and prints which it chose, below) — because that is what a server
+The target here is `lib.modeling.fast.FastLlama` — the same model, run by the kernel that decodes fastest on this CPU
+(`lib.modeling.fast` times its kernels once per machine and prints which it chose, below) — because that is what a server
 would run, and its **verify curve is different from section 1's**. Each of its kernels reads a weight once for a
 few rows, but what one step costs differs: with oneDNN's packed weights a one-token step is slow enough that
 scoring m ≤ 8 tokens costs about one step; the one-call C++ step (chosen on the lab's EPYC) makes every step of a
@@ -1355,8 +1355,8 @@ the target's).
 """)
 
 nb.code("""
-from lib import draft_head as dh
-from lib.fast import FastLlama
+from lib.spec_decode import draft_head as dh
+from lib.modeling.fast import FastLlama
 
 fast = FastLlama(model)  # same tokens as `model`, faster
 print("FastLlama's kernel:", fast.kernel_reason)
@@ -1368,7 +1368,7 @@ print("trained by:", head.meta.get("command"), "| seed", head.meta.get("seed"), 
 m_sizes = list(range(1, 10))
 conditions = Conditions.now()
 fast_curve = lab.verify_curve(fast, text_ids, m_sizes, context=CONTEXT, repeats=repeats)
-plain_curve = {m: vc(m) for m in m_sizes}  # section 1's curve for lib.model (sizes it did not measure interpolated)
+plain_curve = {m: vc(m) for m in m_sizes}  # section 1's curve for lib.modeling.llama (sizes it did not measure interpolated)
 costs8 = {"draft head": lab.relative_cost(dh.head_step(head, fast, text_ids, CONTEXT), fast, text_ids, CONTEXT),
           "int8 copy": lab.relative_cost(lab.draft_step(drafts["int8 copy"], text_ids, CONTEXT), fast, text_ids, CONTEXT),
           "prompt lookup": lab.relative_cost(lab.draft_step(drafts["prompt lookup"], text_ids, CONTEXT), fast, text_ids,
@@ -1378,7 +1378,7 @@ print("verify curve, FastLlama: " + ", ".join(f"{m}: {fast_curve[m]:.2f}" for m 
 disturbed8 = impossible_verify_curve(fast_curve)
 if disturbed8:
     print(disturbed8)
-print("verify curve, lib.model: " + ", ".join(f"{m}: {plain_curve[m]:.2f}" for m in m_sizes))
+print("verify curve, lib.modeling.llama: " + ", ".join(f"{m}: {plain_curve[m]:.2f}" for m in m_sizes))
 print("c relative to FastLlama: " + ", ".join(f"{d} {c:.3f}" for d, c in costs8.items()))
 """)
 
@@ -1437,12 +1437,12 @@ for _ in range(40):  # bisection: the smallest α whose best K reaches 1.5x with
 alpha_head = result8["draft head", HEAD_KS[1]]["a"]
 print(f"draft head: c = {c_head:.3f}; α needed for 1.5x (predicted, best K) = {hi:.2f}; α measured on chat = "
       f"{alpha_head:.2f}; predicted at the measured α = {best_speed(alpha_head, c_head, fast_curve):.2f}x")
-print(f"with lib.model's verify curve instead: α needed = "
+print(f"with lib.modeling.llama's verify curve instead: α needed = "
       f"{min((a / 100 for a in range(101) if best_speed(a / 100, c_head, plain_curve) >= 1.5), default=float('nan')):.2f}")
 alphas = [a / 50 for a in range(50)]
 fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
 axes[0].plot(m_sizes, [fast_curve[m] for m in m_sizes], "o-", label=f"FastLlama ({fast.kernel} kernel)")
-axes[0].plot(m_sizes, [plain_curve[m] for m in m_sizes], "s-", label="lib.model (section 1, interpolated)")
+axes[0].plot(m_sizes, [plain_curve[m] for m in m_sizes], "s-", label="lib.modeling.llama (section 1, interpolated)")
 axes[0].plot(m_sizes, m_sizes, "--", color="gray", label="m separate steps")
 axes[0].set_xlabel("tokens scored in one forward (K + 1)"); axes[0].set_ylabel("steps"); axes[0].set_title("verify curves")
 axes[0].legend(fontsize=7)
@@ -1464,7 +1464,7 @@ What to read off (your numbers are above, with the load; a busy machine makes si
   weights a one-token step is slow enough that a few tokens cost about one step; the one-call C++ step makes every
   step of a few rows much cheaper, the verify step included, and relative to that cheaper step a verify of a few
   tokens costs more steps — a faster target leaves less for speculation to win unless its verify step is as lean as
-  its decode step. Compare the two curves above; with `lib.model` as the target the head would need another α,
+  its decode step. Compare the two curves above; with `lib.modeling.llama` as the target the head would need another α,
   which the cell above computes.
 * **What it lacks is α.** It was trained on the target's own answers to template prompts (the command, the answers,
   tokens and time are printed above; `tools/train_draft_head.py` prints its held-out agreement), and it agrees with
@@ -1479,9 +1479,9 @@ What to read off (your numbers are above, with the load; a busy machine makes si
 nb.md(f"""
 **Your target beside the lab's recorded runs.** `benchmarks/decode.py --record` decoded the same model greedily on the
 lab's machine: `FastLlama` with the one-call C++ step at {recorded_md("decode", FAST_DECODE, EPYC)}, with packed
-weights at {recorded_md("decode", PACKED_DECODE, EPYC)}, and `lib.model` at {recorded_md("decode", MODEL_DECODE, EPYC)}.
+weights at {recorded_md("decode", PACKED_DECODE, EPYC)}, and `lib.modeling.llama` at {recorded_md("decode", MODEL_DECODE, EPYC)}.
 Your target's figure is printed above with your machine's load; the two machines differ, and so does the kernel
-`lib.fast` chose (named above). Speculation competes with the target's own step: the faster that step, the less a
+`lib.modeling.fast` chose (named above). Speculation competes with the target's own step: the faster that step, the less a
 verify step of K + 1 tokens saves.
 """)
 
@@ -1514,7 +1514,7 @@ YOUR ANSWER HERE
 *Mark scheme (2 points).* (1) (1 + 0.8 + 0.8² + 0.8³ + 0.8⁴) / (4·0.05 + 1) = 3.3616 / 1.2 = 2.80×. (2) Any of, with
 the student's measurement: the same α at every position (section 4's histogram; section 7's predicted and measured
 calls), a flat verify curve (section 1's and section 10's curves: a few tokens cost well over one step for
-`lib.model`), a draft costing a twentieth of a step (section 5: the int8 copy's c is most of a step), no loop
+`lib.modeling.llama`), a draft costing a twentieth of a step (section 5: the int8 copy's c is most of a step), no loop
 overhead.
 """, points=2)
 

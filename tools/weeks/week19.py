@@ -7,7 +7,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from lib import records  # noqa: E402
+from lib.bench import records  # noqa: E402
 from tools.nbbuild import Notebook  # noqa: E402
 from tools.results import recorded_md  # noqa: E402
 
@@ -45,7 +45,7 @@ the KV cache in fixed-size **blocks** handed out on demand, like pages of virtua
 (**PagedAttention**), and a scheduler that decides again at every step who runs (**continuous
 batching**). You build the pieces — block arithmetic, a reference-counted allocator, block tables and
 slot mapping, attention that reads keys and values straight from the block pool — and then run them
-inside a small real engine (`lib/engine.py` and its block pool `lib/blocks.py`; the first code cell prints
+inside a small real engine (`lib/batching/engine.py` and its block pool `lib/batching/blocks.py`; the first code cell prints
 their length) on SmolLM2, which returns exactly the tokens that `generate` returns on each request alone.
 
 **You will write** a model of what continuous batching gains (`continuous_gain`, predicted, then measured),
@@ -78,18 +78,19 @@ import time
 import matplotlib.pyplot as plt
 from tqdm.auto import tqdm
 
-import lib.blocks
-import lib.engine
-import lib.model_runner
-from lib import paged as ref, records, roofline as rl
-from lib.attention import gqa_attention
-from lib.engine import LLMEngine, simulate_steps
-from lib.engine_load import percentile, run_load
-from lib.generate import generate as lib_generate
-from lib.kv_cache import kv_cache_bytes
-from lib.model import shared_smollm2, tiny_model
-from lib.text import load_text
-from lib.timing import Conditions, interleaved, not_monotone, report, warning
+import lib.batching.blocks
+import lib.batching.engine
+import lib.batching.model_runner
+from lib.batching import paged as ref
+from lib.bench import records, roofline as rl
+from lib.attn.attention import gqa_attention
+from lib.batching.engine import LLMEngine, simulate_steps
+from lib.batching.engine_load import percentile, run_load
+from lib.modeling.generate import generate as lib_generate
+from lib.modeling.kv_cache import kv_cache_bytes
+from lib.modeling.llama import shared_smollm2, tiny_model
+from lib.modeling.text import load_text
+from lib.bench.timing import Conditions, interleaved, not_monotone, report, warning
 
 FULL = False  # True: the seed's sizes (64 requests of 50/200 tokens, batch up to 32): about 15 minutes
 
@@ -109,7 +110,7 @@ lines = [ln.strip() for ln in load_text("hamlet").splitlines() if len(ln.strip()
 PROMPTS = [tok(ln).input_ids[:20] for ln in lines[200:264]]
 print(len(PROMPTS), "prompts, e.g.", repr(tok.decode(PROMPTS[0])))
 # The engine you will run, by size (docstrings and comments included): what there is to read
-size = {m.__name__: len(inspect.getsource(m).splitlines()) for m in (lib.engine, lib.model_runner, lib.blocks)}
+size = {m.__name__: len(inspect.getsource(m).splitlines()) for m in (lib.batching.engine, lib.batching.model_runner, lib.batching.blocks)}
 print(", ".join(f"{m.replace('.', '/')}.py {n} lines" for m, n in size.items()) + "; of them LLMEngine "
       f"{len(inspect.getsource(LLMEngine).splitlines())}, its step() {len(inspect.getsource(LLMEngine.step).splitlines())}")
 """)
@@ -547,7 +548,7 @@ non-contiguous memory access)". Measure yours on this machine: your `paged_atten
 against attention over the same keys and values stored contiguously per sequence (`gqa_attention`: the same
 matmuls and softmax, one call for the whole batch), a decode batch of 8 sequences of SmolLM2's shapes (one
 layer), blocks of 16 scattered over the pool, at several context lengths. The two take turns, round by round,
-so that whatever else the machine does falls on both (`lib.timing`); read the best of the repeats, their
+so that whatever else the machine does falls on both (`lib.bench.timing`); read the best of the repeats, their
 spread and the load.
 """)
 nb.code("""
@@ -596,16 +597,16 @@ nb.md("Check: `pytest weeks/19 -k \"ex05 or ex06\"`")
 nb.md("""
 ## 5. The engine
 
-`lib/engine.py` puts the pieces together. It is not short (the first code cell printed its length); the part
+`lib/batching/engine.py` puts the pieces together. It is not short (the first code cell printed its length); the part
 to read is `LLMEngine.step`, schedule → run → postprocess: `_schedule` carries out the scheduler's plan,
-`ModelRunner.run` (`lib/model_runner.py`) runs the forward, `_postprocess` samples and finishes. Each **step**:
+`ModelRunner.run` (`lib/batching/model_runner.py`) runs the forward, `_postprocess` samples and finishes. Each **step**:
 
 1. the scheduler picks the running requests (one token each for a decode, a chunk of the prompt for a
    prefill), then admits waiting ones while there are free slots, token budget and blocks;
 2. the allocator gives each one the blocks its new tokens need;
 3. all scheduled tokens of all requests go through the model in **one forward**, flattened to
    `[1, N]`: the linear layers see every token at once, and each layer writes its new keys and values
-   to their slots (`lib.paged.PagedKVCache`) and attends — decodes together through `paged_attention`,
+   to their slots (`lib.batching.paged.PagedKVCache`) and attends — decodes together through `paged_attention`,
    prefills over their own blocks;
 4. each request whose tokens are all computed gets its next token (greedy); finished ones free their blocks.
 
@@ -628,7 +629,7 @@ reads every weight once whatever the batch (week 16, section 6). So a step with 
 little more than a step with 1, and tokens per second should grow almost linearly with the batch — until
 the matmuls become compute-bound. Measured (decode steps only, after the prefill; the batch sizes take turns,
 round by round, and the best round counts). The roofline uses the best streaming bandwidth measured on this
-class of machine (`lib.records.best_bandwidth`: the committed records, this machine's earlier runs and this
+class of machine (`lib.bench.records.best_bandwidth`: the committed records, this machine's earlier runs and this
 run), never one run's reading alone: a shared machine's probe moves from minute to minute.
 """)
 nb.code("""
@@ -1183,7 +1184,7 @@ assert out_yours == alone and out_cached == alone + alone[:1]
 """)
 nb.md("""
 **Exercise 1, measured on your engine.** Section 1's queue once more, static against continuous, on an engine
-built from your parts, timed: the two take turns, round by round, and the best round counts (`lib.timing`:
+built from your parts, timed: the two take turns, round by round, and the best round counts (`lib.bench.timing`:
 the spread and the load are printed). Beside them, your prediction for a deep queue and the step-count model of
 this very queue.
 """)

@@ -51,11 +51,12 @@ import time
 import matplotlib.pyplot as plt
 from tqdm.auto import tqdm
 
-from lib import paths, records, roofline
-from lib import awq as ref_awq, gptq as ref_gptq, qformats, quant as ref  # the lab's reference: compare after writing your own
-from lib.model import shared_smollm2
-from lib.text import load_text, perplexity, perplexity_se, token_nlls
-from lib.timing import Conditions, interleaved, report, warning
+from lib.bench import paths, records, roofline
+from lib.quantization import awq as ref_awq, gptq as ref_gptq, quant as ref  # the lab's reference: compare after writing your own
+from lib.gguf import qformats
+from lib.modeling.llama import shared_smollm2
+from lib.modeling.text import load_text, perplexity, perplexity_se, token_nlls
+from lib.bench.timing import Conditions, interleaved, report, warning
 
 FULL = False  # True: perplexity on 4,335 tokens instead of 1,020, every tensor instead of a sample (many minutes)
 
@@ -82,7 +83,7 @@ this machine, with the bandwidth measured by reading a large matrix once, as fas
 it: every core streams its share). Week 16 measured a one-row matrix product instead, the operation of a
 decode step; it is printed beside it (compare the two: on a CPU that kernel tends to read below what the memory
 delivers, so it is not the ceiling). A probe on a shared machine reads differently from minute to minute, so the
-rooflines use the best streaming bandwidth measured on this class of machine (`lib.records.best_bandwidth`:
+rooflines use the best streaming bandwidth measured on this class of machine (`lib.bench.records.best_bandwidth`:
 the committed records, this machine's earlier runs, and this run), never one run's reading alone.
 """)
 
@@ -186,7 +187,7 @@ neighbours; byte `j` holds code `j` in its low nibble and code `j + 16` in its h
 (**Q4_0**, 18 bytes, is the symmetric sibling: `d = x_max / -8` where `x_max` is the value of largest
 magnitude *with its sign*, and `q = min(15, trunc(x * id + 8.5))`, value `d · (q − 8)`. Using the signed
 maximum puts it exactly on the code −8 … so the asymmetric range [−8, 7] loses nothing on the big side.
-Q5_0 and Q5_1 add a 32-bit word holding the fifth bit of each code. `lib/qformats.py` has all five.)
+Q5_0 and Q5_1 add a 32-bit word holding the fifth bit of each code. `lib/gguf/qformats.py` has all five.)
 """)
 
 nb.exercise("quantize_q4_1", r'''
@@ -498,7 +499,7 @@ scales: `q = clip(nearest_int((x + dmin·mn)/(d·sc)), 0, 15)`. ggml's K-quants 
 sends halves to the **even** neighbour (`np.rint`): a third rule beside Q8_0's `roundf` and Q4_1's `trunc(v + 0.5)`.
 
 The check decodes your bytes with gguf-py and wants the weighted error Σ w (x̂ − x)² within 0.5 % of llama.cpp's
-search as `lib.qformats` runs it (5 % on heavy-tailed rows; a search on the *unweighted* error lowers the plain RMSE
+search as `lib.gguf.qformats` runs it (5 % on heavy-tailed rows; a search on the *unweighted* error lowers the plain RMSE
 a little and misses this bound), the plain RMSE within 1 % of it (3 % heavy-tailed), and below 0.95× Q4_1's
 on Gaussian weights. Both comparisons leave out the super-blocks where two candidate fits tie in `E` (a sub-block
 of one outlier and weights that all land on one code is fitted exactly by several; which one a search keeps is
@@ -612,7 +613,7 @@ Q5_K and Q6_K follow: each extra bit halves the step, and so roughly the error.
 
 **SmolLM2 has a catch:** `d_model = 576` is not a multiple of 256, so only `ffn_down` (1536 columns) can
 be stored as a K-quant at all. llama.cpp's quantizer (`llama-quant.cpp`) falls back for such rows:
-Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0 (`lib.qformats.K_FALLBACK`). A "Q4_K" SmolLM2 is mostly Q5_0.
+Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0 (`lib.gguf.qformats.K_FALLBACK`). A "Q4_K" SmolLM2 is mostly Q5_0.
 """)
 
 # --- 5 ---------------------------------------------------------------------------------------------------
@@ -884,7 +885,7 @@ nb.md(r"""
 Read the two panels. Which tensor type costs the most in total, and which the most *per weight* — where
 would an extra bit buy the most? (Section 12's `answer_q9` reads the quiz's answer off this measurement,
 `kind_delta`, and compares it with the types llama.cpp's `_M` mixes give Q6_K.) llama.cpp's choice of *layers* for the extra bits (the first and last
-eighth, every third between: `lib.quant.use_more_bits`) is a rule of thumb; look at the right panel for
+eighth, every third between: `lib.quantization.quant.use_more_bits`) is a rule of thumb; look at the right panel for
 whether the first and last layers are really the sensitive ones here — measure, don't assume.
 
 Now turn the measurements into an allocation. Two formats, low (3-bit, 3.5 bits per weight) and high (4-bit,
@@ -1292,7 +1293,7 @@ sensitive and for the linear whose largest channel stands highest above its medi
 """)
 
 nb.code(r"""
-from lib import smoothquant as ref_sq
+from lib.quantization import smoothquant as ref_sq
 
 with torch.no_grad():
     act_max = ref_sq.activation_absmax(model, calibration[:2], linears)  # max|x| per input channel
@@ -1316,7 +1317,7 @@ Where one channel stands orders of magnitude above the median (the titles and th
 section 6 found sensitive?), one int8 scale per tensor gives that channel all the range and leaves the typical
 channels a handful of levels. SmoothQuant divides each
 input channel by `s_j = max|X_j|^α / max|W_j|^(1−α)` and multiplies the weight column by `s_j` — the same
-product, with the difficulty shared between activations and weights (`lib/smoothquant.py`; simulated int8,
+product, with the difficulty shared between activations and weights (`lib/quantization/smoothquant.py`; simulated int8,
 per-tensor dynamic activations, per-channel weights, every linear of the 30 blocks):
 """)
 
@@ -1341,19 +1342,19 @@ nb.md(r"""
 
 Everything so far *simulated* quantization: weights rounded, then stored as float32 again. To get the speed
 the bytes must stay small in memory and be expanded inside the matrix product. torch has CPU kernels for
-exactly that (`lib/quant_linear.py`): int8 per output channel (`aten._weight_int8pack_mm`) and int4 in
+exactly that (`lib/quantization/quant_linear.py`): int8 per output channel (`aten._weight_int8pack_mm`) and int4 in
 groups with a scale and a zero (`aten._weight_int4pack_mm_for_cpu`), both with bfloat16 activations.
 int4 with groups of 32 and a min/max grid is **Q4_1's grid** — so on our weights (section 3) it loses
 nothing but the bfloat16 rounding of scales and activations. The LM head (the tied embedding, stored as
-Q8_0) goes to int8 in that variant. These are CPU kernels, and so are `lib.qmatmul`'s below: on a machine with a
+Q8_0) goes to int8 in that variant. These are CPU kernels, and so are `lib.gguf.qmatmul`'s below: on a machine with a
 GPU this section runs on a CPU copy of the model (`qmodel`) and measures the CPU's bandwidth for its rooflines.
 """)
 
 nb.code(r"""
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from lib.generate import generate
-from lib.quant_linear import quantize_linears
+from lib.modeling.generate import generate
+from lib.quantization.quant_linear import quantize_linears
 
 # torch's int8/int4 kernels are CPU kernels (quantize_linears refuses a model on a GPU): this section runs on the CPU
 qmodel = model if dev.type == "cpu" else shared_smollm2("cpu")[0]
@@ -1411,7 +1412,7 @@ def ops_of(fn):
 
 
 step_ops = ops_of(lambda: generate(qmodel, prompt, 2)) - ops_of(lambda: generate(qmodel, prompt, 1))
-print(f"one decode step of the F32 model (lib.model): {step_ops} aten operations, each a kernel call from Python")
+print(f"one decode step of the F32 model (lib.modeling.llama): {step_ops} aten operations, each a kernel call from Python")
 """)
 
 nb.md(r"""
@@ -1427,7 +1428,7 @@ nb.md(r"""
 ### The file's own blocks, multiplied as they lie
 
 The int4 path above *requantizes*: it decodes the file's Q4_1 weights and packs them again in torch's layout,
-with bfloat16 scales and activations — a slightly different model. `lib.qmatmul` instead multiplies the GGUF
+with bfloat16 scales and activations — a slightly different model. `lib.gguf.qmatmul` instead multiplies the GGUF
 blocks exactly as the file stores them (20 bytes per 32 weights for Q4_1, 34 for Q8_0), decoding each block
 in registers inside the dot product. Its readable reference, `block_dot_q4_1`, is the whole idea for one
 block: the two float16 numbers `d` and `m`, the 32 four-bit codes `q`, and
@@ -1438,7 +1439,7 @@ Each weight `d·q + m` is formed in float32 exactly as section 2's dequantizer f
 `x · dequantize(W)ᵀ` up to the order of the float32 sum: the model *is* the file's model, with 32 / 5 = 6.4 times fewer
 bytes read than float32. (llama.cpp goes one step further and rounds the activations `x` to 8 bits per block, so it
 can form `Σ xᵢ qᵢ` in integer SIMD and apply `d` and `m` once per block — faster arithmetic, a slightly
-different model.) The C++ kernel in `lib/csrc/qmatmul.cpp` does the same sum 16 lanes at a time, one weight row
+different model.) The C++ kernel in `lib/gguf/csrc/qmatmul.cpp` does the same sum 16 lanes at a time, one weight row
 for up to 8 rows of `x`, with one trick worth knowing: a Q4_1 block has only 16 distinct weights, `d·j + m` for
 j = 0…15, so the AVX-512 loop computes those 16 once per block and looks each of the 32 weights up by its nibble
 (one `vpermps` per 16 weights) instead of converting and scaling every code. `backend()` says which code runs
@@ -1448,8 +1449,8 @@ here.
 nb.code(r"""
 import inspect
 
-from lib import qmatmul
-from lib.quant_linear import GGUFFastLlama, quantize_blocks, read_gguf_blocks
+from lib.gguf import qmatmul
+from lib.quantization.quant_linear import GGUFFastLlama, quantize_blocks, read_gguf_blocks
 
 print(inspect.getsource(qmatmul.block_dot_q4_1))
 gguf_blocks = read_gguf_blocks()  # every matmul weight of the file as (type, uint8 blocks [out, bytes per row])
@@ -1467,7 +1468,7 @@ print(f"row 0 · x, the F32 model's weight: {(model.layers[0].mlp.gate_proj.weig
 
 nb.md(r"""
 Four routes, one number (up to float32 rounding in the last digits): the blocks hold the model's weights.
-Now the speed of each format next to its roofline, side by side in one cell: lib.fast's fused decoder on
+Now the speed of each format next to its roofline, side by side in one cell: lib.modeling.fast's fused decoder on
 float32 weights, on torch's int4 layout (via `quantize_linears`), and on GGUF blocks (`GGUFFastLlama`) — the
 file's Q4_1, and Q8_0 blocks quantized from the same weights by `quantize_blocks` (a requantization: a
 slightly different model, timed only for its speed). The paths take turns, so a busy machine slows all of
@@ -1477,7 +1478,7 @@ them alike; each time is the best of a few runs of decode steps alone (prefill s
 nb.code(r"""
 import copy
 
-from lib.fast import FastLlama
+from lib.modeling.fast import FastLlama
 
 
 def model_of_blocks(blocks):  # the float32 model whose weights are exactly these blocks' values
@@ -1491,15 +1492,15 @@ def model_of_blocks(blocks):  # the float32 model whose weights are exactly thes
 q8_blocks = quantize_blocks(qmodel, "Q8_0")
 head_bytes = gguf_blocks["embed.weight"][1].numel()  # the tied LM head stays Q8_0 in every GGUF path
 decoders = {  # name: (decoder, bytes of weights read per token); on the CPU, like the kernels they compare
-    "F32 (lib.fast)": (FastLlama(qmodel), n_weights * 4),
+    "F32 (lib.modeling.fast)": (FastLlama(qmodel), n_weights * 4),
     "int4 g32 (torch)": (quantize_linears(qmodel, "int4", 32), n_weights * 5 / 8),
     "Q8_0 blocks": (GGUFFastLlama(model_of_blocks(q8_blocks), q8_blocks), sum(b.numel() for _, b in q8_blocks.values())),
-    # layout="file": the blocks as the file lays them out (lib.quant_linear's "wide" layout, d and m widened to
+    # layout="file": the blocks as the file lays them out (lib.quantization.quant_linear's "wide" layout, d and m widened to
     # float32, reads 20 % more bytes with fewer shuffles; `python benchmarks/quant.py` times both)
     "Q4_1 blocks (the file)": (GGUFFastLlama(qmodel, gguf_blocks, layout="file"),
                                sum(b.numel() for _, b in gguf_blocks.values())),
 }
-print("lib.fast's kernel:", decoders["F32 (lib.fast)"][0].kernel_reason)
+print("lib.modeling.fast's kernel:", decoders["F32 (lib.modeling.fast)"][0].kernel_reason)
 N_STEPS, REPEATS = (32, 5) if FULL else (16, 3)
 runs = {}  # per decoder: the prefill and first token alone, and with N_STEPS decode steps after it
 for name, (m, _) in decoders.items():
@@ -1545,7 +1546,7 @@ good as the bandwidth behind it: a probe on a shared or virtual machine reads di
 which is why the rooflines use the best streaming bandwidth recorded for this class of machine (section 1) and a
 share above 100 % is reported as a measurement problem, not a result. On one of the lab's reference machines,
 `benchmarks/quant.py` recorded a streaming bandwidth of {RECORDED_BANDWIDTH}. The GGUF decoder runs a one-token step of all 30 layers
-in one C++ call (`decode_steps`, the same arithmetic as lib.fast's Python step; lib.fast's float32 decoder makes
+in one C++ call (`decode_steps`, the same arithmetic as lib.modeling.fast's Python step; lib.modeling.fast's float32 decoder makes
 the same call where it chose its "cpp" kernel, printed above), because at 135M parameters the Python and tensor
 bookkeeping between the small operations of a step (counted in the first cell of this section) cost as much as the
 matmuls themselves. `python benchmarks/quant.py` repeats this measurement with more paths, perplexity with its
@@ -1560,9 +1561,9 @@ measured (decode steps alone, best of the repeats, the paths taking turns):
 """)
 
 nb.code(r"""
-f32_bytes = decoders["F32 (lib.fast)"][1]
+f32_bytes = decoders["F32 (lib.modeling.fast)"][1]
 for name, (roof, tok_s) in list(speed.items())[1:]:
-    ratio = tok_s / speed["F32 (lib.fast)"][1]
+    ratio = tok_s / speed["F32 (lib.modeling.fast)"][1]
     print(f"seed 001 — {name:>24}: {ratio:.2f}x the F32 decode, {100 * (ratio - 1):+.0f} % "
           f"({f32_bytes / decoders[name][1]:.1f}x fewer bytes per token)")
 """)
@@ -1640,7 +1641,7 @@ nb.test("test_gguf_bytes", "check_gguf_bytes(gguf_bytes)", points=2)
 nb.md(r"""
 Your blocks in your container: two SmolLM2 tensors quantized with your own functions (`ffn_down` of layer 5 as
 Q4_K with your search, the first 64 rows of the embedding as Q8_0), written with your writer, read back by
-gguf-py and decoded by it. (`lib.quant.write_gguf` writes a whole model this way, metadata and tokenizer
+gguf-py and decoded by it. (`lib.quantization.quant.write_gguf` writes a whole model this way, metadata and tokenizer
 included; `tests/test_llama_cpp.py` loads such a file — the Q4_K_M-like mix — in llama.cpp and compares its
 greedy tokens with the lab's model.)
 """)
@@ -1730,7 +1731,7 @@ nb.code(r"""
 mine = answer_q9(kind_delta)  # your measurement of section 6
 rule = {ref.gguf_tensor_name(n).split(".")[2] for n, t in ref.q4_k_m_plan(model).items() if t == "Q6_K"}
 print(f"your measurement singles out {sorted(mine)}; llama.cpp's Q4_K_M gives Q6_K to {sorted(rule)} "
-      f"(in the layers of lib.quant.use_more_bits) -> {'the same' if mine == rule else 'NOT the same: read section 6 again'}")
+      f"(in the layers of lib.quantization.quant.use_more_bits) -> {'the same' if mine == rule else 'NOT the same: read section 6 again'}")
 """)
 nb.answer("answer_q9_why", r"""
 **Model answer.** `attn_v` and `ffn_down` get Q6_K in the first and last eighth of the layers and every third

@@ -25,7 +25,7 @@ This week you put the lab's engine behind the API every client library speaks �
 load, what each technique buys in the numbers users feel: **time to first token** (TTFT), **time per
 output token** (TPOT) and **throughput**.
 
-The HTTP front end (Starlette on uvicorn, `lib/server.py`) is given. **You write the two pieces where
+The HTTP front end (Starlette on uvicorn, `lib/serve/server.py`) is given. **You write the two pieces where
 serving is decided:**
 
 1. `TextStream` — token bytes in, text out: what may be sent to a client *now*, so that nothing sent ever
@@ -65,11 +65,11 @@ import torch
 from openai import OpenAI
 from tqdm.auto import tqdm
 
-from lib.generate import generate
-from lib.loadtest import QUESTIONS, SYSTEM, run_load_test
-from lib.model import load_smollm2
-from lib.server import ServerThread, make_server
-from lib.serving import token_bytes
+from lib.modeling.generate import generate
+from lib.serve.loadtest import QUESTIONS, SYSTEM, run_load_test
+from lib.modeling.llama import load_smollm2
+from lib.serve.server import ServerThread, make_server
+from lib.serve.serving import token_bytes
 
 torch.manual_seed(0)
 model, tok = load_smollm2()
@@ -278,7 +278,7 @@ exercise**: below are its interface and what the server needs of it; the order o
 **Interface.** The front end calls `submit(request_id, prompt, max_tokens, params)` and
 `cancel(request_id)`; the engine thread calls `run_once()`, which returns a list of messages, and
 `has_work()`, which says whether there is anything left to do (the thread sleeps when there is not).
-`params` is a `lib.sampling.SamplingParams`, the one carrier of everything the request's sampling needs:
+`params` is a `lib.modeling.sampling.SamplingParams`, the one carrier of everything the request's sampling needs:
 temperature, seed, top_p, penalties, logit_bias, the LoRA adapter, which waiting request of the same
 prompt it may fork off (the server's `n`), and a list the engine fills with the request's logprobs, which
 is how they come back to the server. Your loop does not look inside it: it hands the very object on. The
@@ -425,13 +425,13 @@ nb.md(r"""
 ### JSON mode: decoding under a grammar
 
 `response_format: {"type": "json_object"}` asks for an answer that is a JSON object. A prompt cannot promise
-that; the sampler can. At every step the server's sampler (`lib.sampling`, shared with `generate` and the engine)
+that; the sampler can. At every step the server's sampler (`lib.modeling.sampling`, shared with `generate` and the engine)
 sets to −∞ the logit of every token whose text would take the output out of the language of JSON objects, and
 allows the end-of-sequence token only when the object is complete — so an answer that ends by itself always
 parses (one cut by `max_tokens` is a prefix). vLLM does the same with outlines or xgrammar, llama.cpp with its
 GBNF grammars.
 
-`lib.guided` builds the mask in two layers. A **pushdown automaton over bytes** (`JsonMachine`) knows JSON: its
+`lib.serve.guided` builds the mask in two layers. A **pushdown automaton over bytes** (`JsonMachine`) knows JSON: its
 state is the stack of open objects and arrays, what may come next (a key, a colon, a value, a comma or a closing
 bracket), and where it is inside a string (escapes, UTF-8), a number or `true`/`false`/`null`. The **vocabulary
 layer** (`JsonVocabulary`) lifts it to tokens: a token is allowed from a state when the automaton accepts all its
@@ -445,7 +445,7 @@ key), so most steps cost a lookup.
 nb.code("""
 import json
 
-from lib.guided import JsonGuide, JsonMachine, JsonVocabulary
+from lib.serve.guided import JsonGuide, JsonMachine, JsonVocabulary
 
 json_server = make_server(model, tok, num_blocks=256, max_num_seqs=4, loop_cls=ServingLoop, text_stream_cls=TextStream)
 vocabulary = JsonVocabulary(json_server.token_bytes, tok.eos_token_id, model.config.vocab_size)
@@ -577,15 +577,15 @@ pytest weeks/21 -k ex03    # one of them: ex01 TextStream ... ex05 cost_per_mill
 
 And serve it for real: `make serve` starts lib's server on 127.0.0.1:8000 (`make serve ARGS=--max-num-seqs=16`
 passes options on). Unless told, it runs as many requests at once as its KV pool holds at 256 tokens each
-(`lib.server.default_max_num_seqs`, printed below); the rest wait, and `/metrics` shows for how long
+(`lib.serve.server.default_max_num_seqs`, printed below); the rest wait, and `/metrics` shows for how long
 (`vllm:request_queue_time_seconds`). `python benchmarks/load.py` loads it at several arrival rates;
 `python benchmarks/load.py --ablation` runs section 4's ablation with int8 weights as a fifth row.
 """)
 
 nb.code("""
-from lib.server import default_max_num_seqs
+from lib.serve.server import default_max_num_seqs
 
-blocks, block_size = 512, 16  # python -m lib.server's defaults (--num-blocks, --block-size)
+blocks, block_size = 512, 16  # python -m lib.serve.server's defaults (--num-blocks, --block-size)
 print(f"make serve runs up to {default_max_num_seqs(blocks, block_size)} requests at once "
       f"({blocks} blocks of {block_size} tokens, 256 tokens a request)")
 """)

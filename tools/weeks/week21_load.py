@@ -5,7 +5,7 @@ from the committed records at build time (tools.results.recorded_md), so a rebui
 """
 from __future__ import annotations
 
-from lib.records import committed
+from lib.bench.records import committed
 from tools.results import recorded_md
 from grader.checks.week21 import TTFT_MAX_PYTHON_LINES
 
@@ -13,12 +13,12 @@ EPYC = "amd-epyc-avx512"
 
 
 def _packed_vs_plain() -> str:
-    """Each machine class's recorded batch-1 decode with lib.fast's packed weights and with plain F.linear."""
+    """Each machine class's recorded batch-1 decode with lib.modeling.fast's packed weights and with plain F.linear."""
     out = []
     for cls, recs in sorted(committed().items()):
         figs = recs.get("decode", {}).get("figures", {})
-        packed = next((k for k in figs if k.startswith("decode b1 n") and k.endswith("(lib.fast, packed)")), None)
-        plain = next((k for k in figs if k.startswith("decode b1 n") and k.endswith("(lib.fast, F.linear)")), None)
+        packed = next((k for k in figs if k.startswith("decode b1 n") and k.endswith("(lib.modeling.fast, packed)")), None)
+        plain = next((k for k in figs if k.startswith("decode b1 n") and k.endswith("(lib.modeling.fast, F.linear)")), None)
         if packed and plain:
             out.append(f"packed {recorded_md('decode', packed, cls)} against plain "
                        f"{recorded_md('decode', plain, cls)}")
@@ -35,7 +35,7 @@ def section_load(nb) -> None:
     nb.md("""
 ## 4. What each technique buys under load
 
-Now the measurement a user would make before choosing a configuration. `run_load_test` (lib/loadtest.py,
+Now the measurement a user would make before choosing a configuration. `run_load_test` (lib/serve/loadtest.py,
 also `python benchmarks/load.py`) sends chat requests through the `openai` client with **Poisson
 arrivals** — independent users, exponential gaps — all sharing one system prompt (a help desk's
 instructions) and each asking a short question, streamed; per request it records TTFT (submission to the
@@ -49,7 +49,7 @@ The same load runs on four configurations of *your* server, one technique switch
 | one at a time | `max_num_seqs=1`: requests queue and run alone (a server without batching) |
 | continuous batching | up to 8 requests per step, admitted at the next step (week 19) |
 | + prefix caching | the shared system prompt's KV blocks are computed once and reused (week 19) |
-| + packed weights | `lib.fast`'s oneDNN-packed fp32 matmuls, same numbers (week 18's engine work) |
+| + packed weights | `lib.modeling.fast`'s oneDNN-packed fp32 matmuls, same numbers (week 18's engine work) |
 
 **What a bigger batch costs.** Continuous batching bets that a step of several rows costs much less than
 that many steps of one. The cell below times it on this machine: one decode step of the engine at batch 1,
@@ -59,8 +59,8 @@ that whatever else the machine does falls on all of them alike.
     nb.code("""
 import copy
 
-from lib.engine import LLMEngine
-from lib.timing import Conditions, interleaved, report
+from lib.batching.engine import LLMEngine
+from lib.bench.timing import Conditions, interleaved, report
 
 
 def chat_prompt(i):
@@ -139,7 +139,7 @@ for name, r in rows.items():
 if conditions.busy:
     print("measurement disturbed: other work kept the machine busy during the runs — compare rows, not runs, and "
           "rerun when the machine is quieter before reading a small difference")
-if model.device.type != "cpu":  # lib.fast.pack_linears is a no-op there
+if model.device.type != "cpu":  # lib.modeling.fast.pack_linears is a no-op there
     print(f"(packed weights are a CPU layout: on {model.device} the last row runs the same fp32 model as the row above it)")
 """)
     nb.code("""
@@ -208,7 +208,7 @@ turned into a formula. Here are the rules of a continuous-batching server, close
 Write `predict_ttft(rate, prefill_s, step_s, max_num_seqs, max_tokens)`: the **mean** TTFT in seconds, or
 `math.inf` where the queue grows without bound. It is graded on configurations it has not seen (one slot and
 sixteen, lightly and heavily loaded, past what the server can take), against a simulation of exactly these rules
-over 50,000 requests: within a factor 1.2 with one slot, 1.35 with several. `lib.queueing.simulate_ttft` is that
+over 50,000 requests: within a factor 1.2 with one slot, 1.35 with several. `lib.serve.queueing.simulate_ttft` is that
 simulation — use it in this notebook to test your formula on configurations of your own; your graded function
 cannot call it (in the grading process no part of lib runs for your code), and it is a formula's job, not a
 simulation's, to say *why*: the check counts the lines of Python your function runs (a formula runs a few dozen
@@ -282,7 +282,7 @@ of your server, measured with the load test — requests that answer in full (`i
 import math
 import statistics
 
-from lib.queueing import simulate_ttft
+from lib.serve.queueing import simulate_ttft
 
 
 def capacity_of(predict, **w):
@@ -339,7 +339,7 @@ tokens per step, the HTTP front end — and the measurement's own limits: a few 
 server (the first ones never queue, so a short run reads low near capacity), on a machine whose load is printed
 beside them. Past capacity (`inf`) the measured mean is finite only because the run ends: it grows with every
 request the run sends. A running server shows its queue in `/metrics`: `vllm:request_queue_time_seconds` (in
-`lib.server`, from a request's arrival to the end of the first step that ran it).
+`lib.serve.server`, from a request's arrival to the end of the first step that ran it).
 """)
 
 
@@ -402,7 +402,7 @@ arrival rate that caps them: the machine is paid for while it waits), yours at c
 every slot busy), and the lab's H200 from its committed record.
 """)
     nb.code("""
-from lib.records import load as load_record
+from lib.bench.records import load as load_record
 
 CPU_PRICE, GPU_PRICE = 0.10, 3.50  # dollars an hour: ASSUMED prices (a small cloud VM, one rented H200), not measured
 for name, r in rows.items():
@@ -425,12 +425,12 @@ def section_lora(nb) -> None:
     figures = _lora_figures()
     rendered = "\n".join(figures) if figures else (
         "*No multi-LoRA measurement is committed yet.* The LoRA benchmark writes `results/<class>/lora.json` "
-        "(`lib.records`) when run with `--record`; rebuilding this notebook (`python tools/weeks/week21.py`) then "
+        "(`lib.bench.records`) when run with `--record`; rebuilding this notebook (`python tools/weeks/week21.py`) then "
         "renders every figure of that record here, and scenario D's model answer cites them.")
     nb.md(f"""
 ## 7. Many adapters on one base: multi-LoRA serving
 
-*This section reports the multi-LoRA engine (`lib/lora.py` and the server's adapters: `model` names an adapter,
+*This section reports the multi-LoRA engine (`lib/modeling/lora.py` and the server's adapters: `model` names an adapter,
 as vLLM's `--lora-modules` does), built and measured on its own branch of the lab; its figures are rendered
 from that benchmark's committed record, never typed.*
 

@@ -50,7 +50,7 @@ def test_ex08_allocate_bits(ex):
 
 
 def test_ex09_gptq_quantize(ex):
-    """GPTQ: lib.gptq's weights on a uniform grid, as low an output error on held-out inputs; inputs unchanged."""
+    """GPTQ: lib.quantization.gptq's weights on a uniform grid, as low an output error on held-out inputs; inputs unchanged."""
     checks.check_gptq_quantize(ex.gptq_quantize)
 
 
