@@ -323,7 +323,7 @@ def q8_0_gguf_source(x):  # gguf's quants.py exec'd under another file name
 
 def q8_0_lib_source(x):  # lib/gguf/qformats.py (quantize's home) exec'd under another file name
     import lib
-    src = open(lib.__path__[0] + "/qformats.py").read()
+    src = open(lib.__path__[0] + "/gguf/qformats.py").read()
     ns = {"__name__": "mine"}
     exec(compile(src, "mine.py", "exec"), ns)
     return ns["quantize"](x, "Q8_0")
