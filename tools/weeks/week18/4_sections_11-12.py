@@ -15,15 +15,17 @@
 #
 # The cell measures α_b for the head on the target's own greedy answers to section 10's chat prompts (teacher
 # forcing: one target forward and one head forward per prompt; the head's first level only, where it reads the
-# target's true hidden state).
+# target's true hidden state). The target in this section is `model` (`lib.model`), not FastLlama: a tree's verify
+# forward needs an attention that takes the tree's mask, which `lib.model` has; so its costs are relative to
+# `model`'s step, and its verify curve is section 1's.
 
 # %%
-refs11 = [lib_generate(fast, ids, N8) for ids in prompts8]  # the target's greedy answers
+refs11 = [lib_generate(model, ids, N8) for ids in prompts8]  # the target's greedy answers
 TOP_B = [1, 2, 3, 4, 8]
 hits11, total11 = dict.fromkeys(TOP_B, 0), 0
 with torch.no_grad():
     for ids, ref in zip(prompts8, refs11):
-        _, hidden = dh.target_forward(fast, ref)  # [1, T, D]: what the target's LM head reads
+        _, hidden = dh.target_forward(model, ref)  # [1, T, D]: what the target's LM head reads
         logits, _ = head(ref[:, 1:], hidden[:, :-1])  # entry j reads (x_{j+1}, h_j) and scores x_{j+2}
         t_p = ids.shape[1]  # the head drafts from the answer's second token on (the first is the prefill's)
         guesses = head.keep_ids[logits[0, t_p - 1:-1].topk(max(TOP_B), -1).indices]  # [answer - 1, 8] tokens
@@ -40,9 +42,9 @@ print(f"the head's top-b agreement with the target's greedy answers ({total11} t
 # 0.04 of a token and costs a row of the forward. A tree with b_1 children at the root, b_2 under each, … writes one
 # token of the target's own, plus one more for each level whose path the target follows: 1 + α_{b_1} + α_{b_1}·α_{b_2}
 # + …, if each level's agreement is its first level's (optimistic: deeper levels read the head's own predicted
-# features). Its N = b_1 + b_1·b_2 + … nodes cost a verify forward of N + 1 tokens, `fast_curve[N + 1]` steps, and
-# the head runs once per level. The cell puts both in section 6's model, with section 10's verify curve and c: trees
-# of at most 8 nodes, so that every verify lies on the curve measured there (m ≤ 9).
+# features). Its N = b_1 + b_1·b_2 + … nodes cost a verify forward of N + 1 tokens, `curve[N + 1]` steps (section 1's
+# curve), and the head runs once per level, c each. The cell puts both in section 6's model, with the head's c
+# measured against `model`: trees of at most 15 nodes, so that every verify lies on the curve section 1 measured.
 
 # %%
 def tree_tokens_model(branching):
@@ -58,15 +60,21 @@ def tree_nodes(branching):
     return sum(math.prod(branching[:d + 1]) for d in range(len(branching)))
 
 
-c_head = costs8["draft head"]
-plans11 = {f"linear K={k}": (1,) * k for k in (1, 2, 3)} | {f"static tree {b}": b for b in [(2,), (4,), (8,), (2, 2),
-                                                                                         (4, 1), (2, 1, 1)]}
+conditions = Conditions.now()
+c11 = {"draft head": lab.relative_cost(dh.head_step(head, model, text_ids, CONTEXT), model, text_ids, CONTEXT),
+       "prompt lookup": lab.relative_cost(lab.draft_step(drafts["prompt lookup"], text_ids, CONTEXT), model, text_ids,
+                                          CONTEXT)}
+conditions.done()
+print("c relative to model's step: " + ", ".join(f"{d} {c:.3f}" for d, c in c11.items()) + f"; {conditions.line()}")
+c_head = c11["draft head"]
+plans11 = {f"linear K={k}": (1,) * k for k in (1, 2, 3)} | {f"static tree {b}": b for b in [
+    (2,), (4,), (8,), (2, 2), (4, 1), (4, 2), (2, 2, 1), (3, 2, 1)]}
 pred11 = {}
 print(f"{'draft shape':20s} {'nodes':>5s} {'tok/call':>8s} {'verify':>7s} {'predicted':>9s}")
 for name, b in plans11.items():
     n = tree_nodes(b)
-    pred11[name] = tree_tokens_model(b) / (len(b) * c_head + fast_curve[n + 1])
-    print(f"{name:20s} {n:5d} {tree_tokens_model(b):8.2f} {fast_curve[n + 1]:7.2f} {pred11[name]:8.2f}x")
+    pred11[name] = tree_tokens_model(b) / (len(b) * c_head + curve[n + 1])
+    print(f"{name:20s} {n:5d} {tree_tokens_model(b):8.2f} {curve[n + 1]:7.2f} {pred11[name]:8.2f}x")
 
 # %% [markdown]
 # **One forward for the whole tree: the tree attention mask.** Each node is one token of one continuation; it sits at
@@ -152,49 +160,49 @@ check_tree_accept(tree_accept)
 # Check: `pytest weeks/18 -k ex09`
 
 # %% [markdown]
-# **Measured: a linear head, two trees and prompt lookup on chat.** The same head as section 10, the same FastLlama
-# target and chat prompts, greedy (T = 0, every output checked identical to the target's): the head linear at K = 2,
-# `tree_speculative_generate` with the static tree of 8 nodes your model liked best above and with a dynamic tree
-# (EAGLE-2: each level expands the 2 most confident leaves into their 4 likeliest children; the 8 most confident nodes
-# are verified), and prompt lookup at K = 4. For each: α per drafted token, accepted tokens per round, tokens per
+# **Measured: a linear head, two trees and prompt lookup on chat.** The same head and chat prompts as section 10,
+# `model` as the target, greedy (T = 0, every output checked identical to the target's): the head linear at K = 2,
+# `tree_speculative_generate` with the static tree the model above liked best and with a dynamic tree (EAGLE-2: each
+# level expands the 2 most confident leaves into their 4 likeliest children; the 10 most confident nodes are
+# verified), and prompt lookup at K = 4. For each: α per drafted token, accepted tokens per round, tokens per
 # target call, the predicted speedup (the model above for the linear head and the static tree; for the dynamic
 # tree, whose shape follows the head's confidence, from its measured tokens per call, nodes and levels per round), then
 # the measured one. Every run is timed right after the target alone, as in section 10.
 
 # %%
-best_static = max((b for name, b in plans11.items() if name.startswith("static") and tree_nodes(b) <= 8),
+best_static = max((b for name, b in plans11.items() if name.startswith("static")),
                   key=lambda b: pred11[f"static tree {b}"])
 runs11 = {
-    "head, linear K=2": lambda ids, st: dh.head_speculative_generate(fast, head, ids, N8, k=2, stats=st),
+    "head, linear K=2": lambda ids, st: dh.head_speculative_generate(model, head, ids, N8, k=2, stats=st),
     f"head, static tree {best_static}": lambda ids, st: tree_speculative_generate(
-        fast, head, ids, N8, tree=StaticTree(best_static), stats=st),
-    "head, dynamic tree (8 nodes)": lambda ids, st: tree_speculative_generate(
-        fast, head, ids, N8, tree=DynamicTree(depth=3, top_k=4, width=2, budget=8), stats=st),
-    "prompt lookup, K=4": lambda ids, st: lib_speculative_generate(fast, drafts["prompt lookup"], ids, N8, k=4, stats=st,
-                                                                   min_draft_prob=0.5),
+        model, head, ids, N8, tree=StaticTree(best_static), stats=st),
+    "head, dynamic tree (10 nodes)": lambda ids, st: tree_speculative_generate(
+        model, head, ids, N8, tree=DynamicTree(depth=4, top_k=4, width=2, budget=10), stats=st),
+    "prompt lookup, K=4": lambda ids, st: lib_speculative_generate(model, drafts["prompt lookup"], ids, N8, k=4,
+                                                                   stats=st, min_draft_prob=0.5),
 }
-costs11 = {name: costs8["prompt lookup" if name.startswith("prompt") else "draft head"] for name in runs11}
+costs11 = {name: c11["prompt lookup" if name.startswith("prompt") else "draft head"] for name in runs11}
 base11, times11 = 0.0, dict.fromkeys(runs11, 0.0)
 stats11 = {name: SpecStats() for name in runs11}
 same11 = dict.fromkeys(runs11, True)
 for ids, ref in zip(prompts8, refs11):
-    sync(); t0 = time.perf_counter(); lib_generate(fast, ids, N8); sync(); base11 += time.perf_counter() - t0
+    sync(); t0 = time.perf_counter(); lib_generate(model, ids, N8); sync(); base11 += time.perf_counter() - t0
     for name, fn in runs11.items():
         sync(); t0 = time.perf_counter(); out = fn(ids, stats11[name]); sync()
         times11[name] += time.perf_counter() - t0
         same11[name] &= torch.equal(out, ref)
-print(f"load average {os.getloadavg()[0]:.1f}; target (FastLlama) greedy {len(prompts8) * N8 / base11:.1f} tok/s")
+print(f"load average {os.getloadavg()[0]:.1f}; target (model) greedy {len(prompts8) * N8 / base11:.1f} tok/s")
 print(f"{'draft':32s} {'α':>5s} {'acc/round':>9s} {'tok/call':>8s} {'predicted':>9s} {'measured':>8s} identical")
 result11 = {}
 for name, st in stats11.items():
     levels = st.draft_calls / st.rounds  # draft forwards per round (a tree: one per level)
-    nodes = max(1, min(round(st.drafted / st.rounds), max(fast_curve) - 1))
+    nodes = max(1, min(round(st.drafted / st.rounds), max(curve) - 1))
     if name.startswith("head, linear"):
         pred = pred11["linear K=2"]
     elif "static" in name:
         pred = pred11[f"static tree {best_static}"]
     else:  # from its measured tokens per call and its shape (no closed form for α)
-        pred = st.tokens_per_call / (levels * costs11[name] + fast_curve[nodes + 1])
+        pred = st.tokens_per_call / (levels * costs11[name] + curve[nodes + 1])
     result11[name] = dict(tpc=st.tokens_per_call, pred=pred, meas=base11 / times11[name])
     print(f"{name:32s} {st.acceptance_rate:5.2f} {st.accepted / st.rounds:9.2f} {st.tokens_per_call:8.2f} "
           f"{pred:8.2f}x {base11 / times11[name]:7.2f}x {same11[name]}")
@@ -207,7 +215,7 @@ axes[0].bar(xs, [result11[n]["tpc"] for n in names11], color="C0")
 axes[0].set_title("tokens per target call"); axes[0].axhline(1, color="gray", lw=0.5)
 axes[1].bar([x - 0.2 for x in xs], [result11[n]["pred"] for n in names11], 0.4, label="predicted", color="C1")
 axes[1].bar([x + 0.2 for x in xs], [result11[n]["meas"] for n in names11], 0.4, label="measured", color="C2")
-axes[1].set_title("speedup over FastLlama greedy"); axes[1].axhline(1, color="gray", lw=0.5); axes[1].legend(fontsize=7)
+axes[1].set_title("speedup over model's greedy"); axes[1].axhline(1, color="gray", lw=0.5); axes[1].legend(fontsize=7)
 for ax in axes:
     ax.set_xticks(list(xs)); ax.set_xticklabels([n.replace(", ", "\n") for n in names11], fontsize=7)
 plt.show()
@@ -219,7 +227,7 @@ plt.show()
 #   most often fails, not continuations of a guess that already failed. How much more is what top-b agreement says:
 #   the measured tokens per call sit near the model's, lower where the head's deeper levels (on its own predicted
 #   features) agree less than its first.
-# * **It pays only where the verify curve lets it**: N + 1 rows are `fast_curve[N + 1]` steps. Where the curve climbs
+# * **It pays only where the verify curve lets it**: N + 1 rows cost `curve[N + 1]` steps. Where the curve climbs
 #   (compare sections 1 and 10), a wide tree's extra agreement is eaten by its forward; the model above picks the
 #   shape before you run it, and the measurement says how far the model's assumptions hold (the loop's Python per
 #   round, the head's catch-up on the accepted path).
