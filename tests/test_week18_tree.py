@@ -251,3 +251,12 @@ def test_tree_accept_rejects(wrong, name):
     with pytest.raises(Exception, match=ROUTES[name]) as err:
         checks.check_tree_accept(getattr(wrong, name))
     print(name, "->", str(err.value)[:300])
+
+
+def test_the_checks_second_line_rejects_lib_where_lib_is_readable():
+    """Without the week's view (lib whole, as on a machine without Landlock), the observed call's lib calls still name
+    lib's reference: the check's own assertion, not the stub, rejects it."""
+    from lib.tree_speculative import tree_accept as reference
+
+    with pytest.raises(AssertionError, match="must be your own; it called .*lib.tree_speculative.tree_accept"):
+        checks.check_tree_accept(reference)

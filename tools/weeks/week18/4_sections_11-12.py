@@ -20,11 +20,12 @@
 # `model`'s step, and its verify curve is section 1's.
 
 # %%
-refs11 = [lib_generate(model, ids, N8) for ids in prompts8]  # the target's greedy answers
+PROMPTS11 = prompts8 if FULL else prompts8[:1]  # section 10's chat prompts (one without FULL: the time budget)
+refs11 = [lib_generate(model, ids, N8) for ids in PROMPTS11]  # the target's greedy answers
 TOP_B = [1, 2, 3, 4, 8]
 hits11, total11 = dict.fromkeys(TOP_B, 0), 0
 with torch.no_grad():
-    for ids, ref in zip(prompts8, refs11):
+    for ids, ref in zip(PROMPTS11, refs11):
         _, hidden = dh.target_forward(model, ref)  # [1, T, D]: what the target's LM head reads
         logits, _ = head(ref[:, 1:], hidden[:, :-1])  # entry j reads (x_{j+1}, h_j) and scores x_{j+2}
         t_p = ids.shape[1]  # the head drafts from the answer's second token on (the first is the prefill's)
@@ -160,7 +161,7 @@ check_tree_accept(tree_accept)
 # Check: `pytest weeks/18 -k ex09`
 
 # %% [markdown]
-# **Measured: a linear head, two trees and prompt lookup on chat.** The same head and chat prompts as section 10,
+# **Measured: a linear head, two trees and prompt lookup on chat.** The same head and chat prompt(s) as above,
 # `model` as the target, greedy (T = 0, every output checked identical to the target's): the head linear at K = 2,
 # `tree_speculative_generate` with the static tree the model above liked best and with a dynamic tree (EAGLE-2: each
 # level expands the 2 most confident leaves into their 4 likeliest children; the 10 most confident nodes are
@@ -185,13 +186,13 @@ costs11 = {name: c11["prompt lookup" if name.startswith("prompt") else "draft he
 base11, times11 = 0.0, dict.fromkeys(runs11, 0.0)
 stats11 = {name: SpecStats() for name in runs11}
 same11 = dict.fromkeys(runs11, True)
-for ids, ref in zip(prompts8, refs11):
+for ids, ref in zip(PROMPTS11, refs11):
     sync(); t0 = time.perf_counter(); lib_generate(model, ids, N8); sync(); base11 += time.perf_counter() - t0
     for name, fn in runs11.items():
         sync(); t0 = time.perf_counter(); out = fn(ids, stats11[name]); sync()
         times11[name] += time.perf_counter() - t0
         same11[name] &= torch.equal(out, ref)
-print(f"load average {os.getloadavg()[0]:.1f}; target (model) greedy {len(prompts8) * N8 / base11:.1f} tok/s")
+print(f"load average {os.getloadavg()[0]:.1f}; target (model) greedy {len(PROMPTS11) * N8 / base11:.1f} tok/s")
 print(f"{'draft':32s} {'α':>5s} {'acc/round':>9s} {'tok/call':>8s} {'predicted':>9s} {'measured':>8s} identical")
 result11 = {}
 for name, st in stats11.items():
