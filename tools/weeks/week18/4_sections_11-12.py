@@ -132,6 +132,8 @@ def tree_accept(target_probs: torch.Tensor, draft_probs: torch.Tensor, children:
         q = q.clone()
         q[x] = 0  # the next child was drawn from q without x
         q = q / q.sum()
+    if generator is not None:  # a generator draws on its own device
+        p = p.to(generator.device)
     return None, int(torch.multinomial(p, 1, generator=generator))
     ### END SOLUTION
 
