@@ -128,6 +128,8 @@ COURSE: tuple[CourseWeek, ...] = (
         Exercise(6, "best_k", "derive", "6 (The speedup model)", 2),
         Exercise(7, "expected_target_calls", "predict", "7 (A draft you train, and a prediction)", 2),
         Exercise(8, "batched_speculative_generate", "design", "8 (The ragged batch)", 3),
+        Exercise(9, "tree_accept", "derive", "11 (Trees: many drafts verified in one forward)", 3,
+                 lib="lib.spec_decode.tree_speculative.tree_accept"),
     ), written=(
         Written("answer_q5", 2), Written("answer_q6", 2), Written("answer_q7", 3),
     )),

@@ -27,7 +27,7 @@ from grader.checks.week18_law import (FALSE_FAILURE, LAW_K, MAIN_RATIOS, MAIN_TR
                                       law_failures, law_level, law_power, law_tests, sample_failures, sample_law,
                                       sample_level, sample_models, sample_tests)
 from grader.checks.week18_models import MarkovLM, TableLM, spicy_tiny, spy, work_failures  # noqa: F401
-from grader.checks import week18_batch as batch, week18_predict as predict
+from grader.checks import week18_batch as batch, week18_predict as predict, week18_tree as tree
 from grader.harness import Week
 from grader.wire import IsolationError
 from lib.spec_decode import drafts
@@ -567,3 +567,11 @@ def check_expected_target_calls(expected_target_calls) -> None:
 def check_batched_speculative_generate(batched_speculative_generate) -> None:
     """Each row equals its own single-row run, no row waits, per-row rollback (`week18_batch.judge`)."""
     batch.judge(batched_speculative_generate)
+
+
+@WEEK.exercise(9, "tree_accept", section="11 (Trees: many drafts verified in one forward)")
+def check_tree_accept(tree_accept) -> None:
+    """One node of a sampled tree: children drawn from q without replacement (by the check, per call), tried in
+    drawn order; the emitted token's law is p and each child is accepted as often as the rule says, cell by cell
+    (< 1e-6 false failures; `week18_tree.judge`)."""
+    tree.judge(tree_accept)

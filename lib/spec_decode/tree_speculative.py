@@ -22,7 +22,8 @@ forward with a tree attention mask, and the longest branch it agrees with is kep
   are tried in the order they were drawn (multi-draft recursive rejection sampling; SpecInfer, Miao et al. 2024;
   Jeon et al. 2024): child j is accepted with probability min(1, p(x_j) / q(x_j)); on rejection p becomes
   normalize(max(p - q, 0)) and q loses x_j (renormalized), and the next child is tried; when every child is
-  rejected the token is sampled from what p has become. Each emitted token has exactly the target's law. The
+  rejected the token is sampled from what p has become (`tree_accept`, one node: week 18's exercise 9, a stub
+  while it is graded). Each emitted token has exactly the target's law. The
   dynamic tree chooses which nodes to keep from the sampled tokens' own probabilities, which breaks that law: it
   is greedy-only here.
 
@@ -229,6 +230,26 @@ def grow_tree(shape, root_q: torch.Tensor, expand, greedy: bool, generator=None)
 
 # --- verification ---------------------------------------------------------------------------------------------
 
+def tree_accept(target_probs: torch.Tensor, draft_probs: torch.Tensor, children,
+                generator: torch.Generator | None = None) -> tuple[int | None, int]:
+    """One node's children, drawn from `draft_probs` (q [V]) without replacement, tried in drawn order against
+    `target_probs` (p [V]): child j is accepted with probability min(1, p(x_j) / q(x_j)); on rejection p becomes
+    normalize(max(p - q, 0)) and q loses x_j (renormalized). Returns (j, x_j) for the accepted child, or (None, y)
+    with y sampled from what p has become when every child is rejected. The emitted token has exactly p's law."""
+    p, q = target_probs.float(), draft_probs.to(target_probs.device).float()
+    device = generator.device if generator is not None else p.device
+    for j, x in enumerate(int(c) for c in children):
+        u = torch.rand((), generator=generator, device=device).item()
+        if u * float(q[x]) < float(p[x]):  # accept with probability min(1, p(x) / q(x))
+            return j, x
+        residual = (p - q).clamp(min=0)
+        p = residual / residual.sum() if residual.sum() > 0 else p
+        q = q.clone()
+        q[x] = 0  # the next child was drawn from q without x
+        q = q / q.sum() if q.sum() > 0 else q
+    return None, sample_from(p, generator)
+
+
 def verify_tree(tree: DraftTree, target_probs: torch.Tensor, greedy: bool,
                 generator: torch.Generator | None = None) -> tuple[list[int], int]:
     """`target_probs [1 + N, V]`: the target's p at the root (row 0) and at each node (row 1 + i); logits will do
@@ -248,22 +269,12 @@ def verify_tree(tree: DraftTree, target_probs: torch.Tensor, greedy: bool,
             node = match[0]
             path.append(node)
             continue
-        p = p.float()
-        q = tree.q[node].to(p.device).float() if kids else None  # a leaf: no child to try, the token comes from p
-        for c in kids:
-            x = tree.tokens[c]
-            u = torch.rand((), generator=generator,
-                           device=generator.device if generator is not None else p.device).item()
-            if u * float(q[x]) < float(p[x]):  # accept with probability min(1, p(x) / q(x))
-                break
-            residual = (p - q).clamp(min=0)
-            p = residual / residual.sum() if residual.sum() > 0 else p
-            q = q.clone()
-            q[x] = 0  # the next child was drawn from q without x
-            q = q / q.sum() if q.sum() > 0 else q
-        else:
-            return path, sample_from(p, generator)
-        node = c
+        if not kids:  # a leaf: no child to try, the token comes from p
+            return path, sample_from(p.float(), generator)
+        j, token = tree_accept(p, tree.q[node].to(p.device), [tree.tokens[c] for c in kids], generator)
+        if j is None:
+            return path, token
+        node = kids[j]
         path.append(node)
 
 

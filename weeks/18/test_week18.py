@@ -47,3 +47,9 @@ def test_ex08_batched_speculative_generate(ex):
     """Milestone: the ragged batch — each row equals its own single-row run, no row waits (for a finished row or
     any other), every row rolled back on its own."""
     checks.check_batched_speculative_generate(ex.batched_speculative_generate)
+
+
+def test_ex09_tree_accept(ex):
+    """Derived: one node of a sampled tree — children drawn from q without replacement, tried in drawn order; the
+    emitted token's law is p and each child is accepted as often as the rule says (< 1e-6 false failures)."""
+    checks.check_tree_accept(ex.tree_accept)

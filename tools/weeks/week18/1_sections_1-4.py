@@ -18,9 +18,10 @@
 # **You will write** the decoder's parts, mostly from their properties rather than from a recipe: greedy speculative
 # decoding with cache rollback (*design*), the acceptance rule of speculative sampling (*derive*) and the sampling
 # loop around it (*design*), the expected number of rejections (*derive*), the prompt-lookup draft (*practice*), the
-# best K (*derive*), the target calls a run makes (*predict*, then measured with a draft you train), and a batched
-# decoder whose rows accept different numbers of tokens (*design*). Each recipe, rule or formula is printed **after**
-# its check, for you to compare with yours. Check them with `pytest weeks/18`; the written answers of section 11 are
+# best K (*derive*), the target calls a run makes (*predict*, then measured with a draft you train), a batched
+# decoder whose rows accept different numbers of tokens (*design*), and the acceptance rule of a draft tree's node,
+# whose children were drawn without replacement (*derive*). Each recipe, rule or formula is printed **after**
+# its check, for you to compare with yours. Check them with `pytest weeks/18`; the written answers of section 12 are
 # graded by hand.
 #
 # `FULL = True` below runs the longer measurements (more repeats, positions and training); the default keeps the
@@ -34,7 +35,8 @@ import torch
 from lib.modeling.kv_cache import KVCache
 from grader.checks.week18 import (check_speculative_generate, check_verify, check_speculative_sample,
                                   check_expected_rejections, check_lookup_draft, check_best_k,
-                                  check_expected_target_calls, check_batched_speculative_generate)
+                                  check_expected_target_calls, check_batched_speculative_generate,
+                                  check_tree_accept)
 
 # %%
 import dataclasses
