@@ -16,26 +16,33 @@
 - /proc: with Landlock, the process may read the system's files there (`/proc/cpuinfo`, `/proc/sys`, ...) and its
   own `/proc/<pid>`, never another process's entries (`environ`, `cmdline`, `maps`, `fd`, ...: `_proc_rules`).
 - credentials (`_drop_privileges`): `no_new_privs`, and no capability in any set (effective, permitted,
-  inheritable, ambient; the bounding set too where it can be dropped, i.e. as root). As root the process stays
-  uid 0 — a real unprivileged uid could not run the interpreter where it lives under root's 0700 home (pyenv's
-  /root/.pyenv) — but without a capability: it cannot override file permissions, trace or read the memory of a
-  process holding capabilities (the grader), raise its limits, or change its uid; securebits are set and locked
-  so that neither exec nor a uid change gives capabilities back, and it gets a SysV IPC namespace of its own.
-  What uid 0 keeps — the owner's rights over root's files — is met by Landlock (writes only in its folder) and,
-  as root, by reading only what every user may read in `/etc`, `/dev` and `/proc` (no /etc/shadow, no disk
-  device). Not as root, the process keeps the instructor's uid, with no capability.
-- Without Landlock, when running as root, the process drops to user `nobody` instead (then the repo, owned by
-  root and not world-writable, cannot be written either); otherwise nothing stops it writing where the
-  instructor can — `confine` says which of these applied, and the grader prints it.
+  inheritable, ambient; the bounding set too where it can be dropped, i.e. as root); securebits set and locked so
+  that neither exec nor a uid change gives capabilities back. As root the process then becomes an unprivileged user
+  of its own (`_unprivileged`: uid and gid `UID_BASE` + its pid, no supplementary group; user `nobody` where the
+  container maps no such uid): it owns no file but its temporary folder (handed to it first), so what it reads is
+  what every user may read — beneath what Landlock allows — and it cannot signal, trace or change the limits of
+  the grader or of another student's process (each has its own uid). Its own IPC namespace as well. Not as root,
+  the process keeps the instructor's uid, with no capability.
+- what an unprivileged uid could not reach (`_anchor_imports`): a Python installed beneath a folder only root may
+  enter (pyenv's /root/.pyenv: /root is 0700) stays importable. Before the uid changes, each folder on the import
+  path that the new uid could not walk to is held open (an O_PATH descriptor), and a path hook finds modules in it
+  through `/proc/self/fd/N` (a magic link, which skips the folders above), with their real file names kept
+  (`__file__`, tracebacks). `/proc/self/fd` is then the process's own only while it is dumpable, so it is made
+  dumpable again after the uid change (the kernel clears it): with a uid of its own, no other process may trace or
+  read it for that, and Landlock keeps it out of every other process's /proc entries either way. The parent-death
+  signal, which a uid change clears too, is set again.
+- Without Landlock, the same unprivileged uid (the repo, owned by root and not world-writable, cannot be written
+  either; the import folders are anchored only where the uid is its own, not nobody's: a Python beneath /root may
+  not run then); not as root, nothing stops it writing where the instructor can — `confine` says which of these applied, and the grader prints it.
 - seccomp (`_seccomp`): no sockets, io_uring, user namespaces (which would give capabilities back inside one),
-  keyrings, ptrace, perf events or bpf; and, where Landlock does not scope signals (ABI < 6), signals only to
-  itself.
+  keyrings, ptrace (nor another process's memory or descriptors: process_vm_*, pidfd_getfd), perf events or bpf;
+  and, where Landlock does not scope signals (ABI < 6), signals only to itself.
 """
 from __future__ import annotations
 
 import ctypes
 import os
-import platform  # here: as user nobody (no Landlock) the standard library may be out of reach
+import platform  # here: once the uid is unprivileged the standard library may be out of reach
 import resource
 import sys
 
@@ -64,8 +71,8 @@ class _PathBeneath(ctypes.Structure):
 def _world_readable(root: str) -> list[tuple[str, str]]:
     """`root` as rules for what every user may read beneath it: a folder that only root may enter, a file or
     device only root may open (`/etc/shadow`, a disk's `/dev/sda`), and the sticky, world-writable folders where
-    processes leave files (`/dev/shm`) are left out — for a child that stays uid 0, whose owner rights over root's
-    files Landlock's read rules would otherwise keep."""
+    processes leave files (`/dev/shm`) are left out: the rules are made while the child is still root (its uid
+    changes after them), and grant nothing its later uid could not read."""
     import stat
 
     out: list[tuple[str, str]] = []
@@ -210,9 +217,127 @@ def credentials() -> dict[str, str]:
     return {k: fields.get(k, "").strip() for k in ("Uid", *_CAP_FIELDS, "NoNewPrivs")}
 
 
-def _drop_privileges(to_nobody: bool) -> str:
-    """`no_new_privs` and no capability in any set, for good (see the module's docstring); as root with
-    `to_nobody`, user `nobody` as well. One phrase saying what holds; RuntimeError where a capability is left."""
+UID_BASE = 0x7F000000  # a root grader's child runs as uid and gid UID_BASE + its pid (< 2^31: pids are < 2^22)
+NOBODY = 65534
+_PR_SET_DUMPABLE = 4
+
+
+def _mapped(ident: int, which: str) -> bool:
+    """Whether this user namespace maps `ident` (/proc/self/uid_map or gid_map): a rootless container maps few."""
+    try:
+        with open(f"/proc/self/{which}_map") as f:
+            rows = [tuple(int(x) for x in line.split()) for line in f if line.strip()]
+    except (OSError, ValueError):
+        return ident == NOBODY
+    return any(inside <= ident < inside + count for inside, _, count in rows)
+
+
+def _unprivileged() -> tuple[int, int]:
+    """(uid, gid) for this process once it drops root: its own (`UID_BASE` + pid), else nobody's."""
+    own = UID_BASE + os.getpid()
+    if _mapped(own, "uid") and _mapped(own, "gid"):
+        return own, own
+    return NOBODY, NOBODY
+
+
+def _reachable(path: str, uid: int, gid: int) -> bool:
+    """Whether `uid` (group `gid`, no other) may walk to folder `path` and list it, by the permission bits alone."""
+    parts = os.path.realpath(path).split(os.sep)
+    for i in range(1, len(parts) + 1):
+        here = os.sep.join(parts[:i]) or os.sep
+        try:
+            st = os.stat(here)
+        except OSError:
+            return False
+        shift = 6 if st.st_uid == uid else (3 if st.st_gid == gid else 0)
+        need = 0o5 if i == len(parts) else 0o1  # read and search on the folder itself, search above it
+        if (st.st_mode >> shift) & need != need:
+            return False
+    return True
+
+
+_ANCHORS: dict[str, str] = {}  # a folder on the import path the new uid cannot reach -> /proc/self/fd/N
+
+
+def _through(path: str) -> str | None:
+    """`path` by way of the anchor of the deepest anchored folder holding it, or None."""
+    for real in sorted(_ANCHORS, key=len, reverse=True):
+        if path == real or path.startswith(real + os.sep):
+            return _ANCHORS[real] + path[len(real):]
+    return None
+
+
+def _back(path: str) -> str:
+    """An anchored path's real name."""
+    for real, fd in _ANCHORS.items():
+        if path == fd or path.startswith(fd + os.sep):
+            return real + path[len(fd):]
+    return path
+
+
+def _anchor_imports(uid: int, gid: int) -> int:
+    """Before the uid changes: every folder of the import path (`sys.path`, and the imported packages' `__path__`)
+    that `uid` could not walk to is held open, and a path hook imports from it (see the module's docstring). The
+    number of folders anchored."""
+    from importlib import machinery
+
+    folders = [p for p in sys.path if isinstance(p, str) and p]
+    for module in list(sys.modules.values()):
+        where = getattr(module, "__path__", None)
+        folders += [p for p in where if isinstance(p, str) and p] if isinstance(where, list) else []
+    for folder in sorted(set(folders), key=len):
+        if _through(folder) is None and os.path.isdir(folder) and not _reachable(folder, uid, gid):
+            _ANCHORS[folder] = f"/proc/self/fd/{os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)}"
+    if not _ANCHORS:
+        return 0
+    finder_of = machinery.FileFinder.path_hook(
+        (machinery.ExtensionFileLoader, machinery.EXTENSION_SUFFIXES),
+        (machinery.SourceFileLoader, machinery.SOURCE_SUFFIXES),
+        (machinery.SourcelessFileLoader, machinery.BYTECODE_SUFFIXES))
+
+    class AnchoredLoader(machinery.SourceFileLoader):  # the real file name, read through the anchor; nothing written
+        def get_data(self, path):
+            return super().get_data(_through(path) or path)
+
+        def path_stats(self, path):
+            return super().path_stats(_through(path) or path)
+
+        def set_data(self, path, data, *, _mode=0o666):
+            pass
+
+    class AnchoredFinder:
+        def __init__(self, finder):
+            self.finder = finder
+
+        def find_spec(self, fullname, target=None):
+            spec = self.finder.find_spec(fullname, target)
+            if spec is None:
+                return None
+            if type(spec.loader) is machinery.SourceFileLoader and spec.origin:
+                spec.origin = _back(spec.origin)
+                spec.loader = AnchoredLoader(fullname, spec.origin)
+            if spec.submodule_search_locations is not None:
+                spec.submodule_search_locations[:] = [_back(p) for p in spec.submodule_search_locations]
+            return spec
+
+        def invalidate_caches(self):
+            self.finder.invalidate_caches()
+
+    def anchored(path):
+        through = _through(path) if isinstance(path, str) else None
+        if through is None:
+            raise ImportError("not an anchored folder")
+        return AnchoredFinder(finder_of(through))
+
+    sys.path_hooks.insert(0, anchored)
+    sys.path_importer_cache.clear()
+    return len(_ANCHORS)
+
+
+def _drop_privileges(ids: tuple[int, int] | None, dumpable: bool = False) -> str:
+    """`no_new_privs` and no capability in any set, for good (see the module's docstring); as root with `ids`,
+    that uid and gid as well (and, with `dumpable`, dumpable again). One phrase saying what holds; RuntimeError
+    where a capability or root is left."""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise RuntimeError("could not set no_new_privs")
@@ -221,19 +346,26 @@ def _drop_privileges(to_nobody: bool) -> str:
             libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)
         libc.prctl(_PR_SET_SECUREBITS, _SECUREBITS, 0, 0, 0)
     libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
-    if to_nobody and os.geteuid() == 0:
+    if ids is not None and os.geteuid() == 0:
+        parent = os.getppid()
         os.setgroups([])
-        os.setgid(65534)
-        os.setuid(65534)
+        os.setresgid(ids[1], ids[1], ids[1])
+        os.setresuid(ids[0], ids[0], ids[0])
+        libc.prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)  # cleared by the uid change
+        if os.getppid() != parent:  # the grader died before it was set again
+            os._exit(1)
+        if dumpable:
+            libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)  # its own /proc/self/fd for the anchors (cleared too)
     header, data = _CapHeader(_CAPABILITY_VERSION_3, 0), (_CapData * 2)()
     if libc.capset(ctypes.byref(header), data) != 0:
         raise RuntimeError(f"could not drop its capabilities: {os.strerror(ctypes.get_errno())}")
     now = credentials()
     left = [k for k in ("CapInh", "CapPrm", "CapEff", "CapAmb") if int(now[k] or "0", 16)]
-    if left or now["NoNewPrivs"] != "1":
-        raise RuntimeError(f"capabilities left after dropping them: {now}")
+    if left or now["NoNewPrivs"] != "1" or (ids is not None and 0 in os.getresuid() + os.getresgid()):
+        raise RuntimeError(f"capabilities or root left after dropping them: {now}")
     uid = os.getuid()
-    who = "uid 0 (root)" if uid == 0 else ("user nobody" if uid == 65534 else f"uid {uid} (the instructor's)")
+    who = ("user nobody" if uid == NOBODY else f"uid {uid} (its own)") if ids is not None else (
+        "uid 0 (root)" if uid == 0 else f"uid {uid} (the instructor's)")
     bounding = "" if int(now["CapBnd"] or "0", 16) == 0 else ", bounding set kept (not root: exec cannot use it)"
     return f"{who} with no capabilities{bounding}, no_new_privs"
 
@@ -266,9 +398,9 @@ _SYSCALLS = {  # name: (x86_64, aarch64)
     "process_vm_readv": (310, 270), "process_vm_writev": (311, 271), "perf_event_open": (298, 241),
     "bpf": (321, 280), "clone": (56, 220), "clone3": (435, 435), "kill": (62, 129), "tkill": (200, 130),
     "tgkill": (234, 131), "rt_sigqueueinfo": (129, 138), "rt_tgsigqueueinfo": (297, 240),
-    "pidfd_send_signal": (424, 424)}
+    "pidfd_send_signal": (424, 424), "pidfd_getfd": (438, 438)}
 _REFUSED = ("socket", "io_uring_setup", "unshare", "setns", "add_key", "request_key", "keyctl", "ptrace",
-            "process_vm_readv", "process_vm_writev", "perf_event_open", "bpf")
+            "process_vm_readv", "process_vm_writev", "perf_event_open", "bpf", "pidfd_getfd")
 _CLONE_NEWUSER = 0x10000000
 
 
@@ -409,17 +541,22 @@ def confine(workdir: str, cpu_seconds: int, readable: list | None = None) -> str
         how, abi = _landlock(workdir, readable)
     except (OSError, AttributeError):
         how, abi = None, 0
-    nobody = how is None and os.geteuid() == 0
-    if nobody:
-        os.chown(workdir, 65534, 65534)
-        how = ("no landlock: running as user nobody (the repo is not writable for it; files readable by all users "
-               "stay readable)")
+    ids = _unprivileged() if os.geteuid() == 0 else None
+    anchored = 0
+    if ids is not None:
+        os.chown(workdir, *ids)  # its own folder (made by the grader, as root, mode 0700)
+        if how is not None or ids[0] != NOBODY:  # dumpable, below: only where no other process shares the uid,
+            anchored = _anchor_imports(*ids)  # or Landlock keeps the others out of its /proc entries
+    if how is None and ids is not None:
+        how = ("no landlock: an unprivileged uid of its own (the repo is not writable for it; files readable by all "
+               "users stay readable)")
     elif how is None:
         how = ("no landlock and not root: the student's code can read and write wherever you can (run it in a "
                "container)")
-    who = _drop_privileges(nobody)
-    if nobody and processes.startswith("no process-count limit"):
-        processes = _process_limit()  # RLIMIT_NPROC applies to user nobody
+    who = _drop_privileges(ids, dumpable=bool(anchored)) + (
+        f", {anchored} import folder{'s' if anchored > 1 else ''} anchored" if anchored else "")
+    if ids is not None and processes.startswith("no process-count limit"):
+        processes = _process_limit()  # RLIMIT_NPROC applies to an unprivileged uid
     try:
         sockets = _seccomp(signals_to_self=abi < 6)
     except (OSError, AttributeError):

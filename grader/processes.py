@@ -259,6 +259,6 @@ def clean_environ():
 def make_undumpable() -> bool:
     """PR_SET_DUMPABLE 0 for this process (a grading worker, pytest's process): its `/proc/<pid>` files then belong to
     root and the kernel lets no process without CAP_SYS_PTRACE read its memory, `environ`, `maps` or `fd` — the
-    child runs with no capability, as the instructor's uid or as a root without capabilities (`grader._sandbox`).
-    No core dumps of it either; an `execve` makes a process dumpable again."""
+    child runs with no capability, as the instructor's uid or (under a root grader) an unprivileged uid of its own
+    (`grader._sandbox`). No core dumps of it either; an `execve` makes a process dumpable again."""
     return sys.platform.startswith("linux") and _libc().prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) == 0

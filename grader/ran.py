@@ -43,7 +43,7 @@ import grader.ran_plan as _plan_module
 import grader.ran_switch as _switch_module
 from grader.ran_plan import Arm, FunctionPlan, Taint, function_nodes, inside
 from grader.fingerprint import compiled_twice
-from grader.ran_switch import OTHER, Probes, Switch, module_tables, quotient_seen, slice_seen
+from grader.ran_switch import OTHER, Probes, Switch, module_tables, pick_aliases, quotient_seen, slice_seen
 
 
 class LinesRun:
@@ -168,6 +168,7 @@ class LinesRun:
 
         self.trace = trace
         self._probe_table, self._register, self._token, self._tables = table, register, token, None
+        self._aliases: dict | None = None
         self._outcomes = lambda root, key: frozenset(outcomes.get((root, key), ()))
         self.python_lines = lambda root: int(counted.get(root, [0])[0])  # lines of the cells run for `root`
         self._lines = lambda root, filename: frozenset(lines.get((root, filename), ()))
@@ -189,8 +190,10 @@ class LinesRun:
         token drawn for this process."""
         tree = ast.parse(text, filename)
         if self._tables is None:  # the tables every cell binds (cells are remembered before any is compiled)
-            self._tables = set().union(*(module_tables(t) for t in self._parsed_cells()))
-        tree = Probes(self._token, self._probe_table, filename, self._tables).visit(tree)
+            cells = self._parsed_cells()
+            self._tables = set().union(*(module_tables(t) for t in cells))
+            self._aliases = {k: v for t in cells for k, v in pick_aliases(t).items()}  # `pick = max`: maxima too
+        tree = Probes(self._token, self._probe_table, filename, self._tables, self._aliases).visit(tree)
         code = compile(ast.fix_missing_locations(tree), filename, "exec")
         self._register(code)
         compiled_twice(code, compile(text, filename, "exec"))  # lib's code pasted in a cell is still lib's

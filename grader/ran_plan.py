@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 
 from grader.ran_switch import (Switch, degenerate, divided, emptiness, module_tables, number, number_names, ordered,
-                               pick, quotient, shifted, sized, slices, switch, table_key)
+                               pick, pick_aliases, quotient, shifted, sized, slices, spelled_order, switch, table_key)
 
 _SCALING = (ast.Mult, ast.Pow, ast.LShift, ast.RShift, ast.MatMult, ast.Div, ast.FloorDiv, ast.Mod)
 
@@ -90,6 +90,7 @@ class Taint:
         self.safe_globals = _constant_globals(tree)
         self.number_globals = number_names(ast.Module([n for n in getattr(tree, 'body', []) if isinstance(n, (ast.Assign, ast.AnnAssign))], []))
         self.tables = module_tables(tree)
+        self.aliases = pick_aliases(tree)  # `pick = max`: its calls are maxima too
         self.caught = _caught(tree)
         self.decorators = {d.id if isinstance(d, ast.Name) else getattr(d, "attr", None)
                            for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
@@ -533,13 +534,14 @@ class FunctionPlan:
                     tests.update(id(v) for v in node.values)
                 elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
                     tests.add(id(node.operand))
-            clamp = pick(node) or id(node) in tests
+            clamp = pick(node, self.taint.aliases) or id(node) in tests
             exempt = not switches and id(node) in tests  # the test of an `if` that raises: only where it decides it
             # an emptiness test anywhere (`return len(self.queue) > 0 or ...`): a plain value of no threshold vs 0
             exempt = exempt or (emptiness(node) and degenerate(node) and self._free(node))
-            if switch(node) and not exempt and not (clamp and degenerate(node) and not shifted(node)) and (
-                    ordered(node) or not self._free(node)):
-                self.switches.append(Switch(node, path))
+            if switch(node, self.taint.aliases) and not exempt and not (
+                    clamp and degenerate(node) and not shifted(node, self.constants)) and (
+                    ordered(node, self.taint.aliases) or not self._free(node)):
+                self.switches.append(Switch(node, path, "compare" if spelled_order(node, self.taint.aliases) else None))
             key = table_key(node, self.taint.tables)
             if key is not None and not self._free(key) and any(
                     isinstance(n, ast.Name) and n.id in self.local for n in ast.walk(key)):

@@ -34,11 +34,12 @@ class Switch:
         return (n.lineno, n.col_offset, n.end_lineno, n.end_col_offset)
 
 
-def switch(node) -> bool:
-    """What `grader.ran`'s probes watch: a comparison but `is`/`is not`, a `min`/`max` of two or more arguments."""
+def switch(node, aliases: dict | None = None) -> bool:
+    """What `grader.ran`'s probes watch: a comparison but `is`/`is not`, a `min`/`max` of two or more arguments
+    (`aliases`: names the cells bind to one, `pick_aliases`)."""
     if isinstance(node, ast.Compare):
         return not all(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops)
-    return truth(node) or sorted_display(node) or spelled_order(node) or pick(node)
+    return truth(node) or sorted_display(node) or spelled_order(node, aliases) or pick(node, aliases)
 
 
 # a maximum or minimum by any name: the builtins (also as `builtins.max`), numpy's elementwise ones on scalars
@@ -48,32 +49,60 @@ ORDER_CALLS = frozenset(("lt", "le", "gt", "ge", "less", "less_equal", "greater"
                          "__lt__", "__le__", "__gt__", "__ge__"))
 
 
-def _called(node) -> str | None:
+def _called(node, aliases: dict | None = None) -> str | None:
     f = getattr(node, "func", None) if isinstance(node, ast.Call) else None
-    return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+    name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+    return (aliases or {}).get(name, name) if isinstance(f, ast.Name) else name
 
 
-def pick(node) -> bool:
-    """A call named like a maximum or minimum (`max`, `builtins.max`, `np.maximum`, `fmin`, ...) of two or more plain
-    arguments: at run time the probe tells which argument it gave (by identity for the builtins, by value for numpy's
-    on scalars); any other function of that name is no switch (OTHER)."""
-    return (_called(node) in PICKS and len(node.args) >= 2 and not node.keywords
+def pick_aliases(tree) -> dict[str, str]:
+    """{name: the maximum, minimum or comparison it is bound to} for the names `tree` binds to one under another name:
+    `pick = max`, `pick = builtins.max`, `top = np.maximum`, `less = operator.lt`, `from builtins import max as pick`,
+    `pick, low = max, min`. A call of such a name is probed like one of the function's own; what it calls at run time
+    decides, as for any `max` (another function there is no switch: OTHER)."""
+    known = PICKS | ORDER_CALLS
+    found: dict[str, str] = {}
+    for n in ast.walk(tree):
+        pairs = []
+        if isinstance(n, ast.Assign):
+            for t in n.targets:
+                if isinstance(t, ast.Name):
+                    pairs.append((t.id, n.value))
+                elif isinstance(t, ast.Tuple) and isinstance(n.value, ast.Tuple) and len(t.elts) == len(n.value.elts):
+                    pairs += [(e.id, v) for e, v in zip(t.elts, n.value.elts) if isinstance(e, ast.Name)]
+        elif isinstance(n, ast.ImportFrom):
+            pairs = [(a.asname, ast.Name(a.name)) for a in n.names if a.asname]
+        for name, value in pairs:
+            what = value.id if isinstance(value, ast.Name) else value.attr if isinstance(value, ast.Attribute) else None
+            if what in known and name not in known:
+                found.setdefault(name, what)
+    return found
+
+
+def pick(node, aliases: dict | None = None) -> bool:
+    """A call named like a maximum or minimum (`max`, `builtins.max`, `np.maximum`, `fmin`, ...; or a name `aliases`
+    binds to one) of two or more plain arguments: at run time the probe tells which argument it gave (by identity for
+    the builtins, by value for numpy's on scalars); any other function of that name is no switch (OTHER)."""
+    return (_called(node, aliases) in PICKS and len(node.args) >= 2 and not node.keywords
             and not any(isinstance(a, ast.Starred) for a in node.args))
 
 
-def spelled_order(node) -> bool:
-    """A comparison by order spelled as a call (`operator.lt(j, 512)`, `j.__gt__(4096)`, `np.less(n, 4096)`)."""
-    name = _called(node)
+def spelled_order(node, aliases: dict | None = None) -> bool:
+    """A comparison by order spelled as a call (`operator.lt(j, 512)`, `j.__gt__(4096)`, `np.less(n, 4096)`; or a name
+    `aliases` binds to one: `less = operator.lt`)."""
+    name = _called(node, aliases)
     return (name in ORDER_CALLS and not node.keywords and not any(isinstance(a, ast.Starred) for a in node.args)
             and len(node.args) == (1 if name.startswith("__") and isinstance(node.func, ast.Attribute) else 2))
 
 
-def shifted(node) -> bool:
-    """A `min`/`max` one of whose arguments shifts a value by a number other than 0 and ±1 (`max(0, n - 1024)`): a
-    clamp at zero of a shifted size is a threshold, not the guard of a degenerate value."""
+def shifted(node, constants: set = frozenset()) -> bool:
+    """A `min`/`max` one of whose arguments shifts a value by a number other than 0 and ±1 (`max(0, n - 1024)`), or
+    by a name bound to one (`constants`: `max(0, n - LIMIT)` with `LIMIT = 1024`): a clamp at zero of a shifted size
+    is a threshold, not the guard of a degenerate value."""
     return isinstance(node, ast.Call) and any(
         isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Add, ast.Sub))
-        and any(number(side) not in (None, 0, 1, -1) for side in (n.left, n.right))
+        and any(number(side) not in (None, 0, 1, -1) or (isinstance(side, ast.Name) and side.id in constants)
+                for side in (n.left, n.right))
         for a in node.args for n in ast.walk(a))
 
 
@@ -124,10 +153,10 @@ def truth(node) -> bool:
             and len(node.args) == 1 and not node.keywords)
 
 
-def ordered(node) -> bool:
+def ordered(node, aliases: dict | None = None) -> bool:
     """A comparison by order (`<`, `<=`, `>`, `>=`): a switch whatever it compares — a threshold hides as well in
     text (`f"{n:08}" > "00004096"`), bytes or an imported constant as in a number — so it is judged with no taint."""
-    return spelled_order(node) or (isinstance(node, ast.Compare)
+    return spelled_order(node, aliases) or (isinstance(node, ast.Compare)
                                    and any(isinstance(op, (ast.Lt, ast.LtE, ast.Gt, ast.GtE)) for op in node.ops))
 
 
@@ -255,8 +284,8 @@ class Probes(ast.NodeTransformer):
     """`LinesRun.compile_cell`'s rewrite: each comparison but `is`/`is not`, and each `min`/`max` of two or more
     plain arguments, through a lambda whose first parameter's name carries the token and the probe's key."""
 
-    def __init__(self, token: str, table: list, filename: str, tables: set = frozenset()):
-        self.token, self.table, self.filename, self.tables = token, table, filename, tables
+    def __init__(self, token: str, table: list, filename: str, tables: set = frozenset(), aliases: dict | None = None):
+        self.token, self.table, self.filename, self.tables, self.aliases = token, table, filename, tables, aliases
 
     def _keyed(self, node, key):
         """`node` (a lookup) with its key put through a probe that records it."""
@@ -337,9 +366,9 @@ class Probes(ast.NodeTransformer):
         if quotient(node):  # `divmod(n, 8192)`: its quotient, as `n // 8192`'s
             return ast.copy_location(ast.Call(func=self._pair(node, "//", lambda f, k: ast.Call(
                 ast.Name("divmod", ast.Load()), [f, k], [])), args=list(node.args), keywords=[]), node)
-        if spelled_order(node):  # `operator.lt(j, 512)`, `j.__lt__(512)`: a comparison by another name
+        if spelled_order(node, self.aliases):  # `operator.lt(j, 512)`, `j.__lt__(512)`: a comparison by another name
             return ast.copy_location(ast.Call(func=self._lambda(node, "compare", False), args=[node], keywords=[]), node)
-        if pick(node) or sorted_display(node):
+        if pick(node, self.aliases) or sorted_display(node):
             kind = "order" if sorted_display(node) else "pick"
             return ast.copy_location(ast.Call(func=self._lambda(node, kind, True), args=[f, *node.args], keywords=[]),
                                      node)

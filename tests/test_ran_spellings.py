@@ -2,8 +2,10 @@
 comparison spelled as a call (`operator.lt`, `j.__gt__`, `np.greater`), a maximum by another name (`builtins.max`,
 `np.maximum` of scalars) and a clamp at zero of a shifted size (`max(0, n - 1024)`) must come out more than one way
 while the checks run; and (the fifth round) a quotient by a size must not be 0 every time (`n // 8192`), a remainder
-by a large modulus must wrap, and a slice bounded by a size must cut a part at least once (`p[:64]`, `r[8:] = 0.0`).
-Honest spellings that do, or that only guard a degenerate value, pass."""
+by a large modulus must wrap, and a slice bounded by a size must cut a part at least once (`p[:64]`, `r[8:] = 0.0`);
+and a maximum or comparison through an alias (`pick = max`, bound before or after the function, `from builtins import
+max as most`, `below = operator.lt`) or a clamp at zero shifted by a named constant (`max(0, n - LIMIT)`, `LIMIT = 1024`)
+is judged as its plain spelling. Honest spellings that do, or that only guard a degenerate value, pass."""
 import importlib.util
 from pathlib import Path
 
@@ -43,6 +45,15 @@ _judge = _test_ran()._judge
     ("def f(r):\n    r[8:] = 0.0\n    return r\n", "f(torch.ones(3)); f(torch.ones(8))", "`r[8:]` took none"),
     ("def f(x):\n    return x[..., :64].sum()\n", "f(torch.ones(2, 5)); f(torch.ones(3, 64))", "took all"),
     ("def f(q):\n    todo, q[:] = q[:16], q[16:]\n    return todo\n", "f([1, 2]); f([3] * 9)", "took all"),
+    # the spellings grader/README listed as not seen after the fifth round: an alias, bound after the function that
+    # calls it or imported under another name, and a clamp at zero shifted by a named constant
+    ("def f(n, b=64):\n    return pick(b, n - 1024)\n\npick = max\n", "f(3); f(70)", "took only argument 1"),
+    ("import builtins\ndef f(n, b=64):\n    return top(b, n - 1024)\n\ntop, low = builtins.max, min\n", "f(3)",
+     "took only argument 1"),
+    ("from builtins import max as most\ndef f(n, b=64):\n    return most(b, n - 1024)\n", "f(3)", "took only argument 1"),
+    ("import operator\nbelow = operator.lt\ndef f(j):\n    return 3 * below(j, 512)\n", "f(3); f(4)", "was True"),
+    ("LIMIT = 1024\ndef f(n, b=64):\n    return b + max(0, n - LIMIT)\n", "f(3); f(70)", "took only argument 1"),
+    ("def f(n, tbt=0.01):\n    far = 1000\n    return 0.5 * tbt * max(0, n - far)\n", "f(3); f(800)", "took only argument 1"),
 ])
 def test_a_switch_by_another_spelling_is_named(source, calls, said):
     why = _judge(source, calls, "f")
@@ -65,6 +76,10 @@ def test_a_switch_by_another_spelling_is_named(source, calls, said):
     ("def f(t, n):\n    return t[-n:]\n", "f([1, 2], 3)"),  # the caller's bound
     ("def f(x):\n    return x[:-1], x[1:]\n", "f([1])"),  # by one: no threshold
     ("def f(x):\n    return x[:, :2]\n", "f(torch.ones(3, 5))"),  # a part every time
+    ("def f(n, b=64):\n    return pick(b, n - 1024)\n\npick = max\n", "f(3); f(2000)"),  # an alias, both ways
+    ("def mine(a, b):\n    return a\n\npick = mine\ndef f(n):\n    return pick(n, 4096)\n", "f(3)"),  # not a max
+    ("LIMIT = 1024\ndef f(n):\n    return max(0, n - LIMIT)\n", "f(3); f(2000)"),  # the named shift, both ways
+    ("def f(end, window=4):\n    span = 1\n    return max(0, end - window - span)\n", "f(2)"),  # by one: a guard
 ])
 def test_an_honest_spelling_passes(source, calls):
     assert _judge(source, calls, "f") is None

@@ -84,6 +84,19 @@ def _findings():
             out["calls"][name] = "done"
         except (OSError, ValueError) as e:
             out["calls"][name] = type(e).__name__
+    out["ids"] = [os.getuid(), os.geteuid(), os.getgid(), os.getegid(), os.getgroups()]
+    out["workdir"] = os.getcwd()
+    try:  # modules nothing imported before the uid changed: Python's own folders must still be reachable
+        import bz2, colorsys, json.tool
+        out["imported"] = [bz2.decompress(bz2.compress(b"ok")).decode(), colorsys.__file__, json.tool.__name__]
+    except Exception as e:
+        out["imported"] = repr(e)
+    os.makedirs("locked/inner")  # what it leaves in its folder, locked: the grader must still remove it
+    with open("locked/inner/data", "w") as f:
+        f.write("x")
+    os.chmod("locked/inner/data", 0)
+    os.chmod("locked/inner", 0)
+    os.chmod("locked", 0)
     attempt("kill the grading process", lambda: os.kill(pp, 0))
     attempt("setuid", lambda: os.setuid(12345))
     attempt("raise its CPU limit", lambda: resource.setrlimit(resource.RLIMIT_CPU, (10**6, 10**6)))
@@ -160,7 +173,11 @@ def test_the_child_runs_with_no_capability_and_no_new_privs(probed):
     assert status["NoNewPrivs"].strip() == "1", "the child may gain privileges through exec (no_new_privs unset)"
     assert status["Seccomp"].strip() == "2", "the child has no seccomp filter"
     uid = int(status["Uid"].split()[0])
-    assert uid == os.geteuid() or uid == 65534, f"the child runs as uid {uid}"
+    assert uid == os.geteuid() or ROOT, f"the child runs as uid {uid}, not the instructor's"
+    uid, euid, gid, egid, groups = found["ids"]  # as the child's own os.getuid() ... say them
+    assert uid != 0 and euid != 0, f"the child runs as root: uid {uid}, euid {euid} ({sandbox})"
+    if ROOT:
+        assert gid != 0 and egid != 0 and 0 not in groups, f"the child keeps root's group: {found['ids']}"
     calls = found["calls"]
     assert calls["setuid"] == "PermissionError", calls
     assert calls["raise its CPU limit"] == "ValueError", calls  # "not allowed to raise maximum limit"
@@ -179,6 +196,16 @@ def test_the_grading_process_and_every_other_process_are_out_of_the_childs_reach
     assert found["reads"]["/proc/self/environ"].startswith("read "), "the child cannot read its own /proc (test broken?)"
     assert not found["listed /proc"], "the child listed /proc (every process's pid)"
     assert not found["everyone"], f"the child read other processes' environ or cmdline: {found['everyone'][:3]}"
+
+
+def test_the_unprivileged_child_imports_python_and_the_grader_removes_what_it_left(probed):
+    """Python's own folders stay importable after the uid change (anchored where only root may walk to them, as
+    under pyenv's /root/.pyenv), and the child's folder, with a locked folder it left inside, is gone once the
+    grading process has closed the session."""
+    _, found, sandbox = probed
+    assert isinstance(found["imported"], list), f"the child could not import Python's modules: {found['imported']}"
+    assert not found["imported"][1].startswith("/proc/"), found["imported"]  # the real file name is kept
+    assert not Path(found["workdir"]).exists(), f"the child's folder was left behind: {found['workdir']}"
 
 
 def test_a_secret_of_the_graders_environment_or_command_line_does_not_reach_the_child(probed):

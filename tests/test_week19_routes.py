@@ -138,23 +138,23 @@ def per_sequence_blocks(q, k_pool, v_pool, block_tables, context_lens):
     b, h, d = q.shape
     _, hkv, bs, _ = k_pool.shape
     dev = q.device
-    out = torch.empty_like(q)
+    out = torch.empty(q.shape, device=dev)  # fp32 whatever q's dtype: the result is rounded to it once, at the end
     step = max(1, 32 // bs)
     for i, n in enumerate(context_lens.tolist()):
-        qg = q[i].reshape(hkv, h // hkv, d) / math.sqrt(d)
+        qg = q[i].reshape(hkv, h // hkv, d).float() / math.sqrt(d)
         m = torch.full((hkv, h // hkv), float("-inf"), device=dev)
         l, acc = torch.zeros(hkv, h // hkv, device=dev), torch.zeros(hkv, h // hkv, d, device=dev)
         for j0 in range(0, -(-n // bs), step):
             ids = block_tables[i, j0:min(j0 + step, -(-n // bs))]
-            kb = k_pool[ids].permute(1, 0, 2, 3).reshape(hkv, -1, d)  # [Hkv, c*bs, d]
-            vb = v_pool[ids].permute(1, 0, 2, 3).reshape(hkv, -1, d)
+            kb = k_pool[ids].permute(1, 0, 2, 3).reshape(hkv, -1, d).float()  # [Hkv, c*bs, d]
+            vb = v_pool[ids].permute(1, 0, 2, 3).reshape(hkv, -1, d).float()
             valid = torch.arange(j0 * bs, j0 * bs + kb.shape[1], device=dev) < n
             s = (qg @ kb.transpose(-1, -2)).masked_fill(~valid, float("-inf"))  # [Hkv, group, c*bs]
             m_new = torch.maximum(m, s.amax(-1))
             p, a = torch.exp(s - m_new[..., None]), torch.exp(m - m_new)
             l, acc, m = l * a + p.sum(-1), acc * a[..., None] + p @ vb, m_new
         out[i] = (acc / l[..., None]).reshape(h, d)
-    return out
+    return out.to(q.dtype)
 
 
 def two_pass_when_grouped(q, k_pool, v_pool, block_tables, context_lens):

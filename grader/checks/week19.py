@@ -22,6 +22,7 @@ from grader.checks import (assert_classified, assert_close, check_on_meta, gener
 from grader.checks.week19_sim import (LONG_CASE, amount_step, cache_trial, context_model, contiguous_reference,
                                       engine_workload, expect_error, exponentials, judge_plan, lib_parts,
                                       paged_case, sdpa_ops, shared_step, simulate, step_workload, workload)
+from grader.checks.week19_dtype import assert_low_precision
 from grader.checks.week19_hashes import assert_hash_entropy, assert_long_chain
 from grader.harness import Week
 from lib.batching import paged as ref
@@ -198,7 +199,7 @@ def check_paged_attention(paged_attention) -> None:
     sequence's whole K/V — in the case with one long sequence (`LONG_CASE`) not even one KV head's whole row of
     keys —, no full-row softmax, all of it visible to the observer (torch ops, not numpy), each block of K read by
     torch ops once per KV head (at least once; not once per query head of a GQA group, not a second pass over the
-    scores), inputs unchanged, tensors made on the inputs' device."""
+    scores), inputs unchanged, tensors made on the inputs' device; then a bf16 and an fp16 case (`week19_dtype`)."""
     g = generator(5)
     dims = [[16, 32, 64][i] for i in torch.randperm(3, generator=g)] + [int(16 * torch.randint(1, 5, (1,), generator=g)), 64]
     for case in range(5):
@@ -264,6 +265,9 @@ def check_paged_attention(paged_attention) -> None:
                 f"from memory, which is the traffic paged attention exists to save: keep a running max and rescale "
                 f"(and read whole blocks, a few at a time: a block split between two chunks is read twice) "
                 f"{seed_note()}")
+    for dtype in (torch.bfloat16, torch.float16):  # the result as accurate as fp32's, in q's dtype (FINDINGS5.md #22)
+        assert_low_precision(paged_attention, g, dtype, [32, 64][int(torch.randint(0, 2, (1,), generator=g))],
+                             ("lib.batching.paged", "lib.attn.attention", *ENGINE_MODULES))
     check_on_meta(paged_attention, args, "paged_attention")
 
 

@@ -38,7 +38,10 @@ check_slot_mapping(slot_mapping)
 # * `context_lens` int64 `[B]` (how many keys each sequence has, its new token's included),
 #
 # and returns `[B, n_heads, head_dim]`, equal to ordinary attention over each sequence's keys (query head
-# `h` reads KV head `h // (n_heads // n_kv_heads)`, as in week 16).
+# `h` reads KV head `h // (n_heads // n_kv_heads)`, as in week 16). `q` and the pools may be bf16 or fp16 (a
+# server's cache usually is): the result has `q`'s dtype and is as accurate as an fp32 computation rounded once at
+# the end — upcast each block you read (`.float()`), keep the scores, the running statistics and the output in fp32,
+# and return `.to(q.dtype)`.
 #
 # **Exercise 6 (design).** Write it **without** copying each sequence's keys into a contiguous `[B, max_len]`
 # tensor: that copy is exactly the memory paging saves, and the vLLM kernel never makes it. Read a block
@@ -46,7 +49,7 @@ check_slot_mapping(slot_mapping)
 # head_dim]` — mask the positions at or past `context_lens`, and combine the blocks with the **online
 # softmax** of week 17 (running max `m`, running sum `l`, running output). The check compares against
 # contiguous attention (≤ 1e-5) on ragged lengths, random block sizes, head sizes and batches (GQA and MHA
-# every run); it watches the peak memory (less than half a contiguous copy of the longest sequence's K and V,
+# every run), and in bf16 and fp16 with 12,000–16,000 keys (within the dtype's rounding); it watches the peak memory (less than half a contiguous copy of the longest sequence's K and V,
 # and with one sequence of ~5,000 keys less than half of one KV head's keys: no whole row per head either), the
 # longest reduction (no softmax over a whole row), how often each block of K is read (once per KV head: the
 # query heads of a GQA group share it, so read it once for all of them — not once per query head, not a first
