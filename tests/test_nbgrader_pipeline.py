@@ -38,7 +38,7 @@ pytestmark = pytest.mark.notebook
 # Weeks whose graded cells run in another order than solutions/NN's tests (the isolated autograde runs them in the
 # notebook's order, in one child): their solution is autograded isolated here too, and the kernel run held to it.
 # tests/test_paths_agree.py::test_each_graded_cell_is_its_pytest_test keeps this set exactly those weeks.
-ISOLATED_HERE = {"17": "predict_peak_bytes (exercise 11) is graded before the Triton exercises (12-14)"}
+ISOLATED_HERE: dict[str, str] = {}  # week -> why its order differs (none today)
 
 
 def _errors(notebook: Path) -> list[str]:
