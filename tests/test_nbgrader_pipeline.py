@@ -12,7 +12,7 @@ That the isolated autograde gives the solution every point, and so agrees with t
 grading it a second time (it was the same checks, in the same kind of child, as `pytest solutions/NN`; 300-400 s
 of a core in all):
 - `solutions/NN` runs every check on the solution in one isolated child, each under the autograde's time limit per
-  graded test (solutions/conftest.py);
+  graded test, and makes the autograde's reference-use query over every exercise after the last (solutions/conftest.py);
 - tests/test_paths_agree.py::test_each_graded_cell_is_its_pytest_test: each graded cell is, in the trusted
   namespace the isolated autograde runs it in, the call its solutions/NN test makes, in the same order (where the
   order differs, ISOLATED_HERE, the solution is still autograded isolated here);
