@@ -12,6 +12,7 @@ The untouched release (all fail) is covered by tests/test_release.py and tests/t
 Fast: demo cells stripped, and `generate` (its check loads SmolLM2) and `RollingKVCache` (tens of seconds)
 are the release's stubs in every submission — failing in both paths. About 30 s on 2 quiet cores, 80-100 s at load 3-5.
 """
+import ast
 import json
 import os
 import re
@@ -25,6 +26,7 @@ import pytest
 
 from grader.__main__ import autograde, collect
 from grader.course import Course
+from grader.course_map import week_folders
 from grader.harness import with_cell_source
 
 
@@ -169,3 +171,72 @@ def test_pytest_and_autograde_agree_per_exercise(tmp_path, capsys):
             "test_answer_q1"} <= set(failing["partial"]), failing
     assert {"test_roofline_time", "test_pool_kv_heads"} <= set(failing["broken"]), failing
     assert "test_step_flops" not in failing["broken"], failing  # the other cells still load
+
+
+def _graded_calls(notebook: Path) -> list[tuple[str, str, list[str]]]:
+    """(grade_id, check, argument names) of each graded test cell, in the notebook's order; a cell that is anything
+    but one call `check_<name>(a, b, ...)` of plain names is returned as (grade_id, its source, [])."""
+    out = []
+    for cell in json.loads(notebook.read_text())["cells"]:
+        meta = cell["metadata"].get("nbgrader", {})
+        if cell["cell_type"] != "code" or not meta.get("grade") or meta.get("solution"):
+            continue
+        source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        body = ast.parse(source).body
+        call = body[0].value if len(body) == 1 and isinstance(body[0], ast.Expr) else None
+        if (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and not call.keywords
+                and all(isinstance(a, ast.Name) for a in call.args)):
+            out.append((meta["grade_id"], call.func.id, [a.id for a in call.args]))
+        else:
+            out.append((meta["grade_id"], source, []))
+    return out
+
+
+def _pytest_calls(test_file: Path) -> list[tuple[str, str, list[str]]]:
+    """("test_<name>", check, argument names) of each `test_exNN_<name>(ex)` in the file's order, whose body (its
+    docstring aside) must be one call `checks.check_<name>(ex.a, ex.b, ...)`; anything else as (name, its source, [])."""
+    out = []
+    for fn in ast.parse(test_file.read_text()).body:
+        match = re.fullmatch(r"test_ex\d\d_(\w+)", getattr(fn, "name", ""))
+        if not match:
+            continue
+        body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+        call = body[0].value if len(body) == 1 and isinstance(body[0], ast.Expr) else None
+        if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and ast.unparse(call.func.value) ==
+                "checks" and not call.keywords and all(isinstance(a, ast.Attribute) and ast.unparse(a.value) == "ex"
+                                                       for a in call.args)):
+            out.append((f"test_{match[1]}", call.func.attr, [a.attr for a in call.args]))
+        else:
+            out.append((f"test_{match[1]}", ast.unparse(fn), []))
+    return out
+
+
+@pytest.mark.parametrize("week", list(week_folders()))
+def test_each_graded_cell_is_its_pytest_test(week):
+    """The isolated autograde of week NN runs each graded cell here, in the trusted namespace (grader/grading.py), with
+    the notebook's names as proxies into the child; `pytest solutions/NN` runs test_weekNN.py with `ex`'s proxies
+    into such a child. Each graded cell is one call `check_<name>(<names>)`, the very call (check, arguments, order)
+    its `test_exNN_<name>` makes, that check in the trusted namespace is the week's own, and no argument is a name
+    of that namespace (each is the notebook's): so the two runs are the same checks on the same functions, and
+    `pytest solutions/NN` passing (under the autograde's time limit per test: solutions/conftest.py) is the isolated
+    autograde giving the solution every point, which tests/test_nbgrader_pipeline.py no longer runs a second time."""
+    import importlib
+
+    from grader.grading import _trusted_namespace
+
+    checks = importlib.import_module(f"grader.checks.week{week}")
+    notebook = REPO / "solutions" / week / checks.WEEK.notebook
+    test_file = REPO / "solutions" / week / f"test_week{week}.py"
+    assert re.search(rf"^from grader\.checks import week{week} as checks$", test_file.read_text(), re.M)
+    graded, tested = _graded_calls(notebook), _pytest_calls(test_file)
+    assert graded, f"{notebook.name} has no graded test cells"
+    assert sorted(graded) == sorted(tested), f"{notebook.name}'s graded cells vs {test_file.name}'s tests:\n{graded}\n{tested}"
+    from tests.test_nbgrader_pipeline import ISOLATED_HERE
+
+    assert (graded != tested) == (week in ISOLATED_HERE), (
+        f"week {week}: its graded cells run in {'another' if graded != tested else 'the same'} order than its tests: "
+        f"tests/test_nbgrader_pipeline.py's ISOLATED_HERE must {'hold' if graded != tested else 'not hold'} it")
+    trusted = _trusted_namespace(REPO, week, notebook.stem)
+    for grade_id, check, args in graded:
+        assert trusted.get(check) is getattr(checks, check), f"{grade_id}: `{check}` of the trusted namespace"
+        assert not set(args) & set(trusted), f"{grade_id}: {sorted(set(args) & set(trusted))} name the trusted side"

@@ -47,6 +47,12 @@ def test_ex10_flash_decode(ex):
     checks.check_flash_decode(ex.flash_decode)
 
 
+# Exercise 17 is graded where the notebook has it, section 7, before the Triton exercises: this file runs the
+# checks in the notebook's order, as the isolated autograde does (tests/test_paths_agree.py holds the two alike).
+def test_ex17_predict_peak_bytes(ex):
+    checks.check_predict_peak_bytes(ex.predict_peak_bytes)
+
+
 def test_ex11_softmax_rows(ex):
     checks.check_softmax_rows(ex.softmax_rows)
 
@@ -69,7 +75,3 @@ def test_ex15_answer_q2(ex):
 
 def test_ex16_answer_q3(ex):
     checks.check_answer_q3(ex.answer_q3)
-
-
-def test_ex17_predict_peak_bytes(ex):
-    checks.check_predict_peak_bytes(ex.predict_peak_bytes)
