@@ -68,8 +68,9 @@ def test_data_cache_key_changes_with_every_option():
     assert base == cache_key(["a", "b"], 64, "f" * 64)
     others = {cache_key(["b", "a"], 64, "f" * 64), cache_key(["a", "b", "c"], 64, "f" * 64),
               cache_key(["a", "b"], 65, "f" * 64), cache_key(["a", "b"], 64, "e" * 64),
-              cache_key(["a", "b"], 64, "f" * 64, dtype="bfloat16")}
-    assert base not in others and len(others) == 5
+              cache_key(["a", "b"], 64, "f" * 64, dtype="bfloat16"),
+              cache_key(["a", "b"], 64, "f" * 64, how="side-by-side")}
+    assert base not in others and len(others) == 6
 
 
 def test_batch_of_pads_and_masks_the_answers():

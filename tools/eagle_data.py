@@ -32,10 +32,12 @@ import torch
 FORMAT = 1  # bump when the stored layout changes (part of the cache key)
 
 
-def cache_key(prompts: list[str], max_new: int, model_sha256: str, dtype: str = "float32") -> str:
+def cache_key(prompts: list[str], max_new: int, model_sha256: str, dtype: str = "float32",
+              how: str = "engine") -> str:
     """A short key over everything the data depends on: the prompts (in order), the answer length, the model file,
-    the dtype of the forward that made it, and the layout."""
-    blob = json.dumps({"prompts": prompts, "max_new": max_new, "model": model_sha256, "dtype": dtype,
+    the dtype of the forward that made it, who answered (a near-tie may go the other way between two forwards) and
+    the layout."""
+    blob = json.dumps({"prompts": prompts, "max_new": max_new, "model": model_sha256, "dtype": dtype, "how": how,
                        "format": FORMAT}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -85,6 +87,44 @@ def answers(model, prompt_ids: list[list[int]], max_new: int, eos: int, batch: i
 
 
 @torch.no_grad()
+def answers_side_by_side(target, prompt_ids: list[list[int]], max_new: int, eos: int, batch: int,
+                         tag: str = "") -> list[list[int]]:
+    """The same greedy answers by `lib.fast.FastLlama` decoding `batch` sequences side by side, one position per
+    step (each reads its own prompt until it ends, then its own answer; no padding), until every one has ended."""
+    out: list[list[int]] = []
+    bar = _progress(len(prompt_ids), f"{tag}answers (side by side)", "prompt")
+    t0 = time.perf_counter()
+    for s in range(0, len(prompt_ids), batch):
+        group = prompt_ids[s:s + batch]
+        lens = [len(p) for p in group]
+        length = max(lens) + max_new
+        tokens = torch.zeros(len(group), length, dtype=torch.int64)
+        for r, p in enumerate(group):
+            tokens[r, :len(p)] = torch.tensor(p)
+        ans: list[list[int]] = [[] for _ in group]
+        done = [False] * len(group)
+        cache = target.new_cache(len(group), length)
+        for j in range(length - 1):
+            logits, _ = target.forward_hidden(tokens[:, j:j + 1].to(target.device), cache)
+            nxt = logits[:, 0].argmax(-1).cpu()
+            for r in range(len(group)):
+                if j + 1 >= lens[r] and not done[r]:  # position j + 1 is past the prompt: the target's token
+                    tokens[r, j + 1] = nxt[r]
+                    ans[r].append(int(nxt[r]))
+                    done[r] = int(nxt[r]) == eos or len(ans[r]) >= max_new
+            if all(done):
+                break
+        out += ans
+        bar.update(len(group))
+        if s == 0:
+            per = (time.perf_counter() - t0) / len(group)
+            bar.write(f"  {tag}answers: first {len(group)} in {per * len(group):.0f} s; estimated "
+                      f"{per * (len(prompt_ids) - len(group)) / 60:.1f} min more")
+    bar.close()
+    return out
+
+
+@torch.no_grad()
 def hidden_states(target, seqs: list[list[int]], tokens_per_batch: int = 2048, tag: str = ""):
     """`(hidden [N, D] fp16, argmax [N] int64)` of `target` (a `lib.fast.FastLlama`) on every sequence, concatenated
     in order: one teacher-forced forward per group of similar length (about `tokens_per_batch` tokens)."""
@@ -114,21 +154,24 @@ def hidden_states(target, seqs: list[list[int]], tokens_per_batch: int = 2048, t
 
 
 def build_data(model, target, tok, prompts: list[str], max_new: int, batch: int, cache_dir, model_sha256: str,
-               tag: str = "") -> dict:
+               tag: str = "", how: str = "engine") -> dict:
     """The data for `prompts` (see the module's text), from the cache when it is there."""
     from lib.speculative import chat_ids
 
-    key = cache_key(prompts, max_new, model_sha256, str(target.dtype).replace("torch.", ""))
+    key = cache_key(prompts, max_new, model_sha256, str(target.dtype).replace("torch.", ""), how)
     path = cache_dir / f"eagle-data-{key}.pt"
     if path.exists():
         data = torch.load(path, weights_only=True)
         print(f"  {tag}data reused from {path}")
         data["path"] = str(path)
         return data
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     pids = [chat_ids(tok, p)[0].tolist() for p in prompts]
-    ans = answers(model, pids, max_new, tok.eos_token_id, batch, tag)
-    t1 = time.perf_counter()
+    if how == "engine":
+        ans = answers(model, pids, max_new, tok.eos_token_id, batch, tag)
+    else:
+        ans = answers_side_by_side(target, pids, max_new, tok.eos_token_id, batch, tag)
+    t1, c1 = time.perf_counter(), time.process_time()
     seqs = [p + a for p, a in zip(pids, ans)]
     hidden, argmax = hidden_states(target, seqs, tag=tag)
     lens = torch.tensor([len(s) for s in seqs])
@@ -142,12 +185,14 @@ def build_data(model, target, tok, prompts: list[str], max_new: int, batch: int,
         hits += int((argmax[a - 1:b - 1] == tokens[a:b].long()).sum())
         total += b - a
     data = {"tokens": tokens, "hidden": hidden, "offsets": offsets, "prompt_len": plen, "prompts": list(prompts),
-            "agree": hits / max(total, 1), "answer_seconds": t1 - t0, "hidden_seconds": time.perf_counter() - t1}
+            "agree": hits / max(total, 1), "answer_seconds": t1 - t0, "hidden_seconds": time.perf_counter() - t1,
+            "answer_cpu_seconds": c1 - c0, "hidden_cpu_seconds": time.process_time() - c1}
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(data, path)
     print(f"  {tag}{len(seqs)} answers, {total} answer tokens ({total / len(seqs):.0f} per answer), "
-          f"{hidden.numel() * 2 / 1e6:.0f} MB of fp16 states; teacher-forced argmax = engine's token at "
-          f"{data['agree']:.4f} of answer positions; {t1 - t0:.0f} s + {data['hidden_seconds']:.0f} s; cached in "
+          f"{hidden.numel() * 2 / 1e6:.0f} MB of fp16 states; teacher-forced argmax = the answer's token at "
+          f"{data['agree']:.4f} of answer positions; {t1 - t0:.0f} s + {data['hidden_seconds']:.0f} s (CPU time of "
+          f"this process {c1 - c0:.0f} s + {data['hidden_cpu_seconds']:.0f} s); cached in "
           f"{path}", flush=True)
     data["path"] = str(path)
     return data

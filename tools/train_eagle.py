@@ -47,10 +47,13 @@ SIZES = (1024, 2048, 4096, 8192, 16384, 32768)
 
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--train-prompts", type=int, default=6000)
+    p.add_argument("--train-prompts", type=int, default=4000)
     p.add_argument("--held-prompts", type=int, default=96, help="held-out prompts (teacher-forced top-1)")
     p.add_argument("--max-new", type=int, default=192, help="answer tokens at most (EOS ends one earlier)")
-    p.add_argument("--gen-batch", type=int, default=32, help="sequences the engine runs at once")
+    p.add_argument("--gen-batch", type=int, default=32, help="sequences answered at once")
+    p.add_argument("--answers", choices=("auto", "engine", "side-by-side"), default="auto",
+                   help="who answers: lib.engine's LLMEngine, or FastLlama side by side (auto: the engine on a GPU, "
+                        "side by side on the CPU, where it measured faster; the answers are the same greedy ones)")
     p.add_argument("--epochs", type=float, default=4.0)
     p.add_argument("--minutes", type=float, default=40.0, help="cap on the training time (data apart)")
     p.add_argument("--batch", type=int, default=16, help="sequences per training step")
@@ -184,14 +187,15 @@ def main(argv=None) -> None:
           f"{'quick mode' if args.quick else 'full run'}")
 
     # 1-2. prompts and data
+    how = args.answers if args.answers != "auto" else ("engine" if device.type == "cuda" else "side-by-side")
     train_p, held_p = split_prompts(args.train_prompts, args.held_prompts, args.seed)
     print(f"prompts: {len(train_p)} training, {len(held_p)} held out (disjoint by template and topic)")
     data = {}
     for name, prompts in (("train", train_p), ("held", held_p)):
         data[name] = build_data(model, target, tok, prompts, args.max_new, args.gen_batch, paths.CACHE_DIR,
-                                paths.SMOLLM2_SHA256, tag=f"[{name}] ")
+                                paths.SMOLLM2_SHA256, tag=f"[{name}] ", how=how)
     train, held = data["train"], data["held"]
-    print(f"data: {answer_tokens(train)} training answer tokens, {answer_tokens(held)} held out")
+    print(f"data: {answer_tokens(train)} training answer tokens, {answer_tokens(held)} held out (answers: {how})")
 
     # 3. FR-Spec subset
     text_ids = tok(load_text("hamlet"), return_tensors="pt").input_ids[:, :160].to(device)
@@ -211,6 +215,7 @@ def main(argv=None) -> None:
                      for s in range(min(args.eval_prompts, len(held_p)))]
     held_eval_refs = [generate(target, ids.to(device), args.eval_tokens) for ids in held_eval_ids]
     curve, step, seen, t_train, ema = [], 0, 0, time.perf_counter(), None
+    step_cpu = step_wall = 0.0  # the training steps' own time (evaluations apart), for the estimate
 
     def evaluate(final=False):
         head.eval()
@@ -240,6 +245,7 @@ def main(argv=None) -> None:
         seqs = order[i:i + args.batch].tolist()
         for g in opt.param_groups:
             g["lr"] = args.lr * min(1.0, (step + 1) / warm) * 0.5 * (1 + math.cos(math.pi * step / planned))
+        w0, c0 = time.perf_counter(), time.process_time()
         tokens, hidden, labels, mask = batch_of(train, seqs, device)
         loss, _ = dh.head_loss(head, tokens, hidden, labels, mask, self_fed=args.self_fed)
         opt.zero_grad(set_to_none=True)
@@ -247,14 +253,15 @@ def main(argv=None) -> None:
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         step += 1
+        step_wall, step_cpu = step_wall + time.perf_counter() - w0, step_cpu + time.process_time() - c0
         seen += int(mask.sum())
         ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
         bar.update(1)
         if step == 10:
-            per = (time.perf_counter() - t_train) / 10
+            per = step_wall / 10
             print(f"\n  estimated training time: {per * planned / 60:.1f} min for {planned} steps ({args.epochs} "
-                  f"epochs of {per_epoch}), from the first 10 steps ({per:.2f} s/step; evaluations apart); cap "
-                  f"{args.minutes} min", flush=True)
+                  f"epochs of {per_epoch}), from the first 10 steps ({per:.2f} s/step, {step_cpu / 10:.2f} CPU s/step; "
+                  f"evaluations apart); cap {args.minutes} min", flush=True)
         if step % args.eval_every == 0 and step < planned:
             evaluate()
     bar.close()
@@ -299,7 +306,12 @@ def main(argv=None) -> None:
     for k, v in dict(options=vars(args), learning_curve=curve, fr_spec=fr, stopped=stopped or None,
                      data={n: {"prompts": len(d["prompt_len"]), "answer_tokens": answer_tokens(d),
                                "argmax_agrees": round(d["agree"], 5), "answer_seconds": round(d["answer_seconds"], 1),
-                               "hidden_seconds": round(d["hidden_seconds"], 1)} for n, d in data.items()},
+                               "hidden_seconds": round(d["hidden_seconds"], 1),
+                               "answer_cpu_seconds": round(d.get("answer_cpu_seconds", 0), 1),
+                               "hidden_cpu_seconds": round(d.get("hidden_cpu_seconds", 0), 1)}
+                           for n, d in data.items()},
+                     steps={"wall_seconds": round(step_wall, 1), "cpu_seconds": round(step_cpu, 1), "steps": step,
+                            "answer_tokens_seen": seen},
                      weights={"path": str(out), "sha256": saved.sha256, "bytes": out.stat().st_size},
                      total_minutes=round((time.perf_counter() - t_start) / 60, 2)).items():
         record.note(k, v)
