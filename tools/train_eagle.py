@@ -54,8 +54,8 @@ def parse(argv=None):
     p.add_argument("--answers", choices=("auto", "engine", "side-by-side"), default="auto",
                    help="who answers: lib.engine's LLMEngine, or FastLlama side by side (auto: the engine on a GPU, "
                         "side by side on the CPU, where it measured faster; the answers are the same greedy ones)")
-    p.add_argument("--epochs", type=float, default=4.0)
-    p.add_argument("--minutes", type=float, default=40.0, help="cap on the training time (data apart)")
+    p.add_argument("--epochs", type=float, default=3.0)
+    p.add_argument("--minutes", type=float, default=30.0, help="cap on the training time (data apart)")
     p.add_argument("--batch", type=int, default=16, help="sequences per training step")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--d-ff", type=int, default=1024)
