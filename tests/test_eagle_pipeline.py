@@ -119,3 +119,26 @@ def test_a_head_without_its_checksum_is_refused(tmp_path):
 
 def test_the_committed_head_matches_its_recorded_checksum():
     assert checksum_path(HEAD_PATH).read_text().split()[0] == sha256_of(HEAD_PATH)
+
+
+def test_heldout_top1_counts_tokens_outside_the_subset_as_misses():
+    from tools.train_eagle import heldout_top1
+
+    target = tiny_model(seed=4)
+    g = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    keep = torch.arange(0, 128, 2)  # even tokens only
+    head = DraftHead(target.config, target.embed.weight, keep, d_ff=48).eval()
+    tokens = torch.randint(0, 64, (8,), generator=g) * 2
+    hidden = torch.randn(8, 64, generator=g)
+    with torch.no_grad():  # one sequence (prompt 3, answer 5) whose every answer token is the head's own top-1
+        for j in range(6):  # entry j reads token j + 1 and h_j and predicts token j + 2 (causal: later ones unchanged)
+            logits, _ = head(tokens[None, 1:j + 2], hidden[None, :j + 1])
+            tokens[j + 2] = keep[logits[0, -1].argmax()]
+    data = {"tokens": tokens.to(torch.int32), "hidden": hidden.half(), "offsets": torch.tensor([0, 8]),
+            "prompt_len": torch.tensor([3])}
+    assert heldout_top1(head, data, "cpu") == pytest.approx(1.0, abs=0.21)  # fp16 states may flip a near-tie
+    data["tokens"][7] = int(tokens[7]) + 1  # the last answer token: odd, outside the subset, a miss
+    right = heldout_top1(head, data, "cpu")
+    data["tokens"][7] = int(tokens[7])
+    assert right == pytest.approx(heldout_top1(head, data, "cpu") - 0.2)

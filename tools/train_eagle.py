@@ -84,17 +84,19 @@ def parse(argv=None):
 
 @torch.no_grad()
 def heldout_top1(head, data, device, batch: int = 16) -> float:
-    from lib.draft_head import head_loss
+    """Teacher-forced top-1 agreement with the target's next token over every held-out answer position (entry j
+    reads h_j and x_{j+1}, predicts x_{j+2}); a token outside the FR-Spec subset counts as a miss (head_loss's own
+    top-1 leaves those out)."""
     from tools.eagle_data import batch_of
 
-    hits = total = 0.0
+    hits = total = 0
     for s in range(0, len(data["prompt_len"]), batch):
         seqs = list(range(s, min(s + batch, len(data["prompt_len"]))))
         tokens, hidden, labels, mask = batch_of(data, seqs, device)
-        _, top1 = head_loss(head, tokens, hidden, labels, mask, self_fed=0.0)
-        n = int(mask[:, 1:].sum())  # head_loss's top-1 is over kept labels; weight by positions (near enough)
-        hits += float(top1) * n
-        total += n
+        logits, _ = head(tokens[:, 1:], hidden[:, :-1])
+        m = mask[:, 1:]
+        hits += int((head.keep_ids[logits.argmax(-1)][m] == labels[:, 1:][m]).sum())
+        total += int(m.sum())
     return hits / max(total, 1)
 
 
