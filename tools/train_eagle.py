@@ -229,9 +229,9 @@ def main(argv=None) -> None:
         point.update({f"alpha {k}": round(a, 4) for k, (a, _, _) in res.items()})
         assert all(same for _, _, same in res.values()), "speculative output differs from greedy"
         curve.append(point)
-        print(f"  step {step} (epoch {point['epoch']:.2f}, {point['seconds']:.0f} s): held-out top-1 "
-              f"{point['heldout_top1']:.3f}; α free-running " + ", ".join(f"{k} {a:.3f}" for k, (a, _, _) in res.items()),
-              flush=True)
+        bar.write(f"  step {step} (epoch {point['epoch']:.2f}, {point['seconds']:.0f} s): held-out top-1 "
+                  f"{point['heldout_top1']:.3f}; α free-running " + ", ".join(f"{k} {a:.3f}" for k, (a, _, _) in
+                                                                              res.items()), file=sys.stdout)
         head.train()
 
     from tqdm import tqdm
@@ -261,9 +261,9 @@ def main(argv=None) -> None:
         bar.update(1)
         if step == 10:
             per = step_wall / 10
-            print(f"\n  estimated training time: {per * planned / 60:.1f} min for {planned} steps ({args.epochs} "
+            bar.write(f"  estimated training time: {per * planned / 60:.1f} min for {planned} steps ({args.epochs} "
                   f"epochs of {per_epoch}), from the first 10 steps ({per:.2f} s/step, {step_cpu / 10:.2f} CPU s/step; "
-                  f"evaluations apart); cap {args.minutes} min", flush=True)
+                  f"evaluations apart); cap {args.minutes} min", file=sys.stdout)
         if step % args.eval_every == 0 and step < planned:
             evaluate()
     bar.close()
