@@ -4,13 +4,14 @@
 The documented commands are read from README.md, grader/README.md, each week's solutions/NN/README.md and
 `make help`; `test_every_documented_command_is_run_here` fails on one this module does not run (or list, with
 the reason, in NOT_RUN). Long runs go in their quick mode: a benchmark with `--quick` (make: `ARGS=--quick`),
-`tools/distill_draft.py` and `tools/train_draft_head.py` for a few seconds; the grader commands on a class of two; `make lab` / `make grade-ui`
+`tools/distill_draft.py` and `tools/train_draft_head.py` for a few seconds, `tools/train_eagle.py` with `--quick`; the grader commands on a class of two; `make lab` / `make grade-ui`
 until the server answers on a free loopback port, then stopped (nothing left listening). Each command's time is
 printed (`pytest -s`). About 5 minutes on 2 quiet cores.
 """
 from __future__ import annotations
 
 import csv
+import json
 import os
 import re
 import signal
@@ -54,6 +55,8 @@ QUICK = [
     (r"^(\.venv/bin/)?python tools/train_draft_head\.py --minutes \S+(.*)$",
      lambda m: f".venv/bin/python tools/train_draft_head.py --minutes 0.05{m[2]} --prompts 18 --length 64 "
                f"--gen-batch 18 --eval-tokens 16 --out head-test.pt"),
+    (r"^(\.venv/bin/)?python tools/train_eagle\.py\b.*$",  # the full run and --quick: the quick mode, as typed
+     lambda m: ".venv/bin/python tools/train_eagle.py --quick --out eagle-test.pt"),
     (r"^(INFERENCE_LAB_SEED=\d+ )?(\.venv/bin/)?pytest (weeks/\d\d)(.*)$", lambda m: f".venv/bin/pytest {m[3]}{m[4]}"),
 ]
 
@@ -370,6 +373,17 @@ def test_train_draft_head_for_a_few_seconds(scratch, repo):
     for cmd in cmds:
         run(scratch, repo, cmd, timeout=600)
         assert (repo / "head-test.pt").is_file()
+
+
+def test_train_eagle_quick_mode(scratch, repo):
+    """tools/train_eagle.py's whole pipeline (data through the engine, training, checksum, evaluation) on its
+    tiny settings: the weights, their sha256 beside them and the learning curve."""
+    cmds = sorted({quick_form(c) for c in to_run() if "train_eagle" in c})
+    assert cmds, "no documented tools/train_eagle.py command found"
+    for cmd in cmds:
+        run(scratch, repo, cmd, timeout=600)
+        assert (repo / "eagle-test.pt").is_file() and (repo / "eagle-test.pt.sha256").is_file()
+        assert json.loads((repo / "eagle-test.json").read_text())["notes"]["learning_curve"]
 
 
 def test_distill_draft_for_a_few_seconds(scratch, repo):

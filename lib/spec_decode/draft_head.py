@@ -39,6 +39,17 @@ from lib.spec_decode.speculative import SpecStats, sample_from, decode_args, ver
 
 HEAD_PATH = Path(__file__).resolve().parents[2] / "data" / "draft_head" / "head.pt"
 TRAIN_COMMAND = "python tools/train_draft_head.py --minutes 8 --seed 0 --prompts 384"
+EAGLE_COMMAND = "python tools/train_eagle.py"  # the EAGLE-style pipeline (data at scale, epochs, learning curve)
+
+
+class DraftHeadChecksumError(RuntimeError):
+    """The weights file does not match the sha256 recorded beside it (`<file>.sha256`)."""
+
+
+def checksum_path(path) -> Path:
+    """Where the sha256 of a saved head is recorded: `head.pt` -> `head.pt.sha256` (a line `<hex>  head.pt`)."""
+    path = Path(path)
+    return path.with_name(path.name + ".sha256")
 
 
 def target_forward(target, input_ids: torch.Tensor, cache=None):
@@ -173,21 +184,46 @@ def save_draft_head(head: DraftHead, path, **meta) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     torch.save({"state": state, "keep_ids": head.keep_ids.cpu().to(torch.int32), "d_ff": head.config.d_ff,
                 "meta": meta}, path)
+    from lib.bench.paths import sha256_of
+
+    checksum_path(path).write_text(f"{sha256_of(Path(path))}  {Path(path).name}\n")
+
+
+def verify_checksum(path) -> str:
+    """The sha256 of the head at `path`, checked against `<path>.sha256`; a `DraftHeadChecksumError` saying what is
+    wrong and how to rebuild when the record is missing or differs."""
+    from lib.bench.paths import sha256_of
+
+    path, record = Path(path), checksum_path(path)
+    fix = (f"restore the committed file (`git checkout -- {path.name}` in its folder) or rebuild it: `{EAGLE_COMMAND}`"
+           f" (the EAGLE-style head) or `{TRAIN_COMMAND}` (the week-18 head); both write the checksum beside it")
+    if not record.exists():
+        raise DraftHeadChecksumError(f"no checksum recorded for the draft head {path} (expected {record}); {fix}")
+    want = record.read_text().split()[0].lower() if record.read_text().split() else ""
+    got = sha256_of(path)
+    if got != want:
+        raise DraftHeadChecksumError(f"the draft head {path} is corrupt or was replaced: its sha256 is {got}, but "
+                                     f"{record.name} records {want or '(nothing)'}; {fix}")
+    return got
 
 
 def load_draft_head(model, path=None) -> DraftHead:
     """The head saved at `path` (default: the committed `data/draft_head/head.pt`) for `model` (a
-    `lib.modeling.llama.LlamaModel`; its embedding is shared), on the model's device, in eval mode, weights dequantized.
+    `lib.modeling.llama.LlamaModel`; its embedding is shared), on the model's device, in eval mode, weights dequantized. The
+    file's sha256 must match the one recorded beside it (`<path>.sha256`, written by `save_draft_head`), else a
+    `DraftHeadChecksumError` says what differs and how to rebuild.
     On the CPU its linears multiply with packed weights (`lib.modeling.fast_kernels.pack_linears`)."""
     path = Path(path) if path is not None else HEAD_PATH
     if not path.exists():
-        raise FileNotFoundError(f"no draft head at {path}; train one with `{TRAIN_COMMAND}`")
+        raise FileNotFoundError(f"no draft head at {path}; train one with `{TRAIN_COMMAND}` or `{EAGLE_COMMAND}`")
+    sha = verify_checksum(path)
     blob = torch.load(path, map_location="cpu", weights_only=True)
     head = DraftHead(model.config, model.embed.weight, blob["keep_ids"].to(torch.int64), d_ff=int(blob["d_ff"]))
     state = {name: (v[0].float() * v[1] if isinstance(v, (tuple, list)) else v) for name, v in blob["state"].items()}
     head.fc.weight.data.copy_(state.pop("fc.weight"))
     head.block.load_state_dict({k[len("block."):]: v for k, v in state.items()})
     head.meta = blob.get("meta", {})
+    head.sha256 = sha
     head.requires_grad_(False)
     from lib.modeling.fast_kernels import pack_linears
 
