@@ -349,7 +349,11 @@ def check_ServingLoop(ServingLoop) -> None:
 # M/M/1's wait (1.6-2.0 with one slot) fail every run; a capacity without the prefills a full step carries fails every
 # run past the capacity ("over" puts prefills at three fifths of the work or more); a slot queue whose turnover leaves
 # them out (0.51-0.83 on "busy") or no wait for the step in progress (0.74-0.97) fails only some runs.
-TTFT_TOLERANCE = {"one": 1.2, "busy": 1.35, "mid": 1.35, "light": 1.35}
+# Near the capacity ("near", 0.85-0.92 of it; FINDINGS6 #9: a queue factor 1/(1 - rho) cut to its first Taylor terms
+# read 0.35-0.69 of the simulation on 150 configurations): the solution's model and an Erlang-B variant written apart
+# from it read 0.79-1.16 of a 50,000-request simulation there; the check simulates 200,000 requests (half the noise).
+TTFT_TOLERANCE = {"one": 1.2, "busy": 1.35, "mid": 1.35, "light": 1.35, "near": 1.4}
+TTFT_REQUESTS = {"near": 200_000}
 
 
 def capacity(prefill_s: float, step_s: float, max_num_seqs: int, max_tokens: int) -> float:
@@ -420,9 +424,7 @@ def check_predict_ttft(predict_ttft) -> None:
             f"{_call(w)} = {g!r}; this rate is below what the server can finish ({rho:.2f} of it), so the queue stays "
             f"finite and so does the mean TTFT. Which work does each request add, and which is shared by the batch? "
             f"{seed_note()}")
-        if kind == "near":
-            continue
-        truth = simulate_ttft(**w, n_requests=50_000, seed=rng.randrange(2**31))
+        truth = simulate_ttft(**w, n_requests=TTFT_REQUESTS.get(kind, 50_000), seed=rng.randrange(2**31))
         tol = TTFT_TOLERANCE[kind]
         assert 1 / tol <= g / truth <= tol, (
             f"{_call(w)} = {g:.4g} s; the simulated server's mean TTFT is {truth:.4g} s ({g / truth:.2f}× it; allowed "
@@ -435,6 +437,9 @@ def _ttft_hint(kind: str) -> str:
         return ("With one slot, a request waits for every request ahead of it, each holding the slot for the same "
                 "time: a queue with one server and a fixed service time, whose mean wait is half the one an "
                 "exponential service time gives.")
+    if kind == "near":
+        return ("Near the capacity the queue dominates: its wait grows as 1/(1 - load) and has no cap; no "
+                "truncated series holds there.")
     if kind == "light":
         return "Almost nothing waits here: what does a request's own first step cost, and the step it arrives in?"
     return ("A first token waits for a free slot (while requests wait, every step is full: how long does a slot "
