@@ -1,7 +1,9 @@
 """The sixth red-team round's routes in weeks 18 and 21 (FINDINGS6.md), through the isolated path as `pytest weeks/NN`
 grades them: week 18's batched speculative loop with at most 6 rows per forward (#23) or K capped at 4 (#24) fails
 every run (a batch of 16-32 rows with K 8-12 is drawn every run); week 21's TTFT model with 1/(1 - rho) cut to five
-Taylor terms (#9) fails every run (the loads just below the capacity are judged for accuracy); the honest variants
+Taylor terms (#9) fails every run (the loads just below the capacity are judged for accuracy), and one that simulates
+a slot with numpy (#10) too (its arrays pass the host-memory bound, and one slot a hair below the capacity, where M/D/1
+is exact and no simulation of a size that runs comes near, is judged); the honest variants
 written apart from the solution (#22, #8) pass."""
 import json
 import subprocess
@@ -34,6 +36,7 @@ def _run(tmp_path, week, grade_id, variant):
     (18, "batched_speculative_generate", "w18_bsg_zip_lanes6.py", "rows, K="),  # #23
     (18, "batched_speculative_generate", "w18_bsg_keymin_k4.py", "rows, K="),  # #24
     (21, "predict_ttft", "w21_ttft_taylor_nearcap.py", "Near the capacity"),  # #9
+    (21, "predict_ttft", "w21_ttft_numpy_lindley.py", "allocated|exactly M/D/1"),  # #10: a numpy simulation
 ])
 def test_a_capped_or_truncated_route_fails_every_run(tmp_path, week, grade_id, variant, said):
     with pytest.raises(AssertionError, match=said):
