@@ -44,6 +44,7 @@ import math
 
 import torch
 
+from grader.checks import sweep
 from grader.checks import week16_predict as predict
 from grader.checks import (ModelMeter, assert_close, assert_route, check_on_meta, generator, observe,
                            seed_note)
@@ -166,6 +167,7 @@ def check_step_flops(step_flops) -> None:
                 f"2*n_params FLOPs per token that runs, plus 4*n_layers*d_model*seq_len per such token in attention. "
                 f"{seed_note()}")
             assert_route(obs, "step_flops")
+    sweep.step_flops(step_flops)
 
 
 # --- 2 ------------------------------------------------------------------------------------------------
@@ -399,6 +401,7 @@ def check_kv_cache_bytes(kv_cache_bytes) -> None:
         assert got == cache.nbytes, (
             f"SmolLM2, batch {batch}, {length} positions, fp32: the allocated cache holds {cache.nbytes} bytes; "
             f"kv_cache_bytes says {got}")
+    sweep.kv_cache_bytes(kv_cache_bytes)
 
 
 # --- 7 ------------------------------------------------------------------------------------------------
@@ -415,6 +418,7 @@ def check_roofline_time(roofline_time) -> None:
             f"roofline_time(flops={flops:g}, bytes={nbytes:g}, flops_per_s={f:g}, bytes_per_s={bw:g}) = {got:g}; expected "
             f"{want:g}: compute takes {flops / f:g} s, memory traffic {nbytes / bw:g} s, and they overlap {seed_note()}")
         assert_route(obs, "roofline_time")
+    sweep.roofline_time(roofline_time)
 
 
 @WEEK.exercise(8, "decode_time", section="7 (How much faster, and why)")

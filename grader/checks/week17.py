@@ -47,6 +47,7 @@ import torch
 
 from grader.checks import assert_close as _close
 from grader.checks import assert_route, check_on_meta, generator, observe, seed_note
+from grader.checks import sweep
 from grader.checks import week17_predict as predict
 from grader.checks import week17_triton as tri
 from grader.checks.week17_routes import (SDPA_OPS, SHAPES_OK, assert_memory_growth, assert_visits, backward_route, blocks,
@@ -147,6 +148,7 @@ def check_score_bytes(score_bytes) -> None:
         got, _ = call(score_bytes, what, b, h, nq, nk, full=nk == 300, **({"bytes_per_element": e} if e != 4 else {}))
         assert got == b * h * nq * nk * e, (f"{what} = {got}; expected {b * h * nq * nk * e} "
                                             f"(batch·heads·q_len·kv_len·bytes per element) {seed_note()}")
+    sweep.score_bytes(score_bytes)
 
 
 # --- 3 ------------------------------------------------------------------------------------------------
@@ -271,6 +273,7 @@ def check_standard_io(standard_io) -> None:
     _, counted = io_model.run_standard(q[0, 0], k[0, 0], v[0, 0])
     got, _ = call(standard_io, "standard_io(48, 8)", 48, 8)
     assert tuple(got) == tuple(counted), f"standard_io(48, 8) = {tuple(got)}; an instrumented run counted {tuple(counted)}"
+    sweep.standard_io(standard_io)
 
 
 @WEEK.exercise(6, "flash_io", section="4 (Counting HBM traffic)")
@@ -293,6 +296,7 @@ def check_flash_io(flash_io) -> None:
         _, counted, _ = io_model.run_algorithm1(q[0, 0], k[0, 0], v[0, 0], m)
         got, _ = call(flash_io, f"flash_io({n}, {d}, {m})", n, d, m)
         assert tuple(got) == tuple(counted), f"flash_io({n}, {d}, {m}) = {tuple(got)}; an instrumented run of Algorithm 1 counted {tuple(counted)}"
+    sweep.flash_io(flash_io)
 
 
 # --- 7, 8 ---------------------------------------------------------------------------------------------
