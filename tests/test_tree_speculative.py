@@ -8,8 +8,8 @@ from lib.modeling.generate import generate
 from lib.modeling.kv_cache import KVCache, LayerKVCache
 from lib.modeling.llama import tiny_config
 from lib.spec_decode.speculative import SpecStats, chat_ids, sample_from
-from lib.spec_decode.tree_speculative import (DraftTree, DynamicTree, StaticTree, grow_tree, tree_mask, tree_speculative_generate,
-                                  verify_tree)
+from lib.spec_decode.tree_speculative import (DraftTree, DynamicTree, StaticTree, grow_tree, keep_positions,
+                                              tree_mask, tree_speculative_generate, verify_tree)
 
 
 def test_tree_mask_is_each_node_and_its_ancestors():
@@ -29,19 +29,19 @@ def test_tree_mask_is_each_node_and_its_ancestors():
         tree_mask([-1, 3, 0])
 
 
-def test_keep_moves_the_kept_positions_after_the_prefix():
-    layer = LayerKVCache(1, 2, 16, 4)
+def test_keep_positions_moves_the_kept_positions_after_the_prefix():
+    cache = KVCache([LayerKVCache(1, 2, 16, 4)])
     k = torch.arange(10, dtype=torch.float32).view(1, 1, 10, 1).expand(1, 2, 10, 4)
-    layer.append(k, -k)
-    layer.keep(3, [5, 7])
-    assert layer.length == 5
-    assert layer.k[0, 0, :5, 0].tolist() == [0, 1, 2, 5, 7]
-    assert layer.v[0, 1, :5, 3].tolist() == [0, -1, -2, -5, -7]
+    cache[0].append(k, -k)
+    keep_positions(cache, 3, [5, 7])
+    assert cache.length == 5
+    assert cache[0].k[0, 0, :5, 0].tolist() == [0, 1, 2, 5, 7]
+    assert cache[0].v[0, 1, :5, 3].tolist() == [0, -1, -2, -5, -7]
     for bad in [(3, [7, 5]), (3, [2]), (3, [10]), (11, [])]:
-        with pytest.raises(ValueError, match="keep"):
-            layer.keep(*bad)
+        with pytest.raises(ValueError, match="keep_positions"):
+            keep_positions(cache, *bad)
     with pytest.raises(ValueError, match="ring"):
-        KVCache.rolling(tiny_config(), window=4)[0].keep(0, [])
+        keep_positions(KVCache.rolling(tiny_config(), window=4), 0, [])
 
 
 @pytest.mark.parametrize("draft, shape", [("early_exit", StaticTree((3, 2, 1))),

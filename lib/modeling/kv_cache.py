@@ -79,21 +79,6 @@ class _KVBuffers:
                              f"{self.length} of them (truncate only drops positions, it cannot add any)")
         self.length = n
 
-    def keep(self, start: int, slots: list[int]) -> None:
-        """Keep the first `start` positions, then the positions `slots` (ascending, each >= start), moved to follow
-        them: tree speculation's rollback (lib.spec_decode.tree_speculative), where the accepted path's keys and values are
-        scattered among the drafted tree's. `keep(n, [])` is `truncate(n)`."""
-        if not 0 <= start <= self.length or any(not start <= s < self.length for s in slots) \
-                or any(a >= b for a, b in zip(slots, slots[1:])):
-            raise ValueError(f"keep({start}, {slots}): the cache holds {self.length} positions; start must be in "
-                             f"0..{self.length} and slots ascending in {start}..{self.length - 1}")
-        if slots:
-            idx = torch.tensor(slots, device=self.k.device)
-            end = start + len(slots)
-            self.k[:, :, start:end] = self.k.index_select(2, idx)  # gathered first, then written: no overlap issue
-            self.v[:, :, start:end] = self.v.index_select(2, idx)
-        self.length = start + len(slots)
-
 
 class LayerKVCache(_KVBuffers):
     """One layer's keys and values, preallocated as `[batch, n_kv_heads, max_len, head_dim]`.
@@ -193,10 +178,6 @@ class RollingKVCache(_KVBuffers):
                 f"{self.window}). Speculative decoding needs a full KVCache (KVCache.for_model).")
         self.length = n
 
-    def keep(self, start: int, slots: list[int]) -> None:
-        raise ValueError("a RollingKVCache cannot keep scattered positions (its slots are a ring, not positions): "
-                         "tree speculation needs a full KVCache (KVCache.for_model)")
-
 
 class KVCache:
     """The whole model's cache: one `LayerKVCache` (or `RollingKVCache`) per layer, all at the same length."""
@@ -246,11 +227,6 @@ class KVCache:
             layer.truncate(n)
 
     crop = truncate  # the name transformers' DynamicCache uses
-
-    def keep(self, start: int, slots: list[int]) -> None:
-        """Keep the first `start` positions of every layer, then `slots` moved after them (tree speculation)."""
-        for layer in self.layers:
-            layer.keep(start, slots)
 
 
 def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, seq_len: int,

@@ -14,7 +14,7 @@ forward with a tree attention mask, and the longest branch it agrees with is kep
   confident as its descendants, so the kept set is a tree).
 - **One forward per level for the draft, one for the target.** A node's position is the root's plus its depth;
   it attends to every position already decided and to its own ancestors, nothing else (`tree_mask`). Both
-  models keep KV caches; after verification `KVCache.keep` keeps the accepted path's positions and drops the
+  models keep KV caches; after verification `keep_positions` keeps the accepted path's positions and drops the
   rest, the tree's counterpart of the `truncate` linear speculation uses.
 - **Verification.** At temperature 0 (greedy): from the root, follow the child whose token is the target's
   argmax; stop at a node with no such child and append the target's own argmax. Output = the target's greedy
@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lib.attn.attention import gqa_attention
+from lib.spec_decode.draft_head import DraftHead
 from lib.spec_decode.speculative import SpecStats, decode_args, sample_from
 
 
@@ -91,6 +92,26 @@ def tree_mask(parents: list[int], device=None) -> torch.Tensor:
         if p >= 0:
             mask[i] |= mask[p]
     return mask
+
+
+def keep_positions(cache, start: int, slots: list[int]) -> None:
+    """Keep a KVCache's first `start` positions, then the positions `slots` (ascending, each >= start) moved to follow
+    them, in every layer: the accepted path's K/V, scattered among the drafted tree's. `keep_positions(c, n, [])` is
+    `c.truncate(n)`."""
+    for layer in cache.layers:
+        if not hasattr(layer, "k") or type(layer).__name__ == "RollingKVCache":
+            raise ValueError(f"tree speculation keeps scattered positions, which a {type(layer).__name__} cannot "
+                             f"(a ring's slots are not positions): use a full KVCache (KVCache.for_model)")
+        if not 0 <= start <= layer.length or any(not start <= s < layer.length for s in slots) \
+                or any(a >= b for a, b in zip(slots, slots[1:])):
+            raise ValueError(f"keep_positions({start}, {slots}): the cache holds {layer.length} positions; start "
+                             f"must be in 0..{layer.length} and slots ascending in {start}..{layer.length - 1}")
+        if slots:
+            idx = torch.tensor(slots, device=layer.k.device)
+            end = start + len(slots)
+            layer.k[:, :, start:end] = layer.k.index_select(2, idx)  # gathered first, then written: no overlap
+            layer.v[:, :, start:end] = layer.v.index_select(2, idx)
+        layer.length = start + len(slots)
 
 
 class _Positions:
@@ -313,7 +334,7 @@ class _ModelDrafter:
             if node not in self.slot:
                 break
             fed.append(self.slot[node])
-        self.cache.keep(self.n, fed)
+        keep_positions(self.cache, self.n, fed)
 
 
 class _HeadDrafter:
@@ -365,12 +386,6 @@ class _HeadDrafter:
         self.feed = (out[self.n:], hidden)
 
 
-def drafter_for(draft, max_len: int, dprobs, stats: SpecStats):
-    from lib.spec_decode.draft_head import DraftHead
-
-    return (_HeadDrafter if isinstance(draft, DraftHead) else _ModelDrafter)(draft, max_len, dprobs, stats)
-
-
 # --- generation -----------------------------------------------------------------------------------------------
 
 @torch.no_grad()
@@ -407,7 +422,7 @@ def tree_speculative_generate(target, draft, input_ids: torch.Tensor, max_new_to
         return torch.softmax(logits.float() / (temperature or 1.0), dim=-1)
 
     tcache = target.new_cache(batch=1, max_len=max_len)
-    drafter = drafter_for(draft, max_len, dprobs, stats)
+    drafter = (_HeadDrafter if isinstance(draft, DraftHead) else _ModelDrafter)(draft, max_len, dprobs, stats)
     if drafter.needs_hidden:  # the head reads the target's hidden states: the target prefills the prompt first
         logits, hidden = tree_forward(target, tcache, out, list(range(len(out))),
                                       _rows(0, 0, len(out), DraftTree(), [], {}, device), hidden=True)
@@ -437,7 +452,7 @@ def tree_speculative_generate(target, draft, input_ids: torch.Tensor, max_new_to
         stats.accepted += len(path)
         stats.tokens += len(path) + 1
         # 4. both caches keep the accepted path (the newest token stays unseen)
-        tcache.keep(n, [tslot[i] for i in path])
+        keep_positions(tcache, n, [tslot[i] for i in path])
         rows = [len(unseen) - 1] + [len(unseen) + i for i in path]  # the target's h at the root and on the path
         drafter.commit([origin[i] for i in path], out, hidden[rows][None] if hidden is not None else None)
     return torch.tensor([out[:t0 + max_new_tokens]], dtype=input_ids.dtype, device=device)
