@@ -140,6 +140,9 @@ def judge_plan(plan, running: list[dict], waiting: list[dict], free: int, bs: in
     """The invariants one step's plan must keep; returns (preempted ids, [(id, n)])."""
     assert isinstance(plan, dict) and set(plan) >= {"preempt", "run"}, (
         f"{where}: schedule returned {plan!r}; expected a dict {{'preempt': [id, ...], 'run': [[id, n], ...]}}")
+    assert all(type(plan[k]) in (list, tuple) for k in ("preempt", "run")), (
+        f"{where}: schedule returned {plan!r}; 'preempt' and 'run' must be lists (plain data, not generators or "
+        f"other lazy objects)")
     try:
         preempt = [int(i) for i in plan["preempt"]]
         run = [(int(i), int(n)) for i, n in plan["run"]]
