@@ -352,6 +352,22 @@ def amount_step(rng: random.Random, busy: bool = False) -> dict:
     return dict(running=running, waiting=waiting, free=0, bs=bs, budget=rng.randint(k, 24), max_seqs=k + 2)
 
 
+def unchunked_step(rng: random.Random) -> dict:
+    """One step with chunked prefill off in which the waiting prompt is longer than the budget the running requests
+    leave: it must wait (a prompt runs whole or not at all). Every run, so that a scheduler's `not chunked and n < left`
+    meets both outcomes (FINDINGS5 #31, FINDINGS6 #17: the 30 workloads alone do not always reach it)."""
+    bs, k = rng.choice([1, 2, 4]), rng.randint(1, 3)
+    running = []
+    for i in range(k):  # decoding, a block to spare
+        computed = rng.randint(1, 12)
+        blocks = ref.blocks_needed(computed + 1, bs)
+        running.append(dict(id=i, computed=computed, tokens=computed + 1, blocks=blocks, freeable=blocks, seqs=1))
+    budget = rng.randint(k + 2, 24)
+    waiting = [dict(id=k, computed=0, tokens=budget - k + rng.randint(1, 8), blocks=0, freeable=0, seqs=1)]
+    return dict(running=running, waiting=waiting, free=rng.randint(8, 16), bs=bs, budget=budget, max_seqs=k + 2,
+                chunked=False)
+
+
 def hash_bits(h) -> int:
     """How many bits a hash value carries: an int's magnitude, a bytes' or a hex string's length."""
     if isinstance(h, bool):
