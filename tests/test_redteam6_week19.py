@@ -45,3 +45,13 @@ def test_a_wrong_route_fails_every_run(tmp_path, grade_id, variant, said):
 ])
 def test_an_honest_variant_passes(tmp_path, grade_id, variant):
     _grade(tmp_path, grade_id, variant)
+
+
+@pytest.mark.parametrize("variant,said", [
+    ("w19_prefix_deque_maxlen12.py", "PrefixCache"),  # #13: free cached blocks in a deque(maxlen=12)
+    ("w19_prefix_uint8_tokens.py", "PrefixCache"),  # #14: tokens compared as uint8
+    ("w19_prefix_tanh_mru.py", "PrefixCache"),  # #15: newest evicted in pools of 17+
+])
+def test_a_wrong_prefix_cache_fails_every_run(tmp_path, variant, said):
+    with pytest.raises(AssertionError, match=said):
+        _grade(tmp_path, "PrefixCache", variant)

@@ -20,7 +20,7 @@ import torch
 from grader.checks import (assert_classified, assert_close, check_on_meta, generator, observe, run_seed, seed_note,
                            week19_gain)
 from grader.checks.week19_sim import (LONG_CASE, amount_step, cache_trial, context_model, contiguous_reference,
-                                      engine_workload, expect_error, exponentials, judge_plan, lib_parts,
+                                      engine_workload, expect_error, exponentials, judge_plan, lib_parts, lru_order,
                                       paged_case, sdpa_ops, shared_step, simulate, step_workload, unchunked_step,
                                       workload)
 from grader.checks.week19_hashes import assert_hash_entropy, assert_long_chain
@@ -435,26 +435,8 @@ def check_PrefixCache(PrefixCache) -> None:
     rng = random.Random(run_seed() + 8)
     hits = sum(cache_trial(PrefixCache, rng, rng.randint(1, 8), 400, trial, call) for trial in range(5))
     assert hits > 0, f"no lookup hit in 2000 operations {seed_note()}"
-    n = rng.randint(3, 8)  # LRU order, spelled out: every block cached, freed in a random order, one reused
-    cache = PrefixCache(n)
-    blocks = [cache.allocate() for _ in range(n)]
-    keys = [(rng.getrandbits(62), [rng.randrange(100) for _ in range(4)]) for _ in blocks]
-    for block, (h, tokens) in zip(blocks, keys):
-        cache.register(block, h, tokens)
-    order = rng.sample(blocks, n)
-    for block in order:
-        cache.free(block)
-    reused = order[rng.randrange(n)]
-    h, tokens = keys[blocks.index(reused)]
-    assert cache.lookup(h, tokens) == reused, (f"PrefixCache({n}): block {reused}, registered and then freed, is not "
-                                               f"found by lookup: a free cached block stays cached until evicted")
-    cache.fork(reused)
-    assert cache.num_free == n - 1, f"after fork({reused}) of a free cached block num_free = {cache.num_free}; expected {n - 1}"
-    want = [b for b in order if b != reused]
-    got = [cache.allocate() for _ in want]
-    assert got == want, (f"PrefixCache({n}): every block cached and freed in the order {order}, block {reused} taken "
-                         f"back by a hit; allocate() then evicted {got}; expected the least recently freed first: "
-                         f"{want} {seed_note()}")
+    for low, high in ((3, 8), (13, 64), (65, 1024)):  # LRU order, spelled out (week19_sim.lru_order)
+        lru_order(PrefixCache, rng, low, high)
     n = rng.randint(3, 8)  # uncached before cached, spelled out: some blocks cached, all freed, allocate again
     cache = PrefixCache(n)
     blocks = [cache.allocate() for _ in range(n)]

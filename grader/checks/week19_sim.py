@@ -17,6 +17,7 @@ Nothing here calls the student's code except through the function or class it is
 """
 from __future__ import annotations
 
+import math
 import random
 
 import torch
@@ -353,9 +354,8 @@ def amount_step(rng: random.Random, busy: bool = False) -> dict:
 
 
 def unchunked_step(rng: random.Random) -> dict:
-    """One step with chunked prefill off in which the waiting prompt is longer than the budget the running requests
-    leave: it must wait (a prompt runs whole or not at all). Every run, so that a scheduler's `not chunked and n < left`
-    meets both outcomes (FINDINGS5 #31, FINDINGS6 #17: the 30 workloads alone do not always reach it)."""
+    """A step, chunked prefill off, whose waiting prompt is longer than the budget left: it waits. Every run, so that
+    `not chunked and n < left` meets both outcomes (FINDINGS5 #31, FINDINGS6 #17: the workloads may miss it)."""
     bs, k = rng.choice([1, 2, 4]), rng.randint(1, 3)
     running = []
     for i in range(k):  # decoding, a block to spare
@@ -490,6 +490,42 @@ def cache_trial(PrefixCache, rng: random.Random, n: int, steps: int, trial: int,
             f"{where()}: num_free = {cache.num_free}; expected {want_free} (free blocks, cached or not: a hit on a "
             f"free cached block takes it back)")
     return hits
+
+
+def lru_order(PrefixCache, rng: random.Random, low: int, high: int) -> None:
+    """LRU order, spelled out, in a pool of `low` to `high` blocks (log-uniform; called with 3-8, 13-64 and 65-1024
+    every run, past bounds hidden on the free cached blocks or the pool: FINDINGS6 #13-15): every block cached (token
+    ids up to 2^17: lookups differing in bit 8-15 or 16 of one token miss), freed in a random order, one reused."""
+    n = min(max(int(math.exp(rng.uniform(math.log(low), math.log(high + 1)))), low), high)
+    cache = PrefixCache(n)
+    blocks = [cache.allocate() for _ in range(n)]
+    keys = [(rng.getrandbits(62), [rng.randrange(1 << 17) for _ in range(4)]) for _ in blocks]
+    for block, (h, tokens) in zip(blocks, keys):
+        cache.register(block, h, tokens)
+    order = rng.sample(blocks, n)
+    for block in order:
+        cache.free(block)
+    reused = order[rng.randrange(n)]
+    h, tokens = keys[blocks.index(reused)]
+    for bit in (rng.randrange(8, 16), 16):
+        near = list(tokens)
+        near[rng.randrange(len(near))] ^= 1 << bit
+        assert (got := cache.lookup(h, near)) is None, (f"PrefixCache({n}): block {reused} cached for tokens {tokens}; lookup of its hash "
+                             f"with tokens {near} (one token differs in bit {bit}) returned {got}: compare the "
+                             f"tokens themselves, whole (a collision is a miss) {seed_note()}")
+    assert cache.lookup(h, tokens) == reused, (f"PrefixCache({n}): block {reused}, registered and then freed, is "
+                                               f"not found by lookup: a free cached block stays cached until evicted")
+    cache.fork(reused)
+    assert cache.num_free == n - 1, f"after fork({reused}) of a free cached block num_free = {cache.num_free}; expected {n - 1}"
+    want = [b for b in order if b != reused]
+    got = [cache.allocate() for _ in want]
+    assert got == want, (f"PrefixCache({n}): every block cached and freed in the order {_short(order)}, block "
+                         f"{reused} taken back by a hit; allocate() then evicted {_short(got)}; expected the least "
+                         f"recently freed first: {_short(want)} {seed_note()}")
+
+
+def _short(blocks: list) -> str:
+    return str(blocks) if len(blocks) <= 40 else f"{blocks[:20]} ... {blocks[-20:]} ({len(blocks)} blocks)"
 
 
 def lib_parts(parts: dict) -> list[str]:
