@@ -33,6 +33,8 @@ def _grade(tmp_path, grade_id: str, variant: str) -> None:
     ("continuous_gain", "w19_gain_tanh_oneslot.py", "wide case"),  # #2: one slot's max past 24 slots
     ("continuous_gain", "w19_gain_rangepow_tail.py", "wide case|ZeroDivisionError"),  # #3: lengths past 512 dropped
     ("continuous_gain", "w19_gain_keymax_cap32.py", "wide case"),  # #4: slots capped at 32
+    ("schedule", "w19_sched_zip_chunk256.py", "schedule"),  # #18: prefill chunks capped at 256 (a 300-8192 prompt)
+    ("schedule", "w19_sched_tanh_extra13.py", "schedule"),  # #19: one preemption too many with 13+ running
 ])
 def test_a_wrong_route_fails_every_run(tmp_path, grade_id, variant, said):
     with pytest.raises(AssertionError, match=said):

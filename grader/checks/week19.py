@@ -19,10 +19,10 @@ import torch
 
 from grader.checks import (assert_classified, assert_close, check_on_meta, generator, observe, run_seed, seed_note,
                            week19_gain)
-from grader.checks.week19_sim import (LONG_CASE, amount_step, cache_trial, context_model, contiguous_reference,
+from grader.checks.week19_sim import (LONG_CASE, cache_trial, context_model, contiguous_reference,
                                       engine_workload, expect_error, exponentials, judge_plan, lib_parts, lru_order,
-                                      paged_case, sdpa_ops, shared_step, simulate, step_workload, unchunked_step,
-                                      workload)
+                                      paged_case, sdpa_ops, shared_step, simulate, step_workload, workload)
+from grader.checks.week19_steps import amount_step, long_step, unchunked_step
 from grader.checks.week19_hashes import assert_hash_entropy, assert_long_chain
 from grader.harness import Week
 from lib import paged as ref
@@ -387,8 +387,10 @@ def check_schedule(schedule) -> None:
     # holds, not its freeable ones, hands out blocks that stay taken (rejected in about 1 of 4 such steps; 80 steps
     # miss it with probability ~1e-9; lib's schedule passed 40,000 of them). Then steps that need one preemption
     # exactly: one that preempts every newer request at once is rejected at each.
-    for case in range(87):  # 80-85: one preemption (83-85: 7-12 requests running); 86: chunked prefill off
-        s = shared_step(rng) if case < 80 else amount_step(rng, busy=case >= 83) if case < 86 else unchunked_step(rng)
+    busy = {83: (7, 12), 84: (13, 64), 85: (65, 256)}  # 80-85: one preemption; 86: chunking off; 87: a long prompt
+    for case in range(88):
+        s = (shared_step(rng) if case < 80 else amount_step(rng, busy.get(case)) if case < 86 else
+             unchunked_step(rng) if case == 86 else long_step(rng))
         where = (f"a step {'with prefix-shared blocks' if case < 80 else 'that needs one preemption'} (block_size "
                  f"{s['bs']}, {s['free']} free, budget {s['budget']}, max_num_seqs {s['max_seqs']}, running "
                  f"{s['running']}, waiting {s['waiting']}, chunked prefill {s.get('chunked', True)}) {seed_note()}")

@@ -337,37 +337,6 @@ def _plain_call(fn, *args):
     return fn(*args)
 
 
-def amount_step(rng: random.Random, busy: bool = False) -> dict:
-    """One step in which the oldest running request needs a block and none is free, and preempting the newest
-    frees enough for every running request left: exactly one preemption is needed (a scheduler that preempts every
-    newer request at once preempts two or more here). 3-5 requests run, or 7-12 if `busy` (a scheduler that
-    preempts one more only when many run passed the small steps)."""
-    bs = rng.choice([1, 2, 4])
-    k = rng.randint(7, 12) if busy else rng.randint(3, 5)
-    running = []
-    for i in range(k):  # each at the end of a full block, decoding: one new block each
-        blocks = rng.randint(k, k + 3)
-        running.append(dict(id=i, computed=blocks * bs, tokens=blocks * bs + 1, blocks=blocks, freeable=blocks,
-                            seqs=1))
-    waiting = [dict(id=k, computed=0, tokens=rng.randint(1, 10), blocks=0, freeable=0, seqs=1)]
-    return dict(running=running, waiting=waiting, free=0, bs=bs, budget=rng.randint(k, 24), max_seqs=k + 2)
-
-
-def unchunked_step(rng: random.Random) -> dict:
-    """A step, chunked prefill off, whose waiting prompt is longer than the budget left: it waits. Every run, so that
-    `not chunked and n < left` meets both outcomes (FINDINGS5 #31, FINDINGS6 #17: the workloads may miss it)."""
-    bs, k = rng.choice([1, 2, 4]), rng.randint(1, 3)
-    running = []
-    for i in range(k):  # decoding, a block to spare
-        computed = rng.randint(1, 12)
-        blocks = ref.blocks_needed(computed + 1, bs)
-        running.append(dict(id=i, computed=computed, tokens=computed + 1, blocks=blocks, freeable=blocks, seqs=1))
-    budget = rng.randint(k + 2, 24)
-    waiting = [dict(id=k, computed=0, tokens=budget - k + rng.randint(1, 8), blocks=0, freeable=0, seqs=1)]
-    return dict(running=running, waiting=waiting, free=rng.randint(8, 16), bs=bs, budget=budget, max_seqs=k + 2,
-                chunked=False)
-
-
 def hash_bits(h) -> int:
     """How many bits a hash value carries: an int's magnitude, a bytes' or a hex string's length."""
     if isinstance(h, bool):
