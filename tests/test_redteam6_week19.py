@@ -57,3 +57,9 @@ def test_an_honest_variant_passes(tmp_path, grade_id, variant):
 def test_a_wrong_prefix_cache_fails_every_run(tmp_path, variant, said):
     with pytest.raises(AssertionError, match=said):
         _grade(tmp_path, "PrefixCache", variant)
+
+
+def test_a_prefix_cache_choosing_by_set_pop_passes(tmp_path):
+    """#11: any free block that caches nothing may be allocated; a copied set pops another one, and the observed
+    call's second run on copies accepts any of them (`_observe_accept`), not only the same block."""
+    _grade(tmp_path, "PrefixCache", "w19_prefix_honest_setpop.py")

@@ -333,7 +333,7 @@ def simulate(schedule, w: dict, label: str, call=None) -> int:
     return step
 
 
-def _plain_call(fn, *args):
+def _plain_call(fn, *args, accept=None):
     return fn(*args)
 
 
@@ -383,7 +383,7 @@ def cache_trial(PrefixCache, rng: random.Random, n: int, steps: int, trial: int,
                                   f"in use is never evicted)")
                 assert type(e).__name__ == "OutOfBlocksError", f"allocate() on a full pool raised {type(e).__name__}"
                 continue
-            block = do(cache.allocate)
+            block = do(cache.allocate, accept=sorted(model.uncached))  # any of them (set.pop's choice, say)
             log.append(f"allocate() -> {block}")
             if model.uncached:
                 assert block in model.uncached, (
