@@ -227,6 +227,7 @@ class Session:
         self.exercise: str | None = None  # the graded test running now (`time_limit`)
         self.exercise_limit: float | None = None
         self.exercise_used = 0.0
+        self.deadline: float | None = None  # when the check running now must end, wall clock (`begin_check`)
         self.timeouts: list[str] = []  # one line per time limit that stopped the child
         self.memory = int(memory or lim.memory)
         self.cpu = int(cpu or lim.cpu)
@@ -265,6 +266,8 @@ class Session:
         with bounds.lifted():  # the child (and the probe below) must not inherit a ceiling of this process's
             self._spawn()
         limit, self.exercise_limit = self.exercise_limit, None  # a fresh child's start-up is not the exercise's time
+        deadline, self.deadline, began = self.deadline, None, time.monotonic()  # nor the check's (call_timeout bounds it)
+        used = self.exercise_used
         try:
             hello = self._wait_reply(None, timeout=max(120.0, self.call_timeout))
             self.sandbox = bounds.plain_text(hello, 1000)
@@ -272,7 +275,8 @@ class Session:
                 self.load_info = bounds.load_info(self._request_raw("load", None, (self.notebook, self.cells, self.copies,
                                                                                    self.reference_units)))
         finally:
-            self.exercise_limit = limit
+            self.exercise_limit, self.exercise_used = limit, used
+            self.deadline = None if deadline is None else deadline + time.monotonic() - began
 
     def _spawn(self) -> None:
         to_child_r, to_child_w = os.pipe()
@@ -429,6 +433,8 @@ class Session:
 
     def begin_check(self) -> None:
         """A check starts (`grader.harness.Week.exercise`); checks may nest."""
+        if not getattr(self, "_checks", 0):  # the whole check, its own work included: a hard wall-clock ceiling
+            self.deadline = time.monotonic() + WALL_FACTOR * (self.exercise_limit or limits().exercise_timeout)
         self._checks = getattr(self, "_checks", 0) + 1
 
     def end_check(self) -> None:
@@ -437,6 +443,7 @@ class Session:
         kept from one check is another exercise's answer in the next)."""
         self._checks = max(0, getattr(self, "_checks", 1) - 1)
         if self._checks == 0:
+            self.deadline = None
             self._exports.clear()
             self.meter.end_check()
 
@@ -473,6 +480,9 @@ class Session:
                                           f"time limit ({self.exercise_limit:g} s, INFERENCE_LAB_EXERCISE_TIMEOUT); "
                                           f"stopped during {during}")
                 wait = min(wait, exercise_left)
+            if self.deadline is not None:
+                self._past_deadline(during)
+                wait = min(wait, self.deadline - time.monotonic())
             began = time.monotonic()
             try:
                 data = recv_message(self._r, wait, MAX_FROM_CHILD)
@@ -607,6 +617,20 @@ class Session:
         """Within a graded test whose time is up, every further call fails at once (no restart for it)."""
         if self.exercise_limit is not None and self.exercise_used >= self.exercise_limit:
             raise StudentTimeout(f"{self.exercise} ran out of time (its limit: {self.exercise_limit:g} s)")
+        self._past_deadline("a request")
+
+    def _past_deadline(self, during: str) -> None:
+        """A check past its wall-clock deadline fails now, whatever keeps it going: endless short calls (an endless
+        generator's `next`) spend little of the student's time per call, and the checks' own share is not counted
+        in `exercise_used`. The child is stopped; every later request of this check fails at once."""
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            if self.dead is not None:
+                raise StudentTimeout(self.timeouts[-1] if self.timeouts else "this test ran out of time")
+            limit = self.exercise_limit or limits().exercise_timeout
+            raise self._timed_out(f"{self.exercise or 'this test'} ran out of time: a test may take {WALL_FACTOR * limit:g} s "
+                                  f"in all, the checks' own work included ({WALL_FACTOR:g} x INFERENCE_LAB_EXERCISE_TIMEOUT"
+                                  f", {limit:g} s); the notebook's code kept it going (endless results?); stopped "
+                                  f"during {during}")
 
     def request(self, op: str, target: "ChildProxy", args: tuple):
         self._exercise_over()
@@ -688,6 +712,8 @@ class Session:
         """A proxy of the child's object `oid` (the codec's `R` tag), of the exercise whose request it came in."""
         return ChildProxy(self, oid, info, root=self._root_now)
 
+
+WALL_FACTOR = 2.0  # a check's wall-clock ceiling, in exercise time limits (`Session._past_deadline`)
 
 _CHILD_BOOT = r"""
 import json, os, sys

@@ -355,11 +355,13 @@ class Recording:
     def for_call(cls, args, kwargs: dict) -> Recording:
         """A recording of `fn(*args, **kwargs)`, the observation's options taken out of `kwargs` (`_observe_reads`,
         `_observe_dot_scale`, `_observe_light`, `_observe_host`, `_observe_reach`; `_observe_again=False`: no second
-        run in the student's process)."""
+        run in the student's process; `_observe_accept=[int, ...]`: a second run may return another of these)."""
         rec = cls(args, kwargs, reads=tuple(kwargs.pop("_observe_reads", ())),
                   dot_scale=float(kwargs.pop("_observe_dot_scale", 1.0)), light=bool(kwargs.pop("_observe_light", False)),
                   host=bool(kwargs.pop("_observe_host", False)), reach=bool(kwargs.pop("_observe_reach", False)))
         rec.again = bool(kwargs.pop("_observe_again", True)) and rec.dot_scale == 1.0 and not rec.light
+        accept = kwargs.pop("_observe_accept", None)  # ints any correct answer may be: the second run's may differ
+        rec.accept = frozenset(accept) if type(accept) is list and all(type(a) is int for a in accept) else None
         return rec
 
     def _profile(self):

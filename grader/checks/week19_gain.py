@@ -73,9 +73,32 @@ def draw(rng: random.Random) -> tuple[dict[int, float], int]:
             return dist, slots
 
 
+# Wide cases, every run: slot counts from 25 to 8192 (one per band) and a longest length past 512, up to 2^18, so
+# that a constant hidden in the code (a step at some slot count, lengths cut at some size, slots capped) is crossed.
+BANDS = ((25, 64), (65, 1024), (1025, 8192))
+
+
+def draw_wide(rng: random.Random, low: int, high: int) -> tuple[dict[int, float], int]:
+    """Slots log-uniform in [low, high]; the longest length (513 to 2^18) rare enough, about 0.2 to 2 per batch of
+    S, that a batch holds it or not with fair odds: its E[max] is neither the shortest nor the longest length."""
+    while True:
+        slots = int(math.exp(rng.uniform(math.log(low), math.log(high + 1))))
+        slots = min(max(slots, low), high)
+        longest = int(math.exp(rng.uniform(math.log(513), math.log(1 << 18))))
+        others = rng.sample(range(1, longest), rng.randint(1, 5))
+        p_long = rng.uniform(0.2, 2.0) / slots
+        weights = [rng.uniform(0.1, 1.0) for _ in others]
+        dist = {n: (1 - p_long) * w / sum(weights) for n, w in zip(others, weights)}
+        dist[longest] = p_long
+        want = gain(dist, slots)  # a slot more or fewer moves E[max] by ~1/S here: judged exactly, not kept apart
+        if all(abs(v - want) > 0.02 * want for _, v in mistakes(dist, slots)[:4]):
+            return dist, slots
+
+
 def cases() -> list[tuple[str, dict[int, float], int]]:
     rng = random.Random(run_seed() + 190)
     out = [(f"fixed case {i + 1}", d, s) for i, (d, s) in enumerate(FIXED)]
+    out += [(f"wide case {i + 1}", *draw_wide(rng, lo, hi)) for i, (lo, hi) in enumerate(BANDS)]
     return out + [(f"drawn case {i + 1}", *draw(rng)) for i in range(10)]
 
 

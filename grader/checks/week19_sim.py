@@ -17,6 +17,7 @@ Nothing here calls the student's code except through the function or class it is
 """
 from __future__ import annotations
 
+import math
 import random
 
 import torch
@@ -140,6 +141,9 @@ def judge_plan(plan, running: list[dict], waiting: list[dict], free: int, bs: in
     """The invariants one step's plan must keep; returns (preempted ids, [(id, n)])."""
     assert isinstance(plan, dict) and set(plan) >= {"preempt", "run"}, (
         f"{where}: schedule returned {plan!r}; expected a dict {{'preempt': [id, ...], 'run': [[id, n], ...]}}")
+    assert all(type(plan[k]) in (list, tuple) for k in ("preempt", "run")), (
+        f"{where}: schedule returned {plan!r}; 'preempt' and 'run' must be lists (plain data, not generators or "
+        f"other lazy objects)")
     try:
         preempt = [int(i) for i in plan["preempt"]]
         run = [(int(i), int(n)) for i, n in plan["run"]]
@@ -329,24 +333,8 @@ def simulate(schedule, w: dict, label: str, call=None) -> int:
     return step
 
 
-def _plain_call(fn, *args):
+def _plain_call(fn, *args, accept=None):
     return fn(*args)
-
-
-def amount_step(rng: random.Random, busy: bool = False) -> dict:
-    """One step in which the oldest running request needs a block and none is free, and preempting the newest
-    frees enough for every running request left: exactly one preemption is needed (a scheduler that preempts every
-    newer request at once preempts two or more here). 3-5 requests run, or 7-12 if `busy` (a scheduler that
-    preempts one more only when many run passed the small steps)."""
-    bs = rng.choice([1, 2, 4])
-    k = rng.randint(7, 12) if busy else rng.randint(3, 5)
-    running = []
-    for i in range(k):  # each at the end of a full block, decoding: one new block each
-        blocks = rng.randint(k, k + 3)
-        running.append(dict(id=i, computed=blocks * bs, tokens=blocks * bs + 1, blocks=blocks, freeable=blocks,
-                            seqs=1))
-    waiting = [dict(id=k, computed=0, tokens=rng.randint(1, 10), blocks=0, freeable=0, seqs=1)]
-    return dict(running=running, waiting=waiting, free=0, bs=bs, budget=rng.randint(k, 24), max_seqs=k + 2)
 
 
 def hash_bits(h) -> int:
@@ -395,7 +383,7 @@ def cache_trial(PrefixCache, rng: random.Random, n: int, steps: int, trial: int,
                                   f"in use is never evicted)")
                 assert type(e).__name__ == "OutOfBlocksError", f"allocate() on a full pool raised {type(e).__name__}"
                 continue
-            block = do(cache.allocate)
+            block = do(cache.allocate, accept=sorted(model.uncached))  # any of them (set.pop's choice, say)
             log.append(f"allocate() -> {block}")
             if model.uncached:
                 assert block in model.uncached, (
@@ -471,6 +459,42 @@ def cache_trial(PrefixCache, rng: random.Random, n: int, steps: int, trial: int,
             f"{where()}: num_free = {cache.num_free}; expected {want_free} (free blocks, cached or not: a hit on a "
             f"free cached block takes it back)")
     return hits
+
+
+def lru_order(PrefixCache, rng: random.Random, low: int, high: int) -> None:
+    """LRU order, spelled out, in a pool of `low` to `high` blocks (log-uniform; called with 3-8, 13-64 and 65-1024
+    every run, past bounds hidden on the free cached blocks or the pool: FINDINGS6 #13-15): every block cached (token
+    ids up to 2^17: lookups differing in bit 8-15 or 16 of one token miss), freed in a random order, one reused."""
+    n = min(max(int(math.exp(rng.uniform(math.log(low), math.log(high + 1)))), low), high)
+    cache = PrefixCache(n)
+    blocks = [cache.allocate() for _ in range(n)]
+    keys = [(rng.getrandbits(62), [rng.randrange(1 << 17) for _ in range(4)]) for _ in blocks]
+    for block, (h, tokens) in zip(blocks, keys):
+        cache.register(block, h, tokens)
+    order = rng.sample(blocks, n)
+    for block in order:
+        cache.free(block)
+    reused = order[rng.randrange(n)]
+    h, tokens = keys[blocks.index(reused)]
+    for bit in (rng.randrange(8, 16), 16):
+        near = list(tokens)
+        near[rng.randrange(len(near))] ^= 1 << bit
+        assert (got := cache.lookup(h, near)) is None, (f"PrefixCache({n}): block {reused} cached for tokens {tokens}; lookup of its hash "
+                             f"with tokens {near} (one token differs in bit {bit}) returned {got}: compare the "
+                             f"tokens themselves, whole (a collision is a miss) {seed_note()}")
+    assert cache.lookup(h, tokens) == reused, (f"PrefixCache({n}): block {reused}, registered and then freed, is "
+                                               f"not found by lookup: a free cached block stays cached until evicted")
+    cache.fork(reused)
+    assert cache.num_free == n - 1, f"after fork({reused}) of a free cached block num_free = {cache.num_free}; expected {n - 1}"
+    want = [b for b in order if b != reused]
+    got = [cache.allocate() for _ in want]
+    assert got == want, (f"PrefixCache({n}): every block cached and freed in the order {_short(order)}, block "
+                         f"{reused} taken back by a hit; allocate() then evicted {_short(got)}; expected the least "
+                         f"recently freed first: {_short(want)} {seed_note()}")
+
+
+def _short(blocks: list) -> str:
+    return str(blocks) if len(blocks) <= 40 else f"{blocks[:20]} ... {blocks[-20:]} ({len(blocks)} blocks)"
 
 
 def lib_parts(parts: dict) -> list[str]:
