@@ -590,11 +590,11 @@ def test_resetting_the_host_meter_is_a_verdict(tmp_path):
 # Started by an exercise cell when it loads: each process carries `MARKER` and its kind in its argv.
 _SPAWN_AT_LOAD = r'''
 import ctypes, os, subprocess, sys
-def _exec(kind, code="import time; time.sleep(900)"):
-    os.execv(sys.executable, [sys.executable, "-c", code, "MARKER", kind])
-subprocess.Popen([sys.executable, "-c", "import time; time.sleep(900)", "MARKER", "popen-setsid"],
-                 start_new_session=True)
-subprocess.Popen([sys.executable, "-c", "while True: pass", "MARKER", "cpu-burner-setsid"], start_new_session=True)
+# /bin/sh, not sys.executable: the child's uid may not reach the interpreter (a pyenv under /root, mode 0700)
+def _exec(kind, code="sleep 900; exit 0"):  # a second command: a shell may exec a lone one (argv lost)
+    os.execv("/bin/sh", ["/bin/sh", "-c", code, "MARKER", kind])
+subprocess.Popen(["/bin/sh", "-c", "sleep 900; exit 0", "MARKER", "popen-setsid"], start_new_session=True)
+subprocess.Popen(["/bin/sh", "-c", "while :; do :; done", "MARKER", "cpu-burner-setsid"], start_new_session=True)
 if os.fork() == 0:
     _exec("fork")
 if os.fork() == 0:
@@ -613,7 +613,7 @@ if os.fork() == 0:
 _SPAWN_THEN_EXIT = r'''
 import os, subprocess, sys, time
 def causal_mask(q_len, kv_len, device=None):
-    subprocess.Popen([sys.executable, "-c", "while True: pass", "MARKER", "burner-of-a-dead-child"],
+    subprocess.Popen(["/bin/sh", "-c", "while :; do :; done", "MARKER", "burner-of-a-dead-child"],
                      start_new_session=True)
     time.sleep(1.0)  # the burner is running (and seen by the test's 0.1 s poll) before its parent dies
     os._exit(0)
