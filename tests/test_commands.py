@@ -253,7 +253,7 @@ def test_gpu_check_without_a_gpu(scratch, repo):
 
 def test_the_model_snippet(scratch, repo):
     """README.md's Python example, as written."""
-    snippet = re.search(r"```python\n(from lib\.model import load_smollm2.*?)```", (REPO / "README.md").read_text(), re.S)[1]
+    snippet = re.search(r"```python\n(from lib\.modeling\.llama import load_smollm2.*?)```", (REPO / "README.md").read_text(), re.S)[1]
     (repo.parent / "snippet.py").write_text(snippet)
     out = run(scratch, repo, f".venv/bin/python {repo.parent / 'snippet.py'}")
     assert out.startswith("The capital of France is"), out
