@@ -21,7 +21,8 @@ import pytest
 
 from grader.checks import week19 as checks
 from grader.checks.week19_hashes import ENTROPY_PREFIXES, assert_hash_entropy
-from grader.checks.week19_sim import amount_step, preemptions_needed
+from grader.checks.week19_sim import preemptions_needed
+from grader.checks.week19_steps import amount_step
 from grader.harness import exercise_cells
 from grader.isolation import Session
 
@@ -128,7 +129,7 @@ def test_busy_steps_need_exactly_one_preemption():
     """The steps the busy route is caught on: 7-12 running, and one preemption frees enough for all the others."""
     rng = random.Random(0)
     for _ in range(200):
-        s = amount_step(rng, busy=True)
+        s = amount_step(rng, busy=(7, 12))
         assert 7 <= len(s["running"]) <= 12
         assert preemptions_needed(s["running"], s["free"], s["bs"], s["budget"]) == 1
 
