@@ -13,7 +13,8 @@ with an FR-Spec head (the --fr most frequent tokens of the first 80 % of Hamlet;
 2-layer draft (plain and FR-Spec) when `tools/distill_draft.py` has built its checkpoint, the **draft head**
 (`lib.spec_decode.draft_head`: one layer reading the target's last hidden state + an FR-Spec output layer, trained by
 `tools/train_draft_head.py`, committed in data/draft_head/) drafting a chain of K, then the same head drafting a
-static tree (4, 2, 1) and an EAGLE-2 dynamic tree each round (`lib.spec_decode.tree_speculative`: every node verified in one
+static tree (4, 2, 1) and an EAGLE-2 dynamic tree each round, the same three for the EAGLE-style head of
+`tools/train_eagle.py` when data/draft_head/eagle.pt exists (`lib.spec_decode.tree_speculative`: every node verified in one
 forward with a tree mask; α there = accepted nodes / drafted nodes, so compare tokens per target call), an early exit (first 8 layers) and a random 2-layer
 model. Before the workloads it prints the target's verify curve (one forward of m tokens / one decode step,
 after 128 tokens) and each draft's cost c (one draft step / one target step); each row of the table shows the
@@ -118,6 +119,13 @@ def main() -> None:
         drafts["head dynamic tree"] = (head, DynamicTree(depth=5, top_k=4, width=4, budget=16))
     except FileNotFoundError as err:
         print(f"(no draft head: {err})")
+    try:  # the EAGLE-style head of `python tools/train_eagle.py` (issue 60), linear and as trees, when it is built
+        eagle = dh.load_draft_head(model, dh.EAGLE_PATH)
+        drafts["eagle head"] = (eagle, None)
+        drafts["eagle tree 4-2-1"] = (eagle, StaticTree((4, 2, 1)))
+        drafts["eagle dynamic tree"] = (eagle, DynamicTree(depth=5, top_k=4, width=4, budget=16))
+    except FileNotFoundError as err:
+        print(f"(no EAGLE head: {err})")
     drafts["early exit 8"] = (early_exit_draft(model, 8), 0.0)
     drafts["random 2-layer"] = (random_draft(model.config), 0.0)
     if args.drafts:

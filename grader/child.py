@@ -9,7 +9,7 @@ notebook's code, observed or not, runs under the same observers and watches whic
 bit before and after (`_snapshot`, `_copied`). What the notebook's code does to the grader here is its guard's
 (`grader.child_guard`). An object of the trusted process (a check's model, a spy) is a proxy here
 (`grader.child_wire`), which calls back. `_child_main` is the entry point the session starts
-(`grader.isolation._CHILD_BOOT`); the address-space limit is set after torch and the cells are loaded.
+(`grader.child_setup.CHILD_BOOT`); the address-space limit is set after torch and the cells are loaded.
 """
 from __future__ import annotations
 

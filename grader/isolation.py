@@ -36,10 +36,10 @@ timeout for each call (`INFERENCE_LAB_CALL_TIMEOUT`, default 60 s of silence fro
 the whole session (`INFERENCE_LAB_BUDGET`, default 900 s). A child that dies (os._exit, a crash, out of
 memory, killed at a timeout) is restarted for the next exercise, up to `max_restarts` times.
 
-The parts, lowest first (each file's docstring says what it guards): `grader.wire` (the messages and how each
-side reads them), `grader.processes` (every process a submission starts, found and killed), `grader.proxy`
-(`ChildProxy`), `grader.child` (the student's process), and this module: `Session`, which starts, feeds,
-times and restarts the child. The names other code uses are importable from here (`__all__`).
+The parts, lowest first (each file's docstring says what it guards): `grader.child_setup` (how the child starts),
+`grader.trusted_objects` (what it may ask of the checks' objects), `grader.wire` (the messages), `grader.processes`
+(every process a submission starts, found and killed), `grader.proxy` (`ChildProxy`), `grader.child` (the student's
+process), and this module: `Session`, which starts, feeds, times and restarts the child (names: `__all__`).
 """
 from __future__ import annotations
 
@@ -54,7 +54,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import warnings
 import weakref
 from pathlib import Path
 
@@ -62,6 +61,8 @@ from grader import bounds
 from grader.processes import (is_subreaper, pids_cgroup, remove_cgroup, process_start_time, become_subreaper, kill_tree,
                               child_environment, make_undumpable)
 from grader.proxy import ChildProxy, autograd_function_of
+from grader.child_setup import CHILD_BOOT, child_import_path, memory_kind, triton_interpreted_in_child, uses_cuda
+from grader.trusted_objects import CHILD_MAY, refuse_module_change
 from grader.status import (TAMPERED_TAIL, DEFAULT_BUDGET, DEFAULT_CALL_TIMEOUT, DEFAULT_CPU, DEFAULT_EXERCISE_TIMEOUT,
                             DEFAULT_MEMORY, limits, one_line)
 from grader.copies import copies_in_cells, reference_units, similar_to_reference, without_copies
@@ -75,124 +76,7 @@ __all__ = ["Session", "ChildProxy", "IsolationError", "StudentTimeout", "Student
            "kill_tree", "become_subreaper", "DEFAULT_CALL_TIMEOUT", "DEFAULT_BUDGET", "DEFAULT_EXERCISE_TIMEOUT",
            "DEFAULT_MEMORY", "DEFAULT_CPU"]
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
 MAX_RECEIVED = bounds.MAX_RECEIVED  # bytes the child may send the trusted side in all, per session: beyond it, a verdict
-
-
-def _memory_kind() -> str:
-    """How the child's memory is limited: "as" (address space), or "data" where CUDA is present (its
-    initialisation reserves address space an RLIMIT_AS refuses; `grader.child._Child._apply_memory_limit`).
-    `INFERENCE_LAB_MEMORY_LIMIT=as|data` overrides."""
-    forced = os.environ.get("INFERENCE_LAB_MEMORY_LIMIT")
-    if forced in ("as", "data"):
-        return forced
-    import torch
-
-    return "data" if torch.cuda.is_available() else "as"
-
-
-_INTERPRETER_WORKS: bool | None = None
-_INTERPRETER_PROBE = """
-import os, torch
-os.environ["TRITON_INTERPRET"] = "1"
-import lib.attn.triton_attention as t
-a, b = torch.randn(20, 40), torch.randn(40, 24)
-assert torch.allclose(t.tiled_matmul(a, b), a @ b, atol=1e-4, rtol=1e-4)
-"""
-
-
-def triton_interpreted_in_child() -> bool:
-    """Whether the confined child runs Triton kernels in Triton's interpreter, where week 17's checks see them. Yes
-    wherever the interpreter works: always on a CPU (the lab's triton pin), and on a GPU machine when its triton's
-    interpreter runs lib's tiled matmul here (probed once per process, in a subprocess: the triton a CUDA build of
-    torch requires may be older than the pin, and 3.6's interpreter fails on numpy 2.4, a scalar used in range()).
-    Where it does not, the child compiles the kernels and the checks judge their numbers and wrappers only. Without a
-    GPU the probe is skipped (it cost every grading process ~5 s of a core): there Triton runs interpreted or not
-    at all, and a broken interpreter fails the notebook's own Triton cells as it fails the checks."""
-    global _INTERPRETER_WORKS
-    if os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes"):
-        return True
-    if _INTERPRETER_WORKS is None and not _uses_cuda():
-        _INTERPRETER_WORKS = True  # no GPU to compile for: the interpreter is the only way Triton runs here
-    if _INTERPRETER_WORKS is None:
-        try:
-            done = subprocess.run([sys.executable, "-c", _INTERPRETER_PROBE], cwd=str(REPO_ROOT), timeout=120,
-                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            _INTERPRETER_WORKS = done.returncode == 0
-        except (OSError, subprocess.SubprocessError):
-            _INTERPRETER_WORKS = False
-        if not _INTERPRETER_WORKS:
-            warnings.warn("Triton's interpreter does not run here (its triton is older than the lab's pin?): week 17's "
-                          "Triton exercises are graded compiled, on their numbers and wrappers only, not their "
-                          "kernels' route", stacklevel=2)
-    return _INTERPRETER_WORKS
-
-
-def _uses_cuda() -> bool:
-    """Whether the child starts CUDA's driver before its sandbox (`grader._sandbox.start_cuda`): where the grader's
-    own torch sees a GPU."""
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def child_import_path() -> list[str]:
-    """The grader's own import path, for the child (a package installed on PYTHONPATH is found there too), less
-    what the view replaces: the repository and anything in it but the Python environment."""
-    out = []
-    for p in sys.path:
-        if not p or not os.path.isdir(p):
-            continue
-        real = Path(p).resolve()
-        env = Path(sys.prefix).resolve()
-        if (real == REPO_ROOT or REPO_ROOT in real.parents) and not (real == env or env in real.parents):
-            continue
-        if str(real) not in out:
-            out.append(str(real))
-    return out
-
-
-# --- what the child may ask of the trusted side's objects ------------------------------------------------------
-
-_CHILD_MAY = {"getattr", "setattr", "delattr", "call", "getitem", "setitem", "len", "iter", "next", "bool",
-              "float", "int", "index", "repr", "str", "contains", "byvalue"}
-
-
-# The checks' models (SmolLM2 above all) are shared by every submission a worker grades: the notebook's code may
-# run them and read them, never change them (`model.half()`, `model.layers[0] = ...`, a forward hook), or the
-# next student would be graded against a broken model. Reads that nn.Module itself defines are listed here;
-# every other name nn.Module defines (to, half, apply, register_*, load_state_dict, train, ...) is refused.
-_MODULE_READS = {"forward", "parameters", "named_parameters", "buffers", "named_buffers", "children",
-                 "named_children", "modules", "named_modules", "state_dict", "training", "extra_repr",
-                 "get_submodule", "get_parameter", "get_buffer"}
-
-
-def _refuse_module_change(op: str, target, args: tuple) -> None:
-    """The notebook's code may read and run the checks' objects, never change them: no attribute or item
-    assignment (an autograd `ctx`, which the student's forward fills, is the one exception), and none of
-    torch.nn's own mutators, whether reached on a model or through a wrapper a check put around it."""
-    import torch
-
-    if op in ("setattr", "delattr", "setitem"):
-        if isinstance(target, torch.autograd.function.FunctionCtx):
-            return
-        raise AttributeError(f"the checks' objects are read-only to the notebook's code ({op} on a "
-                             f"{type(target).__name__} was refused): build your own objects instead")
-    if op == "getattr" and isinstance(target, torch.nn.Module) and args[0] not in _MODULE_READS and \
-            hasattr(torch.nn.Module, args[0]):
-        raise AttributeError(f"the checks' models are read-only to the notebook's code: "
-                             f"{type(target).__name__}.{args[0]} is not available to it (run the model, "
-                             f"read its config and weights; do not change it)")
-    if op == "call":
-        owner, func = getattr(target, "__self__", None), getattr(target, "__func__", None)
-        if isinstance(owner, torch.nn.Module) and func is not None and target.__name__ not in _MODULE_READS:
-            defined = next((c for c in type(owner).__mro__ if target.__name__ in vars(c)), None)
-            if defined is not None and defined.__module__.startswith("torch."):
-                raise AttributeError(f"the checks' models are read-only to the notebook's code: "
-                                     f"{type(owner).__name__}.{target.__name__} is not available to it")
-
-
 _SESSIONS: "weakref.WeakSet[Session]" = weakref.WeakSet()
 
 
@@ -297,9 +181,9 @@ class Session:
             env["INFERENCE_LAB_PIDS_CGROUP"] = self.cgroup
         log = open(os.path.join(self.workdir, "output.log"), "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-c", _CHILD_BOOT, str(to_child_r), str(from_child_w), self.workdir,
+            [sys.executable, "-I", "-c", CHILD_BOOT, str(to_child_r), str(from_child_w), self.workdir,
              str(self.memory), str(self.cpu), json.dumps({"view": str(view), "path": paths, "readable": readable,
-                                                          "memory_kind": _memory_kind(), "cuda": _uses_cuda()})],
+                                                          "memory_kind": memory_kind(), "cuda": uses_cuda()})],
             pass_fds=(to_child_r, from_child_w), cwd=self.workdir, env=env, stdin=subprocess.DEVNULL,
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
@@ -562,12 +446,12 @@ class Session:
         object to the grader's modules and functions."""
         _, rid, op, target, args = msg
         try:
-            if type(op) is not str or type(args) is not tuple or op not in _CHILD_MAY:
+            if type(op) is not str or type(args) is not tuple or op not in CHILD_MAY:
                 raise TypeError("bad request")
             if op in ("getattr", "setattr", "delattr") and (type(args[0]) is not str or args[0].startswith("_")):
                 raise AttributeError(f"the checks' objects do not expose private attributes ({args[0]!r}) "
                                      f"to the notebook's code")
-            _refuse_module_change(op, target, args)
+            refuse_module_change(op, target, args)
             with self.meter.callback(op, target, args) as call:  # bounded, or refused (grader.bounds)
                 value = ByValue(target) if op == "byvalue" else apply_operation(op, target, args)
                 try:
@@ -714,15 +598,3 @@ class Session:
 
 
 WALL_FACTOR = 2.0  # a check's wall-clock ceiling, in exercise time limits (`Session._past_deadline`)
-
-_CHILD_BOOT = r"""
-import json, os, sys
-rfd, wfd, workdir, memory, cpu = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-where = json.loads(sys.argv[6])
-sys.path[:0] = [where["view"]] + [p for p in where["path"] if p not in sys.path]
-from grader import _sandbox
-cuda = _sandbox.start_cuda() if where.get("cuda") else ""
-sandbox = _sandbox.confine(workdir, cpu, where["readable"]) + cuda
-from grader import child
-child._child_main(rfd, wfd, memory, sandbox, where["memory_kind"])
-"""

@@ -934,7 +934,7 @@ def test_the_child_starts_cuda_before_its_sandbox(monkeypatch, cuda):
     import types
 
     import grader
-    from grader.isolation import _CHILD_BOOT
+    from grader.child_setup import CHILD_BOOT as _CHILD_BOOT
 
     calls = []
     fake_sandbox = types.SimpleNamespace(start_cuda=lambda: calls.append("start_cuda") or "; cuda",

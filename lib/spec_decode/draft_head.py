@@ -39,6 +39,7 @@ from lib.spec_decode.speculative import SpecStats, sample_from, decode_args, ver
 
 HEAD_PATH = Path(__file__).resolve().parents[2] / "data" / "draft_head" / "head.pt"
 TRAIN_COMMAND = "python tools/train_draft_head.py --minutes 8 --seed 0 --prompts 384"
+EAGLE_PATH = HEAD_PATH.with_name("eagle.pt")  # where that pipeline writes its head (with .sha256 and .json)
 EAGLE_COMMAND = "python tools/train_eagle.py"  # the EAGLE-style pipeline (data at scale, epochs, learning curve)
 
 
