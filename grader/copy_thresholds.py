@@ -28,15 +28,17 @@ each entry from its variant, so an entry is a measurement, not a setting.
 """
 from __future__ import annotations
 
+from types import MappingProxyType
+
 MARGIN = 0.9  # of its threshold, the most an honest variant may score (tests/test_similarity.py: MARGIN)
 
 # reference unit (as `References.names` spells it): (the highest token share of an honest variant written apart
 # from it, that variant's file under tests/fixtures/)
-HONEST_HIGHEST = {
+HONEST_HIGHEST = MappingProxyType({
     "the instructor's solution (its `batched_speculative_generate`)":
         (0.596, "redteam/v6/w18_bsg_honest_dictfeeds.py"),  # red team 6, #22
     "lib's lib.batching.engine.schedule": (0.541, "redteam/v6/w19_sched_honest_twophase.py"),  # red team 6, #17
-}
+})  # read-only: the child holds this module too (it judges code the notebook compiles: `grader.child_guard`)
 
 
 def token_threshold(reference: str | None, default: float) -> float:
