@@ -49,3 +49,11 @@ def test_a_capped_or_truncated_route_fails_every_run(tmp_path, week, grade_id, v
 ])
 def test_the_honest_variant_passes(tmp_path, week, grade_id, variant):
     _run(tmp_path, week, grade_id, variant)
+
+
+def test_the_honest_batched_loop_passes_with_the_solution_compared(tmp_path, monkeypatch):
+    """#22 as a class's submission is graded, the instructor's solution compared (the lab's tests allow copies of it:
+    conftest.py): 60 % of the solution's token sequences, under the threshold of that reference
+    (grader/copy_thresholds.py; tests/test_similarity.py holds its margin)."""
+    monkeypatch.delenv("INFERENCE_LAB_SOLUTION_COPIES", raising=False)
+    _run(tmp_path, 18, "batched_speculative_generate", "w18_bsg_honest_dictfeeds.py")
