@@ -20,11 +20,11 @@ Size buys nothing: what sets an honest score is how much of the code the exercis
 loop over `new_cache`, `lengths`, `truncate` and a dict of feeds is written one way), a property of the reference.
 
 So the threshold is set per reference where it has been measured: at least the highest token share an honest
-variant written apart from the reference reaches against it, divided by `MARGIN`, the margin every other honest
-variant keeps (tests/test_similarity.py); `TOKEN_THRESHOLD` elsewhere. A copy of such a reference must then hold
-that much of it: a reworded copy of the solution's batched_speculative_generate holds 72 %
-(tests/fixtures/copies/w18_batched_speculative_generate__solution_reworded.py). tests/test_similarity.py recomputes
-each entry from its variant, so an entry is a measurement, not a setting.
+variant written apart from the reference reaches against it (rounded up to the hundredth), divided by `MARGIN`,
+the margin every other honest variant keeps (tests/test_similarity.py); `TOKEN_THRESHOLD` elsewhere. A copy of such
+a reference must then hold that much of it: a reworded copy of the solution's batched_speculative_generate holds
+72 % (tests/fixtures/copies/w18_batched_speculative_generate__solution_reworded.py). tests/test_similarity.py
+recomputes each entry from its variant, so an entry is a measurement, not a setting.
 """
 from __future__ import annotations
 
@@ -33,11 +33,11 @@ from types import MappingProxyType
 MARGIN = 0.9  # of its threshold, the most an honest variant may score (tests/test_similarity.py: MARGIN)
 
 # reference unit (as `References.names` spells it): (the highest token share of an honest variant written apart
-# from it, that variant's file under tests/fixtures/)
+# from it, rounded up to the next hundredth, that variant's file under tests/fixtures/)
 HONEST_HIGHEST = MappingProxyType({
     "the instructor's solution (its `batched_speculative_generate`)":
-        (0.596, "redteam/v6/w18_bsg_honest_dictfeeds.py"),  # red team 6, #22
-    "lib's lib.batching.engine.schedule": (0.541, "redteam/v6/w19_sched_honest_twophase.py"),  # red team 6, #17
+        (0.60, "redteam/v6/w18_bsg_honest_dictfeeds.py"),  # red team 6, #22: 0.596
+    "lib's lib.batching.engine.schedule": (0.55, "redteam/v6/w19_sched_honest_twophase.py"),  # red team 6, #17: 0.541
 })  # read-only: the child holds this module too (it judges code the notebook compiles: `grader.child_guard`)
 
 

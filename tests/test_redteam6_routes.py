@@ -61,7 +61,7 @@ def test_the_honest_batched_loop_passes_with_the_solution_compared(tmp_path, mon
 
 def test_a_reworded_copy_of_the_solutions_batched_loop_still_scores_zero(tmp_path, monkeypatch):
     """The other side of the raised threshold: the solution's loop renamed, its finished test flipped and its match
-    loop rewritten (tests/fixtures/copies/) holds 72 % of it, over the 66 % #22's 59.6 % set."""
+    loop rewritten (tests/fixtures/copies/) holds 72 % of it, over the 66.7 % #22's 59.6 % set (0.60 / 0.9)."""
     monkeypatch.delenv("INFERENCE_LAB_SOLUTION_COPIES", raising=False)
     with pytest.raises(AssertionError, match=r"is a copy of the instructor's solution \(its `batched_speculative_gen"):
         _run(tmp_path, 18, "batched_speculative_generate",

@@ -130,7 +130,7 @@ def test_honest_work_that_the_interface_dictates_is_not_a_copy(variant, monkeypa
     tok, st, ref, _, _ = copies.scores(REPO / "submitted" / "student.ipynb", _as_students(week, {grade_id: text}),
                                        week)[grade_id]
     share, where = copy_thresholds.HONEST_HIGHEST[ref]
-    assert where == variant and abs(tok - share) < 0.001, (ref, tok, share)  # the table holds what is measured
+    assert where == variant and share - 0.01 < tok <= share, (ref, tok, share)  # the table holds what is measured
     assert copy_thresholds.MARGIN == MARGIN
     assert similarity.ratio((tok, st, ref)) < MARGIN
     assert grade_id not in copies.similar_to_reference(REPO / "submitted" / "student.ipynb",
