@@ -2,8 +2,8 @@
 the references an honest variant written apart from them came near.
 
 Why not a threshold that depends on the unit's size alone: short units share more by chance, but the honest and
-the copied scores overlap at the same size. Measured (red team 6's round, 103 honest variants: the 41 of
-tests/fixtures/honest/ and the 62 of tests/fixtures/redteam/v*/, written from the release notebooks without the
+the copied scores overlap at the same size. Measured (issue 54, after red team 6; 103 honest variants: the 39 of
+tests/fixtures/honest/ and the 64 of tests/fixtures/redteam/v*/, written from the release notebooks without the
 solution; 32 copies: the 19 reworded ones of tests/fixtures/copies/ and the red teams' 13 `*lib*` ones), the highest
 token share each reaches against any reference, by the size of the side that share is of (fingerprints, the idiom
 and the release's code out):

@@ -110,6 +110,35 @@ def test_copies_of_the_shortest_answers_are_not_judged(path, monkeypatch):
     assert similarity.ratio((tok, st, ref)) < 1
 
 
+RED_HONEST = sorted((FIXTURES / "redteam").glob("v*/w*honest*.py"))
+
+
+def _grade_of(path: Path) -> str | None:
+    """The exercise a red team's variant answers: the solution's exercise cell defining a name it defines."""
+    import ast
+
+    names = {n.name for n in ast.parse(path.read_text()).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    for _, grade_id, text in _as_students(int(path.name[1:3]), {}):
+        if grade_id and names & {n.name for n in ast.parse(similarity.without_magics(text)).body
+                                 if isinstance(n, (ast.FunctionDef, ast.ClassDef))}:
+            return grade_id
+    return None
+
+
+@pytest.mark.parametrize("path", RED_HONEST, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_the_red_teams_honest_work_stays_under_the_thresholds_with_margin(path, monkeypatch):
+    """The red teams' honest variants (written apart from the solution, each round's FINDINGS*.md) keep the margin
+    tests/fixtures/honest/ keeps: the distribution the thresholds are sized on (grader/copy_thresholds.py)."""
+    grade_id = _grade_of(path)
+    assert grade_id is not None, path
+    monkeypatch.delenv("INFERENCE_LAB_SOLUTION_COPIES", raising=False)
+    week = int(path.name[1:3])
+    found = copies.scores(REPO / "submitted" / "student.ipynb", _as_students(week, {grade_id: path.read_text()}),
+                          week).get(grade_id)
+    if found is not None:  # None: nothing it holds is anywhere near a reference
+        assert similarity.ratio(found[:3]) < MARGIN, (path.name, found[:4])
+
+
 _NEAR = {"redteam/v6/w18_bsg_honest_dictfeeds.py": (18, "batched_speculative_generate"),
          "redteam/v6/w19_sched_honest_twophase.py": (19, "schedule")}
 
