@@ -195,7 +195,7 @@ def similar_to_reference(notebook: str | Path, cells, week: int | None) -> dict[
     TOKEN_THRESHOLD or THRESHOLD. The solution is not compared with itself, nor at all when
     `INFERENCE_LAB_SOLUTION_COPIES=allow` (the lab's own tests grade copies of the solution)."""
     return {grade_id: why_copy(name, (tok, st, ref), helpers)
-            for grade_id, (tok, st, ref, name, helpers) in scores(notebook, cells, week).items() if ratio((tok, st)) >= 1}
+            for grade_id, (tok, st, ref, name, helpers) in scores(notebook, cells, week).items() if ratio((tok, st, ref)) >= 1}
 
 
 def copies_in_cells(notebook: str | Path, cells, week: int | None) -> list[tuple[int, str, str]]:

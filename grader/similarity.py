@@ -29,10 +29,9 @@ the release itself gives (outside `### BEGIN/END SOLUTION`) is taken out of both
 `TOKEN_THRESHOLD` of the tokens of a reference unit (the side the share is of having at least `MIN_FINGERPRINTS`
 fingerprints), or `THRESHOLD` of the statements of one of at least `MIN_STATEMENTS`, is a copy (`ratio` >= 1):
 `reference_use`, and the exercise scores 0 like any use of lib's implementation. Smaller references (a two-line
-mask) are not judged: independent solutions of a few lines coincide.
-
-The thresholds are sized on honest variants written from the release notebooks alone and on reworded copies
-(tests/fixtures/, tests/test_similarity.py; grader/README.md, "Reference use").
+mask) are not judged: independent solutions of a few lines coincide. Thresholds sized on honest variants written
+from the release notebooks alone and on reworded copies (tests/fixtures/, tests/test_similarity.py; grader/README.md,
+"Reference use"); the token threshold raised for references honest variants came near (`grader.copy_thresholds`).
 """
 from __future__ import annotations
 
@@ -41,6 +40,7 @@ import hashlib
 import re
 import sys
 from collections import Counter
+from grader.copy_thresholds import token_threshold
 
 THRESHOLD = 0.8  # statements
 MIN_STATEMENTS = 12
@@ -503,7 +503,7 @@ class References:
         return max(found, key=ratio, default=None)
 
     def copy_of(self, unit: Unit, given: Unit = Unit(), key=frozenset()) -> tuple[float, float, str] | None:
-        """`best`, if it is a copy: TOKEN_THRESHOLD of the tokens or THRESHOLD of the statements."""
+        """`best`, if it is a copy: its token threshold (`ratio`) of the tokens or THRESHOLD of the statements."""
         found = self.best(unit, given, key)
         return found if found is not None and ratio(found) >= 1 else None
 
@@ -512,8 +512,8 @@ KEY_SHARE = 0.9  # of a unit's k-grams from the answer key for it to be graded a
 
 
 def ratio(found) -> float:
-    """How near (token share, statement share, ...) is to a copy: 1 or more is one."""
-    return max(found[0] / TOKEN_THRESHOLD, found[1] / THRESHOLD)
+    """How near (token share, statement share[, reference]) is to a copy: 1 or more is one (`copy_thresholds`)."""
+    return max(found[0] / token_threshold(found[2] if len(found) > 2 else None, TOKEN_THRESHOLD), found[1] / THRESHOLD)
 
 
 def why_copy(fn_name: str, found: tuple[float, float, str], helpers: list[str] = ()) -> str:

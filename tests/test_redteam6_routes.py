@@ -49,3 +49,20 @@ def test_a_capped_or_truncated_route_fails_every_run(tmp_path, week, grade_id, v
 ])
 def test_the_honest_variant_passes(tmp_path, week, grade_id, variant):
     _run(tmp_path, week, grade_id, variant)
+
+
+def test_the_honest_batched_loop_passes_with_the_solution_compared(tmp_path, monkeypatch):
+    """#22 as a class's submission is graded, the instructor's solution compared (the lab's tests allow copies of it:
+    conftest.py): 60 % of the solution's token sequences, under the threshold of that reference
+    (grader/copy_thresholds.py; tests/test_similarity.py holds its margin)."""
+    monkeypatch.delenv("INFERENCE_LAB_SOLUTION_COPIES", raising=False)
+    _run(tmp_path, 18, "batched_speculative_generate", "w18_bsg_honest_dictfeeds.py")
+
+
+def test_a_reworded_copy_of_the_solutions_batched_loop_still_scores_zero(tmp_path, monkeypatch):
+    """The other side of the raised threshold: the solution's loop renamed, its finished test flipped and its match
+    loop rewritten (tests/fixtures/copies/) holds 72 % of it, over the 66.7 % #22's 59.6 % set (0.60 / 0.9)."""
+    monkeypatch.delenv("INFERENCE_LAB_SOLUTION_COPIES", raising=False)
+    with pytest.raises(AssertionError, match=r"is a copy of the instructor's solution \(its `batched_speculative_gen"):
+        _run(tmp_path, 18, "batched_speculative_generate",
+             "../../copies/w18_batched_speculative_generate__solution_reworded.py")

@@ -61,7 +61,7 @@ def test_the_fixtures_are_there():
 @pytest.mark.parametrize("path", HONEST, ids=lambda p: p.stem)
 def test_honest_work_stays_under_the_thresholds_with_margin(path, monkeypatch):
     tok, st, ref, name, _ = _score(path, monkeypatch)
-    assert similarity.ratio((tok, st)) < MARGIN, (
+    assert similarity.ratio((tok, st, ref)) < MARGIN, (
         f"{path.name}: `{name}` holds {tok:.0%} of the token sequences and {st:.0%} of the statements of {ref}, "
         f"within {1 - MARGIN:.0%} of the thresholds ({similarity.TOKEN_THRESHOLD:.0%}, {similarity.THRESHOLD:.0%})")
 
@@ -70,7 +70,7 @@ def test_honest_work_stays_under_the_thresholds_with_margin(path, monkeypatch):
 def test_reworded_copies_are_found(path, monkeypatch):
     tok, st, ref, name, _ = _score(path, monkeypatch)
     source = path.stem.split("__")[1].split("_")[0]
-    assert similarity.ratio((tok, st)) >= 1, f"{path.name}: {tok:.0%} of the tokens, {st:.0%} of the statements of {ref}"
+    assert similarity.ratio((tok, st, ref)) >= 1, f"{path.name}: {tok:.0%} of the tokens, {st:.0%} of the statements of {ref}"
     assert ref.startswith({"lib": "lib's", "solution": "the instructor's solution"}[source]), ref
 
 
@@ -96,7 +96,7 @@ def test_a_deep_expression_neither_hides_a_copy_nor_stalls_the_grader(monkeypatc
     started = time.process_time()
     tok, st, ref, _, _ = copies.scores(REPO / "submitted" / "student.ipynb", _as_students(19, {"schedule": padded}),
                                        19)["schedule"]
-    assert similarity.ratio((tok, st)) >= 1 and ref == "lib's lib.batching.engine.schedule"
+    assert similarity.ratio((tok, st, ref)) >= 1 and ref == "lib's lib.batching.engine.schedule"
     assert time.process_time() - started < 10
 
 
@@ -107,7 +107,63 @@ def test_copies_of_the_shortest_answers_are_not_judged(path, monkeypatch):
     (tests/fixtures/honest/w16_LayerKVCache_a.py comes to 77 % of the threshold, the copy of the solution to 70 %) — so a copy of them
     passes. A measure that catches them must also pass every honest variant: then move them to copies/."""
     tok, st, ref, name, _ = _score(path, monkeypatch)
-    assert similarity.ratio((tok, st)) < 1
+    assert similarity.ratio((tok, st, ref)) < 1
+
+
+RED_HONEST = sorted((FIXTURES / "redteam").glob("v*/w*honest*.py"))
+
+
+def _grade_of(path: Path) -> str | None:
+    """The exercise a red team's variant answers: the solution's exercise cell defining a name it defines."""
+    import ast
+
+    names = {n.name for n in ast.parse(path.read_text()).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    for _, grade_id, text in _as_students(int(path.name[1:3]), {}):
+        if grade_id and names & {n.name for n in ast.parse(similarity.without_magics(text)).body
+                                 if isinstance(n, (ast.FunctionDef, ast.ClassDef))}:
+            return grade_id
+    return None
+
+
+@pytest.mark.parametrize("path", RED_HONEST, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_the_red_teams_honest_work_stays_under_the_thresholds_with_margin(path, monkeypatch):
+    """The red teams' honest variants (written apart from the solution, each round's FINDINGS*.md) keep the margin
+    tests/fixtures/honest/ keeps: the distribution the thresholds are sized on (grader/copy_thresholds.py)."""
+    grade_id = _grade_of(path)
+    assert grade_id is not None, path
+    monkeypatch.delenv("INFERENCE_LAB_SOLUTION_COPIES", raising=False)
+    week = int(path.name[1:3])
+    found = copies.scores(REPO / "submitted" / "student.ipynb", _as_students(week, {grade_id: path.read_text()}),
+                          week).get(grade_id)
+    if found is not None:  # None: nothing it holds is anywhere near a reference
+        assert similarity.ratio(found[:3]) < MARGIN, (path.name, found[:4])
+
+
+_NEAR = {"redteam/v6/w18_bsg_honest_dictfeeds.py": (18, "batched_speculative_generate"),
+         "redteam/v6/w19_sched_honest_twophase.py": (19, "schedule")}
+
+
+@pytest.mark.parametrize("variant", sorted(_NEAR))
+def test_honest_work_that_the_interface_dictates_is_not_a_copy(variant, monkeypatch):
+    """Red team 6's #22, a `batched_speculative_generate` written from the exercise's text and the check's docstring
+    alone, holds 60 % of the solution's token sequences (its dict of feeds, leading matches and per-row truncate are
+    what the cache's interface leaves to write): 0.993 of the flat threshold, where a reworded copy of the solution
+    holds 72 % (tests/fixtures/copies/). The threshold of such a reference is the highest honest share / MARGIN
+    (`grader.copy_thresholds`): each entry is recomputed here from its variant, and the variant keeps the margin
+    every honest variant keeps. Fails before (flat 0.6: #22 at 0.993 of it)."""
+    from grader import copy_thresholds
+
+    week, grade_id = _NEAR[variant]
+    monkeypatch.delenv("INFERENCE_LAB_SOLUTION_COPIES", raising=False)
+    text = (FIXTURES / variant).read_text()
+    tok, st, ref, _, _ = copies.scores(REPO / "submitted" / "student.ipynb", _as_students(week, {grade_id: text}),
+                                       week)[grade_id]
+    share, where = copy_thresholds.HONEST_HIGHEST[ref]
+    assert where == variant and share - 0.01 < tok <= share, (ref, tok, share)  # the table holds what is measured
+    assert copy_thresholds.MARGIN == MARGIN
+    assert similarity.ratio((tok, st, ref)) < MARGIN
+    assert grade_id not in copies.similar_to_reference(REPO / "submitted" / "student.ipynb",
+                                                       _as_students(week, {grade_id: text}), week)
 
 
 def test_small_methods_are_judged_as_their_class_and_every_method_of_a_copy_is_replaced(tmp_path):
