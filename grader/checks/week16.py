@@ -19,7 +19,8 @@ way elsewhere is graded on what it did when watched. What each rejects besides w
   up to a `max_len` in [48, 400) drawn from the run's seed, filled to the last position, on the host too at the
   end); an append
   that writes nothing into the buffers; returned keys that are not views of one buffer; `lib`'s class; buffers on
-  the CPU when a device is given; a refused append that changes the cache.
+  the CPU when a device is given; buffers of another dtype than asked (fp16 and bf16 caches: the constructor's
+  bytes bounded both ways, appends of that dtype, views of that dtype and storage back); a refused append that changes the cache.
 - gqa_attention: SDPA (or fused attention ops) or `lib`'s reference, on every call: MHA, GQA, MQA, batch 1 to 3,
   q_len < kv_len, odd head dims, non-contiguous q, fp16/bf16, four shapes drawn from the seed, and each call a
   tiny model makes; CPU-built masks.
@@ -48,8 +49,8 @@ from grader.checks import sweep
 from grader.checks import week16_predict as predict
 from grader.checks import (ModelMeter, assert_close, assert_route, check_on_meta, generator, observe,
                            seed_note)
-from grader.checks.week16_caches import (Watched, append_observed, constructed, ints, layer_fill, layer_limit,
-                                        overflow, rolling_limit, rolling_new, rolling_positions)
+from grader.checks.week16_caches import (Watched, append_observed, constructed, ints, layer_dtypes, layer_fill,
+                                        layer_limit, overflow, rolling_limit, rolling_new, rolling_positions)
 from grader.harness import Week
 from lib.modeling import kv_cache as ref
 from lib.attn.masks import causal_mask as ref_causal_mask
@@ -234,8 +235,7 @@ def check_LayerKVCache(LayerKVCache) -> None:
     overflow(cache, b, h, d, max_len, 6, 5)
     layer_fill(LayerKVCache)
     # Another dtype, and a device given: the buffers must be made there (meta stands in for a GPU).
-    half = constructed(LayerKVCache, 1, 2, 6, 8, torch.float16, None)
-    assert half.nbytes == 2 * 1 * 2 * 6 * 8 * 2, f"an fp16 cache of [1, 2, 6, 8] has nbytes {half.nbytes}; expected {2 * 2 * 6 * 8 * 2}"
+    layer_dtypes(LayerKVCache)  # fp16 and bf16: buffers of that dtype, appends of it, views of it back
     meta = LayerKVCache(1, 2, 6, 8, torch.float32, "meta")
     try:
         mk, _ = meta.append(torch.zeros(1, 2, 3, 8, device="meta"), torch.zeros(1, 2, 3, 8, device="meta"))

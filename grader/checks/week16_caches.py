@@ -101,6 +101,37 @@ def layer_fill(LayerKVCache) -> None:
     overflow(cache, b, h, d, max_len, 1, max_len)
 
 
+def layer_dtypes(LayerKVCache) -> None:
+    """Caches of fp16 and bf16: the constructor allocates the K and V buffers in that dtype (no more than their
+    nbytes), and appends of that dtype come back as views of that dtype, of a buffer of that dtype."""
+    b, h, n, d = 1, 2, 6, 8
+    for dtype in (torch.float16, torch.bfloat16):
+        name = str(dtype).removeprefix("torch.")
+        nbytes = 2 * b * h * n * d * torch.empty((), dtype=dtype).element_size()
+        cache, obs = observe(LayerKVCache, b, h, n, d, dtype, None, _observe_light=True)
+        assert_route(obs, f"LayerKVCache(..., {name})")
+        assert cache.nbytes == nbytes, f"a {name} cache of [{b}, {h}, {n}, {d}] has nbytes {cache.nbytes}; expected {nbytes}"
+        assert nbytes <= obs.peak_bytes <= nbytes + 8192, (
+            f"LayerKVCache({b}, {h}, {n}, {d}, {name}) allocated {obs.peak_bytes:,} bytes of tensors in __init__; its "
+            f"K and V buffers in {name} are {nbytes:,}: allocate them whole, in the dtype asked for (dtype=dtype), once")
+        g = generator(46)
+        ptr = None
+        for t in (2, 3):
+            k, v = (torch.randn(b, h, t, d, generator=g).to(dtype) for _ in range(2))
+            gk, gv = append_observed(cache, k, v, f"{name} LayerKVCache.append of {t}", layer_limit(k, v), light=True)
+            assert gk.dtype == dtype and gv.dtype == dtype, (
+                f"a {name} cache returned keys of {gk.dtype} and values of {gv.dtype} after a {name} append; the "
+                f"buffers hold the dtype asked for (torch.zeros(..., dtype=dtype)), and so do the views of them")
+            for x, what in ((gk, "keys"), (gv, "values")):
+                assert x.untyped_storage().nbytes() <= nbytes, (
+                    f"the {name} cache's {what} are views of a storage of {x.untyped_storage().nbytes():,} bytes; its "
+                    f"buffers in {name} are {nbytes:,} bytes in all: keep them in the dtype asked for")
+            ptr = gk.data_ptr() if ptr is None else ptr
+            assert gk.data_ptr() == ptr, (
+                f"the {name} cache's keys are not views of one buffer from append to append (a converted copy?): "
+                f"return self.k[:, :, :length] of buffers allocated in {name}")
+
+
 def overflow(cache, b, h, d, max_len, t, held) -> None:
     try:
         cache.append(torch.zeros(b, h, t, d), torch.zeros(b, h, t, d))
