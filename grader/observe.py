@@ -41,6 +41,7 @@ class Observation:
     reads: dict = field(default_factory=dict)  # argument position -> [mean reads of each slice along its dim 0]
     visits: dict = field(default_factory=dict)  # argument position -> `visits_of`'s list (grader.reads.Visits)
     reach: int = 0  # the most keys one read of K or V combined (`_observe_reach`, grader.reach)
+    reach_splits: list = field(default_factory=list)  # (first, last, count) of the largest key sets combined (Reach.splits)
     # Triton kernels run by the interpreter (TRITON_INTERPRET=1) during the call: one (kernel name, grid) per
     # launch, and the (M, K, N) of every `tl.dot` its programs executed (a compiled GPU kernel is not seen).
     kernel_launches: list = field(default_factory=list)
@@ -446,7 +447,7 @@ class Recording:
             obs.kernel_launches, obs.kernel_dots = list(records.launches), list(records.dots)
         obs.reads = {i: counter.per_slice() for i, counter in self.reading.items()}
         obs.visits = {i: v.summary() for i, v in self.visits.items()}
-        obs.reach = self.keys.most if self.keys is not None else 0
+        obs.reach, obs.reach_splits = (self.keys.most, self.keys.splits()) if self.keys is not None else (0, [])
         for other in self.remote:
             obs.ops.update(other.ops)
             obs.matmuls += other.matmuls
@@ -559,7 +560,7 @@ def to_wire(obs: Observation) -> dict:
             "reductions": [(str(n), tuple(map(int, sh)), int(e)) for n, sh, e in obs.reductions],
             "reads": {int(i): [float(x) for x in v] for i, v in obs.reads.items()},
             "visits": {int(i): [[int(x) for x in s][:3] for s in v] for i, v in obs.visits.items()},
-            "reach": int(obs.reach),
+            "reach": int(obs.reach), "reach_splits": [tuple(int(x) for x in t)[:3] for t in obs.reach_splits][:4096],
             "kernel_launches": [(str(n), tuple(int(g) for g in grid)) for n, grid in obs.kernel_launches],
             "kernel_dots": [tuple(int(x) for x in d) for d in obs.kernel_dots], "kernel": _kernel_data(obs.kernel)}
 
@@ -577,7 +578,7 @@ def from_wire(data) -> Observation:
     o.reductions = [(str(n), tuple(int(x) for x in sh), int(e)) for n, sh, e in data.get("reductions", ())]
     o.reads = {int(i): [float(x) for x in v] for i, v in dict(data.get("reads", {})).items()}
     o.visits = {int(i): [[int(x) for x in s][:3] for s in v] for i, v in dict(data.get("visits", {})).items()}
-    o.reach = int(data.get("reach", 0))
+    o.reach, o.reach_splits = int(data.get("reach", 0)), [tuple(int(x) for x in t)[:3] for t in data.get("reach_splits", ())][:4096]
     o.kernel_launches = [(str(n), tuple(int(g) for g in grid)) for n, grid in data.get("kernel_launches", ())]
     o.kernel_dots = [(int(m), int(k), int(n)) for m, k, n in data.get("kernel_dots", ())]
     o.kernel = _kernel_data(data.get("kernel", {}))

@@ -55,6 +55,7 @@ class Reach:
             self.keys.append(at)
         self.deps: dict[int, int] = {}  # storage -> bitmask of the keys its values depend on
         self.most = 0
+        self.combined: set[int] = set()  # the key sets the reads of K or V combined (bitmasks; at most 4096 kept)
 
     def before(self) -> None:
         for v in self.visits:
@@ -80,6 +81,8 @@ class Reach:
                         read |= 1 << j
         if read:
             self.most = max(self.most, bin(mask | read).count("1"))
+            if len(self.combined) < 4096:
+                self.combined.add(mask | read)
         total = mask | (0 if _name(func) in _CARRY else read)
         bound = dict(zip([a.name for a in schema.arguments], args))
         bound.update(kwargs or {})
@@ -96,3 +99,13 @@ class Reach:
             p = _ptr(t)
             if total | self.deps.get(p, 0):
                 self.deps[p] = total | self.deps.get(p, 0)
+
+    def splits(self) -> list:
+        """The largest key sets the reads combined (none inside another), as (first key, last key, how many keys),
+        by first key: split-K's splits, one each."""
+        sets = sorted(self.combined, key=lambda m: -bin(m).count("1"))
+        top: list[int] = []
+        for m in sets:
+            if not any(m | t == t for t in top):
+                top.append(m)
+        return sorted(((m & -m).bit_length() - 1, m.bit_length() - 1, bin(m).count("1")) for m in top)

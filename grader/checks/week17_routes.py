@@ -23,7 +23,10 @@ The bounds, by exercise (`grader.reads` says what a terminal read and a visit ar
   the splits), each element of K and V visited once and read, the FLOPs of one pass (at least 0.9x, at most 2x:
   an identity product per split costs more), and the splits independent (`grader.reach`): no read of K or V
   combines more keys than one split holds, counting the keys its other inputs depend on — a single online pass
-  with a chunk as its block reads V_j with probabilities shifted by the running max of every chunk before.
+  with a chunk as its block reads V_j with probabilities shifted by the running max of every chunk before. The
+  largest key sets the reads combine are the even partition the exercise asks for (`assert_even_splits`:
+  min(n_splits, Nk) contiguous splits of floor or ceil(Nk / n_splits) keys; ceil-sized splits with a short last
+  one fail).
 - the backward (`backward_route`): blocks only, no softmax, the five products of each visible pair at least.
 - memory (`assert_memory_growth`): what a forward holds beyond its results may grow with N by O(N·d) — output-sized
   state, m and l for every row, per-block outputs kept for a concatenation: 3·(d + 2) numbers a row and head, with
@@ -65,7 +68,22 @@ def call(fn, what: str, *args, route: dict | None = None, visits: dict | None = 
         assert obs.reach <= reach["most"], (
             f"{what}: a matrix product or reduction read keys of K or V together with values that depend on "
             f"{obs.reach} keys, more than the {reach['most']} one split holds: {reach['why']} {seed_note()}")
+        if reach.get("even"):
+            assert_even_splits(obs, what, *reach["even"])
     return result, obs
+
+
+def assert_even_splits(obs, what: str, nk: int, n_splits: int) -> None:
+    """The splits the reads of K and V combined (`Observation.reach_splits`) are the even partition the exercise
+    asks for: min(n_splits, nk) contiguous runs of keys, each of floor(nk / n_splits) or ceil(nk / n_splits) keys."""
+    sizes = {nk // n_splits, -(-nk // n_splits)} - {0}
+    runs = obs.reach_splits
+    bad = [r for r in runs if r[2] not in sizes or r[1] - r[0] + 1 != r[2]]
+    assert not bad and len(runs) == min(n_splits, nk) and sum(r[2] for r in runs) == nk, (
+        f"{what}: the keys were attended to in {len(runs)} splits of "
+        f"{', '.join(str(r[2]) for r in runs[:12])}{' ...' if len(runs) > 12 else ''} keys; {nk} keys in {n_splits} "
+        f"splits are {min(n_splits, nk)} contiguous chunks as even as they can be, of {' or '.join(map(str, sorted(sizes)))} "
+        f"keys (sizes differing by at most one: split i starts at key i·{nk}//{n_splits}) {seed_note()}")
 
 
 def assert_visits(obs, what: str, visits: dict) -> None:
@@ -153,7 +171,7 @@ def decode_route(q, k, n_splits: int) -> dict:
                            why=f"Attend to each of the {n_splits} splits of the keys separately, then merge by logsumexp.",
                            min_flops=int(0.9 * one), max_flops=2 * one + 1),
                 visits=visits if nk else {},
-                reach=dict(most=math.ceil(nk / n_splits), why=(
+                reach=dict(most=math.ceil(nk / n_splits), even=(nk, n_splits), why=(
                     "compute each split's partial result (its own max, sum and output) from its keys alone, then "
                     "merge the partials by their logsumexp — one online pass over the chunks in sequence folds each "
                     "chunk into a running max and sum of the chunks before it (split-K: the splits are independent)")))
