@@ -102,8 +102,8 @@ def layer_fill(LayerKVCache) -> None:
 
 
 def layer_dtypes(LayerKVCache) -> None:
-    """Caches of fp16 and bf16: the constructor allocates the K and V buffers in that dtype (no more than their
-    nbytes), and appends of that dtype come back as views of that dtype, of a buffer of that dtype."""
+    """Caches of fp16 and bf16: the constructor allocates the K and V buffers in that dtype (at least their nbytes,
+    at most 3x: a float32 temporary cast down is fine), and appends of that dtype come back as views of that dtype, of a buffer of that dtype."""
     b, h, n, d = 1, 2, 6, 8
     for dtype in (torch.float16, torch.bfloat16):
         name = str(dtype).removeprefix("torch.")
@@ -111,7 +111,9 @@ def layer_dtypes(LayerKVCache) -> None:
         cache, obs = observe(LayerKVCache, b, h, n, d, dtype, None, _observe_light=True)
         assert_route(obs, f"LayerKVCache(..., {name})")
         assert cache.nbytes == nbytes, f"a {name} cache of [{b}, {h}, {n}, {d}] has nbytes {cache.nbytes}; expected {nbytes}"
-        assert nbytes <= obs.peak_bytes <= nbytes + 8192, (
+        # at most 3x: an honest `torch.zeros(shape).to(dtype)` passes through a float32 (or float64) temporary; what
+        # the cache keeps is judged below (views of one buffer of the dtype, storage no bigger than nbytes)
+        assert nbytes <= obs.peak_bytes <= 3 * nbytes + 8192, (
             f"LayerKVCache({b}, {h}, {n}, {d}, {name}) allocated {obs.peak_bytes:,} bytes of tensors in __init__; its "
             f"K and V buffers in {name} are {nbytes:,}: allocate them whole, in the dtype asked for (dtype=dtype), once")
         g = generator(46)
