@@ -7,6 +7,8 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from grader.harness import with_cell_source
 
 REPO = Path(__file__).resolve().parent.parent
@@ -48,8 +50,9 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def course_copy(tmp_path_factory) -> Path:
-    """Week 16's solutions and release copied under a fresh root (each test module's `course_root`)."""
+@pytest.fixture(scope="module")
+def course_root(tmp_path_factory) -> Path:
+    """Week 16's solutions and release copied under a fresh root, once per test module that binds this fixture."""
     root = tmp_path_factory.mktemp("hostile") / "repo"
     for part in ("solutions", "weeks"):
         shutil.copytree(REPO / part / WEEK, root / part / WEEK,

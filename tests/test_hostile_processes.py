@@ -12,16 +12,10 @@ from grader.course import Course
 from grader.harness import load_exercises
 
 _spec = importlib.util.spec_from_file_location("_hostile_support", Path(__file__).with_name("_hostile_support.py"))
-_support = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_support)
-REPO, WEEK, CHECKS_FILE, _nb, _points, _honest, _sha, _edit, _SDPA_ROUTE, _ELSEWHERE = (
-    _support.REPO, _support.WEEK, _support.CHECKS_FILE, _support._nb, _support._points, _support._honest, _support._sha,
-    _support._edit, _support._SDPA_ROUTE, _support._ELSEWHERE)
-
-
-@pytest.fixture(scope="module")
-def course_root(tmp_path_factory):
-    return _support.course_copy(tmp_path_factory)
+_spec.loader.exec_module(_support := importlib.util.module_from_spec(_spec))
+REPO, WEEK, _nb, _points, _honest, _edit, course_root = (
+    _support.REPO, _support.WEEK, _support._nb, _support._points, _support._honest, _support._edit,
+    _support.course_root)
 
 
 _FORWARD_IN_NUMPY_THEN_RESET = """
