@@ -226,7 +226,7 @@ class _Child:
         """`memory` bytes beyond what the process holds now. By address space (RLIMIT_AS) where the child does not
         use CUDA; on a CUDA machine by data (RLIMIT_DATA: private writable memory), because CUDA's initialisation
         reserves tens of GiB of address space it never touches (PROT_NONE), which an address-space limit refuses:
-        the child would die at its first CUDA tensor (tests/test_integrity.py reproduces it on the CPU)."""
+        the child would die at its first CUDA tensor (tests/test_integrity_resources.py reproduces it on the CPU)."""
         import resource
 
         if self.memory <= 0:

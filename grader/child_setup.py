@@ -86,7 +86,7 @@ def child_import_path() -> list[str]:
 
 
 # The child's first lines (`python -I -c CHILD_BOOT rfd wfd workdir memory cpu where.json`): its import path, CUDA
-# started before the sandbox where the grader has a GPU (tests/test_integrity.py says why), the sandbox, then
+# started before the sandbox where the grader has a GPU (tests/test_integrity_resources.py says why), the sandbox, then
 # `grader.child`.
 CHILD_BOOT = r"""
 import json, os, sys

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def _load(tmp_path: Path, week: int, edits: dict[str, str] | None = None, prepend: dict[str, str] | None = None):
     """The solution of `week` with some exercise cells replaced (or prefixed), loaded as `pytest weeks/NN` does (as
-    tests/test_integrity.py's `_load`)."""
+    tests/_integrity_support.py's `_load`)."""
     path = next((REPO / "solutions" / str(week)).glob("*.ipynb"))
     nb = json.loads(path.read_text())
     for grade_id, src in (edits or {}).items():

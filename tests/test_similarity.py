@@ -220,7 +220,7 @@ def test_copies_of_lib_score_zero_through_the_isolated_path(week, tmp_path):
     import sys
 
     sys.path.insert(0, str(REPO / "tests"))
-    from test_integrity import _load
+    from _integrity_support import _load
 
     checks = importlib.import_module(f"grader.checks.week{week}")
     ex = _load(tmp_path, week, edits=_BY_WEEK[week])

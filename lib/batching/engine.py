@@ -30,7 +30,7 @@ stays cached until evicted, least recently freed first.
 A step is schedule → run → postprocess. The run (`lib.batching.model_runner.ModelRunner`) puts all scheduled tokens of all
 requests through the model in **one forward** (`[1, N]`, flattened), the decodes' attention through
 `lib.batching.paged.paged_attention` (or the one given as `paged_attention=`), the LM head only on each sequence's last
-token; postprocess samples, applies the stop conditions and frees; `StepStats` records the step (`trace`,
+token; postprocess samples, applies the stop conditions and frees; `lib.batching.step_stats.StepStats` records the step (`trace`,
 `step_stats`). Greedy output of every request is what `lib.modeling.generate.generate` gives on it alone.
 
 Also here: parallel sampling with copy-on-write (`add_request(..., n=4, temperature=0.8)`, `sample`): the
@@ -52,6 +52,7 @@ from lib.batching.blocks import BlockManager, PrefixCache
 from lib.batching.model_runner import ModelRunner
 from lib.batching.paged import PagedKVCache, blocks_needed
 from lib.batching.request import AdmissionError, Request, StepOutput, UnknownRequestError
+from lib.batching.step_stats import StepStats
 from lib.bench.roofline import sync
 from lib.modeling.sampling import SamplingParams
 
@@ -134,28 +135,6 @@ def schedule(running: list[dict], waiting: list[dict], free_blocks: int, block_s
 
 
 # --- the engine --------------------------------------------------------------------------------------
-
-class StepStats:
-    """The observer of an engine's steps: after each, `on_step` records in `trace` (request_id, tokens computed)
-    of each scheduled request, and in `step_stats` the step's time and counts (sequences, tokens, blocks, slots)."""
-
-    def __init__(self):
-        self.trace: list[list[tuple[object, int]]] = []
-        self.step_stats: list[dict] = []
-
-    def on_step(self, engine: LLMEngine, scheduled: list[tuple[Request, int]], now: float) -> None:
-        running = engine.running
-        self.trace.append([(req.request_id, n) for req, n in scheduled])
-        self.step_stats.append(dict(
-            time=now, num_seqs=len(scheduled), num_tokens=sum(n for _, n in scheduled),
-            num_prefill_tokens=sum(n for _, n in scheduled if n > 1),
-            blocks_in_use=engine.blocks.num_in_use,
-            slots_used=sum(r.num_computed for r in running),
-            slots_allocated=sum(len(r.blocks) for r in running) * engine.block_size,
-            slots_preallocated=sum(len(r.prompt) + r.max_new_tokens for r in running),  # a contiguous cache's
-            num_running=len(running),
-        ))
-
 
 class LLMEngine:
     """Continuous batching of greedy requests on `model` (a `lib.modeling.llama.LlamaModel`) over a paged KV cache.
