@@ -252,7 +252,9 @@ def test_schedule_accepts_the_solution(ex):
     ("credits_blocks", "freeable blocks"),  # only the shared-block steps catch it
     ("slot_per_request", "sequences; max_num_seqs is"),
     ("calls_lib_schedule", "lib.batching.engine.schedule"),
-    ("lib_copy_schedule", "lib.batching.engine.schedule"),
+    # a verbatim copy is found; since schedule has its own token threshold (grader/copy_thresholds.py) the unit
+    # named may be the class it is a helper of (a higher ratio to its 60 %), still naming schedule
+    ("lib_copy_schedule", r"lib.batching.engine.(LLMEngine with `)?schedule"),
 ])
 def test_schedule_wrong_routes(child, name, match):
     _rejects(child, checks.check_schedule, name, match)
