@@ -110,22 +110,18 @@ def main() -> None:
             drafts[f"distilled + FR {args.fr}"] = (fr_spec_draft(distilled, keep), 0.0)
     except FileNotFoundError as err:
         print(f"(no distilled draft: {err})")
-    try:
-        head = dh.load_draft_head(model)
-        drafts["draft head"] = (head, None)
-        # the same head drafting a tree each round (lib.spec_decode.tree_speculative): K is not used; the tree's nodes are
-        # verified in one forward of nodes + 1 tokens
-        drafts["head tree 4-2-1"] = (head, StaticTree((4, 2, 1)))
-        drafts["head dynamic tree"] = (head, DynamicTree(depth=5, top_k=4, width=4, budget=16))
-    except FileNotFoundError as err:
-        print(f"(no draft head: {err})")
-    try:  # the EAGLE-style head of `python tools/train_eagle.py` (issue 60), linear and as trees, when it is built
-        eagle = dh.load_draft_head(model, dh.EAGLE_PATH)
-        drafts["eagle head"] = (eagle, None)
-        drafts["eagle tree 4-2-1"] = (eagle, StaticTree((4, 2, 1)))
-        drafts["eagle dynamic tree"] = (eagle, DynamicTree(depth=5, top_k=4, width=4, budget=16))
-    except FileNotFoundError as err:
-        print(f"(no EAGLE head: {err})")
+    # the committed head and, when `python tools/train_eagle.py` has built it, the EAGLE-style head (issue 60): each
+    # drafting a chain of K, and the same head drafting a tree each round (lib.spec_decode.tree_speculative: K is not
+    # used; the tree's nodes are verified in one forward of nodes + 1 tokens)
+    for linear, prefix, path in (("draft head", "head", dh.HEAD_PATH), ("eagle head", "eagle", dh.EAGLE_PATH)):
+        try:
+            head = dh.load_draft_head(model, path)
+        except FileNotFoundError as err:
+            print(f"(no {linear}: {err})")
+            continue
+        drafts[linear] = (head, None)
+        drafts[f"{prefix} tree 4-2-1"] = (head, StaticTree((4, 2, 1)))
+        drafts[f"{prefix} dynamic tree"] = (head, DynamicTree(depth=5, top_k=4, width=4, budget=16))
     drafts["early exit 8"] = (early_exit_draft(model, 8), 0.0)
     drafts["random 2-layer"] = (random_draft(model.config), 0.0)
     if args.drafts:

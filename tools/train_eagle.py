@@ -277,7 +277,7 @@ def main(argv=None) -> None:
 
     # 5. save with its checksum, reload through the checking loader
     out = Path(args.out) if args.out else (paths.CACHE_DIR / "eagle-quick.pt" if args.quick else
-                                           dh.HEAD_PATH.with_name("eagle.pt"))
+                                           dh.EAGLE_PATH)
     meta = dict(command=" ".join(["python", "tools/train_eagle.py"] + (sys.argv[1:] if argv is None else argv)),
                 seed=args.seed, steps=step, planned_steps=planned, epochs=args.epochs, train_seconds=round(train_seconds),
                 train_prompts=len(train_p), answer_tokens=answer_tokens(train), max_new=args.max_new,
