@@ -30,6 +30,7 @@ import types
 import numpy.random  # noqa: F401  (imported now: the second run takes its state, which would import it mid-call)
 
 from grader.fingerprint import lib_name
+from grader.host_budget import TORCH_ONLY, WATCHED_NAMES, HostBudget
 from grader.observe import DISPATCH_OFF, OWN_OPERATOR, WATCH_REMOVED, Recording, to_wire
 from grader.observers import Observers
 from grader.ran import LinesRun
@@ -98,14 +99,16 @@ class Scope:
         attribute, an item), or around a batch of calls (`batch`: False for a request of one call: nothing)."""
         return _Entry(self, job) if batch else _NOTHING
 
-    def hook(self, root):
+    def hook(self, root, host=None):
         """The profiler function of a call made for exercise `root`: which of lib's functions ran (by bytecode
         fingerprint: `grader.fingerprint`), which copies of the answer key ran, what the guard watches (`grader.child_guard`),
-        and what the recordings in effect want to see."""
+        what data the call takes out of torch (`host`, a call of a torch-only exercise: `grader.host_budget`), and what
+        the recordings in effect want to see."""
         child = self.child
         seen = child.lib_seen.setdefault(root, set())
         codes, copies, profiles, guard = child.lib_codes, child.copies, self.profiles, child.guard
         watched_code, watched_c, event_of, copy_ran = guard.watched_code, guard.watched_c, guard.event, child.copy_ran
+        watched_names = WATCHED_NAMES
 
         def prof(frame, event, arg):
             if event == "call":
@@ -120,8 +123,11 @@ class Scope:
                     seen.add(name)
                 if code in watched_code:
                     event_of(root, frame, event, arg)
-            elif event == "c_call" and id(arg) in watched_c:
-                event_of(root, frame, event, arg)
+            elif event == "c_call":
+                if id(arg) in watched_c:
+                    event_of(root, frame, event, arg)
+                if host is not None and getattr(arg, "__name__", None) in watched_names:
+                    host.c_call(frame, arg)
             for profile in profiles:
                 profile(frame, event, arg)
         return prof
@@ -145,7 +151,7 @@ class _Entry:
     def __init__(self, scope: Scope, job: Job | None):
         self.scope, self.job = scope, job
         self.outermost, self.device, self.before, self.prof, self.started = False, None, (), None, False
-        self.tracing = False
+        self.tracing, self.host_before, self.host_set = False, None, False
 
     def __enter__(self):
         scope, child, job = self.scope, self.scope.child, self.job
@@ -161,7 +167,13 @@ class _Entry:
             _settrace(child.ran.trace)  # which lines of the cells run (grader.ran), in every call alike
             self.tracing = True
             self.previous = _getprofile()
-            self.prof = scope.hook(child.current_root)
+            root = child.current_root
+            # a call of a torch-only exercise: what it takes out of torch is counted, in every call alike
+            host = HostBudget(child.guard, root) if job is not None and root in TORCH_ONLY else None
+            if job is not None:
+                self.host_before, self.host_set = scope.mode.host, True
+                scope.mode.host = host
+            self.prof = scope.hook(root, host)
             _setprofile(self.prof)
             if job is not None and job.device is not None:
                 import torch
@@ -195,6 +207,8 @@ class _Entry:
                 rec.stop()
             if self.device is not None:
                 self.device.__exit__(None, None, None)
+            if self.host_set and scope.mode is not None:
+                scope.mode.host = self.host_before
             if self.prof is not None:
                 if _getprofile() is not self.prof:
                     child.guard.flag(child.current_root, "switched off the grader's watch of its calls (sys.setprofile)")

@@ -29,6 +29,9 @@ class Exercise:
     points: int
     lib: str | None = None  # "lib.module.name": lib's function or class named like the exercise
     own_cell: bool = True  # False: no solution cell of its own (week 19's engine is built from the notebook's parts)
+    # True: a kernel or cache written in torch ops, which is what its check observes: during its calls the tensors'
+    # data may not leave torch for numpy or Python arithmetic (grader.host_budget)
+    torch_only: bool = False
 
     @property
     def check(self) -> str:
@@ -72,15 +75,17 @@ COURSE: tuple[CourseWeek, ...] = (
         Exercise(1, "step_flops", "derive",
                  "1 (Why generation without a cache is quadratic)", 1, lib="lib.bench.roofline.step_flops"),
         Exercise(2, "causal_mask", "derive", "2 (The causal mask)", 1, lib="lib.attn.masks.causal_mask"),
-        Exercise(3, "LayerKVCache", "design", "3 (The cache)", 2, lib="lib.modeling.kv_cache.LayerKVCache"),
+        Exercise(3, "LayerKVCache", "design", "3 (The cache)", 2, lib="lib.modeling.kv_cache.LayerKVCache",
+                 torch_only=True),
         Exercise(4, "gqa_attention", "design",
-                 "4 (Attention with grouped KV heads)", 2, lib="lib.attn.attention.gqa_attention"),
+                 "4 (Attention with grouped KV heads)", 2, lib="lib.attn.attention.gqa_attention", torch_only=True),
         Exercise(5, "generate", "design", "5 (Generation with the cache)", 3, lib="lib.modeling.generate.generate"),
         Exercise(6, "kv_cache_bytes", "derive", "6 (How much memory)", 2, lib="lib.modeling.kv_cache.kv_cache_bytes"),
         Exercise(7, "roofline_time", "derive", "7 (How much faster, and why)", 1, lib="lib.bench.roofline.roofline_time"),
         Exercise(8, "decode_time", "predict", "7 (How much faster, and why)", 2),
         Exercise(9, "pool_kv_heads", "design", "8 (What sharing KV heads costs)", 2, lib="lib.modeling.gqa.pool_kv_heads"),
-        Exercise(10, "RollingKVCache", "design", "9 (Sliding window)", 2, lib="lib.modeling.kv_cache.RollingKVCache"),
+        Exercise(10, "RollingKVCache", "design", "9 (Sliding window)", 2, lib="lib.modeling.kv_cache.RollingKVCache",
+                 torch_only=True),
         Exercise(11, "answer_q1", "derive", "10 (Check your understanding)", 1),
         Exercise(12, "answer_q3", "derive", "10 (Check your understanding)", 1),
     ), written=(
@@ -89,20 +94,22 @@ COURSE: tuple[CourseWeek, ...] = (
     CourseWeek(17, "FlashAttention: tiling, online softmax, IO complexity",
                "week17_flash_attention.ipynb", exercises=(
         Exercise(1, "naive_attention", "practice",
-                 "1 (What standard attention costs)", 2, lib="lib.attn.attention.naive_attention"),
+                 "1 (What standard attention costs)", 2, lib="lib.attn.attention.naive_attention", torch_only=True),
         Exercise(2, "score_bytes", "derive", "1 (What standard attention costs)", 1, lib="lib.attn.attention.score_bytes"),
-        Exercise(3, "online_softmax", "derive", "2 (Online softmax)", 2, lib="lib.attn.attention.online_softmax"),
+        Exercise(3, "online_softmax", "derive", "2 (Online softmax)", 2, lib="lib.attn.attention.online_softmax",
+                 torch_only=True),
         Exercise(4, "flash_attention_forward", "design",
-                 "3 (The tiled forward pass)", 4, lib="lib.attn.attention.flash_attention_forward"),
+                 "3 (The tiled forward pass)", 4, lib="lib.attn.attention.flash_attention_forward", torch_only=True),
         Exercise(5, "standard_io", "derive", "4 (Counting HBM traffic)", 2, lib="lib.attn.io_model.standard_io"),
         Exercise(6, "flash_io", "derive", "4 (Counting HBM traffic)", 2, lib="lib.attn.io_model.flash_io"),
         Exercise(7, "flash_attention_backward", "derive",
-                 "5 (The backward pass)", 3, lib="lib.attn.attention.flash_attention_backward"),
-        Exercise(8, "FlashAttention", "design", "5 (The backward pass)", 2, lib="lib.attn.attention.FlashAttention"),
+                 "5 (The backward pass)", 3, lib="lib.attn.attention.flash_attention_backward", torch_only=True),
+        Exercise(8, "FlashAttention", "design", "5 (The backward pass)", 2, lib="lib.attn.attention.FlashAttention",
+                 torch_only=True),
         Exercise(9, "merge_partials", "derive",
-                 "6 (One query, many keys: split-K)", 1, lib="lib.attn.attention.merge_partials"),
+                 "6 (One query, many keys: split-K)", 1, lib="lib.attn.attention.merge_partials", torch_only=True),
         Exercise(10, "flash_decode", "design",
-                 "6 (One query, many keys: split-K)", 2, lib="lib.attn.attention.flash_decode"),
+                 "6 (One query, many keys: split-K)", 2, lib="lib.attn.attention.flash_decode", torch_only=True),
         Exercise(11, "softmax_rows", "design",
                  "8 (The kernel itself: FlashAttention in Triton)", 2, lib="lib.attn.triton_attention.softmax_rows"),
         Exercise(12, "tiled_matmul", "practice",
@@ -141,7 +148,7 @@ COURSE: tuple[CourseWeek, ...] = (
         Exercise(4, "BlockAllocator", "design", "3 (The block allocator)", 2, lib="lib.batching.paged.BlockAllocator"),
         Exercise(5, "slot_mapping", "derive", "4 (Block tables and paged attention)", 1, lib="lib.batching.paged.slot_mapping"),
         Exercise(6, "paged_attention", "design",
-                 "4 (Block tables and paged attention)", 3, lib="lib.batching.paged.paged_attention"),
+                 "4 (Block tables and paged attention)", 3, lib="lib.batching.paged.paged_attention", torch_only=True),
         Exercise(7, "block_hashes", "design", "7 (Prefix caching)", 1, lib="lib.batching.blocks.block_hashes"),
         Exercise(8, "PrefixCache", "design", "7 (Prefix caching)", 3, lib="lib.batching.blocks.PrefixCache"),
         Exercise(9, "schedule", "design",

@@ -26,6 +26,10 @@ _COMPOSITE_KEY = torch._C.DispatchKey.CompositeImplicitAutograd
 # otherwise): fixed per op. Keyed by the handle, whose hash is C's: an OpOverload's own is Python code, which would
 # run (and be profiled) on every op. An OpOverload runs through that handle too (what its `__call__` calls).
 _PLAN: dict = {}
+# Ops that hand a tensor's data to Python as a scalar (`item`, `float(t)`, `bool(t)`, `torch.equal`): what a call of a
+# torch-only exercise takes out of torch (`grader.host_budget`), counted by `Observers.host`
+_SCALAR_OPS = frozenset(op._op for op in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.equal.default,
+                                          torch.ops.aten.allclose.default, torch.ops.aten.is_nonzero.default))
 
 
 def _plan(func) -> tuple:
@@ -56,10 +60,13 @@ class Observers(TorchDispatchMode):
     def __init__(self, recordings=()):
         super().__init__()
         self.recordings = tuple(recordings)
+        self.host = None  # a call's `grader.host_budget.HostBudget`, while a call of a torch-only exercise runs
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         recordings = self.recordings
+        if self.host is not None and getattr(func, "_op", None) in _SCALAR_OPS:
+            self.host.scalar(func)
         for r in recordings:
             try:
                 r.before(func, args, kwargs)

@@ -1,0 +1,107 @@
+"""In the student's process: how much of the tensors' data a call of a torch-only exercise takes out of torch.
+
+The checks judge a kernel by the torch operations it runs (`grader.observers`: FLOPs, extents, reads, the blocks it
+visits, the memory it holds). What numpy or Python arithmetic computes is out of their sight: a decoy of tiled torch
+products beside the real answer computed in numpy (a whole row of scores, a two-pass softmax) would pass every one of
+them. So for the exercises the course map marks `torch_only` (`grader.course_map`), the data may not leave torch
+during a call: every number that crosses to Python or numpy is counted, and a call that moves more than
+`HOST_LIMIT` of them, or reaches a tensor's memory itself (its storage, its address, DLPack), is a verdict.
+
+What is counted, in every call of such an exercise (observed or not: the count runs the same way in all of them):
+- `Tensor.numpy()` and `Tensor.tolist()` (numpy's `np.asarray(t)` and `print(t)` go through them): the tensor's
+  elements, seen by the profiler's `c_call` event;
+- a scalar taken from a tensor (`item()`, `float(t)`, `int(t)`, `bool(t)`, an `if` on a tensor, `torch.equal`,
+  `torch.allclose`): one each, seen by the dispatch mode (`Observers.host`), and `item()` called by torch's own
+  Python code with the modes switched off (printing a tensor) by the profiler.
+- denied outright: `untyped_storage()` / `_typed_storage()` (pickling or saving a tensor reads them), `data_ptr()`
+  called by the notebook's code, and `torch._C._to_dlpack` (`__dlpack__`, `np.from_dlpack`).
+The grader's own code (its observers, its wire) converts tensors too: calls made from its files are not counted.
+
+`HOST_LIMIT` is above what honest kernels take out (a length; a printed running max per chunk, 33 chunks in
+online_softmax's technique case) and below the row of scores of the smallest technique case (flash_decode's: 2 heads
+over 241-247 keys, at least 482 numbers).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from grader.course_map import COURSE
+
+HOST_LIMIT = 128  # numbers a call may take out of torch
+TORCH_ONLY = frozenset(e.name for w in COURSE for e in w.exercises if e.torch_only)
+_COUNTED = frozenset(("numpy", "tolist", "item"))  # a tensor's methods: its elements leave torch
+_DENIED = frozenset(("untyped_storage", "_typed_storage", "data_ptr", "_to_dlpack", "_to_dlpack_versioned"))
+WATCHED_NAMES = _COUNTED | _DENIED  # what the profiler hands to `HostBudget.c_call` (by the C function's name)
+_GRADER = (str(Path(__file__).resolve().parent) + "/",
+           str(Path(__file__).resolve().parent.parent / "lib" / "attn" / "io_model.py"))
+
+
+def moved_message(root: str, moved: int, how: str) -> str:
+    return (f"took {moved} numbers out of torch in one call ({how}): {root} is a kernel written in torch "
+            f"operations, which is what the checks observe; numpy and Python arithmetic are out of their sight, so a "
+            f"result computed there cannot be judged. Compute with torch ops on the tensors (a length or a printed "
+            f"value is fine: at most {HOST_LIMIT} numbers a call may leave torch)")
+
+
+def denied_message(root: str, how: str) -> str:
+    return (f"reached a tensor's memory itself ({how}) in a call of {root}: a kernel of this exercise computes with "
+            f"torch ops, which the checks observe; data read through a storage, an address or DLPack is out of their "
+            f"sight. Compute with torch ops on the tensors")
+
+
+class HostBudget:
+    """The count for one call of exercise `root` (made by `grader.child_observe` for each call of a torch-only
+    exercise); a finding is the guard's verdict (`flag`), sent at once."""
+
+    __slots__ = ("guard", "root", "moved", "how", "done", "tensor_type")
+
+    def __init__(self, guard, root: str):
+        import torch
+
+        self.guard, self.root, self.moved, self.how, self.done = guard, root, 0, {}, set()
+        self.tensor_type = torch._C.TensorBase
+
+    def take(self, n: int, how: str) -> None:
+        self.moved += n
+        self.how[how] = self.how.get(how, 0) + n
+        if self.moved > HOST_LIMIT and "moved" not in self.done:
+            self.done.add("moved")
+            ways = ", ".join(f"{k}: {v}" for k, v in sorted(self.how.items(), key=lambda kv: -kv[1])[:3])
+            self.guard.flag(self.root, moved_message(self.root, self.moved, ways))
+
+    def scalar(self, func) -> None:
+        """A scalar read out of a tensor by an op (the dispatch mode's `host`)."""
+        self.take(1, "scalars read from tensors (item, float, bool, an if on a tensor)")
+
+    def c_call(self, frame, arg) -> None:
+        """A C function called during the call (the profiler's `c_call`): counted when it takes data out."""
+        name = getattr(arg, "__name__", None)
+        if name not in _COUNTED and name not in _DENIED:
+            return
+        owner = getattr(arg, "__self__", None)
+        if frame is not None and frame.f_code.co_filename.startswith(_GRADER):
+            return
+        if name in _DENIED:
+            if name.startswith("_to_dlpack"):
+                if type(owner).__name__ != "module" or getattr(owner, "__name__", "") != "torch._C":
+                    return
+            elif not isinstance(owner, self.tensor_type):
+                return
+            elif name == "data_ptr" and not self.guard.student(frame):
+                return  # torch's own code asks for addresses (serialization after a storage, already denied)
+            if name not in self.done:
+                self.done.add(name)
+                self.guard.flag(self.root, denied_message(self.root, f"{name}()"))
+            return
+        if not isinstance(owner, self.tensor_type):
+            return
+        if name == "item":
+            if self.guard.student(frame):
+                return  # under the dispatch mode: counted there as the scalar it reads
+            self.take(1, "scalars read from tensors (item, float, bool, an if on a tensor)")
+            return
+        try:
+            n = int(owner.numel())
+        except Exception:  # noqa: BLE001  (a tensor whose size cannot be read moves nothing countable)
+            return
+        self.take(n, f"Tensor.{name}()")

@@ -1,0 +1,132 @@
+"""Red-team round 7, mechanism 1 (FINDINGS7.md; #22, #23, #25): numpy was out of the route meters' sight. A decoy of
+tiled torch products gave the FLOPs, extents, visits and reach of a tiled pass while the answer was computed in
+numpy (a whole row of scores with a two-pass softmax, P and dS on 64 rows x all keys, one softmax over every key):
+all three earned full credit. Now, during a call of an exercise the course map marks `torch_only`, the tensors' data
+may not leave torch (`grader.host_budget`): more than HOST_LIMIT numbers out, or a storage, an address or DLPack,
+is a verdict. The routes are counted here in this process (the child's profiler hook and dispatch mode, with a
+guard that records), and the three variants and the honest one nearest the limit run through the isolated path."""
+import io
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from grader.course_map import COURSE
+from grader.harness import load_exercises, with_cell_source
+from grader.host_budget import HOST_LIMIT, TORCH_ONLY, HostBudget
+from grader.observers import Observers
+
+REPO = Path(__file__).resolve().parent.parent
+REDTEAM = REPO / "tests" / "fixtures" / "redteam"
+
+
+class _Guard:
+    """The child's guard as HostBudget uses it: verdicts recorded; this file is the notebook's code."""
+
+    def __init__(self):
+        self.flags = []
+
+    def flag(self, root, why):
+        self.flags.append(why)
+
+    def student(self, frame):
+        return frame is not None and frame.f_code.co_filename == __file__
+
+
+def _count(fn):
+    """(numbers moved, verdicts) of `fn()` run as a call of flash_decode is in the child."""
+    guard = _Guard()
+    budget = HostBudget(guard, "flash_decode")
+
+    def prof(frame, event, arg):
+        if event == "c_call":
+            budget.c_call(frame, arg)
+
+    mode = Observers()
+    mode.host = budget
+    with mode:
+        sys.setprofile(prof)
+        try:
+            fn()
+        finally:
+            sys.setprofile(None)
+    return budget.moved, guard.flags
+
+
+T = torch.randn(2, 150)  # 300 numbers: a row of scores for 2 heads
+
+
+@pytest.mark.parametrize("route", [
+    lambda: T.numpy(), lambda: T.tolist(), lambda: np.asarray(T), lambda: [float(x) for x in T.flatten()],
+    lambda: [x.item() for x in T.flatten()], lambda: repr(T.flatten()[:200]),
+    lambda: [bool(x > 0) for x in T.flatten()], lambda: [torch.equal(x, T[0, 0]) for x in T.flatten()],
+], ids=["numpy", "tolist", "asarray", "float", "item", "repr", "bool", "equal"])
+def test_every_way_out_to_python_is_counted(route):
+    moved, flags = _count(route)
+    assert moved >= 200, moved
+    assert len(flags) == 1 and "out of torch in one call" in flags[0], flags
+
+
+@pytest.mark.parametrize("route", [
+    lambda: pickle.dumps(T), lambda: torch.save(T, io.BytesIO()), lambda: T.untyped_storage(),
+    lambda: T.data_ptr(), lambda: np.from_dlpack(T),
+], ids=["pickle", "save", "storage", "data_ptr", "dlpack"])
+def test_a_tensors_memory_itself_is_denied(route):
+    _, flags = _count(route)
+    assert any("reached a tensor's memory" in f for f in flags), flags
+
+
+def test_what_honest_kernels_take_out_stays_free():
+    n = torch.tensor([37, 5])
+
+    def honest():
+        lengths = n.tolist()  # a length
+        int(n.max())  # a bound
+        for _ in range(40):  # a printed running max per chunk (tests/fixtures/redteam/v4/w17_os_honest_verbose.py)
+            T[0, :8].max().item()
+        return lengths
+
+    moved, flags = _count(honest)
+    assert moved == 2 + 1 + 40 and not flags, (moved, flags)
+    assert moved < HOST_LIMIT
+
+
+def test_the_torch_only_exercises_are_the_kernels_and_caches():
+    names = [e.name for w in COURSE for e in w.exercises]
+    assert all(names.count(n) == 1 for n in TORCH_ONLY), "a torch-only exercise's name must be one week's alone"
+    assert {"online_softmax", "flash_attention_forward", "flash_attention_backward", "flash_decode",
+            "merge_partials", "gqa_attention", "paged_attention"} <= TORCH_ONLY
+    assert not TORCH_ONLY & {"softmax_rows", "tiled_matmul", "flash_attention_triton"}  # the interpreter uses numpy
+
+
+def _run(tmp_path, week, grade_id, variant):
+    from importlib import import_module
+    path = next((REPO / "weeks" / str(week)).glob("week*.ipynb"))
+    text = subprocess.run(["git", "show", f"HEAD:{path.relative_to(REPO)}"], cwd=REPO, capture_output=True, text=True,
+                          check=True).stdout
+    target = tmp_path / path.name
+    target.write_text(json.dumps(with_cell_source(json.loads(text), grade_id, variant.read_text())))
+    ex = load_exercises(target)
+    try:
+        getattr(import_module(f"grader.checks.week{week}"), f"check_{grade_id}")(getattr(ex, grade_id))
+    finally:
+        ex.close()
+
+
+@pytest.mark.parametrize("grade_id, variant", [
+    ("flash_attention_forward", "v7/w17_fwd_numpy_twopass.py"),  # #22
+    ("flash_attention_backward", "v7/w17_bwd_numpy_rows.py"),  # #23
+    ("flash_decode", "v7/w17_decode_numpy_rowsoftmax.py"),  # #25
+])
+def test_a_kernel_computed_in_numpy_fails(tmp_path, grade_id, variant):
+    with pytest.raises(AssertionError, match=r"numbers out of torch in one call"):
+        _run(tmp_path, 17, grade_id, REDTEAM / variant)
+
+
+def test_the_honest_softmax_that_prints_each_chunk_passes(tmp_path):
+    _run(tmp_path, 17, "online_softmax", REDTEAM / "v4" / "w17_os_honest_verbose.py")
