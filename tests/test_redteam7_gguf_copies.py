@@ -128,20 +128,29 @@ def test_the_solution_and_lib_are_not_copies_of_gguf():
         assert found is None or similarity.ratio(found) < MARGIN, (name, found)
 
 
-def test_the_q8_copy_scores_zero_through_the_isolated_path(tmp_path):
-    """As `pytest weeks/20` grades it: the copy's body is a `raise` that names gguf-py's function."""
+def test_the_copies_score_zero_through_the_isolated_path(tmp_path):
+    """As `pytest weeks/20` grades them: the Q8_0 copy's body is a `raise` that names gguf-py's function; the Q5_0
+    copy, decoded and exec'd while the cells run, is refused by the child's audit hook on the same references."""
+    import base64
+
     from grader.checks import week20
     path = next((REPO / "weeks" / "20").glob("week*.ipynb"))
     text = subprocess.run(["git", "show", f"HEAD:{path.relative_to(REPO)}"], cwd=REPO, capture_output=True, text=True,
                           check=True).stdout
+    encoded = base64.b64encode((V7 / "w20_q5_ggufcopy.py").read_bytes()).decode()
+    nb = with_cell_source(json.loads(text), "quantize_q8_0", (V7 / "w20_q8_ggufcopy.py").read_text())
+    nb = with_cell_source(nb, "quantize_q5_0", f"import base64\nexec(base64.b64decode({encoded!r}).decode())\n")
     target = tmp_path / path.name
-    target.write_text(json.dumps(with_cell_source(json.loads(text), "quantize_q8_0",
-                                                  (V7 / "w20_q8_ggufcopy.py").read_text())))
+    target.write_text(json.dumps(nb))
     ex = load_exercises(target)
     try:
         with pytest.raises(AssertionError, match=r"`quantize_q8_0` is a copy of gguf-py's gguf\.quants\.Q8_0\."
                                                  r"quantize_blocks with `np_roundf`: it holds \d+% .*write the "
                                                  r"function yourself"):
             week20.check_quantize_q8_0(ex.quantize_q8_0)
+        # the cell's compile raises (the copy never exists), saying why
+        with pytest.raises(AssertionError, match=r"`quantize_q5_0` is a copy of gguf-py's gguf\.quants\.Q5_0\."
+                                                 r"quantize_blocks: it holds \d+% .*the grader does not compile a copy"):
+            week20.check_quantize_q5_0(ex.quantize_q5_0)
     finally:
         ex.close()
