@@ -1,13 +1,15 @@
-"""Copies of the answer key in a notebook, judged in the trusted process: the references (lib's code and the
-instructor's solution, read here — the student's process cannot read either), each exercise's verdict, the copies
-in every cell and their bodies replaced before the cells reach the child. The measure itself is
-`grader.similarity`'s (the child judges code compiled while the notebook runs with it)."""
+"""Copies of the answer key in a notebook, judged in the trusted process: the references (lib's code, the
+instructor's solution and, in week 20, gguf-py's quantizers and writer — the oracle its checks compare bytes with —,
+read here: the student's process cannot read the first two, and has stubs for gguf-py's), each exercise's verdict,
+the copies in every cell and their bodies replaced before the cells reach the child. The measure itself is
+`grader.similarity`'s (the child judges code compiled while the notebook runs with it, on these references' hashes)."""
 from __future__ import annotations
 
+import ast
+import importlib.util
 import json
 import os
 import re
-import ast
 from collections import Counter
 from functools import lru_cache
 from pathlib import Path
@@ -59,6 +61,69 @@ def _common() -> tuple[frozenset, frozenset]:
                 fps.update(unit.fp)
                 sts.update(set(unit.st))
     return (frozenset(h for h, n in fps.items() if n > COMMON_IN), frozenset(h for h, n in sts.items() if n > COMMON_IN))
+
+
+# Besides lib and the solution: the oracle the week-20 checks compare bytes with, gguf-py. The student's
+# environment has it (its quantizers are ~15 lines of numpy each); calling it is seen by its fingerprint
+# (`grader.fingerprint.ORACLE_MODULES`), a copy with one name changed only here. Read from the package installed
+# beside the grader (the student's process has stubs in its place: `grader.view.REWRITTEN_PACKAGES`).
+ORACLE_SOURCES = {"gguf.quants": "quants.py", "gguf.gguf_writer": "gguf_writer.py"}
+ORACLE_WEEKS = frozenset({20})  # the weeks whose checks compare with gguf-py (and whose exercises it implements)
+# The fingerprints a gguf-py reference needs to be judged on (lib's: `similarity.MIN_FINGERPRINTS`, 60): gguf's Q8_0
+# quantizer with `np_roundf` has 44 once the idiom is out. Measured (tests/test_redteam7_gguf_copies.py): the honest
+# week-20 variants hold at most 36 % of it, the red team's edited copy 64 %; nothing honest comes within 0.9 of a
+# threshold against any gguf-py reference.
+ORACLE_MIN_FINGERPRINTS = 40
+# What a copy of a class's method writes for the class's constants (`cls.block_size // 2` is `16` in a function of
+# Q4_1 alone): spelled as the numbers they are in the references (folded: `QK_K // 16` is `16`), so that a copy's
+# constants and the reference's are the same token (`grader.similarity` makes every number one placeholder, so
+# a class whose blocks are not 32 long is read right too).
+_ORACLE_CONSTANTS = {"cls.block_size": 32, "cls.K_SCALE_SIZE": 12, "QK_K": 256}
+_ORACLE_CONSTANT = re.compile(r"(?<![\w.])(cls\.block_size|cls\.K_SCALE_SIZE|QK_K)\b(?!\s*(?:,|=(?!=)))"
+                              r"(?:\s*//\s*(\d+)\b)?")
+
+
+def _spelled_as_numbers(text: str) -> str:
+    def number(m):  # not where they are assigned, nor in an import
+        value = _ORACLE_CONSTANTS[m.group(1)]
+        return str(value // int(m.group(2)) if m.group(2) else value)
+    return "\n".join(line if line.lstrip().startswith(("from ", "import ")) else _ORACLE_CONSTANT.sub(number, line)
+                     for line in text.split("\n"))
+
+
+def _oracle_paths() -> dict[str, Path]:
+    spec = importlib.util.find_spec("gguf")
+    if spec is None or not spec.submodule_search_locations:
+        return {}
+    root = Path(next(iter(spec.submodule_search_locations)))
+    return {mod: root / name for mod, name in ORACLE_SOURCES.items() if (root / name).is_file()}
+
+
+@lru_cache(maxsize=1)
+def _oracle_sources() -> dict[str, Source]:
+    """gguf-py's quantizers and writer, `gguf.module` -> its Source (empty where gguf-py is not installed)."""
+    out = {}
+    for mod, path in _oracle_paths().items():
+        out[mod] = Source([(path.name, _spelled_as_numbers(path.read_text(encoding="utf-8")))])
+    return out
+
+
+@lru_cache(maxsize=1)
+def _oracle_units() -> dict[str, Unit]:
+    """Every function, method and class of gguf-py's quantizers and writer, as `gguf-py's gguf.module.qualname`,
+    each (methods too: `Q8_0.quantize_blocks` calls the module's `np_roundf`) also with the module's functions it
+    uses. gguf's helpers are 3-6 lines: compared within their caller, or their class (`Q4_K` is `get_scale_min`
+    and `dequantize_blocks`)."""
+    out = {}
+    for mod, source in _oracle_sources().items():
+        out.update(_units_of(source, lambda name, mod=mod: f"gguf-py's {mod}.{name}"))
+        for name in source.units:
+            if "." in name and ".<locals>." not in name and name not in source.members:
+                whole, helpers = source.closure(name)
+                if helpers:
+                    shown = ", ".join(f"`{h.rsplit('.', 1)[-1]}`" for h in helpers[:4])
+                    out[f"gguf-py's {mod}.{name} with {shown}"] = whole
+    return out
 
 
 @lru_cache(maxsize=1)
@@ -136,16 +201,20 @@ def _given(solutions: dict[str, str], grade_id) -> Unit:
 
 
 @lru_cache(maxsize=16)
-def _indexed(solution_path: str | None, compare_solution: bool) -> References:
+def _indexed(solution_path: str | None, compare_solution: bool, oracle: bool) -> References:
     units = _lib_units()
     if compare_solution and solution_path is not None:
         units.update(_units_of(_solution_source(solution_path), lambda name: f"the instructor's solution (its `{name}`)"))
-    return References(units, _common())
+    smaller = {}
+    if oracle:
+        smaller = {name: ORACLE_MIN_FINGERPRINTS for name in _oracle_units()}
+        units.update(_oracle_units())
+    return References(units, _common(), min_fingerprints=smaller)
 
 
 def _references(notebook: Path, week: int | None) -> tuple[References, dict[str, str], frozenset]:
-    """(the references, the solution's exercise cells by grade_id, the answer key's own k-grams): lib's code, and
-    the instructor's solution unless `notebook` is that solution or `INFERENCE_LAB_SOLUTION_COPIES=allow`. When the
+    """(the references, the solution's exercise cells by grade_id, the answer key's own k-grams): lib's code,
+    gguf-py's in `ORACLE_WEEKS`, and the instructor's solution unless `notebook` is that solution or `INFERENCE_LAB_SOLUTION_COPIES=allow`. When the
     solution is not compared, it is graded as the answer key it is: code made (nearly, `similarity.KEY_SHARE`)
     wholly of its k-grams is not compared with lib either (it was written with lib at hand: week 17's forward holds 82 % of lib's; a class's students are
     compared with the solution, and a copy of it is one of the answer key)."""
@@ -159,7 +228,8 @@ def _references(notebook: Path, week: int | None) -> tuple[References, dict[str,
     key = frozenset()
     if not compare_solution and solution_file is not None:
         key = frozenset().union(*(u.kg for u in _solution_source(str(solution_file)).units.values()))
-    return _indexed(str(solution_file) if solution_file else None, compare_solution), solutions, key
+    oracle = week in ORACLE_WEEKS
+    return _indexed(str(solution_file) if solution_file else None, compare_solution, oracle), solutions, key
 
 
 def scores(notebook: str | Path, cells, week: int | None) -> dict[str, tuple]:
@@ -234,7 +304,8 @@ def without_copies(source: str, copies: dict[str, str]) -> str:
         if (start_row, start_col) < (row, col):
             continue  # inside a copy already replaced
         out.append(_text_between(lines, (row, col), (start_row, start_col)))
-        message = f"{why} — the grader does not run a copy of the answer key: write the function yourself"
+        source_of = "gguf-py's code (the oracle the check compares with)" if "gguf-py's" in why else "the answer key"
+        message = f"{why} — the grader does not run a copy of {source_of}: write the function yourself"
         out.append(f"raise RuntimeError({message!r})" + "\n" * (end_row - start_row))
         row, col = end_row, end_col
     out.append(_text_between(lines, (row, col), (len(lines), len(lines[-1]))))

@@ -1,4 +1,5 @@
-"""Code copied from the answer key, found in the notebook's source: lib's functions and the instructor's solution.
+"""Code copied from the answer key, found in the notebook's source: lib's functions and the instructor's solution (and,
+in week 20, gguf-py's quantizers and writer, the oracle its checks compare bytes with: `grader.copies`).
 
 What it guards: **a renamed, reworded or padded copy of the reference is not the student's work.** The bytecode
 fingerprints (`grader.fingerprint`) recognise lib's code exactly, in the student's process; this module reads
@@ -14,10 +15,10 @@ annotations, decorators and signatures are dropped. torch's names and the attrib
 
 Two measures of how much a submission S and a reference R share, each on that form:
 - **tokens**, as MOSS and JPlag do: token sequences of `K` tokens are hashed and winnowed (of every `WINDOW`
-  consecutive hashes the smallest is kept: any run of `K + WINDOW - 1` tokens the two share is seen). The token
-  share is the larger of the share of R's fingerprints found among S's k-grams (padding S does not dilute it) and
-  the share of S's fingerprints found among R's (leaving out R's options and checks does not dilute it). Robust
-  to edits inside statements.
+  consecutive hashes the smallest is kept: any run of `K + WINDOW - 1` tokens the two share is seen). The token share
+  is the larger of the share of R's fingerprints found among S's k-grams (padding S does not dilute it) and the share
+  of S's fingerprints found among R's (leaving out R's options and checks does not dilute it). Robust to edits inside
+  statements.
 - **statements**: each statement (a compound one by its header) hashed; the share of R's statements S has too.
 Idiom (what many functions of lib and of the solutions share) is no evidence: taken out of both sides (`common`).
 
@@ -31,8 +32,7 @@ fingerprints), or `THRESHOLD` of the statements of one of at least `MIN_STATEMEN
 `reference_use`, and the exercise scores 0 like any use of lib's implementation. Smaller references (a two-line
 mask) are not judged: independent solutions of a few lines coincide. Thresholds sized on honest variants written
 from the release notebooks alone and on reworded copies (tests/fixtures/, tests/test_similarity.py; grader/README.md,
-"Reference use"); the token threshold raised for references honest variants came near (`grader.copy_thresholds`).
-"""
+"Reference use"); the token threshold raised for references honest variants came near (`grader.copy_thresholds`)."""
 from __future__ import annotations
 
 import ast
@@ -52,10 +52,7 @@ _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef)
 _COMMUTATIVE = (ast.Add, ast.Mult, ast.BitAnd, ast.BitOr, ast.BitXor)
 _FLIPPED = {ast.Gt: ast.Lt, ast.GtE: ast.LtE}
 _BODIES = ("body", "orelse", "finalbody", "handlers")
-
-
-def _by_dump(node) -> str:
-    return ast.dump(node)
+_DATA = ("names", "fp_len", "st_len", "fp_min", "fp_index", "kg_index", "st_index")  # `References.data`
 
 
 class _Normalise(ast.NodeTransformer):
@@ -137,13 +134,13 @@ class _Normalise(ast.NodeTransformer):
             if type(op) in _FLIPPED:
                 return ast.Compare(left=right, ops=[_FLIPPED[type(op)]()], comparators=[node.left])
             if isinstance(op, (ast.Eq, ast.NotEq, ast.Is, ast.IsNot)):
-                left, right = sorted((node.left, right), key=_by_dump)
+                left, right = sorted((node.left, right), key=ast.dump)
                 return ast.Compare(left=left, ops=[op], comparators=[right])
         return node
 
     def visit_Call(self, node):
         node = self.generic_visit(node)
-        node.keywords.sort(key=lambda k: (k.arg or "", _by_dump(k.value)))
+        node.keywords.sort(key=lambda k: (k.arg or "", ast.dump(k.value)))
         f = node.func
         if isinstance(f, ast.Attribute) and f.attr == "matmul" and not node.keywords:
             if isinstance(f.value, ast.Name) and f.value.id == "torch" and len(node.args) == 2:
@@ -171,7 +168,7 @@ def _canonical(node: ast.BinOp) -> ast.AST:
             todo += [n.left, n.right]
         else:
             terms.append(n)
-    terms.sort(key=_by_dump)  # each term dumped once: linear in the chain's length
+    terms.sort(key=ast.dump)  # each term dumped once: linear in the chain's length
     return _chain(terms, node.op)
 
 
@@ -430,28 +427,32 @@ def _roots(tree: ast.AST) -> list[ast.AST]:
 
 class References:
     """Reference units, indexed, as plain data the child can hold too (`data`; hashes only, nothing of the code can be
-    read back): per reference its name and numbers of fingerprints and statements; `fp_index` its winnowed
-    fingerprints, `kg_index` all its k-grams, `st_index` its statements. `common` (fingerprints, statements) is
-    idiom, no evidence: taken out of the references, and marked in `kg_index` (no references) so that it is taken
-    out of a submission's fingerprints too."""
+    read back): per reference its name, numbers of fingerprints and statements, and the fingerprints it needs to be
+    judged on (`fp_min`: MIN_FINGERPRINTS, or its `min_fingerprints`); `fp_index` its winnowed fingerprints, `kg_index`
+    all its k-grams, `st_index` its statements. `common` (fingerprints, statements) is idiom, no evidence: taken out of
+    the references, and marked in `kg_index` (no references) so that it is taken out of a submission's fingerprints
+    too."""
 
-    def __init__(self, units: dict[str, Unit] | None = None, common=(frozenset(), frozenset()), data=None):
-        if data is not None:
-            self.names, self.fp_len, self.st_len = data["names"], data["fp_len"], data["st_len"]
-            self.fp_index, self.kg_index, self.st_index = data["fp_index"], data["kg_index"], data["st_index"]
+    def __init__(self, units: dict[str, Unit] | None = None, common=(frozenset(), frozenset()), data=None,
+                 min_fingerprints: dict[str, int] | None = None):
+        if data is not None:  # the child's: what the trusted process indexed
+            self.__dict__.update({key: data[key] for key in _DATA})
             return
-        self.names, self.fp_len, self.st_len, self.fp_index, self.kg_index, self.st_index = [], [], [], {}, {}, {}
+        self.names, self.fp_len, self.st_len, self.fp_min = [], [], [], []
+        self.fp_index, self.kg_index, self.st_index = {}, {}, {}
         common_fp, common_st = common
         for h in common_fp:
             self.kg_index[h] = []
         for name, unit in (units or {}).items():
             fp, st = unit.fp - common_fp, Counter({h: n for h, n in unit.st.items() if h not in common_st})
-            if len(fp) < MIN_FINGERPRINTS and sum(st.values()) < MIN_STATEMENTS:
+            least = (min_fingerprints or {}).get(name, MIN_FINGERPRINTS)
+            if len(fp) < least and sum(st.values()) < MIN_STATEMENTS:
                 continue  # too small to judge, whatever the release gives
             i = len(self.names)
             self.names.append(name)
             self.fp_len.append(len(fp))
             self.st_len.append(sum(st.values()))
+            self.fp_min.append(least)
             for h in fp:
                 self.fp_index.setdefault(h, []).append(i)
             for h in unit.kg - common_fp:
@@ -461,8 +462,7 @@ class References:
 
     @property
     def data(self) -> dict:
-        return {"names": self.names, "fp_len": self.fp_len, "st_len": self.st_len, "fp_index": self.fp_index,
-                "kg_index": self.kg_index, "st_index": self.st_index}
+        return {key: getattr(self, key) for key in _DATA}
 
     def shares(self, unit: Unit, given: Unit = Unit()) -> dict[int, tuple[float, float, float]]:
         """{reference: (the share of its fingerprints found among the unit's k-grams, the share of the unit's
@@ -485,7 +485,7 @@ class References:
         out = {}
         for i in set(found) | set(matched) | set(mine):
             fp, st = self.fp_len[i] - given_fp[i], self.st_len[i] - given_st[i]
-            out[i] = (found[i] / fp if fp >= MIN_FINGERPRINTS else 0.0,
+            out[i] = (found[i] / fp if fp >= self.fp_min[i] else 0.0,
                       mine[i] / len(own) if len(own) >= MIN_FINGERPRINTS else 0.0,
                       matched[i] / st if st >= MIN_STATEMENTS else 0.0)
         return out

@@ -2,9 +2,9 @@
 
 - tests/fixtures/honest/: implementations of the exercises most at risk written from the release notebooks alone
   (markdown and stubs), before lib's code or the solutions were read; each passes its week's check.
-- tests/fixtures/copies/: lib's code and the instructor's solution, reworded: renamed, reordered, operands swapped,
-  statements split and merged, comments and docstrings changed, a loop as a comprehension, helpers inlined or
-  folded into a class, options and checks the exercise does not need dropped.
+- tests/fixtures/copies/: lib's code and the instructor's solution (and gguf-py's, week 20's oracle), reworded: renamed,
+  reordered, operands swapped, statements split and merged, comments and docstrings changed, a loop as a
+  comprehension, helpers inlined or folded into a class, options and checks the exercise does not need dropped.
 - tests/fixtures/copies_uncaught/: copies of answers too short to judge (grader/README.md, "Reference use").
 
 A fixture's name says what it is: `wNN_<exercise>_<variant>.py` (honest), `wNN_<exercise>__<source>_<how>.py`.
@@ -71,7 +71,7 @@ def test_reworded_copies_are_found(path, monkeypatch):
     tok, st, ref, name, _ = _score(path, monkeypatch)
     source = path.stem.split("__")[1].split("_")[0]
     assert similarity.ratio((tok, st, ref)) >= 1, f"{path.name}: {tok:.0%} of the tokens, {st:.0%} of the statements of {ref}"
-    assert ref.startswith({"lib": "lib's", "solution": "the instructor's solution"}[source]), ref
+    assert ref.startswith({"lib": "lib's", "solution": "the instructor's solution", "gguf": "gguf-py's"}[source]), ref
 
 
 def test_the_red_teams_copy_with_four_operands_swapped_is_whole(monkeypatch):
