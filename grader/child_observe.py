@@ -169,7 +169,7 @@ class _Entry:
             self.previous = _getprofile()
             root = child.current_root
             # a call of a torch-only exercise: what it takes out of torch is counted, in every call alike
-            host = HostBudget(child.guard, root) if job is not None and root in TORCH_ONLY else None
+            host = HostBudget(child.guard, root, job.args, job.kwargs) if job is not None and root in TORCH_ONLY else None
             if job is not None:
                 self.host_before, self.host_set = scope.mode.host, True
                 scope.mode.host = host

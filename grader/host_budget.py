@@ -15,7 +15,8 @@ What is counted, in every call of such an exercise (observed or not: the count r
   Python code with the modes switched off (printing a tensor) by the profiler.
 - denied outright: `untyped_storage()` / `_typed_storage()` (pickling or saving a tensor reads them), `data_ptr()`
   called by the notebook's code, and `torch._C._to_dlpack` (`__dlpack__`, `np.from_dlpack`).
-The grader's own code (its observers, its wire) converts tensors too: calls made from its files are not counted.
+The grader's own code (its observers, its wire) converts tensors too: calls made from its files are not counted. Nor
+is reading the memory of the call's integer and boolean arguments (week 19's block tables and lengths: metadata).
 
 `HOST_LIMIT` is above what honest kernels take out (a length; a printed running max per chunk, 33 chunks in
 online_softmax's technique case) and below the row of scores of the smallest technique case (flash_decode's: 2 heads
@@ -53,13 +54,32 @@ class HostBudget:
     """The count for one call of exercise `root` (made by `grader.child_observe` for each call of a torch-only
     exercise); a finding is the guard's verdict (`flag`), sent at once."""
 
-    __slots__ = ("guard", "root", "moved", "how", "done", "tensor_type")
+    __slots__ = ("guard", "root", "moved", "how", "done", "tensor_type", "free", "plain")
 
-    def __init__(self, guard, root: str):
+    def __init__(self, guard, root: str, args=(), kwargs=None):
         import torch
 
         self.guard, self.root, self.moved, self.how, self.done = guard, root, 0, {}, set()
-        self.tensor_type = torch._C.TensorBase
+        self.tensor_type, self.plain = torch._C.TensorBase, torch._C.DisableTorchFunctionSubclass
+        # The memory of the call's integer and boolean arguments (a block table, the lengths): metadata an honest
+        # kernel reads in Python (`int(context_lens[b])`, an index taken from a block table), free to read through
+        # any view of it. Writing other data there is changing an argument in place, which the checks refuse.
+        self.free = set()
+        for a in _tensors((*args, *(kwargs or {}).values())):
+            if not a.is_floating_point() and not a.is_complex() and a.device.type != "meta":
+                ptr = a.untyped_storage().data_ptr()
+                if ptr:
+                    self.free.add(ptr)
+
+    def _free(self, t) -> bool:
+        """Whether reading `t` reads only the memory of an integer or boolean argument (see `free`)."""
+        if not self.free or not isinstance(t, self.tensor_type):
+            return False
+        try:
+            with self.plain():  # a subclass's __torch_function__ (the notebook's code) does not answer for it
+                return t.device.type != "meta" and t.untyped_storage().data_ptr() in self.free
+        except Exception:  # noqa: BLE001  (a tensor without storage: not an argument's memory)
+            return False
 
     def take(self, n: int, how: str) -> None:
         self.moved += n
@@ -69,9 +89,10 @@ class HostBudget:
             ways = ", ".join(f"{k}: {v}" for k, v in sorted(self.how.items(), key=lambda kv: -kv[1])[:3])
             self.guard.flag(self.root, moved_message(self.root, self.moved, ways))
 
-    def scalar(self, func) -> None:
+    def scalar(self, func, args) -> None:
         """A scalar read out of a tensor by an op (the dispatch mode's `host`)."""
-        self.take(1, "scalars read from tensors (item, float, bool, an if on a tensor)")
+        if not all(self._free(a) for a in args if isinstance(a, self.tensor_type)):
+            self.take(1, "scalars read from tensors (item, float, bool, an if on a tensor)")
 
     def c_call(self, frame, arg) -> None:
         """A C function called during the call (the profiler's `c_call`): counted when it takes data out."""
@@ -93,7 +114,7 @@ class HostBudget:
                 self.done.add(name)
                 self.guard.flag(self.root, denied_message(self.root, f"{name}()"))
             return
-        if not isinstance(owner, self.tensor_type):
+        if not isinstance(owner, self.tensor_type) or self._free(owner):
             return
         if name == "item":
             if self.guard.student(frame):
@@ -101,7 +122,21 @@ class HostBudget:
             self.take(1, "scalars read from tensors (item, float, bool, an if on a tensor)")
             return
         try:
-            n = int(owner.numel())
+            with self.plain():
+                n = int(owner.numel())
         except Exception:  # noqa: BLE001  (a tensor whose size cannot be read moves nothing countable)
             return
         self.take(n, f"Tensor.{name}()")
+
+
+def _tensors(values, depth: int = 0):
+    """The tensors among `values` and inside their lists, tuples and dicts (two levels down)."""
+    import torch
+
+    for v in values:
+        if isinstance(v, torch._C.TensorBase):
+            yield v
+        elif depth < 2 and isinstance(v, (list, tuple)):
+            yield from _tensors(v, depth + 1)
+        elif depth < 2 and isinstance(v, dict):
+            yield from _tensors(v.values(), depth + 1)

@@ -66,7 +66,7 @@ class Observers(TorchDispatchMode):
         kwargs = kwargs or {}
         recordings = self.recordings
         if self.host is not None and getattr(func, "_op", None) in _SCALAR_OPS:
-            self.host.scalar(func)
+            self.host.scalar(func, args)
         for r in recordings:
             try:
                 r.before(func, args, kwargs)

@@ -130,3 +130,28 @@ def test_a_kernel_computed_in_numpy_fails(tmp_path, grade_id, variant):
 
 def test_the_honest_softmax_that_prints_each_chunk_passes(tmp_path):
     _run(tmp_path, 17, "online_softmax", REDTEAM / "v4" / "w17_os_honest_verbose.py")
+
+
+def test_the_integer_arguments_are_metadata_read_freely():
+    """Week 19's honest kernels read the lengths and block tables in Python (`int(context_lens[b])`, an index taken
+    from a block table: tests/fixtures/honest/w19_paged_attention_b.py); a copy of them is not the argument."""
+    tables, lens = torch.arange(600).reshape(20, 30), torch.arange(20)
+    guard = _Guard()
+    budget = HostBudget(guard, "paged_attention", (T, tables, lens))
+
+    def prof(frame, event, arg):
+        if event == "c_call":
+            budget.c_call(frame, arg)
+
+    mode = Observers()
+    mode.host = budget
+    with mode:
+        sys.setprofile(prof)
+        try:
+            [int(tables[b, i]) for b in range(20) for i in range(30)]
+            lens.tolist()
+            free = budget.moved
+            (tables * 1).tolist()
+        finally:
+            sys.setprofile(None)
+    assert free == 0 and budget.moved == 600 and len(guard.flags) == 1, (free, budget.moved, guard.flags)
