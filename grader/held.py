@@ -93,8 +93,8 @@ def held_bytes(root) -> int:
                     storages.add(ptr)
                     total += s.nbytes()
                 total += _own_size(o)
-            elif issubclass(t, storage_types):
-                s = o if issubclass(t, torch.UntypedStorage) else o._untyped_storage
+            elif t in storage_types:  # (exactly torch's: a subclass's methods are the notebook's code)
+                s = o if t is torch.UntypedStorage else o._untyped_storage
                 if s.device.type != "meta" and s.data_ptr() not in storages:
                     storages.add(s.data_ptr())
                     total += s.nbytes()
