@@ -305,7 +305,7 @@ class Calls:
     def _observed(self, target, args, kwargs: dict) -> list[Job]:
         """An observed call and its second run (a `Job` that calls nothing when there is none)."""
         child = self.child
-        rec = Recording.for_call(args, kwargs)
+        rec = Recording.for_call(args, kwargs, target)  # (`_observe_held`: what `target` keeps, after the call)
         running = other_threads()  # started before the call (at load, say) and still there: a worker
         if running:
             child.guard.flag(child.current_root, f"had {running} thread(s) of its own running when it was observed: "

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from grader.fingerprint import lib_name, oracle_name, warm
+from grader.held import held_bytes
 from grader.observers import OUTSIDE_CODE, HostMeter, Observers, observers_code
 from grader.op_table import classify
 from grader.reach import Reach
@@ -53,6 +54,7 @@ class Observation:
     # not), beyond what it held when the call began: memory `peak_bytes` cannot see. Measured when the check asks
     # (`observe(..., _observe_host=True)`), else 0.
     host_peak_bytes: int = 0
+    held_bytes: int = 0  # `_observe_held`: bytes reachable from the callable after the call (grader.held), else 0
 
     @property
     def all_peak_bytes(self) -> int:
@@ -353,13 +355,14 @@ class Recording:
         self.hook = self._profile()  # one object: compared by identity after the call
 
     @classmethod
-    def for_call(cls, args, kwargs: dict) -> Recording:
+    def for_call(cls, args, kwargs: dict, fn=None) -> Recording:
         """A recording of `fn(*args, **kwargs)`, the observation's options taken out of `kwargs` (`_observe_reads`,
         `_observe_dot_scale`, `_observe_light`, `_observe_host`, `_observe_reach`; `_observe_again=False`: no second
         run in the student's process; `_observe_accept=[int, ...]`: a second run may return another of these)."""
         rec = cls(args, kwargs, reads=tuple(kwargs.pop("_observe_reads", ())),
                   dot_scale=float(kwargs.pop("_observe_dot_scale", 1.0)), light=bool(kwargs.pop("_observe_light", False)),
                   host=bool(kwargs.pop("_observe_host", False)), reach=bool(kwargs.pop("_observe_reach", False)))
+        rec.held_root = fn if kwargs.pop("_observe_held", False) else None  # what `fn` keeps (grader.held)
         rec.again = bool(kwargs.pop("_observe_again", True)) and rec.dot_scale == 1.0 and not rec.light
         accept = kwargs.pop("_observe_accept", None)  # ints any correct answer may be: the second run's may differ
         rec.accept = frozenset(accept) if type(accept) is list and all(type(a) is int for a in accept) else None
@@ -441,6 +444,7 @@ class Recording:
         obs.flops = int(self.flops)
         obs.peak_bytes = int(self.meter.peak)
         obs.lib_calls = self.seen
+        obs.held_bytes = held_bytes(self.held_root) if getattr(self, "held_root", None) is not None else 0
         records = self._kernel_records
         if records is not None and (records.launches or records.problems):
             obs.kernel = records.summary(self.inputs, _tensors(result if issubclass(type(result), (list, tuple)) else [result]))
@@ -480,7 +484,7 @@ def observe(fn, *args, **kwargs):
     remote = getattr(fn, "__observe__", None)
     if remote is not None:
         return remote(args, kwargs)
-    rec = Recording.for_call(args, kwargs)
+    rec = Recording.for_call(args, kwargs, fn)
     warm()  # builds the tables of lib's (and the oracles') code before the code observed runs
     if rec.host is not None and not _WARMED:
         warm_up()  # the observers' first use imports modules: their memory is not the call's
@@ -556,7 +560,7 @@ def warm_up() -> None:
 def to_wire(obs: Observation) -> dict:
     """An observation as plain data (what the child sends)."""
     return {"ops": dict(obs.ops), "matmuls": [tuple(map(tuple, m)) for m in obs.matmuls], "flops": int(obs.flops),
-            "peak_bytes": int(obs.peak_bytes), "host_peak_bytes": int(obs.host_peak_bytes), "lib_calls": sorted(obs.lib_calls),
+            "peak_bytes": int(obs.peak_bytes), "host_peak_bytes": int(obs.host_peak_bytes), "held_bytes": int(obs.held_bytes), "lib_calls": sorted(obs.lib_calls),
             "reductions": [(str(n), tuple(map(int, sh)), int(e)) for n, sh, e in obs.reductions],
             "reads": {int(i): [float(x) for x in v] for i, v in obs.reads.items()},
             "visits": {int(i): [[int(x) for x in s][:3] for s in v] for i, v in obs.visits.items()},
@@ -573,7 +577,7 @@ def from_wire(data) -> Observation:
     o.ops = Counter({k: v for k, v in dict(data.get("ops", {})).items() if type(k) is str and type(v) is int})
     o.matmuls = [(tuple(int(x) for x in a), tuple(int(x) for x in b)) for a, b in data.get("matmuls", ())]
     o.flops, o.peak_bytes = int(data.get("flops", 0)), int(data.get("peak_bytes", 0))
-    o.host_peak_bytes = int(data.get("host_peak_bytes", 0))
+    o.host_peak_bytes, o.held_bytes = int(data.get("host_peak_bytes", 0)), int(data.get("held_bytes", 0))
     o.lib_calls = {c for c in data.get("lib_calls", ()) if type(c) is str}
     o.reductions = [(str(n), tuple(int(x) for x in sh), int(e)) for n, sh, e in data.get("reductions", ())]
     o.reads = {int(i): [float(x) for x in v] for i, v in dict(data.get("reads", {})).items()}

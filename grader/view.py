@@ -44,8 +44,8 @@ GRADER = REPO_ROOT / "grader"
 ALL = "*"
 # What the child itself runs, whatever the week: the grader's side of the child, and lib's memory meter.
 CHILD_MODULES = ("__init__", "_sandbox", "child", "child_wire", "child_guard", "child_identity", "child_observe", "wire",
-                 "notebook", "status", "fingerprint", "observe", "observers", "reads", "reach", "ran", "ran_plan",
-                 "ran_switch", "triton_watch", "similarity", "copy_thresholds", "op_table", "host_budget",
+                 "notebook", "status", "fingerprint", "observe", "observers", "held", "reads", "reach", "ran",
+                 "ran_plan", "ran_switch", "triton_watch", "similarity", "copy_thresholds", "op_table", "host_budget",
                  "course_map")
 ALWAYS = {"lib.attn.io_model": ("TensorMemoryMeter",), "lib.bench.threads": ("apply", "describe")}
 # Packages whose code does an exercise's work: not readable at all (nothing the exercises need is in them).

@@ -133,6 +133,13 @@ def generate_always_uncached(ex):
     return fn
 
 
+def generate_in_a_cache_of_128(ex):
+    """A cache of 128 positions, "enough": the prompt fed cut to its last 128 - max_new_tokens tokens (red team 7, #19)."""
+    names = {"torch": torch}
+    exec((Path(__file__).parent / "fixtures" / "redteam" / "v7" / "w16_generate_cache128_deque.py").read_text(), names)
+    return names["generate"]
+
+
 @torch.no_grad()
 def generate_forward_past_the_counter(model, input_ids, max_new_tokens, use_cache=True, return_logits=False):
     """The prompt through model(...), then model.forward over the whole sequence at every step."""
@@ -263,6 +270,16 @@ class RollingListOfChunks(RollingKeepsEverything):
         return keys[:, :, keys.shape[2] - held - k.shape[2]:], values[:, :, values.shape[2] - held - k.shape[2]:]
 
 
+def rolling_keeps_its_arguments(ex):
+    """A right ring that also keeps every (k, v) it is given, by reference: nothing allocated for it, the object's
+    memory grows with the stream (grader.held measures what it reaches)."""
+    class KeepsArguments(ex.RollingKVCache):
+        def append(self, k, v):
+            self.seen = getattr(self, "seen", []) + [(k, v)]
+            return super().append(k, v)
+    return KeepsArguments
+
+
 def rolling_on_cpu(ex):
     class OnCPU(ex.RollingKVCache):
         def __init__(self, batch, n_kv_heads, window, head_dim, dtype=torch.float32, device=None):
@@ -294,6 +311,7 @@ WRONG = {
     "generate": [
         (lambda ex: lib_generate.generate, "lab's reference"),
         (generate_always_uncached, "one token per step"),
+        (generate_in_a_cache_of_128, "feed the whole prompt"),
         (lambda ex: generate_forward_past_the_counter, "one token per step"),
     ],
     "roofline_time": [(lambda ex: lib_roofline.roofline_time, "lab's reference"), (lambda ex: roofline_sum, "overlap")],
@@ -308,6 +326,7 @@ WRONG = {
         (rolling_one_at_a_time, "positions"),
         (lambda ex: RollingListOfChunks, "wrote nothing into buffers made before it"),
         (rolling_on_cpu, "meta"),
+        (rolling_keeps_its_arguments, "the cache object now keeps"),
     ],
 }
 

@@ -30,13 +30,15 @@ way elsewhere is graded on what it did when watched. What each rejects besides w
   `model.forward(...)` or its layers one by one; the student's process may run attention (its own, plugged in) but
   not a copy of the weights: its observed matrix-product FLOPs and summed elements stay within what the forwards'
   attention can need (a copy run there, with matmuls or as products and sums, exceeds it). Every call observed and
-  metered; `lib.modeling.generate`. Not seen: a copy of the weights run in numpy.
+  metered; `lib.modeling.generate`; a prompt cut to fit a cache of a fixed size (a tiny model's prompt of 300 to 900
+  tokens, drawn per run, must reach the first forward whole). Not seen: a copy of the weights run in numpy.
 - pool_kv_heads: `lib.modeling.gqa`; changing the original model; the pooled model's state_dict and forward observed.
 - RollingKVCache (`week16_caches`): buffers not allocated in `__init__`; an append that writes nothing into them
   (a list of the appended chunks, numpy history); what an append allocates growing past the window, over a stream
-  of 320+ positions with a window drawn from the seed, on the host too at its end (numpy); `lib`'s class; appends
-  of several positions after the prefill and of more than a window mid-stream; CPU buffers. Not seen: memory kept
-  by reference to an append's own arguments while the buffers are written too (nothing is allocated for it).
+  of 320+ positions with a window drawn from the seed, on the host too at its end (numpy); what the cache object
+  keeps (`grader.held`: a history of the chunks, copied or by reference, in the object, its class or the
+  notebook's namespace) and `length` (a counter that wraps), over 40,000 to 70,000 positions drawn per run;
+  `lib`'s class; appends of several positions after the prefill and of more than a window mid-stream; CPU buffers.
 """
 from __future__ import annotations
 
@@ -50,7 +52,8 @@ from grader.checks import week16_predict as predict
 from grader.checks import (ModelMeter, assert_close, assert_route, check_on_meta, generator, observe,
                            seed_note)
 from grader.checks.week16_caches import (Watched, append_observed, constructed, ints, layer_dtypes, layer_fill,
-                                        layer_limit, overflow, rolling_limit, rolling_new, rolling_positions)
+                                        layer_limit, overflow, rolling_limit, rolling_new, rolling_positions,
+                                        rolling_stream)
 from grader.harness import Week
 from lib.modeling import kv_cache as ref
 from lib.attn.masks import causal_mask as ref_causal_mask
@@ -136,6 +139,10 @@ def _run_generate(generate, model, ids, n, use_cache, full=False):
             f"(model(ids, cache=...)), not a copy of its weights")
     if use_cache:
         assert seen.calls, "generate never ran the model it was given: call it as model(ids, cache=...)"
+        assert seen.calls[0] >= t, (
+            f"the model's first forward saw {seen.calls[0]} of the prompt's {t} tokens: feed the whole prompt, however "
+            f"long, into a cache sized for it and the new tokens (model.new_cache(batch, prompt + max_new_tokens)); a "
+            f"prompt cut to fit a cache of a fixed size forgets its beginning {seed_note()}")
         assert seen.calls[0] == t and all(c == 1 for c in seen.calls[1:]) and seen.tokens <= b * (t + n), (
             f"with use_cache=True the model should see the prompt ({t} tokens) once, then one token per step; its "
             f"forwards were fed {seen.calls[:6]}{'...' if len(seen.calls) > 6 else ''} tokens per sequence "
@@ -360,6 +367,13 @@ def check_generate(generate, smollm2: bool = True) -> None:
         assert torch.equal(c_ids, u_ids), f"{what}: cached and uncached generation give different tokens"
         _close(c_logits, u_logits, f"{what}: cached vs uncached logits")
         _close(u_logits, r_logits, f"{what}: uncached logits vs lib.modeling.generate.generate")
+    # A prompt of 300 to 900 tokens (drawn per run: past any cache size a loop could fix), a few new tokens, cached.
+    (t, n), model = ints(105, 2, 300, 901), tiny_model(seed=4, n_heads=4, n_kv_heads=2, max_seq_len=1024)
+    ids = torch.randint(0, model.config.vocab_size, (1, t), generator=generator(106))
+    c_ids, c_logits = _run_generate(generate, model, ids, 4 + n % 5, use_cache=True)
+    r_ids, r_logits = ref_generate(model, ids, 4 + n % 5, use_cache=True, return_logits=True)
+    assert torch.equal(c_ids, r_ids), f"a prompt of {t} tokens: your generate gives other tokens than lib's {seed_note()}"
+    _close(c_logits, r_logits, f"a prompt of {t} tokens: cached logits vs lib.modeling.generate.generate")
     if not smollm2:
         return
     model, prompt = smollm2_prompt()
@@ -492,6 +506,7 @@ def check_RollingKVCache(RollingKVCache) -> None:
         if sum(schedule) >= 320:  # past the window many times over, and wider than any bound on an append
             break
     rolling_positions(RollingKVCache, window, schedule, heads=4, d=64, host_at=(len(schedule) - 1,))
+    rolling_stream(RollingKVCache)  # 40,000+ positions: `length` past an int16, what the object keeps (grader.held)
     for window, prompt, conf, chunks in [(4, 3, TINY_CONFIGS[1], [1]), (3, 7, TINY_CONFIGS[2], [1, 2]),
                                          (1, 2, TINY_CONFIGS[0], [1]), (6, 6, TINY_CONFIGS[3], [1, 3, 8, 1])]:
         model = tiny_model(**conf)

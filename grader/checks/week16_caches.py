@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from grader.checks import assert_route, generator, observe, seed_note
+from grader.held import LIMIT
 
 
 def constructed(cls, *args, what=None):
@@ -23,10 +24,13 @@ def ints(offset, n, low, high):
     return [int(x) for x in torch.randint(low, high, (n,), generator=generator(offset))]
 
 
-def append_observed(cache, k, v, what, limit, host=False, light=False):
+def append_observed(cache, k, v, what, limit, host=False, light=False, held=None):
     """`cache.append(k, v)`, observed (memory on the host too with `host`: numpy's arrays, Python lists), its route
-    judged and the bytes it allocated held to `limit`. Every append whose result a check grades goes through here."""
-    out, obs = observe(cache.append, k, v, _observe_host=host, _observe_light=light)
+    judged and the bytes it allocated held to `limit`. Every append whose result a check grades goes through here.
+    `held`, a list: the bytes the cache object reaches after the append (`grader.held`) are appended to it."""
+    out, obs = observe(cache.append, k, v, _observe_host=host, _observe_light=light, _observe_held=held is not None)
+    if held is not None:
+        held.append(obs.held_bytes)
     assert_route(obs, what)
     assert obs.peak_bytes <= limit, (
         f"{what}: the append allocated {obs.peak_bytes:,} bytes of tensors; it needs at most {limit:,} (the new "
@@ -169,10 +173,11 @@ def rolling_new(RollingKVCache, batch, heads, window, d):
     return cache
 
 
-def rolling_positions(RollingKVCache, window, schedule, heads=2, d=3, host_at=()):
+def rolling_positions(RollingKVCache, window, schedule, heads=2, d=3, host_at=(), kept_bytes=None):
     """Append positions in chunks of `schedule`, each key/value holding its position number, every append observed
     (on the host too at the indices `host_at`): what each returns (held positions oldest first, then the new ones),
-    what it allocates (bounded by the window, not the length) and that it writes into the buffers."""
+    what it allocates (bounded by the window, not the length), that it writes into the buffers, and its `length`.
+    `kept_bytes`, a list: what the cache object keeps is measured after every append and judged (`kept`)."""
     cache = rolling_new(RollingKVCache, 1, heads, window, d)
     nbytes, length = cache.nbytes, 0
     for i, t in enumerate(schedule):
@@ -180,7 +185,7 @@ def rolling_positions(RollingKVCache, window, schedule, heads=2, d=3, host_at=()
         new = pos[None, None, :, None].expand(1, heads, t, d).contiguous()
         what = f"RollingKVCache(window={window}) after {length} positions, append of {t}"
         k, v = append_observed(cache, new, -new, what, rolling_limit(window, new), host=i in host_at,
-                               light=i > 1 and i not in host_at)
+                               light=i > 1 and i not in host_at, held=kept_bytes)
         held = min(length, window)
         want = list(range(length - held, length + t))
         assert k.dim() == 4 and tuple(k.shape) == (1, heads, held + t, d), (
@@ -192,5 +197,41 @@ def rolling_positions(RollingKVCache, window, schedule, heads=2, d=3, host_at=()
             f"{seed_note()}")
         assert torch.equal(v, -k), f"{what}: values must come back in the same order as the keys"
         length += t
-        assert cache.length == length, f"{what}: length is {cache.length}; it counts every position ever appended ({length})"
+        got = cache.length
+        assert got == length, (
+            f"{what}: length is {got}; it counts every position ever appended ({length})"
+            + (": a counter in a small integer type wraps (a torch.int16 past 32,767, an int32 past 2**31 - 1); "
+               "count in a Python int" if type(got) is int and got < length else "") + f" {seed_note()}")
         assert cache.nbytes == nbytes, f"{what}: nbytes changed from {nbytes} to {cache.nbytes}; the buffers are allocated once"
+        if kept_bytes is not None:
+            kept(kept_bytes, window, schedule[:i + 1], heads * d * 4, what)
+
+
+def kept(held, window, schedule, row, what) -> None:
+    """What a rolling cache reaches after each append (`held`: bytes, `grader.held`) may exceed what it reached after
+    the first by what a window and the largest append account for (a cache may keep its last answer), never by the
+    stream: a history of the chunks appended grows with every append."""
+    limit = 2 * (window + max(schedule)) * 2 * row + 65536
+    assert min(held) >= 0, (
+        f"{what}: the cache object reaches more than {LIMIT:,} objects (its own, its class's and the notebook's "
+        f"namespace's): keep the cache in its K and V buffers, not in Python containers")
+    grown = held[-1] - held[0]
+    assert grown <= limit, (
+        f"{what}: the cache object now keeps {grown:,} bytes more than after its first append of {schedule[0]} "
+        f"positions ({sum(schedule[1:]):,} positions appended since); a window of {window} and appends of at most "
+        f"{max(schedule):,} positions need at most {limit:,} more. It keeps what it was given (a list of the chunks "
+        f"appended, or copies of them, or a growing tensor): keep only the last `window` positions, in the K and V "
+        f"buffers allocated in __init__ {seed_note()}")
+
+
+def rolling_stream(RollingKVCache) -> None:
+    """A stream of 40,000 to 70,000 positions (drawn per run: past an int16's range, past any constant a cache could be
+    sized for) in appends of 2,000 to 6,000 (an append costs window + t), with a window drawn per run: every answer
+    and `length` compared, and what the cache object keeps measured after every append (`kept`)."""
+    window, total = ints(133, 1, 3, 10)[0], ints(134, 1, 40_000, 70_001)[0]
+    schedule = []
+    for t in ints(135, 40, 2_000, 6_001):  # 40 draws of at least 2,000: the sum reaches `total`
+        schedule.append(min(t, total - sum(schedule)))
+        if sum(schedule) >= total:
+            break
+    rolling_positions(RollingKVCache, window, schedule, heads=2, d=8, kept_bytes=[])

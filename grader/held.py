@@ -1,0 +1,117 @@
+"""What an object keeps: the bytes reachable from a callable (a cache's bound `append`: its object, the object's class,
+the notebook's namespace its methods read), counted in the process where it lives, after the call.
+
+A meter of what one call allocates cannot see what an object *keeps* from call to call: a rolling cache that keeps every
+chunk it was given in a list (the argument itself, or a copy) allocates only a chunk per append. `held_bytes` walks
+what the callable reaches, as the garbage collector sees it (`gc.get_referents`, which runs none of the notebook's
+code), and sums what it holds: the storages of tensors (each once), numpy arrays' data, and every other object's own
+size (lists, dicts, bytes, Python numbers). A check compares it after the first and the last call of a long stream
+(`grader.checks.week16_caches.rolling_stream`): what grew is what the object kept.
+
+The walk stops at modules (torch's state is not the notebook's), at classes and functions from outside the namespace
+the callable's code was written in, at that namespace's builtins, at the grader's proxies and at the Jupyter kernel's
+objects (the shell behind `get_ipython`); it follows everything else (instance dicts and slots, class attributes,
+closures, generators' frames, containers).
+"""
+from __future__ import annotations
+
+import gc
+import sys
+import types
+
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement
+# A class's attributes read through `type`'s own descriptors: no metaclass of the notebook's is asked
+_FLAGS, _MRO, _NAME, _MODULE = (type.__dict__[n] for n in ("__flags__", "__mro__", "__name__", "__module__"))
+LIMIT = 2_000_000  # objects walked at most: a bound on the walk's time (past it, `held_bytes` says -1)
+_LEAVES = (int, float, complex, bool, str, bytes, type(None))
+# The notebook's kernel puts its own objects in the namespace (get_ipython, exit, the shell behind them): not followed
+_KERNEL = ("IPython.", "ipykernel.", "traitlets.", "jupyter_client.", "zmq.", "tornado.")
+
+
+def _namespace(root):
+    """The globals dict of the code `root` runs (a bound method's function's, a function's), or None."""
+    fn = root.__func__ if type(root) is types.MethodType else root
+    return fn.__globals__ if type(fn) is types.FunctionType else None
+
+
+def _module(cls) -> str:
+    m = _MODULE.__get__(cls)
+    return m if type(m) is str else ""
+
+
+def _own_size(o) -> int:
+    """The object's own size, by the `__sizeof__` of the first class of its MRO that is not made by a class statement
+    (no code of the notebook's runs)."""
+    for cls in _MRO.__get__(type(o)):
+        if not _FLAGS.__get__(cls) & _HEAPTYPE:
+            try:
+                return int(cls.__sizeof__(o))
+            except Exception:  # noqa: BLE001  (a C type that cannot say: counted as nothing)
+                return 0
+    return 0
+
+
+def held_bytes(root) -> int:
+    """Bytes reachable from `root` (see the module docstring); -1 when they are more than `LIMIT` objects."""
+    import torch
+
+    try:
+        import numpy
+        ndarray = numpy.ndarray
+    except ImportError:  # pragma: no cover
+        ndarray = ()
+    names = _namespace(root)
+    module = names.get("__name__") if names is not None else None
+    builtins_ = names.get("__builtins__") if names is not None else None
+    skip = {id(sys.modules), id(builtins_), id(getattr(builtins_, "__dict__", None))}
+    seen, storages, stack, total = set(), set(), [root], 0
+    tensor, storage_types = torch.Tensor, (torch.UntypedStorage, torch.storage.TypedStorage)
+    with torch._C.DisableTorchFunction():
+        while stack and len(seen) < LIMIT:
+            o = stack.pop()
+            if id(o) in seen or id(o) in skip:
+                continue
+            seen.add(id(o))
+            t = type(o)  # (type, issubclass: no `__class__` of the notebook's objects read, no code of theirs run)
+            if (issubclass(t, types.ModuleType) or _NAME.__get__(t) == "_ParentProxy"
+                    or _module(t).startswith(_KERNEL)):
+                continue  # a module, the trusted side's object seen from the student's process, the kernel's
+            if issubclass(t, type):
+                if not _FLAGS.__get__(o) & _HEAPTYPE or _module(o) != module:
+                    continue  # a class of Python's, torch's or a library's: not the notebook's
+            elif t is types.FunctionType and o.__globals__ is not names:
+                continue  # a function from elsewhere (its globals are another module's)
+            elif t is types.CodeType:
+                continue  # the notebook's code: the same before and after
+            if issubclass(t, tensor):
+                try:
+                    s = torch._C.TensorBase.untyped_storage(o)
+                    ptr = s.data_ptr() if s.device.type != "meta" else None
+                except (RuntimeError, NotImplementedError, TypeError):  # a tensor subclass without a storage
+                    ptr = None
+                if ptr is not None and ptr not in storages:
+                    storages.add(ptr)
+                    total += s.nbytes()
+                total += _own_size(o)
+            elif t in storage_types:  # (exactly torch's: a subclass's methods are the notebook's code)
+                s = o if t is torch.UntypedStorage else o._untyped_storage
+                if s.device.type != "meta" and s.data_ptr() not in storages:
+                    storages.add(s.data_ptr())
+                    total += s.nbytes()
+            elif ndarray and issubclass(t, ndarray):
+                base = ndarray.base.__get__(o)
+                if base is None:
+                    total += int(ndarray.nbytes.__get__(o))
+                else:
+                    stack.append(base)  # a view: its data belongs to its base
+                if ndarray.dtype.__get__(o).hasobject:  # an array of objects: each is followed
+                    stack.extend(ndarray.tolist(ndarray.ravel(o)))
+                continue
+            else:
+                total += _own_size(o)
+            for r in gc.get_referents(o):
+                if type(r) in _LEAVES:  # counted where met (each time: the same before and after), not walked
+                    total += _own_size(r)
+                else:
+                    stack.append(r)
+    return total if not stack else -1
