@@ -6,7 +6,10 @@ release -> submissions (the solution handed in as a student: full marks; the unt
 The untouched release is autograded isolated (grader/grading.py: exercise cells in a child process, tests here, demo
 cells not run). The solution is autograded by nbgrader's kernel executing the whole notebook top to bottom
 (INFERENCE_LAB_ISOLATION=0): so this is still the test that every solution notebook runs without an error, and that
-its graded cells pass in a kernel, as a student who runs the notebook sees them.
+its graded cells pass in a kernel, as a student who runs the notebook sees them. The kernel runs with
+INFERENCE_LAB_QUICK_DEMOS=1: a notebook whose demos read it (`QUICK` in weeks 18 and 20) runs each measurement at a
+smaller size (every cell still runs; the exercise cells and graded tests are unchanged). The default sizes, which a
+student runs, are run by `tools/run_notebooks.py` (`make gpu-check`), not here.
 
 That the isolated autograde gives the solution every point, and so agrees with the kernel run, is held without
 grading it a second time (it was the same checks, in the same kind of child, as `pytest solutions/NN`; 300-400 s
@@ -73,11 +76,13 @@ def test_nbgrader_pipeline(week, tmp_path, monkeypatch):
         course.autograde(week, "solution-isolated")
 
     monkeypatch.setenv("INFERENCE_LAB_ISOLATION", "0")
+    monkeypatch.setenv("INFERENCE_LAB_QUICK_DEMOS", "1")  # the kernel inherits it: demos at their smallest sizes
     start = time.perf_counter()
     Course(root).autograde(week, "solution")
     print(f"week {week}: autograding the solution in a kernel (a full top-to-bottom run) took "
           f"{time.perf_counter() - start:.0f} s")
     monkeypatch.delenv("INFERENCE_LAB_ISOLATION")
+    monkeypatch.delenv("INFERENCE_LAB_QUICK_DEMOS")
     errors = _errors(root / "grader" / "autograded" / "solution" / week / name)
     assert not errors, "the solution notebook raised while running top to bottom:\n" + "\n".join(errors)
 

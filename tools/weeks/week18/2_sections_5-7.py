@@ -50,8 +50,8 @@ candidates = {
     "int8 copy": (drafts["int8 copy"], 0.0),
     "prompt lookup": (lib_drafts.PromptLookupDraft(cfg.vocab_size, device=model.device), 0.5),
 }
-N_ALPHA = 1024 if FULL else 256
-N_SPEED = 64 if FULL else 32
+N_ALPHA = 1024 if FULL else 64 if QUICK else 256
+N_SPEED = 64 if FULL else 8 if QUICK else 32
 K_MEASURE = [1, 2, 4, 8] if FULL else [2, 4]
 MEASURE = set(candidates) if FULL else {"int8 copy", "prompt lookup"}  # wall-clock runs (the others: FULL)
 with torch.no_grad():
@@ -112,7 +112,7 @@ print(f"the LM head: {cfg.vocab_size} x {cfg.d_model} = {cfg.vocab_size * cfg.d_
 
 # %%
 edit_ids = chat_ids(tok, EDIT_REQUEST, model.device)
-N_EDIT = 48
+N_EDIT = 12 if QUICK else 48
 edit_ref = lib_generate(model, edit_ids, N_EDIT)
 print(repr(tok.decode(edit_ref[0, edit_ids.shape[1]:])))
 lookup = lib_drafts.PromptLookupDraft(cfg.vocab_size, device=model.device)
@@ -316,12 +316,12 @@ TEMPLATES = ["Explain {} to a beginner.", "What are three tips for {}?", "Write 
 TOPICS = ["gardening", "saving money", "the solar system", "cooking pasta", "public speaking", "chess",
           "electric cars", "baking bread"]
 N_HELD7 = 4 if FULL else 2  # the last prompts, never trained on
-texts7 = [t.format(topic) for topic in TOPICS[:8 if FULL else 4] for t in TEMPLATES]
+texts7 = [t.format(topic) for topic in TOPICS[:8 if FULL else 1 if QUICK else 4] for t in TEMPLATES]
 texts7 += ["Describe the ocean in simple words.", "Why is friendship important?", "How do I get started with "
            "photography?", "Give me a list of five facts about bees."][:N_HELD7]
 model.requires_grad_(False)  # the teacher, and the embedding, norm and head the draft shares, stay frozen
 with torch.no_grad():
-    answers = lib_drafts.target_answers(model, [chat_ids(tok, t) for t in texts7], 48 if FULL else 32)
+    answers = lib_drafts.target_answers(model, [chat_ids(tok, t) for t in texts7], 48 if FULL else 8 if QUICK else 32)
 n_train = len(texts7) - N_HELD7
 train7 = {k: v[:n_train] for k, v in answers.items()}
 held7 = {k: v[n_train:] for k, v in answers.items()}
@@ -331,7 +331,7 @@ print(f"{len(texts7)} prompts answered side by side: {int(train7['mask'].sum())}
 print(repr(tok.decode(held7["tokens"][0, int(held7["prompt_len"][0]):])))
 
 # %%
-STEPS = 120 if FULL else 30
+STEPS = 120 if FULL else 4 if QUICK else 30
 BATCH = 4
 torch.manual_seed(0)
 student = lib_drafts.build_distilled_draft(model, 2)  # copies of the target's first 2 blocks; shares the rest
@@ -432,7 +432,7 @@ check_expected_target_calls(expected_target_calls)
 
 # %%
 K7 = [2, 4] if FULL else [3]
-N7 = 32 if FULL else 24
+N7 = 32 if FULL else 8 if QUICK else 24
 held_prompts = [held7["tokens"][i:i + 1, :int(held7["prompt_len"][i])].to(dev) for i in range(N_HELD7)]
 g = torch.Generator(device=dev).manual_seed(7)
 conditions = Conditions.now()

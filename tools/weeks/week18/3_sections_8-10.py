@@ -89,10 +89,10 @@ ROWS8 = ["the cat sat on the mat. the cat sat on the mat. the cat sat on the mat
          "Once upon a time, there was a", "To be, or not to be, that is the question. To be, or not to be, that",
          "The capital of France is", "a b c d e f g h a b c d e f g h a b c", "The best way to learn a new language is",
          "Monday, Tuesday, Wednesday, Thursday, Friday. Monday, Tuesday,", "My favourite recipe for pancakes needs"]
-N8_NEW = 24 if FULL else 16
+N8_NEW = 24 if FULL else 6 if QUICK else 16
 K8 = 4
 rows8 = [tok(t).input_ids for t in ROWS8]
-REPEATS8 = 3 if FULL else 2
+REPEATS8 = 3 if FULL else 1 if QUICK else 2
 
 
 def lookup8(tokens, k):
@@ -171,9 +171,10 @@ print(report(timings, conditions, unit="s", scale=1.0))
 all_ids = tok(load_text("hamlet"), return_tensors="pt").input_ids[0]  # [~52.8k] the whole play
 split = int(0.8 * all_ids.numel())
 counts = lib_drafts.token_counts(all_ids[:split], cfg.vocab_size)  # [vocab]: frequencies in the first 80 %
-N_HELD = 512 if FULL else 256
+N_HELD = 512 if FULL else 64 if QUICK else 256
 held = all_ids[None, split:split + N_HELD].to(model.device)  # [1, N_HELD], never counted
-SUBSETS = [1024, 2048, 4096, 8192, 16384, cfg.vocab_size] if FULL else [2048, 8192, cfg.vocab_size]
+SUBSETS = ([1024, 2048, 4096, 8192, 16384, cfg.vocab_size] if FULL else [8192, cfg.vocab_size] if QUICK
+           else [2048, 8192, cfg.vocab_size])
 t_chat = chat_prompt.shape[1]
 with torch.no_grad():
     p_held = model(held)[0]  # [N_HELD, vocab]
@@ -316,8 +317,8 @@ print("c relative to FastLlama: " + ", ".join(f"{d} {c:.3f}" for d, c in costs8.
 # %%
 CHAT8 = ["What are three tips for staying healthy?", "Explain what a hash table is to a beginner.",
          "Write a short story about a robot who learns to paint."]  # benchmarks/speculative.py's chat workload
-CHAT8 = CHAT8 if FULL else CHAT8[:2]
-N8 = 64 if FULL else 24
+CHAT8 = CHAT8 if FULL else CHAT8[:1 if QUICK else 2]
+N8 = 64 if FULL else 8 if QUICK else 24
 HEAD_KS = [1, 2, 3, 4, 5] if FULL else [1, 2]
 runs = {("draft head", k): lambda ids, k, st: dh.head_speculative_generate(fast, head, ids, N8, k=k, stats=st)
         for k in HEAD_KS}

@@ -200,7 +200,7 @@ for name, x in tensors.items():
 
 # %%
 text_ids = tok(load_text("hamlet"), return_tensors="pt").input_ids[0]
-EVAL_WINDOWS = 17 if FULL else 4  # windows of 255 scored tokens: 4,335 with FULL, 1,020 in the short run
+EVAL_WINDOWS = 17 if FULL else 2 if QUICK else 4  # windows of 255 scored tokens: 4,335 with FULL, 1,020 in the short run
 eval_ids = text_ids[10000:10000 + 255 * EVAL_WINDOWS + 1]  # held out: calibration (below) reads 5000-6023
 calibration = [text_ids[s:s + 256].unsqueeze(0) for s in range(5000, 5000 + 1024, 256)]
 
@@ -231,7 +231,7 @@ variants = {  # name: (type of each linear, weight_fn replacing the GGUF round t
     "3-bit g64 (RTN)": ({n: "rtn" for n in linears}, rtn_fn(3, 64)),
 }
 if not FULL:  # the short run skips the formats that repeat a neighbour's story
-    for name in ["Q6_K", "Q5_0", "3-bit g32 (RTN)"]:
+    for name in ["Q6_K", "Q5_0", "3-bit g32 (RTN)"] + (["Q5_1", "Q4_1"] if QUICK else []):
         del variants[name]
 base_nll = nlls(model)
 results = {"F32 (decoded Q4_1)": (32.0, *perplexity_se(base_nll, chunk=255), 0.0, 0.0)}
@@ -375,7 +375,7 @@ check_column_importance(column_importance)
 # `FULL` does all of them.
 
 # %%
-IMATRIX_LAYERS = list(range(cfg.n_layers)) if FULL else [0, 15, 29]
+IMATRIX_LAYERS = list(range(cfg.n_layers)) if FULL else [15] if QUICK else [0, 15, 29]
 some = [n for n in linears if int(n.split(".")[1]) in IMATRIX_LAYERS]
 imatrix = ref.input_column_means(model, calibration, some,  # {name: your c per input column}
                                  lambda x: column_importance(x).expand_as(x))
@@ -420,7 +420,7 @@ def rtn_model(bits_of):  # {parameter name: bits}; other tensors untouched
 
 params = dict(model.named_parameters())
 kinds = ["attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
-probe_layers = list(range(cfg.n_layers)) if FULL else [0, 11, 18, 29]
+probe_layers = list(range(cfg.n_layers)) if FULL else [0, 29] if QUICK else [0, 11, 18, 29]
 base_quick = ppl(model)
 kind_delta, layer_delta = {}, {}
 for kind in tqdm(kinds, desc="one tensor type at a time"):

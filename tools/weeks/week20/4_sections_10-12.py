@@ -28,7 +28,7 @@ paths_ = {"F32": (qmodel, 32.0),
 head = model.embed.weight.numel()
 paths_["int4 g32 (int8 head)"] = (paths_["int4 g32 (int8 head)"][0], ((n_weights - head) * 5.0 + head * 8.0) / n_weights)
 prompt = tok("The history of the printing press begins", return_tensors="pt").input_ids  # generate moves it
-N_NEW = 32 if FULL else 16
+N_NEW = 32 if FULL else 8 if QUICK else 16
 outputs = {}
 
 
@@ -38,7 +38,7 @@ def generating(name):  # a timed call: prefill and N_NEW greedy tokens on one pa
 
 with torch.no_grad():
     conditions = Conditions.now()
-    timed = interleaved({name: generating(name) for name in paths_}, repeats=5 if FULL else 2)  # the paths take turns
+    timed = interleaved({name: generating(name) for name in paths_}, repeats=5 if FULL else 1 if QUICK else 2)  # the paths take turns
     conditions.done()
     reference_ids = outputs["F32"]  # greedy, so every F32 run gives these tokens
     step = {}
@@ -156,7 +156,7 @@ decoders = {  # name: (decoder, bytes of weights read per token); on the CPU, li
                                sum(b.numel() for _, b in gguf_blocks.values())),
 }
 print("lib.modeling.fast's kernel:", decoders["F32 (lib.modeling.fast)"][0].kernel_reason)
-N_STEPS, REPEATS = (32, 5) if FULL else (16, 3)
+N_STEPS, REPEATS = (32, 5) if FULL else (4, 1) if QUICK else (16, 3)
 runs = {}  # per decoder: the prefill and first token alone, and with N_STEPS decode steps after it
 for name, (m, _) in decoders.items():
     runs[f"{name}: 1 token"] = lambda m=m: generate(m, prompt, 1)
