@@ -7,7 +7,7 @@ The untouched release is autograded isolated (grader/grading.py: exercise cells 
 cells not run). The solution is autograded by nbgrader's kernel executing the whole notebook top to bottom
 (INFERENCE_LAB_ISOLATION=0): so this is still the test that every solution notebook runs without an error, and that
 its graded cells pass in a kernel, as a student who runs the notebook sees them. The kernel runs with
-INFERENCE_LAB_QUICK_DEMOS=1: a notebook whose demos read it (`QUICK` in weeks 18 and 20) runs each measurement at a
+INFERENCE_LAB_QUICK_DEMOS=1: a notebook whose demos read it (`QUICK` in weeks 16, 18 and 20) runs each measurement at a
 smaller size (every cell still runs; the exercise cells and graded tests are unchanged). The default sizes, which a
 student runs, are run by `tools/run_notebooks.py` (`make gpu-check`), not here.
 

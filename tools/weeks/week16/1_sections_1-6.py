@@ -41,6 +41,8 @@ from grader.checks.week16 import (check_step_flops, check_causal_mask, check_Lay
                                   check_pool_kv_heads, check_RollingKVCache, check_answer_q1, check_answer_q3)
 
 # %%
+import os
+
 import matplotlib.pyplot as plt
 from tqdm.auto import tqdm
 
@@ -52,6 +54,9 @@ from lib.modeling.llama import shared_smollm2
 from lib.modeling.text import load_text, perplexity
 from lib.bench.timing import Conditions, interleaved, not_monotone, report, warning
 
+# The lab's own run of this notebook (tests/test_nbgrader_pipeline.py) sets INFERENCE_LAB_QUICK_DEMOS=1: every
+# measurement at a smaller size, to show that each cell runs; its figures then say little. Leave it unset.
+QUICK = os.environ.get("INFERENCE_LAB_QUICK_DEMOS") == "1"
 torch.manual_seed(0)
 model, tok = shared_smollm2()  # SmolLM2-135M-Instruct, fp32, on the CPU (or CUDA when there is one); do not modify it
 cfg = model.config
@@ -439,9 +444,10 @@ check_generate(generate)
 
 # %%
 prompt = tok("To be, or not to be, that is the question:", return_tensors="pt").input_ids.to(dev)
-c_ids, c_logits = generate(model, prompt, 64, use_cache=True, return_logits=True)
-u_ids, u_logits = generate(model, prompt, 64, use_cache=False, return_logits=True)
-print(f"identical tokens: {torch.equal(c_ids, u_ids)}; largest logit difference over 64 steps: "
+N_NEW = 16 if QUICK else 64
+c_ids, c_logits = generate(model, prompt, N_NEW, use_cache=True, return_logits=True)
+u_ids, u_logits = generate(model, prompt, N_NEW, use_cache=False, return_logits=True)
+print(f"identical tokens: {torch.equal(c_ids, u_ids)}; largest logit difference over {N_NEW} steps: "
       f"{(c_logits - u_logits).abs().max().item():.2e}")
 print(repr(tok.decode(c_ids[0, prompt.shape[1]:])))
 

@@ -105,7 +105,7 @@ check_decode_time(decode_time)
 smol = dict(n_params=n_params, n_layers=cfg.n_layers, d_model=cfg.d_model, n_heads=cfg.n_heads,
             n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, bytes_per_element=model.embed.weight.element_size())
 weight_bytes = n_params * smol["bytes_per_element"]
-STEPS = 32
+STEPS = 8 if QUICK else 32
 text_ids = tok(load_text("hamlet")[:4000], return_tensors="pt").input_ids[:, :256 + 1].to(dev)  # [1, 257]
 
 def predicted_cached(T):  # seconds: the steps measured below have T ... T + STEPS - 1 positions cached
@@ -122,7 +122,7 @@ for T in tqdm([64, 256], desc="your generate"):
         "prefill only": lambda: generate(model, text_ids[:, :T], 1),
         f"prefill + {STEPS} steps": lambda: generate(model, text_ids[:, :T], 1 + STEPS),
         "uncached step": lambda: generate(model, text_ids[:, :T + 1], 1, use_cache=False),
-    }, repeats=3, device=dev)
+    }, repeats=1 if QUICK else 3, device=dev)
 conditions.done()
 measured_cached = {T: (t[f"prefill + {STEPS} steps"].best - t["prefill only"].best) / STEPS for T, t in timed.items()}
 measured_uncached = {T: t["uncached step"].best for T, t in timed.items()}
@@ -244,7 +244,7 @@ check_pool_kv_heads(pool_kv_heads)
 # %%
 from lib.modeling.gqa import kv_group_options
 
-eval_ids = tok(load_text("hamlet"), return_tensors="pt").input_ids[0, :2049]
+eval_ids = tok(load_text("hamlet"), return_tensors="pt").input_ids[0, :513 if QUICK else 2049]
 print("KV-head counts reachable by pooling:", kv_group_options(cfg.n_heads, cfg.n_kv_heads))
 rows = []
 for g in kv_group_options(cfg.n_heads, cfg.n_kv_heads):
