@@ -23,6 +23,7 @@ from pathlib import Path
 from gc import freeze as _freeze
 
 from grader.child_guard import REFERENCES_EVENT, new_guard
+from grader.host_budget import install as install_host_wrappers
 from grader.child_identity import OWN
 from grader.child_observe import CALLS, Calls
 from grader.child_wire import decode, encode, serve
@@ -60,6 +61,7 @@ class _Child:
         self.cell_files: dict[str, int] = {}  # file name a cell's code was compiled under -> the cell's index
         self.copies_sent: set = set()
         self.guard = new_guard()
+        install_host_wrappers()  # torch.Tensor's ways out of torch as Python code (grader.host_budget)
         self.calls = Calls(self)  # every call into the notebook's code, under the same observers (grader.child_observe)
 
     # encoding --------------------------------------------------------------------------------------------

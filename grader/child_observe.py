@@ -30,7 +30,7 @@ import types
 import numpy.random  # noqa: F401  (imported now: the second run takes its state, which would import it mid-call)
 
 from grader.fingerprint import lib_name
-from grader.host_budget import TORCH_ONLY, WATCHED_NAMES, HostBudget
+from grader.host_budget import TORCH_ONLY, WATCHED_NAMES, WRAPPER_CODE, HostBudget
 from grader.observe import DISPATCH_OFF, OWN_OPERATOR, WATCH_REMOVED, Recording, to_wire
 from grader.observers import Observers
 from grader.ran import LinesRun
@@ -123,6 +123,8 @@ class Scope:
                     seen.add(name)
                 if code in watched_code:
                     event_of(root, frame, event, arg)
+                if host is not None and code is WRAPPER_CODE:
+                    host.wrapped(frame)
             elif event == "c_call":
                 if id(arg) in watched_c:
                     event_of(root, frame, event, arg)
@@ -163,16 +165,13 @@ class _Entry:
                 scope.mode, self.outermost = mode, True
                 kernels.__enter__()
                 scope.kernels = kernels
-            self.previous_trace = _gettrace()
-            _settrace(child.ran.trace)  # which lines of the cells run (grader.ran), in every call alike
-            self.tracing = True
+            self.previous_trace, self.tracing = _gettrace(), _settrace(child.ran.trace) is None  # lines run, every call
             self.previous = _getprofile()
             root = child.current_root
             # a call of a torch-only exercise: what it takes out of torch is counted, in every call alike
             host = HostBudget(child.guard, root, job.args, job.kwargs) if job is not None and root in TORCH_ONLY else None
             if job is not None:
-                self.host_before, self.host_set = scope.mode.host, True
-                scope.mode.host = host
+                self.host_before, self.host_set, scope.mode.host = scope.mode.host, True, host
             self.prof = scope.hook(root, host)
             _setprofile(self.prof)
             if job is not None and job.device is not None:
@@ -208,6 +207,7 @@ class _Entry:
             if self.device is not None:
                 self.device.__exit__(None, None, None)
             if self.host_set and scope.mode is not None:
+                _ = scope.mode.host is not None and scope.mode.host.close()
                 scope.mode.host = self.host_before
             if self.prof is not None:
                 if _getprofile() is not self.prof:

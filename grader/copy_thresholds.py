@@ -41,8 +41,19 @@ HONEST_HIGHEST = MappingProxyType({
 })  # read-only: the child holds this module too (it judges code the notebook compiles: `grader.child_guard`)
 
 
+# gguf-py's quantizers (week 20's references beside lib's and the solution's) are a few lines of numpy each: at the
+# general threshold a paste tidied as a student tidies anyway (np.divide(..., where=), a chain cut in two, the nibbles
+# packed by halves) got under it (red team 8: #11 0.59, #13 0.56, #15 0.48). Their threshold is sized the same way,
+# lowered rather than raised: on the highest token share any honest week-20 variant (the 35 written apart from
+# gguf-py, measured by red team 7's follow-up) reaches against any of gguf-py's units, / MARGIN.
+GGUF_PREFIX = "gguf-py's "
+GGUF_HONEST_HIGHEST = (0.37, "redteam/v7/w20_q8_honest.py")  # 0.364, against Q8_0.quantize_blocks with np_roundf
+
+
 def token_threshold(reference: str | None, default: float) -> float:
     """The token share at which a unit is a copy of `reference` (None: `default`, the general threshold)."""
+    if reference is not None and reference.startswith(GGUF_PREFIX):
+        return GGUF_HONEST_HIGHEST[0] / MARGIN
     if reference not in HONEST_HIGHEST:
         return default
     return max(default, HONEST_HIGHEST[reference][0] / MARGIN)

@@ -31,7 +31,10 @@ from grader.course_map import COURSE
 HOST_LIMIT = 128  # numbers a call may take out of torch
 TORCH_ONLY = frozenset(e.name for w in COURSE for e in w.exercises if e.torch_only)
 _COUNTED = frozenset(("numpy", "tolist", "item"))  # a tensor's methods: its elements leave torch
-_DENIED = frozenset(("untyped_storage", "_typed_storage", "data_ptr", "_to_dlpack", "_to_dlpack_versioned"))
+# ... and the ways to its memory itself, or to Python code run on each element in C (apply_, map_, map2_)
+_DENIED = frozenset(("untyped_storage", "_typed_storage", "data_ptr", "_to_dlpack", "_to_dlpack_versioned", "apply_",
+                     "map_", "map2_"))
+_WRAPPED = ("numpy", "tolist", "item", "untyped_storage", "_typed_storage", "data_ptr", "apply_", "map_", "map2_")
 WATCHED_NAMES = _COUNTED | _DENIED  # what the profiler hands to `HostBudget.c_call` (by the C function's name)
 _GRADER = (str(Path(__file__).resolve().parent) + "/",
            str(Path(__file__).resolve().parent.parent / "lib" / "attn" / "io_model.py"))
@@ -45,9 +48,53 @@ def moved_message(root: str, moved: int, how: str) -> str:
 
 
 def denied_message(root: str, how: str) -> str:
-    return (f"reached a tensor's memory itself ({how}) in a call of {root}: a kernel of this exercise computes with "
-            f"torch ops, which the checks observe; data read through a storage, an address or DLPack is out of their "
-            f"sight. Compute with torch ops on the tensors")
+    return (f"reached a tensor's memory itself, or ran Python on each element ({how}) in a call of {root}: a kernel of "
+            f"this exercise computes with torch ops, which the checks observe; data read through a storage, an "
+            f"address, DLPack or apply_/map_ is out of their sight. Compute with torch ops on the tensors")
+
+
+def _wrapper(name: str, method):
+    """`torch.Tensor.<name>` as Python code: its call is a profiler event however it is made (`map(torch.Tensor.numpy,
+    ts)`, `operator.methodcaller("tolist")` call the C method from C, which leaves no `c_call` event)."""
+    def counted_method(self, *args, **kwargs):
+        return method(self, *args, **kwargs)
+    counted_method.__name__ = counted_method.__qualname__ = name
+    return counted_method
+
+
+WRAPPERS: dict = {}  # name -> the wrapper on torch.Tensor (`install`)
+WRAPPER_CODE = _wrapper("", None).__code__
+
+
+def install() -> None:
+    """In the student's process, before the notebook's code runs: torch.Tensor's ways out of torch become `_wrapper`s
+    (torch._C.TensorBase's own descriptors stay: a type of C's cannot be changed)."""
+    import torch
+
+    for name in _WRAPPED:
+        method = getattr(torch._C.TensorBase, name, None)
+        if method is not None and name not in WRAPPERS:
+            WRAPPERS[name] = _wrapper(name, method)
+            setattr(torch.Tensor, name, WRAPPERS[name])
+    # DLPack's exporters, wherever torch names them (torch.to_dlpack, torch.utils.dlpack.to_dlpack, torch._C's)
+    import torch.utils.dlpack
+
+    for name in ("_to_dlpack", "_to_dlpack_versioned"):
+        fn = getattr(torch._C, name, None)
+        if fn is None or getattr(fn, "__code__", None) is not None:
+            continue
+        shim = _wrapper(name, fn)
+        for module in (torch, torch._C, torch.utils.dlpack):
+            for attr, value in list(vars(module).items()):
+                if value is fn:
+                    setattr(module, attr, shim)
+
+
+def replaced() -> list[str]:
+    """The wrappers the notebook's code took off torch.Tensor (each a verdict in a torch-only exercise's call)."""
+    import torch
+
+    return [name for name, w in WRAPPERS.items() if vars(torch.Tensor).get(name) is not w]
 
 
 class HostBudget:
@@ -65,11 +112,21 @@ class HostBudget:
         # kernel reads in Python (`int(context_lens[b])`, an index taken from a block table), free to read through
         # any view of it. Writing other data there is changing an argument in place, which the checks refuse.
         self.free = set()
+        self.close()  # torch.Tensor's wrappers taken off before the call
         for a in _tensors((*args, *(kwargs or {}).values())):
             if not a.is_floating_point() and not a.is_complex() and a.device.type != "meta":
                 ptr = a.untyped_storage().data_ptr()
                 if ptr:
                     self.free.add(ptr)
+
+    def close(self) -> None:
+        """At the call's start and end: torch.Tensor's wrappers must still be there (`install`)."""
+        gone = replaced()
+        if gone and "replaced" not in self.done:
+            self.done.add("replaced")
+            self.guard.flag(self.root, f"took torch.Tensor's {', '.join(gone[:3])} back to torch._C's own, whose "
+                                       f"calls from C the checks do not see (grader.host_budget): leave torch.Tensor as "
+                                       f"it is")
 
     def _free(self, t) -> bool:
         """Whether reading `t` reads only the memory of an integer or boolean argument (see `free`)."""
@@ -94,12 +151,23 @@ class HostBudget:
         if not all(self._free(a) for a in args if isinstance(a, self.tensor_type)):
             self.take(1, "scalars read from tensors (item, float, bool, an if on a tensor)")
 
+    def wrapped(self, frame) -> None:
+        """A call of one of torch.Tensor's wrappers (`install`): `frame` is the wrapper's, its caller the code that
+        asked (the C method it then calls is called from the grader's file: not counted again)."""
+        f_locals = frame.f_locals
+        method = f_locals.get("method")
+        name = getattr(method, "__name__", None)
+        owner = getattr(method, "__self__", None) if name and name.startswith("_to_dlpack") else f_locals.get("self")
+        self.called(frame.f_back, name, owner)
+
     def c_call(self, frame, arg) -> None:
         """A C function called during the call (the profiler's `c_call`): counted when it takes data out."""
         name = getattr(arg, "__name__", None)
-        if name not in _COUNTED and name not in _DENIED:
-            return
-        owner = getattr(arg, "__self__", None)
+        if name in _COUNTED or name in _DENIED:
+            self.called(frame, name, getattr(arg, "__self__", None))
+
+    def called(self, frame, name, owner) -> None:
+        """`owner.<name>()` called by the code of `frame`: counted, or denied, when it takes data out of torch."""
         if frame is not None and frame.f_code.co_filename.startswith(_GRADER):
             return
         if name in _DENIED:
@@ -114,7 +182,7 @@ class HostBudget:
                 self.done.add(name)
                 self.guard.flag(self.root, denied_message(self.root, f"{name}()"))
             return
-        if not isinstance(owner, self.tensor_type) or self._free(owner):
+        if name not in _COUNTED or not isinstance(owner, self.tensor_type) or self._free(owner):
             return
         if name == "item":
             if self.guard.student(frame):

@@ -28,7 +28,13 @@ MARGIN = 0.9  # as tests/test_similarity.py
 # the red team's copies: (file, exercise, the gguf-py reference it copies)
 COPIES = [("w20_q8_ggufcopy.py", "quantize_q8_0", "gguf-py's gguf.quants.Q8_0.quantize_blocks with `np_roundf`"),
           ("w20_q5_ggufcopy.py", "quantize_q5_0", "gguf-py's gguf.quants.Q5_0.quantize_blocks"),
-          ("w20_dq4k_ggufcopy.py", "dequantize_q4_k", "gguf-py's gguf.quants.Q4_K.dequantize_blocks")]
+          ("w20_dq4k_ggufcopy.py", "dequantize_q4_k", "gguf-py's gguf.quants.Q4_K.dequantize_blocks"),
+          # red team 8: pastes tidied as a student tidies anyway, under the general 60 % (59 %, 56 %, 48 %); found at
+          # gguf-py's own threshold (grader/copy_thresholds.py: GGUF_HONEST_HIGHEST)
+          ("../v8/w20_q8_ggufcopy_edits.py", "quantize_q8_0",
+           "gguf-py's gguf.quants.Q8_0.quantize_blocks with `np_roundf`"),
+          ("../v8/w20_q5_ggufcopy_nibbles.py", "quantize_q5_0", "gguf-py's gguf.quants.Q5_0.quantize_blocks"),
+          ("../v8/w20_q41_ggufcopy_light.py", "quantize_q4_1", "gguf-py's gguf.quants.Q4_1.quantize_blocks")]
 EXERCISES = ("quantize_q8_0", "quantize_q4_1", "quantize_q5_0", "predict_rmse", "dequantize_q4_k", "quantize_q4_k",
              "gguf_bytes", "gptq_quantize", "awq_quantize", "column_importance", "allocate_bits")
 # week-20 code written apart from gguf-py: the honest variants, and the red teams' other routes (wrong, not copied)
@@ -84,6 +90,8 @@ def test_the_red_teams_copies_of_gguf_are_found(variant, grade_id, reference, mo
     assert ref == reference and similarity.ratio((tok, st, ref)) >= 1, (ref, tok, st)
     why = copies.similar_to_reference(STUDENT, cells, 20)[grade_id]
     assert why.startswith(f"`{grade_id}`") and f"is a copy of {reference}" in why and "% of that code" in why
+    if variant.startswith("../v8/"):
+        return  # split across a helper of the student's: judged whole (above), not replaced function by function
     # the body the child gets says which gguf-py function it copies, and to write it
     found = {q: w for i, q, w in copies.copies_in_cells(STUDENT, cells, 20)}
     text = copies.without_copies(next(t for _, g, t in cells if g == grade_id), found)
@@ -95,6 +103,8 @@ def test_a_copy_of_gguf_compiled_while_the_notebook_runs_is_found_by_the_child()
     trusted process hands it (`copies.reference_units`: hashes only): gguf-py's are among them in week 20."""
     data = copies.reference_units(STUDENT, 20)
     for variant, grade_id, reference in COPIES:
+        if variant == "../v8/w20_q8_ggufcopy_edits.py":
+            continue  # split across a helper of its own: the runtime judge compares function by function (left open)
         found = similarity.copies_in_source("import numpy as np\n" + (V7 / variant).read_text(), data)
         assert reference in found.get(grade_id, ""), (variant, found)
 
@@ -154,3 +164,20 @@ def test_the_copies_score_zero_through_the_isolated_path(tmp_path):
             week20.check_quantize_q5_0(ex.quantize_q5_0)
     finally:
         ex.close()
+
+
+def test_gguf_pys_threshold_is_the_highest_honest_share_over_the_margin():
+    """gguf-py's threshold is measured, as every raised one is (tests/test_similarity.py): the honest variant nearest
+    any of gguf-py's units is the one the table names, at the share it gives (rounded up to the hundredth)."""
+    from grader import copy_thresholds
+
+    share, where = copy_thresholds.GGUF_HONEST_HIGHEST
+    nearest = {}
+    for path in APART:
+        grade_id = _grade_of(path)
+        found = _nearest_gguf(_cells({grade_id: path.read_text()}), grade_id)
+        if found is not None:
+            nearest[str(path.relative_to(FIXTURES))] = found[0]
+    top = max(nearest, key=nearest.get)
+    assert top == where and share - 0.01 < nearest[top] <= share, (top, nearest[top], share)
+    assert copy_thresholds.token_threshold("gguf-py's gguf.quants.Q8_0.quantize_blocks", 0.6) == share / MARGIN

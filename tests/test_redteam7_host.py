@@ -7,6 +7,7 @@ is a verdict. The routes are counted here in this process (the child's profiler 
 guard that records), and the three variants and the honest one nearest the limit run through the isolated path."""
 import io
 import json
+import operator
 import pickle
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import torch
 
 from grader.course_map import COURSE
 from grader.harness import load_exercises, with_cell_source
+from grader import host_budget
 from grader.host_budget import HOST_LIMIT, TORCH_ONLY, HostBudget
 from grader.observers import Observers
 
@@ -38,14 +40,40 @@ class _Guard:
         return frame is not None and frame.f_code.co_filename == __file__
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _wrappers():
+    """torch.Tensor's wrappers, as the child installs them before the notebook's code runs; taken off after."""
+    import torch.utils.dlpack
+
+    before = {name: vars(torch.Tensor).get(name) for name in host_budget._WRAPPED}
+    dlpack = [(m, a, v) for m in (torch, torch._C, torch.utils.dlpack) for a, v in list(vars(m).items())
+              if a in ("to_dlpack", "_to_dlpack", "_to_dlpack_versioned")]
+    host_budget.install()
+    yield
+    for module, attr, value in dlpack:
+        setattr(module, attr, value)
+    for name, was in before.items():
+        if was is None:
+            vars(torch.Tensor).get(name) is not None and delattr(torch.Tensor, name)
+        else:
+            setattr(torch.Tensor, name, was)
+    host_budget.WRAPPERS.clear()
+
+
+def _prof(budget):
+    def prof(frame, event, arg):
+        if event == "c_call":
+            budget.c_call(frame, arg)
+        elif event == "call" and frame.f_code is host_budget.WRAPPER_CODE:
+            budget.wrapped(frame)
+    return prof
+
+
 def _count(fn):
     """(numbers moved, verdicts) of `fn()` run as a call of flash_decode is in the child."""
     guard = _Guard()
     budget = HostBudget(guard, "flash_decode")
-
-    def prof(frame, event, arg):
-        if event == "c_call":
-            budget.c_call(frame, arg)
+    prof = _prof(budget)
 
     mode = Observers()
     mode.host = budget
@@ -65,7 +93,8 @@ T = torch.randn(2, 150)  # 300 numbers: a row of scores for 2 heads
     lambda: T.numpy(), lambda: T.tolist(), lambda: np.asarray(T), lambda: [float(x) for x in T.flatten()],
     lambda: [x.item() for x in T.flatten()], lambda: repr(T.flatten()[:200]),
     lambda: [bool(x > 0) for x in T.flatten()], lambda: [torch.equal(x, T[0, 0]) for x in T.flatten()],
-], ids=["numpy", "tolist", "asarray", "float", "item", "repr", "bool", "equal"])
+    lambda: list(map(torch.Tensor.numpy, [T])), lambda: list(map(operator.methodcaller("tolist"), [T])),
+], ids=["numpy", "tolist", "asarray", "float", "item", "repr", "bool", "equal", "map-numpy", "methodcaller-tolist"])
 def test_every_way_out_to_python_is_counted(route):
     moved, flags = _count(route)
     assert moved >= 200, moved
@@ -74,8 +103,9 @@ def test_every_way_out_to_python_is_counted(route):
 
 @pytest.mark.parametrize("route", [
     lambda: pickle.dumps(T), lambda: torch.save(T, io.BytesIO()), lambda: T.untyped_storage(),
-    lambda: T.data_ptr(), lambda: np.from_dlpack(T),
-], ids=["pickle", "save", "storage", "data_ptr", "dlpack"])
+    lambda: T.data_ptr(), lambda: np.from_dlpack(T), lambda: T.clone().apply_(lambda x: x * 2),
+    lambda: list(map(torch.Tensor.untyped_storage, [T])), lambda: list(map(torch.utils.dlpack.to_dlpack, [T])),
+], ids=["pickle", "save", "storage", "data_ptr", "dlpack", "apply_", "map-storage", "map-dlpack"])
 def test_a_tensors_memory_itself_is_denied(route):
     _, flags = _count(route)
     assert any("reached a tensor's memory" in f for f in flags), flags
@@ -138,10 +168,7 @@ def test_the_integer_arguments_are_metadata_read_freely():
     tables, lens = torch.arange(600).reshape(20, 30), torch.arange(20)
     guard = _Guard()
     budget = HostBudget(guard, "paged_attention", (T, tables, lens))
-
-    def prof(frame, event, arg):
-        if event == "c_call":
-            budget.c_call(frame, arg)
+    prof = _prof(budget)
 
     mode = Observers()
     mode.host = budget
@@ -155,3 +182,14 @@ def test_the_integer_arguments_are_metadata_read_freely():
         finally:
             sys.setprofile(None)
     assert free == 0 and budget.moved == 600 and len(guard.flags) == 1, (free, budget.moved, guard.flags)
+
+
+def test_taking_the_wrappers_off_is_a_verdict():
+    guard = _Guard()
+    saved = torch.Tensor.numpy
+    torch.Tensor.numpy = torch._C.TensorBase.numpy
+    try:
+        HostBudget(guard, "flash_decode")
+    finally:
+        torch.Tensor.numpy = saved
+    assert len(guard.flags) == 1 and "took torch.Tensor's numpy back" in guard.flags[0], guard.flags
