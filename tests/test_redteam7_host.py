@@ -148,13 +148,16 @@ def _run(tmp_path, week, grade_id, variant):
         ex.close()
 
 
-@pytest.mark.parametrize("grade_id, variant", [
-    ("flash_attention_forward", "v7/w17_fwd_numpy_twopass.py"),  # #22
-    ("flash_attention_backward", "v7/w17_bwd_numpy_rows.py"),  # #23
-    ("flash_decode", "v7/w17_decode_numpy_rowsoftmax.py"),  # #25
+@pytest.mark.parametrize("grade_id, variant, says", [
+    ("flash_attention_forward", "v7/w17_fwd_numpy_twopass.py", "numbers out of torch in one call"),  # #22
+    ("flash_attention_backward", "v7/w17_bwd_numpy_rows.py", "numbers out of torch in one call"),  # #23
+    ("flash_decode", "v7/w17_decode_numpy_rowsoftmax.py", "numbers out of torch in one call"),  # #25
+    # red team 8 (FINDINGS8.md): the conversions called from C (#1), Python run on each element by apply_ (#2)
+    ("flash_decode", "v8/w17_decode_map_numpy.py", "numbers out of torch in one call"),
+    ("flash_decode", "v8/w17_decode_apply_python.py", r"ran Python on each element \(apply_\(\)\)"),
 ])
-def test_a_kernel_computed_in_numpy_fails(tmp_path, grade_id, variant):
-    with pytest.raises(AssertionError, match=r"numbers out of torch in one call"):
+def test_a_kernel_computed_in_numpy_fails(tmp_path, grade_id, variant, says):
+    with pytest.raises(AssertionError, match=says):
         _run(tmp_path, 17, grade_id, REDTEAM / variant)
 
 
