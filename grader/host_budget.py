@@ -9,12 +9,16 @@ during a call: every number that crosses to Python or numpy is counted, and a ca
 
 What is counted, in every call of such an exercise (observed or not: the count runs the same way in all of them):
 - `Tensor.numpy()` and `Tensor.tolist()` (numpy's `np.asarray(t)` and `print(t)` go through them): the tensor's
-  elements, seen by the profiler's `c_call` event;
+  elements, seen by the profiler — as the call of torch.Tensor's wrapper (`install`), however it is made, or as a
+  `c_call` of torch._C's own method from Python;
 - a scalar taken from a tensor (`item()`, `float(t)`, `int(t)`, `bool(t)`, an `if` on a tensor, `torch.equal`,
   `torch.allclose`): one each, seen by the dispatch mode (`Observers.host`), and `item()` called by torch's own
   Python code with the modes switched off (printing a tensor) by the profiler.
 - denied outright: `untyped_storage()` / `_typed_storage()` (pickling or saving a tensor reads them), `data_ptr()`
-  called by the notebook's code, and `torch._C._to_dlpack` (`__dlpack__`, `np.from_dlpack`).
+  called by the notebook's code, `torch._C._to_dlpack` (`__dlpack__`, `np.from_dlpack`), and `apply_` / `map_` /
+  `map2_` (Python run on each element, from C); taking a wrapper off torch.Tensor is a verdict too.
+Not seen: torch._C.TensorBase's own descriptors called from C (`map(torch._C.TensorBase.numpy, ts)`): a C type cannot
+be changed, so that call leaves no event.
 The grader's own code (its observers, its wire) converts tensors too: calls made from its files are not counted. Nor
 is reading the memory of the call's integer and boolean arguments (week 19's block tables and lengths: metadata).
 
