@@ -14,11 +14,17 @@ What is counted, in every call of such an exercise (observed or not: the count r
 - a scalar taken from a tensor (`item()`, `float(t)`, `int(t)`, `bool(t)`, an `if` on a tensor, `torch.equal`,
   `torch.allclose`): one each, seen by the dispatch mode (`Observers.host`), and `item()` called by torch's own
   Python code with the modes switched off (printing a tensor) by the profiler.
-- denied outright: `untyped_storage()` / `_typed_storage()` (pickling or saving a tensor reads them), `data_ptr()`
-  called by the notebook's code, `torch._C._to_dlpack` (`__dlpack__`, `np.from_dlpack`), and `apply_` / `map_` /
-  `map2_` (Python run on each element, from C); taking a wrapper off torch.Tensor is a verdict too.
-Not seen: torch._C.TensorBase's own descriptors called from C (`map(torch._C.TensorBase.numpy, ts)`): a C type cannot
-be changed, so that call leaves no event.
+- denied outright: `untyped_storage()` / `_typed_storage()` (pickling or saving a tensor reads them), `data_ptr()` /
+  `const_data_ptr()` called by the notebook's code, `torch._C._storage_address`, `torch._C._to_dlpack`
+  (`__dlpack__`, `np.from_dlpack`), and `apply_` / `map_` / `map2_` (Python run on each element, from C); taking a
+  wrapper off torch.Tensor is a verdict too.
+Each of those C functions is replaced wherever torch keeps it — torch._C.TensorBase's own dict and the 38 legacy
+tensor types' (`torch.FloatTensor`...) copies of it, changed through the dicts themselves since the types are
+immutable — by one Python wrapper (`install`), so `map(torch._C.TensorBase.numpy, ts)` is a profiler event too. The
+originals are held only in the frame of a running generator (`_keeper`): reaching them means reading a frame
+(`gi_frame`, a traceback's `tb_frame`) or the garbage collector's lists, each a verdict of `grader.child_guard`.
+Not seen: memory read by address without torch (numpy's `__array_interface__` on an address worked out from `id(t)`
+and torch's C++ layouts): an attack on the process, not a kernel.
 The grader's own code (its observers, its wire) converts tensors too: calls made from its files are not counted. Nor
 is reading the memory of the call's integer and boolean arguments (week 19's block tables and lengths: metadata).
 
@@ -28,6 +34,7 @@ over 241-247 keys, at least 482 numbers).
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from grader.course_map import COURSE
@@ -36,9 +43,9 @@ HOST_LIMIT = 128  # numbers a call may take out of torch
 TORCH_ONLY = frozenset(e.name for w in COURSE for e in w.exercises if e.torch_only)
 _COUNTED = frozenset(("numpy", "tolist", "item"))  # a tensor's methods: its elements leave torch
 # ... and the ways to its memory itself, or to Python code run on each element in C (apply_, map_, map2_)
-_DENIED = frozenset(("untyped_storage", "_typed_storage", "data_ptr", "_to_dlpack", "_to_dlpack_versioned", "apply_",
-                     "map_", "map2_"))
-_WRAPPED = ("numpy", "tolist", "item", "untyped_storage", "_typed_storage", "data_ptr", "apply_", "map_", "map2_")
+_DENIED = frozenset(("untyped_storage", "_typed_storage", "data_ptr", "const_data_ptr", "_storage_address", "_to_dlpack",
+                     "_to_dlpack_versioned", "apply_", "map_", "map2_"))
+_WRAPPED = ("numpy", "tolist", "item", "untyped_storage", "data_ptr", "const_data_ptr", "apply_", "map_", "map2_")
 WATCHED_NAMES = _COUNTED | _DENIED  # what the profiler hands to `HostBudget.c_call` (by the C function's name)
 _GRADER = (str(Path(__file__).resolve().parent) + "/",
            str(Path(__file__).resolve().parent.parent / "lib" / "attn" / "io_model.py"))
@@ -57,48 +64,89 @@ def denied_message(root: str, how: str) -> str:
             f"address, DLPack or apply_/map_ is out of their sight. Compute with torch ops on the tensors")
 
 
-def _wrapper(name: str, method):
-    """`torch.Tensor.<name>` as Python code: its call is a profiler event however it is made (`map(torch.Tensor.numpy,
-    ts)`, `operator.methodcaller("tolist")` call the C method from C, which leaves no `c_call` event)."""
+def _keeper(originals: dict):
+    """A generator whose frame is the only holder of the C functions the wrappers replace: sent (name, args,
+    kwargs), it answers (True, result) or (False, the exception, without its traceback)."""
+    out = None
+    while True:
+        try:
+            name, args, kwargs = yield out
+        except Exception:  # noqa: BLE001  (thrown in by other code: answered, the keeper goes on)
+            out = (False, RuntimeError("the grader's conversions were interrupted"))
+            continue
+        try:
+            out = (True, originals[name](*args, **kwargs))
+        except BaseException as e:  # noqa: BLE001  (a timeout's KeyboardInterrupt too: raised again by the wrapper)
+            out = (False, e.with_traceback(None))
+        name = args = kwargs = None
+
+
+def _wrapper(name: str, send, lock):
+    """`<name>` as Python code: its call is a profiler event however it is made (`map(torch.Tensor.numpy, ts)`,
+    `operator.methodcaller("tolist")` call a C method from C, which leaves no `c_call` event)."""
     def counted_method(self, *args, **kwargs):
-        return method(self, *args, **kwargs)
+        with lock:
+            try:
+                ok, out = send((name, (self, *args), kwargs))
+            except StopIteration:
+                raise RuntimeError(f"{name}: the grader's keeper of torch's conversions was closed by the notebook's "
+                                   f"code") from None
+        if ok:
+            return out
+        raise out
     counted_method.__name__ = counted_method.__qualname__ = name
     return counted_method
 
 
-WRAPPERS: dict = {}  # name -> the wrapper on torch.Tensor (`install`)
-WRAPPER_CODE = _wrapper("", None).__code__
+WRAPPERS: dict = {}  # name -> the wrapper on torch.Tensor and wherever torch kept the C function (`install`)
+WRAPPER_CODE = _wrapper("", None, None).__code__
+_MODULE_FUNCTIONS = ("_to_dlpack", "_to_dlpack_versioned", "_storage_address")  # torch._C's, not methods
 
 
 def install() -> None:
-    """In the student's process, before the notebook's code runs: torch.Tensor's ways out of torch become `_wrapper`s
-    (torch._C.TensorBase's own descriptors stay: a type of C's cannot be changed)."""
-    import torch
+    """In the student's process, before the notebook's code runs: torch's ways out of torch become `_wrapper`s
+    everywhere torch keeps them (torch.Tensor, torch._C.TensorBase and the legacy tensor types' dicts, torch._C,
+    torch.utils.dlpack)."""
+    import ctypes
+    import gc
+    import threading
 
-    for name in _WRAPPED:
-        method = getattr(torch._C.TensorBase, name, None)
-        if method is not None and name not in WRAPPERS:
-            WRAPPERS[name] = _wrapper(name, method)
-            setattr(torch.Tensor, name, WRAPPERS[name])
-    # DLPack's exporters, wherever torch names them (torch.to_dlpack, torch.utils.dlpack.to_dlpack, torch._C's)
+    import torch
     import torch.utils.dlpack
 
-    for name in ("_to_dlpack", "_to_dlpack_versioned"):
-        fn = getattr(torch._C, name, None)
-        if fn is None or getattr(fn, "__code__", None) is not None:
-            continue
-        shim = _wrapper(name, fn)
-        for module in (torch, torch._C, torch.utils.dlpack):
-            for attr, value in list(vars(module).items()):
-                if value is fn:
-                    setattr(module, attr, shim)
+    if WRAPPERS:
+        return
+    base = gc.get_referents(torch._C.TensorBase.__dict__)[0]  # the immutable type's own dict
+    originals = {name: base[name] for name in _WRAPPED if name in base}
+    originals.update({name: getattr(torch._C, name) for name in _MODULE_FUNCTIONS if hasattr(torch._C, name)})
+    keeper = _keeper(originals)
+    next(keeper)
+    lock = threading.RLock()
+    frozen = gc.get_freeze_count()
+    gc.unfreeze()  # `gc.get_referrers` does not look at frozen objects (the child froze torch's at start-up)
+    for name, fn in originals.items():
+        shim = WRAPPERS[name] = _wrapper(name, keeper.send, lock)
+        for holder in gc.get_referrers(fn):
+            if type(holder) is dict and holder is not originals:
+                for key in [k for k, v in holder.items() if v is fn]:
+                    holder[key] = shim  # a type's dict, a module's (torch._C, torch, torch.utils.dlpack)
+        if name not in _MODULE_FUNCTIONS:
+            setattr(torch.Tensor, name, shim)
+    for t in (torch._C.TensorBase, *torch._tensor_classes):
+        ctypes.pythonapi.PyType_Modified(ctypes.py_object(t))  # the types' attribute caches see the new dicts
+    sys._clear_type_cache()
+    fn = base = None
+    if frozen:
+        gc.freeze()
 
 
 def replaced() -> list[str]:
-    """The wrappers the notebook's code took off torch.Tensor (each a verdict in a torch-only exercise's call)."""
+    """The wrappers the notebook's code took off torch.Tensor or torch._C (each a verdict in a torch-only exercise's
+    call)."""
     import torch
 
-    return [name for name, w in WRAPPERS.items() if vars(torch.Tensor).get(name) is not w]
+    return [name for name, w in WRAPPERS.items()
+            if (getattr(torch._C, name, None) if name in _MODULE_FUNCTIONS else vars(torch.Tensor).get(name)) is not w]
 
 
 class HostBudget:
@@ -156,12 +204,11 @@ class HostBudget:
             self.take(1, "scalars read from tensors (item, float, bool, an if on a tensor)")
 
     def wrapped(self, frame) -> None:
-        """A call of one of torch.Tensor's wrappers (`install`): `frame` is the wrapper's, its caller the code that
-        asked (the C method it then calls is called from the grader's file: not counted again)."""
+        """A call of one of the wrappers (`install`): `frame` is the wrapper's, its caller the code that asked (the C
+        function it then calls is called from the grader's file: not counted again)."""
         f_locals = frame.f_locals
-        method = f_locals.get("method")
-        name = getattr(method, "__name__", None)
-        owner = getattr(method, "__self__", None) if name and name.startswith("_to_dlpack") else f_locals.get("self")
+        name = f_locals.get("name")
+        owner = sys.modules.get("torch._C") if name in _MODULE_FUNCTIONS else f_locals.get("self")
         self.called(frame.f_back, name, owner)
 
     def c_call(self, frame, arg) -> None:
@@ -175,12 +222,12 @@ class HostBudget:
         if frame is not None and frame.f_code.co_filename.startswith(_GRADER):
             return
         if name in _DENIED:
-            if name.startswith("_to_dlpack"):
+            if name in _MODULE_FUNCTIONS:
                 if type(owner).__name__ != "module" or getattr(owner, "__name__", "") != "torch._C":
                     return
             elif not isinstance(owner, self.tensor_type):
                 return
-            elif name == "data_ptr" and not self.guard.student(frame):
+            elif name in ("data_ptr", "const_data_ptr") and not self.guard.student(frame):
                 return  # torch's own code asks for addresses (serialization after a storage, already denied)
             if name not in self.done:
                 self.done.add(name)

@@ -42,21 +42,29 @@ class _Guard:
 
 @pytest.fixture(autouse=True, scope="module")
 def _wrappers():
-    """torch.Tensor's wrappers, as the child installs them before the notebook's code runs; taken off after."""
-    import torch.utils.dlpack
+    """The wrappers, as the child installs them before the notebook's code runs; the C functions put back after
+    (read from the keeper's frame, as only a test may: in the child that read is a verdict)."""
+    import ctypes
+    import gc
 
     before = {name: vars(torch.Tensor).get(name) for name in host_budget._WRAPPED}
-    dlpack = [(m, a, v) for m in (torch, torch._C, torch.utils.dlpack) for a, v in list(vars(m).items())
-              if a in ("to_dlpack", "_to_dlpack", "_to_dlpack_versioned")]
     host_budget.install()
     yield
-    for module, attr, value in dlpack:
-        setattr(module, attr, value)
+    keeper = host_budget.WRAPPERS["numpy"].__closure__[host_budget.WRAPPER_CODE.co_freevars.index("send")]
+    originals = keeper.cell_contents.__self__.gi_frame.f_locals["originals"]
+    for name, shim in host_budget.WRAPPERS.items():
+        for holder in gc.get_referrers(shim):
+            if type(holder) is dict:
+                for key in [k for k, v in holder.items() if v is shim]:
+                    holder[key] = originals[name]
     for name, was in before.items():
         if was is None:
             vars(torch.Tensor).get(name) is not None and delattr(torch.Tensor, name)
         else:
             setattr(torch.Tensor, name, was)
+    for t in (torch._C.TensorBase, *torch._tensor_classes):
+        ctypes.pythonapi.PyType_Modified(ctypes.py_object(t))
+    sys._clear_type_cache()
     host_budget.WRAPPERS.clear()
 
 
@@ -94,7 +102,11 @@ T = torch.randn(2, 150)  # 300 numbers: a row of scores for 2 heads
     lambda: [x.item() for x in T.flatten()], lambda: repr(T.flatten()[:200]),
     lambda: [bool(x > 0) for x in T.flatten()], lambda: [torch.equal(x, T[0, 0]) for x in T.flatten()],
     lambda: list(map(torch.Tensor.numpy, [T])), lambda: list(map(operator.methodcaller("tolist"), [T])),
-], ids=["numpy", "tolist", "asarray", "float", "item", "repr", "bool", "equal", "map-numpy", "methodcaller-tolist"])
+    # torch._C's own methods called from C (FINDINGS8.md's open route), and the legacy types' copies of them
+    lambda: list(map(torch._C.TensorBase.numpy, [T])), lambda: list(map(torch._C.TensorBase.tolist, [T])),
+    lambda: list(map(torch.FloatTensor.numpy, [T])), lambda: list(map(vars(torch._C.TensorBase)["tolist"], [T])),
+], ids=["numpy", "tolist", "asarray", "float", "item", "repr", "bool", "equal", "map-numpy", "methodcaller-tolist",
+        "map-base-numpy", "map-base-tolist", "map-legacy-numpy", "map-base-dict-tolist"])
 def test_every_way_out_to_python_is_counted(route):
     moved, flags = _count(route)
     assert moved >= 200, moved
@@ -105,7 +117,10 @@ def test_every_way_out_to_python_is_counted(route):
     lambda: pickle.dumps(T), lambda: torch.save(T, io.BytesIO()), lambda: T.untyped_storage(),
     lambda: T.data_ptr(), lambda: np.from_dlpack(T), lambda: T.clone().apply_(lambda x: x * 2),
     lambda: list(map(torch.Tensor.untyped_storage, [T])), lambda: list(map(torch.utils.dlpack.to_dlpack, [T])),
-], ids=["pickle", "save", "storage", "data_ptr", "dlpack", "apply_", "map-storage", "map-dlpack"])
+    lambda: T.const_data_ptr(), lambda: torch._C._storage_address(T),
+    lambda: list(map(torch._C.TensorBase.data_ptr, [T])), lambda: list(map(torch.DoubleTensor.untyped_storage, [T])),
+], ids=["pickle", "save", "storage", "data_ptr", "dlpack", "apply_", "map-storage", "map-dlpack", "const_data_ptr",
+        "storage_address", "map-base-data_ptr", "map-legacy-storage"])
 def test_a_tensors_memory_itself_is_denied(route):
     _, flags = _count(route)
     assert any("reached a tensor's memory" in f for f in flags), flags
@@ -155,6 +170,9 @@ def _run(tmp_path, week, grade_id, variant):
     # red team 8 (FINDINGS8.md): the conversions called from C (#1), Python run on each element by apply_ (#2)
     ("flash_decode", "v8/w17_decode_map_numpy.py", "numbers out of torch in one call"),
     ("flash_decode", "v8/w17_decode_apply_python.py", r"ran Python on each element \(apply_\(\)\)"),
+    # after round 8: torch._C.TensorBase's own numpy() called by map; the C function taken from the keeper's frame
+    ("flash_decode", "v8/w17_decode_base_numpy.py", "numbers out of torch in one call"),
+    ("flash_decode", "v8/w17_decode_keeper_frame.py", "took a frame"),
 ])
 def test_a_kernel_computed_in_numpy_fails(tmp_path, grade_id, variant, says):
     with pytest.raises(AssertionError, match=says):
@@ -190,9 +208,30 @@ def test_the_integer_arguments_are_metadata_read_freely():
 def test_taking_the_wrappers_off_is_a_verdict():
     guard = _Guard()
     saved = torch.Tensor.numpy
-    torch.Tensor.numpy = torch._C.TensorBase.numpy
+    torch.Tensor.numpy = lambda self: None
     try:
         HostBudget(guard, "flash_decode")
     finally:
         torch.Tensor.numpy = saved
     assert len(guard.flags) == 1 and "took torch.Tensor's numpy back" in guard.flags[0], guard.flags
+
+
+def test_the_c_functions_are_held_by_the_keepers_frame_alone():
+    """No dict, list, module or type the notebook's code can name still holds a C function a wrapper replaced: the one
+    way to them is the keeper generator's frame, and reading a frame is a verdict in the child (child_guard)."""
+    import gc
+
+    keeper = host_budget.WRAPPERS["numpy"].__closure__[host_budget.WRAPPER_CODE.co_freevars.index("send")]
+    generator = keeper.cell_contents.__self__
+    originals = generator.gi_frame.f_locals["originals"]
+    assert set(originals) >= {"numpy", "tolist", "item", "untyped_storage", "data_ptr", "_to_dlpack"}
+    for name in list(originals):
+        fn = originals[name]
+        holders = [h for h in gc.get_referrers(fn) if h is not originals and not isinstance(h, type(sys._getframe()))]
+        assert not holders, (name, [type(h).__name__ for h in holders])
+        assert getattr(torch._C.TensorBase, name, None) in (None, host_budget.WRAPPERS[name]) or name in \
+            host_budget._MODULE_FUNCTIONS
+    assert torch._C._to_dlpack is host_budget.WRAPPERS["_to_dlpack"]
+    assert torch.tensor([1.5, 2.5]).tolist() == [1.5, 2.5] and torch.tensor(3).item() == 3  # and they still work
+    with pytest.raises(RuntimeError, match="requires grad"):
+        torch.ones(2, requires_grad=True).numpy()  # the C function's own error, raised by the wrapper
