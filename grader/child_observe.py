@@ -30,7 +30,7 @@ import types
 import numpy.random  # noqa: F401  (imported now: the second run takes its state, which would import it mid-call)
 
 from grader.fingerprint import lib_name
-from grader.host_budget import TORCH_ONLY, WATCHED_NAMES, WRAPPER_CODE, HostBudget
+from grader.host_budget import TORCH_ONLY, WATCHED_NAMES, HostBudget
 from grader.observe import DISPATCH_OFF, OWN_OPERATOR, WATCH_REMOVED, Recording, to_wire
 from grader.observers import Observers
 from grader.ran import LinesRun
@@ -123,8 +123,6 @@ class Scope:
                     seen.add(name)
                 if code in watched_code:
                     event_of(root, frame, event, arg)
-                if host is not None and code is WRAPPER_CODE:
-                    host.wrapped(frame)
             elif event == "c_call":
                 if id(arg) in watched_c:
                     event_of(root, frame, event, arg)

@@ -66,12 +66,13 @@ def denied_message(root: str, how: str) -> str:
 
 def _keeper(originals: dict):
     """A generator whose frame is the only holder of the C functions the wrappers replace: sent (name, args,
-    kwargs), it answers (True, result) or (False, the exception, without its traceback)."""
+    kwargs), it answers (True, result) or (False, the exception, without its traceback). The C function's call from
+    this frame is what `HostBudget.c_call` counts, whoever sent the request (a wrapper, or code that found `send`)."""
     out = None
     while True:
         try:
             name, args, kwargs = yield out
-        except Exception:  # noqa: BLE001  (thrown in by other code: answered, the keeper goes on)
+        except Exception:  # noqa: BLE001  (thrown in by other code, or not a request: answered, the keeper goes on)
             out = (False, RuntimeError("the grader's conversions were interrupted"))
             continue
         try:
@@ -81,25 +82,31 @@ def _keeper(originals: dict):
         name = args = kwargs = None
 
 
-def _wrapper(name: str, send, lock):
-    """`<name>` as Python code: its call is a profiler event however it is made (`map(torch.Tensor.numpy, ts)`,
-    `operator.methodcaller("tolist")` call a C method from C, which leaves no `c_call` event)."""
+KEEPER_CODE = _keeper.__code__
+_KEEPERS = 8  # a generator answers one call at a time: nested calls (a __torch_function__ mode's) and threads take another
+
+
+def _wrapper(name: str, sends):
+    """`<name>` as Python code: however it is called (`map(torch.Tensor.numpy, ts)`, `operator.methodcaller("tolist")`
+    call a C function from C, which leaves no `c_call` event), the C function is then called from the keeper's frame."""
     def counted_method(self, *args, **kwargs):
-        with lock:
+        request = (name, (self, *args), kwargs)
+        for send in sends:
             try:
-                ok, out = send((name, (self, *args), kwargs))
-            except StopIteration:
-                raise RuntimeError(f"{name}: the grader's keeper of torch's conversions was closed by the notebook's "
-                                   f"code") from None
-        if ok:
-            return out
-        raise out
+                ok, out = send(request)
+            except (ValueError, StopIteration):  # answering another call (nested, or another thread's), or closed
+                continue
+            if ok:
+                return out
+            raise out
+        raise RuntimeError(f"{name}: the grader's keepers of torch's conversions are all busy or closed (closed by the "
+                           f"notebook's code?)")
     counted_method.__name__ = counted_method.__qualname__ = name
     return counted_method
 
 
 WRAPPERS: dict = {}  # name -> the wrapper on torch.Tensor and wherever torch kept the C function (`install`)
-WRAPPER_CODE = _wrapper("", None, None).__code__
+WRAPPER_CODE = _wrapper("", ()).__code__
 _MODULE_FUNCTIONS = ("_to_dlpack", "_to_dlpack_versioned", "_storage_address")  # torch._C's, not methods
 
 
@@ -109,7 +116,6 @@ def install() -> None:
     torch.utils.dlpack)."""
     import ctypes
     import gc
-    import threading
 
     import torch
     import torch.utils.dlpack
@@ -119,13 +125,14 @@ def install() -> None:
     base = gc.get_referents(torch._C.TensorBase.__dict__)[0]  # the immutable type's own dict
     originals = {name: base[name] for name in _WRAPPED if name in base}
     originals.update({name: getattr(torch._C, name) for name in _MODULE_FUNCTIONS if hasattr(torch._C, name)})
-    keeper = _keeper(originals)
-    next(keeper)
-    lock = threading.RLock()
+    keepers = tuple(_keeper(originals) for _ in range(_KEEPERS))
+    for keeper in keepers:
+        next(keeper)
+    sends = tuple(keeper.send for keeper in keepers)
     frozen = gc.get_freeze_count()
     gc.unfreeze()  # `gc.get_referrers` does not look at frozen objects (the child froze torch's at start-up)
     for name, fn in originals.items():
-        shim = WRAPPERS[name] = _wrapper(name, keeper.send, lock)
+        shim = WRAPPERS[name] = _wrapper(name, sends)
         for holder in gc.get_referrers(fn):
             if type(holder) is dict and holder is not originals:
                 for key in [k for k, v in holder.items() if v is fn]:
@@ -203,19 +210,22 @@ class HostBudget:
         if not all(self._free(a) for a in args if isinstance(a, self.tensor_type)):
             self.take(1, "scalars read from tensors (item, float, bool, an if on a tensor)")
 
-    def wrapped(self, frame) -> None:
-        """A call of one of the wrappers (`install`): `frame` is the wrapper's, its caller the code that asked (the C
-        function it then calls is called from the grader's file: not counted again)."""
-        f_locals = frame.f_locals
-        name = f_locals.get("name")
-        owner = sys.modules.get("torch._C") if name in _MODULE_FUNCTIONS else f_locals.get("self")
-        self.called(frame.f_back, name, owner)
-
     def c_call(self, frame, arg) -> None:
-        """A C function called during the call (the profiler's `c_call`): counted when it takes data out."""
+        """A C function called during the call (the profiler's `c_call`): counted when it takes data out. Called from
+        a keeper's frame (`_keeper`), it is one of torch's conversions, asked for by the code that sent the request:
+        a wrapper's caller, or whoever called a keeper's `send` itself."""
         name = getattr(arg, "__name__", None)
-        if name in _COUNTED or name in _DENIED:
+        if name not in _COUNTED and name not in _DENIED:
+            return
+        if frame.f_code is not KEEPER_CODE:
             self.called(frame, name, getattr(arg, "__self__", None))
+            return
+        f_locals = frame.f_locals
+        name, args = f_locals.get("name"), f_locals.get("args") or (None,)
+        asker = frame.f_back
+        if asker is not None and asker.f_code is WRAPPER_CODE:
+            asker = asker.f_back
+        self.called(asker, name, sys.modules.get("torch._C") if name in _MODULE_FUNCTIONS else args[0])
 
     def called(self, frame, name, owner) -> None:
         """`owner.<name>()` called by the code of `frame`: counted, or denied, when it takes data out of torch."""

@@ -50,8 +50,8 @@ def _wrappers():
     before = {name: vars(torch.Tensor).get(name) for name in host_budget._WRAPPED}
     host_budget.install()
     yield
-    keeper = host_budget.WRAPPERS["numpy"].__closure__[host_budget.WRAPPER_CODE.co_freevars.index("send")]
-    originals = keeper.cell_contents.__self__.gi_frame.f_locals["originals"]
+    sends = host_budget.WRAPPERS["numpy"].__closure__[host_budget.WRAPPER_CODE.co_freevars.index("sends")]
+    originals = sends.cell_contents[0].__self__.gi_frame.f_locals["originals"]
     for name, shim in host_budget.WRAPPERS.items():
         for holder in gc.get_referrers(shim):
             if type(holder) is dict:
@@ -72,8 +72,6 @@ def _prof(budget):
     def prof(frame, event, arg):
         if event == "c_call":
             budget.c_call(frame, arg)
-        elif event == "call" and frame.f_code is host_budget.WRAPPER_CODE:
-            budget.wrapped(frame)
     return prof
 
 
@@ -173,6 +171,7 @@ def _run(tmp_path, week, grade_id, variant):
     # after round 8: torch._C.TensorBase's own numpy() called by map; the C function taken from the keeper's frame
     ("flash_decode", "v8/w17_decode_base_numpy.py", "numbers out of torch in one call"),
     ("flash_decode", "v8/w17_decode_keeper_frame.py", "took a frame"),
+    ("flash_decode", "v8/w17_decode_keeper_send.py", "numbers out of torch in one call"),
 ])
 def test_a_kernel_computed_in_numpy_fails(tmp_path, grade_id, variant, says):
     with pytest.raises(AssertionError, match=says):
@@ -221,9 +220,8 @@ def test_the_c_functions_are_held_by_the_keepers_frame_alone():
     way to them is the keeper generator's frame, and reading a frame is a verdict in the child (child_guard)."""
     import gc
 
-    keeper = host_budget.WRAPPERS["numpy"].__closure__[host_budget.WRAPPER_CODE.co_freevars.index("send")]
-    generator = keeper.cell_contents.__self__
-    originals = generator.gi_frame.f_locals["originals"]
+    sends = host_budget.WRAPPERS["numpy"].__closure__[host_budget.WRAPPER_CODE.co_freevars.index("sends")]
+    originals = sends.cell_contents[0].__self__.gi_frame.f_locals["originals"]
     assert set(originals) >= {"numpy", "tolist", "item", "untyped_storage", "data_ptr", "_to_dlpack"}
     for name in list(originals):
         fn = originals[name]
@@ -235,3 +233,15 @@ def test_the_c_functions_are_held_by_the_keepers_frame_alone():
     assert torch.tensor([1.5, 2.5]).tolist() == [1.5, 2.5] and torch.tensor(3).item() == 3  # and they still work
     with pytest.raises(RuntimeError, match="requires grad"):
         torch.ones(2, requires_grad=True).numpy()  # the C function's own error, raised by the wrapper
+    with torch.device("meta"):  # a __torch_function__ mode: item() asked again from inside item() (week 18's check)
+        assert torch.tensor(2.0, device="cpu").item() == 2.0
+
+
+def test_a_keeper_asked_directly_is_counted():
+    """Code that finds a keeper's `send` (the wrapper's closure) and calls it from C gets the C function's answer, but
+    the call is made from the keeper's frame, where the profiler counts it whoever asked."""
+    sends = torch.Tensor.numpy.__closure__[host_budget.WRAPPER_CODE.co_freevars.index("sends")].cell_contents
+    moved, flags = _count(lambda: list(map(sends[0], [("numpy", (T,), {}), ("tolist", (T,), {})])))
+    assert moved == 600 and len(flags) == 1 and "out of torch in one call" in flags[0], (moved, flags)
+    _, flags = _count(lambda: list(map(sends[1], [("data_ptr", (T,), {})])))
+    assert any("reached a tensor's memory" in f for f in flags), flags
