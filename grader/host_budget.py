@@ -9,8 +9,8 @@ during a call: every number that crosses to Python or numpy is counted, and a ca
 
 What is counted, in every call of such an exercise (observed or not: the count runs the same way in all of them):
 - `Tensor.numpy()` and `Tensor.tolist()` (numpy's `np.asarray(t)` and `print(t)` go through them): the tensor's
-  elements, seen by the profiler — as the call of torch.Tensor's wrapper (`install`), however it is made, or as a
-  `c_call` of torch._C's own method from Python;
+  elements, seen by the profiler as the `c_call` of torch's C function from a keeper's frame (below), however the
+  wrapper or the keeper was reached;
 - a scalar taken from a tensor (`item()`, `float(t)`, `int(t)`, `bool(t)`, an `if` on a tensor, `torch.equal`,
   `torch.allclose`): one each, seen by the dispatch mode (`Observers.host`), and `item()` called by torch's own
   Python code with the modes switched off (printing a tensor) by the profiler.
@@ -20,9 +20,11 @@ What is counted, in every call of such an exercise (observed or not: the count r
   wrapper off torch.Tensor is a verdict too.
 Each of those C functions is replaced wherever torch keeps it — torch._C.TensorBase's own dict and the 38 legacy
 tensor types' (`torch.FloatTensor`...) copies of it, changed through the dicts themselves since the types are
-immutable — by one Python wrapper (`install`), so `map(torch._C.TensorBase.numpy, ts)` is a profiler event too. The
-originals are held only in the frame of a running generator (`_keeper`): reaching them means reading a frame
-(`gi_frame`, a traceback's `tb_frame`) or the garbage collector's lists, each a verdict of `grader.child_guard`.
+immutable — by one Python wrapper (`install`), which hands the call to a keeper: a running generator whose frame is
+the only holder of the C functions (`_keeper`). The C function is then called by Python code, in the keeper's frame,
+so even `map(torch._C.TensorBase.numpy, ts)` or a keeper's `send` called from C is a `c_call` the profiler sees.
+Reaching the C functions themselves means reading a frame (`gi_frame`, a traceback's `tb_frame`) or the garbage
+collector's lists, each a verdict of `grader.child_guard`.
 Not seen: memory read by address without torch (numpy's `__array_interface__` on an address worked out from `id(t)`
 and torch's C++ layouts): an attack on the process, not a kernel.
 The grader's own code (its observers, its wire) converts tensors too: calls made from its files are not counted. Nor
