@@ -163,7 +163,8 @@ class _Entry:
                 scope.mode, self.outermost = mode, True
                 kernels.__enter__()
                 scope.kernels = kernels
-            self.previous_trace, self.tracing = _gettrace(), _settrace(child.ran.trace) is None  # lines run, every call
+            self.previous_trace = _gettrace()
+            self.tracing = _settrace(child.ran.trace) is None  # the lines run, in every call (settrace returns None)
             self.previous = _getprofile()
             root = child.current_root
             # a call of a torch-only exercise: what it takes out of torch is counted, in every call alike
@@ -205,7 +206,8 @@ class _Entry:
             if self.device is not None:
                 self.device.__exit__(None, None, None)
             if self.host_set and scope.mode is not None:
-                _ = scope.mode.host is not None and scope.mode.host.close()
+                if scope.mode.host is not None:
+                    scope.mode.host.close()  # torch's wrappers must still be in place at the call's end
                 scope.mode.host = self.host_before
             if self.prof is not None:
                 if _getprofile() is not self.prof:
