@@ -51,6 +51,8 @@ FRAME_TAKEN = ("took a frame (sys._getframe, inspect, a traceback's tb_frame, a 
                "handler): a frame's f_back leads to the grader's own frames and objects")
 CODE_REPLACED = "replaced a function's code (`__code__`): the checks would read one function and run another"
 _FRAME_ATTRIBUTES = frozenset(("tb_frame", "gi_frame", "cr_frame", "ag_frame"))
+MEMORY_READ = ("read the process's memory by address through ctypes (string_at, from_address): a tensor's data read "
+               "that way is out of the checks' sight, and so is the grader's")
 CODE_MADE = ("made a code object itself (types.CodeType, code.replace): bytecode put together without source is code "
              "the checks cannot read, a copy of the answer key's included")
 
@@ -380,6 +382,7 @@ class _Guard:
                   "gc.get_objects": "called gc.get_objects", "gc.get_referrers": "called gc.get_referrers",
                   "gc.get_referents": "called gc.get_referents", "ctypes.dlopen": "called C code through ctypes",
                   "ctypes.dlsym": "called C code through ctypes", "ctypes.dlsym/handle": "called C code through ctypes",
+                  "ctypes.string_at": MEMORY_READ, "ctypes.wstring_at": MEMORY_READ, "ctypes.cdata": MEMORY_READ,
                   "object.__setattr__": changed_class, "object.__delattr__": changed_class,
                   "compile": IMPERSONATED, "code.__new__": CODE_MADE,
                   "marshal.loads": "loaded code with marshal (a code object's file name is whatever its bytes say)",

@@ -172,6 +172,7 @@ def _run(tmp_path, week, grade_id, variant):
     ("flash_decode", "v8/w17_decode_base_numpy.py", "numbers out of torch in one call"),
     ("flash_decode", "v8/w17_decode_keeper_frame.py", "took a frame"),
     ("flash_decode", "v8/w17_decode_keeper_send.py", "numbers out of torch in one call"),
+    ("flash_decode", "v8/w17_decode_ctypes_read.py", "read the process's memory by address through ctypes"),
 ])
 def test_a_kernel_computed_in_numpy_fails(tmp_path, grade_id, variant, says):
     with pytest.raises(AssertionError, match=says):
