@@ -61,7 +61,7 @@ class _Child:
         self.cell_files: dict[str, int] = {}  # file name a cell's code was compiled under -> the cell's index
         self.copies_sent: set = set()
         self.guard = new_guard()
-        install_host_wrappers()  # torch.Tensor's ways out of torch as Python code (grader.host_budget)
+        install_host_wrappers(self.guard.student)  # torch's ways out of torch as Python code (grader.host_budget)
         self.calls = Calls(self)  # every call into the notebook's code, under the same observers (grader.child_observe)
 
     # encoding --------------------------------------------------------------------------------------------

@@ -302,6 +302,18 @@ class _Guard:
         self.intact: list = []
         self.machinery: list = []
         self.compiled: set = set()  # the file names the notebook's code compiled code under ("<string>", say)
+        here = Path(__file__).resolve().parent
+        self.grader_files = (str(here) + os.sep, os.path.realpath(here) + os.sep)
+        self.own_globals, self._own_count = frozenset(), -1
+
+    def own_module(self, g: dict) -> bool:
+        """Whether globals `g` are those of one of the grader's modules as this process loaded them (`OWN`), or the
+        bare globals of the guard's shims: a fresh copy of a grader file the notebook imports is not (red team 9, #5:
+        `from grader.triton_watch import _values` to call numpy() from a file under grader/)."""
+        if len(OWN) != self._own_count:  # OWN grows until the grader's modules leave sys.modules (`_hide_modules`)
+            self._own_count = len(OWN)
+            self.own_globals = frozenset(id(vars(m)) for m in OWN.values() if type(m) is type(sys)) | {id(_BARE)}
+        return id(g) in self.own_globals
 
     def student(self, frame) -> bool:
         """Whether `frame` runs the notebook's code (or code it compiled), not Python's, torch's or the grader's:
@@ -311,6 +323,8 @@ class _Guard:
         g = frame.f_globals
         where = g.get("__file__")
         if isinstance(where, str) and where:
+            if where.startswith(self.grader_files):  # the grader's code by identity, not by path
+                return not self.own_module(g)
             return not where.startswith(self.trusted)
         origin = getattr(g.get("__spec__"), "origin", None)
         return origin not in ("frozen", "built-in")

@@ -99,6 +99,8 @@ def _wrapper(name: str, sends):
             except (ValueError, StopIteration):  # answering another call (nested, or another thread's), or closed
                 continue
             if ok:
+                if name in _SHARING and _STUDENT and _STUDENT[0](sys._getframe(1)):
+                    _exported(out if name != "numpy" else self, out)
                 return out
             raise out
         raise RuntimeError(f"{name}: the grader's keepers of torch's conversions are all busy or closed (closed by the "
@@ -107,12 +109,44 @@ def _wrapper(name: str, sends):
     return counted_method
 
 
+def _exported(tensor, holder) -> None:
+    """`tensor`'s memory is seen by numpy or Python too, while `holder` (the array numpy() made, or the tensor over
+    foreign memory) lives: noted in `EXPORTED`, by its storage's address."""
+    import weakref
+
+    try:
+        ptr = tensor.untyped_storage().data_ptr()
+    except Exception:  # noqa: BLE001  (no storage: nothing shared)
+        return
+    if not ptr:
+        return
+    EXPORTED[ptr] = EXPORTED.get(ptr, 0) + 1
+    try:
+        weakref.finalize(holder, _unexported, ptr)
+    except TypeError:  # (not weakly referable: noted for good)
+        pass
+
+
+def _unexported(ptr: int) -> None:
+    left = EXPORTED.get(ptr, 0) - 1
+    if left > 0:
+        EXPORTED[ptr] = left
+    else:
+        EXPORTED.pop(ptr, None)
+
+
 WRAPPERS: dict = {}  # name -> the wrapper on torch.Tensor and wherever torch kept the C function (`install`)
 WRAPPER_CODE = _wrapper("", ()).__code__
 _MODULE_FUNCTIONS = ("_to_dlpack", "_to_dlpack_versioned", "_storage_address")  # torch._C's, not methods
+# torch's functions that make a tensor over memory numpy or Python owns (or may): what the notebook's code makes with
+# them, and the tensors whose memory its numpy() hands out, are memory both sides see (`EXPORTED`)
+_TORCH_FUNCTIONS = ("from_numpy", "frombuffer", "from_file", "asarray", "as_tensor")
+_SHARING = frozenset(("numpy", *_TORCH_FUNCTIONS))
+EXPORTED: dict = {}  # address of a storage numpy or Python also sees (made so by the notebook's code) -> live exports
+_STUDENT: list = []  # the guard's `student` (`install`): whether a frame runs the notebook's code
 
 
-def install() -> None:
+def install(student=None) -> None:
     """In the student's process, before the notebook's code runs: torch's ways out of torch become `_wrapper`s
     everywhere torch keeps them (torch.Tensor, torch._C.TensorBase and the legacy tensor types' dicts, torch._C,
     torch.utils.dlpack)."""
@@ -122,11 +156,14 @@ def install() -> None:
     import torch
     import torch.utils.dlpack
 
+    if student is not None and not _STUDENT:
+        _STUDENT.append(student)
     if WRAPPERS:
         return
     base = gc.get_referents(torch._C.TensorBase.__dict__)[0]  # the immutable type's own dict
     originals = {name: base[name] for name in _WRAPPED if name in base}
     originals.update({name: getattr(torch._C, name) for name in _MODULE_FUNCTIONS if hasattr(torch._C, name)})
+    originals.update({name: getattr(torch, name) for name in _TORCH_FUNCTIONS if hasattr(torch, name)})
     keepers = tuple(_keeper(originals) for _ in range(_KEEPERS))
     for keeper in keepers:
         next(keeper)
@@ -135,11 +172,8 @@ def install() -> None:
     gc.unfreeze()  # `gc.get_referrers` does not look at frozen objects (the child froze torch's at start-up)
     for name, fn in originals.items():
         shim = WRAPPERS[name] = _wrapper(name, sends)
-        for holder in gc.get_referrers(fn):
-            if type(holder) is dict and holder is not originals:
-                for key in [k for k, v in holder.items() if v is fn]:
-                    holder[key] = shim  # a type's dict, a module's (torch._C, torch, torch.utils.dlpack)
-        if name not in _MODULE_FUNCTIONS:
+        _replace(gc, fn, shim, originals)
+        if name not in _MODULE_FUNCTIONS and name not in _TORCH_FUNCTIONS:
             setattr(torch.Tensor, name, shim)
     for t in (torch._C.TensorBase, *torch._tensor_classes):
         ctypes.pythonapi.PyType_Modified(ctypes.py_object(t))  # the types' attribute caches see the new dicts
@@ -149,20 +183,39 @@ def install() -> None:
         gc.freeze()
 
 
+def _replace(gc, fn, shim, originals: dict) -> None:
+    """`fn` replaced by `shim` wherever torch keeps it: a dict's value (a type's, a module's), a staticmethod in a
+    dict (torch._C._VariableFunctionsClass's), a tuple in a list or a dict (torch.jit's table of builtin ops)."""
+    for holder in gc.get_referrers(fn):
+        if type(holder) is dict and holder is not originals:
+            for key in [k for k, v in holder.items() if v is fn]:
+                holder[key] = shim
+        elif type(holder) in (staticmethod, tuple):
+            new = staticmethod(shim) if type(holder) is staticmethod else tuple(shim if x is fn else x for x in holder)
+            for outer in gc.get_referrers(holder):
+                if type(outer) is dict:
+                    for key in [k for k, v in outer.items() if v is holder]:
+                        outer[key] = new
+                elif type(outer) is list:
+                    outer[:] = [new if x is holder else x for x in outer]
+
+
 def replaced() -> list[str]:
     """The wrappers the notebook's code took off torch.Tensor or torch._C (each a verdict in a torch-only exercise's
     call)."""
     import torch
 
-    return [name for name, w in WRAPPERS.items()
-            if (getattr(torch._C, name, None) if name in _MODULE_FUNCTIONS else vars(torch.Tensor).get(name)) is not w]
+    def where(name):
+        return (getattr(torch._C, name, None) if name in _MODULE_FUNCTIONS else getattr(torch, name, None)
+                if name in _TORCH_FUNCTIONS else vars(torch.Tensor).get(name))
+    return [name for name, w in WRAPPERS.items() if where(name) is not w]
 
 
 class HostBudget:
     """The count for one call of exercise `root` (made by `grader.child_observe` for each call of a torch-only
     exercise); a finding is the guard's verdict (`flag`), sent at once."""
 
-    __slots__ = ("guard", "root", "moved", "how", "done", "tensor_type", "free", "plain")
+    __slots__ = ("guard", "root", "moved", "how", "done", "tensor_type", "free", "plain", "shared")
 
     def __init__(self, guard, root: str, args=(), kwargs=None):
         import torch
@@ -173,6 +226,7 @@ class HostBudget:
         # kernel reads in Python (`int(context_lens[b])`, an index taken from a block table), free to read through
         # any view of it. Writing other data there is changing an argument in place, which the checks refuse.
         self.free = set()
+        self.shared = set()  # (address, offset, numel) of the regions of `EXPORTED` memory the call's ops touched
         self.close()  # torch.Tensor's wrappers taken off before the call
         for a in _tensors((*args, *(kwargs or {}).values())):
             if not a.is_floating_point() and not a.is_complex() and a.device.type != "meta":
@@ -207,6 +261,33 @@ class HostBudget:
             ways = ", ".join(f"{k}: {v}" for k, v in sorted(self.how.items(), key=lambda kv: -kv[1])[:3])
             self.guard.flag(self.root, moved_message(self.root, self.moved, ways))
 
+    def op(self, func, args, kwargs, out) -> None:
+        """Every op of the call (the dispatch mode's): a region of memory numpy or Python also sees (`EXPORTED`), read
+        or written by the op, is numbers leaving or entering torch without a conversion (red team 9: a tensor copied
+        into `torch.frombuffer(bytearray)` or `torch.from_numpy(np.empty(...))`, or into a tensor whose numpy() the
+        cells took, then read by numpy); and an op that writes into an integer argument's memory ends its being free
+        metadata (#7: scores written into the block table's memory through a float view, read by tolist())."""
+        writes = _WRITES.get(func)
+        if writes is None:
+            writes = _WRITES[func] = _written(func)
+        if not EXPORTED and not (self.free and writes):
+            return
+        with self.plain():
+            for i, t in _flat(args, kwargs, out):
+                if not isinstance(t, self.tensor_type) or t.device.type == "meta":
+                    continue
+                try:
+                    ptr = t.untyped_storage().data_ptr()
+                except Exception:  # noqa: BLE001  (no storage)
+                    continue
+                if ptr in EXPORTED:
+                    region = (ptr, t.storage_offset(), t.numel())
+                    if region not in self.shared:
+                        self.shared.add(region)
+                        self.take(t.numel(), "memory numpy or Python sees too, read or written by torch ops")
+                if ptr in self.free and (i in writes or i == -1):
+                    self.free.discard(ptr)
+
     def scalar(self, func, args) -> None:
         """A scalar read out of a tensor by an op (the dispatch mode's `host`)."""
         if not all(self._free(a) for a in args if isinstance(a, self.tensor_type)):
@@ -231,8 +312,8 @@ class HostBudget:
 
     def called(self, frame, name, owner) -> None:
         """`owner.<name>()` called by the code of `frame`: counted, or denied, when it takes data out of torch."""
-        if frame is not None and frame.f_code.co_filename.startswith(_GRADER):
-            return
+        if frame is not None and frame.f_code.co_filename.startswith(_GRADER) and not self.guard.student(frame):
+            return  # the grader's own code (a fresh copy of a grader file, imported by the notebook's code, is not)
         if name in _DENIED:
             if name in _MODULE_FUNCTIONS:
                 if type(owner).__name__ != "module" or getattr(owner, "__name__", "") != "torch._C":
@@ -254,10 +335,39 @@ class HostBudget:
             return
         try:
             with self.plain():
-                n = int(owner.numel())
+                # a meta tensor has no data: its tolist() raises (the checks' meta-device run of a kernel that reads
+                # its block table once with tolist(): red team 9's #14), and nothing leaves torch
+                n = 0 if owner.device.type == "meta" else int(owner.numel())
         except Exception:  # noqa: BLE001  (a tensor whose size cannot be read moves nothing countable)
             return
-        self.take(n, f"Tensor.{name}()")
+        if n:
+            self.take(n, f"Tensor.{name}()")
+
+
+_WRITES: dict = {}  # op -> the positions (in `_flat`'s order) of the arguments it writes into
+
+
+def _written(func) -> frozenset:
+    """The positional arguments `func` writes into (an in-place op's self, `out=` arguments count as outputs)."""
+    try:
+        return frozenset(i for i, a in enumerate(func._schema.arguments)
+                         if a.alias_info is not None and a.alias_info.is_write and not a.kwarg_only)
+    except AttributeError:
+        return frozenset()
+
+
+def _flat(args, kwargs, out):
+    """(position, value) of the op's positional arguments, then of its keyword arguments at -1 (`out=`: written)
+    and of its outputs at -2 (new memory, or a view of an argument's: not a write)."""
+    for i, a in enumerate(args):
+        if isinstance(a, (list, tuple)):
+            yield from ((i, x) for x in a)
+        else:
+            yield i, a
+    for v in (kwargs or {}).values():
+        yield -1, v
+    for v in out if isinstance(out, (list, tuple)) else (out,):
+        yield -2, v
 
 
 def _tensors(values, depth: int = 0):

@@ -87,6 +87,8 @@ class Observers(TorchDispatchMode):
                         r.failed(func)
                 return out
         out = run(*args, **kwargs)
+        if self.host is not None:
+            self.host.op(func, args, kwargs, out)
         for r in recordings:
             try:
                 r.after(func, args, kwargs, out, True)

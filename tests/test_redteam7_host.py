@@ -173,6 +173,9 @@ def _run(tmp_path, week, grade_id, variant):
     ("flash_decode", "v8/w17_decode_keeper_frame.py", "took a frame"),
     ("flash_decode", "v8/w17_decode_keeper_send.py", "numbers out of torch in one call"),
     ("flash_decode", "v8/w17_decode_ctypes_read.py", "read the process's memory by address through ctypes"),
+    # red team 9 (FINDINGS9.md): copies into memory numpy sees (#1), a fresh copy of a grader file calling numpy() (#5)
+    ("flash_decode", "v9/w17_decode_frombuffer.py", "numbers out of torch in one call"),
+    ("flash_decode", "v9/w17_decode_grader_values.py", "numbers out of torch in one call"),
 ])
 def test_a_kernel_computed_in_numpy_fails(tmp_path, grade_id, variant, says):
     with pytest.raises(AssertionError, match=says):
@@ -246,3 +249,75 @@ def test_a_keeper_asked_directly_is_counted():
     assert moved == 600 and len(flags) == 1 and "out of torch in one call" in flags[0], (moved, flags)
     _, flags = _count(lambda: list(map(sends[1], [("data_ptr", (T,), {})])))
     assert any("reached a tensor's memory" in f for f in flags), flags
+
+
+@pytest.fixture
+def _notebook_exports():
+    """What the notebook's code shares with numpy is noted (`host_budget.EXPORTED`): this file plays the notebook."""
+    host_budget._STUDENT.append(_Guard().student)
+    yield
+    host_budget._STUDENT.clear()
+    host_budget.EXPORTED.clear()
+
+
+def test_memory_torch_shares_with_numpy_or_python_is_counted(_notebook_exports):
+    """Red team 9 (FINDINGS9.md #1-#4): no conversion at all — torch copies into memory numpy or Python sees
+    (`torch.frombuffer(bytearray)`, `torch.from_numpy(np.empty)`, a tensor whose numpy() a cell took), numpy reads it,
+    and the answer comes back through `torch.from_numpy`. Counted by the ops that touch that memory."""
+    flat = T.flatten()
+    shared = [torch.frombuffer(bytearray(4 * 300), dtype=torch.float32),
+              torch.from_numpy(np.empty(300, np.float32))]
+    premapped = torch.zeros(300)
+    seen = premapped.numpy()  # taken "when the cell ran": outside any call
+    for target in (*shared, premapped):
+        moved, flags = _count(lambda: target.copy_(flat))
+        assert moved >= 300 and len(flags) == 1 and "out of torch in one call" in flags[0], (moved, flags)
+    moved, flags = _count(lambda: torch.from_numpy(np.ones(300, np.float32)) * 2)  # an answer coming back
+    assert moved >= 300 and flags, (moved, flags)
+    assert seen.shape == (300,)
+
+
+def test_a_constant_the_notebook_made_from_python_counts_once(_notebook_exports):
+    neg_inf = torch.as_tensor(float("-inf"))
+
+    def honest():
+        m = torch.full((4,), -1.0)
+        for _ in range(500):
+            m = torch.maximum(m, neg_inf)
+        return m
+
+    moved, flags = _count(honest)
+    assert moved <= 1 and not flags, (moved, flags)
+
+
+def test_an_integer_argument_written_into_is_no_longer_free():
+    """#7: scores written into the block table's memory through a float view, read back with tolist(), the table
+    restored after: the write ends the table's being free metadata for the rest of the call."""
+    tables, lens = torch.arange(600).reshape(20, 30), torch.arange(20)
+    guard = _Guard()
+    budget = HostBudget(guard, "paged_attention", (T, tables, lens))
+    prof = _prof(budget)
+    mode = Observers()
+    mode.host = budget
+    saved = tables.clone()
+    with mode:
+        sys.setprofile(prof)
+        try:
+            lens.tolist()
+            free = budget.moved
+            tables.view(torch.float32).copy_(torch.randn(20, 60))
+            tables.view(torch.float32).tolist()
+            tables.copy_(saved)
+        finally:
+            sys.setprofile(None)
+    assert free == 0 and budget.moved >= 1200 and len(guard.flags) == 1, (free, budget.moved, guard.flags)
+
+
+def test_a_meta_tensors_tolist_moves_nothing():
+    """#14: an honest paged kernel reads its block table once with tolist(); in the checks' meta-device run that
+    raises (a meta tensor has no data), and it must not count the table as numbers out of torch."""
+    def honest():
+        with pytest.raises(Exception):
+            torch.empty(2, 300, device="meta").tolist()
+    moved, flags = _count(honest)
+    assert moved == 0 and not flags, (moved, flags)
