@@ -4,11 +4,13 @@ the notebook's namespace its methods read), counted in the process where it live
 A meter of what one call allocates cannot see what an object *keeps* from call to call: a rolling cache that keeps every
 chunk it was given in a list (the argument itself, or a copy) allocates only a chunk per append. `held_bytes` walks
 what the callable reaches, as the garbage collector sees it (`gc.get_referents`, which runs none of the notebook's
-code), and sums what it holds: the storages of tensors (each once), numpy arrays' data, and every other object's own
-size (lists, dicts, bytes, Python numbers). A check compares it after the first and the last call of a long stream
+code), and sums what it holds: the storages of tensors (each once; a sparse tensor's indices and values, a nested or
+mkldnn one's elements), numpy arrays' data, an mmap's pages, and every other object's own size (lists, dicts, bytes,
+Python numbers). A check compares it after the first and the last call of a long stream
 (`grader.checks.week16_caches.rolling_stream`): what grew is what the object kept.
 
-The walk stops at modules (torch's state is not the notebook's), at classes and functions from outside the namespace
+The walk stops at imported modules (those in sys.modules: torch's state is not the notebook's; a module object the
+notebook made is followed), at classes and functions from outside the namespace
 the callable's code was written in, at that namespace's builtins, at the grader's proxies and at the Jupyter kernel's
 objects (the shell behind `get_ipython`); it follows everything else (instance dicts and slots, class attributes,
 closures, generators' frames, containers).
@@ -16,6 +18,7 @@ closures, generators' frames, containers).
 from __future__ import annotations
 
 import gc
+import mmap
 import sys
 import types
 
@@ -64,7 +67,10 @@ def held_bytes(root) -> int:
     module = names.get("__name__") if names is not None else None
     builtins_ = names.get("__builtins__") if names is not None else None
     skip = {id(sys.modules), id(builtins_), id(getattr(builtins_, "__dict__", None))}
-    seen, storages, stack, total = set(), set(), [root], 0
+    # modules stop the walk only when imported (in sys.modules): one the notebook made (`types.ModuleType("h")`) is an
+    # object like any other (red team 9's #9 kept its history on one)
+    imported = {id(m) for m in list(sys.modules.values())}
+    seen, storages, stack, total, keep = set(), set(), [root], 0, []
     tensor, storage_types = torch.Tensor, (torch.UntypedStorage, torch.storage.TypedStorage)
     with torch._C.DisableTorchFunction():
         while stack and len(seen) < LIMIT:
@@ -73,9 +79,9 @@ def held_bytes(root) -> int:
                 continue
             seen.add(id(o))
             t = type(o)  # (type, issubclass: no `__class__` of the notebook's objects read, no code of theirs run)
-            if (issubclass(t, types.ModuleType) or _NAME.__get__(t) == "_ParentProxy"
+            if ((issubclass(t, types.ModuleType) and id(o) in imported) or _NAME.__get__(t) == "_ParentProxy"
                     or _module(t).startswith(_KERNEL)):
-                continue  # a module, the trusted side's object seen from the student's process, the kernel's
+                continue  # a module imported, the trusted side's object seen from the student's process, the kernel's
             if issubclass(t, type):
                 if not _FLAGS.__get__(o) & _HEAPTYPE or _module(o) != module:
                     continue  # a class of Python's, torch's or a library's: not the notebook's
@@ -83,6 +89,11 @@ def held_bytes(root) -> int:
                 continue  # a function from elsewhere (its globals are another module's)
             elif t is types.CodeType:
                 continue  # the notebook's code: the same before and after
+            if issubclass(t, tensor) and tensor.layout.__get__(o) != torch.strided:
+                # sparse, nested or mkldnn: no storage of its own to count (red team 9's #8 kept its history as
+                # hybrid sparse tensors); its parts (indices, values), or its elements at their size, are counted
+                total += _own_size(o) + _layout_bytes(torch, o, stack, keep)
+                continue
             if issubclass(t, tensor):
                 try:
                     s = torch._C.TensorBase.untyped_storage(o)
@@ -108,10 +119,34 @@ def held_bytes(root) -> int:
                     stack.extend(ndarray.tolist(ndarray.ravel(o)))
                 continue
             else:
-                total += _own_size(o)
+                total += _own_size(o) + (len(o) if t is mmap.mmap and not o.closed else 0)  # an mmap's pages (#10)
             for r in gc.get_referents(o):
                 if type(r) in _LEAVES:  # counted where met (each time: the same before and after), not walked
                     total += _own_size(r)
                 else:
                     stack.append(r)
     return total if not stack else -1
+
+
+def _layout_bytes(torch, o, stack, keep) -> int:
+    """A tensor of another layout than strided: its sparse parts go on the walk (each a strided tensor, its storage
+    counted once); what has none (nested, mkldnn, meta) counts its elements at their size."""
+    parts = ()
+    try:
+        layout = o.layout
+        if layout == torch.sparse_coo:
+            parts = (o._indices(), o._values())
+        elif layout in (torch.sparse_csr, torch.sparse_bsr):
+            parts = (o.crow_indices(), o.col_indices(), o.values())
+        elif layout in (torch.sparse_csc, torch.sparse_bsc):
+            parts = (o.ccol_indices(), o.row_indices(), o.values())
+    except Exception:  # noqa: BLE001  (counted by its elements below)
+        parts = ()
+    if parts:
+        stack.extend(parts)
+        keep.extend(parts)  # new objects: alive until the walk ends, so that no other object takes their ids
+        return 0
+    try:
+        return 0 if o.device.type == "meta" else int(o.numel()) * int(o.element_size())
+    except Exception:  # noqa: BLE001
+        return 0

@@ -46,6 +46,14 @@ def test_a_rolling_cache_that_keeps_every_chunk_fails(tmp_path):
         _run(tmp_path, "RollingKVCache", V7 / "w16_rolling_listhistory.py")
 
 
+@pytest.mark.parametrize("variant", ["w16_rolling_sparse_history.py", "w16_rolling_module_history.py",
+                                     "w16_rolling_mmap_history.py"])
+def test_history_kept_in_sparse_tensors_a_module_or_mmaps_fails(tmp_path, variant):
+    """Red team 9's #8-#10 (FINDINGS9.md): the history held where the walk did not count it (grader.held)."""
+    with pytest.raises(AssertionError, match=r"the cache object now keeps [\d,]+ bytes more than after its first"):
+        _run(tmp_path, "RollingKVCache", V7.parent / "v9" / variant)
+
+
 def test_a_rolling_cache_whose_count_wraps_fails(tmp_path):
     with pytest.raises(AssertionError, match=r"length is -\d+; it counts every position ever appended .*torch\.int16"):
         _run(tmp_path, "RollingKVCache", V7 / "w16_rolling_int16len.py")
