@@ -284,7 +284,9 @@ class HostBudget:
                     region = (ptr, t.storage_offset(), t.numel())
                     if region not in self.shared:
                         self.shared.add(region)
-                        self.take(t.numel(), "memory numpy or Python sees too, read or written by torch ops")
+                        self.take(t.numel(), "memory numpy or Python sees too (from_numpy, frombuffer, as_tensor "
+                                             "of an array, a tensor whose numpy() was taken), read or written by torch "
+                                             "ops; a constant made that way is fine once cloned into torch's memory")
                 if ptr in self.free and (i in writes or i == -1):
                     self.free.discard(ptr)
 
