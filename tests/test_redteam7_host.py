@@ -5,6 +5,7 @@ all three earned full credit. Now, during a call of an exercise the course map m
 may not leave torch (`grader.host_budget`): more than HOST_LIMIT numbers out, or a storage, an address or DLPack,
 is a verdict. The routes are counted here in this process (the child's profiler hook and dispatch mode, with a
 guard that records), and the three variants and the honest one nearest the limit run through the isolated path."""
+import contextlib
 import io
 import json
 import operator
@@ -75,20 +76,26 @@ def _prof(budget):
     return prof
 
 
-def _count(fn):
-    """(numbers moved, verdicts) of `fn()` run as a call of flash_decode is in the child."""
+@contextlib.contextmanager
+def _budgeted(root="flash_decode", args=()):
+    """(budget, guard) of a call of `root` with `args`, as the child counts it, while the block runs."""
     guard = _Guard()
-    budget = HostBudget(guard, "flash_decode")
+    budget = HostBudget(guard, root, args)
     prof = _prof(budget)
-
     mode = Observers()
     mode.host = budget
     with mode:
         sys.setprofile(prof)
         try:
-            fn()
+            yield budget, guard
         finally:
             sys.setprofile(None)
+
+
+def _count(fn):
+    """(numbers moved, verdicts) of `fn()` run as a call of flash_decode is in the child."""
+    with _budgeted() as (budget, guard):
+        fn()
     return budget.moved, guard.flags
 
 
@@ -190,21 +197,11 @@ def test_the_integer_arguments_are_metadata_read_freely():
     """Week 19's honest kernels read the lengths and block tables in Python (`int(context_lens[b])`, an index taken
     from a block table: tests/fixtures/honest/w19_paged_attention_b.py); a copy of them is not the argument."""
     tables, lens = torch.arange(600).reshape(20, 30), torch.arange(20)
-    guard = _Guard()
-    budget = HostBudget(guard, "paged_attention", (T, tables, lens))
-    prof = _prof(budget)
-
-    mode = Observers()
-    mode.host = budget
-    with mode:
-        sys.setprofile(prof)
-        try:
-            [int(tables[b, i]) for b in range(20) for i in range(30)]
-            lens.tolist()
-            free = budget.moved
-            (tables * 1).tolist()
-        finally:
-            sys.setprofile(None)
+    with _budgeted("paged_attention", (T, tables, lens)) as (budget, guard):
+        [int(tables[b, i]) for b in range(20) for i in range(30)]
+        lens.tolist()
+        free = budget.moved
+        (tables * 1).tolist()
     assert free == 0 and budget.moved == 600 and len(guard.flags) == 1, (free, budget.moved, guard.flags)
 
 
@@ -294,22 +291,13 @@ def test_an_integer_argument_written_into_is_no_longer_free():
     """#7: scores written into the block table's memory through a float view, read back with tolist(), the table
     restored after: the write ends the table's being free metadata for the rest of the call."""
     tables, lens = torch.arange(600).reshape(20, 30), torch.arange(20)
-    guard = _Guard()
-    budget = HostBudget(guard, "paged_attention", (T, tables, lens))
-    prof = _prof(budget)
-    mode = Observers()
-    mode.host = budget
     saved = tables.clone()
-    with mode:
-        sys.setprofile(prof)
-        try:
-            lens.tolist()
-            free = budget.moved
-            tables.view(torch.float32).copy_(torch.randn(20, 60))
-            tables.view(torch.float32).tolist()
-            tables.copy_(saved)
-        finally:
-            sys.setprofile(None)
+    with _budgeted("paged_attention", (T, tables, lens)) as (budget, guard):
+        lens.tolist()
+        free = budget.moved
+        tables.view(torch.float32).copy_(torch.randn(20, 60))
+        tables.view(torch.float32).tolist()
+        tables.copy_(saved)
     assert free == 0 and budget.moved >= 1200 and len(guard.flags) == 1, (free, budget.moved, guard.flags)
 
 
