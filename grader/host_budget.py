@@ -99,14 +99,26 @@ def _wrapper(name: str, sends):
             except (ValueError, StopIteration):  # answering another call (nested, or another thread's), or closed
                 continue
             if ok:
-                if name in _SHARING and _STUDENT and _STUDENT[0](sys._getframe(1)):
-                    _exported(out if name != "numpy" else self, out)
+                if name in _SHARING and _STUDENT and _asked_by_notebook(sys._getframe(1)):
+                    _exported(self if name in _SHARED_BY_SELF else out, out)
                 return out
             raise out
         raise RuntimeError(f"{name}: the grader's keepers of torch's conversions are all busy or closed (closed by the "
                            f"notebook's code?)")
     counted_method.__name__ = counted_method.__qualname__ = name
     return counted_method
+
+
+def _asked_by_notebook(frame, depth: int = 4) -> bool:
+    """Whether the notebook's code asked, directly or through a few frames of torch's or numpy's (`np.asarray(t)`
+    calls torch's `__array__`, which calls numpy())."""
+    for _ in range(depth):
+        if frame is None:
+            return False
+        if _STUDENT[0](frame):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _exported(tensor, holder) -> None:
@@ -141,7 +153,8 @@ _MODULE_FUNCTIONS = ("_to_dlpack", "_to_dlpack_versioned", "_storage_address")  
 # torch's functions that make a tensor over memory numpy or Python owns (or may): what the notebook's code makes with
 # them, and the tensors whose memory its numpy() hands out, are memory both sides see (`EXPORTED`)
 _TORCH_FUNCTIONS = ("from_numpy", "frombuffer", "from_file", "asarray", "as_tensor")
-_SHARING = frozenset(("numpy", *_TORCH_FUNCTIONS))
+_SHARED_BY_SELF = frozenset(("numpy", "_to_dlpack", "_to_dlpack_versioned"))  # the memory shared is the tensor's
+_SHARING = frozenset((*_SHARED_BY_SELF, *_TORCH_FUNCTIONS))
 EXPORTED: dict = {}  # address of a storage numpy or Python also sees (made so by the notebook's code) -> live exports
 _STUDENT: list = []  # the guard's `student` (`install`): whether a frame runs the notebook's code
 
@@ -190,6 +203,11 @@ def _replace(gc, fn, shim, originals: dict) -> None:
         if type(holder) is dict and holder is not originals:
             for key in [k for k, v in holder.items() if v is fn]:
                 holder[key] = shim
+            if fn in holder:  # a key (torch._dynamo's tables of functions, when it was imported first)
+                holder[shim] = holder.pop(fn)
+        elif type(holder) is set:
+            holder.discard(fn)
+            holder.add(shim)
         elif type(holder) in (staticmethod, tuple):
             new = staticmethod(shim) if type(holder) is staticmethod else tuple(shim if x is fn else x for x in holder)
             for outer in gc.get_referrers(holder):

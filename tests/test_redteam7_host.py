@@ -309,3 +309,11 @@ def test_a_meta_tensors_tolist_moves_nothing():
             torch.empty(2, 300, device="meta").tolist()
     moved, flags = _count(honest)
     assert moved == 0 and not flags, (moved, flags)
+
+
+def test_numpy_through_torchs_own_code_is_noted_as_shared(_notebook_exports):
+    """`np.asarray(t)` asks torch's `__array__`, which calls numpy(): memory the notebook shares that way counts too."""
+    premapped = torch.zeros(300)
+    seen = np.asarray(premapped)
+    moved, flags = _count(lambda: premapped.copy_(T.flatten()))
+    assert moved >= 300 and flags and seen.shape == (300,), (moved, flags)
