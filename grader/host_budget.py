@@ -285,6 +285,8 @@ class HostBudget:
         into `torch.frombuffer(bytearray)` or `torch.from_numpy(np.empty(...))`, or into a tensor whose numpy() the
         cells took, then read by numpy); and an op that writes into an integer argument's memory ends its being free
         metadata (#7: scores written into the block table's memory through a float view, read by tolist())."""
+        if "moved" in self.done:
+            return  # the verdict is given: the rest of the call is not judged (and runs at its own speed)
         writes = _WRITES.get(func)
         if writes is None:
             writes = _WRITES[func] = _written(func)
