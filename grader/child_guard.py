@@ -420,6 +420,21 @@ class _Guard:
         # held only here (no code can reach an audit hook), and the judging function as it is now
         references, judge, refused, similarity = [], judge_compiled, COMPILED_COPY, OWN["grader.similarity"]
 
+        def real_class(obj) -> bool:
+            """Whether `obj` (what `object.__setattr__` changed: a function's `__doc__`, `__module__`, `__defaults__`,
+            or a class) is the grader's as this process runs it (`OWN`): a fresh copy of a grader file is the
+            notebook's own, and its code setting its own functions' attributes changes nothing the grader runs."""
+            if not isinstance(obj, type):
+                g = getattr(obj, "__globals__", None)
+                return type(g) is dict and self.own_module(g)
+            name = getattr(obj, "__module__", None)
+            if not isinstance(name, str) or not name.startswith("grader."):
+                return False
+            module, qualname = OWN.get(name), getattr(obj, "__qualname__", "")
+            if module is None or not isinstance(qualname, str):
+                return module is not None
+            return "." in qualname or vars(module).get(qualname) is obj
+
         def copies_refused(source, name) -> None:
             """A copy of the answer key compiled while the notebook runs is refused: the compile raises, and the copy
             never exists (as a copy in a cell never reaches this process). A name that leads to the grader's objects
@@ -452,8 +467,8 @@ class _Guard:
                 return
             busy[0] = True
             try:
-                if label is changed_class and not str(getattr(args[0], "__module__", "")).startswith("grader."):
-                    return
+                if label is changed_class and not real_class(args[0]):
+                    return  # not the grader's (a class of a fresh copy of a grader file, which nothing here runs)
                 if (event == "compile" and len(args) > 1 and isinstance(args[1], str) and args[1].startswith(os.sep)
                         and realpath(args[1]).startswith(workdir)):
                     compiled.add(args[1])  # a file the notebook's code wrote, imported (importlib compiles it)

@@ -352,3 +352,25 @@ def test_the_workers_shared_model_is_checked_after_each_submission():
     finally:
         forget_shared_models()
     assert shared_smollm2()[0] is not model
+
+
+def test_a_class_of_the_graders_changed_is_a_verdict_a_fresh_copys_is_not(tmp_path):
+    """The audit hook's "changed a class of the grader's" is for the classes the grader runs (`OWN`'s): the notebook's
+    fresh copy of a grader file is its own, and changing one of its classes changes nothing (red team 9's #5 made the
+    fresh copies' code the notebook's; their own code sets attributes of their objects: frozen dataclasses)."""
+    from grader.checks import week16
+
+    # a fresh copy of a grader file: its functions are the notebook's to change
+    fresh = _load(tmp_path / "a", 16, prepend={"causal_mask": "import grader.course_map as _fresh\n"
+                                                            "_fresh.week_numbers.__defaults__ = None\n"})
+    week16.check_causal_mask(fresh.causal_mask)
+    source = _solution_cells(16)["causal_mask"].replace("def causal_mask", "def _mask") + """
+
+def causal_mask(*args, **kwargs):
+    import inspect
+    inspect.getclosurevars(torch.Tensor.numpy).globals["_exported"].__defaults__ = None  # the grader's own function
+    return _mask(*args, **kwargs)
+"""
+    real = _load(tmp_path / "b", 16, edits={"causal_mask": source})
+    with pytest.raises(AssertionError, match="changed a class of the grader's"):
+        week16.check_causal_mask(real.causal_mask)
