@@ -421,15 +421,16 @@ class _Guard:
         references, judge, refused, similarity = [], judge_compiled, COMPILED_COPY, OWN["grader.similarity"]
 
         def real_class(obj) -> bool:
-            """Whether `obj` (what `object.__setattr__` changed: a function's `__doc__`, `__module__`, `__defaults__`,
-            or a class) is the grader's as this process runs it (`OWN`): a fresh copy of a grader file is the
-            notebook's own, and its code setting its own functions' attributes changes nothing the grader runs."""
-            if not isinstance(obj, type):
-                g = getattr(obj, "__globals__", None)
-                return type(g) is dict and self.own_module(g)
+            """Whether `obj` (what `object.__setattr__` changed: a function's `__module__` or `__defaults__`, a
+            class) is the grader's as this process runs it (`OWN`): a fresh copy of a grader file is the notebook's
+            own, and its code setting its own functions' attributes changes nothing the grader runs."""
+            if type(obj) is type(real_class):  # a function: the grader's by its globals
+                return self.own_module(obj.__globals__)
             name = getattr(obj, "__module__", None)
             if not isinstance(name, str) or not name.startswith("grader."):
                 return False
+            if not isinstance(obj, type):
+                return True  # anything else of a grader module's, as before
             module, qualname = OWN.get(name), getattr(obj, "__qualname__", "")
             if module is None or not isinstance(qualname, str):
                 return module is not None

@@ -131,15 +131,15 @@ def held_bytes(root) -> int:
 def _layout_bytes(torch, o, stack, keep) -> int:
     """A tensor of another layout than strided: its sparse parts go on the walk (each a strided tensor, its storage
     counted once); what has none (nested, mkldnn, meta) counts its elements at their size."""
-    parts = ()
+    base, parts = torch._C.TensorBase, ()  # its methods as torch defines them: none of a subclass's code runs
     try:
-        layout = o.layout
+        layout = base.layout.__get__(o)
         if layout == torch.sparse_coo:
-            parts = (o._indices(), o._values())
+            parts = (base._indices(o), base._values(o))
         elif layout in (torch.sparse_csr, torch.sparse_bsr):
-            parts = (o.crow_indices(), o.col_indices(), o.values())
+            parts = (base.crow_indices(o), base.col_indices(o), base.values(o))
         elif layout in (torch.sparse_csc, torch.sparse_bsc):
-            parts = (o.ccol_indices(), o.row_indices(), o.values())
+            parts = (base.ccol_indices(o), base.row_indices(o), base.values(o))
     except Exception:  # noqa: BLE001  (counted by its elements below)
         parts = ()
     if parts:
@@ -147,6 +147,6 @@ def _layout_bytes(torch, o, stack, keep) -> int:
         keep.extend(parts)  # new objects: alive until the walk ends, so that no other object takes their ids
         return 0
     try:
-        return 0 if o.device.type == "meta" else int(o.numel()) * int(o.element_size())
+        return 0 if base.device.__get__(o).type == "meta" else int(base.numel(o)) * int(base.element_size(o))
     except Exception:  # noqa: BLE001
         return 0

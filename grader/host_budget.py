@@ -18,6 +18,10 @@ What is counted, in every call of such an exercise (observed or not: the count r
   `const_data_ptr()` called by the notebook's code, `torch._C._storage_address`, `torch._C._to_dlpack`
   (`__dlpack__`, `np.from_dlpack`), and `apply_` / `map_` / `map2_` (Python run on each element, from C); taking a
   wrapper off torch.Tensor is a verdict too.
+- memory torch shares with numpy or Python: what the notebook's code (at any time, cells included) made with
+  `from_numpy`, `frombuffer`, `from_file`, `asarray`, `as_tensor`, or whose `numpy()` or DLPack it took (`EXPORTED`):
+  each region of it an op of the call reads or writes counts its elements (`HostBudget.op`); and an op that writes
+  into an integer argument's memory ends its being free (below).
 Each of those C functions is replaced wherever torch keeps it — torch._C.TensorBase's own dict and the 38 legacy
 tensor types' (`torch.FloatTensor`...) copies of it, changed through the dicts themselves since the types are
 immutable — by one Python wrapper (`install`), which hands the call to a keeper: a running generator whose frame is
