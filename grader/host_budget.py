@@ -22,7 +22,7 @@ What is counted, in every call of such an exercise (observed or not: the count r
   `from_numpy`, `frombuffer`, `from_file`, `asarray`, `as_tensor`, or whose `numpy()` or DLPack it took (`EXPORTED`):
   each region of it an op of the call reads or writes counts its elements (`HostBudget.op`); and an op that writes
   into an integer argument's memory ends its being free (below).
-Each of those C functions is replaced wherever torch keeps it — torch._C.TensorBase's own dict and the 38 legacy
+Each of those C functions is replaced wherever torch keeps it — torch._C.TensorBase's own dict and the legacy
 tensor types' (`torch.FloatTensor`...) copies of it, changed through the dicts themselves since the types are
 immutable — by one Python wrapper (`install`), which hands the call to a keeper: a running generator whose frame is
 the only holder of the C functions (`_keeper`). The C function is then called by Python code, in the keeper's frame,
