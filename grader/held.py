@@ -9,6 +9,11 @@ mkldnn one's elements), numpy arrays' data, an mmap's pages, and every other obj
 Python numbers). A check compares it after the first and the last call of a long stream
 (`grader.checks.week16_caches.rolling_stream`): what grew is what the object kept.
 
+What the callable's observed calls made and left alive when they returned is counted too, wherever it is kept
+(`note_made`: the storages of the tensors each call's memory meter still tracked at its end, held by weak reference):
+a history kept on an imported module (`math.h`), on a class of torch's, in a registry of a library's, where the walk
+below never goes, is found that way. A storage is counted once, by either route.
+
 The walk stops at imported modules (those in sys.modules: torch's state is not the notebook's; a module object the
 notebook made is followed), at classes and functions from outside the namespace
 the callable's code was written in, at that namespace's builtins, at the grader's proxies and at the Jupyter kernel's
@@ -17,16 +22,22 @@ closures, generators' frames, containers).
 """
 from __future__ import annotations
 
+import collections
 import gc
 import mmap
 import sys
 import types
+import weakref
+
+from grader.child_identity import OWN  # the grader's modules in the student's process (not in its sys.modules)
 
 _HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement
 # A class's attributes read through `type`'s own descriptors: no metaclass of the notebook's is asked
 _FLAGS, _MRO, _NAME, _MODULE = (type.__dict__[n] for n in ("__flags__", "__mro__", "__name__", "__module__"))
 LIMIT = 2_000_000  # objects walked at most: a bound on the walk's time (past it, `held_bytes` says -1)
 _LEAVES = (int, float, complex, bool, str, bytes, type(None))
+_MADE: dict = {}  # id(the measured object) -> (the object, [weak references to storages its observed calls made])
+_MADE_KEPT = 8  # objects remembered at most (a check measures one stream at a time)
 # The notebook's kernel puts its own objects in the namespace (get_ipython, exit, the shell behind them): not followed
 _KERNEL = ("IPython.", "ipykernel.", "traitlets.", "jupyter_client.", "zmq.", "tornado.")
 
@@ -52,6 +63,61 @@ def _own_size(o) -> int:
             except Exception:  # noqa: BLE001  (a C type that cannot say: counted as nothing)
                 return 0
     return 0
+
+
+def _owner(root):
+    return root.__self__ if type(root) is types.MethodType else root
+
+
+def note_made(root, tensors) -> None:
+    """Remember the storages of `tensors` (what an observed call of `root` made and still held when it returned:
+    its result among them) by weak reference: `held_bytes(root)` counts those still alive, wherever they are kept.
+    A storage's weak reference lives as long as its memory does, however it is held (a tensor, a view, the storage
+    object alone)."""
+    import torch
+
+    owner = _owner(root)
+    entry = _MADE.get(id(owner))
+    if entry is None or entry[0] is not owner:
+        entry = _MADE[id(owner)] = (owner, [])
+        while len(_MADE) > _MADE_KEPT:
+            del _MADE[next(iter(_MADE))]
+    refs = entry[1]
+    refs[:] = [r for r in refs if r() is not None]
+    for t in tensors:
+        if t is None:
+            continue
+        try:
+            s = torch._C.TensorBase.untyped_storage(t)
+        except (RuntimeError, NotImplementedError, TypeError):
+            continue
+        if s.device.type != "meta" and s.nbytes():
+            refs.append(weakref.ref(s))
+
+
+def _made_alive(root) -> list:
+    """The storages `note_made` remembered for `root` that something other than the grader keeps alive: the
+    student's process keeps every storage it sent the trusted side (`grader.child._Child.sent_storages`, so that
+    views keep their identity), which is not the notebook's keeping. Kept by the notebook: a tensor still uses it
+    (the storage's use count counts tensors, and the storage object itself when it holds it), or its storage object
+    has more references than the grader's list and this function hold."""
+    import torch
+
+    entry = _MADE.get(id(_owner(root)))
+    if entry is None or entry[0] is not _owner(root):
+        return []
+    child = getattr(OWN.get("grader.child"), "_CHILD", None)
+    sent = collections.Counter(map(id, getattr(child, "sent_storages", ())))
+    out = []
+    for ref in entry[1]:
+        s = ref()
+        if s is None:
+            continue
+        # references: `s`, getrefcount's argument, the grader's list (once per entry), and `out` once appended
+        if torch._C._storage_Use_Count(s._cdata) > 1 or sys.getrefcount(s) > 2 + sent[id(s)]:
+            out.append(s)
+        del s
+    return out
 
 
 def held_bytes(root) -> int:
@@ -125,7 +191,13 @@ def held_bytes(root) -> int:
                     total += _own_size(r)
                 else:
                     stack.append(r)
-    return total if not stack else -1
+    if stack:
+        return -1
+    for s in _made_alive(root):  # what its calls made and is still alive, wherever it is kept
+        if s.data_ptr() not in storages:
+            storages.add(s.data_ptr())
+            total += s.nbytes()
+    return total
 
 
 def _layout_bytes(torch, o, stack, keep) -> int:

@@ -46,12 +46,15 @@ def test_a_rolling_cache_that_keeps_every_chunk_fails(tmp_path):
         _run(tmp_path, "RollingKVCache", V7 / "w16_rolling_listhistory.py")
 
 
-@pytest.mark.parametrize("variant", ["w16_rolling_sparse_history.py", "w16_rolling_module_history.py",
-                                     "w16_rolling_mmap_history.py"])
+@pytest.mark.parametrize("variant", ["v9/w16_rolling_sparse_history.py", "v9/w16_rolling_module_history.py",
+                                     "v9/w16_rolling_mmap_history.py", "v8/w16_rolling_imported_module_history.py",
+                                     "v8/w16_rolling_class_history.py", "v10/w16_rolling_imported_module.py"])
 def test_history_kept_in_sparse_tensors_a_module_or_mmaps_fails(tmp_path, variant):
-    """Red team 9's #8-#10 (FINDINGS9.md): the history held where the walk did not count it (grader.held)."""
+    """Red team 9's #8-#10 (FINDINGS9.md): the history held where the walk did not count it (grader.held); and
+    round 9's open route, the history on an imported module (`math`) or a class of torch's, where the walk never
+    goes: what the observed appends made and something other than the grader keeps alive is counted."""
     with pytest.raises(AssertionError, match=r"the cache object now keeps [\d,]+ bytes more than after its first"):
-        _run(tmp_path, "RollingKVCache", V7.parent / "v9" / variant)
+        _run(tmp_path, "RollingKVCache", V7.parent / variant)
 
 
 def test_a_rolling_cache_whose_count_wraps_fails(tmp_path):
