@@ -120,9 +120,13 @@ def _made_alive(root) -> list:
     return out
 
 
-def held_bytes(root) -> int:
-    """Bytes reachable from `root` (see the module docstring); -1 when they are more than `LIMIT` objects."""
+def held_bytes(root, made=None) -> int:
+    """Bytes reachable from `root` (see the module docstring); -1 when they are more than `LIMIT` objects. `made`: the
+    memory meter of a call of `root` just made (`TensorMemoryMeter`): the tensors it still tracks are noted first."""
     import torch
+
+    if made is not None:
+        note_made(root, [ref() for ref in list(made._refs.values())])  # alive when it returned: made, kept or returned
 
     try:
         import numpy

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from grader.fingerprint import lib_name, oracle_name, warm
-from grader.held import held_bytes, note_made
+from grader.held import held_bytes
 from grader.observers import OUTSIDE_CODE, HostMeter, Observers, observers_code
 from grader.op_table import classify
 from grader.reach import Reach
@@ -444,11 +444,7 @@ class Recording:
         obs.flops = int(self.flops)
         obs.peak_bytes = int(self.meter.peak)
         obs.lib_calls = self.seen
-        if getattr(self, "held_root", None) is not None:
-            note_made(self.held_root, [ref() for ref in list(self.meter._refs.values())])  # alive: made, kept or returned
-            obs.held_bytes = held_bytes(self.held_root)
-        else:
-            obs.held_bytes = 0
+        obs.held_bytes = held_bytes(self.held_root, self.meter) if getattr(self, "held_root", None) is not None else 0
         records = self._kernel_records
         if records is not None and (records.launches or records.problems):
             obs.kernel = records.summary(self.inputs, _tensors(result if issubclass(type(result), (list, tuple)) else [result]))
