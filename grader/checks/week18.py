@@ -446,7 +446,11 @@ def check_lookup_draft(lookup_draft) -> None:
     # the last 64 tokens, returns at most 8, or caps the n-gram at 5 is wrong somewhere: the only earlier
     # occurrence 400 tokens back; k = 20 after a long copied stretch; a 7-gram whose latest 5-gram is elsewhere
     filler = (10 + torch.randint(0, 40, (400,), generator=g)).tolist()
-    cases += [([1, 2, 3, 4] + filler + [1, 2, 3], 3, 3, 1), (list(range(30)) + [0, 1, 2], 20, 3, 1),
+    # ... and past any window a search could be cut to (deque(maxlen=512), the last 2048): the only earlier occurrence
+    # 3,000 to 12,000 tokens back, the distance drawn per run (red team 10's #4)
+    far = (10 + torch.randint(0, 40, (int(torch.randint(3_000, 12_000, (), generator=g)),), generator=g)).tolist()
+    cases += [([1, 2, 3, 4] + filler + [1, 2, 3], 3, 3, 1), ([1, 2, 3, 5] + far + [1, 2, 3], 3, 3, 1),
+              (list(range(30)) + [0, 1, 2], 20, 3, 1),
               ([1, 2, 3, 4, 5, 6, 7, 50, 0, 3, 4, 5, 6, 7, 60, 1, 2, 3, 4, 5, 6, 7], 3, 7, 1)]
     for _ in range(300):
         vocab = int(torch.randint(3, 12, (), generator=g))

@@ -30,6 +30,7 @@ FALSE_FAILURE = 1e-6  # statistical checks: a correct implementation fails less 
 LAW_VOCAB = 5
 LAW_K = 3
 LONG_K = 6  # the "long round" case: a verify must hold at every position, not only the first LAW_K
+WIDE_VOCAB = 64  # the "wide vocabulary" case: residual and bonus rows spread over most of 64 tokens
 MAIN_RATIOS = (0.85, 0.90)  # case "main": every p_i(x_i)/q_i(x_i) drawn in this range, strictly inside (0, 1)
 MAIN_TRIALS = 42_000  # the power case: see law_power() and tests/test_week18_checks.py
 SMALL_TRIALS = 4_000  # each edge case
@@ -131,6 +132,22 @@ def law_cases(g: torch.Generator) -> list[LawCase]:
     p, q, x = _positions(g, [u(1.2, 1.6) for _ in range(3)] + [u(0.6, 0.9) for _ in range(LONG_K - 3)])
     cases.append(LawCase("long round", p, q, x, SMALL_TRIALS,
                          f"K = {LONG_K}: the first three always accepted, the last three each with its own ratio"))
+    # A wide vocabulary: q's mass on the draft token and four others, p's spread over all 64, so the residual
+    # max(p - q, 0) and the bonus row p_K each give ~60 tokens about 1/60: a sampler that draws from the top few
+    # (top-k), exact where V = 5, never emits most of them (red team 10's #3). One position (K = 1): each of its
+    # 124 tests widens every test's band (law_level), and the main case keeps its power (law_power) with these.
+    ps, qs, xs = [], [], []
+    for _ in range(1):
+        x, *few = torch.randperm(WIDE_VOCAB, generator=g)[:5].tolist()
+        qx = u(0.3, 0.5)
+        q = torch.zeros(WIDE_VOCAB, dtype=torch.float64)
+        q[x], q[few] = qx, (1.0 - qx) * _row(g, 4, {})
+        ps.append(_row(g, WIDE_VOCAB, {x: u(0.3, 0.6) * qx}))
+        qs.append(q)
+        xs.append(x)
+    ps.append(_row(g, WIDE_VOCAB, {}))
+    cases.append(LawCase("wide vocabulary", torch.stack(ps), torch.stack(qs), torch.tensor(xs, dtype=torch.int64),
+                         SMALL_TRIALS, f"V = {WIDE_VOCAB}: the residual and the bonus spread over ~60 tokens each"))
     return cases
 
 

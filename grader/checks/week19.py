@@ -44,17 +44,23 @@ def check_continuous_gain(continuous_gain) -> None:
 
 # --- 2, 3: counting blocks ---------------------------------------------------------------------------
 
+FLOATS = "; past 2**53 a float cannot hold every integer, so n / b (and math.ceil of it) is off: stay in integers"
+
+
 @WEEK.exercise(2, "blocks_needed", section="2 (Preallocation's waste)")
 def check_blocks_needed(blocks_needed) -> None:
     g = generator(1)
     cases = [(0, 16), (1, 16), (16, 16), (17, 16), (2000, 16), (100, 16), (7, 1), (31, 32)]
     cases += [(int(n), int(b)) for n, b in zip(torch.randint(0, 5000, (20,), generator=g),
                                               torch.randint(1, 64, (20,), generator=g))]
+    # lengths past what a float holds exactly (the notebook names the edge): math.ceil(n / b) is off by one there
+    cases += [(2**53 + 1, 2), (10**18 + 1, 16), (2**62 + 3 * int(torch.randint(1, 2**20, (), generator=g)), 4)]
     for n, b in cases:
         got = blocks_needed(n, b)
         want = ref.blocks_needed(n, b)
         assert got == want, (f"blocks_needed(num_tokens={n}, block_size={b}) = {got}; expected {want}: a block "
-                              f"holds {b} slots and a partly filled last block still counts (round up) {seed_note()}")
+                              f"holds {b} slots and a partly filled last block still counts (round up){FLOATS if n > 2**53 else ''} "
+                              f"{seed_note()}")
 
 
 @WEEK.exercise(3, "slots_wasted", section="2 (Preallocation's waste)")
@@ -63,15 +69,17 @@ def check_slots_wasted(slots_wasted) -> None:
     assert got == 28, (f"slots_wasted([2000, 100, 500, 1500], 16) = {got}; expected 28 (the seed's example: "
                        f"258 blocks = 4128 slots for 4100 tokens)")
     g = generator(2)
-    for case in range(20):
+    for case in range(22):
         b = int(torch.randint(1, 33, (1,), generator=g))
         lengths = torch.randint(1, 3000, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g).tolist()
         lengths[0] = b * int(torch.randint(1, 50, (1,), generator=g))  # one fills its last block exactly
-        got = slots_wasted(lengths, b)
-        want = ref.slots_wasted(lengths, b)
+        if case >= 20:  # and lengths past what a float holds exactly (2**53 + 1 in blocks of 2: one empty slot)
+            b, lengths = (2, [2**53 + 1, 3]) if case == 20 else (16, [10**18 + 1, *lengths[1:]])
+        want = ref.slots_wasted(lengths, b)  # before the call, which gets a copy (nothing it does moves it)
+        got = slots_wasted(list(lengths), b)
         assert got == want, (f"slots_wasted({lengths}, block_size={b}) = {got}; expected {want}: only each sequence's "
-                             f"last block has empty slots, and none if the length is a multiple of the block size "
-                             f"{seed_note()}")
+                             f"last block has empty slots, and none if the length is a multiple of the block size"
+                             f"{FLOATS if max(lengths) > 2**53 else ''} {seed_note()}")
 
 
 # --- 4: the block allocator --------------------------------------------------------------------------
@@ -184,8 +192,9 @@ def check_slot_mapping(slot_mapping) -> None:
             table = torch.randint(1 << 27, 1 << 28, (nb,), generator=g).tolist()
         start = int(torch.randint(0, nb * bs, (1,), generator=g))
         count = int(torch.randint(0, nb * bs - start + 1, (1,), generator=g))
-        got = slot_mapping(table, start, count, bs)
-        assert_close(got, ref.slot_mapping(table, start, count, bs),
+        want = ref.slot_mapping(table, start, count, bs)  # before the call, which gets a copy (nothing it does moves it)
+        got = slot_mapping(list(table), start, count, bs)
+        assert_close(got, want,
                      f"slot_mapping({table}, start={start}, num_tokens={count}, block_size={bs}) (position p lives "
                      f"in slot table[p // block_size] * block_size + p % block_size; blocks are not contiguous)",
                      atol=0)

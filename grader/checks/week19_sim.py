@@ -17,6 +17,7 @@ Nothing here calls the student's code except through the function or class it is
 """
 from __future__ import annotations
 
+import copy
 import math
 import random
 
@@ -300,7 +301,10 @@ def simulate(schedule, w: dict, label: str, call=None) -> int:
         where = f"{label}, step {step}"
 
         rv, wv = [view(r) for r in running], [view(r) for r in waiting[:w["max_seqs"]]]
-        plan = (call or _plain_call)(schedule, rv, wv, free, w["bs"], w["budget"], w["max_seqs"], w["chunked"])
+        # the call gets its own copies: what it does to them (written back into the lists it was given, as the
+        # isolated path does with a list argument) never reaches the views the plan is judged against (red team 10, p1)
+        plan = (call or _plain_call)(schedule, copy.deepcopy(rv), copy.deepcopy(wv), free, w["bs"], w["budget"],
+                                     w["max_seqs"], w["chunked"])
         preempt, run = judge_plan(plan, rv, wv, free, w["bs"], w["budget"], w["max_seqs"], w["chunked"], where)
         assert run, (f"{where}: the plan runs nothing although {len(running)} request(s) run and {len(waiting)} wait; "
                      f"the engine would stall")
