@@ -300,10 +300,11 @@ print(f"smallest top-2 logit gap over the {gaps.numel()} greedy tokens: {gaps.mi
 #
 # The check knows the **exact law** of the output of the rule you are asked for, and tests yours against it: per run
 # (seed printed) it draws p, q and draft tokens at K = 3 with every position uncertain, plus edge cases (p = q,
-# disjoint supports, q zero where p has mass, a sure guess first) and a longer round (K = 6), calls your `verify`
-# 42,000 + 5 × 4,000 times, and tests every acceptance probability and every next-token probability. A correct
-# `verify` fails less than once in a million runs; a rule that is exact but accepts less often than it could fails,
-# and so does one whose acceptance probability is off by 2 points at any position (with probability above 0.999).
+# disjoint supports, q zero where p has mass, a sure guess first), a longer round (K = 6) and a 64-token vocabulary,
+# calls your `verify` 42,000 + 6 × 4,000 times, and tests every acceptance probability and every next-token
+# probability. A correct `verify` fails less than once in a million runs; a rule that is exact but accepts less often
+# than it could fails, and so does one whose acceptance probability is off by 2 points at any position (with
+# probability above 0.999).
 # The rule, the law and the test are printed after the check.
 
 # %% nbgrader={"grade": false, "grade_id": "verify", "locked": false, "schema_version": 3, "solution": true, "task": false}
