@@ -115,14 +115,40 @@ def _proc_rules(as_root: bool) -> list[tuple[str, str]]:
     holds for every folder beneath it). Its own folder's descriptor stays open: a rule is held by the inode, and
     /proc makes a new inode for a pid's folder each time its cached entry is dropped."""
     me = str(os.getpid())
-    rules = [("read", f"/proc/{me}")]
-    _PINNED.append(os.open(f"/proc/{me}", os.O_PATH | os.O_CLOEXEC))
+    rules = _own_proc(f"/proc/{me}")
     for entry in sorted(os.listdir("/proc")):
         if entry.isdigit() or entry in ("self", "thread-self"):
             continue
         path = f"/proc/{entry}"
         rules += _world_readable(path) if as_root else [("read", path)]
     return rules
+
+
+_RAW = ("mem",)  # the process's memory as a file: read at any address, it is a raw memory read (red team 10)
+
+
+def _own_proc(folder: str) -> list[tuple[str, str]]:
+    """This process's own /proc folder, entry by entry, less `mem` (its own and each thread's, under `task/`): reading
+    /proc/self/mem at an address reads this process's memory without torch, numpy or ctypes seeing it. Each entry's
+    descriptor stays open (`_PINNED`: a rule is held by the inode)."""
+    rules = []
+    for entry in sorted(os.listdir(folder)):
+        path = f"{folder}/{entry}"
+        if entry in _RAW or os.path.islink(path):
+            continue  # (a link — root, cwd, exe — would put the rule on what it leads to: `/` for root)
+        if entry == "task":
+            for tid in sorted(os.listdir(path)):
+                rules += _own_proc(f"{path}/{tid}")
+            _PINNED.append(os.open(path, os.O_PATH | os.O_CLOEXEC))
+            rules.append(("list", path))
+            continue
+        try:
+            _PINNED.append(os.open(path, os.O_PATH | os.O_CLOEXEC))
+        except OSError:
+            continue
+        rules.append(("read", path))
+    _PINNED.append(os.open(folder, os.O_PATH | os.O_CLOEXEC))
+    return rules + [("list", folder)]
 
 
 def _expand(readable: list, as_root: bool) -> list:

@@ -29,8 +29,8 @@ the only holder of the C functions (`_keeper`). The C function is then called by
 so even `map(torch._C.TensorBase.numpy, ts)` or a keeper's `send` called from C is a `c_call` the profiler sees.
 Reaching the C functions themselves means reading a frame (`gi_frame`, a traceback's `tb_frame`) or the garbage
 collector's lists, each a verdict of `grader.child_guard`.
-Not seen: memory read by address without torch (numpy's `__array_interface__` on an address worked out from `id(t)`
-and torch's C++ layouts): an attack on the process, not a kernel.
+Memory read by address without torch is denied, not counted: numpy reads no `__array_interface__` in the student's
+process (`grader.raw_memory`), `/proc/self/mem` cannot be opened there (`grader._sandbox`), ctypes' reads are a verdict.
 The grader's own code (its observers, its wire) converts tensors too: calls made from its files are not counted. Nor
 is reading the memory of the call's integer and boolean arguments (week 19's block tables and lengths: metadata).
 

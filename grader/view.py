@@ -46,7 +46,7 @@ ALL = "*"
 CHILD_MODULES = ("__init__", "_sandbox", "child", "child_wire", "child_guard", "child_identity", "child_observe", "wire",
                  "notebook", "status", "fingerprint", "observe", "observers", "held", "reads", "reach", "ran",
                  "ran_plan", "ran_switch", "triton_watch", "similarity", "copy_thresholds", "op_table", "host_budget",
-                 "course_map")
+                 "course_map", "raw_memory")
 ALWAYS = {"lib.attn.io_model": ("TensorMemoryMeter",), "lib.bench.threads": ("apply", "describe")}
 # Packages whose code does an exercise's work: not readable at all (nothing the exercises need is in them).
 DENIED_PACKAGES = ("transformers", "accelerate", "llama_cpp", "llama_cpp_python", "vllm", "gguf")

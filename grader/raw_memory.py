@@ -1,0 +1,82 @@
+"""No memory read or written by address in the student's process: numpy's `__array_interface__` is not read there.
+
+A numpy array over any integer address is one attribute away: a plain object whose `__array_interface__` says
+`{"data": (address, False), "shape": ..., "typestr": ...}` becomes, through `np.asarray`, an array over that memory,
+with no ctypes call, no audit event and none of torch's conversions (red team 10's #6-#8: each tensor's data address
+worked out from `id(t)` and torch's C++ layouts, the answer computed in numpy and written into a `torch.empty`).
+numpy's C code looks the attribute up under one interned string, which it keeps in its own static data
+(`numpy._core._multiarray_umath`); before the notebook's code runs, `close_array_interface` points that slot at
+another name, so numpy never finds an interface an object offers, in `asarray`, `array`, ufuncs or anywhere else.
+numpy's own arrays keep theirs (a getter by its C name, which nothing here changes). `np.lib.stride_tricks.as_strided`
+and `sliding_window_view`, which make their arrays the same way, are unavailable there too: a stride past an array's
+end is a read by address as well. The other door to the process's memory, `/proc/self/mem`, is closed by the
+sandbox (`grader._sandbox._own_proc`); ctypes' is a verdict (`grader.child_guard`).
+"""
+from __future__ import annotations
+
+import ctypes
+import struct
+import sys
+
+_NAME = "__array_interface__"
+_ELSEWHERE = sys.intern("__array_interface_not_read_in_the_graders_child__")  # kept alive: numpy now looks it up
+
+
+def _data_sections(path: str) -> list[tuple[int, int]]:
+    """(start, end) in this process of the shared object's `.data` and `.bss` (from its ELF section headers, placed
+    by the address its first mapping is loaded at): where its static variables live, and nothing else."""
+    with open(path, "rb") as f:
+        elf = f.read()
+    if elf[:4] != b"\x7fELF" or elf[4] != 2 or elf[5] != 1:  # 64-bit little-endian only
+        return []
+    shoff, = struct.unpack_from("<Q", elf, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", elf, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQ", elf, shoff + i * shentsize) for i in range(shnum)]
+    names = headers[shstrndx][4]  # the section-name table's file offset
+    with open("/proc/self/maps") as f:
+        starts = [int(line.split()[0].split("-")[0], 16) for line in f
+                  if line.split()[-1] == path and int(line.split()[2], 16) == 0]
+    if not starts:
+        return []
+    out = []
+    for name_at, _kind, _flags, addr, _offset, size in headers:
+        name = elf[names + name_at:elf.index(b"\0", names + name_at)]
+        if name in (b".data", b".bss") and size:
+            out.append((starts[0] + addr, starts[0] + addr + size))
+    return out
+
+
+def _offers_memory() -> bool:
+    """Whether numpy still makes an array from a plain object's interface (pointed at an array of its own)."""
+    import numpy
+
+    mine = numpy.arange(3, dtype=numpy.int64)
+
+    class Holder:
+        pass
+
+    h = Holder()
+    setattr(h, _NAME, {"data": (mine.ctypes.data, True), "shape": (3,), "typestr": "<i8", "version": 3})
+    got = numpy.asarray(h)
+    return got.dtype == numpy.int64 and got.tolist() == [0, 1, 2]
+
+
+def close_array_interface() -> str:
+    """Point numpy's lookup of `__array_interface__` at another name; a phrase for the sandbox's description."""
+    try:
+        import numpy
+    except ImportError:  # pragma: no cover
+        return ""
+    target = id(sys.intern(_NAME))
+    hits = []
+    for lo, hi in _data_sections(numpy._core._multiarray_umath.__file__):
+        lo = -(-lo // 8) * 8  # pointers are 8-aligned
+        words = (ctypes.c_uint64 * ((hi - lo) // 8)).from_address(lo)
+        hits += [lo + 8 * int(i) for i in numpy.nonzero(numpy.frombuffer(words, dtype=numpy.uint64) == target)[0]]
+    if len(hits) != 1:
+        return f"numpy's __array_interface__ still read ({len(hits)} slots found, 1 expected)"
+    ctypes.c_uint64.from_address(hits[0]).value = id(_ELSEWHERE)
+    if _offers_memory():
+        ctypes.c_uint64.from_address(hits[0]).value = target
+        return "numpy's __array_interface__ still read (its slot did not hold the lookup)"
+    return "no numpy array by address (__array_interface__ not read)"
