@@ -264,8 +264,19 @@ def similar_to_reference(notebook: str | Path, cells, week: int | None) -> dict[
     functions they call, are copies of a reference unit (lib's, or the instructor's solution's): `scores` at
     TOKEN_THRESHOLD or THRESHOLD. The solution is not compared with itself, nor at all when
     `INFERENCE_LAB_SOLUTION_COPIES=allow` (the lab's own tests grade copies of the solution)."""
-    return {grade_id: why_copy(name, (tok, st, ref), helpers)
-            for grade_id, (tok, st, ref, name, helpers) in scores(notebook, cells, week).items() if ratio((tok, st, ref)) >= 1}
+    return similar_and_nearest(notebook, cells, week)[0]
+
+
+def similar_and_nearest(notebook: str | Path, cells, week: int | None) -> tuple[dict[str, str], dict[str, str]]:
+    """`similar_to_reference`'s answer, and {grade_id: "reference NN% (tokens NN%, statements NN%)"}: each exercise's
+    nearest reference, below the thresholds too. A copy re-spelled line by line stays under them (red team 10's
+    #10-#15: 23-55 % of the tokens, where honest work can score as much), so the instructor's status file shows how
+    near each exercise came (`nearest_reference`)."""
+    found = scores(notebook, cells, week)
+    return ({grade_id: why_copy(name, (tok, st, ref), helpers)
+             for grade_id, (tok, st, ref, name, helpers) in found.items() if ratio((tok, st, ref)) >= 1},
+            {grade_id: f"{ref} {max(tok, st):.0%} (tokens {tok:.0%}, statements {st:.0%})"
+             for grade_id, (tok, st, ref, _, _) in found.items()})
 
 
 def copies_in_cells(notebook: str | Path, cells, week: int | None) -> list[tuple[int, str, str]]:

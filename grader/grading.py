@@ -159,6 +159,7 @@ class IsolatedExecute(NbGraderPreprocessor):
             used = session.reference_use(names) if names else {}
             notes["reference_use"] = sorted(used)
             notes["reference_use_why"] = {name: used[name] for name in sorted(used)}
+            notes["nearest_reference"] = dict(sorted(getattr(session, "nearest", {}).items()))  # below the thresholds too
         finally:
             notes["restarts"] = session.restarts
             session.close()

@@ -65,7 +65,7 @@ from grader.child_setup import CHILD_BOOT, child_import_path, memory_kind, trito
 from grader.trusted_objects import CHILD_MAY, refuse_module_change
 from grader.status import (TAMPERED_TAIL, DEFAULT_BUDGET, DEFAULT_CALL_TIMEOUT, DEFAULT_CPU, DEFAULT_EXERCISE_TIMEOUT,
                             DEFAULT_MEMORY, limits, one_line)
-from grader.copies import copies_in_cells, reference_units, similar_to_reference, without_copies
+from grader.copies import copies_in_cells, reference_units, similar_and_nearest, without_copies
 from grader.similarity import introspection_in_cells
 from grader.view import ViewSpec, build_view, readable_paths
 from grader.wire import (MAX_FROM_CHILD, ArgumentChanged, IsolationError, ResourceRefused, StudentCrash, StudentMemoryError,
@@ -196,7 +196,7 @@ class Session:
     def load(self, cells: list[tuple[int, str | None, str]]) -> dict:
         self.cells = cells
         # Read here, from the source: a renamed or padded copy of lib's code or of the solution (grader.similarity).
-        self.similar = similar_to_reference(self.notebook, cells, self.view.week)
+        self.similar, self.nearest = similar_and_nearest(self.notebook, cells, self.view.week)
         # ... and for the child, which names the exercise a copy runs for (one parked in another cell, or compiled
         # by the notebook's code while it runs): the copies in every cell, and the references' statement hashes
         self.copies = copies_in_cells(self.notebook, cells, self.view.week)

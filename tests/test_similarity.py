@@ -12,6 +12,7 @@ A fixture's name says what it is: `wNN_<exercise>_<variant>.py` (honest), `wNN_<
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -205,6 +206,19 @@ def test_the_instructors_screen_names_the_match_and_its_share(monkeypatch):
     assert similarity.match_label(solution_why) == f"the solution's TextStream._take {max(tok, st):.0%}"
 
 
+def test_the_nearest_reference_is_reported_below_the_thresholds_too(monkeypatch):
+    """Red team 10's #10: lib's TextStream re-spelled line by line holds ~23 % of its tokens, under the thresholds
+    (honest work scores as much): not a copy, but the status file's `nearest_reference` names lib's TextStream with
+    its share, for the instructor to read."""
+    path = REPO / "tests" / "fixtures" / "redteam" / "v10" / "w21_textstream_respelled.py"
+    monkeypatch.delenv("INFERENCE_LAB_SOLUTION_COPIES", raising=False)
+    cells = _as_students(21, {"TextStream": path.read_text()})
+    similar, nearest = copies.similar_and_nearest(REPO / "submitted" / "student.ipynb", cells, 21)
+    assert "TextStream" not in similar
+    assert re.fullmatch(r"lib's lib\.serve\.serving\.TextStream( [(].*[)])? \d+% \(tokens \d+%, statements \d+%\)",
+                        nearest["TextStream"]), nearest
+
+
 # --- through the isolated path: the copies score 0 as `pytest weeks/NN` and autograde grade them ------------------
 
 _BY_WEEK = {}
@@ -224,6 +238,7 @@ def test_copies_of_lib_score_zero_through_the_isolated_path(week, tmp_path):
 
     checks = importlib.import_module(f"grader.checks.week{week}")
     ex = _load(tmp_path, week, edits=_BY_WEEK[week])
+    assert set(_BY_WEEK[week]) <= set(ex._session.nearest), ex._session.nearest  # (grading.py's `nearest_reference`)
     for grade_id in _BY_WEEK[week]:
         # the check fails on the copy's body (a `raise` saying why), or else on the reference use
         with pytest.raises(AssertionError, match=rf"`{grade_id}`: (RuntimeError: )?`[\w.]+`( with the functions it "
