@@ -69,30 +69,69 @@ def _owner(root):
     return root.__self__ if type(root) is types.MethodType else root
 
 
-def note_made(root, tensors) -> None:
-    """Remember the storages of `tensors` (what an observed call of `root` made and still held when it returned:
-    its result among them) by weak reference: `held_bytes(root)` counts those still alive, wherever they are kept.
-    A storage's weak reference lives as long as its memory does, however it is held (a tensor, a view, the storage
-    object alone)."""
+def _storages(t, torch) -> list:
+    """The storages a tensor's data lives in: its own, or a sparse tensor's parts' (read through TensorBase's own
+    methods: no subclass code runs); none for meta."""
+    base = torch._C.TensorBase
+    try:
+        if base.layout.__get__(t) != torch.strided:
+            parts = []
+            _layout_bytes(torch, t, parts, [])
+            return [s for p in parts for s in _storages(p, torch)]
+        s = base.untyped_storage(t)
+    except (RuntimeError, NotImplementedError, TypeError):
+        return []
+    return [s] if s.device.type != "meta" else []
+
+
+def touching(rec):
+    """A fresh memory meter for the recording `rec` (lib's `TensorMemoryMeter`) that also remembers, by weak
+    reference, the storage of every tensor an op of the call read or wrote (`touched`): what `note_made` takes, beside
+    what the call made. So a history grown in place (`resize_` of a tensor made before, kept where the walk does not
+    go: red team 10b's #8) or kept as sparse tensors, which the meter cannot track (#9), is counted too. The storages
+    are taken before the recording's own handling of the op (`rec.recorder.after`), which a sparse result stops."""
     import torch
 
+    class Touching(type(rec.meter)):
+        touched: dict  # id(storage) -> weak reference to it
+
+    meter = Touching()
+    meter.touched = {}
+    record = rec.recorder.after
+
+    def after(func, args, kwargs, out, counted):
+        for a in (*args, *(kwargs or {}).values(), *(out if isinstance(out, (tuple, list)) else (out,))):
+            for t in (a if isinstance(a, (tuple, list)) else (a,)):
+                if isinstance(t, torch.Tensor):
+                    for s in _storages(t, torch):
+                        ref = meter.touched.get(id(s))
+                        if ref is None or ref() is not s:
+                            meter.touched[id(s)] = weakref.ref(s)
+        return record(func, args, kwargs, out, counted)
+
+    rec.recorder.after = after
+    return meter
+
+
+def note_made(root, storages) -> None:
+    """Remember `storages` (what an observed call of `root` made, read or wrote and still alive when it returned:
+    its result among them) by weak reference: `held_bytes(root)` counts those still alive that something other than
+    the grader keeps, wherever they are kept. A storage's weak reference lives as long as its memory does, however it
+    is held (a tensor, a view, the storage object alone)."""
     owner = _owner(root)
     entry = _MADE.get(id(owner))
     if entry is None or entry[0] is not owner:
-        entry = _MADE[id(owner)] = (owner, [])
+        entry = _MADE[id(owner)] = (owner, {})
         while len(_MADE) > _MADE_KEPT:
             del _MADE[next(iter(_MADE))]
     refs = entry[1]
-    refs[:] = [r for r in refs if r() is not None]
-    for t in tensors:
-        if t is None:
-            continue
-        try:
-            s = torch._C.TensorBase.untyped_storage(t)
-        except (RuntimeError, NotImplementedError, TypeError):
-            continue
-        if s.device.type != "meta" and s.nbytes():
-            refs.append(weakref.ref(s))
+    for key in [k for k, r in refs.items() if r() is None]:
+        del refs[key]
+    for s in storages:
+        if s.nbytes():
+            ref = refs.get(id(s))
+            if ref is None or ref() is not s:
+                refs[id(s)] = weakref.ref(s)
 
 
 def _made_alive(root) -> list:
@@ -109,7 +148,7 @@ def _made_alive(root) -> list:
     child = getattr(OWN.get("grader.child"), "_CHILD", None)
     sent = collections.Counter(map(id, getattr(child, "sent_storages", ())))
     out = []
-    for ref in entry[1]:
+    for ref in list(entry[1].values()):
         s = ref()
         if s is None:
             continue
@@ -125,8 +164,10 @@ def held_bytes(root, made=None) -> int:
     memory meter of a call of `root` just made (`TensorMemoryMeter`): the tensors it still tracks are noted first."""
     import torch
 
-    if made is not None:
-        note_made(root, [ref() for ref in list(made._refs.values())])  # alive when it returned: made, kept or returned
+    if made is not None:  # alive when it returned: made, kept or returned; and what its ops read or wrote
+        alive = [t for t in (ref() for ref in list(made._refs.values())) if t is not None]
+        note_made(root, [s for t in alive for s in _storages(t, torch)]
+                  + [s for s in (r() for r in list(getattr(made, "touched", {}).values())) if s is not None])
 
     try:
         import numpy

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from grader.fingerprint import lib_name, oracle_name, warm
-from grader.held import held_bytes
+from grader.held import held_bytes, touching  # (what `fn` keeps: `_observe_held`)
 from grader.observers import OUTSIDE_CODE, HostMeter, Observers, observers_code
 from grader.op_table import classify
 from grader.reach import Reach
@@ -362,7 +362,7 @@ class Recording:
         rec = cls(args, kwargs, reads=tuple(kwargs.pop("_observe_reads", ())),
                   dot_scale=float(kwargs.pop("_observe_dot_scale", 1.0)), light=bool(kwargs.pop("_observe_light", False)),
                   host=bool(kwargs.pop("_observe_host", False)), reach=bool(kwargs.pop("_observe_reach", False)))
-        rec.held_root = fn if kwargs.pop("_observe_held", False) else None  # what `fn` keeps (grader.held)
+        rec.held_root, rec.meter = (fn, touching(rec)) if kwargs.pop("_observe_held", False) else (None, rec.meter)
         rec.again = bool(kwargs.pop("_observe_again", True)) and rec.dot_scale == 1.0 and not rec.light
         accept = kwargs.pop("_observe_accept", None)  # ints any correct answer may be: the second run's may differ
         rec.accept = frozenset(accept) if type(accept) is list and all(type(a) is int for a in accept) else None

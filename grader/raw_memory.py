@@ -6,11 +6,11 @@ with no ctypes call, no audit event and none of torch's conversions (red team 10
 worked out from `id(t)` and torch's C++ layouts, the answer computed in numpy and written into a `torch.empty`).
 numpy's C code looks the attribute up under one interned string, which it keeps in its own static data
 (`numpy._core._multiarray_umath`); before the notebook's code runs, `close_array_interface` points that slot at
-another name, so numpy never finds an interface an object offers, in `asarray`, `array`, ufuncs or anywhere else.
+`__array_struct__`, so numpy never reads an interface an object offers, in `asarray`, `array`, ufuncs or anywhere else.
 numpy's own arrays keep theirs (a getter by its C name, which nothing here changes). `np.lib.stride_tricks.as_strided`
 and `sliding_window_view`, which make their arrays the same way, are unavailable there too: a stride past an array's
 end is a read by address as well. The other door to the process's memory, `/proc/self/mem`, is closed by the
-sandbox (`grader._sandbox._own_proc`); ctypes' is a verdict (`grader.child_guard`).
+sandbox (`grader._sandbox._own_proc`); ctypes' is a verdict (`grader.child_guard`), and cffi and CPython's test modules are not in its view (`grader.view.DENIED_PACKAGES`).
 """
 from __future__ import annotations
 
@@ -19,7 +19,11 @@ import struct
 import sys
 
 _NAME = "__array_interface__"
-_ELSEWHERE = sys.intern("__array_interface_not_read_in_the_graders_child__")  # kept alive: numpy now looks it up
+# What numpy looks up instead: `__array_struct__` itself, which numpy asks for first and accepts only as a capsule,
+# which Python code cannot make (ctypes' is a verdict, cffi is out of the view). Any other name could be answered:
+# a fixed one by an attribute of that name, any one by a class's `__getattr__` (red team 10b's #1, #2); an object
+# that answers `__array_struct__` with an interface dict is refused by numpy's capsule check.
+_ELSEWHERE = sys.intern("__array_struct__")
 
 
 def _data_sections(path: str) -> list[tuple[int, int]]:
@@ -47,22 +51,36 @@ def _data_sections(path: str) -> list[tuple[int, int]]:
 
 
 def _offers_memory() -> bool:
-    """Whether numpy still makes an array from a plain object's interface (pointed at an array of its own)."""
+    """Whether numpy still makes an array from an object's interface (pointed at an array of its own): one set as the
+    attribute, one that a `__getattr__` hands out for any name but `__array_struct__`."""
     import numpy
 
     mine = numpy.arange(3, dtype=numpy.int64)
+    interface = {"data": (mine.ctypes.data, True), "shape": (3,), "typestr": "<i8", "version": 3}
 
     class Holder:
         pass
 
+    class Answers:
+        def __getattr__(self, name):
+            if name.startswith("__array") and name != "__array_struct__":
+                return interface
+            raise AttributeError(name)
+
     h = Holder()
-    setattr(h, _NAME, {"data": (mine.ctypes.data, True), "shape": (3,), "typestr": "<i8", "version": 3})
-    got = numpy.asarray(h)
-    return got.dtype == numpy.int64 and got.tolist() == [0, 1, 2]
+    setattr(h, _NAME, interface)
+    for holder in (h, Answers()):
+        try:
+            got = numpy.asarray(holder)
+        except Exception:  # noqa: BLE001  (refused: what is wanted)
+            continue
+        if got.dtype == numpy.int64 and got.tolist() == [0, 1, 2]:
+            return True
+    return False
 
 
 def close_array_interface() -> str:
-    """Point numpy's lookup of `__array_interface__` at another name; a phrase for the sandbox's description."""
+    """Point numpy's lookup of `__array_interface__` at `__array_struct__`; a phrase for the sandbox's description."""
     try:
         import numpy
     except ImportError:  # pragma: no cover

@@ -49,7 +49,12 @@ CHILD_MODULES = ("__init__", "_sandbox", "child", "child_wire", "child_guard", "
                  "course_map", "raw_memory")
 ALWAYS = {"lib.attn.io_model": ("TensorMemoryMeter",), "lib.bench.threads": ("apply", "describe")}
 # Packages whose code does an exercise's work: not readable at all (nothing the exercises need is in them).
-DENIED_PACKAGES = ("transformers", "accelerate", "llama_cpp", "llama_cpp_python", "vllm", "gguf")
+DENIED_PACKAGES = ("transformers", "accelerate", "llama_cpp", "llama_cpp_python", "vllm", "gguf",
+                   # memory by address without ctypes (red team 10b: cffi's `ffi.cast("uint64_t *", id(t))`), and
+                   # CPython's test modules, which poke at memory: nothing the notebook needs is in them
+                   "cffi", "_cffi_backend", "_argon2_cffi_bindings", "_testcapi", "_testinternalcapi", "_testbuffer",
+                   "_ctypes_test", "_testmultiphase", "_testsinglephase", "_testclinic", "_xxtestfuzz",
+                   "_testimportmultiple")
 # Packages the exercises import for their constants, whose quantizers and writer are what week 20's checks
 # compare with: present in the view as a copy in which those modules' functions and methods are stubs.
 REWRITTEN_PACKAGES = {"gguf": ("quants.py", "gguf_writer.py")}
@@ -466,11 +471,11 @@ def _readable_paths(view: Path, extra: list[str] = ()) -> list[tuple[str, str]]:
     excluded = [REPO_ROOT.resolve(), Path(tempfile.gettempdir()).resolve(), Path.home().resolve()]
     on_path = _site_packages() + [Path(p).resolve() for p in extra]
     excluded += [p for p in _package_folders() if p not in on_path]  # e.g. the base Python's, under its stdlib
-    for folder in set(_package_folders()) | set(on_path):
+    dynload = Path(sysconfig.get_config_var("DESTSHARED") or sys.base_prefix)  # the standard library's C modules
+    for folder in set(_package_folders()) | set(on_path) | {dynload}:
         for name in DENIED_PACKAGES:
-            excluded += [p.resolve() for p in folder.glob(name)]
-            excluded += [p.resolve() for p in folder.glob(f"{name}-*.dist-info")]
-            excluded += [p.resolve() for p in folder.glob(f"{name}.py")]
+            for pattern in (name, f"{name}-*.dist-info", f"{name}.py", f"{name}.*.so", f"{name}.so"):
+                excluded += [p.resolve() for p in folder.glob(pattern)]
     rules = []
     for root in [*map(Path, SYSTEM_PATHS), *_python_paths(), *on_path]:
         if root.exists():

@@ -7,7 +7,10 @@ audit event — full credit in every torch-only exercise it was tried on. The sa
 - numpy reads no `__array_interface__` there (`grader.raw_memory.close_array_interface`: numpy's lookup slot points
   at another name), so the holder becomes a 0-d object array;
 - the sandbox gives the child its own /proc folder entry by entry, without `mem` (`grader._sandbox._own_proc`).
-Held through the isolated path, as `pytest weeks/NN` grades them; and the two doors, in a fresh process.
+Red team 10b then read numpy's redirected name off the holder, answered every name with `__getattr__`, and used
+cffi (installed in the environment): numpy now looks up `__array_struct__` there (a capsule only), and cffi and
+CPython's test modules are out of the child's view. Held through the isolated path, as `pytest weeks/NN` grades them;
+and the two doors, in a fresh process.
 """
 import json
 import subprocess
@@ -44,6 +47,13 @@ def _run(tmp_path, week, name, variant):
     ("16", "gqa_attention", "v8/w16_gqa_address_tensor.py", "0-dimensional"),
     ("16", "gqa_attention", "v8/w16_gqa_procmem.py", r"Permission denied: '/proc/self/mem'"),
     ("17", "merge_partials", "v10/w17_merge_address.py", "0-dimensional"),
+    # red team 10b: the name numpy looked up instead, set on the holder (#1), or any name answered by `__getattr__`
+    # (#2, #3): numpy now looks up `__array_struct__`, which wants a capsule; cffi's `ffi.cast` (#5, #7): not in the view
+    ("16", "gqa_attention", "v10b/w16_gqa_renamed_interface.py", "0-dimensional"),
+    ("16", "gqa_attention", "v10b/w16_gqa_getattr_interface.py", "'dict' object is not callable"),
+    ("17", "merge_partials", "v10b/w17_merge_getattr_interface.py", "'dict' object is not callable"),
+    ("16", "gqa_attention", "v10b/w16_gqa_cffi.py", "Permission denied: .*cffi"),
+    ("17", "flash_decode", "v10b/w17_flashdecode_cffi.py", "Permission denied: .*cffi"),
 ], ids=lambda v: v if "/" in str(v) else None)
 def test_memory_read_by_address_fails(tmp_path, week, name, variant, message):
     with pytest.raises(AssertionError, match=message):  # (a cell that raises at load: ExerciseMissing, one too)

@@ -48,11 +48,14 @@ def test_a_rolling_cache_that_keeps_every_chunk_fails(tmp_path):
 
 @pytest.mark.parametrize("variant", ["v9/w16_rolling_sparse_history.py", "v9/w16_rolling_module_history.py",
                                      "v9/w16_rolling_mmap_history.py", "v8/w16_rolling_imported_module_history.py",
-                                     "v8/w16_rolling_class_history.py", "v10/w16_rolling_imported_module.py"])
+                                     "v8/w16_rolling_class_history.py", "v10/w16_rolling_imported_module.py",
+                                     "v10b/w16_rolling_resized_premade.py", "v10b/w16_rolling_sparse_history.py"])
 def test_history_kept_in_sparse_tensors_a_module_or_mmaps_fails(tmp_path, variant):
     """Red team 9's #8-#10 (FINDINGS9.md): the history held where the walk did not count it (grader.held); and
     round 9's open route, the history on an imported module (`math`) or a class of torch's, where the walk never
-    goes: what the observed appends made and something other than the grader keeps alive is counted."""
+    goes: what the observed appends made and something other than the grader keeps alive is counted; red team 10b:
+    a tensor made in __init__ and grown by `resize_`, or chunks kept as sparse tensors, on `codecs` (the storages
+    every op of an append read or wrote are counted too)."""
     with pytest.raises(AssertionError, match=r"the cache object now keeps [\d,]+ bytes more than after its first"):
         _run(tmp_path, "RollingKVCache", V7.parent / variant)
 
