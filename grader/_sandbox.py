@@ -138,7 +138,10 @@ def _own_proc(folder: str) -> list[tuple[str, str]]:
             continue  # (a link — root, cwd, exe — would put the rule on what it leads to: `/` for root)
         if entry == "task":
             for tid in sorted(os.listdir(path)):
-                rules += _own_proc(f"{path}/{tid}")
+                try:
+                    rules += _own_proc(f"{path}/{tid}")
+                except OSError:  # a thread that has just ended
+                    continue
             _PINNED.append(os.open(path, os.O_PATH | os.O_CLOEXEC))
             rules.append(("list", path))
             continue

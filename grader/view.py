@@ -471,11 +471,14 @@ def _readable_paths(view: Path, extra: list[str] = ()) -> list[tuple[str, str]]:
     excluded = [REPO_ROOT.resolve(), Path(tempfile.gettempdir()).resolve(), Path.home().resolve()]
     on_path = _site_packages() + [Path(p).resolve() for p in extra]
     excluded += [p for p in _package_folders() if p not in on_path]  # e.g. the base Python's, under its stdlib
-    dynload = Path(sysconfig.get_config_var("DESTSHARED") or sys.base_prefix)  # the standard library's C modules
+    dynload = Path(sysconfig.get_paths()["stdlib"]) / "lib-dynload"  # the standard library's C modules, as installed
     for folder in set(_package_folders()) | set(on_path) | {dynload}:
         for name in DENIED_PACKAGES:
             for pattern in (name, f"{name}-*.dist-info", f"{name}.py", f"{name}.*.so", f"{name}.so"):
-                excluded += [p.resolve() for p in folder.glob(pattern)]
+                try:
+                    excluded += [p.resolve() for p in folder.glob(pattern)]
+                except OSError:  # a folder this user cannot read (another user's Python): nothing to exclude there
+                    pass
     rules = []
     for root in [*map(Path, SYSTEM_PATHS), *_python_paths(), *on_path]:
         if root.exists():
