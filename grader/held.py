@@ -10,7 +10,7 @@ Python numbers). A check compares it after the first and the last call of a long
 (`grader.checks.week16_caches.rolling_stream`): what grew is what the object kept.
 
 What the callable's observed calls made and left alive when they returned is counted too, wherever it is kept
-(`note_made`: the storages of the tensors each call's memory meter still tracked at its end, held by weak reference):
+(`note_made`: the storage of every tensor the call's ops made, read or wrote, held by weak reference: `touching`):
 a history kept on an imported module (`math.h`), on a class of torch's, in a registry of a library's, where the walk
 below never goes, is found that way. A storage is counted once, by either route.
 
@@ -161,13 +161,11 @@ def _made_alive(root) -> list:
 
 def held_bytes(root, made=None) -> int:
     """Bytes reachable from `root` (see the module docstring); -1 when they are more than `LIMIT` objects. `made`: the
-    memory meter of a call of `root` just made (`TensorMemoryMeter`): the tensors it still tracks are noted first."""
+    memory meter of a call of `root` just made (`touching`'s): the storages its ops touched are noted first."""
     import torch
 
-    if made is not None:  # alive when it returned: made, kept or returned; and what its ops read or wrote
-        alive = [t for t in (ref() for ref in list(made._refs.values())) if t is not None]
-        note_made(root, [s for t in alive for s in _storages(t, torch)]
-                  + [s for s in (r() for r in list(getattr(made, "touched", {}).values())) if s is not None])
+    if made is not None:  # what its ops made, read or wrote (their results among them) and is alive now
+        note_made(root, [s for s in (r() for r in list(getattr(made, "touched", {}).values())) if s is not None])
 
     try:
         import numpy

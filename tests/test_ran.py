@@ -395,11 +395,9 @@ def test_a_route_switched_on_above_the_checks_sizes_earns_nothing(tmp_path, week
     checks = importlib.import_module(f"grader.checks.week{week}")
     ex = load_exercises(target)
     try:
-        # the cache falls back past 300 positions: the check's own lengths (up to ~400, drawn per run) catch it at
-        # times, by the bytes it allocates; the rule catches it every run (a row past 8k keys: week 19's bf16 case);
-        # blocks_needed's spare block past 8192 tokens is now also a wrong count at the lengths past 2**53 (red team 10)
-        with pytest.raises(AssertionError, match="never ran while its checks ran|allocated|a whole row|"
-                                                 r"blocks_needed\(num_tokens=\d+, block_size=\d+\) = \d+; expected"):
+        # the check's own sizes catch some at times (bytes allocated; blocks_needed's count past 2**53, red team 10),
+        # the never-ran rule every run (a row past 8k keys: week 19's bf16 case)
+        with pytest.raises(AssertionError, match=r"never ran while its checks ran|allocated|a whole row|= \d+; expected"):
             getattr(checks, check)(getattr(ex, grade_id))
     finally:
         ex.close()
