@@ -30,7 +30,8 @@ def _flawed_node(p, q, seq, flaw):
     "no_residual" (p kept after a rejection), "q_kept" (q kept: the rule for children drawn with replacement),
     "q_unnormalized" (the rejected token zeroed in q, q not renormalized), "one_uniform" (one uniform for every
     child), "inverted" (min(1, q/p)), "first_only" (the first child tried, the others ignored), "fallback_from_p" (p
-    and q updated for the children, but the token sampled from the original p when all are rejected)."""
+    and q updated for the children, but the token sampled from the original p when all are rejected), "top_k" (the
+    token sampled from the top 8 of the updated p when all are rejected: red team 10's gap, exact where V = 6)."""
     p0, accept, reach, highest = list(p), [], 1.0, 0.0
     tried = seq[:1] if flaw == "first_only" else seq
     for x in tried:
@@ -53,6 +54,10 @@ def _flawed_node(p, q, seq, flaw):
         reach = 1.0 - highest
     if flaw == "fallback_from_p":
         p = p0
+    if flaw == "top_k":  # the fallback drawn from the top 8 tokens of what p has become (exact where V <= 8)
+        top = sorted(range(len(p)), key=lambda t: -p[t])[:8]
+        kept = sum(p[t] for t in top)
+        p = [p[t] / kept if t in top else 0.0 for t in range(len(p))]
     return accept + [0.0] * (len(seq) - len(accept)), [reach * pi for pi in p]
 
 
@@ -72,13 +77,14 @@ def flawed_law(case: tree.TreeCase, flaw: str) -> torch.Tensor:
 
 def _log_passes(m: int, a: float, b: float, level: float) -> float:
     """log P[the binomial test of probability `a` at `level` passes] when the count is Binomial(m, b)."""
-    lo, hi = tree.acceptance_band(m, a, level)
-    if b <= 0.0 or b >= 1.0:
-        return 0.0 if lo <= b <= hi else -math.inf
     x = torch.arange(m + 1, dtype=torch.float64)
+    f = x / m  # the check's own rule (tree_failures): a count passes when m·KL(x/m || a) <= level
+    passes = m * (torch.xlogy(f, f / a) + torch.xlogy(1 - f, (1 - f) / (1 - a))) <= level
+    if b <= 0.0 or b >= 1.0:
+        return 0.0 if bool(passes[0 if b <= 0.0 else m]) else -math.inf
     logpmf = (math.lgamma(m + 1) - torch.lgamma(x + 1) - torch.lgamma(m - x + 1) + x * math.log(b)
               + (m - x) * math.log1p(-b))
-    inside = float(logpmf[(x / m >= lo) & (x / m <= hi)].exp().sum())
+    inside = float(logpmf[passes].exp().sum())
     return math.log(inside) if inside > 0 else -math.inf
 
 
@@ -97,7 +103,7 @@ def log_pass_bound(case: tree.TreeCase, law: torch.Tensor, level: float) -> floa
 
 
 FLAWS = ("no_residual", "q_kept", "q_unnormalized", "one_uniform", "inverted", "first_only", "fallback_from_p",
-         "sample_p")
+         "sample_p", "top_k")
 SEEDS = range(12)
 
 
@@ -165,6 +171,9 @@ def _rule(p, q, children, generator, flaw=""):
     if flaw == "first_only":
         residual = (p - q).clamp(min=0)
         p = residual / residual.sum()
+    if flaw == "top_k":  # the fallback from the top 8 tokens, renormalized
+        top = p.topk(min(8, p.shape[0]))
+        p = _t.zeros_like(p).index_put_((top.indices,), top.values / top.values.sum())
     return None, _draw(p0 if flaw == "fallback_from_p" else p, generator)
 
 
@@ -200,6 +209,10 @@ def tree_accept_fallback_from_p(target_probs, draft_probs, children, generator=N
     return _rule(target_probs, draft_probs, children, generator, "fallback_from_p")
 
 
+def tree_accept_top_k(target_probs, draft_probs, children, generator=None):
+    return _rule(target_probs, draft_probs, children, generator, "top_k")
+
+
 def tree_accept_sample_p(target_probs, draft_probs, children, generator=None):
     return None, _draw(target_probs.double(), generator)
 
@@ -225,6 +238,7 @@ ROUTES = {
     "tree_accept_first_only": "does not follow the law",
     "tree_accept_fallback_from_p": "does not follow the law",
     "tree_accept_sample_p": "does not follow the law",
+    "tree_accept_top_k": "wide vocabulary.*does not follow the law",
     "tree_accept_lib": "your own|lib|Reference",
     "tree_accept_lib_verify": "your own|lib|Reference",
 }

@@ -30,6 +30,7 @@ from grader.checks import call_many_observing, check_on_meta, derived_seed, gene
 from grader.checks.week18_law import FALSE_FAILURE, acceptance_band, kl_divergence, law_level  # noqa: F401
 
 TREE_VOCAB = 6
+WIDE_VOCAB = 64  # the "wide vocabulary" case: the fallback token spread over ~59 tokens
 MAIN_TRIALS = 2_000  # see tests/test_week18_tree.py for what each case's size buys
 
 
@@ -103,7 +104,8 @@ def _row(g, v: int, fixed: dict[int, float]) -> torch.Tensor:
 
 
 def tree_cases(g: torch.Generator) -> list[TreeCase]:
-    """The inputs of the law test, drawn from `g` (so, per run); tokens placed at random among TREE_VOCAB."""
+    """The inputs of the law test, drawn from `g` (so, per run); tokens placed at random among TREE_VOCAB
+    (WIDE_VOCAB in the wide case)."""
     def u(lo, hi):
         return lo + (hi - lo) * float(torch.rand((), generator=g))
 
@@ -159,6 +161,16 @@ def tree_cases(g: torch.Generator) -> list[TreeCase]:
     cases.append(TreeCase("without replacement", p, q, 2, 3_500,
                           "two children; the first is usually the draft's favourite, rejected, and the second must "
                           "then be judged against q without it"))
+    # a wide vocabulary: q's mass on five tokens, p spread over all 64 and low on those five (a child is accepted
+    # about one time in six), so the fallback gives each of ~59 tokens about 1/70: a fallback drawn from the top few
+    # tokens (top-k), exact where V = 6, never emits most of them
+    few = torch.randperm(WIDE_VOCAB, generator=g)[:5]
+    q = torch.zeros(WIDE_VOCAB, dtype=torch.float64)
+    q[few] = _row(g, 5, {})
+    p = _row(g, WIDE_VOCAB, {int(x): u(0.1, 0.25) * float(q[x]) for x in few})
+    cases.append(TreeCase("wide vocabulary", p, q, 2, 2_000,
+                          f"two children; V = {WIDE_VOCAB}, the draft's mass on five tokens and the target's spread "
+                          f"over all, so that the token emitted after the children's rejection can be any of ~60"))
     pq = _row(g, v, {t[0]: 0.0})
     cases.append(TreeCase("p = q", pq, pq.clone(), 2, 300,
                           "the draft is the target: the first child is always accepted"))
@@ -244,8 +256,12 @@ def tree_failures(case: TreeCase, counts: torch.Tensor, level: float) -> list[st
 
 
 def describe(case: TreeCase) -> str:
+    def show(row):
+        if row.shape[0] <= TREE_VOCAB:
+            return str([round(float(x), 3) for x in row])
+        return str({i: round(float(x), 3) for i, x in enumerate(row) if x > 0.02}) + " (the others below 0.02)"
     return (f"case '{case.name}' ({case.why}; V={case.p.shape[0]}, {case.n} children per call, p = "
-            f"{[round(float(x), 3) for x in case.p]}, q = {[round(float(x), 3) for x in case.q]}, {case.trials} runs)")
+            f"{show(case.p)}, q = {show(case.q)}, {case.trials} runs)")
 
 
 def judge(tree_accept) -> None:
