@@ -374,11 +374,11 @@ def _check_generator_decides(speculative_sample, g) -> None:
 def check_speculative_sample(speculative_sample) -> None:
     """Speculative sampling end to end: the work accounting of `check_speculative_generate` on runs at T = 1 and
     0.5 (Markov chain, 24 tokens, K = 3; tiny Llama, K = 2; a draft with the target's own law); then the law of
-    every new token against the target's (`sampled_law_failures`: four cases, K = 4, 8, 1 and 2, every position
-    of a round and the bonus token, binomial tests, < 1e-6 false failures in all; a greedy draft token passed off
-    as a sample of q, one uniform reused for a round's draft positions, a loop exact for two tokens and wrong
-    after, the residual taken from p, the bonus from another row, T ignored: each fails it every run, with
-    probability >= 1 - 1e-6, tests/test_week18_sampling.py); the generator deciding every draw
+    every new token against the target's (`sampled_law_failures`: six cases, K = 4, 8, 1, 2, 8 and 2 (over 64
+    tokens), every position of a round and the bonus token, binomial tests, < 1e-6 false failures in all; a greedy
+    draft token passed off as a sample of q, one uniform reused for a round's draft positions, a loop exact for two
+    tokens and wrong after, the residual taken from p, the bonus from another row, T ignored, a draft drawn from q's
+    top 50: each fails it every run, with probability >= 1 - 1e-6, tests/test_week18_sampling.py); the generator deciding every draw
     (`_check_generator_decides`); last a run with torch's default device set to `meta` (`check_default_device`)."""
     g = generator(5)
     target = MarkovLM(24, int(torch.randint(0, 2**30, (), generator=g)))

@@ -2,7 +2,8 @@
 
 - 2: the exact law of `verify`'s output on fixed inputs (`law_cases`, `verify_law`, `law_failures`);
 - 3: speculative_sample's output against the target's law at every new position (`SAMPLE_CASES`: position tables
-  at K = 4, 8, 1, 2 and 8 (a draft whose law depends on T), every position of a round, the residual and the bonus token; `sample_failures`).
+  at K = 4, 8, 1, 2 and 8 (a draft whose law depends on T), every position of a round, the residual and the bonus
+  token, and a 64-token case tested by groups of the draft's ranks; `sample_failures`).
 
 Separate from the checks because the statistics are a unit of their own: the closed-form laws, the per-cell
 tests with their false-failure bound (Chernoff + union bound) and their power are used by the checks, by the
@@ -172,7 +173,9 @@ def law_level(n_tests: int) -> float:
 
 def acceptance_band(m: int, a: float, level: float) -> tuple[float, float]:
     """The frequencies x with m·KL(x || a) <= level: the interval a correct implementation stays in."""
-    def edge(lo, hi):  # bisect between a (inside) and an end (outside)
+    def edge(lo, hi):  # bisect between a (inside) and an end (outside, unless the end itself is inside)
+        if m * kl_divergence(hi, a) <= level:
+            return hi
         for _ in range(60):
             mid = (lo + hi) / 2
             if m * kl_divergence(mid, a) <= level:
@@ -277,7 +280,7 @@ def describe_law(case: LawCase) -> str:
 # tables (`week18_models.TableLM`): the target's law of new token t is the row p[t] whatever came before it, so the
 # new tokens of a correct loop are independent, token t distributed as p[t] — at any K, however the rounds fall and
 # wherever in a round token t is written (a draft position, the residual after a rejection, the bonus). Each case
-# designs p and q per position over three tokens (placed at random among a vocabulary of random size, the others
+# designs p and q per position over three tokens (64 in the wide case; placed at random among a vocabulary of random size, the others
 # of probability 0 in both) so that the mistakes named in tests/test_week18_sampling.py change some position's
 # law by far more than its test allows: their passing probabilities are computed exactly there (<= 1e-6 each).
 
@@ -291,16 +294,33 @@ _D = (0.9, 0.05, 0.05)  # a row far from its own square root: a draft sampled at
 SAMPLE_FLOOR = 1e-30  # the probability the models give a token they "never" write (its logit is finite)
 
 
+# A wide row (red team 10's gap: with three designed tokens a draft sampled from its top k, k >= 3, is exact): the
+# draft's q nearly flat over 64 tokens, strictly decreasing (so its top k is the first k), the target's p equal to q
+# on the last half and shaped otherwise on the first. The last 14 tokens (q's ranks 50-63) hold ~0.17 of both: a
+# correct loop writes them that often at every position, and a draft drawn from q's top 50 (transformers' default
+# top_k) never drafts them, while the residual max(p - q, 0) gives them nothing: 0 at every draft position.
+WIDE = 64
+_WQ = tuple((1.3 - 0.6 * i / (WIDE - 1)) / sum(1.3 - 0.6 * j / (WIDE - 1) for j in range(WIDE)) for i in range(WIDE))
+_HEAD = sum(_WQ[:WIDE // 2])
+_WP = tuple(_HEAD * (0.5 + i) / sum(0.5 + j for j in range(WIDE // 2)) for i in range(WIDE // 2)) + _WQ[WIDE // 2:]
+WIDE_GROUPS = (tuple(range(0, 8)), tuple(range(8, 16)), tuple(range(16, 32)), tuple(range(32, 50)),
+               tuple(range(50, WIDE)))  # by q's rank: each tested as one event (a token in the group)
+
+
 @dataclass
 class SampleCase:
     """One input of speculative_sample's law test: `trials` runs of `len(p)` new tokens at `k` and `temperature`."""
     name: str
     k: int
     temperature: float
-    p: tuple  # per new token, the target's law over the three designed tokens
+    p: tuple  # per new token, the target's law over the designed tokens (three, or WIDE)
     q: tuple  # per new token, the draft's
     trials: int
     why: str
+    groups: tuple = ()  # the events tested, as tuples of designed tokens: each token alone unless given
+
+    def events(self) -> tuple:
+        return self.groups or tuple((j,) for j in range(len(self.p[0])))
 
 
 SAMPLE_CASES = (
@@ -315,6 +335,10 @@ SAMPLE_CASES = (
     SampleCase("the draft's temperature", 8, 0.5, (_D,) * 8 + (_X,), (_D,) * 9, 60,
                "K = 8 at temperature 0.5, the draft's row the target's (every draft token accepted), far from its "
                "square root: each draft token must be drawn from the q handed to verify, softmax(draft logits / T)"),
+    SampleCase("a wide vocabulary", 2, 1.0, (_WP,) * 3, (_WQ,) * 3, 200,
+               f"K = 2 over {WIDE} tokens, the draft's q nearly flat: q's 14 least likely tokens hold ~0.17 of the "
+               f"target's law at every position, and a draft sampled from q's top k (k < {WIDE}) never drafts them",
+               WIDE_GROUPS),
 )
 
 
@@ -323,15 +347,16 @@ def sample_models(case: SampleCase, g: torch.Generator, prompt_len: int = 3):
     designed tokens at random labels, logits T·log(probability) so that softmax(logits / T) is the designed row."""
     from grader.checks.week18_models import TableLM
 
-    vocab = int(torch.randint(3, 25, (), generator=g))
-    labels = torch.randperm(vocab, generator=g)[:3]
+    width = len(case.p[0])
+    vocab = int(torch.randint(width, width + 22, (), generator=g))
+    labels = torch.randperm(vocab, generator=g)[:width]
 
     def table(rows):
         probs = torch.full((len(rows), vocab), SAMPLE_FLOOR, dtype=torch.float64)
         probs[:, labels] = torch.tensor(rows, dtype=torch.float64).clamp(min=SAMPLE_FLOOR)
         return TableLM(case.temperature * probs.log(), prompt_len)
 
-    ids = labels[torch.randint(0, 3, (1, prompt_len), generator=g)]
+    ids = labels[torch.randint(0, width, (1, prompt_len), generator=g)]
     return table(case.p), table(case.q), ids, labels
 
 
@@ -340,15 +365,19 @@ def sample_law(target, temperature: float) -> torch.Tensor:
     return torch.softmax(target.logits.double() / temperature, -1)
 
 
-def sample_tests(case: SampleCase) -> list[tuple[tuple, int, float]]:
-    """The binomial tests of one case as (positions, designed token, probability): each position alone, and the
-    positions that share a row pooled (independent under the target's law: Binomial(positions × trials, p))."""
+def sample_tests(case: SampleCase) -> list[tuple[tuple, tuple, float]]:
+    """The binomial tests of one case as (positions, event, probability), an event a tuple of designed tokens (one
+    token, or a group of the wide case): each position alone, and the positions that share a row pooled
+    (independent under the target's law: Binomial(positions × trials, p))."""
     n = len(case.p)
-    tests = [((t,), j, case.p[t][j]) for t in range(n) for j in range(3) if 0 < case.p[t][j] < 1]
+    tests = []
+    for t in range(n):
+        tests += [((t,), e, a) for e in case.events() if 0 < (a := sum(case.p[t][j] for j in e)) < 1 - 1e-12]
     rows: dict = {}
     for t, row in enumerate(case.p):
         rows.setdefault(row, []).append(t)
-    tests += [(tuple(ts), j, row[j]) for row, ts in rows.items() if len(ts) > 1 for j in range(3) if 0 < row[j] < 1]
+    tests += [(tuple(ts), e, a) for row, ts in rows.items() if len(ts) > 1 for e in case.events()
+              if 0 < (a := sum(row[j] for j in e)) < 1 - 1e-12]
     return tests
 
 
@@ -364,13 +393,16 @@ def sample_failures(case: SampleCase, counts: torch.Tensor, law: torch.Tensor, l
     m = case.trials
     bad = [f"new token {t} was token {y} in {int(counts[t, y])} runs; the target gives it probability "
            f"{float(law[t, y]):.1e} there" for t, y in ((counts > 0) & (law < 1e-12)).nonzero().tolist()]
-    for positions, j, a in sample_tests(case):
-        label = int(labels[j])
-        x, trials = int(counts[list(positions), label].sum()), m * len(positions)
+    for positions, event, a in sample_tests(case):
+        chosen = labels[list(event)]
+        x, trials = int(counts[list(positions)][:, chosen].sum()), m * len(positions)
+        label = (f"token {int(chosen[0])}" if len(event) == 1 else
+                 f"one of the {len(event)} tokens {', '.join(str(int(y)) for y in chosen[:4])}, ... (the draft's "
+                 f"ranks {event[0]}-{event[-1]})")
         if trials * kl_divergence(x / trials, a) > level:
             lo, hi = acceptance_band(trials, a, level)
             where = (f"new token {positions[0]}" if len(positions) == 1 else
                      f"new tokens {positions[0]}-{positions[-1]} together (the same law at each)")
-            bad.append(f"{where} was token {label} in {x}/{trials} = {x / trials:.3f} of the draws; the target's "
+            bad.append(f"{where} was {label} in {x}/{trials} = {x / trials:.3f} of the draws; the target's "
                        f"law gives {a:.3f} (a correct loop stays in [{lo:.3f}, {hi:.3f}] here)")
     return bad
