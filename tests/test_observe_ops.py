@@ -319,6 +319,31 @@ def test_week17_a_whole_row_softmax_by_pooling_or_convolution_fails(tmp_path, ro
     week17.check_merge_partials(ex.merge_partials)  # the solution's other exercises still pass
 
 
+# The whole-row softmax on a sparse copy of the row: the observers cannot record a sparse op (no extent is seen), so
+# before it was a verdict this passed every extent bound (the forward's max_reduction_extent was 0).
+ONLINE_SOFTMAX_SPARSE = """
+    def online_softmax(x, chunk_size):
+        return torch.sparse.softmax(x.to_sparse(), x.dim() - 1).to_dense()
+    """
+
+
+def test_an_op_the_observers_cannot_record_is_a_verdict():
+    got, obs = observe(lambda: torch.sparse.softmax(x.to_sparse(), 1).to_dense())
+    assert torch.allclose(got, x.softmax(1)) and obs.max_reduction_extent() == 0  # unseen
+    assert from_wire(json.loads(json.dumps(to_wire(obs)))).ops == obs.ops
+    with pytest.raises(AssertionError, match=r"^sparse: ran _sparse_softmax.default \(and 2 more\) on arguments "
+                                             r"the checks cannot record"):
+        assert_classified(obs, "sparse")
+
+
+def test_week17_a_whole_row_softmax_on_a_sparse_tensor_fails(tmp_path):
+    from grader.checks import week17
+
+    ex = _load(tmp_path, 17, {"online_softmax": ONLINE_SOFTMAX_SPARSE})
+    with pytest.raises(AssertionError, match="online_softmax.*cannot record"):
+        week17.check_online_softmax(ex.online_softmax)
+
+
 # The child's live op table, reached from the recorder's class (one `object.__subclasses__()` walk away; the names
 # built so that no source check reads them), with prims.sum moved among the ops that combine nothing.
 _TABLE_REWRITTEN = """

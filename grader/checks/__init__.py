@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from grader.observe import (INPUTS_WRITTEN, PREMADE_WRITTEN, Observation, OpRecorder,  # noqa: F401  (re-exported)
+from grader.observe import (INPUTS_WRITTEN, PREMADE_WRITTEN, UNRECORDED, Observation, OpRecorder,  # noqa: F401  (re-exported)
                             argument_storages, observe)
 from grader.seeds import derived_seed, run_seed  # the checks import both from here
 
@@ -163,7 +163,13 @@ def call_many_observing(fn, calls, observed, **options):
 def assert_classified(obs: Observation, what: str, allowed: tuple[str, ...] = ()) -> None:
     """Reject a call that ran an aten op the observer cannot classify (`grader.op_table`: neither known to combine
     nothing nor a reduction or matrix product whose extent it measures), unless its name starts with one of
-    `allowed`: what such an op combined went unmeasured, so a route check would pass on what it did not see."""
+    `allowed`: what such an op combined went unmeasured, so a route check would pass on what it did not see. Also
+    any op the observers failed to record (`grader.observe.UNRECORDED`: a sparse result, a storage-less subclass)."""
+    failed = sorted(k[len(UNRECORDED) + 1:] for k in obs.ops if k.startswith(UNRECORDED + " "))
+    assert not failed, (
+        f"{what}: ran {failed[0]}{f' (and {len(failed) - 1} more)' if len(failed) > 1 else ''} on arguments the "
+        f"checks cannot record (a sparse tensor, a tensor subclass without storage, ...): what it did went unseen. "
+        f"Use ordinary dense tensors")
     unknown = [op for op in obs.unclassified if not (allowed and op.startswith(allowed))]
     assert not unknown, (
         f"{what}: used {unknown[0]}{f' (and {len(unknown) - 1} more)' if len(unknown) > 1 else ''}, which the checks "
