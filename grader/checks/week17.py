@@ -539,6 +539,9 @@ def check_flash_decode(flash_decode) -> None:
     for dtype in (torch.float16, torch.bfloat16):
         q, k, v = _qkv(1, 2, 1, 257, 40, dtype=dtype, offset=510)
         run(q, k, v, 5, f"flash_decode on {dtype} inputs (merge in float32)", TOL[dtype])
+    q, k, v = _qkv(1, 2, 1, 61, 16, scale=8.0, offset=530)  # scores of size ~500 (red team 11: a split without its max)
+    run(q, k, v, 4, "flash_decode on large scores (~500: exp overflows float32 unless each split subtracts its own "
+        "max)", (1e-4, 1e-4))
     # The technique, with splits the keys do not divide: each split sees only its own keys, each key read once.
     g = generator(520)
     nk, n_splits, d = 240 + int(torch.randint(1, 8, (1,), generator=g)), 8, 24

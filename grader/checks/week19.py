@@ -275,6 +275,13 @@ def check_paged_attention(paged_attention) -> None:
                 f"from memory, which is the traffic paged attention exists to save: keep a running max and rescale "
                 f"(and read whole blocks, a few at a time: a block split between two chunks is read twice) "
                 f"{seed_note()}")
+    # scores in the hundreds (a query 40 times the cases'): exp overflows float32 unless a running max is subtracted
+    # (red team 11: a pass with no max was exact on every case above)
+    c = paged_case(g, 3, 32)
+    big = (c["args"][0] * 40, *c["args"][1:])
+    assert_close(observe(paged_attention, *big)[0], contiguous_reference(*big[:3], c["tables"], c["lens"]),
+                 "paged_attention on scores in the hundreds (exp overflows float32 unless the running max is "
+                 "subtracted, as the online softmax does)", atol=1e-4)
     for dtype in (torch.bfloat16, torch.float16):  # the result as accurate as fp32's, in q's dtype (FINDINGS5.md #22)
         assert_low_precision(paged_attention, g, dtype, [32, 64][int(torch.randint(0, 2, (1,), generator=g))],
                              ("lib.batching.paged", "lib.attn.attention", *ENGINE_MODULES))
