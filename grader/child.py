@@ -353,8 +353,9 @@ def _child_main(rfd, wfd, memory, sandbox, memory_kind="as"):
     global _CHILD
     import torch  # noqa: F401  (imported before the student's code, and before the memory limit)
 
-    from grader.raw_memory import close_array_interface
+    from grader.raw_memory import close_array_interface, close_storage_doors
     sandbox = f"{sandbox}; {close_array_interface()}"  # numpy makes no array by address (before any of the notebook's code)
+    sandbox = f"{sandbox}; {close_storage_doors()}"
 
     import lib.attn.io_model  # lib first: it sets TRITON_INTERPRET before anything imports triton
     from grader import notebook, similarity  # noqa: F401  (similarity: judges code compiled later: grader.child_guard)

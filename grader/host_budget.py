@@ -19,9 +19,13 @@ What is counted, in every call of such an exercise (observed or not: the count r
   (`__dlpack__`, `np.from_dlpack`), and `apply_` / `map_` / `map2_` (Python run on each element, from C); taking a
   wrapper off torch.Tensor is a verdict too.
 - memory torch shares with numpy or Python: what the notebook's code (at any time, cells included) made with
-  `from_numpy`, `frombuffer`, `from_file`, `asarray`, `as_tensor`, or whose `numpy()` or DLPack it took (`EXPORTED`):
-  each region of it an op of the call reads or writes counts its elements (`HostBudget.op`); and an op that writes
-  into an integer argument's memory ends its being free (below).
+  `from_numpy`, `frombuffer`, `from_file`, `asarray`, `as_tensor`, or whose `numpy()` or DLPack it took (`EXPORTED`),
+  and every storage the notebook's code holds as a storage object, made (`torch.UntypedStorage(n)`, a TypedStorage, a
+  subclass of torch's storage base) or taken (`untyped_storage()`, `storage()`) at any time (`HANDLED`: a storage
+  object reads and writes its bytes from Python, `s[i]`, `s.tolist()`, `torch.save(s)`; red team 11's #10): each
+  region of it an op of the call reads or writes counts its elements (`HostBudget.op`); and an op that writes
+  into an integer argument's memory ends its being free (below). (The storage methods that map files or shared
+  memory or move raw bytes raise in that process: `grader.raw_memory.close_storage_doors`.)
 Each of those C functions is replaced wherever torch keeps it — torch._C.TensorBase's own dict and the legacy
 tensor types' (`torch.FloatTensor`...) copies of it, changed through the dicts themselves since the types are
 immutable — by one Python wrapper (`install`), which hands the call to a keeper: a running generator whose frame is
@@ -105,6 +109,8 @@ def _wrapper(name: str, sends):
             if ok:
                 if name in _SHARING and _STUDENT and _asked_by_notebook(sys._getframe(1)):
                     _exported(self if name in _SHARED_BY_SELF else out, out)
+                elif name == "untyped_storage" and _STUDENT and _through_torch(sys._getframe(1)):
+                    handled(out)
                 return out
             raise out
         raise RuntimeError(f"{name}: the grader's keepers of torch's conversions are all busy or closed (closed by the "
@@ -123,6 +129,47 @@ def _asked_by_notebook(frame, depth: int = 4) -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+def _through_torch(frame) -> bool:
+    """Whether the notebook's code asked, itself or through torch's own Python code (`t.storage()`, a TypedStorage),
+    a copy of a tensor aside (`copy.deepcopy` takes storages to copy them, handing none out)."""
+    while frame is not None and frame.f_code.co_filename.startswith(_TORCH_DIR):
+        if frame.f_code.co_name == "__deepcopy__":
+            return False
+        frame = frame.f_back
+    return frame is not None and _STUDENT[0](frame)
+
+
+def handled(storage) -> None:
+    """`storage` is held by the notebook's code as a storage object: its memory is seen from Python (`HANDLED`, by
+    the storage's identity in torch, which a resize keeps) while that object lives."""
+    import weakref
+
+    try:
+        key = storage._cdata
+        weakref.finalize(storage, _unhandled, key)
+    except (AttributeError, TypeError):
+        return
+    HANDLED[key] = HANDLED.get(key, 0) + 1
+
+
+def _unhandled(key: int) -> None:
+    left = HANDLED.get(key, 0) - 1
+    if left > 0:
+        HANDLED[key] = left
+    else:
+        HANDLED.pop(key, None)
+
+
+def _storage_new(original):
+    """torch's storage base's `__new__` as Python code: a storage the notebook's code makes is `handled`."""
+    def __new__(cls, *args, **kwargs):
+        storage = original(cls, *args, **kwargs)
+        if _STUDENT and _through_torch(sys._getframe(1)):
+            handled(storage)
+        return storage
+    return staticmethod(__new__)
 
 
 def _exported(tensor, holder) -> None:
@@ -160,6 +207,8 @@ _TORCH_FUNCTIONS = ("from_numpy", "frombuffer", "from_file", "asarray", "as_tens
 _SHARED_BY_SELF = frozenset(("numpy", "_to_dlpack", "_to_dlpack_versioned"))  # the memory shared is the tensor's
 _SHARING = frozenset((*_SHARED_BY_SELF, *_TORCH_FUNCTIONS))
 EXPORTED: dict = {}  # address of a storage numpy or Python also sees (made so by the notebook's code) -> live exports
+HANDLED: dict = {}  # a storage the notebook's code holds as a storage object (its `_cdata`) -> live handles
+_TORCH_DIR = "//"  # torch's own Python files (`install`)
 _STUDENT: list = []  # the guard's `student` (`install`): whether a frame runs the notebook's code
 
 
@@ -173,6 +222,8 @@ def install(student=None) -> None:
     import torch
     import torch.utils.dlpack
 
+    global _TORCH_DIR
+    _TORCH_DIR = str(Path(torch.__file__).parent) + "/"
     if student is not None and not _STUDENT:
         _STUDENT.append(student)
     if WRAPPERS:
@@ -192,7 +243,11 @@ def install(student=None) -> None:
         _replace(gc, fn, shim, originals)
         if name not in _MODULE_FUNCTIONS and name not in _TORCH_FUNCTIONS:
             setattr(torch.Tensor, name, shim)
-    for t in (torch._C.TensorBase, *torch._tensor_classes):
+    storage_base = gc.get_referents(torch._C.StorageBase.__dict__)[0]
+    new = _storage_new(storage_base["__new__"])
+    storage_base["__new__"] = new  # the classes made from now on (a notebook's subclass) call it
+    torch.UntypedStorage.__new__ = new
+    for t in (torch._C.TensorBase, *torch._tensor_classes, torch._C.StorageBase):
         ctypes.pythonapi.PyType_Modified(ctypes.py_object(t))  # the types' attribute caches see the new dicts
     sys._clear_type_cache()
     fn = base = None
@@ -294,23 +349,25 @@ class HostBudget:
         writes = _WRITES.get(func)
         if writes is None:
             writes = _WRITES[func] = _written(func)
-        if not EXPORTED and not (self.free and writes):
+        if not EXPORTED and not HANDLED and not (self.free and writes):
             return
         with self.plain():
             for i, t in _flat(args, kwargs, out):
                 if not isinstance(t, self.tensor_type) or t.device.type == "meta":
                     continue
                 try:
-                    ptr = t.untyped_storage().data_ptr()
+                    storage = t.untyped_storage()
+                    ptr = storage.data_ptr()
                 except Exception:  # noqa: BLE001  (no storage)
                     continue
-                if ptr in EXPORTED:
+                if ptr in EXPORTED or storage._cdata in HANDLED:
                     region = (ptr, t.storage_offset(), t.numel())
                     if region not in self.shared:
                         self.shared.add(region)
                         self.take(t.numel(), "memory numpy or Python sees too (from_numpy, frombuffer, as_tensor "
-                                             "of an array, a tensor whose numpy() was taken), read or written by torch "
-                                             "ops; a constant made that way is fine once cloned into torch's memory")
+                                             "of an array, a tensor whose numpy() was taken, a storage object the "
+                                             "notebook holds), read or written by torch ops; a constant made that way "
+                                             "is fine once cloned into torch's memory")
                 if ptr in self.free and (i in writes or i == -1):
                     self.free.discard(ptr)
 

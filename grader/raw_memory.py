@@ -11,6 +11,11 @@ numpy's own arrays keep theirs (a getter by its C name, which nothing here chang
 and `sliding_window_view`, which make their arrays the same way, are unavailable there too: a stride past an array's
 end is a read by address as well. The other door to the process's memory, `/proc/self/mem`, is closed by the
 sandbox (`grader._sandbox._own_proc`); ctypes' is a verdict (`grader.child_guard`), and cffi and CPython's test modules are not in its view (`grader.view.DENIED_PACKAGES`).
+
+torch's storage API has doors of its own (red team 11): a storage mapped from a file numpy maps too
+(`UntypedStorage.from_file`), shared memory handed out by descriptor or name (`_share_fd_cpu_`, `_new_shared`...),
+a storage's raw bytes written into a Python file object (`_write_file`). None is what a kernel or a cache needs; `close_storage_doors` makes each raise in the student's process (a storage the
+notebook's code makes or takes, which remains, is memory Python sees: `grader.host_budget`).
 """
 from __future__ import annotations
 
@@ -98,3 +103,42 @@ def close_array_interface() -> str:
         ctypes.c_uint64.from_address(hits[0]).value = target
         return "numpy's __array_interface__ still read (its slot did not hold the lookup)"
     return "no numpy array by address (__array_interface__ not read)"
+
+
+# torch._C.StorageBase's methods that map a file or shared memory, or move a storage's raw bytes out to Python. (Bytes
+# into a storage stay: `from_buffer`, `_set_from_file` and `_new_with_file` are how torch unpickles a storage, as the
+# grader's own wire does in this process; numbers into torch are not what the checks count.)
+STORAGE_DOORS = ("from_file", "_new_shared_fd_cpu", "_new_shared_filename_cpu", "_new_using_fd_cpu",
+                 "_new_using_filename_cpu", "_share_fd_cpu_", "_share_filename_cpu_", "_get_shared_fd", "_get_filename",
+                 "_write_file", "_shared_incref", "_shared_decref", "_new_with_weak_ptr")
+
+
+def _denied(name: str):
+    def denied(*args, **kwargs):
+        raise PermissionError(
+            f"torch's storage method {name} is not available in the grader's process: it maps files or shared memory, "
+            f"or moves a storage's raw bytes out to Python, out of the checks' sight. Compute with torch ops on "
+            f"tensors")
+    denied.__name__ = denied.__qualname__ = name
+    return denied
+
+
+def close_storage_doors() -> str:
+    """Make torch's storage methods that map files or shared memory or move raw bytes (`STORAGE_DOORS`) raise, in the
+    C base's own dict (immutable from Python: changed through the dict itself, as `grader.host_budget` does) and in
+    the Python classes over it; a phrase for the sandbox's description."""
+    import gc
+
+    import torch
+
+    base = gc.get_referents(torch._C.StorageBase.__dict__)[0]
+    for name in STORAGE_DOORS:
+        if name in base:
+            base[name] = _denied(name)
+    ctypes.pythonapi.PyType_Modified(ctypes.py_object(torch._C.StorageBase))
+    for cls in (torch.UntypedStorage, torch.storage._StorageBase, torch.TypedStorage, torch.storage._LegacyStorage):
+        for name in STORAGE_DOORS + ("share_memory_", "_share_memory_", "_new_shared"):
+            if name in vars(cls):
+                setattr(cls, name, _denied(name))
+    sys._clear_type_cache()
+    return "no storage over files, shared memory or raw bytes"
