@@ -308,6 +308,13 @@ def check_verify(verify) -> None:
                          f"{'; '.join(bad[:3])}. Accept draft token i with probability min(1, p_i/q_i), each with "
                          f"a fresh uniform from `generator`; at the first rejection sample normalize(max(p_i - q_i, "
                          f"0)); after K acceptances sample p_K. {seed_note()}")
+        if case.name == "disjoint supports":  # generator=None: torch's global generator, a fresh draw every call (red
+            calls = [((case.p, case.q, case.x), {"generator": None}) for _ in range(60)]  # team 11b: seeded 0 per call)
+            outs = call_many_observing(verify, calls, {int(torch.randint(0, 60, (), generator=g))})[0]
+            tokens = {int(o[1]) for o in outs if isinstance(o, tuple) and len(o) == 2}
+            assert len(tokens) > 1, (  # the next token is p's, 0.3 / 0.7: one token in 60 calls < 1e-9
+                f"60 calls with generator=None ({describe_law(case)}) all gave next token {tokens}: without a "
+                f"generator, draw from torch's global generator, not one seeded the same at every call {seed_note()}")
         if case.name == "one row for all positions":  # equal generator states, equal outputs
             def again():  # fresh generators each time (in-process, a call advances the one it is given)
                 return [((case.p, case.q, case.x), {"generator": torch.Generator().manual_seed(seed + t)})
@@ -346,11 +353,11 @@ def _check_generator_decides(speculative_sample, g) -> None:
             break
     draft = MarkovLM(SAMPLED_VOCAB, 1, like=target, noise=1.0)
     seed = int(torch.randint(0, 2**40, (), generator=g))
-    watched = int(torch.randint(0, 3, (), generator=g))  # the run observed
+    watched = int(torch.randint(0, 5, (), generator=g))  # the run observed
     outs = []
-    for i, s in enumerate((seed, seed, seed + 1)):
+    for i, s in enumerate((seed, seed, seed + 1, None, None)):  # None: torch's global generator, a fresh draw each run
         args = (spy(target, [], "target"), spy(draft, [], "draft"), ids, 40)
-        kwargs = dict(k=3, temperature=1.0, generator=torch.Generator().manual_seed(s))
+        kwargs = dict(k=3, temperature=1.0, generator=None if s is None else torch.Generator().manual_seed(s))
         if i == watched:
             out, obs = observe(speculative_sample, *args, **kwargs)
             used = _loop_lib_calls(obs)
@@ -360,7 +367,9 @@ def _check_generator_decides(speculative_sample, g) -> None:
         assert isinstance(out, torch.Tensor) and tuple(out.shape) == (1, 43), (
             f"a run of 40 tokens after a prompt of 3 returned {getattr(out, 'shape', out)!r}; expected ids [1, 43]")
         outs.append(out)
-    a, b, c = outs
+    a, b, c, d, e = outs
+    assert not torch.equal(d, e), ("two runs with generator=None gave the same 40 sampled tokens: without a generator, "
+                                   f"draw from torch's global generator, not one seeded the same every run {seed_note()}")
     assert torch.equal(a, b), (
         "two runs with generators in equal states gave different ids: draw every random number from `generator` "
         "(the draft's samples, and your verify's, with generator=generator), never from torch's global generator "

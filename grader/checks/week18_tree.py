@@ -295,3 +295,14 @@ def judge(tree_accept) -> None:
                 f"accepted as often as the rule allows (here {accepted:.3f} of the calls): try the children in "
                 f"drawn order, each with a fresh uniform from `generator`, and think about what p and q are after "
                 f"a rejection — the next child was drawn without the rejected one. {seed_note()}")
+    # without a generator: torch's global one, a fresh draw every call (red team 11b: a generator seeded 0 per call
+    # passed every case above, all of which hand one over). p and q disjoint: the token comes from p = (0.35, 0.65)
+    # every call, so 60 calls give one token only with probability < 1e-11.
+    case = next(c for c in cases if c.name == "disjoint supports")
+    calls = [((case.p, case.q, draw_children(case.q, case.n, g)), {"generator": None}) for _ in range(60)]
+    outs, _ = call_many_observing(tree_accept, calls, {int(torch.randint(0, 60, (), generator=g))})
+    tokens = {_result(out, args[2], case.p.shape[0], "generator=None")[1] for out, (args, _) in zip(outs, calls)}
+    assert len(tokens) > 1, (
+        f"60 calls with generator=None on {describe(case)} all emitted token {tokens.pop()}: without a generator, "
+        f"draw from torch's global random number generator (torch.rand(...) with no generator), not from a "
+        f"generator seeded the same at every call {seed_note()}")

@@ -180,24 +180,29 @@ check_awq_quantize = WEEK.exercise(10, "awq_quantize", section="8 (AWQ)")(calibr
 
 # --- 11: a GGUF file ----------------------------------------------------------------------------------------
 
-_GGUF_TYPES = ["F32", "Q8_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K"]
+_GGUF_TYPES = ["F32", "F16", *qformats.BLOCK_SIZES]  # every type the lab writes (red team 11b: six were drawn, and a
+# type table right for those six only passed)
 
 
-def _gguf_tensors(offset):
-    """{name: (data as stored, qtype, (rows, cols))}: 3-5 tensors of random types and sizes, so that their byte
-    sizes are not multiples of the alignment; one name is not ASCII (its UTF-8 length is not its length)."""
+def _gguf_tensors(offset, every_type: bool = False):
+    """{name: (data as stored, qtype, (rows, cols))}: 3-5 tensors of random types and sizes (`every_type`: one of
+    each type, in a random order), so that their byte sizes are not multiples of the alignment; one name is not ASCII
+    (its UTF-8 length is not its length)."""
     g = generator(offset)
     tensors = {}
-    n = int(torch.randint(3, 6, (1,), generator=g))
+    n = len(_GGUF_TYPES) if every_type else int(torch.randint(3, 6, (1,), generator=g))
+    order = torch.randperm(len(_GGUF_TYPES), generator=g).tolist()
     for i in range(n):
-        qtype = _GGUF_TYPES[int(torch.randint(len(_GGUF_TYPES), (1,), generator=g))]
-        block = 1 if qtype == "F32" else qformats.BLOCK_SIZES[qtype][0]
+        qtype = _GGUF_TYPES[order[i] if every_type else int(torch.randint(len(_GGUF_TYPES), (1,), generator=g))]
+        plain = qtype in ("F32", "F16")
+        block = 1 if plain else qformats.BLOCK_SIZES[qtype][0]
         rows = int(torch.randint(1, 5, (1,), generator=g))
-        cols = block * int(torch.randint(1, 4, (1,), generator=g)) * (32 if qtype == "F32" else 1) + (3 if qtype == "F32" else 0)
+        cols = block * int(torch.randint(1, 4, (1,), generator=g)) * (32 if plain else 1) + (3 if plain else 0)
         x = torch.randn(rows, cols, generator=g).numpy().astype(np.float32)
-        data = x if qtype == "F32" else qformats.quantize(x, qtype)
+        data = x.astype(np.float16) if qtype == "F16" else x if qtype == "F32" else qformats.quantize(x, qtype)
         kind = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"][int(torch.randint(7, (1,), generator=g))]
         name = f"blk.{int(torch.randint(100, (1,), generator=g))}.{kind}.{'poids_réels' if i == 1 else 'weight'}"
+        name = name if name not in tensors else f"blk.{100 + i}.{kind}.weight"  # (every type kept)
         tensors[name] = (data, qtype, (rows, cols))
     return tensors
 
@@ -241,8 +246,8 @@ def check_gguf_bytes(gguf_bytes) -> None:
     """gguf-py reads the file back: every tensor's name, type, dims (innermost first) and bytes, each at an offset
     that is a multiple of the alignment (32, or another one announced in general.alignment), in the infos' order
     with no gap (what ggml's loader requires); no stray bytes."""
-    for case, alignment in enumerate([32, 64, 128, None]):
-        tensors = _gguf_tensors(1100 + case)
+    for case, alignment in enumerate([32, 64, 128, None, 32]):
+        tensors = _gguf_tensors(1100 + case, every_type=case == 4)
         args = (tensors,) if alignment is None else (tensors, alignment)
         alignment = alignment or 32
         what = (f"gguf_bytes({len(tensors)} tensors of types {[t[1] for t in tensors.values()]}"

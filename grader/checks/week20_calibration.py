@@ -110,6 +110,13 @@ def check_allocate_bits(allocate_bits) -> None:
         low, high = 3.5, [4.5, 5.0, 8.5][int(torch.randint(3, (1,), generator=g))]
         budget = low + float(torch.rand(1, generator=g) if case < 6 else 0.9 + 0.1 * torch.rand(1, generator=g)) * (high - low)
         cases.append((delta, sizes, budget, low, high))
+    # a real model's units, 7 kinds × 30 layers: a search over every subset (2^n), fine on the cases above, never
+    # returns here (red team 11b)
+    names = [f"blk.{layer}.{kind}" for layer in range(30) for kind in ("attn_q", "attn_k", "attn_v", "attn_output",
+                                                                       "ffn_gate", "ffn_up", "ffn_down")]
+    delta = {u: float(v) for u, v in zip(names, torch.rand(len(names), generator=g).pow(3) * 20)}
+    sizes = {u: int(v) for u, v in zip(names, torch.randint(1, 9, (len(names),), generator=g) * 110_592)}
+    cases.append((delta, sizes, 3.5 + float(torch.rand(1, generator=g)), 3.5, 4.5))
     for delta, sizes, budget, low, high in cases:
         what = f"allocate_bits(budget {budget:.3f} bits/weight, low {low}, high {high}, {len(delta)} units)"
         got = run(allocate_bits, dict(delta), dict(sizes), budget, low, high, what=what)

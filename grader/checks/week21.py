@@ -331,6 +331,19 @@ def check_ServingLoop(ServingLoop) -> None:
                 f"{rid!r} was submitted before run {r['arrive']} but its first token came at run "
                 f"{first_token_run.get(rid)}: admit every queued request at the next run_once (continuous batching; "
                 f"the pool had room) {seed_note()}")
+    # a cancel, then a submission of that (new) id, before one run: a loop applies its messages in the order they came,
+    # so the cancel (of nothing yet) does not touch the submission after it (red team 11's loop applied every cancel
+    # after the run's submissions, and remembered cancelled ids for ever)
+    from lib.modeling.sampling import SamplingParams
+    r = next(r for r in reqs if r["alone"] is not None and not r["fields"])
+    want = r["alone"][:3][:r["alone"][:3].index(eos)] if eos in r["alone"][:3] else r["alone"][:3]
+    _front_end(view, "cancel('retry')", lambda: loop.cancel("retry"))
+    _front_end(view, "submit('retry')", lambda: loop.submit("retry", list(r["prompt"]), 3, SamplingParams()))
+    late = [m for _ in range(6) for m in loop.run_once() if m[1] == "retry"]
+    assert late == [("token", "retry", t) for t in want] + [("done", "retry", "length" if len(want) == 3 else "stop")], (
+        f"cancel('retry') then submit('retry') (a request like {r['id']!r}, 3 tokens), before one run_once: its messages "
+        f"were {late[:5]}; a cancel applies to what was submitted before it, in the order the messages came, so this "
+        f"request runs whole {seed_note()}")
     assert not engine.requests, (f"the engine still holds records of {sorted(map(str, engine.requests))} after every "
                                  f"request ended: abort (or collect) each request when it ends, or the server leaks")
     assert engine.blocks.num_in_use == 0, (f"{engine.blocks.num_in_use} KV blocks are still in use after every request "
