@@ -10,7 +10,7 @@ exercise cell, so that one student process serves them all.
 - A rolling cache's history in files, or in numpy through those doors, or as MKL-DNN tensors (an op the observers
   cannot record is a verdict: `grader.checks.assert_classified`).
 - No max subtracted: flash_decode's splits and paged_attention's chunks, on scores in the hundreds.
-- A ServingLoop that applies cancels after the run's submissions; an allocator and a prefix cache that refuse a
+- A ServingLoop that applies cancels after the run's submissions, or keeps every id it was given; an allocator and a prefix cache that refuse a
   double free only on an empty pool; a scheduler that skips running requests in a step that preempts; tree_accept
   seeding its own generator when given none; a GGUF type table right for six types only.
 The honest variants written apart from the solution keep their credit.
@@ -66,6 +66,7 @@ WRONG = {  # a notebook each: {exercise: (variant, what the failure says)}
     "19b": {"paged_attention": ("v11/w19_paged_shared_file.py", "storage method from_file is not available")},
     "20": {"gguf_bytes": ("v11b/w20_gguf_bytes_partial_types.py", r"gguf_bytes\(")},
     "21": {"ServingLoop": ("v11/w21_servingloop_racy_unordered.py", r"cancel\('retry'\) then submit\('retry'\)")},
+    "21b": {"ServingLoop": ("v11l/w21_servingloop_keeps_ids.py", r"the loop object reaches [\d,]+ bytes more than before")},
 }
 HONEST = {
     "18": ["v11b/w18_tree_accept_honest.py"],

@@ -344,6 +344,19 @@ def check_ServingLoop(ServingLoop) -> None:
         f"cancel('retry') then submit('retry') (a request like {r['id']!r}, 3 tokens), before one run_once: its messages "
         f"were {late[:5]}; a cancel applies to what was submitted before it, in the order the messages came, so this "
         f"request runs whole {seed_note()}")
+    # days of uptime: 300 requests submitted and cancelled, ten between two runs, leave nothing behind in the loop
+    # object (red team 11's loop kept every id it had seen): what the loop reaches (grader.held), before and after
+    before = observe(loop.run_once, _observe_held=True)[1].held_bytes
+    for i in range(300):
+        loop.submit(f"gone-{i}", list(r["prompt"]), 2, SamplingParams())
+        loop.cancel(f"gone-{i}")
+        if i % 10 == 9 or i == 299:
+            loop.run_once()
+    grown = observe(loop.run_once, _observe_held=True)[1].held_bytes - before
+    assert before >= 0 and grown < 16384, (
+        f"after 300 requests were submitted and cancelled (and the loop ran), the loop object reaches {grown:,} bytes "
+        f"more than before: nothing of a request that ended may stay behind in your loop (ids, records), or a "
+        f"server that runs for days runs out of memory {seed_note()}")
     assert not engine.requests, (f"the engine still holds records of {sorted(map(str, engine.requests))} after every "
                                  f"request ended: abort (or collect) each request when it ends, or the server leaks")
     assert engine.blocks.num_in_use == 0, (f"{engine.blocks.num_in_use} KV blocks are still in use after every request "
