@@ -368,8 +368,6 @@ def _check_generator_decides(speculative_sample, g) -> None:
             f"a run of 40 tokens after a prompt of 3 returned {getattr(out, 'shape', out)!r}; expected ids [1, 43]")
         outs.append(out)
     a, b, c, d, e = outs
-    assert not torch.equal(d, e), ("two runs with generator=None gave the same 40 sampled tokens: without a generator, "
-                                   f"draw from torch's global generator, not one seeded the same every run {seed_note()}")
     assert torch.equal(a, b), (
         "two runs with generators in equal states gave different ids: draw every random number from `generator` "
         "(the draft's samples, and your verify's, with generator=generator), never from torch's global generator "
@@ -377,6 +375,8 @@ def _check_generator_decides(speculative_sample, g) -> None:
     assert not torch.equal(a, c), (
         "runs with generators in different states gave the same 40 sampled tokens: the loop does not draw from "
         f"`generator` (a seed of its own, or a fixed one?) {seed_note()}")
+    assert not torch.equal(d, e), ("two runs with generator=None gave the same 40 sampled tokens: without a generator, "
+                                   f"draw from torch's global generator, not one seeded the same every run {seed_note()}")
 
 
 @WEEK.exercise(3, "speculative_sample", section="3 (Speculative sampling)")
