@@ -141,7 +141,7 @@ def check_BlockAllocator(BlockAllocator) -> None:
         unowned = [b for b in range(n) if b not in owners]  # team 11b: a double free handed a block out twice)
         for op, b in [(op, rng.choice(unowned)) for op in ("free", "fork")] if unowned else []:
             expect_error(lambda: getattr(alloc, op)(b), ValueError,
-                         f"after {log[-4:]}, {op}({b}) of a block no one owns (blocks {sorted(owners)[:8]} in use)")
+                         f"after {log[-4:]}, {op}({b}) of a free block (no one owns it; {sorted(owners)[:8]} are in use)")
             assert alloc.num_free == n - len(owners), f"a refused {op} must leave the pool as it was"
         for block, count in owners.items():  # every owner frees: the whole pool is free again
             for _ in range(count):
