@@ -148,18 +148,10 @@ def handled(storage) -> None:
 
     try:
         key = storage._cdata
-        weakref.finalize(storage, _unhandled, key)
+        weakref.finalize(storage, _release, HANDLED, key)
     except (AttributeError, TypeError):
         return
     HANDLED[key] = HANDLED.get(key, 0) + 1
-
-
-def _unhandled(key: int) -> None:
-    left = HANDLED.get(key, 0) - 1
-    if left > 0:
-        HANDLED[key] = left
-    else:
-        HANDLED.pop(key, None)
 
 
 def _storage_new(original):
@@ -185,17 +177,18 @@ def _exported(tensor, holder) -> None:
         return
     EXPORTED[ptr] = EXPORTED.get(ptr, 0) + 1
     try:
-        weakref.finalize(holder, _unexported, ptr)
+        weakref.finalize(holder, _release, EXPORTED, ptr)
     except TypeError:  # (not weakly referable: noted for good)
         pass
 
 
-def _unexported(ptr: int) -> None:
-    left = EXPORTED.get(ptr, 0) - 1
+def _release(table: dict, key: int) -> None:
+    """One holder of `key` in `table` (`EXPORTED`, `HANDLED`) is gone."""
+    left = table.get(key, 0) - 1
     if left > 0:
-        EXPORTED[ptr] = left
+        table[key] = left
     else:
-        EXPORTED.pop(ptr, None)
+        table.pop(key, None)
 
 
 WRAPPERS: dict = {}  # name -> the wrapper on torch.Tensor and wherever torch kept the C function (`install`)
