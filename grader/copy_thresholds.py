@@ -1,5 +1,5 @@
 """The token threshold of each reference unit (`grader.similarity.ratio`): `similarity.TOKEN_THRESHOLD`, raised for
-the references an honest variant written apart from them came near.
+the references an honest variant written apart from them came near (and the statement threshold likewise, below).
 
 Why not a threshold that depends on the unit's size alone: short units share more by chance, but the honest and
 the copied scores overlap at the same size. Measured (issue 54, after red team 6; 103 honest variants: the 39 of
@@ -38,6 +38,10 @@ HONEST_HIGHEST = MappingProxyType({
     "the instructor's solution (its `batched_speculative_generate`)":
         (0.60, "redteam/v6/w18_bsg_honest_dictfeeds.py"),  # red team 6, #22: 0.596
     "lib's lib.batching.engine.schedule": (0.55, "redteam/v6/w19_sched_honest_twophase.py"),  # red team 6, #17: 0.541
+    # red team 11's honest loop, written from the notebook: 0.582 of the class's and its run_once's tokens (0.97 of the
+    # flat 0.6); a reworded copy holds 0.84
+    "lib's lib.serve.serving.ServingLoop": (0.59, "redteam/v11/w21_servingloop_honest.py"),
+    "lib's lib.serve.serving.ServingLoop.run_once": (0.59, "redteam/v11/w21_servingloop_honest.py"),
 })  # read-only: the child holds this module too (it judges code the notebook compiles: `grader.child_guard`)
 
 
@@ -48,6 +52,21 @@ HONEST_HIGHEST = MappingProxyType({
 # gguf-py, measured by red team 7's follow-up) reaches against any of gguf-py's units, / MARGIN.
 GGUF_PREFIX = "gguf-py's "
 GGUF_HONEST_HIGHEST = (0.37, "redteam/v7/w20_q8_honest.py")  # 0.364, against Q8_0.quantize_blocks with np_roundf
+
+
+# The same for the statement share (`similarity.THRESHOLD` elsewhere): red team 11b's honest schedule, written from
+# the notebook, holds 0.722 of lib's schedule's statements (0.90 of the flat 0.8: a scheduler's branches are what the
+# exercise's rules dictate); a reworded copy of lib's holds 0.97 of its tokens.
+HONEST_STATEMENTS = MappingProxyType({
+    "lib's lib.batching.engine.schedule": (0.73, "redteam/v11b/w19_schedule_honest.py"),
+})
+
+
+def statement_threshold(reference: str | None, default: float) -> float:
+    """The statement share at which a unit is a copy of `reference` (None: `default`, the general threshold)."""
+    if reference not in HONEST_STATEMENTS:
+        return default
+    return max(default, HONEST_STATEMENTS[reference][0] / MARGIN)
 
 
 def token_threshold(reference: str | None, default: float) -> float:

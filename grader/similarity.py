@@ -40,7 +40,7 @@ import hashlib
 import re
 import sys
 from collections import Counter
-from grader.copy_thresholds import token_threshold
+from grader.copy_thresholds import statement_threshold, token_threshold
 
 THRESHOLD = 0.8  # statements
 MIN_STATEMENTS = 12
@@ -504,8 +504,7 @@ class References:
 
     def copy_of(self, unit: Unit, given: Unit = Unit(), key=frozenset()) -> tuple[float, float, str] | None:
         """`best`, if it is a copy: its token threshold (`ratio`) of the tokens or THRESHOLD of the statements."""
-        found = self.best(unit, given, key)
-        return found if found is not None and ratio(found) >= 1 else None
+        return found if (found := self.best(unit, given, key)) is not None and ratio(found) >= 1 else None
 
 
 KEY_SHARE = 0.9  # of a unit's k-grams from the answer key for it to be graded as the answer key (the lab's tests)
@@ -513,7 +512,8 @@ KEY_SHARE = 0.9  # of a unit's k-grams from the answer key for it to be graded a
 
 def ratio(found) -> float:
     """How near (token share, statement share[, reference]) is to a copy: 1 or more is one (`copy_thresholds`)."""
-    return max(found[0] / token_threshold(found[2] if len(found) > 2 else None, TOKEN_THRESHOLD), found[1] / THRESHOLD)
+    ref = found[2] if len(found) > 2 else None
+    return max(found[0] / token_threshold(ref, TOKEN_THRESHOLD), found[1] / statement_threshold(ref, THRESHOLD))
 
 
 def why_copy(fn_name: str, found: tuple[float, float, str], helpers: list[str] = ()) -> str:

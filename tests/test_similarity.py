@@ -141,7 +141,8 @@ def test_the_red_teams_honest_work_stays_under_the_thresholds_with_margin(path, 
 
 
 _NEAR = {"redteam/v6/w18_bsg_honest_dictfeeds.py": (18, "batched_speculative_generate"),
-         "redteam/v6/w19_sched_honest_twophase.py": (19, "schedule")}
+         "redteam/v6/w19_sched_honest_twophase.py": (19, "schedule"),
+         "redteam/v11/w21_servingloop_honest.py": (21, "ServingLoop")}
 
 
 @pytest.mark.parametrize("variant", sorted(_NEAR))
@@ -165,6 +166,23 @@ def test_honest_work_that_the_interface_dictates_is_not_a_copy(variant, monkeypa
     assert similarity.ratio((tok, st, ref)) < MARGIN
     assert grade_id not in copies.similar_to_reference(REPO / "submitted" / "student.ipynb",
                                                        _as_students(week, {grade_id: text}), week)
+
+
+def test_honest_statements_the_interface_dictates_raise_that_references_statement_threshold(monkeypatch):
+    """Red team 11b's honest `schedule`, written from the notebook, holds 72 % of lib's schedule's statements: 0.90 of
+    the flat 0.8 (a scheduler's branches are the exercise's rules). Its reference's statement threshold is that share
+    / MARGIN (`grader.copy_thresholds.HONEST_STATEMENTS`), each entry recomputed here from its variant; a reworded copy
+    of lib's schedule holds 97 % of its tokens (tests/fixtures/copies/)."""
+    from grader import copy_thresholds
+
+    monkeypatch.delenv("INFERENCE_LAB_SOLUTION_COPIES", raising=False)
+    for name, (share, where) in copy_thresholds.HONEST_STATEMENTS.items():
+        path = FIXTURES / where
+        week, grade_id = int(path.name[1:3]), _grade_of(path)
+        tok, st, ref, _, _ = copies.scores(REPO / "submitted" / "student.ipynb",
+                                           _as_students(week, {grade_id: path.read_text()}), week)[grade_id]
+        assert ref == name and share - 0.01 < st <= share, (ref, st, share)  # the table holds what is measured
+        assert similarity.ratio((tok, st, ref)) < MARGIN
 
 
 def test_small_methods_are_judged_as_their_class_and_every_method_of_a_copy_is_replaced(tmp_path):
