@@ -101,12 +101,12 @@ import os, pickle
 def gqa_attention(q, k, v, causal=True):
     r, w = os.pipe()
     if os.fork() == 0:
-        os.write(w, pickle.dumps(_sdpa(q, k, v, causal)))
-        os._exit(0)
+        os.write(w, pickle.dumps(_sdpa(q, k, v, causal).tolist()))  # (a tensor's pickle writes its storage's
+        os._exit(0)  # bytes out, which the grader's process refuses: a list crosses)
     os.close(w)
     data = b"".join(iter(lambda: os.read(r, 1 << 20), b""))
     os.wait()
-    return pickle.loads(data)
+    return torch.tensor(pickle.loads(data), dtype=q.dtype)
 """,
     "thread_through_partial": """
 import _thread, functools, time
@@ -122,11 +122,11 @@ import functools, os, pickle
 def gqa_attention(q, k, v, causal=True):
     r, w = os.pipe()
     if functools.partial(os.fork)() == 0:
-        os.write(w, pickle.dumps(_sdpa(q, k, v, causal)))
-        os._exit(0)
+        os.write(w, pickle.dumps(_sdpa(q, k, v, causal).tolist()))  # (a tensor's pickle writes its storage's
+        os._exit(0)  # bytes out, which the grader's process refuses: a list crosses)
     os.close(w)
     data = b"".join(iter(lambda: os.read(r, 1 << 20), b""))
     os.wait()
-    return pickle.loads(data)
+    return torch.tensor(pickle.loads(data), dtype=q.dtype)
 """,
 }
