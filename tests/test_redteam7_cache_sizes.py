@@ -56,7 +56,9 @@ def test_history_kept_in_sparse_tensors_a_module_or_mmaps_fails(tmp_path, varian
     goes: what the observed appends made and something other than the grader keeps alive is counted; red team 10b:
     a tensor made in __init__ and grown by `resize_`, or chunks kept as sparse tensors, on `codecs` (the storages
     every op of an append read or wrote are counted too)."""
-    with pytest.raises(AssertionError, match=r"the cache object now keeps [\d,]+ bytes more than after its first"):
+    # (the sparse ones now fail earlier: an op the observers cannot record is a verdict, checks.assert_classified)
+    with pytest.raises(AssertionError, match=r"the cache object now keeps [\d,]+ bytes more than after its first|"
+                                             r"on arguments the checks cannot record"):
         _run(tmp_path, "RollingKVCache", V7.parent / variant)
 
 
