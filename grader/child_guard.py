@@ -174,7 +174,12 @@ class _Guard:
         for name in ("_pop_torch_dispatch_stack", "_pop_torch_dispatch_mode", "_set_dispatch_mode",
                      "_unset_dispatch_mode", "_push_on_torch_dispatch_stack", "_dispatch_tls_set_dispatch_key_excluded",
                      "_dispatch_tls_set_dispatch_key_included", "_disabled_torch_dispatch_impl",
-                     "_get_dispatch_stack_at", "_get_dispatch_mode"):  # the last two hand out the modes themselves
+                     "_get_dispatch_stack_at", "_get_dispatch_mode",  # these two hand out the modes themselves
+                     # ... and these tell a call made under a dispatch mode (every call the checks make) from one made
+                     # in a notebook (red team 12b's #12: a mask switched on only while the stack is not empty)
+                     "_len_torch_dispatch_stack", "_len_torch_dispatch_stack_pre_dispatch",
+                     "_dispatch_tls_local_include_set", "_dispatch_tls_local_exclude_set",
+                     "_dispatch_tls_is_dispatch_key_included", "_dispatch_tls_is_dispatch_key_excluded"):
             fn = getattr(torch._C, name, None)
             if fn is not None and getattr(fn, "__code__", None) is None:
                 self.watched_c[id(fn)] = f"called torch._C.{name} (the checks observe through a dispatch mode)"
@@ -227,7 +232,7 @@ class _Guard:
                           (threading.settrace, "called threading.settrace")):
             self.watched_code[fn.__code__] = label
         for name in ("_pop_mode", "_pop_mode_temporarily", "_disable_current_modes", "_get_current_dispatch_mode",
-                     "_get_current_dispatch_mode_stack"):
+                     "_get_current_dispatch_mode_stack", "is_in_torch_dispatch_mode", "is_in_any_mode_without_ignore_compile_internals"):
             fn = getattr(pd, name, None)
             code = getattr(getattr(fn, "__wrapped__", fn), "__code__", None)
             if code is not None:

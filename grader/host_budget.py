@@ -164,6 +164,17 @@ def _storage_new(original):
     return staticmethod(__new__)
 
 
+def _storage_from_buffer(original):
+    """The storage base's `from_buffer` (a C static method, which makes its storage without `__new__`: red team
+    12b's #1, #2) as Python code: a storage the notebook's code makes with it is `handled` too."""
+    def from_buffer(*args, **kwargs):
+        storage = original(*args, **kwargs)
+        if _STUDENT and _through_torch(sys._getframe(1)):
+            handled(storage)
+        return storage
+    return staticmethod(from_buffer)
+
+
 def _exported(tensor, holder) -> None:
     """`tensor`'s memory is seen by numpy or Python too, while `holder` (the array numpy() made, or the tensor over
     foreign memory) lives: noted in `EXPORTED`, by its storage's address."""
@@ -193,12 +204,13 @@ def _release(table: dict, key: int) -> None:
 
 WRAPPERS: dict = {}  # name -> the wrapper on torch.Tensor and wherever torch kept the C function (`install`)
 WRAPPER_CODE = _wrapper("", ()).__code__
-_MODULE_FUNCTIONS = ("_to_dlpack", "_to_dlpack_versioned", "_storage_address")  # torch._C's, not methods
+_MODULE_FUNCTIONS = ("_to_dlpack", "_to_dlpack_versioned", "_storage_address", "_from_dlpack")  # torch._C's
 # torch's functions that make a tensor over memory numpy or Python owns (or may): what the notebook's code makes with
-# them, and the tensors whose memory its numpy() hands out, are memory both sides see (`EXPORTED`)
-_TORCH_FUNCTIONS = ("from_numpy", "frombuffer", "from_file", "asarray", "as_tensor")
+# them, and the tensors whose memory its numpy() hands out, are memory both sides see (`EXPORTED`). (`from_dlpack`
+# over a numpy array: red team 12b's #3.)
+_TORCH_FUNCTIONS = ("from_numpy", "frombuffer", "from_file", "asarray", "as_tensor", "from_dlpack")
 _SHARED_BY_SELF = frozenset(("numpy", "_to_dlpack", "_to_dlpack_versioned"))  # the memory shared is the tensor's
-_SHARING = frozenset((*_SHARED_BY_SELF, *_TORCH_FUNCTIONS))
+_SHARING = frozenset((*_SHARED_BY_SELF, *_TORCH_FUNCTIONS, "_from_dlpack"))
 EXPORTED: dict = {}  # address of a storage numpy or Python also sees (made so by the notebook's code) -> live exports
 HANDLED: dict = {}  # a storage the notebook's code holds as a storage object (its `_cdata`) -> live handles
 _TORCH_DIR = "//"  # torch's own Python files (`install`)
@@ -240,6 +252,8 @@ def install(student=None) -> None:
     new = _storage_new(storage_base["__new__"])
     storage_base["__new__"] = new  # the classes made from now on (a notebook's subclass) call it
     torch.UntypedStorage.__new__ = new
+    if isinstance(storage_base.get("from_buffer"), staticmethod):
+        storage_base["from_buffer"] = _storage_from_buffer(storage_base["from_buffer"].__func__)
     for t in (torch._C.TensorBase, *torch._tensor_classes, torch._C.StorageBase):
         ctypes.pythonapi.PyType_Modified(ctypes.py_object(t))  # the types' attribute caches see the new dicts
     sys._clear_type_cache()
@@ -357,8 +371,8 @@ class HostBudget:
                     region = (ptr, t.storage_offset(), t.numel())
                     if region not in self.shared:
                         self.shared.add(region)
-                        self.take(t.numel(), "memory numpy or Python sees too (from_numpy, frombuffer, as_tensor "
-                                             "of an array, a tensor whose numpy() was taken, a storage object the "
+                        self.take(t.numel(), "memory numpy or Python sees too (from_numpy, frombuffer, from_dlpack, "
+                                             "as_tensor of an array, a tensor whose numpy() was taken, a storage object the "
                                              "notebook holds), read or written by torch ops; a constant made that way "
                                              "is fine once cloned into torch's memory")
                 if ptr in self.free and (i in writes or i == -1):

@@ -15,7 +15,10 @@ sandbox (`grader._sandbox._own_proc`); ctypes' is a verdict (`grader.child_guard
 torch's storage API has doors of its own (red team 11): a storage mapped from a file numpy maps too
 (`UntypedStorage.from_file`), shared memory handed out by descriptor or name (`_share_fd_cpu_`, `_new_shared`...),
 a storage's raw bytes written into a Python file object (`_write_file`). None is what a kernel or a cache needs; `close_storage_doors` makes each raise in the student's process (a storage the
-notebook's code makes or takes, which remains, is memory Python sees: `grader.host_budget`).
+notebook's code makes or takes, which remains, is memory Python sees: `grader.host_budget`). Bytes into a storage from
+a file object (`_set_from_file`, `_new_with_file`: torch's legacy unpickling, which the grader's wire uses) come only
+from a real file or an `io.BytesIO` there: torch hands any other object's `readinto` a memoryview of the storage's own
+memory, which that object may keep (red team 12b's #1).
 """
 from __future__ import annotations
 
@@ -123,6 +126,40 @@ def _denied(name: str):
     return denied
 
 
+_READ_FROM = ("_set_from_file", "_new_with_file")  # read a file object into a storage (`_plain_file`)
+
+
+def _plain_file(f) -> bool:
+    """Whether torch may read `f` into a storage: an `io.BytesIO`, a `FileIO`, or a buffered reader over one (whose
+    `readinto` copies and keeps nothing); any other object's `readinto` would be handed the storage's memory."""
+    import io
+
+    if type(f) in (io.BytesIO, io.FileIO):
+        return True
+    return type(f) in (io.BufferedReader, io.BufferedRandom) and type(getattr(f, "raw", None)) is io.FileIO
+
+
+def _reading(name: str, original):
+    """`original` (`_set_from_file`, a method, or `_new_with_file`, a static method) for plain files only."""
+    def refuse(f):
+        raise PermissionError(
+            f"torch's storage method {name} reads only a real file or an io.BytesIO in the grader's process (not a "
+            f"{type(f).__name__}): torch hands any other object's readinto the storage's own memory, out of the "
+            f"checks' sight. Compute with torch ops on tensors")
+    if name == "_set_from_file":
+        def read(self, f, *args, **kwargs):
+            if not _plain_file(f):
+                refuse(f)
+            return original(self, f, *args, **kwargs)
+    else:
+        def read(f, *args, **kwargs):
+            if not _plain_file(f):
+                refuse(f)
+            return original(f, *args, **kwargs)
+    read.__name__ = read.__qualname__ = name
+    return read
+
+
 def close_storage_doors() -> str:
     """Make torch's storage methods that map files or shared memory or move raw bytes (`STORAGE_DOORS`) raise, in the
     C base's own dict (immutable from Python: changed through the dict itself, as `grader.host_budget` does) and in
@@ -135,10 +172,16 @@ def close_storage_doors() -> str:
     for name in STORAGE_DOORS:
         if name in base:
             base[name] = _denied(name)
+    for name in _READ_FROM:
+        found = base.get(name)
+        if isinstance(found, staticmethod):
+            base[name] = staticmethod(_reading(name, found.__func__))
+        elif found is not None:
+            base[name] = _reading(name, found)
     ctypes.pythonapi.PyType_Modified(ctypes.py_object(torch._C.StorageBase))
     for cls in (torch.UntypedStorage, torch.storage._StorageBase, torch.TypedStorage, torch.storage._LegacyStorage):
         for name in STORAGE_DOORS + ("share_memory_", "_share_memory_", "_new_shared"):
             if name in vars(cls):
                 setattr(cls, name, _denied(name))
     sys._clear_type_cache()
-    return "no storage over files, shared memory or raw bytes"
+    return "no storage over files, shared memory or raw bytes, nor read from a file object of Python's"
