@@ -149,10 +149,16 @@ def alone(target, draft, prompt: list, n: int, k: int) -> tuple[list, int]:
     return out, rounds
 
 
-def _case(g, single, ragged, vocab: int, rows: int, k: int, what: str, least: int = 6, most: int = 28) -> tuple:
+def _case(g, single, ragged, vocab: int, rows: int, k: int, what: str, least: int = 6, most: int = 28,
+          edges: bool = False) -> tuple:
     prompts = [[r] + torch.randint(0, vocab, (int(torch.randint(2, 7, (), generator=g)),), generator=g).tolist()
                for r in range(rows)]
     ns = [int(torch.randint(least, most, (), generator=g)) for _ in range(rows)]
+    if edges:  # (red team 12) two rows with one prompt (a row's state kept by its prompt merges them), and rows
+        # asked for 0, 1 and 2 new tokens (the edge that written-once code gets wrong: a first token always written)
+        prompts[1] = list(prompts[0])
+        ns[1] = ns[0] + 1 + int(torch.randint(0, 5, (), generator=g))
+        ns[2:5] = [int(n) for n in torch.randperm(3, generator=g)]
     refs = [ref_generate(single, torch.tensor([p]), n + k + 2)[0].tolist() for p, n in zip(prompts, ns)]
     draft = oracle_draft(refs, vocab)
     expect = [alone(single, draft, p, n, k) for p, n in zip(prompts, ns)]
@@ -202,14 +208,17 @@ def failures(log: list, outs, prompts: list, ns: list, k: int, expect: list) -> 
 def judge(batched_speculative_generate, watched_lib_prefixes=("lib.spec_decode.speculative.", "lib.modeling.generate.")) -> None:
     """Markov chains (rows run one by one behind the interface) and a tiny Llama through lib's packed
     RaggedTarget (real per-row KV caches and positions); rows of 3 to 6 with different prompts, max_new_tokens and
-    draft flaws, K in 2..4, and a wide batch of 16-32 rows with K in 8..12. One run, chosen at random, is observed: it may use none of lib's loops."""
+    draft flaws, K in 2..4 (one batch with two rows of one prompt and rows asked for 0, 1 and 2 tokens), and a wide batch of 16-32 rows with K in 8..12. One run, chosen at random, is observed: it may use none of lib's loops."""
     from lib.spec_decode.speculative_batch import RaggedTarget
 
     g = generator(11)
     cases = []
-    for j, (rows, k) in enumerate([(4, 3), (6, 2), (5, 4)]):
+    for j, (rows, k) in enumerate([(4, 3), (6, 2), (5, 4), (6, 3)]):
         chain = MarkovLM(24, int(torch.randint(0, 2**30, (), generator=g)))
-        cases.append(_case(g, chain, RowWise(chain), 24, rows, k, f"Markov target, {rows} rows, K={k}"))
+        edges = j == 3
+        cases.append(_case(g, chain, RowWise(chain), 24, rows, k, f"Markov target, {rows} rows, K={k}"
+                           + (", rows 0 and 1 with one prompt, rows 2-4 asked for 0-2 tokens" if edges else ""),
+                           edges=edges))
     # a wide batch and a long draft, every run (FINDINGS6 #23, #24: at most 6 rows per forward, K capped at 4):
     # 16-32 rows, K 8-12, each row writing 3K-6K tokens, so a perfect-draft row alone takes at most 6 rounds and a
     # cap of K at 4 or fewer costs it more than the one spare round

@@ -297,10 +297,12 @@ def judge(tree_accept) -> None:
                 f"a rejection — the next child was drawn without the rejected one. {seed_note()}")
     # without a generator: torch's global one, a fresh draw every call (red team 11b: a generator seeded 0 per call
     # passed every case above, all of which hand one over). p and q disjoint: the token comes from p = (0.35, 0.65)
-    # every call, so 60 calls give one token only with probability < 1e-11.
+    # every call, so 60 calls give one token only with probability < 1e-11. Half of them observed, each replayed
+    # from the global generator's state it started with (red team 12: a generator of its own, seeded once, gives
+    # the replay the token the call gave with probability 0.35² + 0.65², so 30 replays all agree < 1e-7).
     case = next(c for c in cases if c.name == "disjoint supports")
     calls = [((case.p, case.q, draw_children(case.q, case.n, g)), {"generator": None}) for _ in range(60)]
-    outs, _ = call_many_observing(tree_accept, calls, {int(torch.randint(0, 60, (), generator=g))})
+    outs, _ = call_many_observing(tree_accept, calls, set(torch.randperm(60, generator=g)[:30].tolist()))
     tokens = {_result(out, args[2], case.p.shape[0], "generator=None")[1] for out, (args, _) in zip(outs, calls)}
     assert len(tokens) > 1, (
         f"60 calls with generator=None on {describe(case)} all emitted token {tokens.pop()}: without a generator, "

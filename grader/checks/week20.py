@@ -78,6 +78,7 @@ def check_dequantize_q4_k(dequantize_q4_k) -> None:
 # 1.008-1.031x over 300 seeds (so the Gaussian case rejects it every time), heavy-tailed 1.00-1.24x.
 Q4_K_RMSE_VS_LIB = 1.01
 Q4_K_RMSE_VS_LIB_HEAVY = 1.03
+Q4_K_TIED_VS_LIB = 1.5  # on the super-blocks whose search has a tie (red team 12: anything went there before)
 Q4_K_RMSE_VS_Q4_1 = 0.95
 Q4_K_WEIGHTED_VS_LIB = 1.005
 Q4_K_WEIGHTED_VS_LIB_HEAVY = 1.05
@@ -167,6 +168,13 @@ def check_quantize_q4_k(quantize_q4_k) -> None:
             f"{what}: gguf-py decodes your blocks with RMSE {rmse:.4g} {where}; lib.gguf.qformats' search gets {lib_rmse:.4g} (allowed "
             f"{bound}x). Check the weights sqrt(mean x²) + |x|, the least-squares refit (with m clamped at "
             f"0), the 6-bit packing (sub-block 2j in the low nibbles, 2j+1 in the high nibbles) {seed_note()}")
+        if not keep.all():  # the tied super-blocks: which tied candidate wins is free, a block far off is not
+            tied, lib_tied = _rmse(decoded, x, ~keep), _rmse(lib_decoded, x, ~keep)
+            assert tied <= Q4_K_TIED_VS_LIB * lib_tied + 1e-12, (
+                f"{what}: on the {(~keep).sum()} super-blocks whose search has a tie (either tied candidate is "
+                f"fine), gguf-py decodes your blocks with RMSE {tied:.4g}; lib.gguf.qformats' search gets "
+                f"{lib_tied:.4g} (allowed {Q4_K_TIED_VS_LIB}x): quantize every super-block with the same search "
+                f"{seed_note()}")
 
 
 # --- 7-10: the importance matrix, bits per layer, GPTQ and AWQ (the checks are grader.checks.week20_calibration's) ---
