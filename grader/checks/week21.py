@@ -334,6 +334,7 @@ def check_ServingLoop(ServingLoop) -> None:
     # a cancel, then a submission of that (new) id, before one run: a loop applies its messages in the order they came,
     # so the cancel (of nothing yet) does not touch the submission after it (red team 11's loop applied every cancel
     # after the run's submissions, and remembered cancelled ids for ever)
+    from grader.isolation import ChildProxy
     from lib.modeling.sampling import SamplingParams
     r = next(r for r in reqs if r["alone"] is not None and not r["fields"])
     want = r["alone"][:3][:r["alone"][:3].index(eos)] if eos in r["alone"][:3] else r["alone"][:3]
@@ -344,11 +345,19 @@ def check_ServingLoop(ServingLoop) -> None:
         f"cancel('retry') then submit('retry') (a request like {r['id']!r}, 3 tokens), before one run_once: its messages "
         f"were {late[:5]}; a cancel applies to what was submitted before it, in the order the messages came, so this "
         f"request runs whole {seed_note()}")
+    # the front end's calls made while run_once is inside engine.step() (red team 12b): grader.checks.week21_during
+    from grader.checks.week21_during import check_calls_during_step
+    plain = [r for r in reqs if r["alone"] is not None and not r["fields"] and eos not in r["alone"][:3]
+             and len(r["alone"]) >= 3]
+    if plain:
+        check_calls_during_step(ServingLoop, LLMEngine(model, num_blocks=POOL_BLOCKS, block_size=BLOCK, max_num_seqs=8,
+                                                       max_num_batched_tokens=128),
+                                eos, plain[0]["prompt"], plain[0]["alone"][:3], EngineView,
+                                not isinstance(getattr(loop, "_remote", loop), ChildProxy))
     # days of uptime: 300 requests submitted and cancelled, ten between two runs, leave nothing behind in the loop
     # object (red team 11's loop kept every id it had seen): what the loop reaches (grader.held), before and after;
     # less what the check's own view of the engine reaches (its log of calls), where the loop runs in this process
     from grader.held import held_bytes
-    from grader.isolation import ChildProxy
 
     here = not isinstance(getattr(loop, "_remote", loop), ChildProxy)
     reach = [observe(loop.run_once, _observe_held=True)[1].held_bytes]

@@ -264,13 +264,15 @@ print("pieces add up to the answer cut before its first newline:", "".join(piece
 # The messages are `("token", request_id, token)`, `("done", request_id, reason)` with reason `"stop"`,
 # `"length"` or `"abort"`, and `("error", request_id, message)`.
 #
-# **What the server needs** (the check tests each, but for the race said under *Threads*; think about how each
+# **What the server needs** (the check tests each, but for the races said under *Threads*; think about how each
 # can fail before you write):
 #
 # * *Threads.* `submit` and `cancel` run on the front end's thread while the engine thread may be inside
-#   `step()`. The engine is not thread-safe. (The check sees whether `submit` or `cancel` touch the engine; it
-#   calls your loop from one thread, so it cannot see a race on what both threads share: guard that with a lock,
-#   or use a structure that is safe between threads on its own, such as `queue.SimpleQueue`.)
+#   `step()`. The engine is not thread-safe. (The check sees whether `submit` or `cancel` touch the engine, and
+#   makes a `submit` and a `cancel` while `run_once` is inside `step()`, as the front end does; it cannot see every
+#   race on what both threads share. Guard that with a lock held only while requests move in or out, not across
+#   the step (the front end would wait for every step), or use a structure safe between threads on its own, such
+#   as `queue.SimpleQueue`.)
 # * *Order.* What the front end did takes effect in the order it did it: a cancel sent after a submit is
 #   about that submission.
 # * *Continuous batching.* A request submitted now runs in the very next step, whatever else is running.
