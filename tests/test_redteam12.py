@@ -17,6 +17,8 @@ The honest variants written apart from the solution keep their credit.
 - Week 21: a ServingLoop that reads its queue before the step and empties it after (a submission made during the step
   is lost), and one that holds its lock across the whole step (the front end waits for every step): the check makes a
   submit and a cancel while run_once is inside engine.step() (`grader.checks.week21_during`).
+- Calls that never return (a lock held across the step; red team 11b's exhaustive allocate_bits on 210 units) fail
+  saying why, not only that the call time limit stopped them.
 (Checked by hand, not here, for its cost: verify with a generator of its own, the same replay rule as tree_accept's, in
 a check that takes a minute isolated.)
 """
@@ -98,14 +100,25 @@ def test_round_12_honest_variants_pass(tmp_path, week):
         ex.close()
 
 
-def test_a_loop_that_holds_its_lock_across_the_step_fails_saying_so(tmp_path, monkeypatch):
-    """In the student's process the submit made during the step never returns (one thread): the call time limit
-    stops it, and the check says why (in a notebook's kernel the call is a thread's, given 5 s)."""
+
+NEVER_RETURNS = {  # week: (exercise, variant, what the failure says)
+    "21": ("ServingLoop", "v12l/w21_servingloop_lock_across_step.py",
+           r"did not return \(within the call time limit\): does your loop hold a lock across the whole run_once"),
+    "20": ("allocate_bits", "v11b/w20_allocate_bits_exhaustive.py",  # red team 11b's #5
+           r"210 units\) did not return .*a search over every subset takes 2\^210 steps"),
+}
+
+
+@pytest.mark.parametrize("week", sorted(NEVER_RETURNS))
+def test_a_call_that_never_returns_fails_saying_why(tmp_path, monkeypatch, week):
+    """A submit made during the step, in the student's process, never returns when the loop holds its lock across the
+    step (one thread); an exhaustive allocate_bits never returns on 210 units. The call time limit stops each (15 s
+    here) and the check says why, not only that time ran out."""
     monkeypatch.setenv("INFERENCE_LAB_CALL_TIMEOUT", "15")
-    ex = _load(tmp_path, "21", {"ServingLoop": "v12l/w21_servingloop_lock_across_step.py"})
+    name, variant, message = NEVER_RETURNS[week]
+    ex = _load(tmp_path, week, {name: variant})
     try:
-        with pytest.raises(AssertionError, match=r"did not return \(within the call time limit\): does your loop hold "
-                                                 r"a lock across the whole run_once"):
-            _check("21", "ServingLoop", ex)
+        with pytest.raises(AssertionError, match=message):
+            _check(week, name, ex)
     finally:
         ex.close()
