@@ -17,32 +17,14 @@ The honest variants written apart from the solution keep their credit.
 (Not here, checked by hand: an `allocate_bits` that tries every subset, which fails by the call time limit on the
 210-unit case.)
 """
-import json
-import subprocess
+import importlib.util
 from pathlib import Path
 
 import pytest
 
-from grader.harness import load_exercises, with_cell_source
-
-REPO = Path(__file__).resolve().parent.parent
-RED = REPO / "tests" / "fixtures" / "redteam"
-
-
-def _load(tmp_path, week: str, cells: dict):
-    path = next((REPO / "weeks" / week).glob("week*.ipynb"))
-    nb = json.loads(subprocess.run(["git", "show", f"HEAD:{path.relative_to(REPO)}"], cwd=REPO, capture_output=True,
-                                   text=True, check=True).stdout)
-    for name, variant in cells.items():
-        nb = with_cell_source(nb, name, (RED / variant).read_text())
-    target = tmp_path / path.name
-    target.write_text(json.dumps(nb))
-    return load_exercises(target)
-
-
-def _check(week: str, name: str, ex):
-    import importlib
-    return getattr(importlib.import_module(f"grader.checks.week{week}"), f"check_{name}")(getattr(ex, name))
+_spec = importlib.util.spec_from_file_location("_redteam_cells", Path(__file__).with_name("_redteam_cells.py"))
+_spec.loader.exec_module(_cells := importlib.util.module_from_spec(_spec))
+_load, _check = _cells.load, _cells.check
 
 
 WRONG = {  # a notebook each: {exercise: (variant, what the failure says)}

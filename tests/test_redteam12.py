@@ -22,16 +22,14 @@ The honest variants written apart from the solution keep their credit.
 (Checked by hand, not here, for its cost: verify with a generator of its own, the same replay rule as tree_accept's, in
 a check that takes a minute isolated.)
 """
-import json
-import subprocess
+import importlib.util
 from pathlib import Path
 
 import pytest
 
-from grader.harness import load_exercises, with_cell_source
-
-REPO = Path(__file__).resolve().parent.parent
-RED = REPO / "tests" / "fixtures" / "redteam"
+_spec = importlib.util.spec_from_file_location("_redteam_cells", Path(__file__).with_name("_redteam_cells.py"))
+_spec.loader.exec_module(_cells := importlib.util.module_from_spec(_spec))
+_load, _check = _cells.load, _cells.check
 
 WRONG = {  # a notebook each: {exercise: (variant, what the failure says)}
     "16a": {"gqa_attention": ("v12b/w16_gqa_readinto_memview.py", "_set_from_file reads only a real file or an io.BytesIO"),
@@ -57,22 +55,6 @@ HONEST = {  # a notebook each: {exercise: variant}
            "awq_quantize": "v12/w20_awq_honest.py"},
     "21": {"TextStream": "v12b/w21_textstream_honest.py", "predict_ttft": "v12b/w21_predict_ttft_honest.py"},
 }
-
-
-def _load(tmp_path, week: str, cells: dict):
-    path = next((REPO / "weeks" / week).glob("week*.ipynb"))
-    nb = json.loads(subprocess.run(["git", "show", f"HEAD:{path.relative_to(REPO)}"], cwd=REPO, capture_output=True,
-                                   text=True, check=True).stdout)
-    for name, variant in cells.items():
-        nb = with_cell_source(nb, name, (RED / variant).read_text())
-    target = tmp_path / path.name
-    target.write_text(json.dumps(nb))
-    return load_exercises(target)
-
-
-def _check(week: str, name: str, ex):
-    import importlib
-    return getattr(importlib.import_module(f"grader.checks.week{week}"), f"check_{name}")(getattr(ex, name))
 
 
 @pytest.mark.parametrize("key", sorted(WRONG))
