@@ -44,7 +44,7 @@ WRONG = {  # a notebook each: {exercise: (variant, what the failure says)}
            "tree_accept": ("v12/w18_tree_accept_private_default_generator.py", "the random state it is given")},
     "18b": {"batched_speculative_generate": ("v12/w18_batched_zero_tokens_writes_one.py", r"row \d: returned \d+ ids")},
     "19": {"paged_attention": ("v12b/w19_paged_readinto_memview.py", "_set_from_file reads only a real file")},
-    "20": {"quantize_q4_k": ("v12/w20_q4k_zero_tied_blocks.py", "super-blocks whose search has a tie")},
+    "20": {"quantize_q4_k": ("v12/w20_q4k_zero_tied_blocks.py", "super-block\\(s\\) whose search has a tie")},
     "21": {"ServingLoop": ("v12b/w21_servingloop_no_lock.py", r"submit\('second'\), made while run 0 was inside "
                                                               r"engine.step\(\), gave nothing at run 1")},
 }

@@ -171,7 +171,7 @@ def check_quantize_q4_k(quantize_q4_k) -> None:
         if not keep.all():  # the tied super-blocks: which tied candidate wins is free, a block far off is not
             tied, lib_tied = _rmse(decoded, x, ~keep), _rmse(lib_decoded, x, ~keep)
             assert tied <= Q4_K_TIED_VS_LIB * lib_tied + 1e-12, (
-                f"{what}: on the {(~keep).sum()} super-blocks whose search has a tie (either tied candidate is "
+                f"{what}: on the {(~keep).sum()} super-block(s) whose search has a tie (either tied candidate is "
                 f"fine), gguf-py decodes your blocks with RMSE {tied:.4g}; lib.gguf.qformats' search gets "
                 f"{lib_tied:.4g} (allowed {Q4_K_TIED_VS_LIB}x): quantize every super-block with the same search "
                 f"{seed_note()}")
