@@ -37,9 +37,10 @@ COPIES = [("w20_q8_ggufcopy.py", "quantize_q8_0", "gguf-py's gguf.quants.Q8_0.qu
           ("../v8/w20_q41_ggufcopy_light.py", "quantize_q4_1", "gguf-py's gguf.quants.Q4_1.quantize_blocks")]
 EXERCISES = ("quantize_q8_0", "quantize_q4_1", "quantize_q5_0", "predict_rmse", "dequantize_q4_k", "quantize_q4_k",
              "gguf_bytes", "gptq_quantize", "awq_quantize", "column_importance", "allocate_bits")
-# week-20 code written apart from gguf-py: the honest variants, and the red teams' other routes (wrong, not copied)
+# week-20 code written apart from gguf-py: the honest variants, and the red teams' other routes (wrong, not copied;
+# their demo scripts, which are no cell, aside)
 APART = sorted([*(FIXTURES / "honest").glob("w20_*.py"),
-                *(p for p in (FIXTURES / "redteam").glob("v*/w20_*.py") if "copy" not in p.stem)])
+                *(p for p in (FIXTURES / "redteam").glob("v*/w20_*.py") if "copy" not in p.stem and "demo" not in p.stem)])
 
 
 def _cells(replaced: dict[str, str]) -> list:
