@@ -336,6 +336,7 @@ def check_ServingLoop(ServingLoop) -> None:
     # after the run's submissions, and remembered cancelled ids for ever)
     from grader.isolation import ChildProxy
     from lib.modeling.sampling import SamplingParams
+    here = not isinstance(getattr(loop, "_remote", loop), ChildProxy)  # the loop runs in this process (a kernel)
     r = next(r for r in reqs if r["alone"] is not None and not r["fields"])
     want = r["alone"][:3][:r["alone"][:3].index(eos)] if eos in r["alone"][:3] else r["alone"][:3]
     _front_end(view, "cancel('retry')", lambda: loop.cancel("retry"))
@@ -349,17 +350,15 @@ def check_ServingLoop(ServingLoop) -> None:
     from grader.checks.week21_during import check_calls_during_step
     plain = [r for r in reqs if r["alone"] is not None and not r["fields"] and eos not in r["alone"][:3]
              and len(r["alone"]) >= 3]
-    if plain:
+    if plain:  # (every one of 60 seeds tried had one)
         check_calls_during_step(ServingLoop, LLMEngine(model, num_blocks=POOL_BLOCKS, block_size=BLOCK, max_num_seqs=8,
                                                        max_num_batched_tokens=128),
-                                eos, plain[0]["prompt"], plain[0]["alone"][:3], EngineView,
-                                not isinstance(getattr(loop, "_remote", loop), ChildProxy))
+                                eos, plain[0]["prompt"], plain[0]["alone"][:3], EngineView, here)
     # days of uptime: 300 requests submitted and cancelled, ten between two runs, leave nothing behind in the loop
     # object (red team 11's loop kept every id it had seen): what the loop reaches (grader.held), before and after;
     # less what the check's own view of the engine reaches (its log of calls), where the loop runs in this process
     from grader.held import held_bytes
 
-    here = not isinstance(getattr(loop, "_remote", loop), ChildProxy)
     reach = [observe(loop.run_once, _observe_held=True)[1].held_bytes]
     before = reach[0] - (held_bytes(view) if here else 0)
     for i in range(300):

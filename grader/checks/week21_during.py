@@ -2,13 +2,13 @@
 
 In the server, `submit` and `cancel` run on the HTTP thread whenever a request comes, and the engine thread is inside
 `step()` most of the time. A loop that reads its queue before the step and empties it after (red team 12b's #7: a
-copy of the inbox at the start of `run_once`, `clear()` at its end) loses every submission made during the step: 17,610
-of 20,000 in the red team's two-thread run. The check's other calls come one at a time, between two `run_once`s, where
-that loop is right. Here the engine view's `step()` makes a `submit`, then a `cancel`, first: in the notebook's own
-process from a thread, as the server's front end does (waiting at most `WAIT` seconds: a loop that holds a lock across
-the whole step makes its front end wait for every step); in the student's process as a request served while the
-step's reply is awaited (the same thread: a lock held across the step never returns there, and the call runs into the
-per-call time limit).
+copy of the inbox at the start of `run_once`, `clear()` at its end) loses every submission made during the step (most
+of them in the red team's two-thread run: tests/fixtures/redteam/v12b/w21_servingloop_race_demo.py). The check's
+other calls come one at a time, between two `run_once`s, where that loop is right. Here the engine view's `step()`
+makes a `submit`, then a `cancel`, first: in the notebook's own process from a thread, as the server's front end does
+(waiting at most `WAIT` seconds: a loop that holds a lock across the whole step makes its front end wait for every
+step); in the student's process as a request served while the step's reply is awaited (the same thread: a lock held
+across the step never returns there, and the call runs into the per-call time limit).
 """
 from __future__ import annotations
 

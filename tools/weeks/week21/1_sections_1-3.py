@@ -268,11 +268,9 @@ print("pieces add up to the answer cut before its first newline:", "".join(piece
 # can fail before you write):
 #
 # * *Threads.* `submit` and `cancel` run on the front end's thread while the engine thread may be inside
-#   `step()`. The engine is not thread-safe. (The check sees whether `submit` or `cancel` touch the engine, and
-#   makes a `submit` and a `cancel` while `run_once` is inside `step()`, as the front end does; it cannot see every
-#   race on what both threads share. Guard that with a lock held only while requests move in or out, not across
-#   the step (the front end would wait for every step), or use a structure safe between threads on its own, such
-#   as `queue.SimpleQueue`.)
+#   `step()`. The engine is not thread-safe, and the front end must not wait for a step. (The check sees whether
+#   `submit` or `cancel` touch the engine, and makes a `submit` and a `cancel` while `run_once` is inside `step()`,
+#   as the front end does; it cannot see every race on what both threads share: that part is yours to reason out.)
 # * *Order.* What the front end did takes effect in the order it did it: a cancel sent after a submit is
 #   about that submission.
 # * *Continuous batching.* A request submitted now runs in the very next step, whatever else is running.
