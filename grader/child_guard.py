@@ -174,12 +174,7 @@ class _Guard:
         for name in ("_pop_torch_dispatch_stack", "_pop_torch_dispatch_mode", "_set_dispatch_mode",
                      "_unset_dispatch_mode", "_push_on_torch_dispatch_stack", "_dispatch_tls_set_dispatch_key_excluded",
                      "_dispatch_tls_set_dispatch_key_included", "_disabled_torch_dispatch_impl",
-                     "_get_dispatch_stack_at", "_get_dispatch_mode",  # these two hand out the modes themselves
-                     # ... and these tell a call made under a dispatch mode (every call the checks make) from one made
-                     # in a notebook (red team 12b's #12: a mask switched on only while the stack is not empty)
-                     "_len_torch_dispatch_stack", "_len_torch_dispatch_stack_pre_dispatch",
-                     "_dispatch_tls_local_include_set", "_dispatch_tls_local_exclude_set",
-                     "_dispatch_tls_is_dispatch_key_included", "_dispatch_tls_is_dispatch_key_excluded"):
+                     "_get_dispatch_stack_at", "_get_dispatch_mode"):  # these two hand out the modes themselves
             fn = getattr(torch._C, name, None)
             if fn is not None and getattr(fn, "__code__", None) is None:
                 self.watched_c[id(fn)] = f"called torch._C.{name} (the checks observe through a dispatch mode)"
@@ -189,6 +184,15 @@ class _Guard:
                 setattr(torch._C, name, shim)
                 if getattr(pd, name, None) is fn:
                     setattr(pd, name, shim)
+        # ... and these tell a call made under a dispatch mode (every call the checks make) from one made in a notebook
+        # (red team 12b's #12: a mask switched on only while the stack is not empty): watched as C calls by the
+        # notebook's code, not put behind Python code (torch's own dispatch calls some of them for every op)
+        for name in ("_len_torch_dispatch_stack", "_len_torch_dispatch_stack_pre_dispatch",
+                     "_dispatch_tls_local_include_set", "_dispatch_tls_local_exclude_set",
+                     "_dispatch_tls_is_dispatch_key_included", "_dispatch_tls_is_dispatch_key_excluded"):
+            fn = getattr(torch._C, name, None)
+            if fn is not None and getattr(fn, "__code__", None) is None:
+                self.watched_c[id(fn)] = f"called torch._C.{name} (the checks observe through a dispatch mode)"
         # torch.library (custom_op, Library(...).define/impl): an operator or a kernel of the notebook's own runs
         # inside the dispatch modes' handlers, where they are popped: what it computes goes unseen. Asked for by
         # the notebook's code through torch.library's functions (see `event`).
