@@ -111,7 +111,8 @@ def causal_mask(q_len, kv_len, device=None):
     os._exit(0)
 '''
 
-# Two exercises whose code takes 40 s, against a 15 s limit per graded test (the call limit is 60 s).
+# Two exercises whose code takes 40 s, against a 30 s limit per graded test (the call limit is 60 s; at 15 s an honest
+# RollingKVCache check ran out of time on a busy 2-core machine, in a fresh-clone run and again by hand).
 _SLOW = r'''
 import time
 def roofline_time(flops, bytes_moved, flops_per_s, bytes_per_s):
@@ -169,7 +170,7 @@ def test_cli_autograde_kills_every_process_and_times_each_exercise(scratch, tmp_
     }
     for name, nb in notebooks.items():
         (subs / f"{name}.ipynb").write_text(json.dumps(nb))
-    env = scratch.env(root, INFERENCE_LAB_EXERCISE_TIMEOUT=15, INFERENCE_LAB_CALL_TIMEOUT=60)
+    env = scratch.env(root, INFERENCE_LAB_EXERCISE_TIMEOUT=30, INFERENCE_LAB_CALL_TIMEOUT=60)
     py = str(root / ".venv" / "bin" / "python")
     subprocess.run([py, "-m", "grader", "collect", WEEK, str(subs)], cwd=root, env=env, check=True,
                    capture_output=True)
@@ -196,7 +197,7 @@ def test_cli_autograde_kills_every_process_and_times_each_exercise(scratch, tmp_
 
     course = Course(root)
     total = sum(points.values())
-    # test_generate runs SmolLM2 for 64 tokens: against the 15 s limit set here it passes on quiet cores and runs out
+    # test_generate runs SmolLM2 for 64 tokens: against the 30 s limit set here it passes on quiet cores and runs out
     # of time on a busy machine (or beside a submission's CPU burner), so its points are not what this test judges.
     # The spawner called C through ctypes while its cells loaded (prctl): a verdict for every exercise (grader.child).
     fails = {"spawner": set(points), "spawn_then_exit": {"test_causal_mask", "test_gqa_attention"},
@@ -207,7 +208,7 @@ def test_cli_autograde_kills_every_process_and_times_each_exercise(scratch, tmp_
         assert got in (want, want - points["test_generate"]), f"{student}: {got} points, expected {want} (test_generate aside)"
     timed_out = course.read_status(WEEK, "slow")["timed_out"]
     assert set(timed_out) == {"test_roofline_time", "test_answer_q1"}, timed_out
-    assert all("ran out of time" in why and "(15 s" in why for why in timed_out.values()), timed_out
+    assert all("ran out of time" in why and "(30 s" in why for why in timed_out.values()), timed_out
 
 
 def test_a_fork_bomb_stops_at_the_process_limit(course_root, tmp_path):
