@@ -347,6 +347,17 @@ def _raises(block: list, taint: Taint) -> bool:
     return taint.raise_exempt(last)
 
 
+def _returns_empty(block: list) -> bool:
+    """A block that only returns an empty list, tuple or dict (`if not outs: return []`): a guard for an input the
+    checks may never draw, whose result is no route to credit (an empty answer); the test's own comparisons are still
+    judged as switches. Not `return None`: a caller's `if r is None:` is an optional block of its own."""
+    if len(block) != 1 or not isinstance(block[0], ast.Return):
+        return False
+    value = block[0].value
+    return (isinstance(value, (ast.List, ast.Tuple)) and not value.elts) or (
+        isinstance(value, ast.Dict) and not value.keys)
+
+
 def _exits(block: list) -> bool:
     return bool(block) and isinstance(block[-1], (ast.Return, ast.Raise, ast.Continue, ast.Break))
 
@@ -482,7 +493,8 @@ class FunctionPlan:
             guard = _raises(stmt.body, self.taint) or _raises(stmt.orelse, self.taint)
             self._exprs(stmt.test, path, switches=not guard, test=True)  # `if n > cap: raise`: the other way errs
             free = path is not None and self._free(stmt.test)
-            self._block(stmt.body, self._group(path) if free else path, stmt.lineno)
+            empty = path is not None and not stmt.orelse and _returns_empty(stmt.body)
+            self._block(stmt.body, self._group(path) if free or empty else path, stmt.lineno)
             self._block(stmt.orelse, self._group(path) if free else path, stmt.lineno)
             return
         for field in ("test", "iter", "target", "value", "targets", "items", "subject", "exc", "msg", "context_expr"):

@@ -50,7 +50,7 @@ WRONG = {  # a notebook each: {exercise: (variant, what the failure says)}
 }
 HONEST = {  # a notebook each: {exercise: variant}
     "16": {"gqa_attention": "v12b/w16_gqa_honest.py", "causal_mask": "v12b/w16_causal_mask_honest.py"},
-    "18": {"batched_speculative_generate": "v12/w18_batched_honest.py"},
+    "18": {"batched_speculative_generate": "v12/w18_batched_honest_guarded.py"},  # h2: guards for an empty batch, a row asked for none
     "20": {"quantize_q4_k": "v12/w20_q4k_honest.py", "gptq_quantize": "v12/w20_gptq_honest.py",
            "awq_quantize": "v12/w20_awq_honest.py"},
     "21": {"TextStream": "v12b/w21_textstream_honest.py", "predict_ttft": "v12b/w21_predict_ttft_honest.py"},
