@@ -21,7 +21,7 @@ from grader.held import held_bytes, touching  # (what `fn` keeps: `_observe_held
 from grader.observers import OUTSIDE_CODE, HostMeter, Observers, observers_code
 from grader.op_table import classify
 from grader.reach import Reach
-from grader.reads import ReadCounter, Visits, note_op
+from grader.reads import ReadCounter, Visits, before_op, note_op
 from grader.triton_watch import TritonWatch
 
 
@@ -96,8 +96,7 @@ class Observation:
         return sum(2 * m * k * n for m, k, n in self.kernel_dots)
 
     def max_kernel_dot_dim(self) -> int:
-        """The largest M, K or N of any `tl.dot` an interpreted kernel executed: a tiled kernel keeps it at most
-        max(block sizes, head dim)."""
+        """The largest M, K or N of any `tl.dot` an interpreted kernel ran: a tiled kernel keeps it <= max(blocks, d)."""
         return max((max(d) for d in self.kernel_dots), default=0)
 
     def max_reduction_extent(self) -> int:
@@ -268,6 +267,7 @@ class OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
             self.obs.ops[f"{OWN_OPERATOR} {schema.name}"] += 1
         if self._writes_input(func, args, kwargs):
             self.obs.ops[INPUTS_WRITTEN] += 1
+        self.visits and before_op(self.visits, schema, args)  # (where a resized tensor's elements were)
 
     def after(self, func, args, kwargs, result, counted: bool = True) -> None:
         """Note an op that ran. `counted` is False for an op the observers ran as its decomposition: its parts were

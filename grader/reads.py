@@ -39,8 +39,11 @@ MOVES = {"_to_copy", "cat", "stack", "index", "_unsafe_index", "index_select", "
          "select_copy", "diagonal_copy", "as_strided_copy", "lift_fresh_copy", "_reshape_copy", "movedim_copy"}
 # Ops that read their tensor arguments' shapes and dtypes, not their data.
 _NO_DATA = {"empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "randint_like", "new_empty",
-            "new_zeros", "new_ones", "new_full", "new_empty_strided", "empty_strided", "resize_", "is_same_size",
-            "_has_compatible_shallow_copy_type", "resize_as_"}
+            "new_zeros", "new_ones", "new_full", "new_empty_strided", "empty_strided", "is_same_size",
+            "_has_compatible_shallow_copy_type"}
+# Ops that give a tensor a storage of another size in place: its elements keep their places in the storage (a copy of
+# the old one when it grows), so they keep their addresses (red team 13's #4, #5: `c.resize_(c.shape)` cleared them).
+RESIZES = {"resize_", "resize_as_", "_resize_output_"}
 # Reductions along `dim` that `torch.Tag.reduction` does not mark, and cumulative ones (a prefix is a group).
 _ALONG_DIM = {"sort", "topk", "kthvalue", "median", "nanmedian", "mode", "msort"}
 _CUMULATIVE = {"cumsum", "cumprod", "logcumsumexp", "cummax", "cummin", "_cummax_helper", "_cummin_helper"}
@@ -131,6 +134,7 @@ class Visits:
         self.serial = 0
         self.hit = None
         self.maps: dict[int, tuple[int, torch.Tensor]] = {}  # storage -> (element size, its elements' addresses)
+        self.resizing: tuple | None = None  # (tensor, its storage before) while an op of RESIZES runs on it
 
     # --- where an element came from -------------------------------------------------------------------------
 
@@ -197,6 +201,9 @@ class Visits:
             if _ptr(t) in self.maps and _ptr(t) not in sources:
                 del self.maps[_ptr(t)]
         name = _name(func)
+        if name in RESIZES:
+            self._resized(bound.get("self"))
+            return
         if name in _NO_DATA:
             for t in outputs:
                 self._store(t, None)
@@ -235,6 +242,27 @@ class Visits:
             for t in outputs:
                 self._store(t, None)
 
+    def before_resize(self, t) -> None:
+        """An op of RESIZES is about to run on `t`: remember its storage (a larger size moves it to a new one)."""
+        p = _ptr(t) if isinstance(t, torch.Tensor) else 0
+        self.resizing = (t, p) if p and (p == self.ptr or p in self.maps) else None
+
+    def _resized(self, t) -> None:
+        """After a resize of `t`: a storage that moved holds the old one's elements at the same places."""
+        pending, self.resizing = self.resizing, None
+        if pending is None or pending[0] is not t or not isinstance(t, torch.Tensor):
+            return
+        old, new = pending[1], _ptr(t)
+        if not new or new == old:
+            return  # the same storage: its elements keep their addresses
+        size, base = (self.size, self.addresses) if old == self.ptr else self.maps.get(old, (self.size, None))
+        if base is None:
+            return
+        n = t.untyped_storage().nbytes() // size
+        moved = torch.full((n,), -1, dtype=torch.int64, device=base.device)
+        moved[:min(n, base.numel())] = base[:n]
+        self.maps[new] = (size, moved)
+
     def _pointwise(self, held, outputs) -> None:
         """The result carries the addresses of the input with the most distinct ones (the last, of equals: the new
         value a running statistic is folded with); the other inputs' addresses that it does not hold are read
@@ -243,8 +271,14 @@ class Visits:
         if len(held) > 1:
             found = [(int(a[a >= 0].unique().numel()), i, a) for i, (_, _, a) in enumerate(held)]
             _, _, main = max(found, key=lambda f: (f[0], f[1]))
-            inside = main[main >= 0]
-            others = [a[(a >= 0) & ~torch.isin(a, inside)] for _, _, a in found if a is not main]
+            others = []  # the elements an input does not give the result at its own places (a row and its
+            for _, _, a in found:  # rotation hold the same set: red team 13's #3)
+                if a is not main:
+                    try:
+                        a, m = torch.broadcast_tensors(a, main)
+                        others.append(a[(a >= 0) & (a != m)])
+                    except RuntimeError:  # shapes that do not broadcast (an op's own rules): every element read
+                        others.append(a[a >= 0])
             if any(o.numel() for o in others):
                 self._terminal(*others)
         for t in outputs:
@@ -392,6 +426,13 @@ class Visits:
                 zip(visits.amax(1).tolist(), visits.amin(1).tolist(), reads.amax(1).tolist())]
 
 
+def before_op(counters: list, schema, args) -> None:
+    """Before an op runs: a resize's tensor's storage (`Visits.before_resize`)."""
+    if schema is not None and args and schema.name.split("::")[-1] in RESIZES:
+        for c in counters:
+            c.before_resize(args[0])
+
+
 def note_op(counters: list, func, args, kwargs, result, views: dict) -> None:
     """Give each `Visits` the op that touched its argument or a copy of it (the observers' modes must be off).
     `views`: the observation's own table of which ops return views (they read nothing and make nothing)."""
@@ -414,5 +455,5 @@ def note_op(counters: list, func, args, kwargs, result, views: dict) -> None:
                     if isinstance(t, torch.Tensor) and t.device.type != "meta":
                         touched.add(t.untyped_storage().data_ptr())
     for c in counters:
-        if c.ptr in touched or not touched.isdisjoint(c.maps):
+        if c.ptr in touched or not touched.isdisjoint(c.maps) or c.resizing is not None:
             c.op(func, args, kwargs, result)

@@ -39,11 +39,20 @@ def test_one_pass_visits_each_element_once():
     lambda x: x.clone(), lambda x: x.double().float(), lambda x: x.t().contiguous().t(), lambda x: x * 1.0,
     lambda x: torch.cat([x[:, :32], x[:, 32:]], 1), lambda x: x[:, torch.arange(64)],  # copies, by any op
     lambda x: x.unsqueeze(-1).sum(-1), lambda x: torch.stack([x, torch.zeros_like(x)]).sum(0),  # one-element groups
-    lambda x: x.flip(-1).flip(-1) + 0 * x.roll(3, -1),  # through permutations, with a decoy of the same elements
+    lambda x: x.flip(-1).flip(-1),  # through permutations
+    lambda x: x.clone().resize_(x.shape),  # a resize keeps the elements in place (red team 13's #4, #5)
+    lambda x: x.clone().resize_(x.shape[0] * 2, x.shape[1])[:x.shape[0]],  # ... and moves them when it grows
 ])
 def test_a_second_pass_is_a_second_visit_whatever_copy_it_reads(disguise):
     most, fewest, _ = _stats(lambda x, c: two_pass(disguise(x), c), torch.randn(4, 64))
     assert most == fewest == 2
+
+
+def test_an_elementwise_op_reads_what_it_combines_at_other_places():
+    """A decoy of the same elements at other places (a row and its rotation hold the same set: red team 13's #3) is a
+    read of its own: here one before the first pass, so all but the first chunk's elements are visited 3 times."""
+    most, fewest, _ = _stats(lambda x, c: two_pass(x.flip(-1).flip(-1) + 0 * x.roll(3, -1), c), torch.randn(4, 64))
+    assert (most, fewest) == (3, 2)
 
 
 def test_reading_everything_between_passes_is_counted_in_reads():
