@@ -21,6 +21,7 @@ from pathlib import Path
 # _freeze: what the process holds leaves the collector's sight, so the collection before each call into the notebook's
 # code (`grader.child_observe`) costs microseconds, not the 40 ms of a process with torch loaded
 from gc import freeze as _freeze
+from threading import Event as _Event, Thread as _Thread  # (bound before the notebook's code runs)
 
 from grader.child_guard import REFERENCES_EVENT, new_guard
 from grader.host_budget import install as install_host_wrappers
@@ -163,10 +164,37 @@ class _Child:
             return self.ran.unreached(str(args[0]), [str(a) for a in args[1]]), self.ran.python_lines(str(args[0]))
         if op in CALLS:  # a call of the notebook's function, method, class or object, observed or not
             return self.calls.run(op, target, args)
+        if op == "thread":  # a call made on a thread of its own while this one waits (grader.checks.week21_during)
+            return self._threaded(target, *args)
         with self.calls.scope.entry():  # the notebook's code can run here too (a property, `__getitem__`, ...)
             if op == "getname":
                 return getattr(self.module, args[0])
             return apply_operation(op, target, args)
+
+    def _threaded(self, target, args, kwargs, wait):
+        """`target(*args, **kwargs)` on a new thread, as a server's front end calls while the engine thread steps:
+        ("ok", result), ("err", exception) or ("stuck",) when it has not returned within `wait` seconds."""
+        box, go = [], _Event()
+
+        def run():
+            go.wait()  # (after the guard watches thread starts again: the notebook's code runs from here)
+            try:
+                box.append(("ok", self.calls.run("callback", target, (args, kwargs))[0]))
+            except BaseException as e:  # noqa: BLE001  (the notebook's code may raise anything)
+                box.append(("err", e))
+        t = _Thread(target=run, daemon=True)
+        self.guard.own_spawn = True
+        try:
+            t.start()
+        finally:
+            self.guard.own_spawn = False
+        go.set()
+        t.join(float(wait))
+        if t.is_alive() or not box:
+            return ("stuck",)
+        if box[0][0] == "err":
+            raise box[0][1]
+        return box[0]
 
     @staticmethod
     def _snapshot(args, kwargs) -> dict:

@@ -52,7 +52,7 @@ from grader.checks import week16_predict as predict
 from grader.checks import (ModelMeter, assert_close, assert_route, check_on_meta, generator, observe,
                            seed_note)
 from grader.checks.week16_caches import (Watched, append_observed, constructed, ints, layer_dtypes, layer_fill,
-                                        layer_limit, overflow, rolling_limit, rolling_new, rolling_positions,
+                                        layer_limit, overflow, rolling_dtypes, rolling_limit, rolling_new, rolling_positions,
                                         rolling_stream)
 from grader.harness import Week
 from lib.modeling import kv_cache as ref
@@ -494,6 +494,7 @@ def check_pool_kv_heads(pool_kv_heads) -> None:
 @WEEK.exercise(10, "RollingKVCache", section="9 (Sliding window)")
 def check_RollingKVCache(RollingKVCache) -> None:
     rolling_new(RollingKVCache, 1, 1, 3, 2)
+    rolling_dtypes(RollingKVCache)
     # Appends of one position, of several after the prefill, and of more than a window in the middle of a stream.
     rolling_positions(RollingKVCache, 3, [1] * 10)
     rolling_positions(RollingKVCache, 4, [3, 1, 2, 1, 6, 1, 4, 9, 1])

@@ -173,6 +173,37 @@ def rolling_new(RollingKVCache, batch, heads, window, d):
     return cache
 
 
+def rolling_dtypes(RollingKVCache) -> None:
+    """Sliding-window caches of fp16 and bf16 (red team 13's #7: buffers always float32 passed): the constructor
+    allocates its buffers in that dtype, `nbytes` says so, and appends of that dtype come back in it, positions right."""
+    b, h, window, d = 1, 2, 4, 8
+    for dtype in (torch.float16, torch.bfloat16):
+        name = str(dtype).removeprefix("torch.")
+        nbytes = 2 * b * h * window * d * torch.empty((), dtype=dtype).element_size()
+        cache, obs = observe(RollingKVCache, b, h, window, d, dtype, None, _observe_light=True)
+        assert_route(obs, f"RollingKVCache(..., {name})")
+        assert cache.nbytes == nbytes, (
+            f"a {name} RollingKVCache({b}, {h}, window={window}, {d}) has nbytes {cache.nbytes}; expected {nbytes}: K "
+            f"and V buffers of [batch, n_kv_heads, window, head_dim] in the dtype asked for")
+        assert nbytes <= obs.peak_bytes <= 3 * nbytes + 8192, (  # (a float32 temporary cast down is fine)
+            f"RollingKVCache({b}, {h}, window={window}, {d}, {name}) allocated {obs.peak_bytes:,} bytes of tensors in "
+            f"__init__; its K and V buffers in {name} are {nbytes:,}: allocate them whole, in the dtype asked for "
+            f"(dtype=dtype), once")
+        length = 0
+        for t in (3, 2, 4):
+            new = torch.arange(length, length + t, dtype=dtype)[None, None, :, None].expand(b, h, t, d).contiguous()
+            k, v = append_observed(cache, new, -new, f"{name} RollingKVCache.append of {t}", rolling_limit(window, new),
+                                   light=True)
+            assert k.dtype == dtype and v.dtype == dtype, (
+                f"a {name} RollingKVCache returned keys of {k.dtype} and values of {v.dtype} after a {name} append; "
+                f"keep the buffers in the dtype asked for (torch.zeros(..., dtype=dtype))")
+            held = min(length, window)
+            assert k[0, 0, :, 0].float().tolist() == [float(p) for p in range(length - held, length + t)], (
+                f"a {name} RollingKVCache after {length} positions, append of {t}: keys of positions "
+                f"{k[0, 0, :, 0].float().tolist()}; expected the {held} held positions (oldest first), then the new ones")
+            length += t
+
+
 def rolling_positions(RollingKVCache, window, schedule, heads=2, d=3, host_at=(), kept_bytes=None):
     """Append positions in chunks of `schedule`, each key/value holding its position number, every append observed
     (on the host too at the indices `host_at`): what each returns (held positions oldest first, then the new ones),

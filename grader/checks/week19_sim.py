@@ -61,11 +61,11 @@ def paged_case(g: torch.Generator, case: int, d: int, long_keys: tuple[int, int]
     """Paged attention's case `case` (0-4) with head size `d`: the arguments (q, k_pool, v_pool, block_tables,
     context_lens), each sequence's blocks (`tables`), `lens`, block size `bs`, heads `h`, KV heads `hkv`, batch `b`.
     Every run: a GQA group of 2 (case 0), MHA (1), groups of 3 to 6 (2), any (3), and the long case (4): B = 2, one
-    sequence of `long_keys` (4500-5000) keys, 2 KV heads. Table entries past each end name the 3 blocks no sequence holds (to be
+    sequence of `long_keys` (4500-5000) keys, GQA groups of 64 query heads (1 or 2 KV heads). Table entries past each end name the 3 blocks no sequence holds (to be
     ignored, or read and masked: either way no sequence's block is read for them)."""
     heads = [(4, 2), (4, 4), (6, 1), (6, 3), (8, 2), (8, 4), (9, 3)]
     options = {0: [(4, 2), (6, 3), (8, 4)], 1: [(4, 4)], 2: [(6, 1), (8, 2), (9, 3)], 3: heads,
-               LONG_CASE: [(4, 2), (8, 2)]}[case]
+               LONG_CASE: [(64, 1), (128, 2)]}[case]  # long: groups of 64, whose row of scores outweighs a row of keys
     h, hkv = options[int(torch.randint(0, len(options), (1,), generator=g))]
     if case == LONG_CASE:
         bs, b = [16, 32][int(torch.randint(0, 2, (1,), generator=g))], 2

@@ -5,10 +5,11 @@ In the server, `submit` and `cancel` run on the HTTP thread whenever a request c
 copy of the inbox at the start of `run_once`, `clear()` at its end) loses every submission made during the step (most
 of them in the red team's two-thread run: tests/fixtures/redteam/v12b/w21_servingloop_race_demo.py). The check's
 other calls come one at a time, between two `run_once`s, where that loop is right. Here the engine view's `step()`
-makes a `submit`, then a `cancel`, first: in the notebook's own process from a thread, as the server's front end does
-(waiting at most `WAIT` seconds: a loop that holds a lock across the whole step makes its front end wait for every
-step); in the student's process as a request served while the step's reply is awaited (the same thread: a lock held
-across the step never returns there, and the call runs into the per-call time limit).
+makes a `submit`, then a `cancel`, first, on a thread as the server's front end does — of the notebook's own process,
+or of the student's where the loop runs there (`grader.child`'s "thread" request) — waiting at most `WAIT` seconds: a
+loop that holds a lock across the whole step, a re-entrant one too (red team 13's #1), makes its front end wait for
+every step. And its `add_request()` makes a `submit` (red team 13's #2: a loop that empties its inbox after applying
+it, before the step, loses what arrived meanwhile), which must run in that run or the next.
 """
 from __future__ import annotations
 
@@ -17,33 +18,47 @@ import threading
 from grader.checks import seed_note
 from grader.wire import StudentTimeout
 
-WAIT = 5.0  # seconds a front-end call made during a step may take, in the notebook's process
+WAIT = 5.0  # seconds a front-end call made during a step may take
+ADD_WAIT = 1.0  # ... made during add_request, waited for before the loop goes on (a lock held there: it goes on after)
 
 
 def _stepping_view(base, engine, here: bool):
     class Stepping(base):
-        """The check's engine view, whose `step()` first makes the front end's calls queued in `during`."""
+        """The check's engine view, whose `step()` (and `add_request()`) first makes the front end's calls queued in
+        `during` (and `adding`)."""
 
         def __init__(self):
             super().__init__(engine)
             self.during: list = []
+            self.adding: list = []
             self.stuck: list[str] = []
 
-        def step(self):
-            calls, self.during = self.during, []
+        def _front(self, calls, strict: bool = True):
+            """`strict`: a call still waiting after WAIT seconds is a finding (in add_request a loop may hold its
+            lock: the call then goes on once it is released, waited for ADD_WAIT)."""
             for what, call in calls:
                 if here:  # the notebook's own process: a thread, as the server's (a held lock must not hang a kernel)
                     t = threading.Thread(target=call, daemon=True)
                     t.start()
-                    t.join(WAIT)
-                    if t.is_alive():
-                        self.stuck.append(what)
-                else:  # the student's process serves it while it waits for this step's reply
+                    t.join(WAIT if strict else ADD_WAIT)
+                    stuck = t.is_alive()
+                else:  # the student's process runs it on a thread of its own while it waits for this reply
                     try:
-                        call()
+                        stuck = call(WAIT if strict else ADD_WAIT)[0] == "stuck"
                     except StudentTimeout:  # (the process is stopped: what follows fails, this says why)
                         self.stuck.append(what)
                         raise
+                if stuck and strict:
+                    self.stuck.append(what)
+
+        def add_request(self, *args, **kwargs):
+            calls, self.adding = self.adding, []
+            self._front(calls, strict=False)
+            return super().add_request(*args, **kwargs)
+
+        def step(self):
+            calls, self.during = self.during, []
+            self._front(calls)
             return super().step()
     return Stepping()
 
@@ -54,22 +69,26 @@ def check_calls_during_step(ServingLoop, engine, eos, prompt: list, want: list, 
 
     view = _stepping_view(base, engine, here)
     loop = ServingLoop(view, eos)
+
+    def front(method, *args):  # the front end's call, on a thread (of the student's process where the loop runs there)
+        return (lambda *_: method(*args)) if here else (lambda wait: method._do("thread", args, {}, wait))
     loop.submit("first", list(prompt), 6, SamplingParams())
-    view.during = [("submit('second')", lambda: loop.submit("second", list(prompt), 3, SamplingParams()))]
+    view.adding = [("submit('third') (while run 0 handed 'first' to the engine)",
+                    front(loop.submit, "third", list(prompt), 3, SamplingParams()))]
+    view.during = [("submit('second')", front(loop.submit, "second", list(prompt), 3, SamplingParams()))]
     runs = []
     try:
         for run in range(8):
             runs.append(loop.run_once())
             if run == 0:
-                view.during = [("cancel('first')", lambda: loop.cancel("first"))]
+                view.during = [("cancel('first')", front(loop.cancel, "first"))]
     except Exception:  # (the call that never returned stopped the student's process: said below)
         if not view.stuck:
             raise
     assert not view.stuck, (
-        f"{view.stuck[0]}, made while run_once was inside engine.step() (as the server's front end makes it), did "
-        f"not return ({f'within {WAIT:g} s' if here else 'within the call time limit'}): does your loop hold a lock "
-        f"across the whole run_once? The front end would wait for every step. Hold a lock only while moving requests "
-        f"in and out of the queue")
+        f"{view.stuck[0]}, made while run_once was inside the engine's calls (as the server's front end makes it), did "
+        f"not return within {WAIT:g} s: does your loop hold a lock across the whole run_once (a re-entrant one too)? "
+        f"The front end would wait for every step. Hold a lock only while moving requests in and out of the queue")
     second = [[m for m in msgs if m[1] == "second"] for msgs in runs]
     assert second[1][:1] == [("token", "second", want[0])], (
         f"submit('second'), made while run 0 was inside engine.step(), gave {second[1] or 'nothing'} at run 1 "
@@ -79,3 +98,9 @@ def check_calls_during_step(ServingLoop, engine, eos, prompt: list, want: list, 
     assert first[:1] == [("done", "first", "abort")], (
         f"cancel('first'), made while run 1 was inside engine.step(), gave {first[:3] or 'nothing'} from run 2 on: "
         f"a cancellation that arrives during a step applies at the next run_once {seed_note()}")
+    third = [[m for m in msgs if m[1] == "third"] for msgs in runs]
+    assert (third[0] + third[1])[:1] == [("token", "third", want[0])], (
+        f"submit('third'), made while run 0 was handing 'first' to the engine (inside engine.add_request), gave "
+        f"{third[0] + third[1] or 'nothing'} in runs 0-1 (runs 0-7: {third}): a submission that arrives while run_once applies the "
+        f"queue must run in the next one. Does run_once empty the queue after reading it? Take the queue and put an "
+        f"empty one in its place in one step, under the lock {seed_note()}")
