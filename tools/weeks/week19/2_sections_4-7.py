@@ -50,7 +50,8 @@ check_slot_mapping(slot_mapping)
 # softmax** of week 17 (running max `m`, running sum `l`, running output). The check compares against
 # contiguous attention (≤ 1e-5) on ragged lengths, random block sizes, head sizes and batches (GQA and MHA
 # every run), and in bf16 and fp16 with 12,000–16,000 keys (within the dtype's rounding); it watches the peak memory (less than half a contiguous copy of the longest sequence's K and V,
-# and with one sequence of ~5,000 keys less than half of one KV head's keys: no whole row per head either), the
+# and with one sequence of ~5,000 keys and groups of 64 query heads less than half of one KV head's keys or of its
+# group's scores: no whole row per head, no scores kept for a second pass), the
 # longest reduction (no softmax over a whole row), how often each block of K is read (once per KV head: the
 # query heads of a GQA group share it, so read it once for all of them — not once per query head, not a first
 # pass for the max and a second for the exponentials, not twice by chunks of positions that split a block) and
