@@ -22,6 +22,7 @@ from pathlib import Path
 # code (`grader.child_observe`) costs microseconds, not the 40 ms of a process with torch loaded
 from gc import freeze as _freeze
 from threading import Event as _Event, Thread as _Thread  # (bound before the notebook's code runs)
+from time import perf_counter as _clock
 
 from grader.child_guard import REFERENCES_EVENT, new_guard
 from grader.host_budget import install as install_host_wrappers
@@ -173,13 +174,15 @@ class _Child:
 
     def _threaded(self, target, args, kwargs, wait):
         """`target(*args, **kwargs)` on a new thread, as a server's front end calls while the engine thread steps:
-        ("ok", result), ("err", exception) or ("stuck",) when it has not returned within `wait` seconds."""
+        ("ok", seconds it took) or ("stuck",) when it has not returned within `wait` seconds; what it raised, raised."""
         box, go = [], _Event()
 
         def run():
             go.wait()  # (after the guard watches thread starts again: the notebook's code runs from here)
             try:
-                box.append(("ok", self.calls.run("callback", target, (args, kwargs))[0]))
+                start = _clock()
+                self.calls.run("callback", target, (args, kwargs))
+                box.append(("ok", _clock() - start))
             except BaseException as e:  # noqa: BLE001  (the notebook's code may raise anything)
                 box.append(("err", e))
         t = _Thread(target=run, daemon=True)

@@ -159,10 +159,11 @@ class Visits:
         if not p or p == self.ptr or not t.numel():
             return
         entry = self.maps.get(p)
-        if entry is None or entry[0] != t.element_size():
+        if entry is not None and entry[0] != t.element_size():
+            self._store_bytes(entry, t, amap)
+            return
+        if entry is None:
             if amap is None or not bool((amap >= 0).any()):
-                if entry is not None:
-                    del self.maps[p]
                 return
             entry = self.maps[p] = (t.element_size(), torch.full((t.untyped_storage().nbytes() // t.element_size(),),
                                                                  -1, dtype=torch.int64, device=t.device))
@@ -171,6 +172,21 @@ class Visits:
             view.copy_(amap.expand(t.shape) if amap is not None else torch.tensor(-1))
         except RuntimeError:  # an overlapping destination: its elements read as one
             view.fill_(-1)
+
+    @staticmethod
+    def _store_bytes(entry, t: torch.Tensor, amap: torch.Tensor | None) -> None:
+        """A write through a view of another element size (`buf.view(torch.uint8)[-4:].zero_()`): the storage's
+        elements whose bytes it covers hold what it wrote, the rest keep theirs (red team 13b's #1, #2: the whole
+        storage's map was dropped)."""
+        size, base = entry
+        es = t.element_size()
+        at = torch.arange(t.untyped_storage().nbytes() // es, device=base.device).as_strided(
+            t.shape, t.stride(), t.storage_offset())
+        first, last = at * es // size, (at * es + es - 1) // size
+        values = (amap.expand(t.shape) if amap is not None else torch.full(t.shape, -1, device=base.device)).long()
+        for k in range(int((last - first).max()) + 1 if at.numel() else 0):
+            keep = (first + k <= last) & (first + k < base.numel())
+            base[(first + k)[keep]] = values[keep]
 
     def _terminal(self, *addresses: torch.Tensor) -> None:
         hit = torch.zeros(self.addresses.numel() + 1, dtype=torch.bool, device=self.addresses.device)

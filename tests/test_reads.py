@@ -34,6 +34,13 @@ def test_one_pass_visits_each_element_once():
     assert _stats(one_pass, torch.randn(4, 64)) == (1, 1, 2)  # amax and the sum: two reads, one visit
 
 
+def _spare_zeroed(x, dtype):
+    """A copy of x with one spare element after it, whose bytes are zeroed through a view of `dtype`."""
+    buf = torch.cat([x.reshape(-1), x.new_zeros(1)])
+    buf.view(dtype)[-(4 // torch.empty((), dtype=dtype).element_size()):].zero_()
+    return buf[:-1].view(x.shape)
+
+
 @pytest.mark.parametrize("disguise", [
     lambda x: x,  # the argument itself
     lambda x: x.clone(), lambda x: x.double().float(), lambda x: x.t().contiguous().t(), lambda x: x * 1.0,
@@ -42,6 +49,8 @@ def test_one_pass_visits_each_element_once():
     lambda x: x.flip(-1).flip(-1),  # through permutations
     lambda x: x.clone().resize_(x.shape),  # a resize keeps the elements in place (red team 13's #4, #5)
     lambda x: x.clone().resize_(x.shape[0] * 2, x.shape[1])[:x.shape[0]],  # ... and moves them when it grows
+    lambda x: _spare_zeroed(x, torch.uint8), lambda x: _spare_zeroed(x, torch.int16),  # a write through a view of
+    lambda x: _spare_zeroed(x, torch.float16),  # another element size keeps the rest (red team 13b's #1, #2)
 ])
 def test_a_second_pass_is_a_second_visit_whatever_copy_it_reads(disguise):
     most, fewest, _ = _stats(lambda x, c: two_pass(disguise(x), c), torch.randn(4, 64))

@@ -80,6 +80,18 @@ def _qkv(b, h, nq, nk, d, dtype=torch.float32, offset=0, scale=1.0, transposed=F
     return (q * scale).to(dtype), (k * scale).to(dtype), v.to(dtype)
 
 
+def one_score(q, k, value: float, g) -> torch.Tensor:
+    """`k` with one key per batch row and head, at a random place, whose score against query 0 (q . k / sqrt(d)) is
+    `value`: past 709, exp overflows even float64 without a max (red team 13b's #3, #10)."""
+    k = k.clone()
+    b, h, nk, d = k.shape
+    for i in range(b):
+        for j in range(h):
+            at, x = int(torch.randint(0, nk, (1,), generator=g)), q[i, j, 0].double()
+            k[i, j, at] = (x * (value * d ** 0.5 / float(x @ x))).to(k.dtype)
+    return k
+
+
 def _ref_lse(q, k, causal):
     s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
     if causal:
@@ -542,6 +554,9 @@ def check_flash_decode(flash_decode) -> None:
     q, k, v = _qkv(1, 2, 1, 61, 16, scale=8.0, offset=530)  # scores of size ~500 (red team 11: a split without its max)
     run(q, k, v, 4, "flash_decode on large scores (~500: exp overflows float32 unless each split subtracts its own "
         "max)", (1e-4, 1e-4))
+    q, k, v = _qkv(1, 2, 1, 61, 16, offset=531)  # red team 13b's #10: no max at all, in float64
+    run(q, one_score(q, k, 1000.0, generator(532)), v, 4, "flash_decode with one score of 1000 per head (exp overflows "
+        "float64 too unless each split subtracts its own max)", (1e-4, 1e-4))
     # The technique, with splits the keys do not divide: each split sees only its own keys, each key read once.
     g = generator(520)
     nk, n_splits, d = 240 + int(torch.randint(1, 8, (1,), generator=g)), 8, 24

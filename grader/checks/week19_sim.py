@@ -96,6 +96,19 @@ def paged_case(g: torch.Generator, case: int, d: int, long_keys: tuple[int, int]
                 hkv=hkv, b=b)
 
 
+def paged_one_score(c: dict, value: float, g: torch.Generator) -> tuple:
+    """`paged_case`'s arguments with one key per sequence and KV head, at a random position it holds, whose score
+    against its group's first query head is `value` (past 709, exp overflows even float64 without a max)."""
+    q, k_pool, v_pool, block_tables, lens = c["args"]
+    k_pool, (bs, d, group) = k_pool.clone(), (c["bs"], q.shape[-1], c["h"] // c["hkv"])
+    for i, (table, n) in enumerate(zip(c["tables"], c["lens"])):
+        for j in range(c["hkv"]):
+            at = int(torch.randint(0, n, (1,), generator=g))
+            x = q[i, j * group].double()
+            k_pool[table[at // bs], j, at % bs] = (x * (value * d ** 0.5 / float(x @ x))).to(k_pool.dtype)
+    return q, k_pool, v_pool, block_tables, lens
+
+
 # Ops that compute an exponential (exact names: a prefix "aten.exp" also matches aten.expand), and the ops SDPA runs
 # as: its fused kernels, or its math path on 3-d inputs, whose softmax is aten._safe_softmax (torch.softmax is
 # aten._softmax).
@@ -203,6 +216,14 @@ def judge_plan(plan, running: list[dict], waiting: list[dict], free: int, bs: in
         assert total == budget, (
             f"{where}: running requests {kept[len(ran):]} got no tokens although the plan leaves "
             f"{budget - total} of the budget unused{f' (after preempting {preempt}, the others fit)' if preempt else ''}")
+    spent, amounts = 0, dict(run)  # each running request, oldest first, takes all it can use of the budget left
+    for i in ran:  # (red team 13b's #6: a fair share of a running prefill's budget went to later arrivals)
+        left = views[i]["tokens"] - views[i]["computed"]
+        assert amounts[i] == min(left, budget - spent), (
+            f"{where}: running request {i} gets {amounts[i]} tokens with {left} left to compute and {budget - spent} of "
+            f"the budget left at its turn (running requests oldest first): a running request takes as much of the "
+            f"budget left as it can use before the next one, and before any waiting request is admitted")
+        spent += amounts[i]
     waiting_ids = [r["id"] for r in waiting]
     admitted = [i for i in run_ids if i in waiting_ids]
     assert admitted == waiting_ids[:len(admitted)], (

@@ -8,17 +8,20 @@ other calls come one at a time, between two `run_once`s, where that loop is righ
 makes a `submit`, then a `cancel`, first, on a thread as the server's front end does — of the notebook's own process,
 or of the student's where the loop runs there (`grader.child`'s "thread" request) — waiting at most `WAIT` seconds: a
 loop that holds a lock across the whole step, a re-entrant one too (red team 13's #1), makes its front end wait for
-every step. And its `add_request()` makes a `submit` (red team 13's #2: a loop that empties its inbox after applying
-it, before the step, loses what arrived meanwhile), which must run in that run or the next.
+every step; so does one whose calls wait for its lock with a timeout (13b's #5): a call must take under `SLOW`. And
+its `add_request()` and `abort()` each make a `submit` (red team 13's #2, 13b's #4: a loop that empties its inbox after
+applying part of it loses what arrived meanwhile), which must run in that run or the next.
 """
 from __future__ import annotations
 
 import threading
+import time
 
 from grader.checks import seed_note
 from grader.wire import StudentTimeout
 
-WAIT = 5.0  # seconds a front-end call made during a step may take
+WAIT = 5.0  # seconds a front-end call made during a step is waited for
+SLOW = 0.2  # ... and may take (a swap under a lock takes microseconds; a lock across the step waits for the step)
 ADD_WAIT = 1.0  # ... made during add_request, waited for before the loop goes on (a lock held there: it goes on after)
 
 
@@ -31,30 +34,38 @@ def _stepping_view(base, engine, here: bool):
             super().__init__(engine)
             self.during: list = []
             self.adding: list = []
+            self.aborting: list = []
             self.stuck: list[str] = []
 
         def _front(self, calls, strict: bool = True):
-            """`strict`: a call still waiting after WAIT seconds is a finding (in add_request a loop may hold its
-            lock: the call then goes on once it is released, waited for ADD_WAIT)."""
+            """`strict`: a call that takes SLOW seconds or more (waited for up to WAIT) is a finding (in add_request
+            a loop may hold its lock: the call goes on once it is released, waited for ADD_WAIT)."""
             for what, call in calls:
                 if here:  # the notebook's own process: a thread, as the server's (a held lock must not hang a kernel)
-                    t = threading.Thread(target=call, daemon=True)
+                    took = []
+                    t = threading.Thread(target=lambda: took.append(_timed(call)), daemon=True)
                     t.start()
                     t.join(WAIT if strict else ADD_WAIT)
-                    stuck = t.is_alive()
+                    slow = t.is_alive() or not took or took[0] >= SLOW
                 else:  # the student's process runs it on a thread of its own while it waits for this reply
                     try:
-                        stuck = call(WAIT if strict else ADD_WAIT)[0] == "stuck"
+                        reply = call(WAIT if strict else ADD_WAIT)
                     except StudentTimeout:  # (the process is stopped: what follows fails, this says why)
                         self.stuck.append(what)
                         raise
-                if stuck and strict:
+                    slow = reply[0] == "stuck" or reply[1] >= SLOW
+                if slow and strict:
                     self.stuck.append(what)
 
         def add_request(self, *args, **kwargs):
             calls, self.adding = self.adding, []
             self._front(calls, strict=False)
             return super().add_request(*args, **kwargs)
+
+        def abort(self, *args, **kwargs):
+            calls, self.aborting = self.aborting, []
+            self._front(calls, strict=False)
+            return super().abort(*args, **kwargs)
 
         def step(self):
             calls, self.during = self.during, []
@@ -82,12 +93,14 @@ def check_calls_during_step(ServingLoop, engine, eos, prompt: list, want: list, 
             runs.append(loop.run_once())
             if run == 0:
                 view.during = [("cancel('first')", front(loop.cancel, "first"))]
+                view.aborting = [("submit('fourth')", front(loop.submit, "fourth", list(prompt), 3, SamplingParams()))]
     except Exception:  # (the call that never returned stopped the student's process: said below)
         if not view.stuck:
             raise
     assert not view.stuck, (
-        f"{view.stuck[0]}, made while run_once was inside the engine's calls (as the server's front end makes it), did "
-        f"not return within {WAIT:g} s: does your loop hold a lock across the whole run_once (a re-entrant one too)? "
+        f"{view.stuck[0]}, made while run_once was inside engine.step() (as the server's front end makes it), took "
+        f"{SLOW:g} s or more: does your loop hold a lock across the whole run_once (a re-entrant one too, or one waited "
+        f"for with a timeout)? "
         f"The front end would wait for every step. Hold a lock only while moving requests in and out of the queue")
     second = [[m for m in msgs if m[1] == "second"] for msgs in runs]
     assert second[1][:1] == [("token", "second", want[0])], (
@@ -104,3 +117,19 @@ def check_calls_during_step(ServingLoop, engine, eos, prompt: list, want: list, 
         f"{third[0] + third[1] or 'nothing'} in runs 0-1 (runs 0-7: {third}): a submission that arrives while run_once applies the "
         f"queue must run in the next one. Does run_once empty the queue after reading it? Take the queue and put an "
         f"empty one in its place in one step, under the lock {seed_note()}")
+    fourth = [[m for m in msgs if m[1] == "fourth"] for msgs in runs]
+    assert (fourth[2] + fourth[3])[:1] == [("token", "fourth", want[0])], (
+        f"submit('fourth'), made while run 2 was cancelling 'first' (inside engine.abort), gave "
+        f"{fourth[2] + fourth[3] or 'nothing'} in runs 2-3 (runs 0-7: {fourth}): a submission that arrives while "
+        f"run_once applies the queue must run in that run or the next. Take the queue and put an empty one in its place "
+        f"in one step, under the lock {seed_note()}")
+
+
+def _timed(call) -> float:
+    """How long `call()` took, in seconds (the front end's call, on its thread)."""
+    start = time.perf_counter()
+    try:
+        call()
+    except Exception:  # noqa: BLE001  (what it raised shows in what the runs give)
+        pass
+    return time.perf_counter() - start
