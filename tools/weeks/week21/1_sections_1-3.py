@@ -270,8 +270,9 @@ print("pieces add up to the answer cut before its first newline:", "".join(piece
 # * *Threads.* `submit` and `cancel` run on the front end's thread while the engine thread may be inside
 #   `step()`. The engine is not thread-safe, and the front end must not wait for a step. (The check sees whether
 #   `submit` or `cancel` touch the engine, and makes a `submit` and a `cancel` from another thread while `run_once`
-#   is inside `step()`, and a `submit` while it is inside `add_request()`, as the front end does; it cannot see
-#   every race on what both threads share: that part is yours to reason out.)
+#   is inside `step()` — each must return at once —, and a `submit` while it is inside `add_request()` or
+#   `abort()`, as the front end does; it cannot see every race on what both threads share: that part is yours to
+#   reason out.)
 # * *Order.* What the front end did takes effect in the order it did it: a cancel sent after a submit is
 #   about that submission.
 # * *Continuous batching.* A request submitted now runs in the very next step, whatever else is running.
