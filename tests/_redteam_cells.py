@@ -28,3 +28,30 @@ def load(tmp_path, week: str, cells: dict):
 def check(week: str, name: str, ex):
     """The week's check of exercise `name`, on the loaded notebook's `name`."""
     return getattr(importlib.import_module(f"grader.checks.week{week}"), f"check_{name}")(getattr(ex, name))
+
+
+def wrong_routes_fail(tmp_path, week: str, routes: dict) -> None:
+    """`routes` ({exercise: (variant, what its failure says, or None for an honest helper the route calls)}) in one
+    notebook: each check fails saying so (a cell that raises at load fails too: ExerciseMissing is an AssertionError)."""
+    import pytest
+
+    ex = load(tmp_path, week, {name: variant for name, (variant, _) in routes.items()})
+    try:
+        for name, (_, message) in routes.items():
+            if message is None:
+                check(week, name, ex)
+                continue
+            with pytest.raises(AssertionError, match=message):
+                check(week, name, ex)
+    finally:
+        ex.close()
+
+
+def honest_pass(tmp_path, week: str, cells: dict) -> None:
+    """`cells` ({exercise: variant}) in one notebook: each check passes."""
+    ex = load(tmp_path, week, cells)
+    try:
+        for name in cells:
+            check(week, name, ex)
+    finally:
+        ex.close()

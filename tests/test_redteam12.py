@@ -61,27 +61,12 @@ HONEST = {  # a notebook each: {exercise: variant}
 
 @pytest.mark.parametrize("key", sorted(WRONG))
 def test_round_12_wrong_routes_fail(tmp_path, key):
-    week = key[:2]
-    ex = _load(tmp_path, week, {name: variant for name, (variant, _) in WRONG[key].items()})
-    try:
-        for name, (_, message) in WRONG[key].items():
-            if message is None:  # an honest helper the route calls (it passes)
-                _check(week, name, ex)
-                continue
-            with pytest.raises(AssertionError, match=message):  # (a cell that raises at load: ExerciseMissing, one too)
-                _check(week, name, ex)
-    finally:
-        ex.close()
+    _cells.wrong_routes_fail(tmp_path, key[:2], WRONG[key])
 
 
 @pytest.mark.parametrize("week", sorted(HONEST))
 def test_round_12_honest_variants_pass(tmp_path, week):
-    ex = _load(tmp_path, week, HONEST[week])
-    try:
-        for name in HONEST[week]:
-            _check(week, name, ex)
-    finally:
-        ex.close()
+    _cells.honest_pass(tmp_path, week, HONEST[week])
 
 
 

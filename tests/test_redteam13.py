@@ -27,7 +27,7 @@ import pytest
 
 _spec = importlib.util.spec_from_file_location("_redteam_cells", Path(__file__).with_name("_redteam_cells.py"))
 _spec.loader.exec_module(_cells := importlib.util.module_from_spec(_spec))
-_load, _check = _cells.load, _cells.check
+
 
 VISITED = r"was visited \d+ times"
 WRONG = {  # a notebook each: {exercise: (variant, what the failure says)}
@@ -58,24 +58,12 @@ HONEST = {  # a notebook each: {exercise: variant}
 
 @pytest.mark.parametrize("key", sorted(WRONG))
 def test_round_13_wrong_routes_fail(tmp_path, key):
-    week = key[:2]
-    ex = _load(tmp_path, week, {name: variant for name, (variant, _) in WRONG[key].items()})
-    try:
-        for name, (_, message) in WRONG[key].items():
-            with pytest.raises(AssertionError, match=message):
-                _check(week, name, ex)
-    finally:
-        ex.close()
+    _cells.wrong_routes_fail(tmp_path, key[:2], WRONG[key])
 
 
 @pytest.mark.parametrize("week", sorted(HONEST))
 def test_round_13_honest_variants_pass(tmp_path, week):
-    ex = _load(tmp_path, week, HONEST[week])
-    try:
-        for name in HONEST[week]:
-            _check(week, name, ex)
-    finally:
-        ex.close()
+    _cells.honest_pass(tmp_path, week, HONEST[week])
 
 
 def test_the_large_score_cases_defeat_a_float64_exp_with_no_max():

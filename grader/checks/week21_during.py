@@ -100,8 +100,8 @@ def check_calls_during_step(ServingLoop, engine, eos, prompt: list, want: list, 
     assert not view.stuck, (
         f"{view.stuck[0]}, made while run_once was inside engine.step() (as the server's front end makes it), took "
         f"{SLOW:g} s or more: does your loop hold a lock across the whole run_once (a re-entrant one too, or one waited "
-        f"for with a timeout)? "
-        f"The front end would wait for every step. Hold a lock only while moving requests in and out of the queue")
+        f"for with a timeout)? The front end would wait for every step. Hold a lock only while moving requests in and "
+        f"out of the queue")
     second = [[m for m in msgs if m[1] == "second"] for msgs in runs]
     assert second[1][:1] == [("token", "second", want[0])], (
         f"submit('second'), made while run 0 was inside engine.step(), gave {second[1] or 'nothing'} at run 1 "
@@ -111,18 +111,14 @@ def check_calls_during_step(ServingLoop, engine, eos, prompt: list, want: list, 
     assert first[:1] == [("done", "first", "abort")], (
         f"cancel('first'), made while run 1 was inside engine.step(), gave {first[:3] or 'nothing'} from run 2 on: "
         f"a cancellation that arrives during a step applies at the next run_once {seed_note()}")
-    third = [[m for m in msgs if m[1] == "third"] for msgs in runs]
-    assert (third[0] + third[1])[:1] == [("token", "third", want[0])], (
-        f"submit('third'), made while run 0 was handing 'first' to the engine (inside engine.add_request), gave "
-        f"{third[0] + third[1] or 'nothing'} in runs 0-1 (runs 0-7: {third}): a submission that arrives while run_once applies the "
-        f"queue must run in the next one. Does run_once empty the queue after reading it? Take the queue and put an "
-        f"empty one in its place in one step, under the lock {seed_note()}")
-    fourth = [[m for m in msgs if m[1] == "fourth"] for msgs in runs]
-    assert (fourth[2] + fourth[3])[:1] == [("token", "fourth", want[0])], (
-        f"submit('fourth'), made while run 2 was cancelling 'first' (inside engine.abort), gave "
-        f"{fourth[2] + fourth[3] or 'nothing'} in runs 2-3 (runs 0-7: {fourth}): a submission that arrives while "
-        f"run_once applies the queue must run in that run or the next. Take the queue and put an empty one in its place "
-        f"in one step, under the lock {seed_note()}")
+    for rid, run, inside in (("third", 0, "handing 'first' to the engine (inside engine.add_request)"),
+                             ("fourth", 2, "cancelling 'first' (inside engine.abort)")):
+        got = [m for msgs in runs[run:run + 2] for m in msgs if m[1] == rid]
+        assert got[:1] == [("token", rid, want[0])], (
+            f"submit('{rid}'), made while run {run} was {inside}, gave {got[:3] or 'nothing'} in runs {run}-{run + 1}: a "
+            f"submission that arrives while run_once applies the queue must run in that run or the next. Does run_once "
+            f"empty the queue after reading it? Take the queue and put an empty one in its place in one step, under the "
+            f"lock {seed_note()}")
 
 
 def _timed(call) -> float:
