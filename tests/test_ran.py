@@ -197,27 +197,6 @@ def test_a_guard_for_a_degenerate_value_is_exempt_but_not_a_threshold_in_disguis
         assert why is not None and "resid = p.clone()" in why, gate
 
 
-def test_a_guard_that_returns_an_empty_result_need_not_run_but_its_test_is_still_judged():
-    """`if not outs: return []` (red team 12's h3): an input the checks never draw, answered with an empty result,
-    which is no route to credit. A threshold in the test is still a switch the checks must flip, and `return None`
-    (a caller's `if r is None:` is an optional block of its own) is judged as before."""
-    guarded = """
-        def f(prompts, k=4):
-            outs = [list(p) + [k] for p in prompts]
-            if not outs:
-                return []
-            outs[0] += [k * k]
-            return outs
-    """
-    assert _judge(guarded, "f([[1, 2], [3]])", "f") is None
-    for gate, said in (("if len(prompts) > 4096:\n                return []", "was False every time"),
-                       ("if not outs:\n                return None", "return None"),
-                       ("if not outs:\n                return [0]", "return [0]")):
-        source = guarded.replace("if not outs:\n                return []", gate)
-        why = _judge(source, "f([[1, 2], [3]])", "f")
-        assert why is not None and said in why, (gate, why)
-
-
 def test_a_tuple_assignment_taints_each_name_by_its_own_value():
     """`nk, wide = k.shape[2], promote_types(...)`: nk is a size read off the input, its zero guard is exempt; the
     name paired with a threshold is not (the honest flash_decode of tests/week17_variants.py)."""

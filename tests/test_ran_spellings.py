@@ -5,7 +5,8 @@ while the checks run; and (the fifth round) a quotient by a size must not be 0 e
 by a large modulus must wrap, and a slice bounded by a size must cut a part at least once (`p[:64]`, `r[8:] = 0.0`);
 and a maximum or comparison through an alias (`pick = max`, bound before or after the function, `from builtins import
 max as most`, `below = operator.lt`) or a clamp at zero shifted by a named constant (`max(0, n - LIMIT)`, `LIMIT = 1024`)
-is judged as its plain spelling. Honest spellings that do, or that only guard a degenerate value, pass."""
+is judged as its plain spelling. Honest spellings that do, or that only guard a degenerate value, pass; and (red team
+12's h2/h3) a guard whose block only returns an empty list, tuple or dict need not run."""
 import importlib.util
 from pathlib import Path
 
@@ -116,3 +117,24 @@ def test_the_quotient_and_slice_probes_keep_the_codes_meaning():
     exec(compile(source, "nb.ipynb[cell 1]", "exec"), plain)
     exec(LinesRun(_test_ran()._Child()).compile_cell(source, "nb.ipynb[cell 1]"), probed)
     assert probed["values"]() == plain["values"]()
+
+
+def test_a_guard_that_returns_an_empty_result_need_not_run_but_its_test_is_still_judged():
+    """`if not outs: return []` (red team 12's h3): an input the checks never draw, answered with an empty result,
+    which is no route to credit. A threshold in the test is still a switch the checks must flip, and `return None`
+    (a caller's `if r is None:` is an optional block of its own) is judged as before."""
+    guarded = """
+        def f(prompts, k=4):
+            outs = [list(p) + [k] for p in prompts]
+            if not outs:
+                return []
+            outs[0] += [k * k]
+            return outs
+    """
+    assert _judge(guarded, "f([[1, 2], [3]])", "f") is None
+    for gate, said in (("if len(prompts) > 4096:\n                return []", "was False every time"),
+                       ("if not outs:\n                return None", "return None"),
+                       ("if not outs:\n                return [0]", "return [0]")):
+        source = guarded.replace("if not outs:\n                return []", gate)
+        why = _judge(source, "f([[1, 2], [3]])", "f")
+        assert why is not None and said in why, (gate, why)
