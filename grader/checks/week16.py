@@ -494,7 +494,6 @@ def check_pool_kv_heads(pool_kv_heads) -> None:
 @WEEK.exercise(10, "RollingKVCache", section="9 (Sliding window)")
 def check_RollingKVCache(RollingKVCache) -> None:
     rolling_new(RollingKVCache, 1, 1, 3, 2)
-    rolling_dtypes(RollingKVCache)
     # Appends of one position, of several after the prefill, and of more than a window in the middle of a stream.
     rolling_positions(RollingKVCache, 3, [1] * 10)
     rolling_positions(RollingKVCache, 4, [3, 1, 2, 1, 6, 1, 4, 9, 1])
@@ -546,6 +545,7 @@ def check_RollingKVCache(RollingKVCache) -> None:
                              f"{str(e).splitlines()[0]} — allocate the buffers, and the slot indices (torch.arange), "
                              f"on the cache's device") from None
     assert mk.device.type == "meta", f"a cache built with device='meta' returned keys on {mk.device}"
+    rolling_dtypes(RollingKVCache)  # (last: the findings above say more about a route that also fails here)
 
 
 # --- 10 -----------------------------------------------------------------------------------------------
