@@ -324,15 +324,16 @@ def test_paged_attention_rejects(child, name, match):
 
 def test_the_long_case_alone_rejects_a_whole_row_per_kv_head(child):
     """Whatever the other cases draw (a whole row of keys per KV head passed them whenever no case had a single KV
-    head: with 2 or more it is under half a sequence's whole K and V), the long case (B = 2, 2 KV heads, 4500-5000
-    keys, head_dim 64) sees it hold at least one KV head's keys, twice its bound of half of them; one pass in chunks
-    of about 32 keys holds less than a quarter of the bound."""
+    head: with 2 or more it is under half a sequence's whole K and V), the long case (B = 2, groups of 64 query heads
+    on 1 or 2 KV heads, 4500-5000 keys, head_dim 64) sees it hold at least one KV head's keys, twice its bound of half
+    of them; one pass in chunks of about 32 keys holds less than half the bound (a third, with 64-128 query heads'
+    running statistics)."""
     c = paged_case(torch.Generator().manual_seed(0), LONG_CASE, 64)
     bound = max(c["lens"]) * 64 * 4 / 2
     _, obs = observe(child.get("whole_row_per_kv_head"), *c["args"])
     assert obs.peak_bytes + obs.premade_bytes >= 2 * bound
     _, obs = observe(child.get("one_pass"), *c["args"])
-    assert obs.peak_bytes + obs.premade_bytes < bound / 4
+    assert obs.peak_bytes + obs.premade_bytes < bound / 2
 
 
 def _rejected_or_never_junk(child, check, name, match):
