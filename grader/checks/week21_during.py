@@ -22,13 +22,13 @@ from grader.wire import StudentTimeout
 
 WAIT = 5.0  # seconds a front-end call made during a step is waited for
 SLOW = 0.2  # ... and may take (a swap under a lock takes microseconds; a lock across the step waits for the step)
-ADD_WAIT = 1.0  # ... made during add_request, waited for before the loop goes on (a lock held there: it goes on after)
+ADD_WAIT = 1.0  # ... made during add_request or abort, waited for before the loop goes on (a lock held there: after)
 
 
 def _stepping_view(base, engine, here: bool):
     class Stepping(base):
-        """The check's engine view, whose `step()` (and `add_request()`) first makes the front end's calls queued in
-        `during` (and `adding`)."""
+        """The check's engine view, whose `step()`, `add_request()` and `abort()` first make the front end's calls
+        queued in `during`, `adding` and `aborting`."""
 
         def __init__(self):
             super().__init__(engine)
