@@ -6,8 +6,10 @@ the copies in every cell and their bodies replaced before the cells reach the ch
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib.util
 import json
+import marshal
 import os
 import re
 from collections import Counter
@@ -50,6 +52,62 @@ def _solution_source(path: str) -> Source:
 
 @lru_cache(maxsize=1)
 def _common() -> tuple[frozenset, frozenset]:
+    """The idiom (`_read_common`)."""
+    return _stored()[1]
+
+
+def _lib_units() -> dict[str, Unit]:
+    """lib's units (`_read_lib_units`), a dict of the caller's own."""
+    return dict(_stored()[0])
+
+
+# lib's units and the idiom take 4-6 s of a core to read (a few thousand functions parsed twice): once per tree, not
+# once per process (each test process, each notebook kernel of an autograde, each `pytest weeks/NN`). Stored as
+# marshal data (hashes, names and counts: nothing that runs), named by a hash of everything they are read from.
+STORE = REPO_ROOT / "data" / "cache" / "similarity"
+
+
+@lru_cache(maxsize=1)
+def _stored() -> tuple[dict[str, Unit], tuple[frozenset, frozenset]]:
+    """(lib's units, the idiom), from `STORE` when this tree's lib, solutions and measure made them, else read now
+    and stored (a store that cannot be written or read is no error: they are read again)."""
+    file = _store_file()
+    try:
+        units, (fp, st) = marshal.loads(file.read_bytes())
+        return ({name: Unit(kg, ufp, Counter(ust)) for name, (kg, ufp, ust) in units.items()},
+                (frozenset(fp), frozenset(st)))
+    except (OSError, ValueError, EOFError, TypeError, KeyError):
+        pass
+    common = _read_common()
+    units = _read_lib_units(common)
+    try:
+        STORE.mkdir(parents=True, exist_ok=True)
+        part = file.with_suffix(f".{os.getpid()}.part")
+        part.write_bytes(marshal.dumps(({name: (u.kg, u.fp, dict(u.st)) for name, u in units.items()}, common)))
+        os.replace(part, file)
+        for old in STORE.glob("index-*.marshal"):  # made from an earlier tree
+            if old != file:
+                old.unlink(missing_ok=True)
+    except OSError:
+        pass
+    return units, common
+
+
+def _store_file() -> Path:
+    """Where `_stored` keeps what it reads from this tree: named by the files it is read from, and the code that reads."""
+    key = hashlib.sha256()
+    for path in _index_sources():
+        data = path.read_bytes()
+        key.update(f"{path.name}\0{len(data)}\0".encode() + data)
+    return STORE / f"index-{key.hexdigest()[:24]}.marshal"
+
+
+def _index_sources() -> list[Path]:
+    return [Path(__file__), REPO_ROOT / "grader" / "similarity.py", *_lib_paths().values(),
+            *sorted((REPO_ROOT / "solutions").glob("*/*.ipynb"))]
+
+
+def _read_common() -> tuple[frozenset, frozenset]:
     """(fingerprints, statements) found in more than COMMON_IN of the functions and methods of lib and of the solutions
     of every week: the idiom any code of the lab writes (`_ = _.shape[0]`, a loop over blocks), no evidence of a copy.
     They are taken out of the references, as MOSS ignores what many programs share."""
@@ -138,14 +196,14 @@ def _lib_paths() -> dict[str, Path]:
     return {".".join(parts[:-1] if parts[-1] == "__init__" else parts): p for parts, p in files.items()}
 
 
-def _lib_units() -> dict[str, Unit]:
+def _read_lib_units(common) -> dict[str, Unit]:
     """Every function, method and class of lib (with its helpers), as `lib's lib.module.qualname`; and, where its
     argument checks are a good part of it, the same without them, as `lib's lib.module.qualname (its argument checks aside)` — a
     copy that drops the checks and cuts the rest into helpers (the red team's #62b/#62c, `paged_attention`) holds
     most of what is left. Only where what is left is still large enough to judge on both measures
     (`similarity.MIN_FINGERPRINTS`, `MIN_STATEMENTS`): a small class's core is what any solution writes."""
     out = {}
-    common_fp, common_st = _common()
+    common_fp, common_st = common
     for mod, source in _lib_sources().items():
         whole = _units_of(source, lambda name, mod=mod: f"lib's {mod}.{name}")
         out.update(whole)

@@ -555,6 +555,11 @@ def warm_up() -> None:
     # tracemalloc's snapshots and the read counters import modules of their own: not mid-call, where a check's
     # first such observation would show the notebook's code modules that no other call has
     observe(lambda x: (x + 1)[x.long()], torch.zeros(2), _observe_host=True, _observe_reads=(0,))
+    # the first call of one of torch's Python references (a comparison on the meta device, which most checks make)
+    # imports torch._dynamo (torch._compile._disable_dynamo): ~1.5 s of a core here, ~4.4 s inside a check's first
+    # call in the student's process, under its audit hook, profiler and line tracer (measured on a 2-core EPYC)
+    meta = torch.arange(3, device="meta")
+    observe(lambda m: m[:, None] <= m[None, :], meta)
 
 
 def to_wire(obs: Observation) -> dict:
