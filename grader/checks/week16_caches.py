@@ -175,8 +175,11 @@ def rolling_new(RollingKVCache, batch, heads, window, d):
 
 def rolling_dtypes(RollingKVCache) -> None:
     """Sliding-window caches of fp16 and bf16 (red team 13's #7: buffers always float32 passed): the constructor
-    allocates its buffers in that dtype, `nbytes` says so, and appends of that dtype come back in it, positions right."""
-    b, h, window, d = 1, 2, 4, 8
+    allocates its buffers in that dtype, `nbytes` says so, appends of that dtype come back in it, positions right,
+    and what the cache keeps is its buffers of that dtype (red team 14b's #8: float32 buffers behind an `nbytes`
+    worked out for the dtype, the answers cast down, passed)."""
+    b, h, window, d = 1, 2, 64, 32
+    wide_kept = None
     for dtype in (torch.float16, torch.bfloat16):
         name = str(dtype).removeprefix("torch.")
         nbytes = 2 * b * h * window * d * torch.empty((), dtype=dtype).element_size()
@@ -190,10 +193,19 @@ def rolling_dtypes(RollingKVCache) -> None:
             f"__init__; its K and V buffers in {name} are {nbytes:,}: allocate them whole, in the dtype asked for "
             f"(dtype=dtype), once")
         length = 0
-        for t in (3, 2, 4):
+        for t in (3, 2, 70):
             new = torch.arange(length, length + t, dtype=dtype)[None, None, :, None].expand(b, h, t, d).contiguous()
+            kept = [] if length == 0 else None
             k, v = append_observed(cache, new, -new, f"{name} RollingKVCache.append of {t}", rolling_limit(window, new),
-                                   light=True)
+                                   light=True, held=kept)
+            if kept is not None:  # what it reaches, beside a float32 cache's: at least most of the buffers' difference
+                if wide_kept is None:
+                    wide_kept = _kept_after(RollingKVCache, (b, h, window, d), torch.float32)
+                assert wide_kept - kept[-1] >= nbytes // 2, (
+                    f"a {name} RollingKVCache({b}, {h}, window={window}, {d}) reaches {kept[-1]:,} bytes after its first "
+                    f"append, a float32 one {wide_kept:,}: its K and V buffers in {name} ({nbytes:,} bytes) must be half of "
+                    f"the float32 ones. Keep the buffers in the dtype asked for, not in float32 cast down on the way "
+                    f"out {seed_note()}")
             assert k.dtype == dtype and v.dtype == dtype, (
                 f"a {name} RollingKVCache returned keys of {k.dtype} and values of {v.dtype} after a {name} append; "
                 f"keep the buffers in the dtype asked for (torch.zeros(..., dtype=dtype))")
@@ -202,6 +214,17 @@ def rolling_dtypes(RollingKVCache) -> None:
                 f"a {name} RollingKVCache after {length} positions, append of {t}: keys of positions "
                 f"{k[0, 0, :, 0].float().tolist()}; expected the {held} held positions (oldest first), then the new ones")
             length += t
+
+
+def _kept_after(RollingKVCache, shape, dtype) -> int:
+    """What a new cache of `shape` and `dtype` reaches after an append of 3 positions (`grader.held`)."""
+    cache, obs = observe(RollingKVCache, *shape, dtype, None, _observe_light=True)
+    assert_route(obs, "RollingKVCache(...)")
+    b, h, _, d = shape
+    new = torch.arange(3, dtype=dtype)[None, None, :, None].expand(b, h, 3, d).contiguous()
+    kept = []
+    append_observed(cache, new, -new, "RollingKVCache.append of 3", rolling_limit(shape[2], new), light=True, held=kept)
+    return kept[-1]
 
 
 def rolling_positions(RollingKVCache, window, schedule, heads=2, d=3, host_at=(), kept_bytes=None):
@@ -234,6 +257,10 @@ def rolling_positions(RollingKVCache, window, schedule, heads=2, d=3, host_at=()
             + (": a counter in a small integer type wraps (a torch.int16 past 32,767, an int32 past 2**31 - 1); "
                "count in a Python int" if type(got) is int and got < length else "") + f" {seed_note()}")
         assert cache.nbytes == nbytes, f"{what}: nbytes changed from {nbytes} to {cache.nbytes}; the buffers are allocated once"
+        # this answer dies before the next append: what the next append's measure finds alive is that append's
+        # answer and inputs (`grader.held.note_made`), which `kept` allows, not two answers (two large appends
+        # in a row took an honest ring buffer past the bound)
+        del k, v
         if kept_bytes is not None:
             kept(kept_bytes, window, schedule[:i + 1], heads * d * 4, what)
 

@@ -296,7 +296,8 @@ plt.tight_layout(); plt.show()
 # which returns the positions still held (at most `window`, **oldest first**) followed by the new ones — the
 # sliding-window mask hides any extra. The properties a correct answer keeps (the check tries each):
 #
-# * its storage is allocated once, in `__init__`, on the `device` given, and what an append allocates is bounded by
+# * its storage is allocated once, in `__init__`, on the `device` and in the `dtype` given (an fp16 cache keeps half
+#   the bytes of a float32 one), and what an append allocates is bounded by
 #   the window and what it appends — never by how many positions have gone by;
 # * every append writes its positions into that storage (keeping only the last `window` of them), for any `t`: one
 #   position, several, more than a window at once.
