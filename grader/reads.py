@@ -149,9 +149,30 @@ class Visits:
             return None
         if v.element_size() == size:
             return base.as_strided(v.shape, v.stride(), v.storage_offset())
-        count = v.untyped_storage().nbytes() // v.element_size()  # the storage read as another dtype: by bytes
+        if v.element_size() > size:  # elements wider than the storage's: the last address each covers (`_covered`)
+            return self._covered(v).amax(-1)
+        count = v.untyped_storage().nbytes() // v.element_size()  # the storage read as a narrower dtype: by bytes
         at = torch.arange(count, device=base.device).as_strided(v.shape, v.stride(), v.storage_offset())
         return base[(at * v.element_size() // size).clamp(max=base.numel() - 1)]
+
+    def _covered(self, v: torch.Tensor) -> torch.Tensor | None:
+        """For a view whose elements are wider than its storage's (a complex view of float pairs, float64 over
+        float32): the addresses of every storage element each of its elements covers, [*v.shape, n] (-1 past the
+        element; None for any other tensor). An op that reads such a view reads all of them (`op`), and what it
+        makes carries the last tracked one (`of`): red team 14b's #1, #2, a pair of a constant and an element of
+        the argument viewed as complex and copied, carried the constant's -1 (the first address) and so nothing."""
+        p = _ptr(v)
+        entry = (self.size, self.addresses) if p == self.ptr else self.maps.get(p)
+        if entry is None or v.element_size() <= entry[0]:
+            return None
+        size, base = entry
+        es = v.element_size()
+        at = torch.arange(v.untyped_storage().nbytes() // es, device=base.device).as_strided(
+            v.shape, v.stride(), v.storage_offset())
+        first, last = at * es // size, (at * es + es - 1) // size
+        index = first.unsqueeze(-1) + torch.arange(-(-es // size) + 1, device=base.device)
+        inside = (index <= last.unsqueeze(-1)) & (index < base.numel())
+        return torch.where(inside, base[index.clamp(max=base.numel() - 1)], torch.full_like(index, -1))
 
     def _store(self, t: torch.Tensor, amap: torch.Tensor | None) -> None:
         """Record that the elements of `t` (an op's result or destination) hold these addresses (None: none)."""
@@ -170,8 +191,15 @@ class Visits:
         view = entry[1].as_strided(t.shape, t.stride(), t.storage_offset())
         try:
             view.copy_(amap.expand(t.shape) if amap is not None else torch.tensor(-1))
-        except RuntimeError:  # an overlapping destination: its elements read as one
-            view.fill_(-1)
+        except RuntimeError:  # a destination whose elements overlap (index_put_ takes one): written element by
+            # element as torch wrote the values, and what it wrote read here too (red team 14b's #3, #4: the
+            # addresses of a copy made this way were dropped)
+            at = torch.arange(entry[1].numel(), device=entry[1].device).as_strided(t.shape, t.stride(),
+                                                                                  t.storage_offset())
+            values = amap.expand(t.shape) if amap is not None else torch.full(t.shape, -1, device=entry[1].device)
+            entry[1][at.reshape(-1)] = values.reshape(-1).long()
+            if amap is not None:
+                self._terminal(amap)
 
     @staticmethod
     def _store_bytes(entry, t: torch.Tensor, amap: torch.Tensor | None) -> None:
@@ -227,13 +255,18 @@ class Visits:
         # what the op read: its arguments but pure destinations (copy_'s self, out=)
         reading = [(n, v) for n, v in bound.items() if n not in written or (name.endswith("_") and n == "self"
                                                                                and name not in ("copy_", "fill_", "zero_"))]
-        held = []
+        held, wide = [], []
         for n, v in reading:
             for t in ([v] if isinstance(v, torch.Tensor) else v if isinstance(v, (list, tuple)) else []):
                 if isinstance(t, torch.Tensor) and t.numel() and t.device.type != "meta":
                     a = self.of(t)
+                    covered = self._covered(t) if a is not None else None
+                    if covered is not None:
+                        wide.append(covered)
                     if a is not None and (_ptr(t) == self.ptr or bool((a >= 0).any())):
                         held.append((n, t, a))
+        if wide:  # several of the argument's elements in one: each read here (what the op makes carries one)
+            self._terminal(*wide)
         if not held:
             for t in inplace:
                 if _ptr(t) in self.maps:

@@ -57,6 +57,32 @@ def test_a_second_pass_is_a_second_visit_whatever_copy_it_reads(disguise):
     assert most == fewest == 2
 
 
+def _as_complex_pairs(x, first):
+    """Each element beside a zero, the pairs viewed as complex and copied, the element taken back (red team 14b's #1)."""
+    pairs = torch.stack([torch.zeros_like(x), x] if not first else [x, torch.zeros_like(x)], -1)
+    return torch.view_as_real(torch.view_as_complex(pairs).clone())[..., 0 if first else 1]
+
+
+def _overlapping_copy(x):
+    """x written by index_put_ into a buffer whose two rows are one (red team 14b's #3)."""
+    buf = torch.empty_like(x)
+    rows = buf.as_strided((2, *x.shape), (0, *buf.stride()))
+    rows.index_put_((torch.arange(2),), x.expand(2, *x.shape).clone())
+    return buf
+
+
+@pytest.mark.parametrize("disguise", [lambda x: _as_complex_pairs(x, False), lambda x: _as_complex_pairs(x, True),
+                                      lambda x: x.view(torch.float64).clone().view(torch.float32),  # pairs of elements
+                                      _overlapping_copy])
+def test_a_copy_through_wider_elements_or_an_overlapping_write_keeps_the_reads(disguise):
+    """A first pass over such a copy is counted: its elements carry the argument's addresses (one of a pair's, the
+    copy itself a read of both), so that two passes visit each element more than one pass does."""
+    x = torch.randn(4, 64)
+    two, _, _ = _stats(lambda x, c: two_pass(disguise(x), c), x)
+    one, _, _ = _stats(lambda x, c: one_pass(disguise(x), c), x)
+    assert two >= 2 and two > one, (two, one)
+
+
 def test_an_elementwise_op_reads_what_it_combines_at_other_places():
     """A decoy of the same elements at other places (a row and its rotation hold the same set: red team 13's #3) is a
     read of its own: here one before the first pass, so all but the first chunk's elements are visited 3 times."""
