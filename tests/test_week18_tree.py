@@ -31,11 +31,12 @@ def _flawed_node(p, q, seq, flaw):
     "q_unnormalized" (the rejected token zeroed in q, q not renormalized), "one_uniform" (one uniform for every
     child), "inverted" (min(1, q/p)), "first_only" (the first child tried, the others ignored), "fallback_from_p" (p
     and q updated for the children, but the token sampled from the original p when all are rejected), "top_k" (the
-    token sampled from the top 8 of the updated p when all are rejected: red team 10's gap, exact where V = 6)."""
-    p0, accept, reach, highest = list(p), [], 1.0, 0.0
+    token sampled from the top 8 of the updated p when all are rejected: red team 10's gap, exact where V = 6),
+    "stale_from_fourth" (p and q updated after the first three children only: red team 14's #3)."""
+    p0, accept, reach, highest = p, [], 1.0, 0.0  # p, q: float64 tensors [V] (the wide case has 49,152 tokens)
     tried = seq[:1] if flaw == "first_only" else seq
-    for x in tried:
-        num, den = (q[x], p[x]) if flaw == "inverted" else (p[x], q[x])
+    for i, x in enumerate(tried):
+        num, den = (float(q[x]), float(p[x])) if flaw == "inverted" else (float(p[x]), float(q[x]))
         a = 1.0 if num >= den else num / den
         if flaw == "one_uniform":  # u >= every earlier ratio and u < this one
             accept.append(max(0.0, a - highest))
@@ -43,22 +44,28 @@ def _flawed_node(p, q, seq, flaw):
         else:
             accept.append(reach * a)
             reach *= 1.0 - a
+        if flaw == "stale_from_fourth" and i >= 3:
+            continue
         if flaw != "no_residual":
-            res = [max(pi - qi, 0.0) for pi, qi in zip(p, q)]
-            p = [r / sum(res) for r in res] if sum(res) > 0 else p
+            res = (p - q).clamp(min=0.0)
+            p = res / res.sum() if float(res.sum()) > 0 else p
+        qx = float(q[x])
         if flaw == "q_unnormalized":
-            q = [0.0 if t == x else qi for t, qi in enumerate(q)]
-        elif flaw != "q_kept" and q[x] < 1:
-            q = [0.0 if t == x else qi / (1 - q[x]) for t, qi in enumerate(q)]
+            q = q.clone()
+            q[x] = 0.0
+        elif flaw != "q_kept" and qx < 1:
+            q = q / (1 - qx)
+            q[x] = 0.0
     if flaw == "one_uniform":
         reach = 1.0 - highest
     if flaw == "fallback_from_p":
         p = p0
     if flaw == "top_k":  # the fallback drawn from the top 8 tokens of what p has become (exact where V <= 8)
-        top = sorted(range(len(p)), key=lambda t: -p[t])[:8]
-        kept = sum(p[t] for t in top)
-        p = [p[t] / kept if t in top else 0.0 for t in range(len(p))]
-    return accept + [0.0] * (len(seq) - len(accept)), [reach * pi for pi in p]
+        top = p.topk(min(8, p.numel())).indices
+        kept = torch.zeros_like(p)
+        kept[top] = p[top] / p[top].sum()
+        p = kept
+    return accept + [0.0] * (len(seq) - len(accept)), reach * p
 
 
 def flawed_law(case: tree.TreeCase, flaw: str) -> torch.Tensor:
@@ -66,12 +73,12 @@ def flawed_law(case: tree.TreeCase, flaw: str) -> torch.Tensor:
     if flaw == "sample_p":
         law[case.n] = case.p
         return law
-    p, q = case.p.tolist(), case.q.tolist()
+    p, q = case.p.double(), case.q.double()
     for seq, prob in tree.ordered_draws(case.q, case.n):
         accept, none = _flawed_node(p, q, seq, flaw)
         for j, (x, a) in enumerate(zip(seq, accept)):
             law[j, x] += prob * a
-        law[case.n] += prob * torch.tensor(none, dtype=torch.float64)
+        law[case.n] += prob * none
     return law
 
 
@@ -97,13 +104,13 @@ def log_pass_bound(case: tree.TreeCase, law: torch.Tensor, level: float) -> floa
     if impossible > 0:
         bound = m * math.log1p(-min(impossible, 1 - 1e-16))
     for family, key, a in tree.tree_tests(case):
-        b = float(law[:, key[0]].sum() if family == "token" else law[key[0]].sum() if family == "index" else law[key])
+        b = float(law[:, key[0]].sum() if family == "token" else law[key[0]].sum() if family == "index" else law[key].sum())
         bound = min(bound, _log_passes(m, a, b, level))
     return bound
 
 
 FLAWS = ("no_residual", "q_kept", "q_unnormalized", "one_uniform", "inverted", "first_only", "fallback_from_p",
-         "sample_p", "top_k")
+         "sample_p", "top_k", "stale_from_fourth")
 SEEDS = range(12)
 
 

@@ -31,7 +31,9 @@ FALSE_FAILURE = 1e-6  # statistical checks: a correct implementation fails less 
 LAW_VOCAB = 5
 LAW_K = 3
 LONG_K = 6  # the "long round" case: a verify must hold at every position, not only the first LAW_K
-WIDE_VOCAB = 64  # the "wide vocabulary" case: residual and bonus rows spread over most of 64 tokens
+WIDE_VOCAB = 49_152  # the "wide vocabulary" case: residual and bonus rows spread over SmolLM2's whole vocabulary
+WIDE_RANKS = 4  # ... its tokens tested in groups of a quarter of each row's mass, by rank
+WIDE_TRIALS = 1_000
 MAIN_RATIOS = (0.85, 0.90)  # case "main": every p_i(x_i)/q_i(x_i) drawn in this range, strictly inside (0, 1)
 MAIN_TRIALS = 42_000  # the power case: see law_power() and tests/test_week18_checks.py
 SMALL_TRIALS = 4_000  # each edge case
@@ -47,6 +49,7 @@ class LawCase:
     x: torch.Tensor  # [K] int64
     trials: int
     why: str  # what the case is for, shown when it fails
+    groups: int = 0  # > 0: each next-token row tested as this many groups of tokens by rank, each of equal mass
 
     def law(self) -> torch.Tensor:
         """[K+1, V]: P(n_accepted = j, next_token = y), exactly."""
@@ -133,10 +136,11 @@ def law_cases(g: torch.Generator) -> list[LawCase]:
     p, q, x = _positions(g, [u(1.2, 1.6) for _ in range(3)] + [u(0.6, 0.9) for _ in range(LONG_K - 3)])
     cases.append(LawCase("long round", p, q, x, SMALL_TRIALS,
                          f"K = {LONG_K}: the first three always accepted, the last three each with its own ratio"))
-    # A wide vocabulary: q's mass on the draft token and four others, p's spread over all 64, so the residual
-    # max(p - q, 0) and the bonus row p_K each give ~60 tokens about 1/60: a sampler that draws from the top few
-    # (top-k), exact where V = 5, never emits most of them (red team 10's #3). One position (K = 1): each of its
-    # 124 tests widens every test's band (law_level), and the main case keeps its power (law_power) with these.
+    # A wide vocabulary, the model's: q's mass on the draft token and four others, p's spread over all of it, so
+    # the residual max(p - q, 0) and the bonus row p_K spread over ~49,000 tokens: a sampler that draws from the top
+    # k (top-k), exact where V = 5, never emits the rest (red team 10's #3 with k = 5; 14's #1, #2, #7 with k = 64,
+    # when this case had 64 tokens). Each row is tested in WIDE_RANKS groups by rank, a quarter of its mass each:
+    # a top-k with k under ~80 % of the vocabulary empties or thins the last. One position (K = 1).
     ps, qs, xs = [], [], []
     for _ in range(1):
         x, *few = torch.randperm(WIDE_VOCAB, generator=g)[:5].tolist()
@@ -148,7 +152,8 @@ def law_cases(g: torch.Generator) -> list[LawCase]:
         xs.append(x)
     ps.append(_row(g, WIDE_VOCAB, {}))
     cases.append(LawCase("wide vocabulary", torch.stack(ps), torch.stack(qs), torch.tensor(xs, dtype=torch.int64),
-                         SMALL_TRIALS, f"V = {WIDE_VOCAB}: the residual and the bonus spread over ~60 tokens each"))
+                         WIDE_TRIALS, f"V = {WIDE_VOCAB:,}: the residual and the bonus spread over all but five tokens, "
+                         f"tested in {WIDE_RANKS} groups by rank", WIDE_RANKS))
     return cases
 
 
@@ -210,10 +215,20 @@ def law_tests(case: LawCase) -> list[tuple[str, int, int, float]]:
             tests.append((f"acc{i}", i, -1, go / reach))
     for j in range(k + 1):
         total = float(law[j].sum())
-        for y in range(law.shape[1]):
-            if total > 0 and 0 < float(law[j, y]) / total < 1:
-                tests.append((f"next{j},{y}", j, y, float(law[j, y]) / total))
+        for i, y in enumerate(rank_groups(law[j], case.groups) if case.groups else range(law.shape[1])):
+            share = float(law[j, y].sum()) / total if total > 0 else 0.0
+            if 0 < share < 1:
+                tests.append((f"next{j},{y if isinstance(y, int) else f'rank group {i}'}", j, y, share))
     return tests
+
+
+def rank_groups(row: torch.Tensor, n: int) -> list[torch.Tensor]:
+    """The tokens of `row` (a law over tokens) in `n` groups by rank, most likely first, each holding about 1/n of
+    its mass (a token in a group is the event tested: ~49,000 tokens each tested alone would have no power)."""
+    order = row.argsort(descending=True, stable=True)
+    before = row[order].cumsum(0) - row[order]
+    group = (before / row.sum() * n).floor().clamp(max=n - 1).long()
+    return [order[(group == i) & (row[order] > 0)] for i in range(n) if bool(((group == i) & (row[order] > 0)).any())]
 
 
 def law_calls(case: LawCase, seed: int) -> list:
@@ -254,18 +269,27 @@ def law_failures(case: LawCase, counts: torch.Tensor, level: float) -> list[str]
                                                        f": n_accepted = {j} has probability 0 here"))
         bad.append(f"{int(counts[j, y])} runs emitted {what}")
     for name, j, y, a in law_tests(case):
-        if y < 0:
+        if isinstance(y, int) and y < 0:
             m, x = int(counts[j:].sum()), int(counts[j + 1:].sum())
             label = f"draft token {j} accepted (of the runs that reached it)"
         else:
-            m, x = int(counts[j].sum()), int(counts[j, y])
-            label = (f"next token {y} after all {j} accepted (p_K)" if j == case.x.shape[0] else
-                     f"next token {y} after a rejection at position {j} (residual)")
+            m, x = int(counts[j].sum()), int(counts[j, y].sum())
+            token = f"token {y}" if isinstance(y, int) else (
+                f"a token of rank {_ranks(case.law()[j], y)} (a group of {y.numel():,} tokens)")
+            label = (f"next {token} after all {j} accepted (p_K)" if j == case.x.shape[0] else
+                     f"next {token} after a rejection at position {j} (residual)")
         if m and m * kl_divergence(x / m, a) > level:
             lo, hi = acceptance_band(m, a, level)
             bad.append(f"{label}: {x}/{m} = {x / m:.4f}; the law gives {a:.4f} (a correct verify stays in "
                        f"[{lo:.4f}, {hi:.4f}] here)")
     return bad
+
+
+def _ranks(row: torch.Tensor, tokens: torch.Tensor) -> str:
+    """The ranks in `row` that `tokens` (one of `rank_groups`) span, as "a-b" (1 = the most likely)."""
+    order = row.argsort(descending=True, stable=True)
+    where = torch.isin(order, tokens).nonzero().flatten()
+    return f"{int(where.min()) + 1:,}-{int(where.max()) + 1:,}"
 
 
 def describe_law(case: LawCase) -> str:
@@ -295,16 +319,19 @@ SAMPLE_FLOOR = 1e-30  # the probability the models give a token they "never" wri
 
 
 # A wide row (red team 10's gap: with three designed tokens a draft sampled from its top k, k >= 3, is exact): the
-# draft's q nearly flat over 64 tokens, strictly decreasing (so its top k is the first k), the target's p equal to q
-# on the last half and shaped otherwise on the first. The last 14 tokens (q's ranks 50-63) hold ~0.17 of both: a
-# correct loop writes them that often at every position, and a draft drawn from q's top 50 (transformers' default
-# top_k) never drafts them, while the residual max(p - q, 0) gives them nothing: 0 at every draft position.
-WIDE = 64
-_WQ = tuple((1.3 - 0.6 * i / (WIDE - 1)) / sum(1.3 - 0.6 * j / (WIDE - 1) for j in range(WIDE)) for i in range(WIDE))
+# draft's q nearly flat over SmolLM2's whole vocabulary, strictly decreasing (so its top k is the first k), the
+# target's p equal to q on the last half and shaped otherwise on the first. Each eighth of the tokens by q's rank is
+# one event (the first three halving the first half): a correct loop writes each group as often as p gives it at every
+# position; a draft drawn from q's top k (transformers' default top_k is 50; red team 14's #7 took 64, when this row
+# had 64 tokens) never drafts the rest, while the residual max(p - q, 0) gives the last half nothing.
+WIDE = 49_152
+_WQ_W = [1.3 - 0.6 * i / (WIDE - 1) for i in range(WIDE)]
+_WQ = tuple(w / s for s in [sum(_WQ_W)] for w in _WQ_W)
 _HEAD = sum(_WQ[:WIDE // 2])
-_WP = tuple(_HEAD * (0.5 + i) / sum(0.5 + j for j in range(WIDE // 2)) for i in range(WIDE // 2)) + _WQ[WIDE // 2:]
-WIDE_GROUPS = (tuple(range(0, 8)), tuple(range(8, 16)), tuple(range(16, 32)), tuple(range(32, 50)),
-               tuple(range(50, WIDE)))  # by q's rank: each tested as one event (a token in the group)
+_WP = tuple(_HEAD * (0.5 + i) / ((WIDE // 2) ** 2 / 2) for i in range(WIDE // 2)) + _WQ[WIDE // 2:]
+_CUTS = (0, WIDE // 16, WIDE // 8, WIDE // 4, WIDE // 2, 5 * WIDE // 8, 3 * WIDE // 4, 7 * WIDE // 8, WIDE)
+WIDE_GROUPS = tuple(tuple(range(a, b)) for a, b in zip(_CUTS, _CUTS[1:]))  # by q's rank: each one event
+del _WQ_W
 
 
 @dataclass
@@ -336,8 +363,8 @@ SAMPLE_CASES = (
                "K = 8 at temperature 0.5, the draft's row the target's (every draft token accepted), far from its "
                "square root: each draft token must be drawn from the q handed to verify, softmax(draft logits / T)"),
     SampleCase("a wide vocabulary", 2, 1.0, (_WP,) * 3, (_WQ,) * 3, 200,
-               f"K = 2 over {WIDE} tokens, the draft's q nearly flat: q's 14 least likely tokens hold ~0.17 of the "
-               f"target's law at every position, and a draft sampled from q's top k (k < {WIDE}) never drafts them",
+               f"K = 2 over {WIDE:,} tokens, the draft's q nearly flat: q's least likely eighth holds ~0.1 of the "
+               f"target's law at every position, and a draft sampled from q's top k never drafts it",
                WIDE_GROUPS),
 )
 

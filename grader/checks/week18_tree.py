@@ -27,10 +27,11 @@ from dataclasses import dataclass
 import torch
 
 from grader.checks import call_many_observing, check_on_meta, derived_seed, generator, seed_note
-from grader.checks.week18_law import FALSE_FAILURE, acceptance_band, kl_divergence, law_level  # noqa: F401
+from grader.checks.week18_law import FALSE_FAILURE, _ranks, acceptance_band, kl_divergence, law_level, rank_groups  # noqa: F401
 
 TREE_VOCAB = 6
-WIDE_VOCAB = 64  # the "wide vocabulary" case: the fallback token spread over ~59 tokens
+WIDE_VOCAB = 49_152  # the "wide vocabulary" case: the fallback token spread over SmolLM2's whole vocabulary
+WIDE_RANKS = 4  # ... tested in groups of tokens by rank, a quarter of the mass each
 MAIN_TRIALS = 2_000  # see tests/test_week18_tree.py for what each case's size buys
 
 
@@ -43,10 +44,13 @@ class TreeCase:
     n: int  # children per call
     trials: int
     why: str
+    groups: int = 0  # > 0: the tokens p and the fallback spread over are tested in this many groups by rank
 
     def law(self) -> torch.Tensor:
         """[n + 1, V]: P(child j accepted and token y emitted) for j < n; row n: none accepted, token y."""
-        return tree_law(self.p, self.q, self.n)
+        if getattr(self, "_law", None) is None:
+            self._law = tree_law(self.p, self.q, self.n)
+        return self._law
 
 
 def ordered_draws(q: torch.Tensor, n: int):
@@ -61,34 +65,37 @@ def ordered_draws(q: torch.Tensor, n: int):
         yield seq, prob
 
 
-def node_law(p: list[float], q: list[float], seq) -> tuple[list[float], list[float]]:
-    """For children `seq` (fixed): P(child j accepted) for each j, and the law of the token emitted when none is."""
+def node_law(p: torch.Tensor, q: torch.Tensor, seq) -> tuple[list[float], torch.Tensor]:
+    """For children `seq` (fixed): P(child j accepted) for each j, and the law [V] of the token emitted when none is
+    (p, q: float64 [V])."""
     accept, reach = [], 1.0
     for x in seq:
-        a = 1.0 if p[x] >= q[x] else p[x] / q[x]
+        px, qx = float(p[x]), float(q[x])
+        a = 1.0 if px >= qx else px / qx
         accept.append(reach * a)
         reach *= 1.0 - a
         if reach == 0.0:
             accept += [0.0] * (len(seq) - len(accept))
             break
-        res = [max(pi - qi, 0.0) for pi, qi in zip(p, q)]
-        total = sum(res)
-        p = [r / total for r in res] if total > 0 else p
-        left = 1.0 - q[x]
-        q = [0.0 if t == x else qi / left for t, qi in enumerate(q)] if left > 0 else q
-    return accept, [reach * pi for pi in p]
+        res = (p - q).clamp(min=0.0)
+        total = float(res.sum())
+        p = res / total if total > 0 else p
+        if qx < 1.0:
+            q = q / (1.0 - qx)
+            q[x] = 0.0
+    return accept, reach * p
 
 
 def tree_law(p: torch.Tensor, q: torch.Tensor, n: int) -> torch.Tensor:
     """The exact law [n + 1, V] of (accepted child, emitted token) of the rule, over the children's draws."""
     v = p.shape[0]
     law = torch.zeros(n + 1, v, dtype=torch.float64)
-    pl, ql = [float(x) for x in p], [float(x) for x in q]
+    p, q = p.double(), q.double()
     for seq, prob in ordered_draws(q, n):
-        accept, none = node_law(pl, ql, seq)
+        accept, none = node_law(p, q, seq)
         for j, (x, a) in enumerate(zip(seq, accept)):
             law[j, x] += prob * a
-        law[n] += prob * torch.tensor(none, dtype=torch.float64)
+        law[n] += prob * none
     return law
 
 
@@ -120,6 +127,19 @@ def tree_cases(g: torch.Generator) -> list[TreeCase]:
     cases.append(TreeCase("main", p, q, 3, MAIN_TRIALS,
                           "three children; the draft's favourite is the target's least likely token, and one token "
                           "the target likes is one the draft never proposes"))
+    # four children (red team 14's #3: a rule exact for up to three children, which stopped updating the residual
+    # and q from the fourth on, passed cases of two and three): the draft's mass mostly on three tokens the target
+    # rarely writes, so that the fourth child is one of two it rarely drafts and the target likes, reached in most
+    # calls and judged against what three rejections left (a pass probability below 1e-100 for that rule here)
+    b3, c3, d3, a3, e3, z3 = t
+    q = torch.zeros(v, dtype=torch.float64)
+    q[a3], q[e3] = u(0.01, 0.02), u(0.001, 0.004)
+    rest = torch.tensor([u(0.33, 0.4), u(0.35, 0.42), u(0.2, 0.26)], dtype=torch.float64)
+    q[[b3, c3, d3]] = (1.0 - q[a3] - q[e3]) * rest / rest.sum()
+    p = _row(g, v, {b3: u(0.12, 0.16), c3: u(0.015, 0.03), d3: u(0.02, 0.04), a3: u(0.3, 0.38), e3: u(0.12, 0.16)})
+    cases.append(TreeCase("four children", p, q, 4, 3_000,
+                          "four children; the draft's three favourites are tokens the target rarely writes, so that "
+                          "the fourth child, one the draft rarely proposes, is reached in most calls"))
     # p over-covers: p(x) > q(x) on two tokens (sure acceptance when drawn), p small on the draft's favourite
     a, b, c = t[3], t[4], t[5]
     q = _row(g, v, {a: u(0.12, 0.16), b: u(0.12, 0.16), c: u(0.4, 0.5)})
@@ -161,16 +181,18 @@ def tree_cases(g: torch.Generator) -> list[TreeCase]:
     cases.append(TreeCase("without replacement", p, q, 2, 3_500,
                           "two children; the first is usually the draft's favourite, rejected, and the second must "
                           "then be judged against q without it"))
-    # a wide vocabulary: q's mass on five tokens, p spread over all 64 and low on those five (a child is accepted
-    # about one time in six), so the fallback gives each of ~59 tokens about 1/70: a fallback drawn from the top few
-    # tokens (top-k), exact where V = 6, never emits most of them
+    # a wide vocabulary, the model's: q's mass on five tokens, p spread over all of it and low on those five (a child
+    # is accepted about one time in six), so the fallback spreads over ~49,000 tokens: a fallback drawn from the top
+    # k (top-k), exact where V = 6, never emits the rest (red team 14's #2 with k = 64, when this case had 64 tokens);
+    # tested in WIDE_RANKS groups by rank
     few = torch.randperm(WIDE_VOCAB, generator=g)[:5]
     q = torch.zeros(WIDE_VOCAB, dtype=torch.float64)
     q[few] = _row(g, 5, {})
     p = _row(g, WIDE_VOCAB, {int(x): u(0.1, 0.25) * float(q[x]) for x in few})
     cases.append(TreeCase("wide vocabulary", p, q, 2, 2_000,
-                          f"two children; V = {WIDE_VOCAB}, the draft's mass on five tokens and the target's spread "
-                          f"over all, so that the token emitted after the children's rejection can be any of ~60"))
+                          f"two children; V = {WIDE_VOCAB:,}, the draft's mass on five tokens and the target's spread "
+                          f"over all, so that the token emitted after the children's rejection can be any of them "
+                          f"(tested in {WIDE_RANKS} groups by rank)", WIDE_RANKS))
     pq = _row(g, v, {t[0]: 0.0})
     cases.append(TreeCase("p = q", pq, pq.clone(), 2, 300,
                           "the draft is the target: the first child is always accepted"))
@@ -187,6 +209,12 @@ def tree_tests(case: TreeCase) -> list[tuple[str, tuple, float]]:
     """The binomial tests of one case as (family, key, probability): 'token' (y,), 'index' (j,), 'cell' (j, y); j = n
     is "none accepted". Events of probability 0 or 1 are checked exactly, not counted here."""
     law = case.law()
+    if case.groups:  # a wide vocabulary: the tokens p and the fallback spread over, in groups by rank
+        tests = [("token", (y,), float(case.p[y].sum())) for y in rank_groups(case.p, case.groups)]
+        tests += [("index", (j,), float(law[j].sum())) for j in range(case.n + 1)]
+        tests += [("cell", (j, y), float(law[j, y])) for j in range(case.n) for y in law[j].nonzero().flatten().tolist()]
+        tests += [("cell", (case.n, y), float(law[case.n, y].sum())) for y in rank_groups(law[case.n], case.groups)]
+        return [t for t in tests if 0 < t[2] < 1]
     tests = [("token", (y,), float(case.p[y])) for y in range(law.shape[1]) if 0 < float(case.p[y]) < 1]
     tests += [("index", (j,), float(law[j].sum())) for j in range(case.n + 1) if 0 < float(law[j].sum()) < 1]
     tests += [("cell", (j, y), float(law[j, y])) for j in range(case.n + 1) for y in range(law.shape[1])
@@ -243,12 +271,15 @@ def tree_failures(case: TreeCase, counts: torch.Tensor, level: float) -> list[st
            for j, y in ((counts > 0) & (law <= 1e-15)).nonzero().tolist()]
     m = int(counts.sum())
     for family, key, a in tree_tests(case):
+        y = key[-1]
+        token = (f"token {y}" if isinstance(y, int) else
+                 f"a token of rank {_ranks(case.p if family == 'token' else law[key[0]], y)} ({y.numel():,} tokens)")
         if family == "token":
-            x, label = int(counts[:, key[0]].sum()), f"token {key[0]} emitted (the target's p gives {a:.4f})"
+            x, label = int(counts[:, y].sum()), f"{token} emitted (the target's p gives {a:.4f})"
         elif family == "index":
             x, label = int(counts[key[0]].sum()), f"{name(key[0])} (the rule gives {a:.4f})"
         else:
-            x, label = int(counts[key]), f"{name(key[0])} with token {key[1]} (the rule gives {a:.4f})"
+            x, label = int(counts[key[0], y].sum()), f"{name(key[0])} with {token} (the rule gives {a:.4f})"
         if m * kl_divergence(x / m, a) > level:
             lo, hi = acceptance_band(m, a, level)
             bad.append(f"{label}: {x}/{m} = {x / m:.4f} (a correct rule stays in [{lo:.4f}, {hi:.4f}] here)")

@@ -300,9 +300,9 @@ print(f"smallest top-2 logit gap over the {gaps.numel()} greedy tokens: {gaps.mi
 #
 # The check knows the **exact law** of the output of the rule you are asked for, and tests yours against it: per run
 # (seed printed) it draws p, q and draft tokens at K = 3 with every position uncertain, plus edge cases (p = q,
-# disjoint supports, q zero where p has mass, a sure guess first), a longer round (K = 6) and a 64-token vocabulary,
-# calls your `verify` 42,000 + 6 × 4,000 times, and tests every acceptance probability and every next-token
-# probability. A correct `verify` fails less than once in a million runs; a rule that is exact but accepts less often
+# disjoint supports, q zero where p has mass, a sure guess first), a longer round (K = 6) and the model's whole
+# vocabulary (49,152 tokens, its next tokens tested in groups by rank), calls your `verify` 42,000 + 5 × 4,000 + 1,000
+# times, and tests every acceptance probability and every next-token probability. A correct `verify` fails less than once in a million runs; a rule that is exact but accepts less often
 # than it could fails, and so does one whose acceptance probability is off by 2 points at any position (with
 # probability above 0.999).
 # The rule, the law and the test are printed after the check.
@@ -396,8 +396,9 @@ print(f"{n_tests} binomial tests, each at m·KL > {level:.2f}; power against an 
 # * the work rules of exercise 1 hold (the same counted models: at most K + 1 tokens a target call, caches holding
 #   only tokens of the output at the start of a round) and tensors are made on `input_ids.device`.
 #
-# The check runs it with counted models, then 760 times on models whose law is set per position, at K = 4, 8, 1 and
-# 2 and T = 1, 0.5 and 2, and tests the law of every new token against the target's; then from generators in equal
+# The check runs it with counted models, then 1,020 times on models whose law is set per position, at K = 4, 8, 1 and
+# 2 and T = 1, 0.5 and 2 (one case over the model's whole vocabulary, 49,152 tokens), and tests the law of every new
+# token against the target's; then from generators in equal
 # and different states, and last with torch's default device set to `meta`. The changes, listed, follow the check.
 
 # %% nbgrader={"grade": false, "grade_id": "speculative_sample", "locked": false, "schema_version": 3, "solution": true, "task": false}
