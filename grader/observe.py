@@ -545,21 +545,16 @@ def _without_dynamo_import(mode_class) -> None:
 
 
 def warm_up() -> None:
-    """Observe a trivial call once. The first observation in a process used to cost 2.5-5 s whatever it watched
-    (torch._dynamo's import, by the dispatch modes' wrappers: `_without_dynamo_import`) and still costs the
-    observers' first-use imports. The student's process calls this while it starts, a time no exercise is charged for,
-    so that an exercise's time limit measures the notebook's code: a fresh process after a crash used to spend
-    it inside the next exercise's limit."""
+    """Observe a few trivial calls once, while the student's process starts (a time no exercise is charged for), so
+    that an exercise's time limit measures the notebook's code. First uses cost seconds: the dispatch modes'
+    wrappers imported torch._dynamo (2.5-5 s; `_without_dynamo_import`); tracemalloc's snapshots and the read counters
+    import modules (mid-call, they would show the notebook's code modules no other call has); torch's Python
+    references import torch._dynamo at their first call (`_disable_dynamo`; a meta-device comparison, which most
+    checks make: ~1.5 s here, ~4.4 s inside a check's first call under the child's hooks, on a 2-core EPYC)."""
     _WARMED.append(True)
     observe(lambda: torch.zeros(2) + 1)
-    # tracemalloc's snapshots and the read counters import modules of their own: not mid-call, where a check's
-    # first such observation would show the notebook's code modules that no other call has
     observe(lambda x: (x + 1)[x.long()], torch.zeros(2), _observe_host=True, _observe_reads=(0,))
-    # the first call of one of torch's Python references (a comparison on the meta device, which most checks make)
-    # imports torch._dynamo (torch._compile._disable_dynamo): ~1.5 s of a core here, ~4.4 s inside a check's first
-    # call in the student's process, under its audit hook, profiler and line tracer (measured on a 2-core EPYC)
-    meta = torch.arange(3, device="meta")
-    observe(lambda m: m[:, None] <= m[None, :], meta)
+    observe(lambda m: m[:, None] <= m[None, :], torch.arange(3, device="meta"))
 
 
 def to_wire(obs: Observation) -> dict:
