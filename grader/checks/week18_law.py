@@ -275,7 +275,7 @@ def law_failures(case: LawCase, counts: torch.Tensor, level: float) -> list[str]
         else:
             m, x = int(counts[j].sum()), int(counts[j, y].sum())
             token = f"token {y}" if isinstance(y, int) else (
-                f"a token of rank {_ranks(case.law()[j], y)} (a group of {y.numel():,} tokens)")
+                f"a token of rank {rank_span(case.law()[j], y)} (a group of {y.numel():,} tokens)")
             label = (f"next {token} after all {j} accepted (p_K)" if j == case.x.shape[0] else
                      f"next {token} after a rejection at position {j} (residual)")
         if m and m * kl_divergence(x / m, a) > level:
@@ -285,7 +285,7 @@ def law_failures(case: LawCase, counts: torch.Tensor, level: float) -> list[str]
     return bad
 
 
-def _ranks(row: torch.Tensor, tokens: torch.Tensor) -> str:
+def rank_span(row: torch.Tensor, tokens: torch.Tensor) -> str:
     """The ranks in `row` that `tokens` (one of `rank_groups`) span, as "a-b" (1 = the most likely)."""
     order = row.argsort(descending=True, stable=True)
     where = torch.isin(order, tokens).nonzero().flatten()

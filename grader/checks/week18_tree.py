@@ -27,7 +27,8 @@ from dataclasses import dataclass
 import torch
 
 from grader.checks import call_many_observing, check_on_meta, derived_seed, generator, seed_note
-from grader.checks.week18_law import FALSE_FAILURE, _ranks, acceptance_band, kl_divergence, law_level, rank_groups  # noqa: F401
+from grader.checks.week18_law import (FALSE_FAILURE, acceptance_band, kl_divergence, law_level,  # noqa: F401
+                                      rank_groups, rank_span)
 
 TREE_VOCAB = 6
 WIDE_VOCAB = 49_152  # the "wide vocabulary" case: the fallback token spread over SmolLM2's whole vocabulary
@@ -273,7 +274,7 @@ def tree_failures(case: TreeCase, counts: torch.Tensor, level: float) -> list[st
     for family, key, a in tree_tests(case):
         y = key[-1]
         token = (f"token {y}" if isinstance(y, int) else
-                 f"a token of rank {_ranks(case.p if family == 'token' else law[key[0]], y)} ({y.numel():,} tokens)")
+                 f"a token of rank {rank_span(case.p if family == 'token' else law[key[0]], y)} ({y.numel():,} tokens)")
         if family == "token":
             x, label = int(counts[:, y].sum()), f"{token} emitted (the target's p gives {a:.4f})"
         elif family == "index":
