@@ -134,7 +134,7 @@ def check_quantize_q4_k(quantize_q4_k) -> None:
     heavy-tailed rows) and within 0.5 % of its weighted error (5 % heavy-tailed) on random, heavy-tailed and real
     SmolLM2 rows — over the super-blocks whose search has no tie — and below 0.95x Q4_1's RMSE on Gaussian ones
     (min/max gets 1.00x)."""
-    for desc, x in block_cases(256, 700):
+    for desc, x in [*block_cases(256, 700), ("super-blocks whose search has a tie (random normal)", _tied_rows(4, 700))]:
         what = f"quantize_q4_k on {desc}"
         got = as_array(run(quantize_q4_k, x.copy(), what=what), what)
         want_shape = (x.shape[0], x.shape[1] // 256 * 144)
@@ -144,30 +144,9 @@ def check_quantize_q4_k(quantize_q4_k) -> None:
             decoded = oracle_dequantize(got, "Q4_K")
         assert np.isfinite(decoded).all(), f"{what}: gguf-py decodes NaN or inf from your blocks (d or dmin?) {seed_note()}"
         keep = ~_tied_super_blocks(x)
-        rmse = _rmse(decoded, x, keep)
         lib_decoded = qformats.dequantize(qformats.quantize(x, "Q4_K"), "Q4_K")
-        lib_rmse = _rmse(lib_decoded, x, keep)
-        if desc.startswith("random normal"):
-            q4_1 = _rmse(oracle_dequantize(oracle_quantize(x, "Q4_1"), "Q4_1"), x)
-            assert rmse <= Q4_K_RMSE_VS_Q4_1 * q4_1, (
-                f"{what}: RMSE {rmse:.4g} is {rmse / q4_1:.3f}x Q4_1's ({q4_1:.4g}); the scale search gets "
-                f"{lib_rmse / q4_1:.3f}x and a per-sub-block min/max about 1.00x. Search the 21 candidate scales, refit "
-                f"(s, m) by weighted least squares on each one's codes, keep the smallest weighted error {seed_note()}")
-        werr, lib_werr = _weighted_error(decoded, x, keep), _weighted_error(lib_decoded, x, keep)
-        where = f"over the {keep.sum()} of {keep.size} super-blocks whose search has no tie"
-        allowed = Q4_K_WEIGHTED_VS_LIB_HEAVY if desc.startswith("heavy") else Q4_K_WEIGHTED_VS_LIB
-        assert werr <= allowed * lib_werr + 1e-12, (
-            f"{what}: the weighted error Σ w (x̂ − x)², w = sqrt(mean x²) + |x| per sub-block of 32 (what the search "
-            f"minimizes), {where}, is {werr / lib_werr:.4f}x lib.gguf.qformats' search's (allowed {allowed}x; an unweighted "
-            f"least-squares search gets about 1.01-1.04x while lowering the plain RMSE): weight the errors and the "
-            f"refit by w; if you do, your search stops in worse minima — llama.cpp's tries the 21 inverse scales "
-            f"(15 + δ)/(max − min), δ = −1, −0.9, …, 1, fits (s, m) to each one's codes by weighted least squares, "
-            f"and keeps the best {seed_note()}")
-        bound = Q4_K_RMSE_VS_LIB_HEAVY if desc.startswith("heavy") else Q4_K_RMSE_VS_LIB
-        assert rmse <= bound * lib_rmse + 1e-12, (
-            f"{what}: gguf-py decodes your blocks with RMSE {rmse:.4g} {where}; lib.gguf.qformats' search gets {lib_rmse:.4g} (allowed "
-            f"{bound}x). Check the weights sqrt(mean x²) + |x|, the least-squares refit (with m clamped at "
-            f"0), the 6-bit packing (sub-block 2j in the low nibbles, 2j+1 in the high nibbles) {seed_note()}")
+        if keep.any():
+            _judge_untied(decoded, lib_decoded, x, keep, desc, what)
         if not keep.all():  # the tied super-blocks: which tied candidate wins is free, a block far off is not
             tied, lib_tied = _rmse(decoded, x, ~keep), _rmse(lib_decoded, x, ~keep)
             assert tied <= Q4_K_TIED_VS_LIB * lib_tied + 1e-12, (
@@ -175,6 +154,45 @@ def check_quantize_q4_k(quantize_q4_k) -> None:
                 f"fine), gguf-py decodes your blocks with RMSE {tied:.4g}; lib.gguf.qformats' search gets "
                 f"{lib_tied:.4g} (allowed {Q4_K_TIED_VS_LIB}x): quantize every super-block with the same search "
                 f"{seed_note()}")
+
+
+def _tied_rows(count: int, offset: int) -> np.ndarray:
+    """`count` super-blocks [count, 256] whose search has a tie, from random normal rows (about 1.4 % of super-blocks
+    have one): every run judges the tied super-blocks (red team 12's route that zeroed them passed a run that drew none)."""
+    found = []
+    for k in range(400):
+        x = torch.randn(64, 256, generator=generator(offset + 1000 + k)).numpy().astype(np.float32)
+        found += list(x[_tied_super_blocks(x)])
+        if len(found) >= count:
+            break
+    return np.stack(found[:count])
+
+
+def _judge_untied(decoded, lib_decoded, x, keep, desc, what) -> None:
+    """quantize_q4_k's errors against lib's search over the super-blocks `keep` (no tie in their search)."""
+    rmse = _rmse(decoded, x, keep)
+    lib_rmse = _rmse(lib_decoded, x, keep)
+    if desc.startswith("random normal"):
+        q4_1 = _rmse(oracle_dequantize(oracle_quantize(x, "Q4_1"), "Q4_1"), x)
+        assert rmse <= Q4_K_RMSE_VS_Q4_1 * q4_1, (
+            f"{what}: RMSE {rmse:.4g} is {rmse / q4_1:.3f}x Q4_1's ({q4_1:.4g}); the scale search gets "
+            f"{lib_rmse / q4_1:.3f}x and a per-sub-block min/max about 1.00x. Search the 21 candidate scales, refit "
+            f"(s, m) by weighted least squares on each one's codes, keep the smallest weighted error {seed_note()}")
+    werr, lib_werr = _weighted_error(decoded, x, keep), _weighted_error(lib_decoded, x, keep)
+    where = f"over the {keep.sum()} of {keep.size} super-blocks whose search has no tie"
+    allowed = Q4_K_WEIGHTED_VS_LIB_HEAVY if desc.startswith("heavy") else Q4_K_WEIGHTED_VS_LIB
+    assert werr <= allowed * lib_werr + 1e-12, (
+        f"{what}: the weighted error Σ w (x̂ − x)², w = sqrt(mean x²) + |x| per sub-block of 32 (what the search "
+        f"minimizes), {where}, is {werr / lib_werr:.4f}x lib.gguf.qformats' search's (allowed {allowed}x; an unweighted "
+        f"least-squares search gets about 1.01-1.04x while lowering the plain RMSE): weight the errors and the "
+        f"refit by w; if you do, your search stops in worse minima — llama.cpp's tries the 21 inverse scales "
+        f"(15 + δ)/(max − min), δ = −1, −0.9, …, 1, fits (s, m) to each one's codes by weighted least squares, "
+        f"and keeps the best {seed_note()}")
+    bound = Q4_K_RMSE_VS_LIB_HEAVY if desc.startswith("heavy") else Q4_K_RMSE_VS_LIB
+    assert rmse <= bound * lib_rmse + 1e-12, (
+        f"{what}: gguf-py decodes your blocks with RMSE {rmse:.4g} {where}; lib.gguf.qformats' search gets {lib_rmse:.4g} (allowed "
+        f"{bound}x). Check the weights sqrt(mean x²) + |x|, the least-squares refit (with m clamped at "
+        f"0), the 6-bit packing (sub-block 2j in the low nibbles, 2j+1 in the high nibbles) {seed_note()}")
 
 
 # --- 7-10: the importance matrix, bits per layer, GPTQ and AWQ (the checks are grader.checks.week20_calibration's) ---
