@@ -226,9 +226,10 @@ def rank_groups(row: torch.Tensor, n: int) -> list[torch.Tensor]:
     """The tokens of `row` (a law over tokens) in `n` groups by rank, most likely first, each holding about 1/n of
     its mass (a token in a group is the event tested: ~49,000 tokens each tested alone would have no power)."""
     order = row.argsort(descending=True, stable=True)
-    before = row[order].cumsum(0) - row[order]
-    group = (before / row.sum() * n).floor().clamp(max=n - 1).long()
-    return [order[(group == i) & (row[order] > 0)] for i in range(n) if bool(((group == i) & (row[order] > 0)).any())]
+    order = order[row[order] > 0]
+    mass = row[order]
+    group = ((mass.cumsum(0) - mass) / mass.sum() * n).floor().clamp(max=n - 1).long()
+    return [order[group == i] for i in range(n) if bool((group == i).any())]
 
 
 def law_calls(case: LawCase, seed: int) -> list:
@@ -326,12 +327,13 @@ SAMPLE_FLOOR = 1e-30  # the probability the models give a token they "never" wri
 # had 64 tokens) never drafts the rest, while the residual max(p - q, 0) gives the last half nothing.
 WIDE = 49_152
 _WQ_W = [1.3 - 0.6 * i / (WIDE - 1) for i in range(WIDE)]
-_WQ = tuple(w / s for s in [sum(_WQ_W)] for w in _WQ_W)
+_WQ_SUM = sum(_WQ_W)
+_WQ = tuple(w / _WQ_SUM for w in _WQ_W)
 _HEAD = sum(_WQ[:WIDE // 2])
 _WP = tuple(_HEAD * (0.5 + i) / ((WIDE // 2) ** 2 / 2) for i in range(WIDE // 2)) + _WQ[WIDE // 2:]
 _CUTS = (0, WIDE // 16, WIDE // 8, WIDE // 4, WIDE // 2, 5 * WIDE // 8, 3 * WIDE // 4, 7 * WIDE // 8, WIDE)
 WIDE_GROUPS = tuple(tuple(range(a, b)) for a, b in zip(_CUTS, _CUTS[1:]))  # by q's rank: each one event
-del _WQ_W
+del _WQ_W, _WQ_SUM
 
 
 @dataclass

@@ -22,7 +22,7 @@ passing, <= 1e-6 over the cases' whole range), where each is also run through th
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -46,10 +46,11 @@ class TreeCase:
     trials: int
     why: str
     groups: int = 0  # > 0: the tokens p and the fallback spread over are tested in this many groups by rank
+    _law: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
 
     def law(self) -> torch.Tensor:
-        """[n + 1, V]: P(child j accepted and token y emitted) for j < n; row n: none accepted, token y."""
-        if getattr(self, "_law", None) is None:
+        """[n + 1, V]: P(child j accepted and token y emitted) for j < n; row n: none accepted, token y (computed once)."""
+        if self._law is None:
             self._law = tree_law(self.p, self.q, self.n)
         return self._law
 
